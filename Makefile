@@ -1,0 +1,129 @@
+# kvtools build.  `make` builds every tool into bin/; with nvcc found it also
+# builds kernels/ for sm_90 (+ PTX) and links them (CUDA=0 forces CPU-only).
+# `make check` runs unit tests (plain and ASan+UBSan), bats tests and the
+# fuzzers; `make demo` runs the toolkit on the bundled real model.
+# Sources are globbed: lib/*.c -> libkv, cmd/kv-*.c -> tools,
+# tests/unit/test_*.c -> unit tests, tests/fuzz/fuzz_*.c -> fuzzers.
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+CC ?= cc
+CLANG ?= clang
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+FUZZ_SECONDS ?= 30
+
+ifeq ($(origin CUDA),undefined)
+  CUDA := $(if $(NVCC),1,0)
+endif
+
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+ifneq ($(CI),)
+  WARN += -Werror
+endif
+ifneq ($(WERROR),)
+  WARN += -Werror
+endif
+
+OPT ?= -O2 -march=x86-64-v2
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g $(WARN) -Ilib -Ikernels -fopenmp
+CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
+LIBS := -lzstd -lcjson -lm -lpthread -fopenmp
+
+LIB_SRC := $(sort $(wildcard lib/*.c))
+CMD_SRC := $(sort $(wildcard cmd/kv-*.c))
+CU_SRC := $(sort $(wildcard kernels/*.cu))
+UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+TOOLS := $(patsubst cmd/%.c,bin/%,$(CMD_SRC))
+HDRS := $(wildcard lib/*.h kernels/*.h kernels/*.cuh)
+
+ifeq ($(CUDA),1)
+  CFLAGS_ALL += -DKV_HAVE_CUDA -I$(CUDA_HOME)/include
+  NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -lineinfo
+  NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75
+  CU_OBJ := $(patsubst kernels/%.cu,build/cuda/%.o,$(CU_SRC))
+  LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+  BUILD_KIND := CUDA ($(NVCC))
+else
+  CU_OBJ :=
+  BUILD_KIND := CPU-only
+endif
+
+LIB_OBJ := $(patsubst lib/%.c,build/obj/%.o,$(LIB_SRC))
+
+.PHONY: all check demo install clean deps fuzz unit unit-asan bats bench print-build
+all: print-build $(TOOLS) unit-bins
+
+print-build:
+	@echo "kvtools: building $(BUILD_KIND)"
+
+build/obj/%.o: lib/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c -o $@ $<
+
+build/cuda/%.o: kernels/%.cu $(HDRS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -Ilib -Ikernels -DKV_HAVE_CUDA -c -o $@ $<
+
+build/libkv.a: $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+bin/%: cmd/%.c build/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -o $@ $< build/libkv.a $(LIBS)
+
+# ---- unit tests --------------------------------------------------------
+UNIT_BINS := $(patsubst tests/unit/%.c,build/unit/%,$(UNIT_SRC))
+unit-bins: $(UNIT_BINS)
+build/unit/%: tests/unit/%.c build/libkv.a $(HDRS) tests/unit/kt.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< build/libkv.a $(LIBS)
+
+# Sanitizer build: CPU-only library and unit tests under ASan + UBSan.
+ASAN_FLAGS := $(BASE_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_LIB_OBJ := $(patsubst lib/%.c,build/asan/obj/%.o,$(LIB_SRC))
+ASAN_BINS := $(patsubst tests/unit/%.c,build/asan/unit/%,$(UNIT_SRC))
+build/asan/obj/%.o: lib/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -c -o $@ $<
+build/asan/libkv.a: $(ASAN_LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/asan/unit/%: tests/unit/%.c build/asan/libkv.a $(HDRS) tests/unit/kt.h
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< build/asan/libkv.a -lzstd -lcjson -lm -lpthread -fsanitize=address,undefined
+
+# ---- fuzzers (clang libFuzzer) ------------------------------------------
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -Ilib -fsanitize=fuzzer,address,undefined
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
+build/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS)
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_FLAGS) -o $@ $< $(LIB_SRC) -lzstd -lcjson -lm -lpthread
+fuzz: $(FUZZ_BINS)
+
+# ---- top-level targets --------------------------------------------------
+deps:
+	@sh tests/deps.sh
+
+check: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory CUDA=0 $(ASAN_BINS)
+	@$(MAKE) --no-print-directory fuzz
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@sh tests/demo.sh
+
+bench: all
+	@echo "see docs/BENCHMARKS.md for the benchmark commands"
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5/
+
+clean:
+	rm -rf build bin

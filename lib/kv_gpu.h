@@ -1,0 +1,19 @@
+/*
+ * kv_gpu: what the build and the machine offer.  In a CPU-only build
+ * (KV_HAVE_CUDA undefined) every probe reports "no GPU"; in a CUDA build the
+ * runtime is linked statically, so a binary still starts on a machine with
+ * no driver and the probe simply finds no device.
+ */
+#ifndef KV_GPU_H
+#define KV_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Was CUDA compiled in? */
+bool kv_gpu_built(void);
+/* Number of usable devices (0 if none, no driver, or not built); writes the
+ * first device's name (or the reason none is usable) into name. */
+int kv_gpu_probe(char *name, size_t n);
+
+#endif
