@@ -58,8 +58,17 @@ void kv_errcontext(const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, detail, sizeof old);
-    if (old[0])
-        snprintf(detail, sizeof detail, "%s: %s", prefix, old);
-    else
-        snprintf(detail, sizeof detail, "%s", prefix);
+    /* Truncation is acceptable for a one-line message. */
+    size_t n = strlen(prefix);
+    if (n > sizeof detail - 1) n = sizeof detail - 1;
+    memcpy(detail, prefix, n);
+    if (old[0] && n + 2 < sizeof detail) {
+        detail[n++] = ':';
+        detail[n++] = ' ';
+        size_t m = strlen(old);
+        if (m > sizeof detail - 1 - n) m = sizeof detail - 1 - n;
+        memcpy(detail + n, old, m);
+        n += m;
+    }
+    detail[n] = '\0';
 }
