@@ -12,6 +12,9 @@ CLANG ?= clang
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 FUZZ_SECONDS ?= 30
+# Separate trees let several builds run side by side: make B=build-x BINDIR=bin-x
+B ?= build
+BINDIR ?= bin
 
 ifeq ($(origin CUDA),undefined)
   CUDA := $(if $(NVCC),1,0)
@@ -35,14 +38,14 @@ CMD_SRC := $(sort $(wildcard cmd/kv-*.c))
 CU_SRC := $(sort $(wildcard kernels/*.cu))
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
-TOOLS := $(patsubst cmd/%.c,bin/%,$(CMD_SRC))
+TOOLS := $(patsubst cmd/%.c,$(BINDIR)/%,$(CMD_SRC))
 HDRS := $(wildcard lib/*.h kernels/*.h kernels/*.cuh)
 
 ifeq ($(CUDA),1)
   CFLAGS_ALL += -DKV_HAVE_CUDA -I$(CUDA_HOME)/include
   NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -lineinfo
   NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75
-  CU_OBJ := $(patsubst kernels/%.cu,build/cuda/%.o,$(CU_SRC))
+  CU_OBJ := $(patsubst kernels/%.cu,$(B)/cuda/%.o,$(CU_SRC))
   LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
   BUILD_KIND := CUDA ($(NVCC))
 else
@@ -50,7 +53,7 @@ else
   BUILD_KIND := CPU-only
 endif
 
-LIB_OBJ := $(patsubst lib/%.c,build/obj/%.o,$(LIB_SRC))
+LIB_OBJ := $(patsubst lib/%.c,$(B)/obj/%.o,$(LIB_SRC))
 
 .PHONY: all check demo install clean deps fuzz unit unit-asan bats bench print-build
 all: print-build $(TOOLS) unit-bins
@@ -58,46 +61,46 @@ all: print-build $(TOOLS) unit-bins
 print-build:
 	@echo "kvtools: building $(BUILD_KIND)"
 
-build/obj/%.o: lib/%.c $(HDRS)
+$(B)/obj/%.o: lib/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c -o $@ $<
 
-build/cuda/%.o: kernels/%.cu $(HDRS)
+$(B)/cuda/%.o: kernels/%.cu $(HDRS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -Ilib -Ikernels -DKV_HAVE_CUDA -c -o $@ $<
 
-build/libkv.a: $(LIB_OBJ) $(CU_OBJ)
+$(B)/libkv.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-bin/%: cmd/%.c build/libkv.a $(HDRS)
+$(BINDIR)/%: cmd/%.c $(B)/libkv.a $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -o $@ $< build/libkv.a $(LIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(B)/libkv.a $(LIBS)
 
 # ---- unit tests --------------------------------------------------------
-UNIT_BINS := $(patsubst tests/unit/%.c,build/unit/%,$(UNIT_SRC))
+UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/unit/%,$(UNIT_SRC))
 unit-bins: $(UNIT_BINS)
-build/unit/%: tests/unit/%.c build/libkv.a $(HDRS) tests/unit/kt.h
+$(B)/unit/%: tests/unit/%.c $(B)/libkv.a $(HDRS) tests/unit/kt.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< build/libkv.a $(LIBS)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(B)/libkv.a $(LIBS)
 
 # Sanitizer build: CPU-only library and unit tests under ASan + UBSan.
 ASAN_FLAGS := $(BASE_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-ASAN_LIB_OBJ := $(patsubst lib/%.c,build/asan/obj/%.o,$(LIB_SRC))
-ASAN_BINS := $(patsubst tests/unit/%.c,build/asan/unit/%,$(UNIT_SRC))
-build/asan/obj/%.o: lib/%.c $(HDRS)
+ASAN_LIB_OBJ := $(patsubst lib/%.c,$(B)/asan/obj/%.o,$(LIB_SRC))
+ASAN_BINS := $(patsubst tests/unit/%.c,$(B)/asan/unit/%,$(UNIT_SRC))
+$(B)/asan/obj/%.o: lib/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -c -o $@ $<
-build/asan/libkv.a: $(ASAN_LIB_OBJ)
+$(B)/asan/libkv.a: $(ASAN_LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
-build/asan/unit/%: tests/unit/%.c build/asan/libkv.a $(HDRS) tests/unit/kt.h
+$(B)/asan/unit/%: tests/unit/%.c $(B)/asan/libkv.a $(HDRS) tests/unit/kt.h
 	@mkdir -p $(@D)
-	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< build/asan/libkv.a -lzstd -lcjson -lm -lpthread -fsanitize=address,undefined
+	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< $(B)/asan/libkv.a -lzstd -lcjson -lm -lpthread -fsanitize=address,undefined
 
 # ---- fuzzers (clang libFuzzer) ------------------------------------------
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -Ilib -fsanitize=fuzzer,address,undefined
-FUZZ_BINS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(B)/fuzz/%,$(FUZZ_SRC))
+$(B)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS)
 	@mkdir -p $(@D)
 	$(CLANG) $(FUZZ_FLAGS) -o $@ $< $(LIB_SRC) -lzstd -lcjson -lm -lpthread
 fuzz: $(FUZZ_BINS)
@@ -110,11 +113,11 @@ check: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory CUDA=0 $(ASAN_BINS)
 	@$(MAKE) --no-print-directory fuzz
-	@FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) KV_BUILD=$(B) KV_BIN=$(CURDIR)/$(BINDIR) sh tests/run-tests.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@sh tests/demo.sh
+	@KV_BIN=$(CURDIR)/$(BINDIR) sh tests/demo.sh
 
 bench: all
 	@echo "see docs/BENCHMARKS.md for the benchmark commands"
@@ -126,4 +129,4 @@ install: all
 	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5/
 
 clean:
-	rm -rf build bin
+	rm -rf $(B) $(BINDIR)

@@ -5,7 +5,8 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 passed=0 failed=0 skipped=0
-log=build/test-logs
+B=${KV_BUILD:-build}
+log=$B/test-logs
 mkdir -p "$log"
 
 count_tap() { # file -> updates counters
@@ -31,20 +32,20 @@ run_suite() { # name command...
     echo "suite $name: rc=$rc" >&2
 }
 
-for t in build/unit/test_*; do
+for t in $B/unit/test_*; do
     [ -x "$t" ] && run_suite "unit-$(basename "$t")" "$t"
 done
-for t in build/asan/unit/test_*; do
+for t in $B/asan/unit/test_*; do
     [ -x "$t" ] && run_suite "asan-$(basename "$t")" env ASAN_OPTIONS=detect_leaks=1 "$t"
 done
 if ls tests/bats/*.bats >/dev/null 2>&1; then
     run_suite bats bats --tap tests/bats
 fi
-for fz in build/fuzz/fuzz_*; do
+for fz in $B/fuzz/fuzz_*; do
     [ -x "$fz" ] || continue
     name=$(basename "$fz")
     corpus=tests/fuzz/corpus/${name#fuzz_}
-    work=build/fuzz-work/$name
+    work=$B/fuzz-work/$name
     mkdir -p "$work"
     if "$fz" -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -print_final_stats=0 \
         "$work" "$corpus" >"$log/$name.log" 2>&1; then

@@ -4,7 +4,7 @@ load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
 ROOT="$(cd "$BATS_TEST_DIRNAME/../.." && pwd)"
-BIN="$ROOT/bin"
+BIN="${KV_BIN:-$ROOT/bin}"
 DATA="$ROOT/tests/data"
 PATH="$BIN:$PATH"
 PY=/usr/bin/python3
