@@ -77,6 +77,12 @@ $(BINDIR)/%: cmd/%.c $(B)/libkv.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(B)/libkv.a $(LIBS)
 
+# kv-bench links its subcommands from cmd/bench/ (each parses its own options).
+BENCH_SRC := $(sort $(wildcard cmd/bench/*.c))
+$(BINDIR)/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(B)/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Icmd/bench -o $@ cmd/kv-bench.c $(BENCH_SRC) $(B)/libkv.a $(LIBS)
+
 # ---- unit tests --------------------------------------------------------
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/unit/%,$(UNIT_SRC))
 unit-bins: $(UNIT_BINS)
