@@ -93,4 +93,56 @@ static_assert(sizeof(kv_row128_2bit) == 32, "2-bit row of 128 channels is 32 byt
 static_assert(sizeof(kv_row128_4bit) == 64, "4-bit row of 128 channels is 64 bytes");
 static_assert(sizeof(uint16_t) == 2, "fp16 scale/zero are 2 bytes");
 
+/*
+ * DSQ (KVO-LLM differential salient-token quantization), for one layer's K
+ * or V of shape [kv_heads, T, head_dim], with window W (64), S salient
+ * tokens per window (round(0.2 * W) = 13), b bits (2) for the other W - S
+ * tokens and Gd = min(group, head_dim) channels per group (group 32):
+ *   - the first nw = floor(T / W) windows are packed; the last T - nw*W
+ *     tokens stay fp16:  resid F16 [kv_heads, T - nw*W, head_dim];
+ *   - mask:   U8 [kv_heads, nw, W/8]; bit t%8 of byte t/8 (LSB first) set
+ *     when token t of the window is salient; exactly S bits are set.  The
+ *     salient tokens are the S largest importances of the window (ties to
+ *     the earlier token); K and V of a layer share the mask;
+ *   - sal:    I8 [kv_heads, nw, S, head_dim], salient rows in token order,
+ *     symmetric INT8 per channel over the window's salient tokens:
+ *     sscale F16 [kv_heads, nw, head_dim] = fp16(max|x| / 127),
+ *     code = clamp(rint(x / s), -127, 127) (0 when s == 0), x' = s * code;
+ *   - keys only: base F16 [kv_heads, nw, head_dim] = fp16 of the mean, per
+ *     channel, of the window's salient keys (of all W keys when S == 0);
+ *     the other keys are stored as deltas d = x - base;
+ *   - codes:  U8 [kv_heads, nw, W - S, head_dim*b/8], the non-salient rows in
+ *     token order (key deltas, or values), b-bit asymmetric per token over
+ *     groups of Gd channels exactly as KIVI values:
+ *     scale, zero F16 [kv_heads, nw, W - S, head_dim/Gd];
+ *     x' = base + (zero + scale * code) for keys (float32, parenthesised as
+ *     written), zero + scale * code for values.
+ * Subtracting the per-channel base removes the channel outliers of keys, so
+ * that per-token groups see a small range.
+ */
+typedef struct {
+    int window;   /* W tokens per window, a multiple of 8 */
+    int salient;  /* S salient tokens per window, 0..W */
+    int bits;     /* b: 1, 2 or 4 for non-salient tokens */
+    int group;    /* channels per non-salient group (clipped to head_dim) */
+} kv_dsq_params;
+
+#define KV_DSQ_DEFAULT_WINDOW 64
+#define KV_DSQ_DEFAULT_SALIENT_FRAC 0.2
+#define KV_DSQ_DEFAULT_BITS 2
+#define KV_DSQ_DEFAULT_GROUP 32
+
+static inline KV_HD int kv_dsq_nwindows(int T, int window) { return T / window; }
+
+/* Is token t (0..W-1) of a window salient? */
+static inline KV_HD int kv_dsq_mask_get(const uint8_t *mask, int t)
+{
+    return (mask[t >> 3] >> (t & 7)) & 1;
+}
+
+/* One window of 64 tokens has an 8-byte mask. */
+typedef struct { uint8_t b[8]; } kv_dsq_mask64;
+static_assert(sizeof(kv_dsq_mask64) == 8, "DSQ mask of a 64-token window is 8 bytes");
+static_assert(sizeof(int8_t) == 1, "DSQ salient codes are one byte");
+
 #endif

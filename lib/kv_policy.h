@@ -28,6 +28,11 @@ typedef enum {
 
 typedef enum { KV_STORE_F32 = 0, KV_STORE_F16, KV_STORE_BF16 } kv_store_dtype;
 
+/* sparse, grouped-query attention: how the query heads sharing one KV head
+ * combine their token scores before the top-K (each head's scores are first
+ * turned into softmax probabilities over the candidates). */
+typedef enum { KV_REDUCE_SUM = 0, KV_REDUCE_MAX } kv_group_reduce;
+
 /* Every tunable of every policy; each policy reads the fields it uses. */
 typedef struct {
     kv_policy_kind kind;
@@ -45,11 +50,17 @@ typedef struct {
     double dsq_salient;   /* fraction of salient tokens per window (0.2) */
     double hcap_channel_thresh; /* HCAP: prune channels under this share (0 = off) */
     double hcap_token_keep;     /* HCAP: fraction of tokens kept (1 = off) */
+    /* sparse (added by E; defaults from kv_policy_params_default) */
+    bool predict;               /* use the engine's predicted query (true) */
+    kv_group_reduce group_reduce; /* GQA score combination (sum) */
 } kv_policy_params;
 
 void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind);
 const char *kv_policy_kind_name(kv_policy_kind k);
 kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out);
+/* "f32", "f16", "bf16". */
+const char *kv_store_dtype_name(kv_store_dtype d);
+kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out);
 
 typedef struct {
     int layer;
@@ -81,6 +92,11 @@ typedef struct {
     void (*predict)(kv_policy *p, const float *q_pred);
     void (*bytes)(const kv_policy *p, kv_bytes *b);
     void (*destroy)(kv_policy *p);
+    /* Optional (may be NULL; added by E): the prompt's last n queries,
+     * (n_heads, n, head_dim) post-RoPE, given just before ingest().  dsq
+     * takes its token importance from them; without them it packs the
+     * prompt's windows after the first attend, by that attention. */
+    void (*observe)(kv_policy *p, const float *q, int n);
 } kv_policy_ops;
 
 struct kv_policy {

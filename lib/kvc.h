@@ -12,7 +12,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "kv_layout.h"
 #include "kv_status.h"
 
 #define KVC_FORMAT_VERSION 1
@@ -96,6 +98,19 @@ bool kvc_has_checksums(const kvc_file *f);
 uint64_t kvc_file_bytes(const kvc_file *f);
 bool kvc_was_zstd(const kvc_file *f);
 
+/* How layer `layer` stores its keys (which = 'k') or values ('v'):
+ * "f32", "f16", "bf16" (plain tensor), "kivi" or "dsq" (packed parts);
+ * NULL if the layer or `which` is out of range. */
+const char *kvc_layer_encoding(const kvc_file *f, int layer, char which);
+/* KIVI parameters of a kivi-encoded layer part (validated at open);
+ * false if that part is not kivi. */
+bool kvc_layer_kivi(const kvc_file *f, int layer, char which, kv_kivi_params *p);
+/* Bytes of all tensors named "layers.{layer}.*", or with kv_only of its
+ * K and V tensors only (plain or packed parts, not the queries). */
+uint64_t kvc_layer_bytes(const kvc_file *f, int layer, bool kv_only);
+/* Tensors whose stored checksum was verified (kvc_has_checksums: all). */
+int kvc_n_checksums(const kvc_file *f);
+
 /* Convert an F32/F16/BF16 tensor to float (n = element count). */
 kv_status kvc_tensor_to_f32(const kvc_tensor *t, float *out);
 int64_t kvc_tensor_numel(const kvc_tensor *t);
@@ -106,7 +121,11 @@ typedef struct kvc_writer kvc_writer;
 kv_status kvc_writer_new(kvc_writer **out);
 /* Geometry metadata (format, version, kvc.* keys). */
 kv_status kvc_writer_geom(kvc_writer *w, const kv_geom *g);
+/* Set (or replace) one metadata key.  "crc32c.*" keys are ignored: the
+ * writer computes a checksum for every tensor itself. */
 kv_status kvc_writer_meta(kvc_writer *w, const char *key, const char *value);
+/* Copy every metadata key of an open file (except checksums). */
+kv_status kvc_writer_copy_meta(kvc_writer *w, const kvc_file *f);
 /* Add a tensor; data is borrowed and must stay valid until kvc_writer_write. */
 kv_status kvc_writer_add(kvc_writer *w, const char *name, kv_dtype dt, int ndim,
                          const int64_t *shape, const void *data);
@@ -130,12 +149,18 @@ typedef struct {
     char *path;
     char *tmp; /* NULL for stdout */
 } kv_outfile;
-#include <stdio.h>
 kv_status kv_outfile_open(kv_outfile *o, const char *path);
 kv_status kv_outfile_commit(kv_outfile *o);
 void kv_outfile_abort(kv_outfile *o);
+/* Unlink every temp file still open through kv_outfile_open (or the
+ * writer).  Async-signal-safe: a front end may call it from a SIGINT/SIGTERM
+ * handler before re-raising, so an interrupted write leaves nothing behind. */
+void kv_outfile_cleanup_all(void);
 
 /* CRC-32C (Castagnoli) of a buffer, continuing from crc (start with 0). */
 uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t n);
+/* The portable table-driven path kv_crc32c falls back to without SSE4.2
+ * (exposed so tests can check both paths). */
+uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t n);
 
 #endif

@@ -1,7 +1,15 @@
 #!/bin/sh
 # Install the Debian packages the build and the tests need, when missing.
 # As root, install them; otherwise print the exact apt-get line and fail.
-pkgs="build-essential libzstd-dev libcjson-dev bats bats-assert bats-support clang python3-numpy zstd"
+#   libclang-rt-dev: libFuzzer and the sanitizer runtimes for clang (only
+#   "Recommended" by clang, so absent where recommends are not installed);
+#   zstd: the CLI the tests pipe through; python3-numpy: the interop and
+#   quantizer checks (/usr/bin/python3).
+pkgs="build-essential libzstd-dev libcjson-dev bats bats-assert bats-support clang libclang-rt-dev python3 python3-numpy zstd"
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "deps: not a Debian system; install the equivalents of: $pkgs" >&2
+    exit 1
+fi
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -10,7 +18,7 @@ done
 if [ "$(id -u)" = 0 ]; then
     echo "deps: installing$missing" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2 && apt-get install -y -qq $missing >&2 || {
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing; } >&2 || {
         echo "deps: apt-get install failed" >&2; exit 1; }
 else
     echo "deps: missing packages; run as root:" >&2

@@ -1,0 +1,337 @@
+/*
+ * kv-bench decode: end-to-end decode speed of the GPU engine per KV
+ * placement — full (fp16 on the GPU), quant (every layer KIVI-packed on the
+ * GPU), hybrid (TailorKV: the first layers quantized, the rest sparse with
+ * the prompt's K/V in pinned host memory, channel selection), hybrid-sketch
+ * (the same with the resident 1-bit key sketch), offload (all K/V in host
+ * memory, every layer copied in per step) — on synthetic weights at long
+ * contexts, with the machine's transfer ceilings measured in the same run.
+ * The context is synthesized on the device (seeded), not prefilled.  A table
+ * on a terminal, JSON when piped or with --json.  The measuring is in
+ * lib/kv_gpu_bench.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv_cli.h"
+#include "kv_gpu_bench.h"
+#include "kv_gpu_engine.h"
+#include "kv_model.h"
+#include "kv_policy.h"
+
+int kv_bench_decode_main(int argc, char **argv);
+
+enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
+       O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
+       O_JSON };
+
+static const kv_option opts[] = {
+    {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
+    {O_WTYPE, 0, "wtype", "T", "weight type: bf16 (default) or f16"},
+    {O_CTX, 'c', "contexts", "LIST", "context lengths (default 32768,131072)"},
+    {O_TOKENS, 'n', "tokens", "N", "decoded tokens timed per policy (default 64)"},
+    {O_WARMUP, 0, "warmup", "N", "untimed tokens first (default 4)"},
+    {O_OFFTOK, 0, "offload-tokens", "N", "timed tokens for offload, which is slow (default 16)"},
+    {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse fetching off (default 16)"},
+    {O_POLICIES, 0, "policies", "LIST", "of full,quant,hybrid,hybrid-sketch,offload (default all)"},
+    {O_QBITS, 0, "quant-bits", "B", "bits of quantized layers, 1 or 2 (default 2)"},
+    {O_QLAYERS, 0, "quant-layers", "N", "hybrid: the first N layers quantized (default 2)"},
+    {O_TOPK, 0, "topk", "K", "hybrid: tokens fetched per step and KV head (default 1024)"},
+    {O_CHANNELS, 0, "channels", "C", "hybrid: critical channels (default 8)"},
+    {O_SINK, 0, "sink", "S", "hybrid: sink tokens (default 8)"},
+    {O_WINDOW, 0, "window", "W", "hybrid: recent tokens (default 56)"},
+    {O_SEED, 0, "seed", "N", "seed of weights and context (default 1)"},
+    {O_DEVICE, 0, "device", "N", "CUDA device (default 0)"},
+    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {0, 0, NULL, NULL, NULL},
+};
+
+static const kv_cli_spec spec = {
+    "kv-bench decode", "[OPTIONS]",
+    "Decode ms/token per KV placement on the GPU, with transfer ceilings.", opts,
+    "Batch 1; the context is synthesized on the device and in pinned host memory from a\n"
+    "seeded generator (no prefill); ms/token is the median of per-step GPU times.\n"
+    "Exit status: 0 ok, 64 usage, 69 no usable GPU or no CUDA build, 70 internal."};
+
+enum { P_FULL, P_QUANT, P_HYBRID, P_SKETCH, P_OFFLOAD, P_COUNT };
+static const char *const pnames[P_COUNT] = {"full", "quant", "hybrid", "hybrid-sketch", "offload"};
+
+#define MAXC 8
+
+typedef struct {
+    bool ran;
+    kv_gpu_decode_result r;
+    char err[256];
+} prun;
+
+static kv_status make_policy(int p, int L, int qbits, int qlayers, int topk, int channels, int sink,
+                             int window, kv_policy_params *pp, kv_gpu_engine_opts *o)
+{
+    char spec_s[256];
+    if (p == P_FULL || p == P_OFFLOAD) snprintf(spec_s, sizeof spec_s, "*=full");
+    else if (p == P_QUANT) snprintf(spec_s, sizeof spec_s, "*=quant:bits=%d", qbits);
+    else if (qlayers > 0)
+        snprintf(spec_s, sizeof spec_s, "0-%d=quant:bits=%d;*=sparse:k=%d,c=%d,s=%d,w=%d",
+                 qlayers - 1, qbits, topk, channels, sink, window);
+    else
+        snprintf(spec_s, sizeof spec_s, "*=sparse:k=%d,c=%d,s=%d,w=%d", topk, channels, sink, window);
+    kv_status st = kv_policy_parse(spec_s, L, pp);
+    if (st) return st;
+    for (int l = 0; l < L; l++) pp[l].dtype = KV_STORE_F16;
+    o->offload = p == P_OFFLOAD;
+    o->select = p == P_SKETCH ? KV_GPU_SELECT_SKETCH : KV_GPU_SELECT_POLICY;
+    o->profile = p == P_HYBRID || p == P_SKETCH || p == P_OFFLOAD;
+    return KV_OK;
+}
+
+/* Share of the PCIe time (bytes at the measured h2d rate) not showing in the step time. */
+static double hidden_frac(double ms, double ms_ref, uint64_t bytes, double h2d)
+{
+    double t_pcie = (double)bytes / h2d * 1e3;
+    if (t_pcie <= 0) return 1.0;
+    double exposed = ms - ms_ref;
+    if (exposed < 0) exposed = 0;
+    double h = 1.0 - exposed / t_pcie;
+    return h < 0 ? 0 : h;
+}
+
+int kv_bench_decode_main(int argc, char **argv)
+{
+    kv_cli_init(&spec, argc, argv);
+    const char *synth = "llama-3.1-8b";
+    kv_wtype wt = KV_W_BF16;
+    int ctx[MAXC] = {32768, 131072}, nctx = 2, tokens = 64, warmup = 4, offtok = 16, nofetch = 16;
+    int qbits = 2, qlayers = 2, topk = 1024, channels = 8, sink = 8, window = 56, device = 0;
+    unsigned long long seed = 1;
+    bool want[P_COUNT] = {true, true, true, true, true}, json = false;
+    const char *a;
+    int oi;
+    for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
+        switch (c) {
+        case O_SYNTH: synth = a; break;
+        case O_WTYPE:
+            if (!strcmp(a, "bf16")) wt = KV_W_BF16;
+            else if (!strcmp(a, "f16")) wt = KV_W_F16;
+            else kv_cli_usage_error("--wtype must be bf16 or f16");
+            break;
+        case O_CTX: {
+            nctx = 0;
+            char *dup = strdup(a), *save = NULL;
+            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (nctx == MAXC) kv_cli_usage_error("at most %d contexts", MAXC);
+                ctx[nctx++] = (int)kv_cli_long("--contexts", t, 16, 1 << 22);
+            }
+            free(dup);
+            if (!nctx) kv_cli_usage_error("--contexts needs at least one length");
+            break;
+        }
+        case O_TOKENS: tokens = (int)kv_cli_long("--tokens", a, 1, 4096); break;
+        case O_WARMUP: warmup = (int)kv_cli_long("--warmup", a, 0, 1024); break;
+        case O_OFFTOK: offtok = (int)kv_cli_long("--offload-tokens", a, 1, 4096); break;
+        case O_NOFETCH: nofetch = (int)kv_cli_long("--nofetch-tokens", a, 0, 4096); break;
+        case O_POLICIES: {
+            memset(want, 0, sizeof want);
+            char *dup = strdup(a), *save = NULL;
+            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                int p = 0;
+                while (p < P_COUNT && strcmp(pnames[p], t)) p++;
+                if (p == P_COUNT) kv_cli_usage_error("unknown policy '%s'", t);
+                want[p] = true;
+            }
+            free(dup);
+            break;
+        }
+        case O_QBITS: qbits = (int)kv_cli_long("--quant-bits", a, 1, 2); break;
+        case O_QLAYERS: qlayers = (int)kv_cli_long("--quant-layers", a, 0, 1024); break;
+        case O_TOPK: topk = (int)kv_cli_long("--topk", a, 1, 1 << 22); break;
+        case O_CHANNELS: channels = (int)kv_cli_long("--channels", a, 1, 256); break;
+        case O_SINK: sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
+        case O_WINDOW: window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
+        case O_SEED: seed = (unsigned long long)kv_cli_long("--seed", a, 0, 1L << 62); break;
+        case O_DEVICE: device = (int)kv_cli_long("--device", a, 0, 64); break;
+        case O_JSON: json = true; break;
+        }
+    }
+    if (oi < argc) kv_cli_usage_error("unexpected argument '%s'", argv[oi]);
+
+    kv_gpu_bw bw;
+    kv_status st = kv_gpu_bw_measure(device, &bw);
+    if (st) return kv_report(st, "bandwidth");
+    kv_model *m = NULL;
+    kv_progress("building synthetic %s", synth);
+    if ((st = kv_model_synthetic(synth, seed, wt, &m))) return kv_report(st, "synthetic %s", synth);
+    const int L = m->cfg.n_layers;
+    kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
+    prun (*runs)[P_COUNT] = calloc((size_t)nctx, sizeof *runs);
+    char devname[400] = "";
+    uint64_t wread = 0, wstore = 0;
+    if (!pp || !runs) {
+        kv_model_free(m);
+        return kv_report(KV_E_NOMEM, "out of memory");
+    }
+    int rc = KV_EXIT_OK;
+    for (int ci = 0; ci < nctx && rc == KV_EXIT_OK; ci++) {
+        int T = ctx[ci];
+        int extra = warmup + (tokens > offtok ? tokens : offtok) + nofetch + 16;
+        kv_gpu_engine_opts o;
+        kv_gpu_engine_opts_default(&o);
+        o.device = device;
+        kv_gpu_engine *e = NULL;
+        kv_progress("context %d: loading weights", T);
+        if ((st = kv_gpu_engine_new(m, NULL, T + extra, &o, &e))) {
+            rc = kv_report(st, "GPU engine");
+            break;
+        }
+        snprintf(devname, sizeof devname, "%s", kv_gpu_engine_device(e));
+        wread = kv_gpu_engine_weight_read_bytes(e);
+        wstore = kv_gpu_engine_weight_bytes(e);
+        for (int p = 0; p < P_COUNT; p++) {
+            if (!want[p]) continue;
+            kv_progress("context %d: %s", T, pnames[p]);
+            prun *r = &runs[ci][p];
+            kv_gpu_engine_opts_default(&o);
+            o.device = device;
+            st = make_policy(p, L, qbits, qlayers, topk, channels, sink, window, pp, &o);
+            if (!st)
+                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, warmup,
+                                         p == P_OFFLOAD ? offtok : tokens,
+                                         p == P_HYBRID || p == P_SKETCH ? nofetch : 0, &r->r);
+            r->ran = true;
+            if (st) {
+                snprintf(r->err, sizeof r->err, "%s: %s", kv_strerror(st), kv_errdetail());
+                kv_progress_done();
+                kv_warn("context %d, %s: %s", T, pnames[p], r->err);
+                r->ran = false;
+                if (st == KV_E_UNAVAILABLE) rc = kv_status_exit(st);
+            }
+        }
+        kv_gpu_engine_free(e);
+    }
+    kv_progress_done();
+    if (rc != KV_EXIT_OK) {
+        free(runs);
+        free(pp);
+        kv_model_free(m);
+        return rc;
+    }
+
+    char date[64];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    const prun *last = runs[nctx - 1];
+    const prun *F = &last[P_FULL], *H = &last[P_HYBRID], *S = &last[P_SKETCH], *O = &last[P_OFFLOAD];
+    if (kv_want_json(stdout, json)) {
+        printf("{\n  \"bench\": \"decode\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n", date, devname);
+        printf("  \"model\": \"%s\",\n  \"weights\": \"%s\",\n  \"weight_bytes_read_per_token\": %llu,\n"
+               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16",
+               (unsigned long long)wread, (unsigned long long)wstore);
+        printf("  \"context_source\": \"synthesized on the device (seeded), no prefill\",\n");
+        printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
+               "\"sink\": %d, \"window\": %d},\n", qlayers, qbits, topk, channels, sink, window);
+        printf("  \"bandwidth\": {\"h2d\": %.4e, \"d2h\": %.4e, \"d2d_copy\": %.4e, \"zero_copy_read\": %.4e, "
+               "\"zero_copy_gather_512B\": %.4e, \"memcpy_gather_512B\": %.4e},\n",
+               bw.h2d, bw.d2h, bw.d2d, bw.zc_read, bw.zc_gather, bw.memcpy_gather);
+        printf("  \"contexts\": [\n");
+        for (int ci = 0; ci < nctx; ci++) {
+            printf("    {\"T\": %d, \"policies\": {\n", ctx[ci]);
+            int first = 1;
+            for (int p = 0; p < P_COUNT; p++) {
+                const prun *r = &runs[ci][p];
+                if (!want[p]) continue;
+                printf("%s      \"%s\": ", first ? "" : ",\n", pnames[p]);
+                first = 0;
+                if (!r->ran) {
+                    printf("{\"error\": \"%s\"}", r->err);
+                    continue;
+                }
+                const kv_gpu_decode_result *x = &r->r;
+                double side = p == P_OFFLOAD ? x->copy_ms : x->select_ms;
+                printf("{\"ms_per_token\": %.4f, \"ms_p90\": %.4f, \"tokens\": %d, \"gpu_kv_bytes\": %llu, "
+                       "\"host_kv_bytes\": %llu, \"pcie_bytes_per_token\": %llu",
+                       x->ms_median, x->ms_p90, x->tokens, (unsigned long long)x->gpu_kv,
+                       (unsigned long long)x->host_kv, (unsigned long long)x->pcie_token);
+                if (side > 0) printf(", \"side_stream_ms\": %.4f, \"pcie_gbs_achieved\": %.3f", side,
+                                     (double)x->pcie_token / (side * 1e-3) / 1e9);
+                if (x->ms_nofetch > 0)
+                    printf(", \"ms_no_fetch\": %.4f, \"pcie_hidden\": %.4f", x->ms_nofetch,
+                           hidden_frac(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d));
+                if (p == P_OFFLOAD && runs[ci][P_FULL].ran)
+                    printf(", \"pcie_hidden\": %.4f",
+                           hidden_frac(x->ms_median, runs[ci][P_FULL].r.ms_median, x->pcie_token, bw.h2d));
+                if (p == P_FULL)
+                    printf(", \"bound_ms\": %.4f", (double)(wread + x->gpu_kv) / bw.d2d * 1e3);
+                printf("}");
+            }
+            printf("\n    }}%s\n", ci + 1 < nctx ? "," : "");
+        }
+        printf("  ],\n  \"targets_at_T\": %d,\n  \"targets\": {\n", ctx[nctx - 1]);
+        const prun *hy[2] = {H, S};
+        const char *hn[2] = {"hybrid", "hybrid_sketch"};
+        for (int i = 0; i < 2; i++) {
+            const prun *h = hy[i];
+            if (!h->ran) continue;
+            if (O->ran)
+                printf("    \"%s_speedup_vs_offload\": {\"value\": %.2f, \"target\": 15, \"met\": %s},\n", hn[i],
+                       O->r.ms_median / h->r.ms_median, O->r.ms_median / h->r.ms_median >= 15 ? "true" : "false");
+            if (F->ran) {
+                double ratio = h->r.ms_median / F->r.ms_median, kv = (double)h->r.gpu_kv / (double)F->r.gpu_kv;
+                printf("    \"%s_ms_over_full\": {\"value\": %.3f, \"target\": 2, \"met\": %s},\n", hn[i], ratio,
+                       ratio <= 2 ? "true" : "false");
+                printf("    \"%s_gpu_kv_over_full\": {\"value\": %.4f, \"target\": 0.10, \"met\": %s},\n", hn[i],
+                       kv, kv <= 0.10 ? "true" : "false");
+            }
+            if (h->r.ms_nofetch > 0) {
+                double hid = hidden_frac(h->r.ms_median, h->r.ms_nofetch, h->r.pcie_token, bw.h2d);
+                printf("    \"%s_pcie_hidden\": {\"value\": %.3f, \"target\": 0.70, \"met\": %s},\n", hn[i], hid,
+                       hid >= 0.70 ? "true" : "false");
+            }
+        }
+        if (F->ran) {
+            double bound = (double)(wread + F->r.gpu_kv) / bw.d2d * 1e3;
+            printf("    \"full_over_bound\": {\"value\": %.3f, \"target\": 1.25, \"met\": %s}\n",
+                   F->r.ms_median / bound, F->r.ms_median / bound <= 1.25 ? "true" : "false");
+        } else {
+            printf("    \"full_over_bound\": null\n");
+        }
+        printf("  }\n}\n");
+    } else {
+        printf("%s, %s\n%s %s weights (%.2f GB read per token); context synthesized on the device\n",
+               devname, date, m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16", (double)wread / 1e9);
+        printf("bandwidth GB/s: h2d %.1f, d2h %.1f, device copy %.0f, zero-copy read %.1f, "
+               "gather 512B rows: zero-copy %.1f vs memcpy %.2f\n",
+               bw.h2d / 1e9, bw.d2h / 1e9, bw.d2d / 1e9, bw.zc_read / 1e9, bw.zc_gather / 1e9,
+               bw.memcpy_gather / 1e9);
+        printf("%8s  %-14s %9s %11s %11s %11s %9s %8s\n", "context", "policy", "ms/token", "GPU KV MB",
+               "host KV MB", "PCIe MB/tok", "PCIe GB/s", "hidden");
+        for (int ci = 0; ci < nctx; ci++)
+            for (int p = 0; p < P_COUNT; p++) {
+                const prun *r = &runs[ci][p];
+                if (!want[p]) continue;
+                if (!r->ran) {
+                    printf("%8d  %-14s failed: %s\n", ctx[ci], pnames[p], r->err);
+                    continue;
+                }
+                const kv_gpu_decode_result *x = &r->r;
+                double side = p == P_OFFLOAD ? x->copy_ms : x->select_ms;
+                double hid = -1;
+                if (x->ms_nofetch > 0) hid = hidden_frac(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
+                if (p == P_OFFLOAD && runs[ci][P_FULL].ran)
+                    hid = hidden_frac(x->ms_median, runs[ci][P_FULL].r.ms_median, x->pcie_token, bw.h2d);
+                printf("%8d  %-14s %9.3f %11.1f %11.1f %11.2f ", ctx[ci], pnames[p], x->ms_median,
+                       (double)x->gpu_kv / 1e6, (double)x->host_kv / 1e6, (double)x->pcie_token / 1e6);
+                if (side > 0) printf("%9.1f ", (double)x->pcie_token / (side * 1e-3) / 1e9);
+                else printf("%9s ", "-");
+                if (hid >= 0) printf("%7.0f%%\n", 100 * hid);
+                else printf("%8s\n", "-");
+            }
+        if (F->ran)
+            printf("full bound (weights + KV at copy bandwidth): %.3f ms\n",
+                   (double)(wread + F->r.gpu_kv) / bw.d2d * 1e3);
+    }
+    free(runs);
+    free(pp);
+    kv_model_free(m);
+    return KV_EXIT_OK;
+}

@@ -1,0 +1,199 @@
+/*
+ * kv-bench fidelity: how far each KV policy's next-token distributions
+ * drift from `full` on a text (lib/kv_compare): KL divergence, top-1
+ * agreement, perplexity of both, and the bytes each policy keeps.  The
+ * first --prefix tokens are prefilled densely; the rest are teacher-forced
+ * through the policies.  A table on a terminal, JSON when piped or --json.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_cli.h"
+#include "kv_compare.h"
+#include "kv_engine.h"
+#include "kv_json.h"
+#include "kv_niah.h"
+#include "kv_tokenizer.h"
+
+int kv_bench_fidelity_main(int argc, char **argv);
+
+/* getopt returns the short letter for a short option: ids of options with
+ * one are that letter */
+enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_TEXT = 256, O_TOKENS, O_PREFIX,
+       O_MAXTOK, O_REF, O_JSON, O_THREADS };
+
+static const kv_option opts[] = {
+    {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
+    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TEXT, 0, "text", "FILE|-", "text to score (encoded after BOS)"},
+    {O_TOKENS, 0, "tokens", "FILE|-", "token ids instead of text (whitespace or JSON array)"},
+    {O_POLICY, 'p', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
+    {O_REF, 0, "reference", "SPEC", "reference policy (default: full, f32)"},
+    {O_PREFIX, 0, "prefix", "N", "tokens prefilled densely (default: half of the sequence)"},
+    {O_MAXTOK, 0, "max-tokens", "N", "use the first N tokens (default: the model's context)"},
+    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
+    {0, 0, NULL, NULL, NULL},
+};
+
+static const kv_cli_spec spec = {
+    "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -p SPEC...",
+    "KL divergence, top-1 agreement and perplexity of KV policies against full.", opts,
+    "KL(reference || policy) in nats per position, over the positions predicted by\n"
+    "decode steps after the prefix.\n"
+    "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 70 internal."};
+
+int kv_bench_fidelity_main(int argc, char **argv)
+{
+    kv_cli_init(&spec, argc, argv);
+    const char *model = NULL, *tokp = NULL, *text = NULL, *tokfile = NULL, *refspec = NULL, *a;
+    const char *pols[64];
+    int npol = 0, maxtok = 0, oi;
+    bool json = false;
+    kv_compare_opts co;
+    kv_compare_opts_default(&co);
+    for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
+        switch (c) {
+        case O_MODEL: model = a; break;
+        case O_TOK: tokp = a; break;
+        case O_TEXT: text = a; break;
+        case O_TOKENS: tokfile = a; break;
+        case O_POLICY:
+            if (npol == 64) kv_cli_usage_error("at most 64 policies");
+            pols[npol++] = a;
+            break;
+        case O_REF: refspec = a; break;
+        case O_PREFIX: co.prefix = (int)kv_cli_long("--prefix", a, 1, 1 << 30); break;
+        case O_MAXTOK: maxtok = (int)kv_cli_long("--max-tokens", a, 3, 1 << 30); break;
+        case O_JSON: json = true; break;
+        case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
+        }
+    }
+    if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
+    if (!model) kv_cli_usage_error("--model is required");
+    if (!text == !tokfile) kv_cli_usage_error("give one of --text and --tokens");
+    if (npol == 0) kv_cli_usage_error("give at least one --policy");
+
+    int rc = KV_EXIT_OK;
+    kv_model *m = NULL;
+    kv_tokenizer *tok = NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    int *ids = NULL, n = 0;
+    kv_policy_params *ref = NULL, *all = NULL;
+    const kv_policy_params **pp = NULL;
+    kv_compare_result *res = NULL;
+    kv_status st;
+    for (int i = 0; i <= npol; i++) { /* check specs before any loading */
+        kv_policy_params tmp[1];
+        const char *s = i < npol ? pols[i] : refspec;
+        if (s && (st = kv_policy_parse(s, 1, tmp))) {
+            rc = kv_report(st, "policy %s", s);
+            goto out;
+        }
+    }
+    const char *in = text ? text : tokfile;
+    if ((st = kv_file_read_all(in, &buf, &len))) {
+        rc = kv_report(st, "%s", in);
+        goto out;
+    }
+    if (text) {
+        st = kv_compare_open_model(model, tokp, &m, &tok);
+        if (st == KV_OK) st = kv_tokenizer_encode(tok, buf, len, true, false, &ids, &n);
+    } else {
+        st = kv_model_load(model, &m);
+        if (st == KV_OK) st = kv_tokens_parse(buf, len, &ids, &n);
+        for (int i = 0; st == KV_OK && i < n; i++)
+            if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
+                st = kv_fail(KV_E_DATA, "token %d (#%d) outside the vocabulary of %d", ids[i], i,
+                             m->cfg.vocab_size);
+    }
+    if (st) {
+        rc = kv_report(st, "%s", st == KV_E_DATA || st == KV_E_UNSUPPORTED ? in : model);
+        goto out;
+    }
+    if (maxtok == 0) maxtok = m->cfg.seq_len;
+    if (n > maxtok) n = maxtok;
+    const int L = m->cfg.n_layers;
+    ref = calloc((size_t)L, sizeof *ref);
+    all = calloc((size_t)L * (size_t)npol, sizeof *all);
+    pp = calloc((size_t)npol, sizeof *pp);
+    res = calloc((size_t)npol, sizeof *res);
+    if (!ref || !all || !pp || !res) {
+        rc = kv_report(KV_E_NOMEM, "fidelity");
+        goto out;
+    }
+    if (refspec && (st = kv_policy_parse(refspec, L, ref))) {
+        rc = kv_report(st, "--reference %s", refspec);
+        goto out;
+    }
+    for (int i = 0; i < npol; i++) {
+        pp[i] = all + (size_t)i * (size_t)L;
+        if ((st = kv_policy_parse(pols[i], L, all + (size_t)i * (size_t)L))) {
+            rc = kv_report(st, "--policy %s", pols[i]);
+            goto out;
+        }
+    }
+    if ((st = kv_compare_run_many(m, ids, n, refspec ? ref : NULL, pp, npol, &co, res))) {
+        rc = kv_report(st, "compare");
+        goto out;
+    }
+    if (kv_want_json(stdout, json)) {
+        printf("{\"tool\": \"kv-bench fidelity\", \"model\": ");
+        kv_json_string(stdout, model);
+        printf(", \"reference\": ");
+        kv_json_string(stdout, refspec ? refspec : "full");
+        printf(", \"n_tokens\": %d, \"prefix\": %d, \"n_scored\": %d, \"ppl_reference\": ", n,
+               res[0].prefix, res[0].n_scored);
+        kv_json_number(stdout, res[0].ppl_ref);
+        printf(", \"reference_resident_bytes\": %llu, \"results\": [",
+               (unsigned long long)res[0].bytes_ref.resident);
+        for (int i = 0; i < npol; i++) {
+            const kv_compare_result *r = &res[i];
+            printf("%s\n  {\"policy\": ", i ? "," : "");
+            kv_json_string(stdout, pols[i]);
+            printf(", \"kl_mean\": ");
+            kv_json_number(stdout, r->kl_mean);
+            printf(", \"kl_max\": ");
+            kv_json_number(stdout, r->kl_max);
+            printf(", \"top1_agreement\": ");
+            kv_json_number(stdout, r->top1);
+            printf(", \"ppl\": ");
+            kv_json_number(stdout, r->ppl_pol);
+            printf(", \"ppl_diff\": ");
+            kv_json_number(stdout, r->ppl_diff);
+            double steps = r->bytes_pol.attends ? (double)r->bytes_pol.attends / L : 0;
+            printf(", \"resident_bytes\": %llu, \"host_bytes\": %llu, \"fetched_bytes_per_step\": %.0f}",
+                   (unsigned long long)r->bytes_pol.resident, (unsigned long long)r->bytes_pol.host,
+                   steps > 0 ? (double)r->bytes_pol.fetched_total / steps : 0.0);
+        }
+        printf("\n]}\n");
+    } else {
+        printf("%d tokens, %d prefilled densely, %d positions scored; reference %s: ppl %.4f, %llu bytes\n",
+               n, res[0].prefix, res[0].n_scored, refspec ? refspec : "full", res[0].ppl_ref,
+               (unsigned long long)res[0].bytes_ref.resident);
+        printf("%-40s %10s %10s %7s %10s %10s %12s %10s %12s\n", "policy", "KL mean", "KL max",
+               "top-1", "ppl", "ppl diff", "resident", "host", "fetched/t");
+        for (int i = 0; i < npol; i++) {
+            const kv_compare_result *r = &res[i];
+            double steps = r->bytes_pol.attends ? (double)r->bytes_pol.attends / L : 0;
+            printf("%-40s %10.5f %10.5f %7.3f %10.4f %+10.4f %12llu %10llu %12.0f\n", pols[i],
+                   r->kl_mean, r->kl_max, r->top1, r->ppl_pol, r->ppl_diff,
+                   (unsigned long long)r->bytes_pol.resident, (unsigned long long)r->bytes_pol.host,
+                   steps > 0 ? (double)r->bytes_pol.fetched_total / steps : 0.0);
+        }
+    }
+    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+out:
+    for (int i = 0; res && i < npol; i++) kv_compare_result_free(&res[i]);
+    free(res);
+    free(pp);
+    free(all);
+    free(ref);
+    free(ids);
+    free(buf);
+    kv_tokenizer_free(tok);
+    kv_model_free(m);
+    return rc;
+}

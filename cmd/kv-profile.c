@@ -1,0 +1,140 @@
+/*
+ * kv-profile: profile the layers and heads of one or more .kvc caches (with
+ * query samples) and classify each layer as quantization- or sparsity-
+ * friendly; prints JSON (or a table on a terminal) that ends with the
+ * deployment config kv-run --profile and kv-quant --profile read.  The
+ * measurements live in lib/kv_profile.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_cli.h"
+#include "kv_deploy.h"
+#include "kv_profile.h"
+#include "kvc.h"
+
+enum {
+    OPT_TAU = 256, OPT_ALPHA, OPT_NQ, OPT_BUDGET, OPT_CHANNELS, OPT_BITS, OPT_GROUP,
+    OPT_RESIDUAL, OPT_SINK, OPT_WINDOW, OPT_SVG, OPT_JSON
+};
+
+static const kv_option opts[] = {
+    {OPT_TAU, 0, "tau", "T", "score above T: quantization-friendly (0.2)"},
+    {OPT_ALPHA, 0, "alpha", "A", "top share of keys for the score (0.05)"},
+    {OPT_NQ, 0, "nq", "N", "use the last N stored queries (32; 0 = all)"},
+    {OPT_BUDGET, 0, "budget", "K", "top-K tokens for sparse layers: a count, or a fraction < 1 (128)"},
+    {OPT_CHANNELS, 0, "channels", "C", "critical channels for sparse selection (8)"},
+    {OPT_BITS, 0, "bits", "B", "bits for quantized layers in the deploy config: 1, 2 or 4 (1)"},
+    {OPT_GROUP, 0, "group", "G", "KIVI group size (64)"},
+    {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
+    {OPT_SINK, 0, "sink", "S", "sink tokens always kept by sparse layers (8)"},
+    {OPT_WINDOW, 0, "window", "W", "recent tokens always kept by sparse layers (56)"},
+    {OPT_SVG, 0, "svg", "FILE", "write a heatmap of the scores (SVG)"},
+    {OPT_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {0, 0, NULL, NULL, NULL},
+};
+
+static const kv_cli_spec spec = {
+    "kv-profile", "[OPTIONS] FILE.kvc...",
+    "Profile KV cache layers: dense preference score, quantization and sparse errors.", opts,
+    "Several files are averaged per layer and head.  Output: JSON on stdout (a table on a\n"
+    "terminal) whose \"deploy\" member kv-run --profile and kv-quant --profile accept.\n"
+    "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 70 internal, 73 cannot create, 74 I/O.\n"};
+
+static void print_table(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d)
+{
+    printf("%d file(s), %d layers, %d heads (%d KV), head dim %d, %d queries\n\n",
+           a->n_docs < 0 ? -a->n_docs : a->n_docs, a->n_layers, a->n_heads, a->n_kv_heads,
+           a->head_dim, a->n_q);
+    printf("layer   score  err 1-bit  err 2-bit  err sparse  class\n");
+    for (int l = 0; l < a->n_layers; l++)
+        printf("%5d  %6.3f  %9.4f  %9.4f  %10.4f  %s\n", l, a->layer_score[l], a->layer_q1[l],
+               a->layer_q2[l], a->layer_sparse[l], a->layer_score[l] > p->tau ? "quant" : "sparse");
+    printf("\nquant layers (%d-bit, G %d, R %d):", d->bits, d->group, d->residual);
+    for (int i = 0; i < d->n_quant; i++) printf(" %d", d->quant_layers[i]);
+    printf("\nsparse layers (budget %g, C %d, sink %d, window %d):",
+           d->budget ? (double)d->budget : d->budget_frac, d->channels, d->sink, d->window);
+    for (int i = 0; i < d->n_sparse; i++) printf(" %d", d->sparse_layers[i]);
+    printf("\n");
+}
+
+int main(int argc, char **argv)
+{
+    kv_cli_init(&spec, argc, argv);
+    kv_profile_params p;
+    kv_profile_params_default(&p);
+    const char *arg, *svg = NULL;
+    bool json = false;
+    int c, optind_;
+    while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
+        switch (c) {
+        case OPT_TAU: p.tau = kv_cli_double("--tau", arg, 0, 1); break;
+        case OPT_ALPHA: p.alpha = kv_cli_double("--alpha", arg, 1e-6, 1); break;
+        case OPT_NQ: p.nq = (int)kv_cli_long("--nq", arg, 0, 1 << 20); break;
+        case OPT_BUDGET: {
+            double b = kv_cli_double("--budget", arg, 1e-9, 1 << 24);
+            if (b < 1) {
+                p.budget = 0;
+                p.budget_frac = b;
+            } else {
+                p.budget = (int)kv_cli_long("--budget", arg, 1, 1 << 24);
+            }
+            break;
+        }
+        case OPT_CHANNELS: p.channels = (int)kv_cli_long("--channels", arg, 1, 65536); break;
+        case OPT_BITS:
+            p.bits = (int)kv_cli_long("--bits", arg, 1, 4);
+            if (p.bits == 3) kv_cli_usage_error("--bits must be 1, 2 or 4");
+            break;
+        case OPT_GROUP: p.group = (int)kv_cli_long("--group", arg, 1, 65536); break;
+        case OPT_RESIDUAL: p.residual = (int)kv_cli_long("--residual", arg, 0, 1L << 30); break;
+        case OPT_SINK: p.sink = (int)kv_cli_long("--sink", arg, 0, 1L << 24); break;
+        case OPT_WINDOW: p.window = (int)kv_cli_long("--window", arg, 0, 1L << 24); break;
+        case OPT_SVG: svg = arg; break;
+        case OPT_JSON: json = true; break;
+        }
+    }
+    if (optind_ >= argc) kv_cli_usage_error("no input file");
+    int rc = 0;
+    kv_profile acc;
+    memset(&acc, 0, sizeof acc);
+    kv_deploy dep;
+    kv_deploy_defaults(&dep);
+    kv_status st;
+    for (int i = optind_; i < argc; i++) {
+        kvc_file *f = NULL;
+        kv_progress("profiling %s (%d of %d)", argv[i], i - optind_ + 1, argc - optind_);
+        if ((st = kvc_open(argv[i], &f)) || (st = kv_profile_add(&acc, f, &p))) {
+            rc = kv_report(st, "%s", argv[i]);
+            kvc_free(f);
+            goto done;
+        }
+        kvc_free(f);
+    }
+    kv_progress_done();
+    kv_profile_finish(&acc);
+    if ((st = kv_profile_deploy(&acc, &p, &dep))) {
+        rc = kv_report(st, "deploy config");
+        goto done;
+    }
+    if (svg) {
+        kv_outfile of;
+        if ((st = kv_outfile_open(&of, svg))) {
+            rc = kv_report(st, "%s", svg);
+            goto done;
+        }
+        kv_profile_write_svg(&acc, &p, of.fp);
+        if ((st = kv_outfile_commit(&of))) {
+            rc = kv_report(st, "%s", svg);
+            goto done;
+        }
+    }
+    if (kv_want_json(stdout, json)) kv_profile_write_json(&acc, &p, &dep, stdout);
+    else print_table(&acc, &p, &dep);
+    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+done:
+    kv_deploy_clear(&dep);
+    kv_profile_free(&acc);
+    return rc;
+}

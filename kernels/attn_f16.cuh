@@ -1,0 +1,193 @@
+/*
+ * fp16 decode attention, flash-decoding style: the device function that one
+ * block runs over a token range of one KV head (all of that head's query
+ * heads at once, so K and V are read once), and the combine pass that merges
+ * the blocks' partials.  The packed KIVI kernel reuses both for its fp16
+ * residual tokens.
+ *
+ * Partial record per (query head, split): [max, sum, out[0..D-1]], in the
+ * exp2 domain (the query is prescaled by scale*log2(e)), out unnormalized.
+ */
+#ifndef KV_ATTN_F16_CUH
+#define KV_ATTN_F16_CUH
+
+#include "common.cuh"
+
+#define KV_F16_THREADS 128
+#define KV_F16_WARPS (KV_F16_THREADS / 32)
+#define KV_F16_UNROLL 4 /* token rows each lane has in flight, K and V each */
+
+/* Tokens one block iteration covers: warps * tokens per warp step * unroll. */
+__host__ __device__ constexpr int kv_f16_block_step(int D)
+{
+    return KV_F16_WARPS * (32 / (D / 8)) * KV_F16_UNROLL;
+}
+
+/* Merge online-softmax states (m, l, acc) b into a. */
+template <int N>
+__device__ __forceinline__ void kv_softmax_merge(float &m, float &l, float (&acc)[N], float mb,
+                                                 float lb, const float (&accb)[N])
+{
+    float mn = fmaxf(m, mb);
+    float ca = kv_exp2_diff(m, mn), cb = kv_exp2_diff(mb, mn);
+    l = l * ca + lb * cb;
+#pragma unroll
+    for (int i = 0; i < N; i++) acc[i] = acc[i] * ca + accb[i] * cb;
+    m = mn;
+}
+
+/*
+ * One block (KV_F16_THREADS threads) attends query heads
+ * [kvh*HPG, kvh*HPG + HPG) over tokens [t0, t1) of k/v (already offset to
+ * the KV head) and writes HPG partial records at part + (qh*nsplit + split)*(D+2).
+ *   qs: (HPG, D) floats in shared memory, query * scale * log2(e)
+ */
+template <int D, int HPG>
+__device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half *__restrict__ k,
+                                     const __half *__restrict__ v, int t0, int t1,
+                                     float *__restrict__ part, int kvh, int split, int nsplit)
+{
+    constexpr int LPT = D / 8;   /* lanes per token row: 8 fp16 (16 bytes) each */
+    constexpr int TPW = 32 / LPT; /* token rows per warp step */
+    constexpr int U = KV_F16_UNROLL;
+    __shared__ float sm_o[KV_F16_WARPS][HPG][D];
+    __shared__ float sm_ml[KV_F16_WARPS][HPG][2];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int sub = lane / LPT, cl = lane % LPT;
+
+    float qf[HPG][8];
+#pragma unroll
+    for (int h = 0; h < HPG; h++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) qf[h][i] = qs[h * D + cl * 8 + i];
+
+    float m[HPG], l[HPG], acc[HPG][8];
+#pragma unroll
+    for (int h = 0; h < HPG; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
+    }
+
+    for (int base = t0 + warp * TPW * U; base < t1; base += KV_F16_WARPS * TPW * U) {
+        uint4 kr[U], vr[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) { /* all loads first: 2U 16-byte loads in flight */
+            int t = base + u * TPW + sub;
+            ok[u] = t < t1;
+            size_t off = (size_t)(ok[u] ? t : t0) * D + cl * 8;
+            kr[u] = __ldg(reinterpret_cast<const uint4 *>(k + off));
+            vr[u] = __ldg(reinterpret_cast<const uint4 *>(v + off));
+        }
+        float s[U][HPG];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const __half2 *kh = reinterpret_cast<const __half2 *>(&kr[u]);
+            float kf[8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f = __half22float2(kh[i]);
+                kf[2 * i] = f.x;
+                kf[2 * i + 1] = f.y;
+            }
+#pragma unroll
+            for (int h = 0; h < HPG; h++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) a = fmaf(qf[h][i], kf[i], a);
+#pragma unroll
+                for (int o = LPT / 2; o > 0; o >>= 1) a += __shfl_xor_sync(KV_FULL_MASK, a, o);
+                s[u][h] = ok[u] ? a : -INFINITY;
+            }
+        }
+        float vf[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const __half2 *vh = reinterpret_cast<const __half2 *>(&vr[u]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f = __half22float2(vh[i]);
+                vf[u][2 * i] = f.x;
+                vf[u][2 * i + 1] = f.y;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < HPG; h++) {
+            float mx = m[h];
+#pragma unroll
+            for (int u = 0; u < U; u++) mx = fmaxf(mx, s[u][h]);
+            float ref = mx == -INFINITY ? 0.0f : mx;
+            float corr = kv_exp2_diff(m[h], ref);
+            float p[U], ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                p[u] = kv_exp2_diff(s[u][h], ref);
+                ps += p[u];
+            }
+            l[h] = l[h] * corr + ps;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float a = acc[h][i] * corr;
+#pragma unroll
+                for (int u = 0; u < U; u++) a = fmaf(p[u], vf[u][i], a);
+                acc[h][i] = a;
+            }
+            m[h] = mx;
+        }
+    }
+
+    /* Merge the token slots of the warp (lanes with the same channels). */
+#pragma unroll
+    for (int o = LPT; o < 32; o <<= 1) {
+#pragma unroll
+        for (int h = 0; h < HPG; h++) {
+            float mb = __shfl_xor_sync(KV_FULL_MASK, m[h], o);
+            float lb = __shfl_xor_sync(KV_FULL_MASK, l[h], o);
+            float accb[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) accb[i] = __shfl_xor_sync(KV_FULL_MASK, acc[h][i], o);
+            kv_softmax_merge<8>(m[h], l[h], acc[h], mb, lb, accb);
+        }
+    }
+    if (sub == 0) {
+#pragma unroll
+        for (int h = 0; h < HPG; h++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) sm_o[warp][h][cl * 8 + i] = acc[h][i];
+            if (cl == 0) {
+                sm_ml[warp][h][0] = m[h];
+                sm_ml[warp][h][1] = l[h];
+            }
+        }
+    }
+    __syncthreads();
+    /* Merge the warps and write one record per query head. */
+    for (int idx = threadIdx.x; idx < HPG * D; idx += KV_F16_THREADS) {
+        int h = idx / D, c = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < KV_F16_WARPS; w++) M = fmaxf(M, sm_ml[w][h][0]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KV_F16_WARPS; w++) {
+            float f = kv_exp2_diff(sm_ml[w][h][0], M);
+            L += sm_ml[w][h][1] * f;
+            O += sm_o[w][h][c] * f;
+        }
+        float *rec = part + ((size_t)(kvh * HPG + h) * nsplit + split) * (D + 2);
+        if (c == 0) {
+            rec[0] = M;
+            rec[1] = L;
+        }
+        rec[2 + c] = O;
+    }
+}
+
+/* Merge nsplit partial records per query head into out (n_heads, D). */
+cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, float *out,
+                            cudaStream_t stream);
+
+#endif

@@ -1,0 +1,427 @@
+/*
+ * Packed KIVI decode attention (see attn_kivi.cuh for the method).  Grid
+ * (kv_heads, nsplit + nres_split): the first nsplit blocks of a KV head each
+ * take a run of key groups (warps interleave groups), the rest attend the
+ * fp16 residual tokens with the dense device code of attn_f16.cuh; every
+ * block writes one partial record per query head and kv_attn_combine merges.
+ */
+#include "attn_kivi.cuh"
+
+template <int BITS, int G, int HPG>
+struct kivi_cfg {
+    static constexpr int D = KV_KIVI_D;
+    static constexpr int RB = 16 * BITS;              /* code bytes per token row */
+    static constexpr int NGV = D / (G < D ? G : D);    /* value groups per token */
+    static constexpr int GV = D / NGV;
+    static constexpr int NROWS = HPG * NGV;            /* value-MMA rows used */
+    static constexpr int MT = G / 16;                  /* 16-token tiles per group */
+    static constexpr int KS = D / 16;                  /* 16-channel k-steps */
+    static constexpr float FOLD = BITS == 1 ? 0.5f : 1.0f;
+    /* staging layout of one group, in 16-byte units */
+    static constexpr int O_VC = G * RB / 16;
+    static constexpr int O_KS = 2 * O_VC;
+    static constexpr int O_KZ = O_KS + D / 8;
+    static constexpr int O_VS = O_KZ + D / 8;
+    static constexpr int O_VZ = O_VS + G * NGV / 8;
+    static constexpr int TOTAL = O_VZ + G * NGV / 8;
+    static constexpr int NLD = (TOTAL + 31) / 32;
+    static_assert(G % 16 == 0 && HPG * NGV <= 16, "value rows fit one MMA tile");
+    static_assert(G * NGV % 8 == 0, "value scales of a group are whole 16-byte units");
+};
+
+struct kivi_args {
+    const __half *q;
+    const uint8_t *kc, *vc;
+    const __half *ks, *kz, *vs, *vz, *kres, *vres;
+    float *part;
+    int nq, ng, nres, gps, nsplit_p, nsplit, res_tps;
+    float qscale;
+};
+
+template <class C>
+__device__ __forceinline__ void kivi_stage_load(uint4 (&r)[C::NLD], const kivi_args &a, int kvh,
+                                                int gi, int lane)
+{
+    const uint4 *kc = reinterpret_cast<const uint4 *>(a.kc + ((size_t)kvh * a.nq + (size_t)gi * (C::MT * 16)) * C::RB);
+    const uint4 *vc = reinterpret_cast<const uint4 *>(a.vc + ((size_t)kvh * a.nq + (size_t)gi * (C::MT * 16)) * C::RB);
+    const uint4 *ks = reinterpret_cast<const uint4 *>(a.ks + ((size_t)kvh * a.ng + gi) * C::D);
+    const uint4 *kz = reinterpret_cast<const uint4 *>(a.kz + ((size_t)kvh * a.ng + gi) * C::D);
+    const uint4 *vs = reinterpret_cast<const uint4 *>(a.vs + ((size_t)kvh * a.nq + (size_t)gi * (C::MT * 16)) * C::NGV);
+    const uint4 *vz = reinterpret_cast<const uint4 *>(a.vz + ((size_t)kvh * a.nq + (size_t)gi * (C::MT * 16)) * C::NGV);
+#pragma unroll
+    for (int j = 0; j < C::NLD; j++) {
+        int i = lane + 32 * j;
+        if (i < C::TOTAL) {
+            const uint4 *src = i < C::O_VC   ? kc + i
+                               : i < C::O_KS ? vc + (i - C::O_VC)
+                               : i < C::O_KZ ? ks + (i - C::O_KS)
+                               : i < C::O_VS ? kz + (i - C::O_KZ)
+                               : i < C::O_VZ ? vs + (i - C::O_VS)
+                                             : vz + (i - C::O_VZ);
+            r[j] = __ldg(src);
+        }
+    }
+}
+
+template <int BITS, int G, int HPG>
+__global__ void __launch_bounds__(KV_KIVI_THREADS)
+    attn_kivi_split(kivi_args a)
+{
+    using C = kivi_cfg<BITS, G, HPG>;
+    constexpr int D = C::D;
+    __shared__ float qsm[HPG * D];
+    __shared__ __align__(16) uint4 stage[KV_KIVI_WARPS][C::TOTAL];
+    __shared__ float psm[KV_KIVI_WARPS][HPG * G];
+    __shared__ float corr_sm[KV_KIVI_WARPS][HPG];
+    __shared__ float ml_sm[KV_KIVI_WARPS][HPG][2];
+
+    const int kvh = blockIdx.x, split = blockIdx.y;
+    for (int i = threadIdx.x; i < HPG * D; i += KV_KIVI_THREADS)
+        qsm[i] = __half2float(a.q[(size_t)kvh * HPG * D + i]) * a.qscale;
+    __syncthreads();
+
+    if (split >= a.nsplit_p) { /* fp16 residual tokens */
+        int t0 = (split - a.nsplit_p) * a.res_tps, t1 = min(a.nres, t0 + a.res_tps);
+        size_t off = (size_t)kvh * a.nres * D;
+        kv_f16_block_partial<D, HPG>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
+                                     a.nsplit);
+        return;
+    }
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int LPH = 32 / HPG, TPL = G / LPH;
+    const int hh = lane / LPH, li = lane % LPH;
+    const int r0 = g, r1 = g + 8;
+    const int h0 = r0 / C::NGV, h1 = r1 / C::NGV, gv0 = r0 % C::NGV, gv1 = r1 % C::NGV;
+    const bool ok0 = r0 < C::NROWS, ok1 = r1 < C::NROWS;
+
+    float O[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) O[n][i] = 0.0f;
+    float zacc0 = 0.0f, zacc1 = 0.0f, m_run = -INFINITY, l_run = 0.0f;
+
+    const uint8_t *skc = reinterpret_cast<const uint8_t *>(stage[warp]);
+    const uint8_t *svc = skc + G * C::RB;
+    const __half *sks = reinterpret_cast<const __half *>(stage[warp] + C::O_KS);
+    const __half *skz = reinterpret_cast<const __half *>(stage[warp] + C::O_KZ);
+    const __half *svs = reinterpret_cast<const __half *>(stage[warp] + C::O_VS);
+    const __half *svz = reinterpret_cast<const __half *>(stage[warp] + C::O_VZ);
+    float *ps = psm[warp];
+
+    const int gstart = split * a.gps, gend = min(a.ng, gstart + a.gps);
+    uint4 pre[C::NLD];
+    int gi = gstart + warp;
+    if (gi < gend) kivi_stage_load<C>(pre, a, kvh, gi, lane);
+    for (; gi < gend; gi += KV_KIVI_WARPS) {
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < C::NLD; j++)
+            if (lane + 32 * j < C::TOTAL) stage[warp][lane + 32 * j] = pre[j];
+        __syncwarp();
+        if (gi + KV_KIVI_WARPS < gend) kivi_stage_load<C>(pre, a, kvh, gi + KV_KIVI_WARPS, lane);
+
+        /* The query folded with this group's key scales (B operand), and q . zero. */
+        uint32_t bk[C::KS][2];
+        float qz = 0.0f;
+        if (g < HPG) {
+            const float *qh = qsm + g * D;
+#pragma unroll
+            for (int s = 0; s < C::KS; s++) {
+                float f[4];
+#pragma unroll
+                for (int slot = 0; slot < 4; slot++) {
+                    int c = kv_kivi_key_chan<BITS>(t, s, slot);
+                    f[slot] = qh[c] * __half2float(sks[c]) * C::FOLD;
+                    qz = fmaf(qh[c], __half2float(skz[c]), qz);
+                }
+                bk[s][0] = kv_pack_half2(f[0], f[1]);
+                bk[s][1] = kv_pack_half2(f[2], f[3]);
+            }
+        } else {
+#pragma unroll
+            for (int s = 0; s < C::KS; s++) bk[s][0] = bk[s][1] = 0u;
+        }
+        qz += __shfl_xor_sync(KV_FULL_MASK, qz, 1);
+        qz += __shfl_xor_sync(KV_FULL_MASK, qz, 2);
+        const float qza = __shfl_sync(KV_FULL_MASK, qz, 8 * t);
+        const float qzb = __shfl_sync(KV_FULL_MASK, qz, 8 * t + 4);
+
+        /* Scores, 16 tokens per tile. */
+#pragma unroll
+        for (int mt = 0; mt < C::MT; mt++) {
+            const int ra = mt * 16 + g, rb = ra + 8;
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if constexpr (BITS == 1) {
+                uint32_t wa = reinterpret_cast<const uint32_t *>(skc + ra * C::RB)[t];
+                uint32_t wb = reinterpret_cast<const uint32_t *>(skc + rb * C::RB)[t];
+#pragma unroll
+                for (int s = 0; s < C::KS; s++) {
+                    uint32_t af[4] = {kv_bits1_pair(wa, 2 * s), kv_bits1_pair(wb, 2 * s),
+                                      kv_bits1_pair(wa, 2 * s + 1), kv_bits1_pair(wb, 2 * s + 1)};
+                    uint32_t bf[2] = {bk[s][0], bk[s][1]};
+                    kv_mma_16816(c, af, bf);
+                }
+            } else {
+                uint2 wa = reinterpret_cast<const uint2 *>(skc + ra * C::RB)[t];
+                uint2 wb = reinterpret_cast<const uint2 *>(skc + rb * C::RB)[t];
+#pragma unroll
+                for (int s = 0; s < C::KS; s++) {
+                    uint32_t af[4] = {kv_bits2_pair(wa.x, s), kv_bits2_pair(wb.x, s),
+                                      kv_bits2_pair(wa.y, s), kv_bits2_pair(wb.y, s)};
+                    uint32_t bf[2] = {bk[s][0], bk[s][1]};
+                    kv_mma_16816(c, af, bf);
+                }
+            }
+            if (2 * t < HPG) {
+                ps[(2 * t) * G + ra] = c[0] + qza;
+                ps[(2 * t) * G + rb] = c[2] + qza;
+            }
+            if (2 * t + 1 < HPG) {
+                ps[(2 * t + 1) * G + ra] = c[1] + qzb;
+                ps[(2 * t + 1) * G + rb] = c[3] + qzb;
+            }
+        }
+        __syncwarp();
+
+        /* Online softmax over the group: LPH lanes per head. */
+        {
+            float *row = ps + hh * G + li * TPL;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j]);
+#pragma unroll
+            for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, o));
+            float mnew = fmaxf(m_run, mx);
+            float corr = kv_exp2_diff(m_run, mnew);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < TPL; j++) {
+                float p = exp2f(row[j] - mnew);
+                row[j] = p;
+                sum += p;
+            }
+#pragma unroll
+            for (int o = LPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(KV_FULL_MASK, sum, o);
+            l_run = l_run * corr + sum;
+            m_run = mnew;
+            if (li == 0) corr_sm[warp][hh] = corr;
+        }
+        __syncwarp();
+
+        const float cr0 = ok0 ? corr_sm[warp][h0] : 1.0f, cr1 = ok1 ? corr_sm[warp][h1] : 1.0f;
+        if (__any_sync(KV_FULL_MASK, cr0 != 1.0f || cr1 != 1.0f)) {
+#pragma unroll
+            for (int n = 0; n < 16; n++) {
+                O[n][0] *= cr0;
+                O[n][1] *= cr0;
+                O[n][2] *= cr1;
+                O[n][3] *= cr1;
+            }
+            zacc0 *= cr0;
+            zacc1 *= cr1;
+        }
+
+        /* Values, 16 tokens per tile: A = p * value scale, B = codes. */
+#pragma unroll
+        for (int kt = 0; kt < C::MT; kt++) {
+            const int ta = kt * 16 + 2 * t, tb = ta + 1, tc = ta + 8, td = ta + 9;
+            uint32_t af[4] = {0u, 0u, 0u, 0u};
+            if (ok0) {
+                const float *p = ps + h0 * G;
+                af[0] = kv_pack_half2(p[ta] * __half2float(svs[ta * C::NGV + gv0]) * C::FOLD,
+                                      p[tb] * __half2float(svs[tb * C::NGV + gv0]) * C::FOLD);
+                af[2] = kv_pack_half2(p[tc] * __half2float(svs[tc * C::NGV + gv0]) * C::FOLD,
+                                      p[td] * __half2float(svs[td * C::NGV + gv0]) * C::FOLD);
+                zacc0 += p[ta] * __half2float(svz[ta * C::NGV + gv0]) +
+                         p[tb] * __half2float(svz[tb * C::NGV + gv0]) +
+                         p[tc] * __half2float(svz[tc * C::NGV + gv0]) +
+                         p[td] * __half2float(svz[td * C::NGV + gv0]);
+            }
+            if (ok1) {
+                const float *p = ps + h1 * G;
+                af[1] = kv_pack_half2(p[ta] * __half2float(svs[ta * C::NGV + gv1]) * C::FOLD,
+                                      p[tb] * __half2float(svs[tb * C::NGV + gv1]) * C::FOLD);
+                af[3] = kv_pack_half2(p[tc] * __half2float(svs[tc * C::NGV + gv1]) * C::FOLD,
+                                      p[td] * __half2float(svs[td * C::NGV + gv1]) * C::FOLD);
+                zacc1 += p[ta] * __half2float(svz[ta * C::NGV + gv1]) +
+                         p[tb] * __half2float(svz[tb * C::NGV + gv1]) +
+                         p[tc] * __half2float(svz[tc * C::NGV + gv1]) +
+                         p[td] * __half2float(svz[td * C::NGV + gv1]);
+            }
+            if constexpr (BITS == 1) {
+                const int wi = g >> 1;
+                const unsigned sel = (g & 1) ? 0x7632u : 0x5410u;
+                uint32_t y0 = __byte_perm(reinterpret_cast<const uint32_t *>(svc + ta * C::RB)[wi],
+                                          reinterpret_cast<const uint32_t *>(svc + tb * C::RB)[wi], sel);
+                uint32_t y1 = __byte_perm(reinterpret_cast<const uint32_t *>(svc + tc * C::RB)[wi],
+                                          reinterpret_cast<const uint32_t *>(svc + td * C::RB)[wi], sel);
+#pragma unroll
+                for (int n = 0; n < 16; n++) {
+                    uint32_t bf[2] = {kv_bits1_pair(y0, n), kv_bits1_pair(y1, n)};
+                    kv_mma_16816(O[n], af, bf);
+                }
+            } else {
+                uint32_t wa = reinterpret_cast<const uint32_t *>(svc + ta * C::RB)[g];
+                uint32_t wb = reinterpret_cast<const uint32_t *>(svc + tb * C::RB)[g];
+                uint32_t wc = reinterpret_cast<const uint32_t *>(svc + tc * C::RB)[g];
+                uint32_t wd = reinterpret_cast<const uint32_t *>(svc + td * C::RB)[g];
+                uint32_t y0l = __byte_perm(wa, wb, 0x5410u), y0h = __byte_perm(wa, wb, 0x7632u);
+                uint32_t y1l = __byte_perm(wc, wd, 0x5410u), y1h = __byte_perm(wc, wd, 0x7632u);
+#pragma unroll
+                for (int n = 0; n < 16; n++) {
+                    uint32_t bf[2] = {kv_bits2_pair(n < 8 ? y0l : y0h, n & 7),
+                                      kv_bits2_pair(n < 8 ? y1l : y1h, n & 7)};
+                    kv_mma_16816(O[n], af, bf);
+                }
+            }
+        }
+    }
+
+    /* Per warp: add the value-zero terms and spill the output to shared memory
+     * (reusing this warp's staging area: the loop above is done with it). */
+    zacc0 += __shfl_xor_sync(KV_FULL_MASK, zacc0, 1);
+    zacc0 += __shfl_xor_sync(KV_FULL_MASK, zacc0, 2);
+    zacc1 += __shfl_xor_sync(KV_FULL_MASK, zacc1, 1);
+    zacc1 += __shfl_xor_sync(KV_FULL_MASK, zacc1, 2);
+    static_assert(C::TOTAL * 16 >= HPG * D * 4, "staging area holds one warp's output");
+    __syncwarp();
+    float *osm = reinterpret_cast<float *>(stage[warp]);
+#pragma unroll
+    for (int n = 0; n < 16; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i < 2 ? r0 : r1;
+            const int c = 16 * (2 * t + (i & 1)) + n;
+            if (r < C::NROWS && c / C::GV == r % C::NGV)
+                osm[(r / C::NGV) * D + c] = O[n][i] + (i < 2 ? zacc0 : zacc1);
+        }
+    }
+    if (li == 0) {
+        ml_sm[warp][hh][0] = m_run;
+        ml_sm[warp][hh][1] = l_run;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < HPG * D; idx += KV_KIVI_THREADS) {
+        int h = idx / D, c = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < KV_KIVI_WARPS; w++) M = fmaxf(M, ml_sm[w][h][0]);
+        float L = 0.0f, Oc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KV_KIVI_WARPS; w++) {
+            float f = kv_exp2_diff(ml_sm[w][h][0], M);
+            L += ml_sm[w][h][1] * f;
+            Oc += reinterpret_cast<const float *>(stage[w])[h * D + c] * f;
+        }
+        float *rec = a.part + ((size_t)(kvh * HPG + h) * a.nsplit + split) * (D + 2);
+        if (c == 0) {
+            rec[0] = M;
+            rec[1] = L;
+        }
+        rec[2 + c] = Oc;
+    }
+}
+
+// --- host side ---------------------------------------------------------------------
+
+typedef void (*kivi_kernel)(kivi_args);
+
+static kivi_kernel kivi_pick(int bits, int G, int hpg)
+{
+#define KV_KIVI_PICK(B, GG, H) \
+    if (bits == B && G == GG && hpg == H) return attn_kivi_split<B, GG, H>;
+    KV_KIVI_PICK(1, 64, 4) KV_KIVI_PICK(2, 64, 4) KV_KIVI_PICK(1, 32, 4) KV_KIVI_PICK(2, 32, 4)
+    KV_KIVI_PICK(1, 64, 2) KV_KIVI_PICK(2, 64, 2) KV_KIVI_PICK(1, 32, 2) KV_KIVI_PICK(2, 32, 2)
+    KV_KIVI_PICK(1, 64, 1) KV_KIVI_PICK(2, 64, 1) KV_KIVI_PICK(1, 32, 1) KV_KIVI_PICK(2, 32, 1)
+#undef KV_KIVI_PICK
+    return nullptr;
+}
+
+extern "C" int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
+{
+    if (!d || !prm || d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads || d->T < 1 ||
+        d->head_dim != KV_KIVI_D || prm->residual < 0)
+        return 0;
+    return kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads) != nullptr;
+}
+
+struct kivi_plan {
+    int nq, ng, nres, gps, nsplit_p, nsplit_r, res_tps;
+};
+
+static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+                                  kivi_plan *p)
+{
+    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, KV_KIVI_THREADS, 0));
+    if (per_sm < 1) per_sm = 1;
+    p->nq = kv_kivi_nquant(d->T, prm->group, prm->residual);
+    p->ng = p->nq / prm->group;
+    p->nres = d->T - p->nq;
+    p->res_tps = kv_f16_block_step(KV_KIVI_D);
+    p->nsplit_r = (p->nres + p->res_tps - 1) / p->res_tps;
+    int target = per_sm * kv_cuda_sm_count() - d->kv_heads * p->nsplit_r;
+    int want = target / d->kv_heads;
+    if (want < 1) want = 1;
+    if (p->ng > 0) {
+        int gps = (p->ng + want - 1) / want;
+        p->gps = (gps + KV_KIVI_WARPS - 1) / KV_KIVI_WARPS * KV_KIVI_WARPS; /* whole groups per warp */
+        p->nsplit_p = (p->ng + p->gps - 1) / p->gps;
+    } else {
+        p->gps = 1;
+        p->nsplit_p = 0;
+    }
+    return cudaSuccess;
+}
+
+extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
+{
+    kivi_plan p;
+    if (!kv_cuda_attn_kivi_supported(d, prm) || kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
+    return (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
+}
+
+extern "C" cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+                                         const uint16_t *q, const kv_cuda_kivi_view *K,
+                                         const kv_cuda_kivi_view *V, float *out, void *ws,
+                                         size_t ws_bytes, cudaStream_t stream)
+{
+    if (!kv_cuda_attn_kivi_supported(d, prm) || !q || !K || !V || !out || !ws) {
+        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_attn_kivi argument check", __FILE__, __LINE__);
+        return cudaErrorInvalidValue;
+    }
+    kivi_plan p;
+    CUDA_CHECK(kivi_make_plan(d, prm, &p));
+    int nsplit = p.nsplit_p + p.nsplit_r;
+    if (ws_bytes < (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float)) {
+        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_attn_kivi workspace size", __FILE__, __LINE__);
+        return cudaErrorInvalidValue;
+    }
+    kivi_args a;
+    a.q = reinterpret_cast<const __half *>(q);
+    a.kc = K->codes;
+    a.vc = V->codes;
+    a.ks = reinterpret_cast<const __half *>(K->scale);
+    a.kz = reinterpret_cast<const __half *>(K->zero);
+    a.vs = reinterpret_cast<const __half *>(V->scale);
+    a.vz = reinterpret_cast<const __half *>(V->zero);
+    a.kres = reinterpret_cast<const __half *>(K->resid);
+    a.vres = reinterpret_cast<const __half *>(V->resid);
+    a.part = static_cast<float *>(ws);
+    a.nq = p.nq;
+    a.ng = p.ng;
+    a.nres = p.nres;
+    a.gps = p.gps;
+    a.nsplit_p = p.nsplit_p;
+    a.nsplit = nsplit;
+    a.res_tps = p.res_tps;
+    a.qscale = d->scale * KV_LOG2E;
+    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
+    k<<<dim3(d->kv_heads, nsplit), KV_KIVI_THREADS, 0, stream>>>(a);
+    CUDA_CHECK_KERNEL("attn_kivi_split");
+    return kv_attn_combine(a.part, d->n_heads, d->head_dim, nsplit, out, stream);
+}

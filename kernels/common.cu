@@ -1,0 +1,35 @@
+/*
+ * Error recording for CUDA_CHECK and device properties shared by the
+ * launchers.  The message is kept per host thread, like kv_errdetail().
+ */
+#include "common.cuh"
+
+#include <stdio.h>
+
+static thread_local char last_msg[512];
+
+void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line)
+{
+    int dev = -1;
+    (void)cudaGetDevice(&dev);
+    snprintf(last_msg, sizeof last_msg, "%s failed at %s:%d on device %d: %s", stmt, file, line,
+             dev, cudaGetErrorString(e));
+}
+
+extern "C" const char *kv_cuda_last_error(void) { return last_msg; }
+
+int kv_cuda_sm_count(void)
+{
+    static thread_local int cached_dev = -1, cached_sms = 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+    if (dev != cached_dev) {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            sms < 1)
+            sms = 1;
+        cached_dev = dev;
+        cached_sms = sms;
+    }
+    return cached_sms;
+}

@@ -1,0 +1,67 @@
+/*
+ * Shared by every kernel file: the error check that records which statement
+ * failed (statement, file, line, device) so that host code can report it
+ * through kv_cuda_last_error(), small fp16 helpers and the tensor-core MMA
+ * wrapper.  Launchers never print: they return the cudaError_t.
+ */
+#ifndef KV_KERNELS_COMMON_CUH
+#define KV_KERNELS_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kv_kernels.h"
+
+/* Remember the failing statement (thread-local); defined in common.cu. */
+void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line);
+
+#define CUDA_CHECK(stmt)                                                    \
+    do {                                                                    \
+        cudaError_t kv_e_ = (stmt);                                         \
+        if (kv_e_ != cudaSuccess) {                                         \
+            kv_cuda_record(kv_e_, #stmt, __FILE__, __LINE__);               \
+            return kv_e_;                                                   \
+        }                                                                   \
+    } while (0)
+
+/* After every launch (name is a string literal): a bad configuration or a
+ * missing kernel image shows up here, not at the next synchronisation. */
+#define CUDA_CHECK_KERNEL(name)                                             \
+    do {                                                                    \
+        cudaError_t kv_e_ = cudaGetLastError();                             \
+        if (kv_e_ != cudaSuccess) {                                         \
+            kv_cuda_record(kv_e_, "launch of " name, __FILE__, __LINE__);   \
+            return kv_e_;                                                   \
+        }                                                                   \
+    } while (0)
+
+static constexpr float KV_LOG2E = 1.4426950408889634f;
+static constexpr unsigned KV_FULL_MASK = 0xffffffffu;
+
+/* Multiprocessor count of the current device (cached per device). */
+int kv_cuda_sm_count(void);
+
+/* D = A(16x16, row) * B(16x8, col) + C, fp16 inputs, fp32 accumulators. */
+__device__ __forceinline__ void kv_mma_16816(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t kv_pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* exp2 that maps -inf to 0 and never produces NaN from (-inf) - (-inf). */
+__device__ __forceinline__ float kv_exp2_diff(float a, float b)
+{
+    return a == -INFINITY ? 0.0f : exp2f(a - b);
+}
+
+#endif

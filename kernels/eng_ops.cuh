@@ -1,0 +1,175 @@
+/*
+ * eng_ops: the C launchers of the GPU engine's own kernels (kernels/eng_*.cu),
+ * callable from lib/kv_gpu_engine.c.  Plain C declarations (extern "C" under
+ * C++), so this header is included by both nvcc and the C compiler, and only
+ * in CUDA builds (KV_HAVE_CUDA).  Every launcher enqueues on the given stream
+ * and returns the launch status (cudaGetLastError after the launch); none
+ * synchronises.
+ *
+ * Conventions: activations are float32 on the device; weights and KV are
+ * fp16 or bf16 (eng_dtype); "ld" is a row pitch in elements; shapes are in
+ * the comments as (outer, ..., inner).
+ */
+#ifndef ENG_OPS_CUH
+#define ENG_OPS_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ENG_F16 = 0, ENG_BF16 = 1 } eng_dtype;
+
+// --- dense layers (eng_gemv.cu) -------------------------------------------
+
+/* y (rows) = W (rows, ld) · x (ld), or y += W x when accumulate.  ld is a
+ * multiple of 8 (rows are padded with zeros at load) and x has ld entries
+ * whose padding is zero.  W is 16-byte aligned. */
+cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *x, float *y,
+                     int accumulate, cudaStream_t s);
+
+/* out (n) = float(W row r) for an embedding lookup; r read from device *tok. */
+cudaError_t eng_embed(const void *W, eng_dtype t, int ld, int n, const int *tok, float *out,
+                      cudaStream_t s);
+
+// --- small fused kernels (eng_elem.cu) ------------------------------------
+
+/* o (n) = w (n) * (x / sqrt(mean(x^2) + eps)), as the CPU engine computes it. */
+cudaError_t eng_rmsnorm(const float *x, const float *w, int n, float eps, float *o,
+                        cudaStream_t s);
+
+/* h (n) = silu(gu[0..n)) * gu[n..2n) */
+cudaError_t eng_swiglu(const float *gu, int n, float *h, cudaStream_t s);
+
+/*
+ * RoPE on interleaved pairs at position pos with per-pair inverse
+ * frequencies inv_freq (hd/2): rotates q (nq_heads, hd) in place (and writes
+ * an fp16 copy to q16 unless NULL) and k (nkv, hd) in place (k may be NULL
+ * when nkv is 0).  When kdst is not NULL, also writes k and v (nkv, hd) as
+ * fp16 rows: head h to kdst + h*head_stride (same for vdst).
+ */
+cudaError_t eng_rope_store(float *q, uint16_t *q16, int nq_heads, float *k, const float *v,
+                           int nkv, int hd, const float *inv_freq, int pos, uint16_t *kdst,
+                           uint16_t *vdst, size_t head_stride, cudaStream_t s);
+
+/* *out = index of the largest of x (n) (the lowest index on ties). */
+cudaError_t eng_argmax(const float *x, int n, int *out, cudaStream_t s);
+
+/* x (n) = seeded pseudo-random values: per element, a Gaussian-like number
+ * times scale[(i / stride) % nscale] (scale may be NULL: 1). */
+cudaError_t eng_fill_random(void *x, eng_dtype t, size_t n, uint64_t seed, const float *scale,
+                            int nscale, size_t stride, cudaStream_t s);
+
+/* Fill float x (n) with value. */
+cudaError_t eng_fill_f32(float *x, size_t n, float value, cudaStream_t s);
+
+/*
+ * Convert a dense layer's K and V (nkv, ld, hd) (first T tokens) to the
+ * host layouts of a sparse layer:
+ *   rows: (T, nkv, 2, hd) — one token's K and V of every head contiguous;
+ *   kcm:  (nkv, hd, ldc)  — keys channel-major (may be NULL).
+ */
+cudaError_t eng_to_row_layout(const void *k, const void *v, int nkv, int T, int ld, int hd,
+                              eng_dtype t, void *rows, cudaStream_t s);
+cudaError_t eng_to_channel_major(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+                                 void *kcm, int ldc, cudaStream_t s);
+
+/*
+ * Per channel statistics of keys k (nkv, ld, hd), tokens [0, T):
+ * chmax (nkv, hd) = max |k|; mean (nkv, hd); mad (nkv, hd) = mean |k - mean|.
+ */
+cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+                          float *chmax, float *mean, float *mad, cudaStream_t s);
+
+/* 1-bit key sketch: bits (nkv, T, hd/8), bit c%8 of byte c/8 set when
+ * k[t][c] > mean[c] (hd a multiple of 8). */
+cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+                             const float *mean, uint8_t *bits, cudaStream_t s);
+
+// --- attention (eng_attn.cu) ----------------------------------------------
+
+/* Scratch floats eng_attend needs for n tokens (partials of every split). */
+size_t eng_attend_scratch(int nq_heads, int hd, int n);
+
+/*
+ * Decode attention over n tokens: q (nq_heads, hd) float32, K/V (nkv, ld, hd)
+ * fp16/bf16, rows [0, n) of each head; out (nq_heads, hd).  Split along the
+ * tokens (flash-decoding) then combined.  hd in {8,16,32,64,128,256}; the
+ * group nq_heads/nkv at most 8.
+ */
+cudaError_t eng_attend(const float *q, const void *K, const void *V, eng_dtype t, int nq_heads,
+                       int nkv, int hd, int n, size_t ld, float scale, float *scratch,
+                       float *out, cudaStream_t s);
+
+// --- sparse selection (eng_select.cu) -------------------------------------
+
+/*
+ * Channel step of TailorKV for each KV head: channel score
+ * sum_{h in group} |q_hc| * chmax_c, top C channels (ascending ids) into
+ * chans (nkv, C), and per query head the SparQ scale
+ * 1/sqrt(hd * |q_C|_1 / |q|_1) into qscale (nq_heads).
+ */
+cudaError_t eng_select_channels(const float *q, const float *chmax, int nq_heads, int nkv,
+                                int hd, int C, int *chans, float *qscale, cudaStream_t s);
+
+/*
+ * Approximate scores of candidates [cs, cend) of every query head from the C
+ * critical key channels, read straight from host memory (zero-copy, mapped
+ * pinned) in the channel-major copy kcm (nkv, hd, ldc):
+ * score (nq_heads, n) with n = cend - cs.
+ */
+cudaError_t eng_score_channels(const float *q, const int *chans, const float *qscale,
+                               const void *kcm, eng_dtype t, int ldc, int nq_heads, int nkv,
+                               int hd, int C, int cs, int cend, float *score, cudaStream_t s);
+
+/* Exact scores (select=exact) of candidates from the host row layout
+ * rows (T, nkv, 2, hd) (zero-copy): score (nq_heads, n) = q·k / sqrt(hd). */
+cudaError_t eng_score_exact(const float *q, const void *rows, eng_dtype t, int nq_heads,
+                            int nkv, int hd, int cs, int cend, float *score, cudaStream_t s);
+
+/*
+ * Scores from the resident 1-bit sketch bits (nkv, ldb, hd/8) with per
+ * channel mean and mad (nkv, hd): score = sum_c q_c*mad_c*(+1|-1) / sqrt(hd)
+ * (the common term q·mean drops out of the softmax).
+ */
+cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int ldb, const float *mad,
+                             int nq_heads, int nkv, int hd, int cs, int cend, float *score,
+                             cudaStream_t s);
+
+/*
+ * Turn each query head's scores (nq_heads, n) into softmax probabilities
+ * over the n candidates and combine the heads of each KV head's group (sum,
+ * or max when reduce_max): comb (nkv, n).  tmp: 2*nq_heads floats.
+ */
+cudaError_t eng_softmax_combine(const float *score, int nq_heads, int nkv, int n, int reduce_max,
+                                float *tmp, float *comb, cudaStream_t s);
+
+/* Top k of each row of comb (nkv, n) (ties to the lower index), token ids
+ * base + i in ascending order into sel (nkv, k).  k <= n. */
+cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int base, int *sel,
+                     cudaStream_t s);
+
+/*
+ * Gather selected rows from the host row layout rows (T, nkv, 2, hd)
+ * (zero-copy, mapped pinned memory): for each head h and i < k, token
+ * sel[h*k+i]'s K and V go to row i of head h of kdst/vdst (nkv, ld, hd);
+ * then the nsink resident rows sink (nsink, nkv, 2, hd) (device memory) go
+ * to rows k .. k+nsink-1.
+ */
+cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, eng_dtype t, const int *sel, int k,
+                            const void *sink, int nsink, void *kdst, void *vdst, size_t ld,
+                            cudaStream_t s);
+
+/* Device-to-device and zero-copy read bandwidth probes (bench): read n bytes
+ * of src (device or mapped host) with 16-byte loads, write a checksum. */
+cudaError_t eng_read_probe(const void *src, size_t n, unsigned *sink, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,42 @@
+/*
+ * KIVI pack and unpack on the GPU, byte-identical to lib/kv_quant.c (the
+ * rounding rule is spelled out in lib/kv_quant.h): float32 min/max, fp16
+ * scale and zero rounded to nearest even, code = clamp(rint((x - z) / s))
+ * with IEEE division (no fast-math here: __fdiv_rn and __fsub_rn make that
+ * explicit), 0 when s is 0 or not finite.
+ *
+ *   keys:   one block per (head, group of G tokens); the fp16 tile goes
+ *           through shared memory with 16-byte loads, a thread per channel
+ *           finds min/max, then threads pack whole 32-bit code words;
+ *   values: one thread per (token, value group) of Gv channels;
+ *   unpack: one thread per 8 channels of a token (a 16-byte store).
+ */
+#ifndef KV_KIVI_PACK_CUH
+#define KV_KIVI_PACK_CUH
+
+#include "common.cuh"
+
+#define KV_PACK_KEY_THREADS 128
+#define KV_PACK_MAX_TILE 8192 /* G * head_dim halves in one key tile (16 KB) */
+
+/* The code of x for divisor sdiv (+inf when the scale is unusable) and zero z. */
+__device__ __forceinline__ unsigned kv_kivi_code(float x, float sdiv, float z, float maxq)
+{
+    float v = rintf(__fdiv_rn(__fsub_rn(x, z), sdiv));
+    v = v > 0.0f ? v : 0.0f; /* NaN -> 0, as on the CPU */
+    v = v < maxq ? v : maxq;
+    return (unsigned)(int)v;
+}
+
+/* fp16 scale/zero of a group and the divisor the code loop uses. */
+__device__ __forceinline__ void kv_kivi_group_params(float mn, float mx, float maxq, __half *hs,
+                                                     __half *hz, float *sdiv, float *z)
+{
+    *hs = __float2half_rn(__fdiv_rn(__fsub_rn(mx, mn), maxq));
+    *hz = __float2half_rn(mn);
+    float s = __half2float(*hs);
+    *sdiv = (s > 0.0f && s < INFINITY) ? s : INFINITY;
+    *z = __half2float(*hz);
+}
+
+#endif

@@ -1,0 +1,112 @@
+/*
+ * kv_kernels: the C interface (extern "C", usable from C11) to the CUDA
+ * kernels in kernels/ (one .cu per operation).  Every pointer is a device pointer; fp16 data is
+ * passed as uint16_t (IEEE binary16 bits, kv_half on the host).  Each
+ * launcher only enqueues work on the given stream and returns the first
+ * CUDA error (kv_cuda_last_error() then says which statement, file, line and
+ * device); none prints or synchronises.  Compiled into the library only when
+ * KV_HAVE_CUDA is defined; C code must guard its calls the same way.
+ *
+ * Layouts follow lib/kv_layout.h (KIVI) and the CPU references in
+ * lib/kv_attn.h and lib/kv_quant.h, which the tests compare against.
+ */
+#ifndef KV_KERNELS_H
+#define KV_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kv_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The statement, file, line and device of the last failure on this thread. */
+const char *kv_cuda_last_error(void);
+
+// --- decode attention ---------------------------------------------------------
+
+typedef struct {
+    int n_heads;           /* query heads */
+    int kv_heads;          /* KV heads; n_heads / kv_heads in {1, 2, 4, 8} */
+    int head_dim;          /* 64 or 128 */
+    int T;                 /* tokens attended to */
+    long long head_stride; /* fp16 path: elements between KV heads in k and v (>= T*head_dim) */
+    float scale;           /* softmax scale, usually 1/sqrt(head_dim) */
+} kv_cuda_attn_dims;
+
+/* Bytes of scratch the fp16 attention needs for these dimensions. */
+size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d);
+
+/*
+ * Flash-decoding fp16 attention: blocks split the sequence, each writes a
+ * partial (max, sum, output) per query head, and a combine pass merges them.
+ *   q:   (n_heads, head_dim) fp16
+ *   k,v: (kv_heads, head_stride) fp16, token t of head h at h*head_stride + t*head_dim
+ *   out: (n_heads, head_dim) float
+ *   ws:  kv_cuda_attn_f16_workspace(d) bytes
+ */
+cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, float *out, void *ws, size_t ws_bytes,
+                             cudaStream_t stream);
+
+/* Device pointers to one packed KIVI layer (shapes as in lib/kv_layout.h). */
+typedef struct {
+    const uint8_t *codes;  /* (kv_heads, nq, head_dim*bits/8) */
+    const uint16_t *scale; /* keys (kv_heads, nq/G, head_dim); values (kv_heads, nq, head_dim/Gv) */
+    const uint16_t *zero;  /* same shape as scale */
+    const uint16_t *resid; /* (kv_heads, T - nq, head_dim) fp16 */
+} kv_cuda_kivi_view;
+
+/* Is this packed geometry supported by kv_cuda_attn_kivi (bits 1 or 2,
+ * head_dim 128, group 32, 64 or 128, n_heads/kv_heads 1, 2 or 4)? */
+int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
+size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
+
+/*
+ * Decode attention straight from KIVI-packed keys and values, with the key
+ * scales and zeros folded into the query per group (tensor-core MMA on the
+ * codes), the fp16 residual tokens attended densely, then combined.
+ *   q: (n_heads, head_dim) fp16; out: (n_heads, head_dim) float
+ *   d->head_stride is ignored (packed parts are dense as in kv_layout.h)
+ */
+cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+                              const uint16_t *q, const kv_cuda_kivi_view *K,
+                              const kv_cuda_kivi_view *V, float *out, void *ws, size_t ws_bytes,
+                              cudaStream_t stream);
+
+// --- KIVI pack / unpack -------------------------------------------------------
+
+/* Output parts of a packed layer (device pointers, shapes as above). */
+typedef struct {
+    uint8_t *codes;
+    uint16_t *scale;
+    uint16_t *zero;
+    uint16_t *resid;
+} kv_cuda_kivi_out;
+
+/* Is this geometry supported by the pack/unpack kernels (head_dim <= 128,
+ * G*head_dim <= 16384 for keys, value groups of >= 32/bits channels)? */
+int kv_cuda_kivi_pack_supported(kv_kivi_axis axis, const kv_kivi_params *prm, int head_dim);
+
+/*
+ * Pack x (H, T, D) fp16 into KIVI codes, scale, zero and the fp16 residual,
+ * byte-identical to kv_kivi_pack in lib/kv_quant.c.
+ */
+cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params *prm, int H, int T, int D,
+                              const uint16_t *x, const kv_cuda_kivi_out *out,
+                              cudaStream_t stream);
+
+/* Dequantize a packed layer into out (H, T, D) fp16 (residual copied). */
+cudaError_t kv_cuda_kivi_unpack(kv_kivi_axis axis, const kv_kivi_params *prm, int H, int T,
+                                int D, const kv_cuda_kivi_view *in, uint16_t *out,
+                                cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,142 @@
+/*
+ * kv_compare: lockstep teacher-forced runs of a reference and policies, and
+ * the per-position divergence statistics (see kv_compare.h).  Log-softmax
+ * and KL are computed in double so that `full` against `full` is exactly 0.
+ */
+#include "kv_compare.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_engine.h"
+#include "kv_tokenizer.h"
+
+void kv_compare_opts_default(kv_compare_opts *o) { o->prefix = 0; }
+
+void kv_compare_result_free(kv_compare_result *r)
+{
+    free(r->kl);
+    free(r->agree);
+    r->kl = NULL;
+    r->agree = NULL;
+}
+
+/* logp (n) = log_softmax(x) in double; returns the argmax. */
+static int log_softmax(const float *x, int n, double *logp)
+{
+    int am = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[am]) am = i;
+    double mx = x[am], s = 0.0;
+    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    double lse = mx + log(s);
+    for (int i = 0; i < n; i++) logp[i] = (double)x[i] - lse;
+    return am;
+}
+
+kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
+                              const kv_policy_params *ref, const kv_policy_params *const *pols,
+                              int n_pol, const kv_compare_opts *o, kv_compare_result *res)
+{
+    const int V = m->cfg.vocab_size, E = n_pol + 1;
+    if (n < 3) return kv_fail(KV_E_USAGE, "compare needs at least 3 tokens, got %d", n);
+    if (n_pol < 1) return kv_fail(KV_E_USAGE, "compare needs a policy");
+    int P = o && o->prefix > 0 ? o->prefix : n / 2;
+    if (P < 1) P = 1;
+    if (P > n - 2)
+        return kv_fail(KV_E_USAGE, "prefix of %d tokens leaves nothing to compare in %d tokens", P, n);
+    for (int i = 0; i < n_pol; i++) memset(&res[i], 0, sizeof res[i]);
+    kv_engine **eng = calloc((size_t)E, sizeof *eng);
+    float *logits = malloc((size_t)E * (size_t)V * sizeof(float));
+    double *lref = malloc((size_t)V * sizeof(double)), *lpol = malloc((size_t)V * sizeof(double));
+    const int ns = n - P - 1;
+    kv_status st = KV_OK;
+    if (!eng || !logits || !lref || !lpol) st = kv_fail(KV_E_NOMEM, "compare buffers");
+    for (int i = 0; i < n_pol && st == KV_OK; i++) {
+        res[i].kl = calloc((size_t)ns, sizeof(double));
+        res[i].agree = calloc((size_t)ns, 1);
+        if (!res[i].kl || !res[i].agree) st = kv_fail(KV_E_NOMEM, "compare results");
+    }
+    for (int e = 0; e < E && st == KV_OK; e++) {
+        st = kv_engine_new(m, e == 0 ? ref : pols[e - 1], n, &eng[e]);
+        if (st) kv_errcontext("%s engine", e == 0 ? "reference" : "policy");
+    }
+    for (int e = 0; e < E && st == KV_OK; e++) st = kv_engine_prefill(eng[e], tokens, P, NULL);
+    double nref = 0.0;
+    for (int t = P; t < n - 1 && st == KV_OK; t++) {
+        /* step token t; the logits predict token t+1 */
+        for (int e = 0; e < E && st == KV_OK; e++)
+            st = kv_engine_step(eng[e], tokens[t], logits + (size_t)e * (size_t)V);
+        if (st) break;
+        const int k = t - P, next = tokens[t + 1];
+        int am_ref = log_softmax(logits, V, lref);
+        nref -= lref[next];
+        for (int i = 0; i < n_pol; i++) {
+            int am = log_softmax(logits + (size_t)(i + 1) * (size_t)V, V, lpol);
+            double kl = 0.0;
+            for (int j = 0; j < V; j++)
+                if (lref[j] > -745.0) kl += exp(lref[j]) * (lref[j] - lpol[j]);
+            if (kl < 0.0) kl = 0.0; /* rounding: KL is never negative */
+            res[i].kl[k] = kl;
+            res[i].agree[k] = am == am_ref;
+            res[i].kl_mean += kl;
+            if (kl > res[i].kl_max) res[i].kl_max = kl;
+            res[i].top1 += am == am_ref;
+            res[i].nll_pol -= lpol[next];
+        }
+    }
+    if (st == KV_OK)
+        for (int i = 0; i < n_pol; i++) {
+            kv_compare_result *r = &res[i];
+            r->n_tokens = n;
+            r->prefix = P;
+            r->n_scored = ns;
+            r->kl_mean /= ns;
+            r->top1 /= ns;
+            r->nll_ref = nref / ns;
+            r->nll_pol /= ns;
+            r->ppl_ref = exp(r->nll_ref);
+            r->ppl_pol = exp(r->nll_pol);
+            r->ppl_diff = r->ppl_pol - r->ppl_ref;
+            kv_engine_bytes(eng[0], &r->bytes_ref);
+            kv_engine_bytes(eng[i + 1], &r->bytes_pol);
+        }
+    if (st)
+        for (int i = 0; i < n_pol; i++) kv_compare_result_free(&res[i]);
+    for (int e = E - 1; eng && e >= 0; e--) kv_engine_free(eng[e]);
+    free(lpol);
+    free(lref);
+    free(logits);
+    free(eng);
+    return st;
+}
+
+kv_status kv_compare_run(const kv_model *m, const int *tokens, int n,
+                         const kv_policy_params *ref, const kv_policy_params *pol,
+                         const kv_compare_opts *o, kv_compare_result *res)
+{
+    const kv_policy_params *pols[1] = {pol};
+    return kv_compare_run_many(m, tokens, n, ref, pols, 1, o, res);
+}
+
+kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_model **m,
+                                kv_tokenizer **tok)
+{
+    *m = NULL;
+    *tok = NULL;
+    kv_status st = kv_model_load(model, m);
+    if (st) return st;
+    if (tokenizer) {
+        st = kv_tokenizer_load_llama2c(tokenizer, (*m)->cfg.vocab_size, tok);
+    } else if (kv_model_gguf(*m)) {
+        st = kv_tokenizer_from_gguf(kv_model_gguf(*m), tok);
+    } else {
+        st = kv_fail(KV_E_USAGE, "%s is a llama2.c checkpoint: give its tokenizer (--tokenizer)", model);
+    }
+    if (st) {
+        kv_model_free(*m);
+        *m = NULL;
+    }
+    return st;
+}

@@ -1,0 +1,33 @@
+/*
+ * kv_matmul: the CPU weight kernels of the engine.  Activations are float32;
+ * weights are F32, F16, BF16 or Q8_0 rows (kv_weight).  Rows are split
+ * across OpenMP threads.  The inner dot products have an AVX2+FMA+F16C
+ * version chosen at run time (the build targets x86-64-v2, which lacks
+ * them) and a portable version with independent accumulators that the
+ * compiler vectorises.
+ */
+#ifndef KV_MATMUL_H
+#define KV_MATMUL_H
+
+#include <stddef.h>
+
+#include "kv_model.h"
+
+/* y (rows) = W (rows, cols) · x (cols). */
+void kv_matvec(const kv_weight *w, const float *x, float *y);
+
+/* Y (n, rows) = X (n, cols) · Wᵀ : n tokens at once (prefill). */
+void kv_matmul(const kv_weight *w, const float *X, int n, float *Y);
+
+/* Row r of W as float32: out (cols). */
+void kv_weight_row(const kv_weight *w, int r, float *out);
+
+/* Dot products over float32 (n), used by attention. */
+float kv_dot_f32(const float *a, const float *b, int n);
+/* y (n) += a * x (n) */
+void kv_axpy_f32(float a, const float *x, float *y, int n);
+
+/* Which inner kernels were chosen: "avx2" or "portable". */
+const char *kv_matmul_isa(void);
+
+#endif

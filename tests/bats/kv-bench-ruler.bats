@@ -1,0 +1,117 @@
+#!/usr/bin/env bats
+# kv-bench ruler (needle accuracy per KV policy) and kv-bench fidelity
+# (KL / top-1 / perplexity against full) on the real test models.
+bats_require_minimum_version 1.5.0
+load helper
+
+NIAH="$DATA/niah4k"
+STORIES="$DATA/stories260K"
+
+ruler() {
+    kv-bench ruler --model "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" "$@"
+}
+
+fidelity() {
+    kv-bench fidelity --model "$STORIES/stories260K.bin" --tokenizer "$STORIES/tok512.bin" "$@"
+}
+
+@test "kv-bench ruler --help lists its options on stdout" {
+    run --separate-stderr kv-bench ruler --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"--tasks"* ]]
+    [[ "$output" == *"--mode"* ]]
+}
+
+@test "kv-bench ruler without --tasks is a usage error (64)" {
+    run --separate-stderr ruler
+    assert_fails_with 64 "--tasks"
+}
+
+@test "kv-bench ruler rejects an unknown policy with exit 64 before loading anything" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -p sparce
+    assert_fails_with 64 "unknown policy"
+}
+
+@test "kv-bench ruler reports a missing task file with exit 66" {
+    run --separate-stderr ruler --tasks "$BATS_TEST_TMPDIR/none.jsonl"
+    assert_fails_with 66 "none.jsonl"
+}
+
+@test "kv-bench ruler names the bad line of a task file and exits 65" {
+    f="$BATS_TEST_TMPDIR/bad.jsonl"
+    printf '%s\n' '{"index": 0, "input": "x", "outputs": ["1"], "length": 1}' '' '{"index": 1, "input": "y"' >"$f"
+    run --separate-stderr ruler --tasks "$f"
+    assert_fails_with 65 "bad.jsonl:3"
+    printf '%s\n' '{"index": 0, "input": "x", "outputs": "1"}' >"$f"
+    run --separate-stderr ruler --tasks "$f"
+    assert_fails_with 65 "bad.jsonl:1: \"outputs\""
+    printf '%s\n' '[1, 2]' >"$f"
+    run --separate-stderr ruler --tasks "$f"
+    assert_fails_with 65 "bad.jsonl:1"
+}
+
+@test "kv-bench ruler: full and sparse find 1k needles, streaming loses them" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 2 \
+        -p full -p sparse -p streaming --per-task --threads 2
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'len(j["results"])')" -eq 3 ]
+    [ "$(json_get 'j["mode"]')" = question ]
+    [ "$(json_get '[r["n"] for r in j["results"]]')" = "[2, 2, 2]" ]
+    [ "$(json_get 'j["results"][0]["accuracy"]')" = 1 ]
+    [ "$(json_get 'j["results"][1]["accuracy"]')" = 1 ]
+    [ "$(json_get 'j["results"][2]["accuracy"]')" = 0 ]
+    # the predictions are the needles themselves
+    [ "$(json_get 'j["results"][0]["tasks"][0]["prediction"]')" = 9125844 ]
+    # bytes: sparse keeps the prompt on the host and fetches per step;
+    # streaming keeps sink + window only
+    [ "$(json_get 'j["results"][0]["host_bytes"] == 0 and j["results"][0]["fetched_bytes_per_step"] == 0')" = True ]
+    [ "$(json_get 'j["results"][1]["host_bytes"] > 0 and j["results"][1]["fetched_bytes_per_step"] > 0')" = True ]
+    [ "$(json_get 'j["results"][1]["resident_bytes"] < j["results"][0]["resident_bytes"] / 5')" = True ]
+    [ "$(json_get 'j["results"][2]["resident_bytes"] == 6 * 2 * 2 * 64 * 64 * 4')" = True ]
+}
+
+@test "kv-bench fidelity: full against full is exactly zero" {
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --prefix 40
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["prefix"]')" -eq 40 ]
+    [ "$(json_get 'j["n_scored"] == j["n_tokens"] - 41')" = True ]
+    [ "$(json_get 'j["results"][0]["kl_mean"]')" = 0 ]
+    [ "$(json_get 'j["results"][0]["kl_max"]')" = 0 ]
+    [ "$(json_get 'j["results"][0]["top1_agreement"]')" = 1 ]
+    [ "$(json_get 'j["results"][0]["ppl_diff"]')" = 0 ]
+}
+
+@test "kv-bench fidelity shows that 1-bit keys destroy stories260K and 4-bit does not" {
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" \
+        -p quant:bits=1,residual=16 -p quant:bits=4,residual=16 -p streaming:sink=4,window=16
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["results"][0]["kl_mean"] > 1')" = True ]
+    [ "$(json_get 'j["results"][1]["kl_mean"] < 0.01')" = True ]
+    [ "$(json_get 'j["results"][1]["top1_agreement"] > 0.9')" = True ]
+    [ "$(json_get 'j["results"][2]["kl_mean"] > 0')" = True ]
+    [ "$(json_get 'j["results"][0]["resident_bytes"] < j["reference_resident_bytes"]')" = True ]
+}
+
+@test "kv-bench fidelity takes token ids with --tokens" {
+    echo "1 403 407 261 378 432 383 286 261 376 298 315 421 395 317 426" >"$BATS_TEST_TMPDIR/ids"
+    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" \
+        --tokens "$BATS_TEST_TMPDIR/ids" -p sparse:k=2,s=1,w=2 --json
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["n_tokens"]')" -eq 16 ]
+    [ "$(json_get 'j["results"][0]["host_bytes"] > 0')" = True ]
+}
+
+@test "kv-bench fidelity rejects a token id outside the vocabulary with exit 65" {
+    echo "1 403 99999 5" >"$BATS_TEST_TMPDIR/ids"
+    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" \
+        --tokens "$BATS_TEST_TMPDIR/ids" -p full
+    assert_fails_with 65 "99999"
+}
+
+@test "kv-bench fidelity needs --text or --tokens (64) and a tokenizer for text (64)" {
+    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" -p full
+    assert_fails_with 64 "--text"
+    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" -p full \
+        --text "$STORIES/reference/greedy_bos_200.txt"
+    assert_fails_with 64 "tokenizer"
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bats
+# kv-profile: options, errors, the JSON report (parsed), aggregation over
+# files, the SVG heatmap, and the deploy config accepted by kv-quant.
+bats_require_minimum_version 1.5.0
+load helper
+
+setup_file() {
+    export WORK="$BATS_FILE_TMPDIR"
+    "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests/interop'); import quant_check as q; \
+q.random_kvc('$WORK/a.kvc', 11, L=3, NH=4, H=2, T=200, D=32, nq=8); \
+q.random_kvc('$WORK/b.kvc', 12, L=3, NH=4, H=2, T=150, D=32, nq=8); \
+q.random_kvc('$WORK/other.kvc', 13, L=2, NH=4, H=2, T=150, D=32, nq=8)"
+}
+
+@test "kv-profile --help prints usage on stdout and exits 0" {
+    run --separate-stderr kv-profile --help
+    assert_success
+    [[ "$output" == *"--tau"* ]]
+    [[ "$output" == *"--svg"* ]]
+}
+
+@test "kv-profile --version exits 0" {
+    run kv-profile --version
+    assert_success
+}
+
+@test "kv-profile rejects an unknown option with exit 64" {
+    run --separate-stderr kv-profile --bogus "$WORK/a.kvc"
+    assert_fails_with 64 "unknown option"
+}
+
+@test "kv-profile without a file is a usage error (64)" {
+    run --separate-stderr kv-profile
+    assert_fails_with 64 "no input"
+}
+
+@test "kv-profile reports a missing file with exit 66" {
+    run --separate-stderr kv-profile "$WORK/missing.kvc"
+    assert_fails_with 66 "missing.kvc"
+}
+
+@test "kv-profile rejects a cache without queries with exit 65" {
+    "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests/interop'); import quant_check as q, numpy as np; \
+t, m = q.read_kvc('$WORK/a.kvc'); \
+q.write_kvc('$WORK/noq.kvc', {k: np.array(v) for k, v in t.items() if not k.endswith('.q')}, {})"
+    run --separate-stderr kv-profile "$WORK/noq.kvc"
+    assert_fails_with 65 "query"
+}
+
+@test "kv-profile rejects files of different geometry with exit 65" {
+    run --separate-stderr kv-profile "$WORK/a.kvc" "$WORK/other.kvc"
+    assert_fails_with 65 "differs"
+}
+
+@test "kv-profile writes JSON with per-layer and per-head numbers and a deploy config" {
+    run --separate-stderr kv-profile --json --alpha 0.1 --nq 4 "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'j["n_layers"], j["n_heads"], j["n_q"]')" = "(3, 4, 4)" ]
+    [ "$(json_get 'all(len(l["heads"]["score"]) == 4 and 0 <= l["score"] <= 1 for l in j["layers"])')" = True ]
+    [ "$(json_get 'all(l["err_1bit"] >= 0 and l["err_2bit"] >= 0 and l["err_sparse"] >= 0 for l in j["layers"])')" = True ]
+    [ "$(json_get 'sorted(j["deploy"]["quant_layers"] + j["deploy"]["sparse_layers"])')" = "[0, 1, 2]" ]
+    [ "$(json_get 'all((l["class"] == "quant") == (l["score"] > 0.2) for l in j["layers"])')" = True ]
+}
+
+@test "kv-profile --tau moves layers between the two classes" {
+    run --separate-stderr kv-profile --tau 0 "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'j["deploy"]["quant_layers"]')" = "[0, 1, 2]" ]
+    run --separate-stderr kv-profile --tau 1 "$WORK/a.kvc"
+    [ "$(json_get 'j["deploy"]["sparse_layers"]')" = "[0, 1, 2]" ]
+}
+
+@test "kv-profile aggregates several files as the mean per layer and head" {
+    run --separate-stderr kv-profile "$WORK/a.kvc"
+    a=$(json_get 'j["layers"][1]["heads"]["score"][2]')
+    run --separate-stderr kv-profile "$WORK/b.kvc"
+    b=$(json_get 'j["layers"][1]["heads"]["score"][2]')
+    run --separate-stderr kv-profile "$WORK/a.kvc" "$WORK/b.kvc"
+    assert_success
+    [ "$(json_get 'j["files"]')" = 2 ]
+    [ "$(json_get "abs(j['layers'][1]['heads']['score'][2] - ($a + $b) / 2) < 1e-5")" = True ]
+}
+
+@test "kv-profile --svg writes a well-formed heatmap with one cell per layer and head" {
+    run --separate-stderr kv-profile --svg "$WORK/h.svg" "$WORK/a.kvc"
+    assert_success
+    run "$PY" -c "import xml.etree.ElementTree as E; r = E.parse('$WORK/h.svg').getroot(); \
+print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org/2000/svg}title') is not None]))"
+    assert_output 12
+}
+
+@test "kv-profile --svg into a missing directory fails with exit 73 and prints nothing" {
+    run --separate-stderr kv-profile --svg "$WORK/no/dir/h.svg" "$WORK/a.kvc"
+    [ "$status" -eq 73 ]
+    [ -z "$output" ]
+}
+
+@test "kv-profile output drives kv-quant --profile" {
+    kv-profile --tau 0 --bits 2 "$WORK/a.kvc" > "$WORK/p.json"
+    run --separate-stderr kv-quant --profile "$WORK/p.json" --report - -o "$WORK/q.kvc" "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'j["bits"]')" = 2 ]
+    [ "$(json_get 'all(l["k_encoding"] == "kivi" for l in j["layers"])')" = True ]
+}

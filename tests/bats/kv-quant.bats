@@ -1,0 +1,139 @@
+#!/usr/bin/env bats
+# kv-quant: options, errors, pipelines, the JSON report, and the independent
+# numpy check of the packed layouts (tests/interop/quant_check.py).
+bats_require_minimum_version 1.5.0
+load helper
+
+setup_file() {
+    export WORK="$BATS_FILE_TMPDIR"
+    "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests/interop'); import quant_check as q; \
+q.random_kvc('$WORK/r.kvc', 7, L=3, NH=4, H=2, T=300, D=64, nq=8)"
+}
+
+@test "kv-quant --help prints usage on stdout and exits 0" {
+    run --separate-stderr kv-quant --help
+    assert_success
+    [[ "$output" == *"--method"* ]]
+    [[ "$output" == *"--decode"* ]]
+}
+
+@test "kv-quant --version exits 0" {
+    run kv-quant --version
+    assert_success
+    [[ "$output" == *"0."* ]]
+}
+
+@test "kv-quant rejects an unknown option with exit 64" {
+    run --separate-stderr kv-quant --frobnicate "$WORK/r.kvc"
+    assert_fails_with 64 "unknown option"
+}
+
+@test "kv-quant rejects 3 bits with exit 64" {
+    run --separate-stderr kv-quant --bits 3 -o "$WORK/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "bits"
+}
+
+@test "kv-quant rejects a layer list out of range with exit 64" {
+    run --separate-stderr kv-quant --layers 0,7 -o "$WORK/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "outside"
+}
+
+@test "kv-quant reports a missing input file with exit 66" {
+    run --separate-stderr kv-quant -o "$WORK/x.kvc" "$WORK/nope.kvc"
+    assert_fails_with 66 "nope.kvc"
+    [ ! -e "$WORK/x.kvc" ]
+}
+
+@test "kv-quant rejects a truncated file with exit 65" {
+    head -c 1000 "$WORK/r.kvc" > "$WORK/trunc.kvc"
+    run --separate-stderr kv-quant -o "$WORK/x.kvc" "$WORK/trunc.kvc"
+    assert_fails_with 65 "trunc.kvc"
+    [ ! -e "$WORK/x.kvc" ]
+}
+
+@test "kv-quant rejects a malformed profile with exit 65" {
+    printf '{"quant_layers": [0], "sparse_layers": "x"}' > "$WORK/bad.json"
+    run --separate-stderr kv-quant --profile "$WORK/bad.json" -o "$WORK/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 65 "sparse_layers"
+    printf '{not json' > "$WORK/bad2.json"
+    run --separate-stderr kv-quant --profile "$WORK/bad2.json" -o "$WORK/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 65 "not valid JSON"
+}
+
+@test "kv-quant rejects a profile whose layers exceed the cache with exit 65" {
+    printf '{"quant_layers": [0, 5], "sparse_layers": []}' > "$WORK/big.json"
+    run --separate-stderr kv-quant --profile "$WORK/big.json" -o "$WORK/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 65 "out of range"
+}
+
+@test "kv-quant round-trips through a pipeline and decodes to F16 close to the input" {
+    cat "$WORK/r.kvc" | kv-quant --bits 4 --group 32 --residual 32 | kv-quant -d - > "$WORK/rt.kvc"
+    run "$PY" - "$WORK/r.kvc" "$WORK/rt.kvc" "$ROOT" <<'PYEOF'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[3] + '/tests/interop')
+import quant_check as q
+a, _ = q.read_kvc(sys.argv[1]); b, m = q.read_kvc(sys.argv[2])
+for l in range(3):
+    for w in 'kv':
+        x, y = a['layers.%d.%s' % (l, w)], b['layers.%d.%s' % (l, w)]
+        assert y.dtype == np.float16 and y.shape == x.shape, (y.dtype, y.shape)
+        rel = np.linalg.norm(y.astype(np.float32) - x) / np.linalg.norm(x)
+        assert 0 < rel < 0.15, rel
+    assert np.array_equal(a['layers.%d.q' % l], b['layers.%d.q' % l])
+assert np.array_equal(a['tokens'], b['tokens'])
+print('ok')
+PYEOF
+    assert_success
+    assert_output "ok"
+}
+
+@test "kv-quant --report writes JSON with bytes, ratio and per-layer errors" {
+    run --separate-stderr kv-quant --bits 1 --residual 32 --report - -o "$WORK/q1.kvc" "$WORK/r.kvc"
+    assert_success
+    [ "$(json_get 'j["bytes_after"] < j["bytes_before"]')" = True ]
+    [ "$(json_get 'round(j["ratio"], 3) == round(j["bytes_before"] / j["bytes_after"], 3)')" = True ]
+    [ "$(json_get 'len(j["layers"])')" = 3 ]
+    [ "$(json_get 'all(l["k_mse"] > 0 and l["v_max_err"] > 0 and 0 < l["attn_rel_err"] for l in j["layers"])')" = True ]
+    # exact accounting: 2 heads x 256 quantized tokens x 8 bytes codes + fp16 scale/zero + residual
+    [ "$(json_get 'j["bytes_after"]')" = "$(( 3 * ( (2*256*8 + 4*2*4*64 + 2*2*44*64) + (2*256*8 + 4*2*256*1 + 2*2*44*64) ) ))" ]
+}
+
+@test "kv-quant --report - refuses to share stdout with the .kvc" {
+    run --separate-stderr kv-quant --report - "$WORK/r.kvc"
+    assert_fails_with 64 "report"
+}
+
+@test "kv-quant --layers quantizes only the listed layers" {
+    run --separate-stderr kv-quant --layers 1 --report - -o "$WORK/l1.kvc" "$WORK/r.kvc"
+    assert_success
+    [ "$(json_get '[l["k_encoding"] for l in j["layers"]]')" = "['plain', 'kivi', 'plain']" ]
+}
+
+@test "kv-quant --method dsq writes DSQ layers with a smaller error on 2 bits than KIVI 1-bit" {
+    run --separate-stderr kv-quant --method dsq --report - -o "$WORK/d.kvc" "$WORK/r.kvc"
+    assert_success
+    [ "$(json_get 'j["method"]')" = dsq ]
+    [ "$(json_get 'j["salient"]')" = 13 ]
+    [ "$(json_get 'all(l["k_encoding"] == "dsq" for l in j["layers"])')" = True ]
+}
+
+@test "kv-quant --profile accepts kv-profile output unchanged" {
+    kv-profile --json --tau 0.99 "$WORK/r.kvc" > "$WORK/p.json"
+    run --separate-stderr kv-quant --profile "$WORK/p.json" --report - -o "$WORK/pq.kvc" "$WORK/r.kvc"
+    assert_success
+    # tau 0.99: no layer is dense enough, nothing is quantized
+    [ "$(json_get 'all(l["k_encoding"] == "plain" for l in j["layers"])')" = True ]
+    printf '{"quant_layers": [0, 2], "sparse_layers": [1], "bits": 2}' > "$WORK/p2.json"
+    run --separate-stderr kv-quant --profile "$WORK/p2.json" --report - -o "$WORK/pq.kvc" "$WORK/r.kvc"
+    assert_success
+    [ "$(json_get '[l["k_encoding"] for l in j["layers"]]')" = "['kivi', 'plain', 'kivi']" ]
+    [ "$(json_get 'j["bits"]')" = 2 ]
+}
+
+@test "kv-quant packed layouts match an independent numpy implementation" {
+    run "$PY" "$ROOT/tests/interop/quant_check.py" "$BIN"
+    echo "$output"
+    assert_success
+    [[ "$output" != *"not ok"* ]]
+}

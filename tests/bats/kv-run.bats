@@ -1,0 +1,165 @@
+#!/usr/bin/env bats
+# kv-run: front-end conventions, model-file errors, exact greedy and sampled
+# text against llama2.c's reference run.c on stories260K, the JSON report,
+# the .kvc dump (read back by kv-info), scoring, GGUF and synthetic models.
+load helper
+bats_require_minimum_version 1.5.0
+
+S260="$DATA/stories260K"
+MODEL="$S260/stories260K.bin"
+
+@test "kv-run --help prints usage on stdout and exits 0" {
+    run --separate-stderr kv-run --help
+    assert_success
+    assert_output --partial "usage: kv-run"
+    assert_output --partial "--dump-kv"
+    [ -z "$stderr" ]
+}
+
+@test "kv-run --version prints the version" {
+    run kv-run --version
+    assert_success
+    assert_output --partial "0."
+}
+
+@test "kv-run rejects an unknown option with exit 64" {
+    run --separate-stderr kv-run --no-such-option -m "$MODEL"
+    assert_fails_with 64 "unknown option"
+}
+
+@test "kv-run without a model is a usage error (64)" {
+    run --separate-stderr kv-run -n 3
+    assert_fails_with 64 "--model"
+}
+
+@test "kv-run rejects a bad --policy with exit 64 or 65" {
+    run --separate-stderr kv-run -m "$MODEL" --policy nonsense -n 2
+    [ "$status" -eq 64 ] || [ "$status" -eq 65 ]
+    [[ "$stderr" == *"policy"* ]]
+}
+
+@test "kv-run reports a missing model with exit 66" {
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/nope.bin"
+    assert_fails_with 66 "nope.bin"
+}
+
+@test "kv-run rejects a truncated llama2.c model with exit 65" {
+    head -c 5000 "$MODEL" > "$BATS_TEST_TMPDIR/cut.bin"
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/cut.bin"
+    assert_fails_with 65 "truncated"
+    [ -z "$output" ]
+}
+
+@test "kv-run rejects a GGUF with a bad version with exit 65" {
+    { printf 'GGUF\x07\x00\x00\x00'; head -c 100 /dev/zero; } > "$BATS_TEST_TMPDIR/v7.gguf"
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/v7.gguf"
+    assert_fails_with 65 "version 7"
+}
+
+@test "kv-run rejects a text file as a model with exit 65" {
+    echo "hello, I am not a model" > "$BATS_TEST_TMPDIR/text.bin"
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/text.bin"
+    assert_fails_with 65 "llama2.c"
+}
+
+@test "kv-run greedy text from BOS equals llama2.c's reference" {
+    run --separate-stderr kv-run -m "$MODEL" -n 200
+    assert_success
+    [ "$output" == "$(cat "$S260/reference/greedy_bos_200.txt")" ]
+}
+
+@test "kv-run sampling at seed 42 equals llama2.c's run.c text" {
+    run --separate-stderr kv-run -m "$MODEL" -n 200 --temp 1 --top-p 0.95 --seed 42
+    assert_success
+    [ "$output" == "$(cat "$S260/reference/sample_t1_p095_s42_200.txt")" ]
+}
+
+@test "kv-run --report - writes JSON with timings, bytes and one entry per layer" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 16 --report -
+    assert_success
+    [ "$(json_get 'len(j["layers"])')" -eq 5 ]
+    [ "$(json_get 'j["layers"][0]["policy"]')" == "full" ]
+    [ "$(json_get 'j["prompt_tokens"]')" -eq 5 ]
+    [ "$(json_get 'j["generated_tokens"]')" -eq 16 ]
+    [ "$(json_get 'j["decode_steps"]')" -eq 15 ]
+    [ "$(json_get 'j["ms_per_token_p90"] >= j["ms_per_token_median"] > 0')" == "True" ]
+    # full f32: 2 (K,V) x 4 kv heads x 8 dims x 4 bytes x 20 tokens held per layer
+    [ "$(json_get 'j["layers"][2]["gpu_bytes"]')" -eq $((2 * 4 * 8 * 4 * 20)) ]
+    [ "$(json_get 'j["kv_bytes"]["gpu"]')" -eq $((5 * 2 * 4 * 8 * 4 * 20)) ]
+    [ "$(json_get 'j["pcie_bytes_per_token"]')" == "0" ]
+}
+
+@test "kv-run --kv-dtype f16 halves the resident bytes in the report" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 16 --kv-dtype f16 --report -
+    assert_success
+    [ "$(json_get 'j["layers"][2]["gpu_bytes"]')" -eq $((2 * 4 * 8 * 2 * 20)) ]
+}
+
+@test "kv-run --dump-kv writes a .kvc with K, V and the last queries" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time, there was" -n 0 --nq 4 --dump-kv "$BATS_TEST_TMPDIR/p.kvc"
+    assert_success
+    [ -s "$BATS_TEST_TMPDIR/p.kvc" ]
+    run --separate-stderr "$PY" -c '
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+m = h["__metadata__"]
+print(h["layers.0.k"]["shape"], h["layers.4.q"]["shape"], h["tokens"]["shape"], m["kvc.n_heads"], h["layers.0.k"]["dtype"])
+' "$BATS_TEST_TMPDIR/p.kvc"
+    assert_success
+    assert_output "[4, 8, 8] [8, 4, 8] [8] 8 F32"
+    command -v kv-info >/dev/null || skip "kv-info not built"
+    run --separate-stderr kv-info --json "$BATS_TEST_TMPDIR/p.kvc"
+    assert_success
+}
+
+@test "kv-run --dump-kv - pipes into kv-info -" {
+    command -v kv-info >/dev/null || skip "kv-info not built"
+    run --separate-stderr bash -c "kv-run -m '$MODEL' -p 'Once upon a time' -n 0 --kv-dtype f16 --dump-kv - | kv-info --json -"
+    assert_success
+    [ "$(json_get 'j.get("n_tokens", j.get("geometry", {}).get("n_tokens"))')" == "5" ] || { echo "$output"; false; }
+}
+
+@test "kv-run --dump-kv - refuses a terminal and streams to a pipe" {
+    run --separate-stderr bash -c "kv-run -m '$MODEL' -n 0 --kv-dtype bf16 --dump-kv - | head -c 8 | wc -c"
+    assert_success
+    assert_output "8"
+}
+
+@test "kv-run --score-file reports per-token NLL and perplexity as JSON" {
+    printf 'Once upon a time, there was a little girl named Lily.' > "$BATS_TEST_TMPDIR/t.txt"
+    run --separate-stderr kv-run -m "$MODEL" --score-file "$BATS_TEST_TMPDIR/t.txt"
+    assert_success
+    n=$(json_get 'j["tokens"]')
+    [ "$(json_get 'len(j["nll"])')" -eq $((n - 1)) ]
+    [ "$(json_get 'abs(j["perplexity"] - __import__("math").exp(sum(j["nll"]) / len(j["nll"]))) < 1e-6')" == "True" ]
+    [ "$(json_get '1 < j["perplexity"] < 50')" == "True" ]
+}
+
+@test "kv-run takes token ids from --tokens as JSON" {
+    echo '[1, 403, 407, 261, 378]' > "$BATS_TEST_TMPDIR/ids.json"
+    run --separate-stderr kv-run -m "$MODEL" --tokens "$BATS_TEST_TMPDIR/ids.json" -n 8 --report -
+    assert_success
+    [ "$(json_get 'j["prompt_tokens"]')" -eq 5 ]
+}
+
+@test "kv-run runs the random-weight GGUF with its SentencePiece vocabulary" {
+    run --separate-stderr kv-run -m "$DATA/gguf/llama-2-tiny-random.gguf" -p "Hello world" -n 5 --report -
+    assert_success
+    [ "$(json_get 'j["model"]["format"]')" == "gguf" ]
+    [ "$(json_get 'j["prompt_tokens"]')" -eq 3 ]
+}
+
+@test "kv-run --synthetic tiny runs without a file" {
+    run --separate-stderr kv-run --synthetic tiny --random-prompt 32 -n 8 --report -
+    assert_success
+    [ "$(json_get 'j["model"]["layers"]')" -eq 4 ]
+    [ "$(json_get 'j["generated_tokens"]')" -ge 1 ]
+}
+
+@test "kv-run says text tokenization is unavailable without a tokenizer" {
+    run --separate-stderr kv-run --synthetic tiny -p "hello" -n 2
+    [ "$status" -ne 0 ]
+    [[ "$stderr" == *"--tokens"* ]]
+}

@@ -1,0 +1,46 @@
+/*
+ * libFuzzer target for the deployment-config parser (lib/kv_deploy.c):
+ * any byte string must parse or fail with KV_E_DATA and a message, never
+ * crash, leak or read out of bounds; a config that parses must apply to
+ * the layers it names and survive a write/parse round trip unchanged.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_deploy.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const int n_layers = 32;
+    kv_deploy d;
+    kv_status st = kv_deploy_parse((const char *)data, size, n_layers, &d);
+    if (st) {
+        if (st != KV_E_DATA || !kv_errdetail()[0]) abort();
+        return 0;
+    }
+    kv_policy_params pl[32];
+    kv_deploy_apply(&d, n_layers, pl);
+    for (int i = 0; i < d.n_quant; i++)
+        if (pl[d.quant_layers[i]].kind != d.quant_kind) abort();
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) abort();
+    kv_deploy_write_json(&d, f, 0);
+    fclose(f);
+    kv_deploy back;
+    if (kv_deploy_parse(buf, len, n_layers, &back)) abort();
+    if (back.n_quant != d.n_quant || back.n_sparse != d.n_sparse || back.bits != d.bits ||
+        back.budget != d.budget || back.dsq_window != d.dsq_window)
+        abort();
+    for (int i = 0; i < d.n_quant; i++)
+        if (back.quant_layers[i] != d.quant_layers[i]) abort();
+    kv_deploy_clear(&back);
+    free(buf);
+    kv_deploy_clear(&d);
+    return 0;
+}

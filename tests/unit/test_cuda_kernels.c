@@ -1,0 +1,452 @@
+/*
+ * Each CUDA kernel against its CPU reference: KIVI pack byte for byte
+ * against lib/kv_quant.c, unpack exactly, and the fp16 and packed decode
+ * attention by normalized error ||gpu - ref|| / ||ref|| against
+ * lib/kv_attn.c, on fresh random data (seed printed; KT_SEED repeats it) and
+ * on real layer-0 K/V of niah4k.  Outputs are poisoned with NaN before each
+ * launch so an unwritten element fails.  Without a usable GPU (or in a
+ * CPU-only build) every test is reported as a TAP skip with a notice.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kt.h"
+#include "kv_attn.h"
+#include "kv_gpu.h"
+
+static unsigned long long seed;
+
+#ifdef KV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "attn_realdata.h"
+
+#include "kv_kernels.h"
+
+/* Tolerances on normalized error: fp16 attention accumulates in fp32 like
+ * the reference; the packed kernel rounds the folded query and p*scale to
+ * fp16 for the tensor cores (relative 2^-11 per term). */
+#define TOL_F16 1e-4
+#define TOL_KIVI 4e-3
+
+static double nerr(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
+static void *dalloc(size_t n)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) return NULL;
+    return p;
+}
+
+static void *dup_to_device(const void *h, size_t n)
+{
+    void *p = dalloc(n);
+    if (p && n && cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static int from_device(void *h, const void *d, size_t n)
+{
+    return cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                   cudaDeviceSynchronize() == cudaSuccess
+               ? 0
+               : -1;
+}
+
+/* Random fp16 data (kv_heads, T, D) with an outlier channel, as half and float. */
+static void rand_half(size_t n, int D, kv_half *h, float *f)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = kt_randn(&seed) + ((i % (size_t)D) == 3 ? 8.0f : 0.0f);
+        h[i] = kv_f32_to_half(x);
+        f[i] = kv_half_to_f32(h[i]);
+    }
+}
+
+// --- pack / unpack -----------------------------------------------------------------
+
+/* Pack on both sides and compare every part byte for byte; 0 when equal. */
+static int pack_case(kv_kivi_axis axis, int bits, int G, int R, int H, int T, int D,
+                     const kv_half *xh, const float *xf, char *why, size_t nwhy)
+{
+    kv_kivi_params prm = {bits, G, R};
+    kv_kivi_packed cpu;
+    if (kv_kivi_pack(xf, axis, &prm, H, T, D, &cpu) != KV_OK) {
+        snprintf(why, nwhy, "CPU pack refused: %s", kv_errdetail());
+        return -1;
+    }
+    size_t nc = kv_kivi_codes_bytes(axis, &prm, H, T, D);
+    size_t ns = kv_kivi_scale_count(axis, &prm, H, T, D);
+    size_t nr = kv_kivi_resid_count(&prm, H, T, D);
+    uint16_t *dx = dup_to_device(xh, (size_t)H * T * D * 2);
+    kv_cuda_kivi_out o = {dalloc(nc), dalloc(ns * 2), dalloc(ns * 2), dalloc(nr * 2)};
+    uint8_t *gc = malloc(nc + 1);
+    kv_half *gs = malloc(ns * 2 + 2), *gz = malloc(ns * 2 + 2), *gr = malloc(nr * 2 + 2);
+    int rc = -1;
+    if (!dx || !o.codes || !o.scale || !o.zero || !o.resid || !gc || !gs || !gz || !gr) {
+        snprintf(why, nwhy, "allocation failed");
+    } else if (cudaMemset(o.codes, 0xA5, nc) != cudaSuccess ||
+               kv_cuda_kivi_pack(axis, &prm, H, T, D, dx, &o, 0) != cudaSuccess) {
+        snprintf(why, nwhy, "GPU pack: %s", kv_cuda_last_error());
+    } else if (from_device(gc, o.codes, nc) || from_device(gs, o.scale, ns * 2) ||
+               from_device(gz, o.zero, ns * 2) || from_device(gr, o.resid, nr * 2)) {
+        snprintf(why, nwhy, "copy back: %s", cudaGetErrorString(cudaGetLastError()));
+    } else {
+        size_t bad = 0;
+        for (size_t i = 0; i < nc; i++) bad += gc[i] != cpu.codes[i];
+        size_t bads = 0;
+        for (size_t i = 0; i < ns; i++) bads += (gs[i] != cpu.scale[i]) + (gz[i] != cpu.zero[i]);
+        int resid_same = nr == 0 || memcmp(gr, cpu.resid, nr * 2) == 0;
+        if (bad || bads || !resid_same)
+            snprintf(why, nwhy, "%zu of %zu code bytes, %zu scale/zero values differ, residual %s",
+                     bad, nc, bads, resid_same ? "same" : "differs");
+        else
+            rc = 0;
+    }
+    cudaFree(dx), cudaFree(o.codes), cudaFree(o.scale), cudaFree(o.zero), cudaFree(o.resid);
+    free(gc), free(gs), free(gz), free(gr);
+    kv_kivi_free(&cpu);
+    return rc;
+}
+
+static void test_kivi_pack_is_byte_identical_to_cpu(void)
+{
+    const int H = 3, T = 1000, dims[] = {64, 128}, bits[] = {1, 2, 4}, groups[] = {32, 64, 128};
+    size_t n = (size_t)H * T * 128;
+    kv_half *xh = malloc(n * 2);
+    float *xf = malloc(n * 4);
+    char why[256];
+    for (int di = 0; di < 2; di++) {
+        rand_half((size_t)H * T * dims[di], dims[di], xh, xf);
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 3; b++)
+                for (int g = 0; g < 3; g++) {
+                    kv_kivi_axis axis = a ? KV_KIVI_VALUES : KV_KIVI_KEYS;
+                    kv_kivi_params prm = {bits[b], groups[g], 100};
+                    if (!kv_cuda_kivi_pack_supported(axis, &prm, dims[di])) continue;
+                    int rc = pack_case(axis, bits[b], groups[g], 100, H, T, dims[di], xh, xf, why,
+                                       sizeof why);
+                    KT_CHECK(rc == 0, "%s D %d bits %d G %d: %s", a ? "values" : "keys",
+                             dims[di], bits[b], groups[g], why);
+                }
+    }
+    /* a constant channel (scale 0) and T < R (everything residual) */
+    rand_half((size_t)H * T * 128, 128, xh, xf);
+    for (size_t i = 0; i < (size_t)H * T * 128; i += 128) xh[i + 7] = kv_f32_to_half(1.5f), xf[i + 7] = 1.5f;
+    KT_CHECK(pack_case(KV_KIVI_KEYS, 2, 64, 128, H, T, 128, xh, xf, why, sizeof why) == 0,
+             "constant channel: %s", why);
+    KT_CHECK(pack_case(KV_KIVI_VALUES, 1, 64, 2000, H, T, 128, xh, xf, why, sizeof why) == 0,
+             "all residual: %s", why);
+    free(xh), free(xf);
+}
+
+static void test_kivi_pack_is_byte_identical_on_real_data(void)
+{
+    niah_layer0 r;
+    KT_REQUIRE(niah_layer0_load(1024, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
+    size_t n = (size_t)r.kv_heads * r.T * r.head_dim;
+    kv_half *kh = malloc(n * 2), *vh = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        kh[i] = kv_f32_to_half(r.k[i]), r.k[i] = kv_half_to_f32(kh[i]);
+        vh[i] = kv_f32_to_half(r.v[i]), r.v[i] = kv_half_to_f32(vh[i]);
+    }
+    char why[256];
+    for (int bits = 1; bits <= 4; bits *= 2) {
+        KT_CHECK(pack_case(KV_KIVI_KEYS, bits, 64, 128, r.kv_heads, r.T, r.head_dim, kh, r.k, why,
+                           sizeof why) == 0, "keys %d bits: %s", bits, why);
+        KT_CHECK(pack_case(KV_KIVI_VALUES, bits, 64, 128, r.kv_heads, r.T, r.head_dim, vh, r.v,
+                           why, sizeof why) == 0, "values %d bits: %s", bits, why);
+    }
+    free(kh), free(vh);
+    niah_layer0_free(&r);
+}
+
+static void test_kivi_unpack_equals_cpu_dequantization(void)
+{
+    const int H = 2, T = 777, D = 128;
+    size_t n = (size_t)H * T * D;
+    kv_half *xh = malloc(n * 2), *gout = malloc(n * 2);
+    float *xf = malloc(n * 4), *cpu = malloc(n * 4);
+    rand_half(n, D, xh, xf);
+    for (int a = 0; a < 2; a++)
+        for (int bits = 1; bits <= 4; bits *= 2) {
+            kv_kivi_axis axis = a ? KV_KIVI_VALUES : KV_KIVI_KEYS;
+            kv_kivi_params prm = {bits, 64, 128};
+            kv_kivi_packed p;
+            KT_REQUIRE(kv_kivi_pack(xf, axis, &prm, H, T, D, &p) == KV_OK, "CPU pack");
+            kv_kivi_unpack(&p, cpu);
+            size_t nc = kv_kivi_codes_bytes(axis, &prm, H, T, D);
+            size_t ns = kv_kivi_scale_count(axis, &prm, H, T, D);
+            size_t nr = kv_kivi_resid_count(&prm, H, T, D);
+            kv_cuda_kivi_view v = {dup_to_device(p.codes, nc), dup_to_device(p.scale, ns * 2),
+                                   dup_to_device(p.zero, ns * 2), dup_to_device(p.resid, nr * 2)};
+            uint16_t *dout = dalloc(n * 2);
+            int ok = v.codes && v.scale && v.zero && v.resid && dout &&
+                     cudaMemset(dout, 0xFF, n * 2) == cudaSuccess &&
+                     kv_cuda_kivi_unpack(axis, &prm, H, T, D, &v, dout, 0) == cudaSuccess &&
+                     from_device(gout, dout, n * 2) == 0;
+            KT_CHECK(ok, "GPU unpack: %s", kv_cuda_last_error());
+            size_t bad = 0;
+            for (size_t i = 0; ok && i < n; i++) bad += gout[i] != kv_f32_to_half(cpu[i]);
+            KT_CHECK(ok && bad == 0, "%s %d bits: %zu of %zu values differ", a ? "values" : "keys",
+                     bits, bad, n);
+            cudaFree((void *)v.codes), cudaFree((void *)v.scale), cudaFree((void *)v.zero);
+            cudaFree((void *)v.resid), cudaFree(dout);
+            kv_kivi_free(&p);
+        }
+    free(xh), free(gout), free(xf), free(cpu);
+}
+
+// --- fp16 attention -------------------------------------------------------------------
+
+/* GPU fp16 attention vs kv_attn_decode_f16; stride >= T*D tokens per head on the GPU. */
+static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv_half *q,
+                       const kv_half *k, const kv_half *v, char *why, size_t nwhy)
+{
+    kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
+    kv_cuda_attn_dims gd = {nh, nkv, D, T, stride, cd.scale};
+    size_t nq = (size_t)nh * D;
+    float *ref = malloc(nq * 4), *got = malloc(nq * 4);
+    kv_half *ks = calloc((size_t)nkv * stride, 2), *vs = calloc((size_t)nkv * stride, 2);
+    for (int h = 0; h < nkv; h++) {
+        memcpy(ks + h * stride, k + (size_t)h * T * D, (size_t)T * D * 2);
+        memcpy(vs + h * stride, v + (size_t)h * T * D, (size_t)T * D * 2);
+    }
+    size_t wsb = kv_cuda_attn_f16_workspace(&gd);
+    uint16_t *dq = dup_to_device(q, nq * 2), *dk = dup_to_device(ks, (size_t)nkv * stride * 2),
+             *dv = dup_to_device(vs, (size_t)nkv * stride * 2);
+    float *dout = dalloc(nq * 4);
+    void *ws = dalloc(wsb);
+    double e = NAN;
+    if (kv_attn_decode_f16(&cd, q, k, v, ref) != KV_OK) {
+        snprintf(why, nwhy, "CPU reference: %s", kv_errdetail());
+    } else if (!wsb || !dq || !dk || !dv || !dout || !ws) {
+        snprintf(why, nwhy, "allocation or workspace size failed");
+    } else if (cudaMemset(dout, 0xFF, nq * 4) != cudaSuccess ||
+               kv_cuda_attn_f16(&gd, dq, dk, dv, dout, ws, wsb, 0) != cudaSuccess ||
+               from_device(got, dout, nq * 4)) {
+        snprintf(why, nwhy, "GPU: %s / %s", kv_cuda_last_error(), cudaGetErrorString(cudaGetLastError()));
+    } else {
+        e = nerr(got, ref, nq);
+        snprintf(why, nwhy, "normalized error %.3g", e);
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(ws);
+    free(ref), free(got), free(ks), free(vs);
+    return e;
+}
+
+static void test_attn_f16_matches_cpu_on_random_data(void)
+{
+    static const struct { int nh, nkv, D, T, pad; } cases[] = {
+        {32, 8, 128, 4133, 0}, {32, 8, 128, 1, 0}, {32, 8, 128, 37, 100}, {16, 2, 128, 3000, 0},
+        {8, 8, 128, 999, 0},   {4, 2, 64, 2049, 0}, {8, 8, 64, 77, 5},     {16, 4, 64, 1500, 0},
+    };
+    char why[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int nh = cases[i].nh, nkv = cases[i].nkv, D = cases[i].D, T = cases[i].T;
+        size_t nkvs = (size_t)nkv * T * D;
+        kv_half *q = malloc((size_t)nh * D * 2), *k = malloc(nkvs * 2), *v = malloc(nkvs * 2);
+        float *tmp = malloc((nkvs > (size_t)nh * D ? nkvs : (size_t)nh * D) * 4);
+        rand_half((size_t)nh * D, D, q, tmp);
+        rand_half(nkvs, D, k, tmp);
+        rand_half(nkvs, D, v, tmp);
+        double e = f16_case(nh, nkv, D, T, (long long)(T + cases[i].pad) * D, q, k, v, why, sizeof why);
+        KT_CHECK(e <= TOL_F16, "%d/%d heads D %d T %d: %s", nh, nkv, D, T, why);
+        free(q), free(k), free(v), free(tmp);
+    }
+}
+
+static void test_attn_f16_matches_cpu_on_real_data(void)
+{
+    niah_layer0 r;
+    KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
+    size_t nq = (size_t)r.n_heads * r.head_dim, nkv = (size_t)r.kv_heads * r.T * r.head_dim;
+    kv_half *q = malloc(nq * 2), *k = malloc(nkv * 2), *v = malloc(nkv * 2);
+    for (size_t i = 0; i < nq; i++) q[i] = kv_f32_to_half(r.q[i]);
+    for (size_t i = 0; i < nkv; i++) k[i] = kv_f32_to_half(r.k[i]), v[i] = kv_f32_to_half(r.v[i]);
+    char why[256];
+    double e = f16_case(r.n_heads, r.kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q, k,
+                        v, why, sizeof why);
+    KT_CHECK(e <= TOL_F16, "niah4k layer 0, T %d: %s", r.T, why);
+    printf("# fp16 attention on niah4k layer 0: %s\n", why);
+    free(q), free(k), free(v);
+    niah_layer0_free(&r);
+}
+
+// --- packed KIVI attention --------------------------------------------------------------
+
+static double kivi_case(int nh, int nkv, int T, int bits, int G, int R, const kv_half *q,
+                        const kv_half *k, const kv_half *v, char *why, size_t nwhy)
+{
+    const int D = 128;
+    kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
+    kv_cuda_attn_dims gd = {nh, nkv, D, T, (long long)T * D, cd.scale};
+    kv_kivi_params prm = {bits, G, R};
+    size_t nq = (size_t)nh * D, n = (size_t)nkv * T * D;
+    float *kf = malloc(n * 4), *vf = malloc(n * 4), *ref = malloc(nq * 4), *got = malloc(nq * 4);
+    for (size_t i = 0; i < n; i++) kf[i] = kv_half_to_f32(k[i]), vf[i] = kv_half_to_f32(v[i]);
+    kv_kivi_packed K, V;
+    double e = NAN;
+    if (!kv_cuda_attn_kivi_supported(&gd, &prm)) {
+        snprintf(why, nwhy, "geometry not supported");
+        free(kf), free(vf), free(ref), free(got);
+        return e;
+    }
+    if (kv_kivi_pack(kf, KV_KIVI_KEYS, &prm, nkv, T, D, &K) != KV_OK ||
+        kv_kivi_pack(vf, KV_KIVI_VALUES, &prm, nkv, T, D, &V) != KV_OK ||
+        kv_attn_decode_kivi(&cd, q, &K, &V, ref) != KV_OK) {
+        snprintf(why, nwhy, "CPU side: %s", kv_errdetail());
+        free(kf), free(vf), free(ref), free(got);
+        return e;
+    }
+    size_t nc = kv_kivi_codes_bytes(KV_KIVI_KEYS, &prm, nkv, T, D);
+    size_t nks = kv_kivi_scale_count(KV_KIVI_KEYS, &prm, nkv, T, D);
+    size_t nvs = kv_kivi_scale_count(KV_KIVI_VALUES, &prm, nkv, T, D);
+    size_t nr = kv_kivi_resid_count(&prm, nkv, T, D);
+    kv_cuda_kivi_view dK = {dup_to_device(K.codes, nc), dup_to_device(K.scale, nks * 2),
+                            dup_to_device(K.zero, nks * 2), dup_to_device(K.resid, nr * 2)};
+    kv_cuda_kivi_view dV = {dup_to_device(V.codes, nc), dup_to_device(V.scale, nvs * 2),
+                            dup_to_device(V.zero, nvs * 2), dup_to_device(V.resid, nr * 2)};
+    size_t wsb = kv_cuda_attn_kivi_workspace(&gd, &prm);
+    uint16_t *dq = dup_to_device(q, nq * 2);
+    float *dout = dalloc(nq * 4);
+    void *ws = dalloc(wsb);
+    if (!dK.codes || !dK.scale || !dK.zero || !dK.resid || !dV.codes || !dV.scale || !dV.zero ||
+        !dV.resid || !dq || !dout || !ws || !wsb) {
+        snprintf(why, nwhy, "allocation or workspace size failed");
+    } else if (cudaMemset(dout, 0xFF, nq * 4) != cudaSuccess ||
+               kv_cuda_attn_kivi(&gd, &prm, dq, &dK, &dV, dout, ws, wsb, 0) != cudaSuccess ||
+               from_device(got, dout, nq * 4)) {
+        snprintf(why, nwhy, "GPU: %s / %s", kv_cuda_last_error(), cudaGetErrorString(cudaGetLastError()));
+    } else {
+        e = nerr(got, ref, nq);
+        snprintf(why, nwhy, "normalized error %.3g", e);
+    }
+    cudaFree((void *)dK.codes), cudaFree((void *)dK.scale), cudaFree((void *)dK.zero), cudaFree((void *)dK.resid);
+    cudaFree((void *)dV.codes), cudaFree((void *)dV.scale), cudaFree((void *)dV.zero), cudaFree((void *)dV.resid);
+    cudaFree(dq), cudaFree(dout), cudaFree(ws);
+    kv_kivi_free(&K), kv_kivi_free(&V);
+    free(kf), free(vf), free(ref), free(got);
+    return e;
+}
+
+static void test_attn_kivi_matches_cpu_on_random_data(void)
+{
+    static const struct { int nh, nkv, T, bits, G, R; } cases[] = {
+        {32, 8, 5000, 1, 64, 128}, {32, 8, 5000, 2, 64, 128}, {32, 8, 3001, 1, 32, 128},
+        {32, 8, 3001, 2, 32, 128}, {32, 8, 100, 1, 64, 128},  {32, 8, 4096, 2, 64, 0},
+        {16, 8, 2500, 1, 64, 128}, {8, 8, 2500, 2, 64, 128},  {32, 8, 20000, 1, 64, 128},
+    };
+    char why[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int nh = cases[i].nh, nkv = cases[i].nkv, T = cases[i].T;
+        size_t n = (size_t)nkv * T * 128;
+        kv_half *q = malloc((size_t)nh * 128 * 2), *k = malloc(n * 2), *v = malloc(n * 2);
+        float *tmp = malloc(n * 4 + 4 * 128 * nh);
+        rand_half((size_t)nh * 128, 128, q, tmp);
+        rand_half(n, 128, k, tmp);
+        rand_half(n, 128, v, tmp);
+        double e = kivi_case(nh, nkv, T, cases[i].bits, cases[i].G, cases[i].R, q, k, v, why, sizeof why);
+        KT_CHECK(e <= TOL_KIVI, "%d/%d heads T %d bits %d G %d R %d: %s", nh, nkv, T, cases[i].bits,
+                 cases[i].G, cases[i].R, why);
+        printf("# packed attention %d/%d heads T %d %d-bit G %d: %s\n", nh, nkv, T, cases[i].bits,
+               cases[i].G, why);
+        free(q), free(k), free(v), free(tmp);
+    }
+}
+
+/* niah4k has head_dim 64; the packed kernel wants 128, so the two KV heads
+ * of each token are laid side by side (one KV head of 128 channels) and
+ * query heads h and h+2 likewise: real value statistics, a real mixture of
+ * the two heads' attention. */
+static void test_attn_kivi_matches_cpu_on_real_data(void)
+{
+    niah_layer0 r;
+    KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
+    const int T = r.T, hs = r.head_dim;
+    kv_half *q = malloc(2 * 128 * 2), *k = malloc((size_t)T * 128 * 2), *v = malloc((size_t)T * 128 * 2);
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 128; c++) q[h * 128 + c] = kv_f32_to_half(r.q[(h + 2 * (c / hs)) * hs + c % hs]);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < 128; c++) {
+            size_t src = ((size_t)(c / hs) * T + t) * hs + c % hs;
+            k[(size_t)t * 128 + c] = kv_f32_to_half(r.k[src]);
+            v[(size_t)t * 128 + c] = kv_f32_to_half(r.v[src]);
+        }
+    char why[256];
+    for (int bits = 1; bits <= 2; bits++) {
+        double e = kivi_case(2, 1, T, bits, 64, 128, q, k, v, why, sizeof why);
+        KT_CHECK(e <= TOL_KIVI, "niah4k layer 0, %d bits: %s", bits, why);
+        printf("# packed attention on niah4k layer 0, %d-bit: %s\n", bits, why);
+    }
+    free(q), free(k), free(v);
+    niah_layer0_free(&r);
+}
+
+static void test_launchers_reject_bad_arguments(void)
+{
+    kv_cuda_attn_dims d = {32, 8, 96, 100, 9600, 0.1f};
+    KT_CHECK(kv_cuda_attn_f16_workspace(&d) == 0, "head dim 96 has a workspace");
+    float *dout = dalloc(32 * 96 * 4);
+    cudaError_t e = kv_cuda_attn_f16(&d, (const uint16_t *)dout, (const uint16_t *)dout,
+                                     (const uint16_t *)dout, dout, dout, 1 << 20, 0);
+    KT_CHECK(e == cudaErrorInvalidValue, "head dim 96 accepted (%d)", (int)e);
+    KT_CHECK(strstr(kv_cuda_last_error(), "kv_cuda_attn_f16") != NULL, "message '%s'",
+             kv_cuda_last_error());
+    kv_kivi_params prm = {4, 64, 128};
+    d.head_dim = 128;
+    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention claimed");
+    cudaFree(dout);
+}
+#endif /* KV_HAVE_CUDA */
+
+#define ALL_TESTS(X)                                                                  \
+    X(test_kivi_pack_is_byte_identical_to_cpu)                                        \
+    X(test_kivi_pack_is_byte_identical_on_real_data)                                  \
+    X(test_kivi_unpack_equals_cpu_dequantization)                                     \
+    X(test_attn_f16_matches_cpu_on_random_data)                                       \
+    X(test_attn_f16_matches_cpu_on_real_data)                                         \
+    X(test_attn_kivi_matches_cpu_on_random_data)                                      \
+    X(test_attn_kivi_matches_cpu_on_real_data)                                        \
+    X(test_launchers_reject_bad_arguments)
+
+int main(void)
+{
+    seed = getenv("KT_SEED") ? strtoull(getenv("KT_SEED"), NULL, 10) : (unsigned long long)time(NULL);
+    printf("# seed %llu (set KT_SEED to repeat)\n", seed);
+    seed |= 1;
+    char name[256] = "";
+    int ngpu = kv_gpu_probe(name, sizeof name);
+#ifdef KV_HAVE_CUDA
+    if (ngpu > 0) {
+        printf("# GPU: %s\n", name);
+        /* KV_TEST_FILTER=substring runs only matching tests (e.g. under racecheck) */
+        const char *filter = getenv("KV_TEST_FILTER");
+#define RUN_ONE(t)                                  \
+    if (!filter || strstr(#t, filter)) KT_RUN(t);   \
+    else KT_SKIP(t, "not selected by KV_TEST_FILTER");
+        ALL_TESTS(RUN_ONE)
+        return kt_done();
+    }
+#endif
+    char why[300];
+    snprintf(why, sizeof why, "no usable GPU (%s)", name);
+    fprintf(stderr, "notice: CUDA kernel tests skipped: %s\n", why);
+#define SKIP_ONE(t) KT_SKIP(t, why);
+    ALL_TESTS(SKIP_ONE)
+    (void)ngpu, (void)kt_cur_failed;
+    return kt_done();
+}

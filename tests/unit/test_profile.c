@@ -1,0 +1,236 @@
+/*
+ * Unit tests of kv_profile (scores and errors on constructed caches with
+ * known answers, classification) and kv_deploy (strict parsing of the
+ * deployment config, application to per-layer policy parameters).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kt.h"
+#include "kv_deploy.h"
+#include "kv_profile.h"
+#include "kv_quant.h"
+
+#define KT_OK(call)                                                              \
+    do {                                                                         \
+        kv_status st_ = (call);                                                  \
+        KT_REQUIRE(st_ == KV_OK, "%s: %s", #call, kv_errdetail());               \
+    } while (0)
+
+static unsigned long long seed = 0xfeedfacecafebeefULL;
+
+enum { L = 2, NH = 2, H = 1, T = 200, D = 16, NQ = 4 };
+
+/* Layer 0: zero queries (uniform attention).  Layer 1: each query is 60
+ * times one key, keys nearly orthogonal unit vectors (one-hot attention). */
+static kvc_file *constructed_cache(char *path)
+{
+    static float k[L][H * T * D], v[L][H * T * D], q[L][NH * NQ * D];
+    for (int l = 0; l < L; l++) {
+        for (int i = 0; i < H * T * D; i++) v[l][i] = kt_randn(&seed);
+        for (int t = 0; t < T; t++) {
+            double n2 = 0;
+            for (int c = 0; c < D; c++) n2 += pow(k[l][t * D + c] = kt_randn(&seed), 2);
+            for (int c = 0; c < D; c++) k[l][t * D + c] /= (float)sqrt(n2);
+        }
+        for (int h = 0; h < NH; h++)
+            for (int j = 0; j < NQ; j++)
+                for (int c = 0; c < D; c++)
+                    q[l][(h * NQ + j) * D + c] = l == 0 ? 0.0f : 60.0f * k[l][(17 + 5 * j) * D + c];
+    }
+    kvc_writer *w;
+    if (kvc_writer_new(&w)) return NULL;
+    char name[32];
+    for (int l = 0; l < L; l++) {
+        const int64_t kv[3] = {H, T, D}, qs[3] = {NH, NQ, D};
+        snprintf(name, sizeof name, "layers.%d.k", l);
+        kvc_writer_add(w, name, KV_DT_F32, 3, kv, k[l]);
+        snprintf(name, sizeof name, "layers.%d.v", l);
+        kvc_writer_add(w, name, KV_DT_F32, 3, kv, v[l]);
+        snprintf(name, sizeof name, "layers.%d.q", l);
+        kvc_writer_add(w, name, KV_DT_F32, 3, qs, q[l]);
+    }
+    strcpy(path, "/tmp/kvtest_profile_XXXXXX");
+    int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    kvc_file *f = NULL;
+    if (fd < 0 || kvc_writer_write(w, path, 0) || kvc_open(path, &f)) f = NULL;
+    kvc_writer_free(w);
+    return f;
+}
+
+static void test_scores_on_uniform_and_one_hot_attention(void)
+{
+    char path[64];
+    kvc_file *f = constructed_cache(path);
+    KT_REQUIRE(f, "cache: %s", kv_errdetail());
+    kv_profile_params p;
+    kv_profile_params_default(&p);
+    p.residual = 0;
+    p.group = 16;
+    p.budget = 16;
+    p.sink = 2;
+    p.window = 2;
+    kv_profile a;
+    memset(&a, 0, sizeof a);
+    KT_OK(kv_profile_add(&a, f, &p));
+    KT_OK(kv_profile_add(&a, f, &p)); /* two "documents": same means */
+    kv_profile_finish(&a);
+    KT_CHECK(a.n_layers == 2 && a.n_heads == 2 && a.n_q == NQ, "geometry");
+    /* uniform: query j sees n = T-NQ+j+1 keys, top ceil(0.05 n) of them */
+    double want = 0;
+    for (int j = 0; j < NQ; j++) {
+        int n = T - NQ + j + 1;
+        want += 1.0 - ceil(0.05 * n) / n;
+    }
+    want /= NQ;
+    KT_NEAR(a.layer_score[0], want, 1e-5);
+    KT_CHECK(a.layer_score[1] < 0.02, "one-hot score %g", a.layer_score[1]);
+    /* one-hot attention: the top-K approximation finds the one key */
+    KT_CHECK(a.layer_sparse[1] < 0.02, "one-hot sparse error %g", a.layer_sparse[1]);
+    /* uniform attention over 200 tokens with 20 kept: large error */
+    KT_CHECK(a.layer_sparse[0] > 0.3, "uniform sparse error %g", a.layer_sparse[0]);
+    KT_CHECK(a.layer_q2[0] < a.layer_q1[0], "2-bit %g not below 1-bit %g", a.layer_q2[0],
+             a.layer_q1[0]);
+    kv_deploy d;
+    KT_OK(kv_profile_deploy(&a, &p, &d));
+    KT_CHECK(d.n_quant == 1 && d.quant_layers[0] == 0 && d.n_sparse == 1 && d.sparse_layers[0] == 1,
+             "classification");
+    /* the JSON output parses back as a deploy config */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    kv_profile_write_json(&a, &p, &d, mf);
+    fclose(mf);
+    kv_deploy back;
+    KT_OK(kv_deploy_parse(buf, len, 2, &back));
+    KT_CHECK(back.n_quant == 1 && back.quant_layers[0] == 0 && back.budget == 16 && back.sink == 2,
+             "round trip");
+    kv_deploy_clear(&back);
+    free(buf);
+    kv_deploy_clear(&d);
+    kv_profile_free(&a);
+    kvc_free(f);
+    unlink(path);
+}
+
+static void test_profile_needs_queries(void)
+{
+    char path[64] = "/tmp/kvtest_noq_XXXXXX";
+    int fd = mkstemp(path);
+    KT_REQUIRE(fd >= 0, "mkstemp");
+    close(fd);
+    static float k[2 * 10 * 8];
+    kvc_writer *w;
+    KT_OK(kvc_writer_new(&w));
+    const int64_t s[3] = {2, 10, 8};
+    kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, s, k);
+    kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, s, k);
+    kv_status st = kvc_writer_write(w, path, 0);
+    kvc_writer_free(w);
+    KT_REQUIRE(st == KV_OK, "write: %s", kv_errdetail());
+    kvc_file *f;
+    KT_OK(kvc_open(path, &f));
+    kv_profile_params p;
+    kv_profile_params_default(&p);
+    kv_profile a;
+    memset(&a, 0, sizeof a);
+    KT_CHECK(kv_profile_add(&a, f, &p) == KV_E_DATA, "no queries accepted");
+    kv_profile_free(&a);
+    kvc_free(f);
+    unlink(path);
+}
+
+static void test_attention_error_of_identical_cache_is_zero(void)
+{
+    float q[2 * 3 * 8], k[1 * 10 * 8], v[1 * 10 * 8], k2[80];
+    for (int i = 0; i < 48; i++) q[i] = kt_randn(&seed);
+    for (int i = 0; i < 80; i++) k[i] = kt_randn(&seed), v[i] = kt_randn(&seed);
+    double ph[2];
+    KT_CHECK(kv_attn_rel_error(q, 2, 3, k, v, k, v, 1, 10, 8, ph) == 0, "identical");
+    memcpy(k2, k, sizeof k2);
+    k2[9 * 8] += 3;
+    KT_CHECK(kv_attn_rel_error(q, 2, 3, k, v, k2, v, 1, 10, 8, ph) > 0 && ph[0] > 0, "changed key");
+}
+
+static const char *good = "{\"deploy\": {\"version\": 1, \"n_layers\": 4, \"quant_layers\": [0, 2],"
+                          " \"sparse_layers\": [3], \"bits\": 2, \"group\": 32, \"residual\": 64,"
+                          " \"budget\": 0.1, \"channels\": 4, \"sink\": 4, \"window\": 28}}";
+
+static void test_deploy_parse_and_apply(void)
+{
+    kv_deploy d;
+    KT_OK(kv_deploy_parse(good, strlen(good), 4, &d));
+    KT_CHECK(d.n_quant == 2 && d.n_sparse == 1 && d.bits == 2 && d.budget == 0 &&
+                 fabs(d.budget_frac - 0.1) < 1e-12, "fields");
+    kv_policy_params pl[4];
+    kv_deploy_apply(&d, 4, pl);
+    KT_CHECK(pl[0].kind == KV_POL_QUANT && pl[0].bits == 2 && pl[0].group == 32 && pl[0].residual == 64,
+             "layer 0");
+    KT_CHECK(pl[1].kind == KV_POL_FULL, "layer 1 full");
+    KT_CHECK(pl[3].kind == KV_POL_SPARSE && pl[3].channels == 4 && pl[3].topk == 0 &&
+                 fabs(pl[3].topk_frac - 0.1) < 1e-12 && pl[3].sink == 4 && pl[3].window == 28,
+             "layer 3");
+    bool m[4];
+    kv_deploy_quant_mask(&d, 4, m);
+    KT_CHECK(m[0] && !m[1] && m[2] && !m[3], "mask");
+    kv_deploy_clear(&d);
+}
+
+static void test_deploy_rejects_bad_configs(void)
+{
+    const char *bad[] = {
+        "{",                                                  /* not JSON */
+        "[1, 2]",                                             /* not an object */
+        "{\"quant_layers\": [0]}",                            /* missing list */
+        "{\"quant_layers\": [0], \"sparse_layers\": \"1\"}",  /* wrong type */
+        "{\"quant_layers\": [0, 9], \"sparse_layers\": []}",  /* out of range */
+        "{\"quant_layers\": [-1], \"sparse_layers\": []}",
+        "{\"quant_layers\": [1.5], \"sparse_layers\": []}",
+        "{\"quant_layers\": [1], \"sparse_layers\": [1]}",    /* both */
+        "{\"quant_layers\": [1, 1], \"sparse_layers\": []}",  /* twice */
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"bits\": 3}",
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"bits\": \"1\"}",
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"budget\": -2}",
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"method\": \"gptq\"}",
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"bitz\": 1}", /* typo */
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"n_layers\": 7}", /* model has 4 */
+        "{\"quant_layers\": [], \"sparse_layers\": [], \"version\": 2}",
+        "{\"deploy\": 5}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kv_deploy d;
+        kv_errclear();
+        kv_status st = kv_deploy_parse(bad[i], strlen(bad[i]), 4, &d);
+        KT_CHECK(st == KV_E_DATA && kv_errdetail()[0], "accepted %s", bad[i]);
+        KT_CHECK(d.quant_layers == NULL && d.sparse_layers == NULL, "lists freed for %s", bad[i]);
+    }
+    kv_policy_params pl[4];
+    KT_CHECK(kv_deploy_load("/nonexistent/p.json", 4, pl) == KV_E_NOINPUT, "missing file");
+}
+
+static void test_layer_list(void)
+{
+    bool s[8];
+    KT_OK(kv_layer_list_parse("0,2,5-7", 8, s));
+    KT_CHECK(s[0] && !s[1] && s[2] && !s[3] && !s[4] && s[5] && s[6] && s[7], "set");
+    KT_CHECK(kv_layer_list_parse("8", 8, s) == KV_E_USAGE, "out of range");
+    KT_CHECK(kv_layer_list_parse("3-1", 8, s) == KV_E_USAGE, "reversed");
+    KT_CHECK(kv_layer_list_parse("1,,2", 8, s) == KV_E_USAGE, "empty item");
+    KT_CHECK(kv_layer_list_parse("x", 8, s) == KV_E_USAGE, "letters");
+    KT_OK(kv_layer_list_parse("all", 8, s));
+    KT_CHECK(s[0] && s[7], "all");
+}
+
+int main(void)
+{
+    KT_RUN(test_scores_on_uniform_and_one_hot_attention);
+    KT_RUN(test_profile_needs_queries);
+    KT_RUN(test_attention_error_of_identical_cache_is_zero);
+    KT_RUN(test_deploy_parse_and_apply);
+    KT_RUN(test_deploy_rejects_bad_configs);
+    KT_RUN(test_layer_list);
+    return kt_done();
+}

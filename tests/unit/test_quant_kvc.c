@@ -1,0 +1,232 @@
+/*
+ * Unit tests of packed layers in .kvc files (lib/kv_quant.c): KIVI and DSQ
+ * parts written with kv_kivi_write / kv_dsq_write decode exactly after a
+ * file round trip, byte counts match the layout formulas, inconsistent DSQ
+ * parts are rejected with KV_E_DATA, and kv_quant_file transcodes a file
+ * (selected layers, decode, report).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kt.h"
+#include "kv_quant.h"
+
+#define KT_OK(call)                                                              \
+    do {                                                                         \
+        kv_status st_ = (call);                                                  \
+        KT_REQUIRE(st_ == KV_OK, "%s: %s", #call, kv_errdetail());               \
+    } while (0)
+
+static unsigned long long seed = 0x5151515151515151ULL;
+enum { H = 2, T = 150, D = 32 };
+static float xk[H * T * D], xv[H * T * D];
+
+static void fill(void)
+{
+    for (int i = 0; i < H * T * D; i++) {
+        xk[i] = kt_randn(&seed) + (i % D == 4 ? 5.0f : 0.0f);
+        xv[i] = kt_randn(&seed);
+    }
+}
+
+static kv_geom geom(int layers)
+{
+    kv_geom g;
+    memset(&g, 0, sizeof g);
+    kv_geom_defaults(&g);
+    g.n_layers = layers;
+    g.n_kv_heads = H;
+    g.head_dim = D;
+    g.n_tokens = T;
+    return g;
+}
+
+/* Write w to a temp file and open it (NULL on failure, detail kept). */
+static kvc_file *reopen(kvc_writer *w, char *path)
+{
+    strcpy(path, "/tmp/kvtest_qkvc_XXXXXX");
+    int fd = mkstemp(path);
+    if (fd < 0) return NULL;
+    close(fd);
+    kvc_file *f = NULL;
+    if (kvc_writer_write(w, path, 0) || kvc_open(path, &f)) f = NULL;
+    return f;
+}
+
+static void test_kivi_and_dsq_layers_round_trip(void)
+{
+    fill();
+    kv_kivi_params kp = {2, 32, 40};
+    kv_dsq_params dp;
+    kv_dsq_params_default(&dp);
+    kv_kivi_packed k0, v0;
+    kv_dsq_packed k1, v1;
+    KT_OK(kv_kivi_pack(xk, KV_KIVI_KEYS, &kp, H, T, D, &k0));
+    KT_OK(kv_kivi_pack(xv, KV_KIVI_VALUES, &kp, H, T, D, &v0));
+    KT_OK(kv_dsq_pack(xk, NULL, KV_KIVI_KEYS, &dp, H, T, D, &k1));
+    KT_OK(kv_dsq_pack(xv, NULL, KV_KIVI_VALUES, &dp, H, T, D, &v1));
+    kvc_writer *w;
+    KT_OK(kvc_writer_new(&w));
+    kv_geom g = geom(2);
+    KT_OK(kvc_writer_geom(w, &g));
+    KT_OK(kv_kivi_write(w, 0, 'k', &k0));
+    KT_OK(kv_kivi_write(w, 0, 'v', &v0));
+    KT_OK(kv_dsq_write(w, 1, 'k', &k1));
+    KT_OK(kv_dsq_write(w, 1, 'v', &v1));
+    char path[64];
+    kvc_file *f = reopen(w, path);
+    kvc_writer_free(w);
+    KT_REQUIRE(f, "reopen: %s", kv_errdetail());
+    static float got[H * T * D], want[H * T * D];
+    kv_encoding e;
+    KT_OK(kv_layer_encoding(f, 1, 'v', &e));
+    KT_CHECK(e == KV_ENC_DSQ, "encoding %d", e);
+    struct { int layer; char which; } parts[] = {{0, 'k'}, {0, 'v'}, {1, 'k'}, {1, 'v'}};
+    for (int i = 0; i < 4; i++) {
+        KT_OK(kv_layer_decode(f, parts[i].layer, parts[i].which, got));
+        size_t bytes;
+        if (i == 0) kv_kivi_unpack(&k0, want), bytes = kv_kivi_bytes(KV_KIVI_KEYS, &kp, H, T, D);
+        else if (i == 1) kv_kivi_unpack(&v0, want), bytes = kv_kivi_bytes(KV_KIVI_VALUES, &kp, H, T, D);
+        else if (i == 2) kv_dsq_unpack(&k1, want), bytes = kv_dsq_bytes(KV_KIVI_KEYS, &dp, H, T, D);
+        else kv_dsq_unpack(&v1, want), bytes = kv_dsq_bytes(KV_KIVI_VALUES, &dp, H, T, D);
+        KT_CHECK(!memcmp(got, want, sizeof got), "part %d decodes differently", i);
+        KT_CHECK(kv_layer_bytes(f, parts[i].layer, parts[i].which) == bytes, "part %d bytes %llu vs %zu",
+                 i, (unsigned long long)kv_layer_bytes(f, parts[i].layer, parts[i].which), bytes);
+    }
+    kvc_free(f);
+    unlink(path);
+    kv_kivi_free(&k0);
+    kv_kivi_free(&v0);
+    kv_dsq_free(&k1);
+    kv_dsq_free(&v1);
+}
+
+/* A DSQ layer whose part `bad` is replaced by a tampered copy. */
+static kv_status open_tampered(const char *bad, const char *meta_key, const char *meta_val)
+{
+    kv_dsq_params dp;
+    kv_dsq_params_default(&dp);
+    kv_dsq_packed k1, v1;
+    kv_dsq_pack(xk, NULL, KV_KIVI_KEYS, &dp, H, T, D, &k1);
+    kv_dsq_pack(xv, NULL, KV_KIVI_VALUES, &dp, H, T, D, &v1);
+    kvc_writer *w;
+    kvc_writer_new(&w);
+    kv_geom g = geom(1);
+    kvc_writer_geom(w, &g);
+    kv_dsq_packed kb = k1;
+    uint8_t mask_bad[H * 2 * 8];
+    if (!strcmp(bad, "mask")) {
+        memcpy(mask_bad, k1.mask, sizeof mask_bad);
+        mask_bad[3] ^= 0x10; /* one salient token too many or too few */
+        kb.mask = mask_bad;
+    }
+    if (!strcmp(bad, "base")) kb.base = NULL; /* keys without their base */
+    kv_dsq_write(w, 0, 'k', &kb);
+    kv_dsq_write(w, 0, 'v', &v1);
+    if (meta_key) kvc_writer_meta(w, meta_key, meta_val);
+    char path[64];
+    kvc_file *f = reopen(w, path);
+    kvc_writer_free(w);
+    kv_status st = KV_E_IO;
+    if (f) {
+        static float out[H * T * D];
+        kv_errclear();
+        st = kv_layer_decode(f, 0, 'k', out);
+        kvc_free(f);
+    } else {
+        st = KV_E_DATA; /* rejected at open: also fine */
+    }
+    unlink(path);
+    kv_dsq_free(&k1);
+    kv_dsq_free(&v1);
+    return st;
+}
+
+static void test_inconsistent_dsq_layers_are_rejected(void)
+{
+    fill();
+    KT_CHECK(open_tampered("none", NULL, NULL) == KV_OK, "untouched: %s", kv_errdetail());
+    KT_CHECK(open_tampered("mask", NULL, NULL) == KV_E_DATA, "mask count");
+    KT_CHECK(strstr(kv_errdetail(), "salient") != NULL, "message: %s", kv_errdetail());
+    KT_CHECK(open_tampered("base", NULL, NULL) == KV_E_DATA, "missing base");
+    KT_CHECK(open_tampered("none", "layers.0.k.salient", "12") == KV_E_DATA, "sal shape");
+    KT_CHECK(strstr(kv_errdetail(), "shape") != NULL, "message: %s", kv_errdetail());
+    KT_CHECK(open_tampered("none", "layers.0.k.window", "6x") == KV_E_DATA, "window not a number");
+    KT_CHECK(open_tampered("none", "layers.0.k.bits", "3") == KV_E_DATA, "3 bits");
+    KT_CHECK(open_tampered("none", "layers.0.k.group", "12") == KV_E_DATA, "group not dividing D");
+}
+
+static void test_transcode_selected_layers_and_decode(void)
+{
+    fill();
+    kvc_writer *w;
+    KT_OK(kvc_writer_new(&w));
+    kv_geom g = geom(2);
+    KT_OK(kvc_writer_geom(w, &g));
+    const int64_t s[3] = {H, T, D};
+    KT_OK(kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, s, xk));
+    KT_OK(kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, s, xv));
+    KT_OK(kvc_writer_add(w, "layers.1.k", KV_DT_F32, 3, s, xv));
+    KT_OK(kvc_writer_add(w, "layers.1.v", KV_DT_F32, 3, s, xk));
+    char p1[64], p2[64];
+    kvc_file *f = reopen(w, p1);
+    kvc_writer_free(w);
+    KT_REQUIRE(f, "input: %s", kv_errdetail());
+    bool sel[2] = {false, true};
+    kv_quant_opts o;
+    memset(&o, 0, sizeof o);
+    o.method = KV_ENC_KIVI;
+    o.kivi = (kv_kivi_params){1, 32, 0};
+    o.layers = sel;
+    kv_quant_report r;
+    KT_OK(kvc_writer_new(&w));
+    KT_OK(kv_quant_file(f, &o, w, &r));
+    kvc_file *q = reopen(w, p2);
+    kvc_writer_free(w);
+    KT_REQUIRE(q, "output: %s", kv_errdetail());
+    kv_encoding e0, e1;
+    KT_OK(kv_layer_encoding(q, 0, 'k', &e0));
+    KT_OK(kv_layer_encoding(q, 1, 'k', &e1));
+    KT_CHECK(e0 == KV_ENC_PLAIN && e1 == KV_ENC_KIVI, "encodings %d %d", e0, e1);
+    uint64_t plain = 2ull * H * T * D * 4;
+    uint64_t packed = kv_kivi_bytes(KV_KIVI_KEYS, &o.kivi, H, T, D) +
+                      kv_kivi_bytes(KV_KIVI_VALUES, &o.kivi, H, T, D);
+    KT_CHECK(r.kv_bytes_in == 2 * plain && r.kv_bytes_out == plain + packed, "bytes %llu %llu",
+             (unsigned long long)r.kv_bytes_in, (unsigned long long)r.kv_bytes_out);
+    KT_CHECK(r.k_mse[0] == 0 && r.k_mse[1] > 0 && r.v_max[1] > 0, "errors");
+    KT_CHECK(isnan(r.attn_err[1]), "no queries: attention error is NaN");
+    kv_quant_report_free(&r);
+    /* decoding gives F16 layers equal to the KIVI decode rounded to fp16 */
+    o.decode = true;
+    KT_OK(kvc_writer_new(&w));
+    KT_OK(kv_quant_file(q, &o, w, &r));
+    char p3[64];
+    kvc_file *d = reopen(w, p3);
+    kvc_writer_free(w);
+    KT_REQUIRE(d, "decoded: %s", kv_errdetail());
+    const kvc_tensor *t = kvc_layer(d, 1, "k");
+    KT_REQUIRE(t && t->dtype == KV_DT_F16, "layers.1.k is F16");
+    static float a[H * T * D], b[H * T * D];
+    KT_OK(kv_layer_decode(q, 1, 'k', a));
+    KT_OK(kv_layer_decode(d, 1, 'k', b));
+    int bad = 0;
+    for (int i = 0; i < H * T * D; i++) bad += kv_round_half(a[i]) != b[i];
+    KT_CHECK(bad == 0, "%d values differ", bad);
+    kv_quant_report_free(&r);
+    kvc_free(d);
+    kvc_free(q);
+    kvc_free(f);
+    unlink(p1);
+    unlink(p2);
+    unlink(p3);
+}
+
+int main(void)
+{
+    KT_RUN(test_kivi_and_dsq_layers_round_trip);
+    KT_RUN(test_inconsistent_dsq_layers_are_rejected);
+    KT_RUN(test_transcode_selected_layers_and_decode);
+    return kt_done();
+}
