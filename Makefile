@@ -55,17 +55,24 @@ endif
 
 LIB_OBJ := $(patsubst lib/%.c,$(B)/obj/%.o,$(LIB_SRC))
 
-.PHONY: all check demo install clean deps fuzz unit unit-asan bats bench print-build
+.PHONY: FORCE all check demo install clean deps fuzz unit unit-asan bats bench print-build
 all: print-build $(TOOLS) unit-bins
 
 print-build:
 	@echo "kvtools: building $(BUILD_KIND)"
 
-$(B)/obj/%.o: lib/%.c $(HDRS)
+# Objects depend on the flags they were built with (CUDA=0/1, OPT, ...).
+$(B)/flags.stamp: FORCE
+	@mkdir -p $(@D)
+	@echo '$(CC) $(CFLAGS_ALL) $(NVCC) $(NVCC_ARCH)' > $@.new; \
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+FORCE:
+
+$(B)/obj/%.o: lib/%.c $(HDRS) $(B)/flags.stamp
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c -o $@ $<
 
-$(B)/cuda/%.o: kernels/%.cu $(HDRS)
+$(B)/cuda/%.o: kernels/%.cu $(HDRS) $(B)/flags.stamp
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -Ilib -Ikernels -DKV_HAVE_CUDA -c -o $@ $<
 

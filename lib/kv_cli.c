@@ -9,6 +9,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,9 +41,26 @@ static const kv_option common_opts[] = {
 
 const char *kv_progname(void) { return progname; }
 
+/* On SIGINT/SIGTERM/SIGHUP/SIGPIPE remove temp files of unfinished atomic
+ * writes, then die of the same signal so the parent sees why. */
+static void on_fatal_signal(int sig)
+{
+    kv_outfile_cleanup_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 void kv_cli_init(const kv_cli_spec *spec, int argc, char **argv)
 {
     (void)argc;
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
+    }
     the_spec = spec;
     progname = spec->name;
     if (argv && argv[0]) {

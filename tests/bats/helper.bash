@@ -1,3 +1,4 @@
+bats_require_minimum_version 1.5.0
 # Shared helper loaded by every bats file: paths, bats-assert/support, and
 # small JSON helpers (JSON is parsed with python3, never grepped).
 load '/usr/lib/bats/bats-support/load'

@@ -30,8 +30,14 @@ static int kt_count, kt_fail_count, kt_cur_failed;
 /* Stop the current test (e.g. after a failed open). */
 #define KT_REQUIRE(cond, ...)                                                 \
     do {                                                                      \
-        KT_CHECK(cond, __VA_ARGS__);                                          \
-        if (!(cond)) return;                                                  \
+        if (!(cond)) { /* evaluated once: cond may have effects */            \
+            kt_cur_failed = 1;                                                \
+            fprintf(stdout, "#   %s:%d: required check failed: %s: ",         \
+                    __FILE__, __LINE__, #cond);                               \
+            fprintf(stdout, __VA_ARGS__);                                     \
+            fputc('\n', stdout);                                              \
+            return;                                                           \
+        }                                                                     \
     } while (0)
 
 #define KT_NEAR(a, b, tol)                                                    \
