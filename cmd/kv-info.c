@@ -219,9 +219,8 @@ int main(int argc, char **argv)
             if (!rc) rc = code;
             continue;
         }
-        const char *name = strcmp(path, "-") ? path : "-";
         if (json) {
-            cJSON *o = file_json(name, f);
+            cJSON *o = file_json(path, f);
             if (all) {
                 cJSON_AddItemToArray(all, o);
             } else {
@@ -232,7 +231,7 @@ int main(int argc, char **argv)
             }
         } else {
             if (i > optind_) printf("\n");
-            print_table(name, f);
+            print_table(path, f);
         }
         kvc_free(f);
     }

@@ -290,6 +290,11 @@ static void parse_opts(int argc, char **argv, run_opts *o)
     if (!!o->prompt + !!o->prompt_file + !!o->tokens + !!o->random_prompt + !!o->score > 1)
         kv_cli_usage_error("give at most one of --prompt, --prompt-file, --tokens, --random-prompt, --score-file");
     if (o->policy && o->profile) kv_cli_usage_error("--policy and --profile are exclusive");
+    kv_store_dtype dt;
+    if (o->kv_dtype && kv_store_dtype_parse(o->kv_dtype, &dt))
+        kv_cli_usage_error("--kv-dtype must be f32, f16 or bf16");
+    if (o->weights && strcmp(o->weights, "f32") && strcmp(o->weights, "f16") && strcmp(o->weights, "bf16"))
+        kv_cli_usage_error("--weights must be f32, f16 or bf16");
     int on_stdout = (o->report && !strcmp(o->report, "-")) + (o->dump && !strcmp(o->dump, "-")) + !!o->score;
     if (on_stdout > 1) kv_cli_usage_error("only one of --report -, --dump-kv - and --score-file can use stdout");
     if (o->prompt_file && o->tokens && !strcmp(o->prompt_file, "-") && !strcmp(o->tokens, "-"))
@@ -323,8 +328,7 @@ int main(int argc, char **argv)
         if (o.weights) {
             if (!strcmp(o.weights, "f32")) wt = KV_W_F32;
             else if (!strcmp(o.weights, "f16")) wt = KV_W_F16;
-            else if (!strcmp(o.weights, "bf16")) wt = KV_W_BF16;
-            else kv_cli_usage_error("--weights must be f32, f16 or bf16");
+            else wt = KV_W_BF16; /* checked in parse_opts */
         }
         st = kv_model_synthetic(o.synth, o.seed, wt, &m);
     } else {
@@ -401,10 +405,10 @@ int main(int argc, char **argv)
         rc = kv_report(st, o.profile ? "bad --profile %s" : "bad --policy", o.profile);
         goto out;
     }
+    kv_store_dtype dump_dt = KV_STORE_F32;
     if (o.kv_dtype) {
-        kv_store_dtype dt;
-        if (kv_store_dtype_parse(o.kv_dtype, &dt)) kv_cli_usage_error("--kv-dtype must be f32, f16 or bf16");
-        for (int l = 0; l < c->n_layers; l++) prm[l].dtype = dt;
+        kv_store_dtype_parse(o.kv_dtype, &dump_dt); /* checked in parse_opts */
+        for (int l = 0; l < c->n_layers; l++) prm[l].dtype = dump_dt;
     }
     int ctx = o.ctx ? o.ctx : c->seq_len;
     if (!o.ctx && !o.score && n_prompt + o.steps > ctx) ctx = n_prompt + o.steps; /* beyond training length */
@@ -459,7 +463,7 @@ int main(int argc, char **argv)
     }
     double prefill_ms = now_ms() - t0;
     kv_note(1, "prefill: %d tokens in %.1f ms", n_prompt, prefill_ms);
-    if (o.dump && (st = kv_engine_dump_kvc(e, prompt, n_prompt, prm[0].dtype, o.dump))) {
+    if (o.dump && (st = kv_engine_dump_kvc(e, prompt, n_prompt, dump_dt, o.dump))) {
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }

@@ -6,45 +6,74 @@
  */
 #include "attn_f16.cuh"
 
-template <int D, int HPG>
+#include <stdlib.h>
+
+template <int D, int HPG, bool PF>
 __global__ void __launch_bounds__(KV_F16_THREADS)
     attn_f16_split(const __half *__restrict__ q, const __half *__restrict__ k,
                    const __half *__restrict__ v, float *__restrict__ part, int T,
                    long long head_stride, int tokens_per_split, float qscale)
 {
     __shared__ float qs[HPG * D];
+    __shared__ float scratch[kv_f16_smem_floats(D, HPG)];
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     for (int i = threadIdx.x; i < HPG * D; i += KV_F16_THREADS)
         qs[i] = __half2float(q[(size_t)kvh * HPG * D + i]) * qscale;
     __syncthreads();
     int t0 = split * tokens_per_split, t1 = min(T, t0 + tokens_per_split);
-    kv_f16_block_partial<D, HPG>(qs, k + (size_t)kvh * head_stride, v + (size_t)kvh * head_stride,
-                                 t0, t1, part, kvh, split, nsplit);
+    kv_f16_block_partial<D, HPG, PF>(qs, k + (size_t)kvh * head_stride,
+                                     v + (size_t)kvh * head_stride, t0, t1, part, kvh, split, nsplit,
+                                     scratch);
 }
 
-__global__ void attn_combine(const float *__restrict__ part, int D, int nsplit,
-                             float *__restrict__ out)
+/* One block per query head: the max and sum over splits in parallel, then
+ * warp w accumulates splits w, w+4, ... (lanes over channels, coalesced), and
+ * the warps are summed.  Every loop has independent loads, so a few hundred
+ * splits cost a few memory latencies rather than one per split. */
+#define KV_COMBINE_THREADS 128
+__global__ void __launch_bounds__(KV_COMBINE_THREADS)
+    attn_combine(const float *__restrict__ part, int D, int nsplit, float *__restrict__ out)
 {
-    const int qh = blockIdx.x;
-    const float *rec = part + (size_t)qh * nsplit * (D + 2);
+    __shared__ float red[KV_COMBINE_THREADS / 32];
+    __shared__ float acc_sm[KV_COMBINE_THREADS / 32][128];
+    const int qh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t stride = (size_t)D + 2;
+    const float *rec = part + (size_t)qh * nsplit * stride;
+
     float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, rec[(size_t)s * (D + 2)]);
-    for (int c = threadIdx.x; c < D; c += blockDim.x) {
-        float L = 0.0f, O = 0.0f;
-        for (int s = 0; s < nsplit; s++) {
-            const float *r = rec + (size_t)s * (D + 2);
-            float f = kv_exp2_diff(r[0], M);
-            L += r[1] * f;
-            O += r[2 + c] * f;
-        }
-        out[(size_t)qh * D + c] = O / L;
+    for (int s = threadIdx.x; s < nsplit; s += KV_COMBINE_THREADS) M = fmaxf(M, rec[s * stride]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(KV_FULL_MASK, M, o));
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    __syncthreads();
+
+    float L = 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* channels lane + 32j, D <= 128 */
+#pragma unroll 4
+    for (int s = warp; s < nsplit; s += KV_COMBINE_THREADS / 32) {
+        const float *r = rec + s * stride;
+        float f = kv_exp2_diff(r[0], M);
+        L += r[1] * f;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (lane + 32 * j < D) acc[j] += r[2 + lane + 32 * j] * f;
     }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (lane + 32 * j < D) acc_sm[warp][lane + 32 * j] = acc[j];
+    if (lane == 0) red[warp] = L;
+    __syncthreads();
+    L = red[0] + red[1] + red[2] + red[3];
+    for (int c = threadIdx.x; c < D; c += KV_COMBINE_THREADS)
+        out[(size_t)qh * D + c] = (acc_sm[0][c] + acc_sm[1][c] + acc_sm[2][c] + acc_sm[3][c]) / L;
 }
 
 cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, float *out,
                             cudaStream_t stream)
 {
-    attn_combine<<<n_heads, D, 0, stream>>>(part, D, nsplit, out);
+    attn_combine<<<n_heads, KV_COMBINE_THREADS, 0, stream>>>(part, D, nsplit, out);
     CUDA_CHECK_KERNEL("attn_combine");
     return cudaSuccess;
 }
@@ -61,40 +90,68 @@ static bool f16_dims_ok(const kv_cuda_attn_dims *d)
     return d->head_stride >= (long long)d->T * d->head_dim;
 }
 
-/* Tokens per split: about one wave of blocks (4 resident per SM is what the
- * register use of the HPG=4 instance allows), a multiple of a block step. */
-static int f16_tokens_per_split(const kv_cuda_attn_dims *d)
+typedef void (*f16_kernel)(const __half *, const __half *, const __half *, float *, int,
+                           long long, int, float);
+
+/* Prefetching the next step's rows is the default; KV_F16_PREFETCH=0 in the
+ * environment selects the single-buffered loop (kept for measurement). */
+static bool f16_prefetch(void)
 {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KV_F16_PREFETCH");
+        v = e ? atoi(e) != 0 : 1;
+    }
+    return v != 0;
+}
+
+static f16_kernel f16_pick(int D, int hpg, bool pf, int *slot)
+{
+    int i = 0;
+#define KV_F16_PICK(DD, HH)                                                      \
+    if (D == DD && hpg == HH) {                                                  \
+        *slot = 2 * i + pf;                                                      \
+        return pf ? attn_f16_split<DD, HH, true> : attn_f16_split<DD, HH, false>; \
+    }                                                                            \
+    i++;
+    KV_F16_PICK(128, 4) KV_F16_PICK(128, 8) KV_F16_PICK(128, 2) KV_F16_PICK(128, 1)
+    KV_F16_PICK(64, 4) KV_F16_PICK(64, 8) KV_F16_PICK(64, 2) KV_F16_PICK(64, 1)
+#undef KV_F16_PICK
+    return nullptr;
+}
+
+/* Tokens per split and split count: about one wave of resident blocks (from
+ * the occupancy of the instance, cached), a whole number of block steps. */
+static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *tps_out,
+                            int *nsplit_out)
+{
+    static thread_local int occ[16] = {0};
+    int slot = 0;
+    f16_kernel k = f16_pick(d->head_dim, d->n_heads / d->kv_heads, f16_prefetch(), &slot);
+    if (!k) return cudaErrorInvalidValue;
+    if (!occ[slot]) {
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, KV_F16_THREADS, 0));
+        occ[slot] = per_sm < 1 ? 1 : per_sm;
+    }
     int step = kv_f16_block_step(d->head_dim);
-    int target_blocks = 4 * kv_cuda_sm_count();
+    int target_blocks = occ[slot] * kv_cuda_sm_count();
     int nsplit = (target_blocks + d->kv_heads - 1) / d->kv_heads;
     int tps = (d->T + nsplit - 1) / nsplit;
     tps = (tps + step - 1) / step * step;
-    return tps < step ? step : tps;
-}
-
-static int f16_nsplit(const kv_cuda_attn_dims *d)
-{
-    int tps = f16_tokens_per_split(d);
-    return (d->T + tps - 1) / tps;
+    if (tps < step) tps = step;
+    *kern = k;
+    *tps_out = tps;
+    *nsplit_out = (d->T + tps - 1) / tps;
+    return cudaSuccess;
 }
 
 extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
 {
-    if (!f16_dims_ok(d)) return 0;
-    return (size_t)d->n_heads * f16_nsplit(d) * (d->head_dim + 2) * sizeof(float);
-}
-
-template <int D, int HPG>
-static cudaError_t launch_f16(const kv_cuda_attn_dims *d, const __half *q, const __half *k,
-                              const __half *v, float *part, int tps, int nsplit,
-                              cudaStream_t stream)
-{
-    dim3 grid(d->kv_heads, nsplit);
-    attn_f16_split<D, HPG><<<grid, KV_F16_THREADS, 0, stream>>>(
-        q, k, v, part, d->T, d->head_stride, tps, d->scale * KV_LOG2E);
-    CUDA_CHECK_KERNEL("attn_f16_split");
-    return cudaSuccess;
+    f16_kernel k;
+    int tps, nsplit;
+    if (!f16_dims_ok(d) || f16_plan(d, &k, &tps, &nsplit) != cudaSuccess) return 0;
+    return (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float);
 }
 
 extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q,
@@ -107,21 +164,14 @@ extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16
                        __LINE__);
         return cudaErrorInvalidValue;
     }
-    const __half *qh = reinterpret_cast<const __half *>(q);
-    const __half *kh = reinterpret_cast<const __half *>(k);
-    const __half *vh = reinterpret_cast<const __half *>(v);
+    f16_kernel kern;
+    int tps, nsplit;
+    CUDA_CHECK(f16_plan(d, &kern, &tps, &nsplit));
     float *part = static_cast<float *>(ws);
-    int tps = f16_tokens_per_split(d), nsplit = f16_nsplit(d);
-    int hpg = d->n_heads / d->kv_heads;
-    cudaError_t e;
-#define KV_F16_CASE(DD, HH)                                                            \
-    if (d->head_dim == DD && hpg == HH)                                                \
-        e = launch_f16<DD, HH>(d, qh, kh, vh, part, tps, nsplit, stream);              \
-    else
-    KV_F16_CASE(128, 4) KV_F16_CASE(128, 8) KV_F16_CASE(128, 2) KV_F16_CASE(128, 1)
-    KV_F16_CASE(64, 4) KV_F16_CASE(64, 8) KV_F16_CASE(64, 2) KV_F16_CASE(64, 1)
-    e = cudaErrorInvalidValue;
-#undef KV_F16_CASE
-    if (e != cudaSuccess) return e;
+    kern<<<dim3(d->kv_heads, nsplit), KV_F16_THREADS, 0, stream>>>(
+        reinterpret_cast<const __half *>(q), reinterpret_cast<const __half *>(k),
+        reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
+        d->scale * KV_LOG2E);
+    CUDA_CHECK_KERNEL("attn_f16_split");
     return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
 }

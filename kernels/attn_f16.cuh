@@ -23,6 +23,12 @@ __host__ __device__ constexpr int kv_f16_block_step(int D)
     return KV_F16_WARPS * (32 / (D / 8)) * KV_F16_UNROLL;
 }
 
+/* Shared scratch kv_f16_block_partial needs, in floats. */
+__host__ __device__ constexpr int kv_f16_smem_floats(int D, int HPG)
+{
+    return KV_F16_WARPS * HPG * (D + 2);
+}
+
 /* Merge online-softmax states (m, l, acc) b into a. */
 template <int N>
 __device__ __forceinline__ void kv_softmax_merge(float &m, float &l, float (&acc)[N], float mb,
@@ -36,22 +42,45 @@ __device__ __forceinline__ void kv_softmax_merge(float &m, float &l, float (&acc
     m = mn;
 }
 
+/* Issue the U K and V row loads of one warp step starting at token base. */
+template <int D, int U>
+__device__ __forceinline__ void kv_f16_load_step(const __half *__restrict__ k,
+                                                 const __half *__restrict__ v, int base, int t0,
+                                                 int t1, int sub, int cl, uint4 (&kr)[U],
+                                                 uint4 (&vr)[U], bool (&ok)[U])
+{
+    constexpr int TPW = 32 / (D / 8);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int t = base + u * TPW + sub;
+        ok[u] = t < t1;
+        size_t off = (size_t)(ok[u] ? t : t0) * D + cl * 8;
+        kr[u] = __ldg(reinterpret_cast<const uint4 *>(k + off));
+        vr[u] = __ldg(reinterpret_cast<const uint4 *>(v + off));
+    }
+}
+
 /*
  * One block (KV_F16_THREADS threads) attends query heads
  * [kvh*HPG, kvh*HPG + HPG) over tokens [t0, t1) of k/v (already offset to
  * the KV head) and writes HPG partial records at part + (qh*nsplit + split)*(D+2).
- *   qs: (HPG, D) floats in shared memory, query * scale * log2(e)
+ *   qs:   (HPG, D) floats in shared memory, query * scale * log2(e)
+ *   smem: kv_f16_smem_floats(D, HPG) floats of shared scratch (the caller's,
+ *         so that the packed kernel can lend its staging area)
+ * With PF, the next step's loads are issued before this step's arithmetic
+ * (twice the registers for rows in flight, no bubble between steps).
  */
-template <int D, int HPG>
+template <int D, int HPG, bool PF = true>
 __device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half *__restrict__ k,
                                      const __half *__restrict__ v, int t0, int t1,
-                                     float *__restrict__ part, int kvh, int split, int nsplit)
+                                     float *__restrict__ part, int kvh, int split, int nsplit,
+                                     float *smem)
 {
     constexpr int LPT = D / 8;   /* lanes per token row: 8 fp16 (16 bytes) each */
     constexpr int TPW = 32 / LPT; /* token rows per warp step */
     constexpr int U = KV_F16_UNROLL;
-    __shared__ float sm_o[KV_F16_WARPS][HPG][D];
-    __shared__ float sm_ml[KV_F16_WARPS][HPG][2];
+    float(*sm_o)[HPG][D] = reinterpret_cast<float(*)[HPG][D]>(smem);
+    float(*sm_ml)[HPG][2] = reinterpret_cast<float(*)[HPG][2]>(smem + KV_F16_WARPS * HPG * D);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int sub = lane / LPT, cl = lane % LPT;
@@ -71,16 +100,21 @@ __device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half 
         for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
     }
 
-    for (int base = t0 + warp * TPW * U; base < t1; base += KV_F16_WARPS * TPW * U) {
-        uint4 kr[U], vr[U];
+    constexpr int STEP = KV_F16_WARPS * TPW * U;
+    uint4 kn[U], vn[U];
+    bool okn[U];
+    int base = t0 + warp * TPW * U;
+    if (PF && base < t1) kv_f16_load_step<D, U>(k, v, base, t0, t1, sub, cl, kn, vn, okn);
+    for (; base < t1; base += STEP) {
+        uint4 kr[U], vr[U]; /* all loads first: 2U 16-byte loads in flight */
         bool ok[U];
+        if (PF) {
 #pragma unroll
-        for (int u = 0; u < U; u++) { /* all loads first: 2U 16-byte loads in flight */
-            int t = base + u * TPW + sub;
-            ok[u] = t < t1;
-            size_t off = (size_t)(ok[u] ? t : t0) * D + cl * 8;
-            kr[u] = __ldg(reinterpret_cast<const uint4 *>(k + off));
-            vr[u] = __ldg(reinterpret_cast<const uint4 *>(v + off));
+            for (int u = 0; u < U; u++) kr[u] = kn[u], vr[u] = vn[u], ok[u] = okn[u];
+            if (base + STEP < t1)
+                kv_f16_load_step<D, U>(k, v, base + STEP, t0, t1, sub, cl, kn, vn, okn);
+        } else {
+            kv_f16_load_step<D, U>(k, v, base, t0, t1, sub, cl, kr, vr, ok);
         }
         float s[U][HPG];
 #pragma unroll

@@ -7,6 +7,8 @@
  */
 #include "attn_kivi.cuh"
 
+#include <stdlib.h>
+
 template <int BITS, int G, int HPG>
 struct kivi_cfg {
     static constexpr int D = KV_KIVI_D;
@@ -38,9 +40,11 @@ struct kivi_args {
     float qscale;
 };
 
+/* Start copying group gi's codes, scales and zeros into dst (this warp's
+ * staging buffer) with cp.async, 16 bytes per lane per step, coalesced. */
 template <class C>
-__device__ __forceinline__ void kivi_stage_load(uint4 (&r)[C::NLD], const kivi_args &a, int kvh,
-                                                int gi, int lane)
+__device__ __forceinline__ void kivi_stage_async(uint4 *dst, const kivi_args &a, int kvh, int gi,
+                                                 int lane)
 {
     const uint4 *kc = reinterpret_cast<const uint4 *>(a.kc + ((size_t)kvh * a.nq + (size_t)gi * (C::MT * 16)) * C::RB);
     const uint4 *vc = reinterpret_cast<const uint4 *>(a.vc + ((size_t)kvh * a.nq + (size_t)gi * (C::MT * 16)) * C::RB);
@@ -58,19 +62,21 @@ __device__ __forceinline__ void kivi_stage_load(uint4 (&r)[C::NLD], const kivi_a
                                : i < C::O_VS ? kz + (i - C::O_KZ)
                                : i < C::O_VZ ? vs + (i - C::O_VS)
                                              : vz + (i - C::O_VZ);
-            r[j] = __ldg(src);
+            kv_cp_async16(dst + i, src);
         }
     }
 }
 
-template <int BITS, int G, int HPG>
-__global__ void __launch_bounds__(KV_KIVI_THREADS)
+template <int BITS, int G, int HPG, int MINB>
+__global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     attn_kivi_split(kivi_args a)
 {
     using C = kivi_cfg<BITS, G, HPG>;
     constexpr int D = C::D;
     __shared__ float qsm[HPG * D];
-    __shared__ __align__(16) uint4 stage[KV_KIVI_WARPS][C::TOTAL];
+    __shared__ __align__(16) uint4 stage[2][KV_KIVI_WARPS][C::TOTAL]; /* double buffer */
+    static_assert(2 * KV_KIVI_WARPS * C::TOTAL * 4 >= kv_f16_smem_floats(D, HPG),
+                  "residual blocks borrow the staging area");
     __shared__ float psm[KV_KIVI_WARPS][HPG * G];
     __shared__ float corr_sm[KV_KIVI_WARPS][HPG];
     __shared__ float ml_sm[KV_KIVI_WARPS][HPG][2];
@@ -83,8 +89,8 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS)
     if (split >= a.nsplit_p) { /* fp16 residual tokens */
         int t0 = (split - a.nsplit_p) * a.res_tps, t1 = min(a.nres, t0 + a.res_tps);
         size_t off = (size_t)kvh * a.nres * D;
-        kv_f16_block_partial<D, HPG>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
-                                     a.nsplit);
+        kv_f16_block_partial<D, HPG, false>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
+                                            a.nsplit, reinterpret_cast<float *>(&stage[0][0][0]));
         return;
     }
 
@@ -103,25 +109,24 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS)
         for (int i = 0; i < 4; i++) O[n][i] = 0.0f;
     float zacc0 = 0.0f, zacc1 = 0.0f, m_run = -INFINITY, l_run = 0.0f;
 
-    const uint8_t *skc = reinterpret_cast<const uint8_t *>(stage[warp]);
-    const uint8_t *svc = skc + G * C::RB;
-    const __half *sks = reinterpret_cast<const __half *>(stage[warp] + C::O_KS);
-    const __half *skz = reinterpret_cast<const __half *>(stage[warp] + C::O_KZ);
-    const __half *svs = reinterpret_cast<const __half *>(stage[warp] + C::O_VS);
-    const __half *svz = reinterpret_cast<const __half *>(stage[warp] + C::O_VZ);
     float *ps = psm[warp];
-
     const int gstart = split * a.gps, gend = min(a.ng, gstart + a.gps);
-    uint4 pre[C::NLD];
-    int gi = gstart + warp;
-    if (gi < gend) kivi_stage_load<C>(pre, a, kvh, gi, lane);
-    for (; gi < gend; gi += KV_KIVI_WARPS) {
+    int gi = gstart + warp, buf = 0;
+    if (gi < gend) kivi_stage_async<C>(stage[0][warp], a, kvh, gi, lane);
+    kv_cp_async_commit();
+    for (; gi < gend; gi += KV_KIVI_WARPS, buf ^= 1) {
+        /* the next group streams into the other buffer while this one is used */
+        if (gi + KV_KIVI_WARPS < gend)
+            kivi_stage_async<C>(stage[buf ^ 1][warp], a, kvh, gi + KV_KIVI_WARPS, lane);
+        kv_cp_async_commit();
+        kv_cp_async_wait<1>();
         __syncwarp();
-#pragma unroll
-        for (int j = 0; j < C::NLD; j++)
-            if (lane + 32 * j < C::TOTAL) stage[warp][lane + 32 * j] = pre[j];
-        __syncwarp();
-        if (gi + KV_KIVI_WARPS < gend) kivi_stage_load<C>(pre, a, kvh, gi + KV_KIVI_WARPS, lane);
+        const uint8_t *skc = reinterpret_cast<const uint8_t *>(stage[buf][warp]);
+        const uint8_t *svc = skc + G * C::RB;
+        const __half *sks = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_KS);
+        const __half *skz = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_KZ);
+        const __half *svs = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_VS);
+        const __half *svz = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_VZ);
 
         /* The query folded with this group's key scales (B operand), and q . zero. */
         uint32_t bk[C::KS][2];
@@ -278,7 +283,9 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS)
                 }
             }
         }
+        __syncwarp(); /* all lanes are done with this buffer before it is refilled */
     }
+    kv_cp_async_wait<0>();
 
     /* Per warp: add the value-zero terms and spill the output to shared memory
      * (reusing this warp's staging area: the loop above is done with it). */
@@ -288,7 +295,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS)
     zacc1 += __shfl_xor_sync(KV_FULL_MASK, zacc1, 2);
     static_assert(C::TOTAL * 16 >= HPG * D * 4, "staging area holds one warp's output");
     __syncwarp();
-    float *osm = reinterpret_cast<float *>(stage[warp]);
+    float *osm = reinterpret_cast<float *>(stage[0][warp]);
 #pragma unroll
     for (int n = 0; n < 16; n++) {
 #pragma unroll
@@ -314,7 +321,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS)
         for (int w = 0; w < KV_KIVI_WARPS; w++) {
             float f = kv_exp2_diff(ml_sm[w][h][0], M);
             L += ml_sm[w][h][1] * f;
-            Oc += reinterpret_cast<const float *>(stage[w])[h * D + c] * f;
+            Oc += reinterpret_cast<const float *>(stage[0][w])[h * D + c] * f;
         }
         float *rec = a.part + ((size_t)(kvh * HPG + h) * a.nsplit + split) * (D + 2);
         if (c == 0) {
@@ -329,15 +336,54 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS)
 
 typedef void (*kivi_kernel)(kivi_args);
 
+/* Instances are compiled for four resident blocks per SM (a 128-register
+ * cap, no spills at head_dim 128).  KV_KIVI_MINB=1 in the environment selects
+ * uncapped instances of the Llama geometry (kept for measurement). */
+static int kivi_minb(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KV_KIVI_MINB");
+        v = e ? atoi(e) : 4;
+    }
+    return v;
+}
+
 static kivi_kernel kivi_pick(int bits, int G, int hpg)
 {
+    if (kivi_minb() == 1) {
+        if (bits == 1 && G == 64 && hpg == 4) return attn_kivi_split<1, 64, 4, 1>;
+        if (bits == 2 && G == 64 && hpg == 4) return attn_kivi_split<2, 64, 4, 1>;
+    }
 #define KV_KIVI_PICK(B, GG, H) \
-    if (bits == B && G == GG && hpg == H) return attn_kivi_split<B, GG, H>;
+    if (bits == B && G == GG && hpg == H) return attn_kivi_split<B, GG, H, 4>;
     KV_KIVI_PICK(1, 64, 4) KV_KIVI_PICK(2, 64, 4) KV_KIVI_PICK(1, 32, 4) KV_KIVI_PICK(2, 32, 4)
     KV_KIVI_PICK(1, 64, 2) KV_KIVI_PICK(2, 64, 2) KV_KIVI_PICK(1, 32, 2) KV_KIVI_PICK(2, 32, 2)
     KV_KIVI_PICK(1, 64, 1) KV_KIVI_PICK(2, 64, 1) KV_KIVI_PICK(1, 32, 1) KV_KIVI_PICK(2, 32, 1)
 #undef KV_KIVI_PICK
     return nullptr;
+}
+
+/* Resident blocks per SM of a kernel instance, asked once. */
+static cudaError_t kivi_occupancy(kivi_kernel k, int *per_sm)
+{
+    static thread_local kivi_kernel keys[32];
+    static thread_local int vals[32];
+    for (int i = 0; i < 32 && keys[i]; i++)
+        if (keys[i] == k) {
+            *per_sm = vals[i];
+            return cudaSuccess;
+        }
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, KV_KIVI_THREADS, 0));
+    n = n < 1 ? 1 : n;
+    for (int i = 0; i < 32; i++)
+        if (!keys[i]) {
+            keys[i] = k, vals[i] = n;
+            break;
+        }
+    *per_sm = n;
+    return cudaSuccess;
 }
 
 extern "C" int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
@@ -357,8 +403,7 @@ static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_para
 {
     kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, KV_KIVI_THREADS, 0));
-    if (per_sm < 1) per_sm = 1;
+    CUDA_CHECK(kivi_occupancy(k, &per_sm));
     p->nq = kv_kivi_nquant(d->T, prm->group, prm->residual);
     p->ng = p->nq / prm->group;
     p->nres = d->T - p->nq;

@@ -58,6 +58,23 @@ __device__ __forceinline__ uint32_t kv_pack_half2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* Asynchronous 16-byte global -> shared copy (sm_80+), its group commit and
+ * wait: the next group's packed data streams in without holding registers. */
+__device__ __forceinline__ void kv_cp_async16(void *smem, const void *gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void kv_cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void kv_cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* exp2 that maps -inf to 0 and never produces NaN from (-inf) - (-inf). */
 __device__ __forceinline__ float kv_exp2_diff(float a, float b)
 {

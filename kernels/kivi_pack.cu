@@ -3,14 +3,22 @@
  */
 #include "kivi_pack.cuh"
 
-/* Keys: grid (ngroups, H). */
+/* OR of v over aligned groups of n lanes (n a power of two), in every lane. */
+__device__ __forceinline__ uint32_t kv_or_lanes(uint32_t v, int n)
+{
+    for (int o = 1; o < n; o <<= 1) v |= __shfl_xor_sync(KV_FULL_MASK, v, o);
+    return v;
+}
+
+/* Keys: grid (ngroups, H), a thread per channel.  The tile is read from
+ * shared memory column-wise (consecutive lanes, consecutive channels); the
+ * codes of the 32/bits channels of a word are ORed across lanes. */
 __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
     kivi_pack_keys(const __half *__restrict__ x, int T, int D, int G, int bits, int nq,
                    uint8_t *__restrict__ codes, __half *__restrict__ scale,
                    __half *__restrict__ zero)
 {
     __shared__ __align__(16) __half tile[KV_PACK_MAX_TILE];
-    __shared__ float sdiv[KV_PACK_KEY_THREADS], zs[KV_PACK_KEY_THREADS];
     const int gi = blockIdx.x, h = blockIdx.y, ng = gridDim.x;
     const float maxq = (float)((1 << bits) - 1);
     const __half *src = x + ((size_t)h * T + (size_t)gi * G) * D;
@@ -19,78 +27,80 @@ __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
         reinterpret_cast<uint4 *>(tile)[i] = __ldg(reinterpret_cast<const uint4 *>(src) + i);
     __syncthreads();
     const int c = threadIdx.x;
-    if (c < D) {
-        float mn = __half2float(tile[c]), mx = mn;
-        for (int t = 1; t < G; t++) {
-            float v = __half2float(tile[t * D + c]);
-            mn = v < mn ? v : mn;
-            mx = v > mx ? v : mx;
-        }
-        __half hs, hz;
-        kv_kivi_group_params(mn, mx, maxq, &hs, &hz, &sdiv[c], &zs[c]);
-        scale[((size_t)h * ng + gi) * D + c] = hs;
-        zero[((size_t)h * ng + gi) * D + c] = hz;
+    if (c >= D) return; /* D is a multiple of 32: whole warps leave */
+    float mn = __half2float(tile[c]), mx = mn;
+    for (int t = 1; t < G; t++) {
+        float v = __half2float(tile[t * D + c]);
+        mn = v < mn ? v : mn;
+        mx = v > mx ? v : mx;
     }
-    __syncthreads();
-    const int wpr = D * bits / 32, cpw = 32 / bits; /* words per row, codes per word */
+    __half hs, hz;
+    float sd, z;
+    kv_kivi_group_params(mn, mx, maxq, &hs, &hz, &sd, &z);
+    scale[((size_t)h * ng + gi) * D + c] = hs;
+    zero[((size_t)h * ng + gi) * D + c] = hz;
+    const int cpw = 32 / bits, wpr = D * bits / 32; /* codes per word, words per row */
+    const int sh = (c % cpw) * bits;
     uint32_t *out = reinterpret_cast<uint32_t *>(codes + ((size_t)h * nq + (size_t)gi * G) * D * bits / 8);
-    for (int w = threadIdx.x; w < G * wpr; w += KV_PACK_KEY_THREADS) {
-        const int t = w / wpr, c0 = (w % wpr) * cpw;
-        uint32_t word = 0;
-        for (int i = 0; i < cpw; i++) {
-            int cc = c0 + i;
-            word |= kv_kivi_code(__half2float(tile[t * D + cc]), sdiv[cc], zs[cc], maxq) << (i * bits);
-        }
-        out[w] = word;
+#pragma unroll 4
+    for (int t = 0; t < G; t++) {
+        uint32_t w = kv_or_lanes(kv_kivi_code(__half2float(tile[t * D + c]), sd, z, maxq) << sh, cpw);
+        if (c % cpw == 0) out[t * wpr + c / cpw] = w;
     }
 }
 
-/* Values: one thread per (head, token, value group); GV channels. */
-template <int GV, int BITS>
-__global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int D, int nq, uint8_t *__restrict__ codes, __half *__restrict__ scale,
+/* Values: a warp per (head, token); lane l holds channels [l*CPL, l*CPL+CPL).
+ * Group extremes and code words are reduced across lanes with shuffles. */
+template <int D, int BITS>
+__global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int nq, int gv,
+                                 uint8_t *__restrict__ codes, __half *__restrict__ scale,
                                  __half *__restrict__ zero)
 {
-    const int ngv = D / GV;
-    const size_t n = (size_t)H * nq * ngv;
-    const size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= n) return;
-    const int g = (int)(id % ngv);
-    const size_t ht = id / ngv; /* h * nq + t */
-    const int h = (int)(ht / nq), t = (int)(ht % nq);
-    const uint4 *src = reinterpret_cast<const uint4 *>(x + ((size_t)h * T + t) * D + (size_t)g * GV);
-    float v[GV];
-#pragma unroll
-    for (int i = 0; i < GV / 8; i++) {
-        uint4 u = __ldg(src + i);
-        const __half2 *p = reinterpret_cast<const __half2 *>(&u);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float2 f = __half22float2(p[j]);
-            v[8 * i + 2 * j] = f.x;
-            v[8 * i + 2 * j + 1] = f.y;
-        }
+    constexpr int CPL = D / 32, LPW = 32 / (CPL * BITS); /* lanes per code word */
+    const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= (size_t)H * nq) return; /* whole warps */
+    const int h = (int)(warp / nq), t = (int)(warp % nq);
+    const __half *row = x + ((size_t)h * T + t) * D + lane * CPL;
+    float v[CPL];
+    if constexpr (CPL == 4) {
+        uint2 u = __ldg(reinterpret_cast<const uint2 *>(row));
+        float2 a = __half22float2(*reinterpret_cast<__half2 *>(&u.x));
+        float2 b = __half22float2(*reinterpret_cast<__half2 *>(&u.y));
+        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+    } else {
+        uint32_t u = __ldg(reinterpret_cast<const uint32_t *>(row));
+        float2 a = __half22float2(*reinterpret_cast<__half2 *>(&u));
+        v[0] = a.x, v[1] = a.y;
     }
     float mn = v[0], mx = v[0];
 #pragma unroll
-    for (int i = 1; i < GV; i++) {
+    for (int i = 1; i < CPL; i++) {
         mn = v[i] < mn ? v[i] : mn;
         mx = v[i] > mx ? v[i] : mx;
+    }
+    const int lpg = gv / CPL; /* lanes per value group, a power of two <= 32 */
+    for (int o = 1; o < lpg; o <<= 1) {
+        float a = __shfl_xor_sync(KV_FULL_MASK, mn, o), b = __shfl_xor_sync(KV_FULL_MASK, mx, o);
+        mn = a < mn ? a : mn;
+        mx = b > mx ? b : mx;
     }
     const float maxq = (float)((1 << BITS) - 1);
     __half hs, hz;
     float sd, z;
     kv_kivi_group_params(mn, mx, maxq, &hs, &hz, &sd, &z);
-    scale[ht * ngv + g] = hs;
-    zero[ht * ngv + g] = hz;
-    constexpr int CPW = 32 / BITS, NW = GV * BITS / 32; /* codes per word, words */
-    uint32_t *out = reinterpret_cast<uint32_t *>(codes + ht * D * BITS / 8 + (size_t)g * GV * BITS / 8);
-#pragma unroll
-    for (int w = 0; w < NW; w++) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int i = 0; i < CPW; i++) word |= kv_kivi_code(v[w * CPW + i], sd, z, maxq) << (i * BITS);
-        out[w] = word;
+    const int ngv = D / gv;
+    const size_t ht = (size_t)h * nq + t;
+    if (lane % lpg == 0) {
+        scale[ht * ngv + lane / lpg] = hs;
+        zero[ht * ngv + lane / lpg] = hz;
     }
+    uint32_t w = 0;
+#pragma unroll
+    for (int i = 0; i < CPL; i++) w |= kv_kivi_code(v[i], sd, z, maxq) << (i * BITS);
+    w = kv_or_lanes(w << ((lane % LPW) * CPL * BITS), LPW);
+    if (lane % LPW == 0)
+        reinterpret_cast<uint32_t *>(codes + ht * D * BITS / 8)[lane / LPW] = w;
 }
 
 /* Unpack: one thread per (head, token, 8 channels); residual tokens copied. */
@@ -134,7 +144,7 @@ extern "C" int kv_cuda_kivi_pack_supported(kv_kivi_axis axis, const kv_kivi_para
                                            int head_dim)
 {
     if (!prm || (prm->bits != 1 && prm->bits != 2 && prm->bits != 4) || prm->group < 1 ||
-        prm->residual < 0 || head_dim < 32 || head_dim > 128 || head_dim % 32)
+        prm->residual < 0 || (head_dim != 64 && head_dim != 128))
         return 0;
     if (axis == KV_KIVI_KEYS) return prm->group * head_dim <= KV_PACK_MAX_TILE;
     int gv = prm->group < head_dim ? prm->group : head_dim;
@@ -160,12 +170,11 @@ extern "C" cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params
             CUDA_CHECK_KERNEL("kivi_pack_keys");
         } else {
             int gv = G < D ? G : D;
-            size_t n = (size_t)H * nq * (D / gv);
-            unsigned blocks = (unsigned)((n + 127) / 128);
-#define KV_PACK_V(GVV, BB)                                                                   \
-    if (gv == GVV && bits == BB)                                                             \
-        kivi_pack_values<GVV, BB><<<blocks, 128, 0, stream>>>(xh, H, T, D, nq, out->codes, sc, ze);
-            KV_PACK_V(32, 1) KV_PACK_V(32, 2) KV_PACK_V(32, 4)
+            size_t threads = (size_t)H * nq * 32;
+            unsigned blocks = (unsigned)((threads + 255) / 256);
+#define KV_PACK_V(DD, BB)                                                                    \
+    if (D == DD && bits == BB)                                                               \
+        kivi_pack_values<DD, BB><<<blocks, 256, 0, stream>>>(xh, H, T, nq, gv, out->codes, sc, ze);
             KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
             KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)
 #undef KV_PACK_V

@@ -43,15 +43,23 @@ static inline float imp_of(const float *imp, int t)
 
 void kv_dsq_select(const float *imp, int W, int S, uint8_t *mask)
 {
+    /* S passes of "largest not yet taken": O(W*S), and the strict > keeps
+     * the earliest of equal values, which is the documented tie rule. */
+    uint8_t taken[4096];
     memset(mask, 0, (size_t)W / 8);
-    for (int t = 0; t < W; t++) {
-        float a = imp_of(imp, t);
-        int rank = 0;
-        for (int u = 0; u < W && rank < S; u++) {
-            float b = imp_of(imp, u);
-            rank += b > a || (b == a && u < t);
+    memset(taken, 0, (size_t)W);
+    for (int s = 0; s < S; s++) {
+        int best = -1;
+        float bv = -INFINITY;
+        for (int t = 0; t < W; t++) {
+            float v = imp_of(imp, t);
+            if (!taken[t] && (best < 0 || v > bv)) {
+                best = t;
+                bv = v;
+            }
         }
-        if (rank < S) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
+        taken[best] = 1;
+        mask[best >> 3] |= (uint8_t)(1u << (best & 7));
     }
 }
 
@@ -75,6 +83,7 @@ void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_d
     for (int t = 0; t < W; t++) {
         if (!kv_dsq_mask_get(mask, t)) continue;
         const float *r = x + (size_t)t * ld;
+#pragma omp simd
         for (int c = 0; c < D; c++) {
             float a = fabsf(r[c]);
             amax[c] = a > amax[c] ? a : amax[c];
@@ -100,6 +109,7 @@ void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_d
         const float *r = x + (size_t)t * ld;
         if (kv_dsq_mask_get(mask, t)) {
             int8_t *o = sal + (size_t)is++ * D;
+#pragma omp simd
             for (int c = 0; c < D; c++) {
                 float v = rintf(r[c] / sdiv[c]);
                 v = v > -127.0f ? v : -127.0f;
@@ -109,6 +119,7 @@ void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_d
         } else {
             const float *src = r;
             if (axis == KV_KIVI_KEYS) {
+#pragma omp simd
                 for (int c = 0; c < D; c++) d[c] = r[c] - bf[c];
                 src = d;
             }

@@ -572,12 +572,13 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
                              cudaMemcpyDeviceToDevice, s));
         CK(cudaMemcpy2DAsync(Vd, (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, nkv,
                              cudaMemcpyDeviceToDevice, s));
-        TRY(dalloc(&y->kc, (size_t)nkv * nq * crow + 16, "packed K codes"));
-        TRY(dalloc(&y->vc, (size_t)nkv * nq * crow + 16, "packed V codes"));
-        TRY(dalloc(&y->ks, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, "packed K scales"));
-        TRY(dalloc(&y->kz, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, "packed K zeros"));
-        TRY(dalloc(&y->vs, (size_t)nkv * nq * (hd / gv) * 2 + 16, "packed V scales"));
-        TRY(dalloc(&y->vz, (size_t)nkv * nq * (hd / gv) * 2 + 16, "packed V zeros"));
+        /* stream-ordered: quant_maybe_pack regrows these with cudaMallocAsync */
+        CK(cudaMallocAsync((void **)&y->kc, (size_t)nkv * nq * crow + 16, s));
+        CK(cudaMallocAsync((void **)&y->vc, (size_t)nkv * nq * crow + 16, s));
+        CK(cudaMallocAsync((void **)&y->ks, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
+        CK(cudaMallocAsync((void **)&y->kz, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
+        CK(cudaMallocAsync((void **)&y->vs, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
+        CK(cudaMallocAsync((void **)&y->vz, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
         /* the pack writes the residual dense (nkv, nres, hd) into the stores'
          * spare buffer; it is then placed at pitch rc */
         kv_cuda_kivi_out ko = {y->kc, y->ks, y->kz, y->rk[1]};
@@ -704,6 +705,10 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
     const int T = e->pos + 1, nkv = e->nkv, hd = e->hd;
     int cs, cend;
     cand_range(y, T, &cs, &cend);
+    if (cs > y->cs0) { /* a prompt shorter than the sink: every token is resident */
+        cs = y->cs0;
+        cend = y->cs0;
+    }
     int ncand = cend - cs;
     int kk = topk_of(p, T);
     if (kk > ncand) kk = ncand;
@@ -880,7 +885,7 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
     const int pos = e->pos, hd = e->hd, nkv = e->nkv;
     cudaStream_t s = e->s_main;
     CK(eng_embed(e->embd, e->wt, e->ld_dim, e->dim, dtok, e->x, s));
-    int off_j = 0;
+    int off_j = 0, side_last = -1;
     if (!pf)
         for (int j = 0; j < 2 && j < e->n_off; j++) TRY(offload_issue(e, j));
     for (int l = 0; l < e->L; l++) {
@@ -899,6 +904,7 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
             TRY(sparse_select(e, l + 1, e->qpred, e->s_side));
             if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l + 1], e->s_side));
             CK(cudaEventRecord(e->ev_sel[l + 1], e->s_side));
+            side_last = l + 1;
         }
         CK(eng_rmsnorm(e->x, w->attn_norm, e->dim, e->eps, e->xb, s));
         CK(eng_gemv(w->qkv, e->wt, e->qd + 2 * e->kvd, e->ld_dim, e->xb, e->qkv, 0, s));
@@ -970,6 +976,8 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
                 if (wants_pred(e, l)) {
                     CK(cudaStreamWaitEvent(s, e->ev_sel[l], 0));
                 } else {
+                    /* the selection scratch is shared with the selection stream */
+                    if (side_last >= 0) CK(cudaStreamWaitEvent(s, e->ev_sel[side_last], 0));
                     TRY(sparse_select(e, l, q, s));
                 }
                 TRY(attend_dense(e, y->ak + (size_t)y->start * hd, y->av + (size_t)y->start * hd,

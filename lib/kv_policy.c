@@ -449,6 +449,7 @@ void kv_attend_core(const float *q, const float *k, const float *v, int T, int l
     const int D = head_dim, grp = n_heads / n_kv_heads;
     const float scale = 1.0f / sqrtf((float)D);
     const bool par = (double)T * n_heads * D >= 1 << 18 && n_heads > 1;
+    (void)par; /* unused without OpenMP */
 #pragma omp parallel if (par)
     {
         float sbuf[1024];

@@ -113,7 +113,17 @@ void kv_policy_free(kv_policy *p);
 
 /*
  * Parse a policy spec: "KIND[:key=val,...]" for every layer, or a per-layer
- * list "0=quant:bits=1;1-31=sparse:k=128;*=full".  Fills n_layers entries.
+ * list "0=quant:bits=1;1-31=sparse:k=128;*=full" ('*' fills the layers no
+ * explicit entry names; layers nothing names are full).  Fills n_layers
+ * entries.  Keys per kind (docs/policies.txt has the meanings):
+ *   full:      dtype
+ *   quant:     bits (1,2,4), group|g, residual|r
+ *   sparse:    sink|s, window|w, channels|c, k|topk, frac, select=approx|exact,
+ *              predict=on|off, reduce=sum|max, dtype
+ *   streaming: sink|s, window|w, dtype
+ *   dsq:       window|w, salient, chan (HCAP channel share), keep (HCAP tokens)
+ * Strict: an unknown kind or key, or a bad number, is KV_E_USAGE with a
+ * message naming it.
  */
 kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_layer);
 

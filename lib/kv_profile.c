@@ -246,11 +246,8 @@ static kv_status check_params(const kv_profile_params *p, int D)
     if (p->channels < 1) return kv_fail(KV_E_USAGE, "channels must be >= 1");
     if (p->budget < 0 || (p->budget == 0 && !(p->budget_frac > 0 && p->budget_frac <= 1)))
         return kv_fail(KV_E_USAGE, "budget must be a token count or a fraction in (0, 1]");
-    for (int b = 1; b <= 2; b++) {
-        kv_kivi_params k = {b, p->group, p->residual};
-        kv_status st = kv_kivi_check(&k, D);
-        if (st) return st;
-    }
+    if (p->group < 1 || p->residual < 0) return kv_fail(KV_E_USAGE, "bad KIVI group or residual");
+    (void)D; /* a head dim KIVI cannot pack gives null errors, not a failure */
     return KV_OK;
 }
 
@@ -265,6 +262,7 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
     if (NH % H) return kv_fail(KV_E_DATA, "%d query heads is not a multiple of %d KV heads", NH, H);
     if (T < 1) return kv_fail(KV_E_DATA, "the cache holds no tokens");
     if (nq_s > T) return kv_fail(KV_E_DATA, "%d query samples but only %d tokens", nq_s, T);
+    if (acc->n_docs < 0) return kv_fail(KV_E_INTERNAL, "kv_profile_add after kv_profile_finish");
     kv_status st = check_params(p, D);
     if (st) return st;
     if (acc->n_docs == 0) {
@@ -313,6 +311,12 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
         }
         for (int b = 1; b <= 2; b++) {
             kv_kivi_params kp = {b, p->group, p->residual};
+            double *dst = (b == 1 ? acc->err_q1 : acc->err_q2) + (size_t)l * NH;
+            if (kv_kivi_check(&kp, D)) { /* e.g. head dim 12 at 1 bit */
+                for (int qh = 0; qh < NH; qh++) dst[qh] = NAN;
+                kv_errclear();
+                continue;
+            }
             kv_kivi_packed pk, pv;
             if ((st = kv_kivi_pack(k, KV_KIVI_KEYS, &kp, H, T, D, &pk))) break;
             if ((st = kv_kivi_pack(v, KV_KIVI_VALUES, &kp, H, T, D, &pv))) {
@@ -324,7 +328,6 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
             kv_kivi_free(&pk);
             kv_kivi_free(&pv);
             kv_attn_rel_error(q, NH, nq, k, v, k2, v2, H, T, D, eh);
-            double *dst = (b == 1 ? acc->err_q1 : acc->err_q2) + (size_t)l * NH;
             for (int qh = 0; qh < NH; qh++) dst[qh] += eh[qh];
         }
         if (st) kv_errcontext("layer %d", l);

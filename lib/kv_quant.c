@@ -604,14 +604,17 @@ static void stamp_add(kv_quant_report *r, stamp t0)
     r->pack_cpu_seconds += t1.cpu - t0.cpu;
 }
 
-/* Layer of a "layers.{i}.k..." / "layers.{i}.v..." name, or -1. */
+/* Layer of a "layers.{i}.k..." / "layers.{i}.v..." name (i in canonical
+ * decimal, as kvc.c spells layer numbers), or -1. */
 static int kv_name_layer(const char *name)
 {
-    int layer, n = 0;
-    char which;
-    if (sscanf(name, "layers.%d.%c%n", &layer, &which, &n) != 2 || (which != 'k' && which != 'v'))
-        return -1;
-    return name[n] == 0 || name[n] == '.' ? layer : -1;
+    if (strncmp(name, "layers.", 7)) return -1;
+    const char *p = name + 7;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) return -1;
+    long layer = 0;
+    while (*p >= '0' && *p <= '9' && layer <= 1000000) layer = layer * 10 + (*p++ - '0');
+    if (layer > 1000000 || p[0] != '.' || (p[1] != 'k' && p[1] != 'v')) return -1;
+    return p[2] == 0 || p[2] == '.' ? (int)layer : -1;
 }
 
 void kv_quant_report_free(kv_quant_report *r)

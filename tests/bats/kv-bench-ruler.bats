@@ -8,11 +8,11 @@ NIAH="$DATA/niah4k"
 STORIES="$DATA/stories260K"
 
 ruler() {
-    kv-bench ruler --model "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" "$@"
+    kv-bench ruler --threads 1 --model "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" "$@"
 }
 
 fidelity() {
-    kv-bench fidelity --model "$STORIES/stories260K.bin" --tokenizer "$STORIES/tok512.bin" "$@"
+    kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" --tokenizer "$STORIES/tok512.bin" "$@"
 }
 
 @test "kv-bench ruler --help lists its options on stdout" {
@@ -52,7 +52,7 @@ fidelity() {
 
 @test "kv-bench ruler: full and sparse find 1k needles, streaming loses them" {
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 2 \
-        -p full -p sparse -p streaming --per-task --threads 2
+        -p full -p sparse -p streaming --per-task
     [ "$status" -eq 0 ]
     [ "$(json_get 'len(j["results"])')" -eq 3 ]
     [ "$(json_get 'j["mode"]')" = question ]
@@ -94,7 +94,7 @@ fidelity() {
 
 @test "kv-bench fidelity takes token ids with --tokens" {
     echo "1 403 407 261 378 432 383 286 261 376 298 315 421 395 317 426" >"$BATS_TEST_TMPDIR/ids"
-    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" \
+    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" \
         --tokens "$BATS_TEST_TMPDIR/ids" -p sparse:k=2,s=1,w=2 --json
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["n_tokens"]')" -eq 16 ]
@@ -103,15 +103,15 @@ fidelity() {
 
 @test "kv-bench fidelity rejects a token id outside the vocabulary with exit 65" {
     echo "1 403 99999 5" >"$BATS_TEST_TMPDIR/ids"
-    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" \
+    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" \
         --tokens "$BATS_TEST_TMPDIR/ids" -p full
     assert_fails_with 65 "99999"
 }
 
 @test "kv-bench fidelity needs --text or --tokens (64) and a tokenizer for text (64)" {
-    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" -p full
+    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" -p full
     assert_fails_with 64 "--text"
-    run --separate-stderr kv-bench fidelity --model "$STORIES/stories260K.bin" -p full \
+    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" -p full \
         --text "$STORIES/reference/greedy_bos_200.txt"
     assert_fails_with 64 "tokenizer"
 }

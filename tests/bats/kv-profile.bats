@@ -102,3 +102,16 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     [ "$(json_get 'j["bits"]')" = 2 ]
     [ "$(json_get 'all(l["k_encoding"] == "kivi" for l in j["layers"])')" = True ]
 }
+
+@test "kv-profile classifies every layer of a real stories260K cache" {
+    [ -x "$BIN/kv-run" ] || skip "kv-run not built"
+    kv-run --model "$DATA/stories260K/stories260K.bin" \
+        --prompt-file "$DATA/stories260K/reference/greedy_bos_200.txt" -n 1 --dump-kv "$WORK/real.kvc" > /dev/null 2>&1
+    run --separate-stderr kv-profile --budget 32 --group 32 --residual 32 "$WORK/real.kvc"
+    assert_success
+    [ "$(json_get 'sorted(j["deploy"]["quant_layers"] + j["deploy"]["sparse_layers"])')" = "[0, 1, 2, 3, 4]" ]
+    # 2-bit quantization loses less than 1-bit on every layer of the real model
+    [ "$(json_get 'all(l["err_2bit"] < l["err_1bit"] for l in j["layers"])')" = True ]
+    run --separate-stderr kv-quant --profile /dev/stdin --report - -o "$WORK/rq.kvc" "$WORK/real.kvc" <<< "$output"
+    assert_success
+}

@@ -137,3 +137,15 @@ PYEOF
     assert_success
     [[ "$output" != *"not ok"* ]]
 }
+
+@test "kv-quant works in a pipeline on a real cache dumped by kv-run" {
+    [ -x "$BIN/kv-run" ] || skip "kv-run not built"
+    [ -x "$BIN/kv-info" ] || skip "kv-info not built"
+    run --separate-stderr bash -c "kv-run --model '$DATA/stories260K/stories260K.bin' \
+        --prompt-file '$DATA/stories260K/reference/greedy_bos_200.txt' -n 1 --dump-kv - 2>/dev/null |
+        kv-quant --bits 1 --residual 32 | kv-info --json -"
+    assert_success
+    [ "$(json_get 'j["n_layers"]')" = 5 ]
+    [ "$(json_get 'all(l["k"]["encoding"] == "kivi" and l["v"]["bits"] == 1 for l in j["layers"])')" = True ]
+    [ "$(json_get 'j["ratio_vs_f16"] > 1.5')" = True ]
+}

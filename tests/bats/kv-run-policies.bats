@@ -13,7 +13,7 @@ STORIES="$DATA/stories260K"
 stories_report() { # policy [extra args]
     local pol=$1; shift
     REP="$BATS_TEST_TMPDIR/rep.json"
-    run --separate-stderr kv-run -m "$STORIES/stories260K.bin" --random-prompt 300 -n 20 \
+    run --separate-stderr kv-run -T 1 -m "$STORIES/stories260K.bin" --random-prompt 300 -n 20 \
         --policy "$pol" --report "$REP" "$@"
     [ "$status" -eq 0 ] || { echo "kv-run --policy $pol: $status $stderr"; return 1; }
     output=$(cat "$REP")
@@ -22,7 +22,7 @@ stories_report() { # policy [extra args]
 @test "kv-run runs every policy on stories260K" {
     for pol in full quant quant:bits=2 quant:bits=4 sparse sparse:select=exact streaming dsq \
         dsq:keep=0.5,chan=0.01 "0=full;1-3=sparse:k=16;*=quant:bits=2"; do
-        run --separate-stderr kv-run -m "$STORIES/stories260K.bin" -p "Once upon a time" -n 30 \
+        run --separate-stderr kv-run -T 1 -m "$STORIES/stories260K.bin" -p "Once upon a time" -n 30 \
             --policy "$pol" --report "$BATS_TEST_TMPDIR/r.json"
         [ "$status" -eq 0 ] || { echo "$pol: exit $status: $stderr"; return 1; }
         [ -n "$output" ]
@@ -34,7 +34,7 @@ stories_report() { # policy [extra args]
 
 @test "kv-run runs every policy on --synthetic tiny" {
     for pol in full quant quant:bits=2 sparse streaming dsq; do
-        run --separate-stderr kv-run --synthetic tiny --random-prompt 150 -n 8 --policy "$pol" \
+        run --separate-stderr kv-run -T 1 --synthetic tiny --random-prompt 150 -n 8 --policy "$pol" \
             --report "$BATS_TEST_TMPDIR/r.json"
         [ "$status" -eq 0 ] || { echo "$pol: exit $status: $stderr"; return 1; }
         output=$(cat "$BATS_TEST_TMPDIR/r.json")
@@ -88,12 +88,12 @@ stories_report() { # policy [extra args]
 
 @test "policies that hold every token reproduce full's greedy text exactly" {
     args=(-m "$STORIES/stories260K.bin" -p "Once upon a time" -n 120)
-    run --separate-stderr kv-run "${args[@]}" --policy full
+    run --separate-stderr kv-run -T 1 "${args[@]}" --policy full
     [ "$status" -eq 0 ]
     full_text=$output
     for pol in sparse:k=1000 sparse:k=1000,select=exact streaming:window=1000 \
         "sparse:frac=1,sink=0,window=0"; do
-        run --separate-stderr kv-run "${args[@]}" --policy "$pol"
+        run --separate-stderr kv-run -T 1 "${args[@]}" --policy "$pol"
         [ "$status" -eq 0 ]
         [ "$output" = "$full_text" ] || { echo "$pol differs"; return 1; }
     done
@@ -101,26 +101,26 @@ stories_report() { # policy [extra args]
 
 @test "1-bit quantization changes stories260K's greedy text, a window of 8 tokens too" {
     args=(-m "$STORIES/stories260K.bin" -p "Once upon a time" -n 200)
-    run --separate-stderr kv-run "${args[@]}" --policy full
+    run --separate-stderr kv-run -T 1 "${args[@]}" --policy full
     full_text=$output
-    run --separate-stderr kv-run "${args[@]}" --policy quant:residual=0,group=16
+    run --separate-stderr kv-run -T 1 "${args[@]}" --policy quant:residual=0,group=16
     [ "$status" -eq 0 ]
     [ "$output" != "$full_text" ]
-    run --separate-stderr kv-run "${args[@]}" --policy streaming:sink=0,window=8
+    run --separate-stderr kv-run -T 1 "${args[@]}" --policy streaming:sink=0,window=8
     [ "$status" -eq 0 ]
     [ "$output" != "$full_text" ]
 }
 
 @test "kv-run rejects bad policy specs with exit 64 and says why" {
     m=(-m "$STORIES/stories260K.bin" -p hi -n 2)
-    run --separate-stderr kv-run "${m[@]}" --policy sparce
+    run --separate-stderr kv-run -T 1 "${m[@]}" --policy sparce
     assert_fails_with 64 "unknown policy 'sparce'"
-    run --separate-stderr kv-run "${m[@]}" --policy quant:bits=3
+    run --separate-stderr kv-run -T 1 "${m[@]}" --policy quant:bits=3
     assert_fails_with 64 "bits"
-    run --separate-stderr kv-run "${m[@]}" --policy quant:k=3
+    run --separate-stderr kv-run -T 1 "${m[@]}" --policy quant:k=3
     assert_fails_with 64 "no key 'k'"
-    run --separate-stderr kv-run "${m[@]}" --policy "7=full"
+    run --separate-stderr kv-run -T 1 "${m[@]}" --policy "7=full"
     assert_fails_with 64 "outside 0..4"
-    run --separate-stderr kv-run "${m[@]}" --policy sparse:k=x
+    run --separate-stderr kv-run -T 1 "${m[@]}" --policy sparse:k=x
     assert_fails_with 64 "not an integer"
 }

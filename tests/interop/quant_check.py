@@ -178,6 +178,34 @@ def dsq_decode(p, which, W, S, bits, group, T, D):
     return np.concatenate([out.reshape(H, nw * W, D), p["resid"].astype(np.float32)], axis=1)
 
 
+def importance(q, k):
+    """Attention each key receives from the stored queries (causal), summed
+    over queries and the query heads of its KV head: (H, T)."""
+    NH, nq, D = q.shape
+    H, T, _ = k.shape
+    imp = np.zeros((H, T))
+    for qh in range(NH):
+        h = qh // (NH // H)
+        for j in range(nq):
+            n = T - nq + j + 1
+            s = (k[h, :n].astype(np.float64) @ q[qh, j].astype(np.float64)) / np.sqrt(D)
+            p = np.exp(s - s.max())
+            imp[h, :n] += p / p.sum()
+    return imp
+
+
+def select_mask(imp, W, S):
+    """Top-S of each window (ties to the earlier token) as mask bytes."""
+    H, T = imp.shape
+    nw = T // W
+    sel = np.zeros((H, nw, W), np.uint8)
+    for h in range(H):
+        for w in range(nw):
+            order = sorted(range(W), key=lambda t: (-imp[h, w * W + t], t))
+            sel[h, w, order[:S]] = 1
+    return pack_bits(sel, 1)
+
+
 # ---- the checks ------------------------------------------------------------
 
 n_test = 0
@@ -254,6 +282,19 @@ def check_file(src, tag, work):
                     dec_ok = False
                     msgs.append("%s decode differs" % pre)
         check(enc_ok, label + ": packed parts equal the numpy encoding", "; ".join(msgs[:4]))
+        if method == "dsq" and "layers.0.q" in orig:
+            agree = total = 0
+            for l in range(L):
+                pre = "layers.%d.k" % l
+                W, S = int(pm[pre + ".window"]), int(pm[pre + ".salient"])
+                want = unpack_bits(select_mask(importance(orig["layers.%d.q" % l].astype(np.float32),
+                                                          orig[pre].astype(np.float32)), W, S), 1, W)
+                for which in "kv":
+                    got = unpack_bits(pt["layers.%d.%s.mask" % (l, which)], 1, W)
+                    agree += int((got == want).sum())
+                    total += got.size
+            check(agree >= 0.99 * total, label + ": salient tokens are the most attended ones",
+                  "%d of %d mask bits agree" % (agree, total))
         check(dec_ok, label + ": kv-quant --decode equals the numpy decoding", "; ".join(msgs[:4]))
 
 
