@@ -18,9 +18,9 @@
 #define KV_F16_UNROLL 4 /* token rows each lane has in flight, K and V each */
 
 /* Tokens one block iteration covers: warps * tokens per warp step * unroll. */
-__host__ __device__ constexpr int kv_f16_block_step(int D)
+__host__ __device__ constexpr int kv_f16_block_step(int D, int U = KV_F16_UNROLL)
 {
-    return KV_F16_WARPS * (32 / (D / 8)) * KV_F16_UNROLL;
+    return KV_F16_WARPS * (32 / (D / 8)) * U;
 }
 
 /* Shared scratch kv_f16_block_partial needs, in floats. */
@@ -70,7 +70,7 @@ __device__ __forceinline__ void kv_f16_load_step(const __half *__restrict__ k,
  * With PF, the next step's loads are issued before this step's arithmetic
  * (twice the registers for rows in flight, no bubble between steps).
  */
-template <int D, int HPG, bool PF = true>
+template <int D, int HPG, bool PF = true, int UU = KV_F16_UNROLL>
 __device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half *__restrict__ k,
                                      const __half *__restrict__ v, int t0, int t1,
                                      float *__restrict__ part, int kvh, int split, int nsplit,
@@ -78,7 +78,7 @@ __device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half 
 {
     constexpr int LPT = D / 8;   /* lanes per token row: 8 fp16 (16 bytes) each */
     constexpr int TPW = 32 / LPT; /* token rows per warp step */
-    constexpr int U = KV_F16_UNROLL;
+    constexpr int U = UU;
     float(*sm_o)[HPG][D] = reinterpret_cast<float(*)[HPG][D]>(smem);
     float(*sm_ml)[HPG][2] = reinterpret_cast<float(*)[HPG][2]>(smem + KV_F16_WARPS * HPG * D);
 

@@ -9,6 +9,10 @@
 
 #include <stdlib.h>
 
+#ifndef KV_KIVI2_MINB
+#define KV_KIVI2_MINB 4 /* resident blocks per SM the v2 instances are compiled for */
+#endif
+
 template <int BITS, int G, int HPG>
 struct kivi_cfg {
     static constexpr int D = KV_KIVI_D;
@@ -332,6 +336,387 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     }
 }
 
+// --- v2: cheaper unpack and fold, values on the channel axis ----------------------------
+/*
+ * The same staging, online softmax and epilogue merge as above, for the
+ * Llama geometry (G 64, two value groups of 64 channels), with three changes
+ * that cut the warp instructions per group (v1: about 1,200):
+ *   - keys, 1 bit: one shift serves two k-steps' slots: after w << (13 - 2s)
+ *     bit 2s+1 sits at bit 14 (half 2.0) and bit 2s at bit 13 (half 2^-7),
+ *     so each half2 costs one AND (v1: shift and AND each);  the query
+ *     operand carries the inverse factor (0.5 or 128);
+ *   - the fold: the query pairs q * scale * log2(e) * factor are made once
+ *     per block (half2 registers); per group a key-scale pair is one PRMT
+ *     and the folded operand one HMUL2; q . zero is 8 MMAs with the zeros as
+ *     A (every row the same) instead of per-lane FMAs;
+ *   - values: O^T (channels x heads) += codes^T (channels x tokens) *
+ *     P' (tokens x heads).  Each 16-channel tile lies in one value group, so
+ *     B = p * value_scale is built once per (16 tokens, group) from fp16
+ *     pairs, and rows carry channels, not (head, group) with half of them
+ *     padding: 32 MMAs per group instead of 64.  Columns HPG..2HPG-1 of B
+ *     carry p * value_zero, which one MMA with A = 1 sums per tile.
+ */
+template <int BITS>
+struct kv2_keys {
+    /* channel (within a lane's 32-channel span) of half `hi` of k slot pair j at step s */
+    static __host__ __device__ constexpr int chan(int s, int j, int hi)
+    {
+        return BITS == 1 ? (j == 0 ? 2 * s + 1 : 2 * s) + 16 * hi : (j == 0 ? s : 16 + s) + 8 * hi;
+    }
+    /* factor folded into the query for slot pair j (inverse of the code's half value) */
+    static __host__ __device__ constexpr float fold(int j)
+    {
+        return BITS == 1 ? (j == 0 ? 0.5f : 128.0f) : 1.0f;
+    }
+};
+
+/* {h[c0], h[c1]} from 16 words holding 32 consecutive halves. */
+template <int C0, int C1>
+__device__ __forceinline__ uint32_t kv2_pair(const uint32_t (&w)[16])
+{
+    return __byte_perm(w[C0 >> 1], w[C1 >> 1],
+                       ((C0 & 1) ? 0x32u : 0x10u) | ((C1 & 1) ? 0x7600u : 0x5400u));
+}
+
+template <int K>
+__device__ __forceinline__ uint32_t kv2_shift(uint32_t w)
+{
+    return K >= 0 ? (w << (K & 31)) : (w >> ((-K) & 31));
+}
+
+__device__ __forceinline__ uint32_t kv2_hmul2(uint32_t a, uint32_t b)
+{
+    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&a), *reinterpret_cast<__half2 *>(&b));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* Channel of value tile i, row half r (0: row g, 1: row g+8), for lane group g. */
+template <int BITS>
+__host__ __device__ constexpr int kv2_vchan(int i, int r, int g)
+{
+    return BITS == 1 ? 64 * (i >> 2) + 8 * g + 2 * (i & 3) + 1 - r
+                     : 64 * (i >> 2) + 8 * g + 2 * (i & 3) + r;
+}
+
+__device__ __forceinline__ void kv2_load16(uint32_t (&w)[16], const __half *p)
+{
+    const uint4 *s = reinterpret_cast<const uint4 *>(p);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint4 u = s[i];
+        w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
+    }
+}
+
+template <int BITS, int HPG, int MINB>
+__global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
+    attn_kivi2_split(kivi_args a)
+{
+    constexpr int G = 64;
+    using C = kivi_cfg<BITS, G, HPG>;
+    using KK = kv2_keys<BITS>;
+    constexpr int D = C::D;
+    static_assert(C::NGV == 2, "v2 is written for two value groups per token");
+    __shared__ float qsm[HPG * D];
+    __shared__ __align__(16) uint4 stage[2][KV_KIVI_WARPS][C::TOTAL];
+    static_assert(2 * KV_KIVI_WARPS * C::TOTAL * 4 >= kv_f16_smem_floats(D, HPG),
+                  "residual blocks borrow the staging area");
+    __shared__ __align__(16) float psm[KV_KIVI_WARPS][HPG * G];
+    __shared__ float corr_sm[KV_KIVI_WARPS][HPG];
+    __shared__ float ml_sm[KV_KIVI_WARPS][HPG][2];
+
+    const int kvh = blockIdx.x, split = blockIdx.y;
+    for (int i = threadIdx.x; i < HPG * D; i += KV_KIVI_THREADS)
+        qsm[i] = __half2float(a.q[(size_t)kvh * HPG * D + i]) * a.qscale;
+    __syncthreads();
+
+    if (split >= a.nsplit_p) { /* fp16 residual tokens */
+        int t0 = (split - a.nsplit_p) * a.res_tps, t1 = min(a.nres, t0 + a.res_tps);
+        size_t off = (size_t)kvh * a.nres * D;
+        kv_f16_block_partial<D, HPG, false>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
+                                            a.nsplit, reinterpret_cast<float *>(&stage[0][0][0]));
+        return;
+    }
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int LPH = 32 / HPG, TPL = G / LPH;
+    const int hh = lane / LPH, li = lane % LPH;
+
+    /* Query pairs (B operand of the key MMAs before the scales), head g. */
+    uint32_t qf[C::KS][2];
+#pragma unroll
+    for (int s = 0; s < C::KS; s++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float lo = 0.0f, hi = 0.0f;
+            if (g < HPG) {
+                lo = qsm[g * D + 32 * t + KK::chan(s, j, 0)] * KK::fold(j);
+                hi = qsm[g * D + 32 * t + KK::chan(s, j, 1)] * KK::fold(j);
+            }
+            qf[s][j] = kv_pack_half2(lo, hi);
+        }
+    const uint32_t unfold0 = kv_pack_half2(1.0f / KK::fold(0), 1.0f / KK::fold(0));
+    const uint32_t unfold1 = kv_pack_half2(1.0f / KK::fold(1), 1.0f / KK::fold(1));
+
+    float O[8][4], Z[2][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) O[i][e] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) Z[i][e] = 0.0f;
+    float m_run = -INFINITY, l_run = 0.0f;
+
+    /* B of the value MMAs: column g < HPG is head g times the value scale,
+     * HPG <= g < 2 HPG is head g - HPG times the value zero. */
+    const int vh = g % HPG;
+    const bool vzero = ((g / HPG) & 1) != 0;
+
+    float *ps = psm[warp];
+    const int gstart = split * a.gps, gend = min(a.ng, gstart + a.gps);
+    int gi = gstart + warp, buf = 0;
+    if (gi < gend) kivi_stage_async<C>(stage[0][warp], a, kvh, gi, lane);
+    kv_cp_async_commit();
+    for (; gi < gend; gi += KV_KIVI_WARPS, buf ^= 1) {
+        if (gi + KV_KIVI_WARPS < gend)
+            kivi_stage_async<C>(stage[buf ^ 1][warp], a, kvh, gi + KV_KIVI_WARPS, lane);
+        kv_cp_async_commit();
+        kv_cp_async_wait<1>();
+        __syncwarp();
+        const uint8_t *skc = reinterpret_cast<const uint8_t *>(stage[buf][warp]);
+        const uint8_t *svc = skc + G * C::RB;
+        const __half *sks = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_KS);
+        const __half *skz = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_KZ);
+        const __half *svs = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_VS);
+        const __half *svz = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_VZ);
+
+        /* Fold: bk = q pair * key-scale pair; q . zero through 8 MMAs. */
+        uint32_t bk[C::KS][2];
+        float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        {
+            uint32_t w[16];
+            kv2_load16(w, sks + 32 * t);
+#define KV2_FOLD(S)                                                                           \
+    bk[S][0] = kv2_hmul2(qf[S][0], kv2_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w));          \
+    bk[S][1] = kv2_hmul2(qf[S][1], kv2_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w));
+            KV2_FOLD(0) KV2_FOLD(1) KV2_FOLD(2) KV2_FOLD(3) KV2_FOLD(4) KV2_FOLD(5) KV2_FOLD(6) KV2_FOLD(7)
+#undef KV2_FOLD
+            kv2_load16(w, skz + 32 * t);
+#define KV2_ZERO(S)                                                                           \
+    {                                                                                         \
+        uint32_t z0 = kv2_hmul2(kv2_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w), unfold0);    \
+        uint32_t z1 = kv2_hmul2(kv2_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w), unfold1);    \
+        uint32_t az[4] = {z0, z0, z1, z1};                                                    \
+        uint32_t bq[2] = {qf[S][0], qf[S][1]};                                                \
+        kv_mma_16816(cz, az, bq);                                                             \
+    }
+            KV2_ZERO(0) KV2_ZERO(1) KV2_ZERO(2) KV2_ZERO(3) KV2_ZERO(4) KV2_ZERO(5) KV2_ZERO(6) KV2_ZERO(7)
+#undef KV2_ZERO
+        }
+
+        /* Scores, 16 tokens per tile, starting from q . zero. */
+#pragma unroll
+        for (int mt = 0; mt < C::MT; mt++) {
+            const int ra = mt * 16 + g, rb = ra + 8;
+            float c[4] = {cz[0], cz[1], cz[2], cz[3]};
+            if constexpr (BITS == 1) {
+                uint32_t wa = reinterpret_cast<const uint32_t *>(skc + ra * C::RB)[t];
+                uint32_t wb = reinterpret_cast<const uint32_t *>(skc + rb * C::RB)[t];
+#define KV2_K1(S)                                                                             \
+    {                                                                                         \
+        uint32_t ya = kv2_shift<13 - 2 * S>(wa), yb = kv2_shift<13 - 2 * S>(wb);              \
+        uint32_t af[4] = {ya & 0x40004000u, yb & 0x40004000u, ya & 0x20002000u, yb & 0x20002000u}; \
+        uint32_t bf[2] = {bk[S][0], bk[S][1]};                                                \
+        kv_mma_16816(c, af, bf);                                                              \
+    }
+                KV2_K1(0) KV2_K1(1) KV2_K1(2) KV2_K1(3) KV2_K1(4) KV2_K1(5) KV2_K1(6) KV2_K1(7)
+#undef KV2_K1
+            } else {
+                uint2 wa = reinterpret_cast<const uint2 *>(skc + ra * C::RB)[t];
+                uint2 wb = reinterpret_cast<const uint2 *>(skc + rb * C::RB)[t];
+#pragma unroll
+                for (int s = 0; s < C::KS; s++) {
+                    uint32_t af[4] = {kv_bits2_pair(wa.x, s), kv_bits2_pair(wb.x, s),
+                                      kv_bits2_pair(wa.y, s), kv_bits2_pair(wb.y, s)};
+                    uint32_t bf[2] = {bk[s][0], bk[s][1]};
+                    kv_mma_16816(c, af, bf);
+                }
+            }
+            if (2 * t < HPG) {
+                ps[(2 * t) * G + ra] = c[0];
+                ps[(2 * t) * G + rb] = c[2];
+            }
+            if (2 * t + 1 < HPG) {
+                ps[(2 * t + 1) * G + ra] = c[1];
+                ps[(2 * t + 1) * G + rb] = c[3];
+            }
+        }
+        __syncwarp();
+
+        /* Online softmax over the group: LPH lanes per head (as v1). */
+        {
+            float *row = ps + hh * G + li * TPL;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j]);
+#pragma unroll
+            for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, o));
+            float mnew = fmaxf(m_run, mx);
+            float corr = kv_exp2_diff(m_run, mnew);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < TPL; j++) {
+                float p = exp2f(row[j] - mnew);
+                row[j] = p;
+                sum += p;
+            }
+#pragma unroll
+            for (int o = LPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(KV_FULL_MASK, sum, o);
+            l_run = l_run * corr + sum;
+            m_run = mnew;
+            if (li == 0) corr_sm[warp][hh] = corr;
+        }
+        __syncwarp();
+
+        const float cra = corr_sm[warp][(2 * t) % HPG], crb = corr_sm[warp][(2 * t + 1) % HPG];
+        if (__any_sync(KV_FULL_MASK, cra != 1.0f || crb != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                O[i][0] *= cra, O[i][2] *= cra;
+                O[i][1] *= crb, O[i][3] *= crb;
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                Z[i][0] *= cra, Z[i][2] *= cra;
+                Z[i][1] *= crb, Z[i][3] *= crb;
+            }
+        }
+
+        /* Values, 16 tokens per step: O^T += codes^T * (p * scale). */
+        const float *pv = ps + vh * G;
+        const __half *sv = vzero ? svz : svs;
+#pragma unroll
+        for (int kt = 0; kt < C::MT; kt++) {
+            const int ta = kt * 16 + 2 * t, tc = ta + 8;
+            uint32_t bv[2][2];
+            {
+                float2 pab = *reinterpret_cast<const float2 *>(pv + ta);
+                float2 pcd = *reinterpret_cast<const float2 *>(pv + tc);
+                uint2 sab = *reinterpret_cast<const uint2 *>(sv + 2 * ta);
+                uint2 scd = *reinterpret_cast<const uint2 *>(sv + 2 * tc);
+                float2 sa = __half22float2(*reinterpret_cast<const __half2 *>(&sab.x));
+                float2 sb = __half22float2(*reinterpret_cast<const __half2 *>(&sab.y));
+                float2 sc = __half22float2(*reinterpret_cast<const __half2 *>(&scd.x));
+                float2 sd = __half22float2(*reinterpret_cast<const __half2 *>(&scd.y));
+                bv[0][0] = kv_pack_half2(pab.x * sa.x, pab.y * sb.x);
+                bv[1][0] = kv_pack_half2(pab.x * sa.y, pab.y * sb.y);
+                bv[0][1] = kv_pack_half2(pcd.x * sc.x, pcd.y * sd.x);
+                bv[1][1] = kv_pack_half2(pcd.x * sc.y, pcd.y * sd.y);
+            }
+            {
+                const uint32_t one[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+                kv_mma_16816(Z[0], one, bv[0]);
+                kv_mma_16816(Z[1], one, bv[1]);
+            }
+            if constexpr (BITS == 1) {
+                /* lane g: byte g (channels 8g..8g+7, group 0) and byte g+8
+                 * (64+8g.., group 1) of tokens ta, ta+1 and tc, tc+1 */
+                const int wl = g >> 2;
+                const unsigned sel = (unsigned)(g & 3) | ((unsigned)(4 + (g & 3)) << 4);
+                const uint32_t *r0 = reinterpret_cast<const uint32_t *>(svc + ta * C::RB);
+                const uint32_t *r1 = reinterpret_cast<const uint32_t *>(svc + (ta + 1) * C::RB);
+                const uint32_t *r2 = reinterpret_cast<const uint32_t *>(svc + tc * C::RB);
+                const uint32_t *r3 = reinterpret_cast<const uint32_t *>(svc + (tc + 1) * C::RB);
+                uint32_t u0 = __byte_perm(r0[wl], r0[wl + 2], sel), u1 = __byte_perm(r1[wl], r1[wl + 2], sel);
+                uint32_t u2 = __byte_perm(r2[wl], r2[wl + 2], sel), u3 = __byte_perm(r3[wl], r3[wl + 2], sel);
+                const uint32_t yab = __byte_perm(u0, u1, 0x5410u), ycd = __byte_perm(u2, u3, 0x5410u);
+#define KV2_V1(I)                                                                             \
+    {                                                                                         \
+        uint32_t s0 = kv2_shift<13 - 2 * I>(yab), s1 = kv2_shift<13 - 2 * I>(ycd);            \
+        uint32_t af[4] = {s0 & 0x40004000u, s0 & 0x20002000u, s1 & 0x40004000u, s1 & 0x20002000u}; \
+        kv_mma_16816(O[I], af, bv[(I) >> 2]);                                                 \
+    }
+                KV2_V1(0) KV2_V1(1) KV2_V1(2) KV2_V1(3) KV2_V1(4) KV2_V1(5) KV2_V1(6) KV2_V1(7)
+#undef KV2_V1
+            } else {
+                /* lane g: halfword g of each value group (bytes 2g, 2g+1 and 16+2g, 17+2g) */
+                const int wl = g >> 1;
+                const unsigned sel = (g & 1) ? 0x7632u : 0x5410u;
+                const uint32_t *r0 = reinterpret_cast<const uint32_t *>(svc + ta * C::RB);
+                const uint32_t *r1 = reinterpret_cast<const uint32_t *>(svc + (ta + 1) * C::RB);
+                const uint32_t *r2 = reinterpret_cast<const uint32_t *>(svc + tc * C::RB);
+                const uint32_t *r3 = reinterpret_cast<const uint32_t *>(svc + (tc + 1) * C::RB);
+                uint32_t u0 = __byte_perm(r0[wl], r0[wl + 4], sel), u1 = __byte_perm(r1[wl], r1[wl + 4], sel);
+                uint32_t u2 = __byte_perm(r2[wl], r2[wl + 4], sel), u3 = __byte_perm(r3[wl], r3[wl + 4], sel);
+                const uint32_t yab[2] = {__byte_perm(u0, u1, 0x5410u), __byte_perm(u0, u1, 0x7632u)};
+                const uint32_t ycd[2] = {__byte_perm(u2, u3, 0x5410u), __byte_perm(u2, u3, 0x7632u)};
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int x = 2 * (i & 3);
+                    uint32_t af[4] = {kv_bits2_pair(yab[i >> 2], x), kv_bits2_pair(yab[i >> 2], x + 1),
+                                      kv_bits2_pair(ycd[i >> 2], x), kv_bits2_pair(ycd[i >> 2], x + 1)};
+                    kv_mma_16816(O[i], af, bv[i >> 2]);
+                }
+            }
+        }
+        __syncwarp(); /* all lanes are done with this buffer before it is refilled */
+    }
+    kv_cp_async_wait<0>();
+
+    /* Per warp: O^T tiles plus the value-zero sums into shared memory (this
+     * warp's staging area), then merge the warps as v1. */
+    float zv[2][2]; /* [group][column parity]: p . zero of head 2t + parity */
+#pragma unroll
+    for (int gv = 0; gv < 2; gv++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int col = (HPG + ((2 * t + e) % HPG)) % 8;
+            const int src = g * 4 + (col >> 1);
+            float z0 = __shfl_sync(KV_FULL_MASK, Z[gv][0], src);
+            float z1 = __shfl_sync(KV_FULL_MASK, Z[gv][1], src);
+            zv[gv][e] = (col & 1) ? z1 : z0;
+        }
+    static_assert(C::TOTAL * 16 >= HPG * D * 4, "staging area holds one warp's output");
+    __syncwarp();
+    float *osm = reinterpret_cast<float *>(stage[0][warp]);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = 2 * t + (e & 1), r = e >> 1;
+            const float f = BITS == 1 ? (r == 0 ? 0.5f : 128.0f) : 1.0f;
+            if (n < HPG) osm[n * D + kv2_vchan<BITS>(i, r, g)] = O[i][e] * f + zv[i >> 2][e & 1];
+        }
+    }
+    if (li == 0) {
+        ml_sm[warp][hh][0] = m_run;
+        ml_sm[warp][hh][1] = l_run;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < HPG * D; idx += KV_KIVI_THREADS) {
+        int h = idx / D, c = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < KV_KIVI_WARPS; w++) M = fmaxf(M, ml_sm[w][h][0]);
+        float L = 0.0f, Oc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KV_KIVI_WARPS; w++) {
+            float f = kv_exp2_diff(ml_sm[w][h][0], M);
+            L += ml_sm[w][h][1] * f;
+            Oc += reinterpret_cast<const float *>(stage[0][w])[h * D + c] * f;
+        }
+        float *rec = a.part + ((size_t)(kvh * HPG + h) * a.nsplit + split) * (D + 2);
+        if (c == 0) {
+            rec[0] = M;
+            rec[1] = L;
+        }
+        rec[2 + c] = Oc;
+    }
+}
+
 // --- host side ---------------------------------------------------------------------
 
 typedef void (*kivi_kernel)(kivi_args);
@@ -349,8 +734,27 @@ static int kivi_minb(void)
     return v;
 }
 
+/* v2 (attn_kivi2_split) serves group 64; KV_KIVI_V1=1 in the environment
+ * selects the v1 kernel for it again (kept for measurement). */
+static int kivi_v1(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KV_KIVI_V1");
+        v = e && atoi(e) == 1;
+    }
+    return v;
+}
+
 static kivi_kernel kivi_pick(int bits, int G, int hpg)
 {
+    if (G == 64 && !kivi_v1()) {
+#define KV_KIVI2_PICK(B, H) \
+    if (bits == B && hpg == H) return attn_kivi2_split<B, H, KV_KIVI2_MINB>;
+        KV_KIVI2_PICK(1, 4) KV_KIVI2_PICK(2, 4) KV_KIVI2_PICK(1, 2) KV_KIVI2_PICK(2, 2)
+        KV_KIVI2_PICK(1, 1) KV_KIVI2_PICK(2, 1)
+#undef KV_KIVI2_PICK
+    }
     if (kivi_minb() == 1) {
         if (bits == 1 && G == 64 && hpg == 4) return attn_kivi_split<1, 64, 4, 1>;
         if (bits == 2 && G == 64 && hpg == 4) return attn_kivi_split<2, 64, 4, 1>;

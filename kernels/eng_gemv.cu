@@ -13,53 +13,111 @@
 
 #define GEMV_WARPS 8
 
-template <typename TT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const uint4 *__restrict__ W, int rows, int nv, const float4 *__restrict__ x,
-            float *__restrict__ y, int accumulate)
+/* 8 products of a 16-byte weight vector with x (optionally scaled by the
+ * RMSNorm weight nw: the norm's 1/rms is applied to the sum afterwards). */
+template <typename TT, bool NORM>
+static __device__ __forceinline__ float dot8(const uint4 &u, const float4 *__restrict__ x,
+                                             const float4 *__restrict__ nw, int i)
 {
+    float f[8];
+    TT::unpack8(u, f);
+    float4 a = x[2 * i], b = x[2 * i + 1];
+    if (NORM) {
+        float4 wa = nw[2 * i], wb = nw[2 * i + 1];
+        a.x *= wa.x, a.y *= wa.y, a.z *= wa.z, a.w *= wa.w;
+        b.x *= wb.x, b.y *= wb.y, b.z *= wb.z, b.w *= wb.w;
+    }
+    return f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y +
+           f[6] * b.z + f[7] * b.w;
+}
+
+/*
+ * A warp computes NR consecutive rows of W (NR = 2 for the fused SwiGLU:
+ * gate and up rows interleaved), U 16-byte loads of each row in flight per
+ * lane.  NORM: x is the raw residual stream and the block first computes
+ * its 1/rms (n_x values), so the RMSNorm needs no kernel of its own.
+ * GLU: y[o] = silu(gate_o) * up_o from rows 2o and 2o+1.
+ */
+template <typename TT, bool NORM, bool GLU>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(const uint4 *__restrict__ W, int rows_out, int nv, const float4 *__restrict__ x,
+            const float4 *__restrict__ nw, int n_x, float eps, float *__restrict__ y,
+            int accumulate)
+{
+    constexpr int NR = GLU ? 2 : 1;
+    constexpr int U = GLU ? 4 : 8;
+    float r = 1.0f;
+    if (NORM) {
+        __shared__ float red[32];
+        const float *xf = reinterpret_cast<const float *>(x);
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n_x; i += blockDim.x) ss += xf[i] * xf[i];
+        ss = eng_block_sum(ss, red);
+        r = 1.0f / sqrtf(ss / (float)n_x + eps);
+    }
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const uint4 *w = W + (size_t)row * nv;
-    float acc = 0.0f;
-    int i = lane;
-    /* four independent 16-byte loads in flight per lane */
-    for (; i + 96 < nv; i += 128) {
-        uint4 p0 = eng_ld_stream(w + i), p1 = eng_ld_stream(w + i + 32);
-        uint4 p2 = eng_ld_stream(w + i + 64), p3 = eng_ld_stream(w + i + 96);
-        const uint4 ps[4] = {p0, p1, p2, p3};
+    const int o = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (o >= rows_out) return;
+    const uint4 *w = W + (size_t)o * NR * nv;
+    float acc[NR];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            float f[8];
-            TT::unpack8(ps[u], f);
-            float4 a = x[2 * (i + 32 * u)], b = x[2 * (i + 32 * u) + 1];
-            acc += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y +
-                   f[6] * b.z + f[7] * b.w;
-        }
+    for (int q = 0; q < NR; q++) acc[q] = 0.0f;
+    int i = lane;
+    for (; i + 32 * (U - 1) < nv; i += 32 * U) {
+        uint4 p[NR][U];
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int u = 0; u < U; u++) p[q][u] = eng_ld_stream(w + (size_t)q * nv + i + 32 * u);
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int u = 0; u < U; u++) acc[q] += dot8<TT, NORM>(p[q][u], x, nw, i + 32 * u);
     }
-    for (; i < nv; i += 32) {
-        float f[8];
-        TT::unpack8(eng_ld_stream(w + i), f);
-        float4 a = x[2 * i], b = x[2 * i + 1];
-        acc += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y +
-               f[6] * b.z + f[7] * b.w;
+    for (; i < nv; i += 32)
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+            acc[q] += dot8<TT, NORM>(eng_ld_stream(w + (size_t)q * nv + i), x, nw, i);
+#pragma unroll
+    for (int q = 0; q < NR; q++) acc[q] = eng_warp_sum(acc[q]) * r;
+    if (lane == 0) {
+        float v = acc[0];
+        if (GLU) v = acc[0] / (1.0f + expf(-acc[0])) * acc[NR - 1];
+        y[o] = accumulate ? y[o] + v : v;
     }
-    acc = eng_warp_sum(acc);
-    if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
+}
+
+template <bool NORM, bool GLU>
+static void launch_gemv(const void *W, eng_dtype t, int rows_out, int ld, const float *x,
+                        const float *nw, int n_x, float eps, float *y, int accumulate,
+                        cudaStream_t s)
+{
+    dim3 grid((unsigned)((rows_out + GEMV_WARPS - 1) / GEMV_WARPS));
+    if (t == ENG_BF16)
+        gemv_kernel<eng_bf16, NORM, GLU><<<grid, GEMV_WARPS * 32, 0, s>>>(
+            (const uint4 *)W, rows_out, ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y,
+            accumulate);
+    else
+        gemv_kernel<eng_f16, NORM, GLU><<<grid, GEMV_WARPS * 32, 0, s>>>(
+            (const uint4 *)W, rows_out, ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y,
+            accumulate);
 }
 
 extern "C" cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *x,
                                 float *y, int accumulate, cudaStream_t s)
 {
     if (rows <= 0 || ld <= 0 || (ld & 7)) return cudaErrorInvalidValue;
-    dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
-    if (t == ENG_BF16)
-        gemv_kernel<eng_bf16><<<grid, GEMV_WARPS * 32, 0, s>>>(
-            (const uint4 *)W, rows, ld / 8, (const float4 *)x, y, accumulate);
-    else
-        gemv_kernel<eng_f16><<<grid, GEMV_WARPS * 32, 0, s>>>(
-            (const uint4 *)W, rows, ld / 8, (const float4 *)x, y, accumulate);
+    launch_gemv<false, false>(W, t, rows, ld, x, NULL, 0, 0.0f, y, accumulate, s);
+    ENG_LAUNCHED();
+}
+
+extern "C" cudaError_t eng_gemv_norm(const void *W, eng_dtype t, int rows, int ld, const float *x,
+                                     const float *nw, int n_x, float eps, float *y, int glu,
+                                     cudaStream_t s)
+{
+    if (rows <= 0 || ld <= 0 || (ld & 7) || n_x > ld) return cudaErrorInvalidValue;
+    if (glu) launch_gemv<true, true>(W, t, rows, ld, x, nw, n_x, eps, y, 0, s);
+    else launch_gemv<true, false>(W, t, rows, ld, x, nw, n_x, eps, y, 0, s);
     ENG_LAUNCHED();
 }
 

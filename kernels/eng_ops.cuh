@@ -32,6 +32,15 @@ typedef enum { ENG_F16 = 0, ENG_BF16 = 1 } eng_dtype;
 cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *x, float *y,
                      int accumulate, cudaStream_t s);
 
+/*
+ * y = W · rmsnorm(x, nw): x (ld) the raw residual stream (n_x values, zero
+ * padding), nw (ld) the norm weight (zero padding).  With glu, W holds
+ * 2*rows rows, gate and up interleaved (row 2o gate_o, row 2o+1 up_o), and
+ * y (rows) = silu(gate) * up: the SwiGLU of the feed-forward, fused.
+ */
+cudaError_t eng_gemv_norm(const void *W, eng_dtype t, int rows, int ld, const float *x,
+                          const float *nw, int n_x, float eps, float *y, int glu, cudaStream_t s);
+
 /* out (n) = float(W row r) for an embedding lookup; r read from device *tok. */
 cudaError_t eng_embed(const void *W, eng_dtype t, int ld, int n, const int *tok, float *out,
                       cudaStream_t s);
@@ -143,8 +152,10 @@ cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int ldb, const
 /*
  * Turn each query head's scores (nq_heads, n) into softmax probabilities
  * over the n candidates and combine the heads of each KV head's group (sum,
- * or max when reduce_max): comb (nkv, n).  tmp: 2*nq_heads floats.
+ * or max when reduce_max): comb (nkv, n).  tmp: eng_softmax_tmp(nq_heads)
+ * floats.
  */
+size_t eng_softmax_tmp(int nq_heads);
 cudaError_t eng_softmax_combine(const float *score, int nq_heads, int nkv, int n, int reduce_max,
                                 float *tmp, float *comb, cudaStream_t s);
 

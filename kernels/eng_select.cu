@@ -178,7 +178,8 @@ extern "C" cudaError_t eng_score_exact(const float *q, const void *rows, eng_dty
 
 /* Per head, a table of the sums of w_c = q_c*mad_c over the set bits of each
  * nibble position: tab (g, hd/4, 16).  score = 2*sum_{bits set} w - sum w. */
-__global__ void score_sketch_kernel(const float *q, const uint8_t *bits, int ldb, const float *mad,
+template <int G>
+__global__ void __launch_bounds__(256, (G <= 4 ? 2 : 1)) score_sketch_kernel(const float *q, const uint8_t *bits, int ldb, const float *mad,
                                     int g, int hd, int cs, int cend, float *score)
 {
     extern __shared__ float tab[]; /* (g, hd/4, 16) then (g) totals */
@@ -194,40 +195,45 @@ __global__ void score_sketch_kernel(const float *q, const uint8_t *bits, int ldb
             if (v >> b & 1) s += qh[4 * p + b] * m[4 * p + b];
         tab[i] = 2.0f * s * sc;
     }
+    __syncthreads();
+    /* the constant term: half the sum of every nibble's all-set entry */
     for (int h = threadIdx.x; h < g; h += blockDim.x) {
-        const float *qh = q + (size_t)(kh * g + h) * hd;
-        const float *m = mad + (size_t)kh * hd;
         float s = 0.0f;
-        for (int c = 0; c < hd; c++) s += qh[c] * m[c];
-        tot[h] = s * sc;
+        for (int p = 0; p < np; p++) s += tab[(h * np + p) * 16 + 15];
+        tot[h] = 0.5f * s;
     }
     __syncthreads();
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const uint8_t *row = bits + ((size_t)kh * ldb + cs + i) * nb;
-    float acc[SEL_MAXG];
+    float acc[G];
 #pragma unroll
-    for (int h = 0; h < SEL_MAXG; h++) acc[h] = h < g ? -tot[h] : 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += 16) {
-        uint8_t by[16];
-        if (nb - b0 >= 16) {
-            uint4 u = *(const uint4 *)(row + b0);
-            memcpy(by, &u, 16);
-        } else {
-            for (int b = 0; b < 16; b++) by[b] = b0 + b < nb ? row[b0 + b] : 0;
-        }
-        int lim = nb - b0 < 16 ? nb - b0 : 16;
-        for (int b = 0; b < lim; b++) {
-            int p0 = 2 * (b0 + b);
-            unsigned lo = by[b] & 15u, hi = by[b] >> 4;
+    for (int h = 0; h < G; h++) acc[h] = h < g ? -tot[h] : 0.0f;
+    if (nb == 16) { /* head_dim 128: one 16-byte load, every index a constant */
+        const uint4 u = *(const uint4 *)row;
+        const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-            for (int h = 0; h < SEL_MAXG; h++)
-                if (h < g) acc[h] += tab[(h * np + p0) * 16 + lo] + tab[(h * np + p0 + 1) * 16 + hi];
+        for (int wi = 0; wi < 4; wi++)
+#pragma unroll
+            for (int q4 = 0; q4 < 8; q4++) {
+                unsigned nib = (wv[wi] >> (4 * q4)) & 15u;
+                int p = wi * 8 + q4;
+#pragma unroll
+                for (int h = 0; h < G; h++)
+                    if (h < g) acc[h] += tab[(h * np + p) * 16 + nib];
+            }
+    } else {
+        for (int b = 0; b < nb; b++) {
+            unsigned by = row[b];
+#pragma unroll
+            for (int h = 0; h < G; h++)
+                if (h < g)
+                    acc[h] += tab[(h * np + 2 * b) * 16 + (by & 15u)] + tab[(h * np + 2 * b + 1) * 16 + (by >> 4)];
         }
     }
 #pragma unroll
-    for (int h = 0; h < SEL_MAXG; h++)
+    for (int h = 0; h < G; h++)
         if (h < g) score[(size_t)(kh * g + h) * n + i] = acc[h];
+    }
 }
 
 extern "C" cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int ldb,
@@ -238,56 +244,78 @@ extern "C" cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int
     if (cend <= cs) return cudaSuccess;
     int g = nq_heads / nkv;
     size_t smem = ((size_t)g * (hd / 4) * 16 + (size_t)g) * sizeof(float);
-    if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(score_sketch_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-    }
-    dim3 grid((unsigned)((cend - cs + 255) / 256), (unsigned)nkv);
-    score_sketch_kernel<<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
+    if (smem > 48 * 1024) return cudaErrorInvalidValue; /* hd 256 with g 8 at most: 33 KB */
+    /* at most 64 blocks per head: each builds its lookup table once and
+     * scores many tokens with it */
+    int nb = (cend - cs + 255) / 256;
+    dim3 grid((unsigned)(nb < 64 ? nb : 64), (unsigned)nkv);
+    /* the group size as a template bound keeps the accumulators in registers */
+    if (g <= 2) score_sketch_kernel<2><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
+    else if (g <= 4) score_sketch_kernel<4><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
+    else score_sketch_kernel<8><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
     ENG_LAUNCHED();
 }
 
 // --- softmax over candidates, combined over the group ------------------------------
 
+/* Partial (max, sum of exp) of each query head's scores over SM_PARTS
+ * slices, so that the pass over the candidates uses many blocks. */
+#define SM_PARTS 16
+
 __global__ void softmax_stats_kernel(const float *score, int n, float *stats)
 {
     __shared__ float red[32];
-    const int qh = blockIdx.x;
+    const int qh = blockIdx.y, part = blockIdx.x;
+    const int len = (n + SM_PARTS - 1) / SM_PARTS, i0 = part * len, i1 = min(n, i0 + len);
     const float *s = score + (size_t)qh * n;
     float m = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, s[i]);
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) m = fmaxf(m, s[i]);
     m = eng_block_max(m, red);
     float l = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) l += __expf(s[i] - m);
+    if (m > -INFINITY)
+        for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) l += __expf(s[i] - m);
     l = eng_block_sum(l, red);
     if (threadIdx.x == 0) {
-        stats[2 * qh] = m;
-        stats[2 * qh + 1] = l > 0.0f ? 1.0f / l : 0.0f;
+        stats[((size_t)qh * SM_PARTS + part) * 2] = m;
+        stats[((size_t)qh * SM_PARTS + part) * 2 + 1] = l;
     }
 }
 
 __global__ void combine_kernel(const float *score, int g, int n, int reduce_max,
                                const float *stats, float *comb)
 {
+    __shared__ float mz[2 * SEL_MAXG]; /* per head of the group: max, 1/sum */
     const int kh = blockIdx.y;
+    if (threadIdx.x < g) {
+        const float *st = stats + (size_t)(kh * g + threadIdx.x) * SM_PARTS * 2;
+        float M = -INFINITY, Z = 0.0f;
+        for (int p = 0; p < SM_PARTS; p++) M = fmaxf(M, st[2 * p]);
+        for (int p = 0; p < SM_PARTS; p++)
+            if (st[2 * p] > -INFINITY) Z += st[2 * p + 1] * __expf(st[2 * p] - M);
+        mz[2 * threadIdx.x] = M;
+        mz[2 * threadIdx.x + 1] = Z > 0.0f ? 1.0f / Z : 0.0f;
+    }
+    __syncthreads();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float acc = 0.0f;
     for (int h = 0; h < g; h++) {
         int qh = kh * g + h;
-        float p = __expf(score[(size_t)qh * n + i] - stats[2 * qh]) * stats[2 * qh + 1];
+        float p = __expf(score[(size_t)qh * n + i] - mz[2 * h]) * mz[2 * h + 1];
         acc = reduce_max ? fmaxf(acc, p) : acc + p;
     }
     comb[(size_t)kh * n + i] = acc;
 }
+
+extern "C" size_t eng_softmax_tmp(int nq_heads) { return (size_t)nq_heads * SM_PARTS * 2; }
 
 extern "C" cudaError_t eng_softmax_combine(const float *score, int nq_heads, int nkv, int n,
                                            int reduce_max, float *tmp, float *comb,
                                            cudaStream_t s)
 {
     if (n <= 0) return cudaSuccess;
-    softmax_stats_kernel<<<nq_heads, 1024, 0, s>>>(score, n, tmp);
+    if (nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
+    softmax_stats_kernel<<<dim3(SM_PARTS, (unsigned)nq_heads), 512, 0, s>>>(score, n, tmp);
     dim3 grid((unsigned)((n + 255) / 256), (unsigned)nkv);
     combine_kernel<<<grid, 256, 0, s>>>(score, nq_heads / nkv, n, reduce_max, tmp, comb);
     ENG_LAUNCHED();
@@ -302,32 +330,62 @@ static __device__ __forceinline__ uint32_t ord_key(float f)
 }
 
 #define TOPK_THREADS 1024
+#define TOPK_WARPS (TOPK_THREADS / 32)
 
-__global__ void __launch_bounds__(TOPK_THREADS)
-topk_kernel(const float *comb, int n, int k, int base, int *sel)
+/* Histogram increment with the lanes of a warp that hit the same bin
+ * combined first: the scores of one layer crowd into a few bins of the
+ * top digits, and plain shared atomics then serialise 32-way. */
+static __device__ __forceinline__ void hist_add(unsigned *hist, unsigned bin, bool active)
+{
+    unsigned act = __ballot_sync(0xffffffffu, active);
+    if (!active) return;
+    unsigned peers = __match_any_sync(act, bin);
+    int leader = __ffs(peers) - 1;
+    if ((int)(threadIdx.x & 31) == leader) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
+/*
+ * One block per KV head: the k-th largest key by radix select (8 bits per
+ * pass, from the top), then one ordered pass writing the chosen ids: those
+ * above the threshold and the first ones equal to it (lowest index first),
+ * positions from a block-wide prefix count.  The scores sit in L2; each
+ * thread issues TOPK_ILP independent loads before using any, or every
+ * pass would wait one L2 latency per 4 KB.
+ */
+#define TOPK_ILP 16
+
+static __device__ void topk_radix(const float *comb, int n, int k, int base, int *sel)
 {
     __shared__ unsigned hist[256];
     __shared__ uint32_t s_prefix, s_mask;
     __shared__ int s_need;
-    __shared__ int wcount[32], weq[32];
-    __shared__ int s_out, s_eqseen;
+    __shared__ int wtake[TOPK_WARPS], weq[TOPK_WARPS], s_tot[2];
     const int kh = blockIdx.x;
     const float *x = comb + (size_t)kh * n;
     int *out = sel + (size_t)kh * k;
+    const int span = TOPK_THREADS * TOPK_ILP;
     if (threadIdx.x == 0) {
         s_prefix = 0;
         s_mask = 0;
         s_need = k;
     }
     __syncthreads();
-    /* find the k-th largest key, 8 bits at a time from the top */
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
         uint32_t prefix = s_prefix, mask = s_mask;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            uint32_t key = ord_key(x[i]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        for (int i0 = 0; i0 < n; i0 += span) { /* uniform trip count for the warp ops */
+            uint32_t key[TOPK_ILP];
+#pragma unroll
+            for (int j = 0; j < TOPK_ILP; j++) {
+                int i = i0 + j * TOPK_THREADS + threadIdx.x;
+                key[j] = i < n ? ord_key(x[i]) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < TOPK_ILP; j++) {
+                int i = i0 + j * TOPK_THREADS + threadIdx.x;
+                hist_add(hist, (key[j] >> shift) & 255u, i < n && (key[j] & mask) == prefix);
+            }
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -336,49 +394,182 @@ topk_kernel(const float *comb, int n, int k, int base, int *sel)
                 if ((int)hist[b] >= need) break;
                 need -= (int)hist[b];
             }
-            s_need = need; /* how many with this digit we still need */
+            s_need = need;
             s_prefix = prefix | ((uint32_t)b << shift);
             s_mask = mask | (255u << shift);
         }
         __syncthreads();
     }
     const uint32_t thr = s_prefix;
-    const int need_eq = s_need; /* equal-to-threshold elements to take, lowest index first */
-    if (threadIdx.x == 0) {
-        s_out = 0;
-        s_eqseen = 0;
+    const int need_eq = s_need;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int out_base = 0, eq_base = 0; /* greater / equal keys before the chunk (every thread) */
+    for (int i0 = 0; i0 < n; i0 += span) {
+        uint32_t key[TOPK_ILP];
+#pragma unroll
+        for (int j = 0; j < TOPK_ILP; j++) {
+            int i = i0 + j * TOPK_THREADS + threadIdx.x;
+            key[j] = i < n ? ord_key(x[i]) : 0u;
+        }
+        for (int j = 0; j < TOPK_ILP; j++) { /* chunks of TOPK_THREADS, in index order */
+            int i = i0 + j * TOPK_THREADS + threadIdx.x;
+            if (i0 + j * TOPK_THREADS >= n) break; /* uniform */
+            bool gt = i < n && key[j] > thr, eq = i < n && key[j] == thr;
+            unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+            int any = __syncthreads_or(gt || eq);
+            if (!any) continue; /* most chunks hold none of the k: skip the prefix count */
+            if (lane == 0) {
+                wtake[w] = __popc(bgt);
+                weq[w] = __popc(beq);
+            }
+            __syncthreads();
+            if (w == 0) { /* exclusive prefix over the warps, in place */
+                int a = lane < TOPK_WARPS ? wtake[lane] : 0, c = lane < TOPK_WARPS ? weq[lane] : 0;
+                int ia = a, ic = c;
+                for (int o = 1; o < 32; o <<= 1) {
+                    int ta = __shfl_up_sync(0xffffffffu, ia, o), tc = __shfl_up_sync(0xffffffffu, ic, o);
+                    if (lane >= o) {
+                        ia += ta;
+                        ic += tc;
+                    }
+                }
+                if (lane < TOPK_WARPS) {
+                    wtake[lane] = ia - a;
+                    weq[lane] = ic - c;
+                }
+                if (lane == 31) {
+                    s_tot[0] = ia;
+                    s_tot[1] = ic;
+                }
+            }
+            __syncthreads();
+            /* position = greater ids before i + equal ids taken before i */
+            int eq_before = eq_base + weq[w] + __popc(beq & ((1u << lane) - 1u));
+            int gt_before = out_base + wtake[w] + __popc(bgt & ((1u << lane) - 1u));
+            int pos = gt_before + min(eq_before, need_eq);
+            if ((gt || (eq && eq_before < need_eq)) && pos < k) out[pos] = base + i;
+            out_base += s_tot[0];
+            eq_base += s_tot[1];
+            __syncthreads();
+        }
+    }
+}
+
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_radix_kernel(const float *comb, int n, int k, int base, int *sel)
+{
+    topk_radix(comb, n, k, base, sel);
+}
+
+/*
+ * Sample select, the fast path when k is small against n: the strided
+ * sample of one score per thread, sorted, gives a threshold t just below the
+ * expected k-th largest (twice oversampled); one pass over the scores copies
+ * every candidate >= t into shared memory; a bitonic sort there by (score
+ * descending, index ascending) gives the exact top k, whose ids are sorted
+ * ascending for the output.  When the sample misjudges (fewer than k or more
+ * than TOPK_CAP candidates) the block falls back to the radix select, so the
+ * result is always the exact top k with ties to the lower index.
+ */
+#define TOPK_CAP 8192
+
+/* Bitonic sort of m (a power of two) (key, idx) pairs in shared memory,
+ * "before" meaning larger key, then smaller index. */
+static __device__ void bitonic_desc(uint32_t *key, int *idx, int m)
+{
+    for (int size = 2; size <= m; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < m / 2; t += blockDim.x) {
+                int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+                bool up = (lo & size) == 0; /* this run sorts "before" first */
+                uint32_t ka = key[lo], kb = key[hi];
+                int ia = idx[lo], ib = idx[hi];
+                bool b_first = kb > ka || (kb == ka && ib < ia);
+                if (b_first == up) {
+                    key[lo] = kb;
+                    key[hi] = ka;
+                    idx[lo] = ib;
+                    idx[hi] = ia;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_kernel(const float *comb, int n, int k, int base, int *sel)
+{
+    extern __shared__ uint32_t tk_key[]; /* (TOPK_CAP) keys, then (TOPK_CAP) ids */
+    int *tk_idx = (int *)(tk_key + TOPK_CAP);
+    __shared__ uint32_t s_thr;
+    __shared__ int s_cnt;
+    const int kh = blockIdx.x;
+    const float *x = comb + (size_t)kh * n;
+    int *out = sel + (size_t)kh * k;
+    const int T = TOPK_THREADS;
+    /* threshold from a sample (or none when every score fits) */
+    if (n > TOPK_CAP) {
+        size_t stride = (size_t)n / T;
+        tk_key[threadIdx.x] = ord_key(x[(size_t)threadIdx.x * stride]);
+        tk_idx[threadIdx.x] = threadIdx.x;
+        bitonic_desc(tk_key, tk_idx, T);
+        long r = 2L * k * T / n + 8;
+        if (threadIdx.x == 0) s_thr = tk_key[r < T ? r : T - 1];
+    } else if (threadIdx.x == 0) {
+        s_thr = 0u;
+    }
+    if (threadIdx.x == 0) s_cnt = 0;
+    __syncthreads();
+    const uint32_t thr = s_thr;
+    const int lane = threadIdx.x & 31;
+    for (int i0 = 0; i0 < n; i0 += T * TOPK_ILP) {
+        uint32_t key[TOPK_ILP];
+#pragma unroll
+        for (int j = 0; j < TOPK_ILP; j++) {
+            int i = i0 + j * T + threadIdx.x;
+            key[j] = i < n ? ord_key(x[i]) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < TOPK_ILP; j++) {
+            int i = i0 + j * T + threadIdx.x;
+            bool c = i < n && key[j] >= thr;
+            unsigned b = __ballot_sync(0xffffffffu, c);
+            if (!b) continue;
+            int slot = 0;
+            if (lane == 0) slot = atomicAdd(&s_cnt, __popc(b));
+            slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(b & ((1u << lane) - 1u));
+            if (c && slot < TOPK_CAP) {
+                tk_key[slot] = key[j];
+                tk_idx[slot] = i;
+            }
+        }
     }
     __syncthreads();
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
-        int i = i0 + threadIdx.x;
-        uint32_t key = i < n ? ord_key(x[i]) : 0u;
-        bool gt = i < n && key > thr, eq = i < n && key == thr;
-        unsigned beq = __ballot_sync(0xffffffffu, eq);
-        if (lane == 0) weq[w] = __popc(beq);
-        __syncthreads();
-        int eq_before = s_eqseen;
-        for (int j = 0; j < w; j++) eq_before += weq[j];
-        eq_before += __popc(beq & ((1u << lane) - 1u));
-        bool take = gt || (eq && eq_before < need_eq);
-        unsigned bt = __ballot_sync(0xffffffffu, take);
-        if (lane == 0) wcount[w] = __popc(bt);
-        __syncthreads();
-        int pos = s_out;
-        for (int j = 0; j < w; j++) pos += wcount[j];
-        pos += __popc(bt & ((1u << lane) - 1u));
-        if (take && pos < k) out[pos] = base + i;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int a = 0, b = 0;
-            for (int j = 0; j < (int)(blockDim.x >> 5); j++) {
-                a += wcount[j];
-                b += weq[j];
-            }
-            s_out += a;
-            s_eqseen += b;
-        }
-        __syncthreads();
+    const int cnt = s_cnt;
+    if (cnt < k || cnt > TOPK_CAP) { /* the sample misjudged: exact radix select */
+        topk_radix(comb, n, k, base, sel);
+        return;
+    }
+    int m = 1;
+    while (m < cnt) m <<= 1;
+    for (int i = cnt + threadIdx.x; i < m; i += T) { /* pad: sorts last */
+        tk_key[i] = 0u;
+        tk_idx[i] = 0x7fffffff;
+    }
+    bitonic_desc(tk_key, tk_idx, m);
+    /* the first k ids, ascending: sort them as keys (larger key first, so
+     * store the complement) */
+    int mk = 1;
+    while (mk < k) mk <<= 1;
+    for (int i = threadIdx.x; i < mk; i += T) {
+        int id = i < k ? tk_idx[i] : 0x7fffffff;
+        tk_key[TOPK_CAP / 2 + i] = ~(uint32_t)id;
+        tk_idx[TOPK_CAP / 2 + i] = id;
+    }
+    if (mk <= TOPK_CAP / 2) {
+        bitonic_desc(tk_key + TOPK_CAP / 2, tk_idx + TOPK_CAP / 2, mk);
+        for (int i = threadIdx.x; i < k; i += T) out[i] = base + tk_idx[TOPK_CAP / 2 + i];
     }
 }
 
@@ -387,7 +578,19 @@ extern "C" cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int ba
 {
     if (k <= 0) return cudaSuccess;
     if (k > n) return cudaErrorInvalidValue;
-    topk_kernel<<<nkv, TOPK_THREADS, 0, s>>>(comb, n, k, base, sel);
+    if (k > TOPK_CAP / 2) { /* the sample path needs room to sort k ids */
+        topk_radix_kernel<<<nkv, TOPK_THREADS, 0, s>>>(comb, n, k, base, sel);
+        ENG_LAUNCHED();
+    }
+    size_t smem = (size_t)2 * TOPK_CAP * sizeof(uint32_t);
+    static int attr_set = -1; /* per process; the engine uses one device */
+    if (attr_set < 0) {
+        cudaError_t e = cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return e;
+        attr_set = 1;
+    }
+    topk_kernel<<<nkv, TOPK_THREADS, smem, s>>>(comb, n, k, base, sel);
     ENG_LAUNCHED();
 }
 

@@ -37,14 +37,23 @@ __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
     __half hs, hz;
     float sd, z;
     kv_kivi_group_params(mn, mx, maxq, &hs, &hz, &sd, &z);
+    const float rcp = __frcp_rn(sd);
     scale[((size_t)h * ng + gi) * D + c] = hs;
     zero[((size_t)h * ng + gi) * D + c] = hz;
     const int cpw = 32 / bits, wpr = D * bits / 32; /* codes per word, words per row */
     const int sh = (c % cpw) * bits;
     uint32_t *out = reinterpret_cast<uint32_t *>(codes + ((size_t)h * nq + (size_t)gi * G) * D * bits / 8);
+    if (bits == 1) { /* a warp's 32 one-bit codes are one ballot */
+#pragma unroll 4
+        for (int t = 0; t < G; t++) {
+            uint32_t w = __ballot_sync(KV_FULL_MASK, kv_kivi_code(__half2float(tile[t * D + c]), sd, rcp, z, maxq));
+            if (c % 32 == 0) out[t * wpr + c / 32] = w;
+        }
+        return;
+    }
 #pragma unroll 4
     for (int t = 0; t < G; t++) {
-        uint32_t w = kv_or_lanes(kv_kivi_code(__half2float(tile[t * D + c]), sd, z, maxq) << sh, cpw);
+        uint32_t w = kv_or_lanes(kv_kivi_code(__half2float(tile[t * D + c]), sd, rcp, z, maxq) << sh, cpw);
         if (c % cpw == 0) out[t * wpr + c / cpw] = w;
     }
 }
@@ -89,6 +98,7 @@ __global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int
     __half hs, hz;
     float sd, z;
     kv_kivi_group_params(mn, mx, maxq, &hs, &hz, &sd, &z);
+    const float rcp = __frcp_rn(sd);
     const int ngv = D / gv;
     const size_t ht = (size_t)h * nq + t;
     if (lane % lpg == 0) {
@@ -97,7 +107,7 @@ __global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int
     }
     uint32_t w = 0;
 #pragma unroll
-    for (int i = 0; i < CPL; i++) w |= kv_kivi_code(v[i], sd, z, maxq) << (i * BITS);
+    for (int i = 0; i < CPL; i++) w |= kv_kivi_code(v[i], sd, rcp, z, maxq) << (i * BITS);
     w = kv_or_lanes(w << ((lane % LPW) * CPL * BITS), LPW);
     if (lane % LPW == 0)
         reinterpret_cast<uint32_t *>(codes + ht * D * BITS / 8)[lane / LPW] = w;

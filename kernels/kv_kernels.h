@@ -62,7 +62,8 @@ typedef struct {
 } kv_cuda_kivi_view;
 
 /* Is this packed geometry supported by kv_cuda_attn_kivi (bits 1 or 2,
- * head_dim 128, group 32, 64 or 128, n_heads/kv_heads 1, 2 or 4)? */
+ * head_dim 128, group 32 or 64, n_heads/kv_heads 1, 2 or 4)?  The kernel
+ * also needs an sm_80 or newer GPU (tensor-core mma.m16n8k16, cp.async). */
 int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
 size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
 
@@ -88,8 +89,8 @@ typedef struct {
     uint16_t *resid;
 } kv_cuda_kivi_out;
 
-/* Is this geometry supported by the pack/unpack kernels (head_dim <= 128,
- * G*head_dim <= 16384 for keys, value groups of >= 32/bits channels)? */
+/* Is this geometry supported by the pack/unpack kernels (head_dim 64 or
+ * 128, G*head_dim <= 8192 for keys, value groups of 32, 64 or 128)? */
 int kv_cuda_kivi_pack_supported(kv_kivi_axis axis, const kv_kivi_params *prm, int head_dim);
 
 /*

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_engine.h"
+#include "kv_json.h"
 #include "kv_tokenizer.h"
 
 void kv_compare_opts_default(kv_compare_opts *o) { o->prefix = 0; }
@@ -139,4 +140,70 @@ kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_mod
         *m = NULL;
     }
     return st;
+}
+
+static double per_step(const kv_bytes *b, int n_layers)
+{
+    double steps = n_layers > 0 && b->attends ? (double)b->attends / n_layers : 0.0;
+    return steps > 0 ? (double)b->fetched_total / steps : 0.0;
+}
+
+kv_status kv_compare_print(FILE *f, bool json, const char *model, const char *ref_name,
+                           const char *const *names, const kv_compare_result *res, int n,
+                           int n_layers, bool per_position)
+{
+    if (n < 1) return KV_OK;
+    const kv_compare_result *r0 = &res[0];
+    if (json) {
+        fprintf(f, "{\"model\": ");
+        kv_json_string(f, model);
+        fprintf(f, ", \"reference\": ");
+        kv_json_string(f, ref_name);
+        fprintf(f, ", \"n_tokens\": %d, \"prefix\": %d, \"n_scored\": %d, \"ppl_reference\": ",
+                r0->n_tokens, r0->prefix, r0->n_scored);
+        kv_json_number(f, r0->ppl_ref);
+        fprintf(f, ", \"reference_resident_bytes\": %llu, \"results\": [",
+                (unsigned long long)r0->bytes_ref.resident);
+        for (int i = 0; i < n; i++) {
+            const kv_compare_result *r = &res[i];
+            fprintf(f, "%s\n  {\"policy\": ", i ? "," : "");
+            kv_json_string(f, names[i]);
+            fprintf(f, ", \"kl_mean\": ");
+            kv_json_number(f, r->kl_mean);
+            fprintf(f, ", \"kl_max\": ");
+            kv_json_number(f, r->kl_max);
+            fprintf(f, ", \"top1_agreement\": ");
+            kv_json_number(f, r->top1);
+            fprintf(f, ", \"ppl\": ");
+            kv_json_number(f, r->ppl_pol);
+            fprintf(f, ", \"ppl_diff\": ");
+            kv_json_number(f, r->ppl_diff);
+            fprintf(f, ", \"resident_bytes\": %llu, \"host_bytes\": %llu, \"fetched_bytes_per_step\": %.0f",
+                    (unsigned long long)r->bytes_pol.resident, (unsigned long long)r->bytes_pol.host,
+                    per_step(&r->bytes_pol, n_layers));
+            if (per_position) {
+                fprintf(f, ", \"kl\": ");
+                kv_json_numbers(f, r->kl, r->n_scored);
+                fprintf(f, ", \"agree\": [");
+                for (int k = 0; k < r->n_scored; k++) fprintf(f, "%s%d", k ? ", " : "", r->agree[k]);
+                fprintf(f, "]");
+            }
+            fprintf(f, "}");
+        }
+        fprintf(f, "\n]}\n");
+    } else {
+        fprintf(f, "%d tokens, %d prefilled densely, %d positions scored; reference %s: ppl %.4f, %llu bytes\n",
+                r0->n_tokens, r0->prefix, r0->n_scored, ref_name, r0->ppl_ref,
+                (unsigned long long)r0->bytes_ref.resident);
+        fprintf(f, "%-36s %10s %10s %7s %10s %10s %12s %10s %12s\n", "policy", "KL mean", "KL max",
+                "top-1", "ppl", "ppl diff", "resident", "host", "fetched/t");
+        for (int i = 0; i < n; i++) {
+            const kv_compare_result *r = &res[i];
+            fprintf(f, "%-36s %10.5f %10.5f %7.3f %10.4f %+10.4f %12llu %10llu %12.0f\n", names[i],
+                    r->kl_mean, r->kl_max, r->top1, r->ppl_pol, r->ppl_diff,
+                    (unsigned long long)r->bytes_pol.resident, (unsigned long long)r->bytes_pol.host,
+                    per_step(&r->bytes_pol, n_layers));
+        }
+    }
+    return fflush(f) || ferror(f) ? kv_fail(KV_E_IO, "write error") : KV_OK;
 }

@@ -16,6 +16,7 @@
 #define KV_COMPARE_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "kv_model.h"
 #include "kv_policy.h"
@@ -60,6 +61,17 @@ kv_status kv_compare_run(const kv_model *m, const int *tokens, int n,
                          const kv_compare_opts *o, kv_compare_result *res);
 
 void kv_compare_result_free(kv_compare_result *r);
+
+/*
+ * Print results (one per policy, names[i] its spec) as JSON or as a table:
+ * what kv-bench fidelity and kv-run --compare print.  model and ref_name
+ * label the output; n_layers turns the per-layer attend count into steps;
+ * per_position adds each result's per-position KL and agreement (JSON).
+ * Returns KV_E_IO when f has an error.
+ */
+kv_status kv_compare_print(FILE *f, bool json, const char *model, const char *ref_name,
+                           const char *const *names, const kv_compare_result *res, int n,
+                           int n_layers, bool per_position);
 
 /*
  * Open a model and its tokenizer for the evaluation tools: tokenizer is a

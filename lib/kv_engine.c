@@ -503,9 +503,11 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
             e->pol[l + 1]->ops->predict(e->pol[l + 1], e->qpred);
         }
         rmsnorm(e->xb, e->x, w->attn_norm, D, c->norm_eps);
-        kv_matvec(&w->wq, e->xb, e->q);
-        kv_matvec(&w->wk, e->xb, e->k);
-        kv_matvec(&w->wv, e->xb, e->v);
+        {
+            const kv_weight *ws[3] = {&w->wq, &w->wk, &w->wv};
+            float *ys[3] = {e->q, e->k, e->v};
+            kv_matvec_multi(3, ws, e->xb, ys);
+        }
         rope_apply(e->q, c->n_heads, hd, e->rope_cs);
         rope_apply(e->k, c->n_kv_heads, hd, e->rope_cs);
         capture_q(e, l, e->q_seen, e->q);
@@ -520,8 +522,11 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
         kv_matvec(&w->wo, e->att, e->xb2);
         for (int i = 0; i < D; i++) e->x[i] += e->xb2[i];
         rmsnorm(e->xb, e->x, w->ffn_norm, D, c->norm_eps);
-        kv_matvec(&w->w_gate, e->xb, e->hb);
-        kv_matvec(&w->w_up, e->xb, e->hb2);
+        {
+            const kv_weight *ws[2] = {&w->w_gate, &w->w_up};
+            float *ys[2] = {e->hb, e->hb2};
+            kv_matvec_multi(2, ws, e->xb, ys);
+        }
         swiglu(e->hb, e->hb2, c->hidden_dim);
         kv_matvec(&w->w_down, e->hb, e->xb);
         for (int i = 0; i < D; i++) e->x[i] += e->xb[i];

@@ -56,6 +56,7 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
         kv_gpu_engine_timing(e, &t);
         r->select_ms = t.select_ms;
         r->copy_ms = t.copy_ms;
+        r->fetch_ms = t.fetch_ms;
     }
     bool sparse = false;
     for (int l = 0; per_layer && l < kv_gpu_engine_n_layers(e); l++)
@@ -213,7 +214,101 @@ done:
     return st;
 }
 
+
+kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
+{
+    memset(us, 0, sizeof *us);
+    us->n = n;
+    us->k = k;
+    kv_status st = KV_OK;
+    const int nqh = 32, nkv = 8, hd = 128, C = 8, dim = 4096, reps = 9;
+    const int ldc = (n + 7) & ~7;
+    cudaStream_t s = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    float *q = NULL, *score = NULL, *comb = NULL, *tmp = NULL, *chmax = NULL, *mad = NULL, *qs = NULL;
+    float *x = NULL, *y = NULL;
+    int *chans = NULL, *sel = NULL;
+    uint8_t *bits = NULL;
+    void *W = NULL, *rows_h = NULL, *rows_d = NULL, *kcm_h = NULL, *kcm_d = NULL, *dst = NULL;
+    double t[16];
+    float ms;
+    BW_CK(cudaSetDevice(device));
+    BW_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    BW_CK(cudaEventCreate(&a));
+    BW_CK(cudaEventCreate(&b));
+    BW_CK(cudaMalloc((void **)&q, (size_t)nqh * hd * 4));
+    BW_CK(cudaMalloc((void **)&score, (size_t)nqh * n * 4));
+    BW_CK(cudaMalloc((void **)&comb, (size_t)nkv * n * 4));
+    BW_CK(cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4));
+    BW_CK(cudaMalloc((void **)&chmax, (size_t)nkv * hd * 4));
+    BW_CK(cudaMalloc((void **)&mad, (size_t)nkv * hd * 4));
+    BW_CK(cudaMalloc((void **)&qs, (size_t)nqh * 4));
+    BW_CK(cudaMalloc((void **)&chans, (size_t)nkv * C * 4));
+    BW_CK(cudaMalloc((void **)&sel, (size_t)nkv * k * 4));
+    BW_CK(cudaMalloc((void **)&bits, (size_t)nkv * n * hd / 8));
+    BW_CK(cudaMalloc((void **)&x, (size_t)dim * 4));
+    BW_CK(cudaMalloc((void **)&y, (size_t)nqh * hd * 4));
+    BW_CK(cudaMalloc(&W, (size_t)nqh * hd * dim * 2));
+    BW_CK(cudaMalloc(&dst, (size_t)2 * nkv * k * hd * 2));
+    BW_CK(cudaHostAlloc(&rows_h, (size_t)n * nkv * 2 * hd * 2, cudaHostAllocMapped));
+    BW_CK(cudaHostGetDevicePointer(&rows_d, rows_h, 0));
+    BW_CK(cudaHostAlloc(&kcm_h, (size_t)nkv * hd * ldc * 2, cudaHostAllocMapped));
+    BW_CK(cudaHostGetDevicePointer(&kcm_d, kcm_h, 0));
+    memset(rows_h, 0x3c, (size_t)n * nkv * 2 * hd * 2);
+    memset(kcm_h, 0x3c, (size_t)nkv * hd * ldc * 2);
+    /* non-zero inputs (fills are seeded; values do not matter for time) */
+    BW_CK(eng_fill_random(W, ENG_F16, (size_t)nqh * hd * dim, 5, NULL, 1, 1, s));
+    BW_CK(eng_fill_random(bits, ENG_F16, (size_t)nkv * n * hd / 16, 6, NULL, 1, 1, s));
+    BW_CK(eng_fill_f32(q, (size_t)nqh * hd, 0.5f, s));
+    BW_CK(eng_fill_f32(x, (size_t)dim, 0.25f, s));
+    BW_CK(eng_fill_f32(chmax, (size_t)nkv * hd, 1.0f, s));
+    BW_CK(eng_fill_f32(mad, (size_t)nkv * hd, 0.7f, s));
+    BW_CK(cudaStreamSynchronize(s));
+#define TIME_US(field, launch)                                                          \
+    do {                                                                                \
+        for (int i_ = 0; i_ <= reps; i_++) {                                            \
+            BW_CK(cudaEventRecord(a, s));                                               \
+            BW_CK(launch);                                                              \
+            BW_CK(cudaEventRecord(b, s));                                               \
+            BW_CK(cudaEventSynchronize(b));                                             \
+            BW_CK(cudaEventElapsedTime(&ms, a, b));                                     \
+            if (i_) t[i_ - 1] = ms * 1e3;                                               \
+        }                                                                               \
+        us->field = median(t, reps);                                                    \
+    } while (0)
+    TIME_US(pred_gemv, eng_gemv(W, ENG_F16, nqh * hd, dim, x, y, 0, s));
+    BW_CK(eng_select_channels(q, chmax, nqh, nkv, hd, C, chans, qs, s));
+    TIME_US(score_channels, eng_score_channels(q, chans, qs, kcm_d, ENG_F16, ldc, nqh, nkv, hd, C, 0, n,
+                                               score, s));
+    /* last, so that the scores the next kernels see vary as real ones do */
+    TIME_US(score_sketch, eng_score_sketch(q, bits, n, mad, nqh, nkv, hd, 0, n, score, s));
+    TIME_US(softmax_combine, eng_softmax_combine(score, nqh, nkv, n, 0, tmp, comb, s));
+    TIME_US(topk, eng_topk(comb, nkv, n, k, 0, sel, s));
+    TIME_US(gather, eng_gather_rows(rows_d, nkv, hd, ENG_F16, sel, k, NULL, 0, dst,
+                                    (uint8_t *)dst + (size_t)nkv * k * hd * 2, (size_t)k, s));
+#undef TIME_US
+done:
+    if (rows_h) cudaFreeHost(rows_h);
+    if (kcm_h) cudaFreeHost(kcm_h);
+    void *dev[] = {q, score, comb, tmp, chmax, mad, qs, chans, sel, bits, x, y, W, dst};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    if (s) cudaStreamDestroy(s);
+    return st;
+}
+
 #else
+
+kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
+{
+    (void)device;
+    memset(us, 0, sizeof *us);
+    us->n = n;
+    us->k = k;
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA");
+}
 
 kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
 {

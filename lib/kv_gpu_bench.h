@@ -27,6 +27,16 @@ typedef struct {
 
 kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw);
 
+/* Each kernel of one sparse layer's selection timed alone on an idle GPU
+ * (median of several launches), microseconds, at n candidates, Llama-3.1-8B
+ * attention geometry (32/8 heads, head_dim 128), top-k rows, 8 channels. */
+typedef struct {
+    double pred_gemv, score_sketch, score_channels, softmax_combine, topk, gather;
+    int n, k;
+} kv_gpu_select_us;
+
+kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us);
+
 typedef struct {
     double ms_median, ms_p90, ms_min; /* per decoded token */
     double ms_nofetch;    /* median with sparse selection/gather switched off (0 if n/a) */
@@ -35,6 +45,7 @@ typedef struct {
     uint64_t pcie_token;  /* bytes read from host memory by the last step */
     double select_ms;     /* last step: selection stream busy time (sparse) */
     double copy_ms;       /* last step: copy stream busy time (offload) */
+    double fetch_ms;      /* last step: time in gathers / copies from host memory */
     int tokens;           /* timed tokens */
 } kv_gpu_decode_result;
 

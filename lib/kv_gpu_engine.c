@@ -126,7 +126,7 @@ enum { L_FULL = 0, L_OFFLOAD, L_QUANT, L_SPARSE };
 typedef struct {
     void *qkv;        /* (n_heads*hd + 2*n_kv*hd, ld_dim) */
     void *o;          /* (dim, ld_qd) */
-    void *gu;         /* (2*hidden, ld_dim): gate rows then up rows */
+    void *gu;         /* (2*hidden, ld_dim): gate and up rows interleaved */
     void *down;       /* (dim, ld_hid) */
     float *attn_norm; /* (dim) */
     float *ffn_norm;  /* (dim) */
@@ -171,13 +171,14 @@ struct kv_gpu_engine {
     int dim, hidden, nqh, nkv, hd, vocab, qd, kvd;
     int ld_dim, ld_qd, ld_hid;
     float eps, scale;
+    bool own_attn;       /* KV_GPU_OWN_ATTN: eng_attend for every layer */
     eng_dtype wt;
     gw_layer *w;         /* (L) */
     void *embd, *outw;   /* (vocab, ld_dim) */
     float *out_norm;     /* (dim) */
     float *inv_freq;     /* (hd/2) device */
     uint64_t wbytes, wread;
-    cudaStream_t s_main, s_side, s_copy;
+    cudaStream_t s_main, s_side, s_gath, s_copy;
     /* activations (float32, padded to ld_* with zeros) */
     float *x, *xb, *xp[2], *qkv, *att, *gu, *hb, *logits, *qpred;
     uint16_t *q16;       /* (n_heads*hd) fp16 query for kernels/ */
@@ -193,14 +194,15 @@ struct kv_gpu_engine {
     size_t dres_n;
     /* selection scratch (selection stream; layers take turns) */
     float *score, *comb, *sm_tmp, *qscale;
-    int *chans, *sel;
-    size_t score_n, sel_n, chans_n;
+    int *chans, *sel[2]; /* sel: by layer parity, so a gather overlaps the next selection */
+    size_t score_n, sel_n[2], chans_n;
     /* offload staging: two (nkv, ctx, hd) buffers each for K and V */
     uint16_t *stage_k[2], *stage_v[2];
     int *off_list, n_off;
     cudaEvent_t ev_done[2], ev_rope;
     cudaEvent_t *ev_x, *ev_sel, *ev_copied; /* (L) */
-    cudaEvent_t *ev_p0, *ev_p1;             /* (L) profile: side work start/end */
+    cudaEvent_t *ev_topk;                   /* (L) selection done, gather may start */
+    cudaEvent_t *ev_p0, *ev_p1, *ev_g0, *ev_g1; /* (L) profile: selection start/end, gather */
     gl_layer *lay;       /* (L) */
 };
 
@@ -228,8 +230,11 @@ static void cand_range(const gl_layer *y, int T, int *cs, int *cend)
     *cend = e;
 }
 
+/* fp16 attention from kernels/ where it has the geometry; the engine's own
+ * eng_attend otherwise (or everywhere with KV_GPU_OWN_ATTN set, to compare). */
 static bool use_kernels_f16(const kv_gpu_engine *e)
 {
+    if (e->own_attn) return false;
     int g = e->nqh / e->nkv;
     return (e->hd == 64 || e->hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8);
 }
@@ -248,18 +253,22 @@ static kv_status ensure_ws(kv_gpu_engine *e, size_t bytes)
 // --- weights --------------------------------------------------------------------
 
 /*
- * Upload the rows of nparts matrices (same cols) one after another as one
- * (sum rows, ld) matrix of the engine's weight type, zero-padded to ld.
- * Rows are converted on the host in chunks through one staging buffer.
+ * Upload the rows of nparts matrices (same cols) as one (sum rows, ld)
+ * matrix of the engine's weight type, zero-padded to ld: one after another,
+ * or with interleave (two parts of equal rows) as a0, b0, a1, b1, ... (the
+ * gate/up layout of the fused SwiGLU GEMV).  Rows are converted on the host
+ * in chunks through one staging buffer.
  */
 static kv_status upload_matrix(kv_gpu_engine *e, const kv_weight *const *parts, int nparts, int ld,
-                               void **dst, const char *what)
+                               bool interleave, void **dst, const char *what)
 {
     size_t rows = 0;
     int cols = parts[0]->cols;
     for (int i = 0; i < nparts; i++) {
         if (parts[i]->cols != cols || !parts[i]->data)
             return kv_fail(KV_E_DATA, "%s: parts of different widths", what);
+        if (interleave && parts[i]->rows != parts[0]->rows)
+            return kv_fail(KV_E_DATA, "%s: interleaved parts of different heights", what);
         rows += (size_t)parts[i]->rows;
     }
     TRY(dalloc(dst, rows * (size_t)ld * 2, what));
@@ -267,51 +276,58 @@ static kv_status upload_matrix(kv_gpu_engine *e, const kv_weight *const *parts, 
     const size_t chunk = 4096; /* rows per staging round */
     uint16_t *stage = malloc(chunk * (size_t)ld * 2);
     if (!stage) return kv_fail(KV_E_NOMEM, "out of memory staging %s", what);
-    size_t done = 0;
     kv_status st = KV_OK;
-    for (int p = 0; p < nparts && !st; p++) {
-        const kv_weight *w = parts[p];
-        bool same = (w->type == KV_W_F16 && e->wt == ENG_F16) ||
-                    (w->type == KV_W_BF16 && e->wt == ENG_BF16);
-        for (int r0 = 0; r0 < w->rows && !st; r0 += (int)chunk) {
-            int nr = w->rows - r0 < (int)chunk ? w->rows - r0 : (int)chunk;
-            int bad = 0;
+    for (size_t r0 = 0; r0 < rows && !st; r0 += chunk) {
+        int nr = rows - r0 < chunk ? (int)(rows - r0) : (int)chunk;
+        int bad = 0;
 #pragma omp parallel for schedule(static)
-            for (int r = 0; r < nr; r++) {
-                uint16_t *o = stage + (size_t)r * ld;
-                if (same) {
-                    memcpy(o, (const uint8_t *)w->data + (size_t)(r0 + r) * cols * 2, (size_t)cols * 2);
-                } else {
-                    float *f = malloc((size_t)cols * sizeof(float));
-                    if (!f) {
+        for (int r = 0; r < nr; r++) {
+            size_t ro = r0 + (size_t)r; /* output row -> (part, row) */
+            int part = 0;
+            size_t rs = ro;
+            if (interleave) {
+                part = (int)(ro % (size_t)nparts);
+                rs = ro / (size_t)nparts;
+            } else {
+                while (rs >= (size_t)parts[part]->rows) rs -= (size_t)parts[part++]->rows;
+            }
+            const kv_weight *w = parts[part];
+            bool same = (w->type == KV_W_F16 && e->wt == ENG_F16) ||
+                        (w->type == KV_W_BF16 && e->wt == ENG_BF16);
+            uint16_t *o = stage + (size_t)r * ld;
+            if (same) {
+                memcpy(o, (const uint8_t *)w->data + rs * (size_t)cols * 2, (size_t)cols * 2);
+            } else {
+                float *f = malloc((size_t)cols * sizeof(float));
+                if (!f) {
 #pragma omp atomic write
-                        bad = 1;
-                        continue;
-                    }
-                    kv_weight_row(w, r0 + r, f);
-                    for (int c = 0; c < cols; c++)
-                        o[c] = e->wt == ENG_BF16 ? kv_f32_to_bf16(f[c]) : kv_f32_to_half(f[c]);
-                    free(f);
+                    bad = 1;
+                    continue;
                 }
-                for (int c = cols; c < ld; c++) o[c] = 0;
+                kv_weight_row(w, (int)rs, f);
+                for (int c = 0; c < cols; c++)
+                    o[c] = e->wt == ENG_BF16 ? kv_f32_to_bf16(f[c]) : kv_f32_to_half(f[c]);
+                free(f);
             }
-            if (bad) {
-                st = kv_fail(KV_E_NOMEM, "out of memory converting %s", what);
-                break;
-            }
-            cudaError_t ce = cudaMemcpy((uint8_t *)*dst + done * (size_t)ld * 2, stage,
-                                        (size_t)nr * ld * 2, cudaMemcpyHostToDevice);
-            if (ce != cudaSuccess) st = cuda_fail(ce, "weight upload", __LINE__);
-            done += (size_t)nr;
+            for (int c = cols; c < ld; c++) o[c] = 0;
         }
+        if (bad) {
+            st = kv_fail(KV_E_NOMEM, "out of memory converting %s", what);
+            break;
+        }
+        cudaError_t ce = cudaMemcpy((uint8_t *)*dst + r0 * (size_t)ld * 2, stage, (size_t)nr * ld * 2,
+                                    cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) st = cuda_fail(ce, "weight upload", __LINE__);
     }
     free(stage);
     return st;
 }
 
+/* n floats, zero-padded to a multiple of 8 (GEMV inputs are read in 8s). */
 static kv_status upload_f32(const float *src, int n, float **dst, const char *what)
 {
-    TRY(dalloc(dst, (size_t)n * sizeof(float), what));
+    TRY(dalloc(dst, (size_t)pad8(n) * sizeof(float), what));
+    CK(cudaMemset(*dst, 0, (size_t)pad8(n) * sizeof(float)));
     CK(cudaMemcpy(*dst, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
     return KV_OK;
 }
@@ -347,21 +363,21 @@ static kv_status load_weights(kv_gpu_engine *e)
             const kv_weight *gu[2] = {&lw->w_gate, &lw->w_up};
             const kv_weight *dn[1] = {&lw->w_down};
             w->owner = true;
-            TRY(upload_matrix(e, qkv, 3, e->ld_dim, &w->qkv, "layer wq/wk/wv"));
-            TRY(upload_matrix(e, o, 1, e->ld_qd, &w->o, "layer wo"));
-            TRY(upload_matrix(e, gu, 2, e->ld_dim, &w->gu, "layer w_gate/w_up"));
-            TRY(upload_matrix(e, dn, 1, e->ld_hid, &w->down, "layer w_down"));
+            TRY(upload_matrix(e, qkv, 3, e->ld_dim, false, &w->qkv, "layer wq/wk/wv"));
+            TRY(upload_matrix(e, o, 1, e->ld_qd, false, &w->o, "layer wo"));
+            TRY(upload_matrix(e, gu, 2, e->ld_dim, true, &w->gu, "layer w_gate/w_up"));
+            TRY(upload_matrix(e, dn, 1, e->ld_hid, false, &w->down, "layer w_down"));
         }
         TRY(upload_f32(lw->attn_norm, e->dim, &w->attn_norm, "attn_norm"));
         TRY(upload_f32(lw->ffn_norm, e->dim, &w->ffn_norm, "ffn_norm"));
     }
     const kv_weight *em[1] = {&m->tok_embd};
-    TRY(upload_matrix(e, em, 1, e->ld_dim, &e->embd, "token embedding"));
+    TRY(upload_matrix(e, em, 1, e->ld_dim, false, &e->embd, "token embedding"));
     if (m->cfg.shared_classifier || m->output.data == m->tok_embd.data) {
         e->outw = e->embd;
     } else {
         const kv_weight *ou[1] = {&m->output};
-        TRY(upload_matrix(e, ou, 1, e->ld_dim, &e->outw, "classifier"));
+        TRY(upload_matrix(e, ou, 1, e->ld_dim, false, &e->outw, "classifier"));
     }
     TRY(upload_f32(m->output_norm, e->dim, &e->out_norm, "output_norm"));
     /* bytes one decode step reads: every layer's matrices and the classifier */
@@ -658,7 +674,8 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
             TRY(dalloc(&e->comb, (size_t)e->nkv * ncand * 4, "selection scores"));
             e->score_n = (size_t)e->nqh * ncand;
         }
-        TRY(grow_i32(&e->sel, &e->sel_n, (size_t)nkv * (y->kmax + 1), "selection ids"));
+        for (int i = 0; i < 2; i++)
+            TRY(grow_i32(&e->sel[i], &e->sel_n[i], (size_t)nkv * (y->kmax + 1), "selection ids"));
         TRY(grow_i32(&e->chans, &e->chans_n, (size_t)nkv * p->channels, "critical channels"));
         break;
     }
@@ -693,13 +710,18 @@ static kv_status attend_dense(kv_gpu_engine *e, const uint16_t *K, const uint16_
 }
 
 /*
- * Token selection and gather of sparse layer l for this step (T tokens after
- * the append), with query q (n_heads, hd) float, on stream s.  Fills rows
+ * Token selection of sparse layer l for this step (T tokens after the
+ * append), with query q (n_heads, hd) float, on stream s, then the gather of
+ * the chosen rows on stream sg (which may be s).  Fills rows
  * [start, start + kk + cs) of the layer's attention buffer and sets
- * start/natt.
+ * start/natt.  The gather runs on its own stream on the selection path so
+ * that the next layer's scoring overlaps this layer's PCIe reads.
  */
-static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStream_t s)
+static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStream_t s,
+                               cudaStream_t sg)
 {
+    int *sel = e->sel[l & 1];
+    bool g0_done = false; /* profile: first host read recorded */
     gl_layer *y = &e->lay[l];
     const kv_policy_params *p = &y->prm;
     const int T = e->pos + 1, nkv = e->nkv, hd = e->hd;
@@ -728,10 +750,14 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
                 CK(eng_score_sketch(q, y->sketch, y->Tp, y->kmad, e->nqh, nkv, hd, cs, cend,
                                     e->score, s));
             } else if (p->select_exact) {
+                if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
+                g0_done = true;
                 CK(eng_score_exact(q, y->rows_d, ENG_F16, e->nqh, nkv, hd, cs, cend, e->score, s));
                 fetched += (uint64_t)ncand * nkv * hd * 2;
             } else {
                 int C = p->channels;
+                if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
+                g0_done = true;
                 CK(eng_select_channels(q, y->chmax, e->nqh, nkv, hd, C, e->chans, e->qscale, s));
                 CK(eng_score_channels(q, e->chans, e->qscale, y->kcm_d, ENG_F16, y->ldc, e->nqh,
                                       nkv, hd, C, cs, cend, e->score, s));
@@ -744,11 +770,17 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
         } else {
             CK(eng_fill_f32(e->comb, (size_t)nkv * ncand, 0.0f, s)); /* take every candidate */
         }
-        CK(eng_topk(e->comb, nkv, ncand, kk, cs, e->sel, s));
+        CK(eng_topk(e->comb, nkv, ncand, kk, cs, sel, s));
+    }
+    if (sg != s) {
+        CK(cudaEventRecord(e->ev_topk[l], s));
+        CK(cudaStreamWaitEvent(sg, e->ev_topk[l], 0));
     }
     size_t off = (size_t)y->start * hd;
-    CK(eng_gather_rows(y->rows_d, nkv, hd, ENG_F16, e->sel, kk, y->sink, cs, y->ak + off,
-                       y->av + off, (size_t)y->cap, s));
+    if (e->o.profile && !g0_done) CK(cudaEventRecord(e->ev_g0[l], sg));
+    CK(eng_gather_rows(y->rows_d, nkv, hd, ENG_F16, sel, kk, y->sink, cs, y->ak + off,
+                       y->av + off, (size_t)y->cap, sg));
+    if (e->o.profile) CK(cudaEventRecord(e->ev_g1[l], sg));
     y->fetched_last = fetched;
     y->fetched_total += fetched;
     return KV_OK;
@@ -901,13 +933,13 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
             CK(eng_gemv(e->w[l + 1].qkv, e->wt, e->qd, e->ld_dim, xp, e->qpred, 0, e->s_side));
             CK(eng_rope_store(e->qpred, NULL, e->nqh, NULL, NULL, 0, hd, e->inv_freq, pos, NULL,
                               NULL, 0, e->s_side));
-            TRY(sparse_select(e, l + 1, e->qpred, e->s_side));
-            if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l + 1], e->s_side));
-            CK(cudaEventRecord(e->ev_sel[l + 1], e->s_side));
+            TRY(sparse_select(e, l + 1, e->qpred, e->s_side, e->s_gath));
+            if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l + 1], e->s_gath));
+            CK(cudaEventRecord(e->ev_sel[l + 1], e->s_gath));
             side_last = l + 1;
         }
-        CK(eng_rmsnorm(e->x, w->attn_norm, e->dim, e->eps, e->xb, s));
-        CK(eng_gemv(w->qkv, e->wt, e->qd + 2 * e->kvd, e->ld_dim, e->xb, e->qkv, 0, s));
+        CK(eng_gemv_norm(w->qkv, e->wt, e->qd + 2 * e->kvd, e->ld_dim, e->x, w->attn_norm, e->dim,
+                         e->eps, e->qkv, 0, s));
         float *q = e->qkv, *k = q + e->qd, *v = k + e->kvd;
         uint16_t *kd = NULL, *vd = NULL;
         size_t hs = 0;
@@ -978,7 +1010,7 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
                 } else {
                     /* the selection scratch is shared with the selection stream */
                     if (side_last >= 0) CK(cudaStreamWaitEvent(s, e->ev_sel[side_last], 0));
-                    TRY(sparse_select(e, l, q, s));
+                    TRY(sparse_select(e, l, q, s, s));
                 }
                 TRY(attend_dense(e, y->ak + (size_t)y->start * hd, y->av + (size_t)y->start * hd,
                                  (size_t)y->cap * hd, y->natt, s));
@@ -988,14 +1020,13 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
             y->attends++;
         }
         CK(eng_gemv(w->o, e->wt, e->dim, e->ld_qd, e->att, e->x, 1, s));
-        CK(eng_rmsnorm(e->x, w->ffn_norm, e->dim, e->eps, e->xb, s));
-        CK(eng_gemv(w->gu, e->wt, 2 * e->hidden, e->ld_dim, e->xb, e->gu, 0, s));
-        CK(eng_swiglu(e->gu, e->hidden, e->hb, s));
+        CK(eng_gemv_norm(w->gu, e->wt, e->hidden, e->ld_dim, e->x, w->ffn_norm, e->dim, e->eps,
+                         e->hb, 1, s));
         CK(eng_gemv(w->down, e->wt, e->dim, e->ld_hid, e->hb, e->x, 1, s));
     }
     if (want_logits) {
-        CK(eng_rmsnorm(e->x, e->out_norm, e->dim, e->eps, e->xb, s));
-        CK(eng_gemv(e->outw, e->wt, e->vocab, e->ld_dim, e->xb, e->logits, 0, s));
+        CK(eng_gemv_norm(e->outw, e->wt, e->vocab, e->ld_dim, e->x, e->out_norm, e->dim, e->eps,
+                         e->logits, 0, s));
     }
     return KV_OK;
 }
@@ -1030,9 +1061,15 @@ static kv_status engine_init(kv_gpu_engine *e)
         return kv_fail(KV_E_UNSUPPORTED, "GPU engine: head_dim %d, %d/%d heads, rope_dim %d not "
                        "supported (head_dim a power of two 8..256, query group <= 8)",
                        c->head_dim, c->n_heads, c->n_kv_heads, c->rope_dim);
-    CK(cudaStreamCreateWithFlags(&e->s_main, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&e->s_side, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&e->s_copy, cudaStreamNonBlocking));
+    /* the selection stream runs at a higher priority: its small kernels
+     * must get SMs as soon as the main stream's GEMV blocks drain, or the
+     * selection falls behind the layer it feeds */
+    int prio_lo = 0, prio_hi = 0;
+    CK(cudaDeviceGetStreamPriorityRange(&prio_lo, &prio_hi));
+    CK(cudaStreamCreateWithPriority(&e->s_main, cudaStreamNonBlocking, prio_lo));
+    CK(cudaStreamCreateWithPriority(&e->s_side, cudaStreamNonBlocking, prio_hi));
+    CK(cudaStreamCreateWithPriority(&e->s_gath, cudaStreamNonBlocking, prio_hi));
+    CK(cudaStreamCreateWithPriority(&e->s_copy, cudaStreamNonBlocking, prio_hi));
     for (int i = 0; i < 2; i++) {
         CK(cudaEventCreateWithFlags(&e->ev_done[i], cudaEventDisableTiming));
         CK(cudaEventRecord(e->ev_done[i], e->s_main));
@@ -1042,8 +1079,11 @@ static kv_status engine_init(kv_gpu_engine *e)
         CK(cudaEventCreateWithFlags(&e->ev_x[l], cudaEventDisableTiming));
         CK(cudaEventCreateWithFlags(&e->ev_sel[l], cudaEventDisableTiming));
         CK(cudaEventCreateWithFlags(&e->ev_copied[l], cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&e->ev_topk[l], cudaEventDisableTiming));
         CK(cudaEventCreate(&e->ev_p0[l]));
         CK(cudaEventCreate(&e->ev_p1[l]));
+        CK(cudaEventCreate(&e->ev_g0[l]));
+        CK(cudaEventCreate(&e->ev_g1[l]));
     }
     /* weights */
     kv_wtype src = e->m->layers[0].wq.type;
@@ -1062,7 +1102,8 @@ static kv_status engine_init(kv_gpu_engine *e)
         {&e->x, pad8(e->dim)},       {&e->xb, e->ld_dim},          {&e->xp[0], e->ld_dim},
         {&e->xp[1], e->ld_dim},      {&e->qkv, e->qd + 2 * e->kvd}, {&e->att, e->ld_qd},
         {&e->gu, 2 * e->hidden},     {&e->hb, e->ld_hid},          {&e->logits, e->vocab},
-        {&e->qpred, e->qd},          {&e->qscale, e->nqh},         {&e->sm_tmp, 2 * e->nqh},
+        {&e->qpred, e->qd},          {&e->qscale, e->nqh},
+        {&e->sm_tmp, (int)eng_softmax_tmp(e->nqh)},
     };
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
         TRY(dalloc(acts[i].p, (size_t)acts[i].n * sizeof(float), "activations"));
@@ -1104,16 +1145,20 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
     e->ld_hid = pad8(e->hidden);
     e->eps = c->norm_eps;
     e->scale = 1.0f / sqrtf((float)e->hd);
+    e->own_attn = getenv("KV_GPU_OWN_ATTN") != NULL;
     e->w = calloc((size_t)e->L, sizeof *e->w);
     e->lay = calloc((size_t)e->L, sizeof *e->lay);
     e->off_list = calloc((size_t)e->L, sizeof(int));
     e->ev_x = calloc((size_t)e->L, sizeof(cudaEvent_t));
     e->ev_sel = calloc((size_t)e->L, sizeof(cudaEvent_t));
     e->ev_copied = calloc((size_t)e->L, sizeof(cudaEvent_t));
+    e->ev_topk = calloc((size_t)e->L, sizeof(cudaEvent_t));
     e->ev_p0 = calloc((size_t)e->L, sizeof(cudaEvent_t));
     e->ev_p1 = calloc((size_t)e->L, sizeof(cudaEvent_t));
+    e->ev_g0 = calloc((size_t)e->L, sizeof(cudaEvent_t));
+    e->ev_g1 = calloc((size_t)e->L, sizeof(cudaEvent_t));
     if (!e->w || !e->lay || !e->off_list || !e->ev_x || !e->ev_sel || !e->ev_copied || !e->ev_p0 ||
-        !e->ev_p1) {
+        !e->ev_p1 || !e->ev_topk || !e->ev_g0 || !e->ev_g1) {
         kv_gpu_engine_free(e);
         return kv_fail(KV_E_NOMEM, "out of memory");
     }
@@ -1167,25 +1212,33 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     dfree(&e->dres_k);
     dfree(&e->dres_v);
     dfree(&e->chans);
-    dfree(&e->sel);
+    dfree(&e->sel[0]);
+    dfree(&e->sel[1]);
     for (int l = 0; e->ev_x && l < e->L; l++) {
         if (e->ev_x[l]) cudaEventDestroy(e->ev_x[l]);
         if (e->ev_sel[l]) cudaEventDestroy(e->ev_sel[l]);
         if (e->ev_copied[l]) cudaEventDestroy(e->ev_copied[l]);
+        if (e->ev_topk[l]) cudaEventDestroy(e->ev_topk[l]);
         if (e->ev_p0[l]) cudaEventDestroy(e->ev_p0[l]);
         if (e->ev_p1[l]) cudaEventDestroy(e->ev_p1[l]);
+        if (e->ev_g0[l]) cudaEventDestroy(e->ev_g0[l]);
+        if (e->ev_g1[l]) cudaEventDestroy(e->ev_g1[l]);
     }
     for (int i = 0; i < 2; i++)
         if (e->ev_done[i]) cudaEventDestroy(e->ev_done[i]);
     if (e->ev_rope) cudaEventDestroy(e->ev_rope);
     if (e->s_main) cudaStreamDestroy(e->s_main);
     if (e->s_side) cudaStreamDestroy(e->s_side);
+    if (e->s_gath) cudaStreamDestroy(e->s_gath);
     if (e->s_copy) cudaStreamDestroy(e->s_copy);
     free(e->ev_x);
     free(e->ev_sel);
     free(e->ev_copied);
+    free(e->ev_topk);
     free(e->ev_p0);
     free(e->ev_p1);
+    free(e->ev_g0);
+    free(e->ev_g1);
     free(e->off_list);
     free(e->lay);
     free(e->w);
@@ -1449,6 +1502,16 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
     }
 }
 
+static float elapsed(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        ms = 0;
+    }
+    return ms;
+}
+
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
 {
     memset(t, 0, sizeof *t);
@@ -1456,15 +1519,15 @@ void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
     cudaDeviceSynchronize();
     for (int l = 0; l < e->L; l++) {
         const gl_layer *y = &e->lay[l];
-        float ms = 0;
-        if ((y->kind == L_SPARSE && wants_pred(e, l)) || y->kind == L_OFFLOAD) {
-            if (cudaEventElapsedTime(&ms, e->ev_p0[l], e->ev_p1[l]) != cudaSuccess) {
-                (void)cudaGetLastError();
-                ms = 0;
-            }
+        if (y->kind == L_SPARSE && wants_pred(e, l) && !e->o.no_fetch) {
+            t->select_ms += elapsed(e->ev_p0[l], e->ev_p1[l]);
+            t->fetch_ms += elapsed(e->ev_g0[l], e->ev_g1[l]);
         }
-        if (y->kind == L_SPARSE) t->select_ms += ms;
-        if (y->kind == L_OFFLOAD) t->copy_ms += ms;
+        if (y->kind == L_OFFLOAD) {
+            float ms = elapsed(e->ev_p0[l], e->ev_p1[l]);
+            t->copy_ms += ms;
+            t->fetch_ms += ms;
+        }
     }
 }
 

@@ -125,8 +125,9 @@ uint64_t kv_gpu_engine_weight_read_bytes(const kv_gpu_engine *e);
 /* Side-stream times of the last step (opts.profile): the copy stream's or
  * the selection stream's busy time, summed over layers, in ms. */
 typedef struct {
-    double select_ms; /* sparse: predicted query, scoring, top-K and gather */
+    double select_ms; /* sparse: predicted query, scoring, top-K and gather, start to end */
     double copy_ms;   /* offload: host-to-device copies of K/V */
+    double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
 

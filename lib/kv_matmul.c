@@ -8,6 +8,7 @@
  */
 #include "kv_matmul.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -375,6 +376,26 @@ void kv_matvec(const kv_weight *w, const float *x, float *y)
     for (int r = 0; r < rows; r++) y[r] = dot(base + (size_t)r * rb, x, cols);
 }
 
+void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *const *y)
+{
+    k_ready();
+    int start[5] = {0};
+    long work = 0;
+    for (int i = 0; i < n; i++) {
+        start[i + 1] = start[i] + w[i]->rows;
+        work += (long)w[i]->rows * w[i]->cols;
+    }
+    const int total = start[n];
+#pragma omp parallel for schedule(static) if (work > 32768)
+    for (int r = 0; r < total; r++) {
+        int i = 0;
+        while (r >= start[i + 1]) i++;
+        const kv_weight *wi = w[i];
+        size_t rb = kv_wtype_row_bytes(wi->type, wi->cols);
+        y[i][r - start[i]] = K.dot[wi->type]((const uint8_t *)wi->data + (size_t)(r - start[i]) * rb, x, wi->cols);
+    }
+}
+
 #define KV_MM_TOKENS 64 /* tokens per tile: one decoded row serves this many */
 
 void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
@@ -429,4 +450,28 @@ void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
             free(buf);
         }
     }
+}
+
+void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, int D, float scale,
+                        float *out, float *probs, float *s)
+{
+    k_ready();
+    memset(out, 0, (size_t)D * sizeof(float));
+    if (T <= 0) return;
+    float mx = -INFINITY;
+    for (int t = 0; t < T; t++) {
+        s[t] = K.dot_f32(q, k + (size_t)t * D, D) * scale;
+        if (s[t] > mx) mx = s[t];
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < T; t++) {
+        s[t] = expf(s[t] - mx);
+        sum += s[t];
+    }
+    float inv = 1.0f / sum;
+    for (int t = 0; t < T; t++) {
+        s[t] *= inv;
+        K.axpy(s[t], v + (size_t)t * D, out, D);
+    }
+    if (probs) memcpy(probs, s, (size_t)T * sizeof(float));
 }

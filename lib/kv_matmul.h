@@ -16,6 +16,10 @@
 /* y (rows) = W (rows, cols) · x (cols). */
 void kv_matvec(const kv_weight *w, const float *x, float *y);
 
+/* Several matrices with the same input in one parallel region (q/k/v,
+ * gate/up): y[i] (w[i].rows) = w[i] · x, for i < n (n <= 4). */
+void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *const *y);
+
 /* Y (n, rows) = X (n, cols) · Wᵀ : n tokens at once (prefill). */
 void kv_matmul(const kv_weight *w, const float *X, int n, float *Y);
 
@@ -26,6 +30,16 @@ void kv_weight_row(const kv_weight *w, int r, float *out);
 float kv_dot_f32(const float *a, const float *b, int n);
 /* y (n) += a * x (n) */
 void kv_axpy_f32(float a, const float *x, float *y, int n);
+
+/*
+ * One query head attending T keys and values (each (T, D) rows, contiguous):
+ * scores q·k_t * scale in float (vectorised dot products), softmax with the
+ * maximum subtracted, output sum_t p_t v_t accumulated in float in token
+ * order.  probs (T) receives the probabilities when not NULL; s is scratch
+ * of T floats.  About 5x faster than a plain loop at T = 4096, D = 64.
+ */
+void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, int D, float scale,
+                        float *out, float *probs, float *s);
 
 /* Which inner kernels were chosen: "avx2" or "portable". */
 const char *kv_matmul_isa(void);

@@ -5,7 +5,7 @@
  * label's K/V for every layer plus a per-token importance.  Requests that
  * share a prefix share the nodes of that prefix, so a put stores only the
  * new suffix.  Each node also carries a tier (gpu, host, disk): a placement
- * decision a server would follow, made by kv_store_place under byte budgets;
+ * decision a server would follow, made by kv_tree_store_place under byte budgets;
  * disk chunks are zstd-compressed and, when a caller asks, contribute only
  * their most important tokens to a get.
  *
@@ -119,17 +119,17 @@ kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention);
 
 // --- the store on disk -----------------------------------------------------
 
-typedef struct kv_store kv_store;
+typedef struct kv_tree_store kv_tree_store;
 
 /* Create a store directory (its parent must exist); KV_E_CANTCREATE if it
  * already holds an index. */
-kv_status kv_store_init(const char *dir);
+kv_status kv_tree_store_init(const char *dir);
 /* Open a store; write = take the lock exclusively (else shared). */
-kv_status kv_store_open(const char *dir, bool write, kv_store **out);
-void kv_store_close(kv_store *s);
-const kv_tree *kv_store_tree(const kv_store *s);
+kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out);
+void kv_tree_store_close(kv_tree_store *s);
+const kv_tree *kv_tree_store_tree(const kv_tree_store *s);
 /* Commit the index after changes (atomic), then delete replaced chunks. */
-kv_status kv_store_save(kv_store *s);
+kv_status kv_tree_store_save(kv_tree_store *s);
 
 typedef struct {
     int tokens, matched;
@@ -143,7 +143,7 @@ typedef struct {
 } kv_put_report;
 
 /* Insert a .kvc (plain K/V with a tokens tensor). */
-kv_status kv_store_put(kv_store *s, const kvc_file *f, kv_tier tier, int zstd_level, int64_t now,
+kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, int zstd_level, int64_t now,
                        kv_put_report *r);
 
 typedef struct {
@@ -159,7 +159,7 @@ typedef struct {
  * frac in (0, 1): disk-tier chunks contribute only their top
  * ceil(frac * n) tokens by importance (frac >= 1: everything).  touch:
  * count the hit and update last-use times (the caller then saves). */
-kv_status kv_store_get(kv_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
+kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
                        const char *out_path, kv_get_report *r);
 
 typedef struct {
@@ -173,7 +173,7 @@ typedef struct {
 double kv_tree_score(const kv_tree_node *nd, int64_t now, double half_life);
 /* Assign tiers under the budgets (bytes of uncompressed K/V) and rewrite the
  * chunks whose compression changes. */
-kv_status kv_store_place(kv_store *s, uint64_t gpu_bytes, uint64_t host_bytes, double half_life,
+kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t host_bytes, double half_life,
                          int zstd_level, int64_t now, kv_place_report *r);
 
 typedef struct {
@@ -184,10 +184,10 @@ typedef struct {
 } kv_evict_report;
 
 /* Remove every cached token that follows the prefix tok[0..n) (n >= 1). */
-kv_status kv_store_rm(kv_store *s, const int32_t *tok, int n, kv_evict_report *r);
+kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict_report *r);
 /* Evict lowest-score leaves until chunk files total <= max_bytes; also
  * delete orphaned chunk files. */
-kv_status kv_store_gc(kv_store *s, uint64_t max_bytes, double half_life, int64_t now,
+kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_life, int64_t now,
                       kv_evict_report *r);
 
 typedef struct {
@@ -199,11 +199,7 @@ typedef struct {
 
 /* Verify every chunk against the index.  Returns KV_OK even when problems
  * are found (they are in the report); other statuses mean it could not run. */
-kv_status kv_store_check(kv_store *s, kv_check_report *r);
+kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r);
 void kv_check_report_free(kv_check_report *r);
-
-/* Parse token ids from text: decimal integers separated by whitespace,
- * commas or brackets (a JSON array works).  *out is malloc'd. */
-kv_status kv_tokens_parse(const char *text, size_t len, int32_t **out, int *n);
 
 #endif

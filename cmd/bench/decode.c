@@ -159,6 +159,8 @@ int kv_bench_decode_main(int argc, char **argv)
     kv_gpu_bw bw;
     kv_status st = kv_gpu_bw_measure(device, &bw);
     if (st) return kv_report(st, "bandwidth");
+    kv_gpu_select_us sel_us;
+    if ((st = kv_gpu_bench_select(device, ctx[nctx - 1], topk, &sel_us))) return kv_report(st, "selection kernels");
     kv_model *m = NULL;
     kv_progress("building synthetic %s", synth);
     if ((st = kv_model_synthetic(synth, seed, wt, &m))) return kv_report(st, "synthetic %s", synth);
@@ -233,6 +235,10 @@ int kv_bench_decode_main(int argc, char **argv)
         printf("  \"bandwidth\": {\"h2d\": %.4e, \"d2h\": %.4e, \"d2d_copy\": %.4e, \"zero_copy_read\": %.4e, "
                "\"zero_copy_gather_512B\": %.4e, \"memcpy_gather_512B\": %.4e},\n",
                bw.h2d, bw.d2h, bw.d2d, bw.zc_read, bw.zc_gather, bw.memcpy_gather);
+        printf("  \"select_kernels_us\": {\"candidates\": %d, \"topk\": %d, \"pred_gemv\": %.1f, "
+               "\"score_sketch\": %.1f, \"score_channels\": %.1f, \"softmax_combine\": %.1f, "
+               "\"topk_select\": %.1f, \"gather\": %.1f},\n", sel_us.n, sel_us.k, sel_us.pred_gemv,
+               sel_us.score_sketch, sel_us.score_channels, sel_us.softmax_combine, sel_us.topk, sel_us.gather);
         printf("  \"contexts\": [\n");
         for (int ci = 0; ci < nctx; ci++) {
             printf("    {\"T\": %d, \"policies\": {\n", ctx[ci]);
@@ -247,12 +253,13 @@ int kv_bench_decode_main(int argc, char **argv)
                     continue;
                 }
                 const kv_gpu_decode_result *x = &r->r;
-                double side = p == P_OFFLOAD ? x->copy_ms : x->select_ms;
+                double side = x->fetch_ms;
                 printf("{\"ms_per_token\": %.4f, \"ms_p90\": %.4f, \"tokens\": %d, \"gpu_kv_bytes\": %llu, "
                        "\"host_kv_bytes\": %llu, \"pcie_bytes_per_token\": %llu",
                        x->ms_median, x->ms_p90, x->tokens, (unsigned long long)x->gpu_kv,
                        (unsigned long long)x->host_kv, (unsigned long long)x->pcie_token);
-                if (side > 0) printf(", \"side_stream_ms\": %.4f, \"pcie_gbs_achieved\": %.3f", side,
+                if (x->select_ms > 0) printf(", \"select_latency_ms\": %.4f", x->select_ms);
+                if (side > 0) printf(", \"fetch_ms\": %.4f, \"pcie_gbs_achieved\": %.3f", side,
                                      (double)x->pcie_token / (side * 1e-3) / 1e9);
                 if (x->ms_nofetch > 0)
                     printf(", \"ms_no_fetch\": %.4f, \"pcie_hidden\": %.4f", x->ms_nofetch,
@@ -303,6 +310,10 @@ int kv_bench_decode_main(int argc, char **argv)
                "gather 512B rows: zero-copy %.1f vs memcpy %.2f\n",
                bw.h2d / 1e9, bw.d2h / 1e9, bw.d2d / 1e9, bw.zc_read / 1e9, bw.zc_gather / 1e9,
                bw.memcpy_gather / 1e9);
+        printf("one sparse layer's selection at %d candidates, us each alone: predicted query %.1f, "
+               "sketch scores %.1f, channel scores %.1f, softmax %.1f, top-%d %.1f, gather %.1f\n",
+               sel_us.n, sel_us.pred_gemv, sel_us.score_sketch, sel_us.score_channels,
+               sel_us.softmax_combine, sel_us.k, sel_us.topk, sel_us.gather);
         printf("%8s  %-14s %9s %11s %11s %11s %9s %8s\n", "context", "policy", "ms/token", "GPU KV MB",
                "host KV MB", "PCIe MB/tok", "PCIe GB/s", "hidden");
         for (int ci = 0; ci < nctx; ci++)
@@ -314,7 +325,7 @@ int kv_bench_decode_main(int argc, char **argv)
                     continue;
                 }
                 const kv_gpu_decode_result *x = &r->r;
-                double side = p == P_OFFLOAD ? x->copy_ms : x->select_ms;
+                double side = x->fetch_ms;
                 double hid = -1;
                 if (x->ms_nofetch > 0) hid = hidden_frac(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
                 if (p == P_OFFLOAD && runs[ci][P_FULL].ran)

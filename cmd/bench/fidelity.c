@@ -12,7 +12,6 @@
 #include "kv_cli.h"
 #include "kv_compare.h"
 #include "kv_engine.h"
-#include "kv_json.h"
 #include "kv_niah.h"
 #include "kv_tokenizer.h"
 
@@ -21,7 +20,7 @@ int kv_bench_fidelity_main(int argc, char **argv);
 /* getopt returns the short letter for a short option: ids of options with
  * one are that letter */
 enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_TEXT = 256, O_TOKENS, O_PREFIX,
-       O_MAXTOK, O_REF, O_JSON, O_THREADS };
+       O_MAXTOK, O_REF, O_PERPOS, O_JSON, O_THREADS };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
@@ -32,6 +31,7 @@ static const kv_option opts[] = {
     {O_REF, 0, "reference", "SPEC", "reference policy (default: full, f32)"},
     {O_PREFIX, 0, "prefix", "N", "tokens prefilled densely (default: half of the sequence)"},
     {O_MAXTOK, 0, "max-tokens", "N", "use the first N tokens (default: the model's context)"},
+    {O_PERPOS, 0, "per-position", NULL, "add each position's KL and top-1 agreement to the JSON"},
     {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
     {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
     {0, 0, NULL, NULL, NULL},
@@ -50,7 +50,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
     const char *model = NULL, *tokp = NULL, *text = NULL, *tokfile = NULL, *refspec = NULL, *a;
     const char *pols[64];
     int npol = 0, maxtok = 0, oi;
-    bool json = false;
+    bool json = false, per_pos = false;
     kv_compare_opts co;
     kv_compare_opts_default(&co);
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -66,6 +66,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
         case O_REF: refspec = a; break;
         case O_PREFIX: co.prefix = (int)kv_cli_long("--prefix", a, 1, 1 << 30); break;
         case O_MAXTOK: maxtok = (int)kv_cli_long("--max-tokens", a, 3, 1 << 30); break;
+        case O_PERPOS: per_pos = true; break;
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         }
@@ -139,52 +140,9 @@ int kv_bench_fidelity_main(int argc, char **argv)
         rc = kv_report(st, "compare");
         goto out;
     }
-    if (kv_want_json(stdout, json)) {
-        printf("{\"tool\": \"kv-bench fidelity\", \"model\": ");
-        kv_json_string(stdout, model);
-        printf(", \"reference\": ");
-        kv_json_string(stdout, refspec ? refspec : "full");
-        printf(", \"n_tokens\": %d, \"prefix\": %d, \"n_scored\": %d, \"ppl_reference\": ", n,
-               res[0].prefix, res[0].n_scored);
-        kv_json_number(stdout, res[0].ppl_ref);
-        printf(", \"reference_resident_bytes\": %llu, \"results\": [",
-               (unsigned long long)res[0].bytes_ref.resident);
-        for (int i = 0; i < npol; i++) {
-            const kv_compare_result *r = &res[i];
-            printf("%s\n  {\"policy\": ", i ? "," : "");
-            kv_json_string(stdout, pols[i]);
-            printf(", \"kl_mean\": ");
-            kv_json_number(stdout, r->kl_mean);
-            printf(", \"kl_max\": ");
-            kv_json_number(stdout, r->kl_max);
-            printf(", \"top1_agreement\": ");
-            kv_json_number(stdout, r->top1);
-            printf(", \"ppl\": ");
-            kv_json_number(stdout, r->ppl_pol);
-            printf(", \"ppl_diff\": ");
-            kv_json_number(stdout, r->ppl_diff);
-            double steps = r->bytes_pol.attends ? (double)r->bytes_pol.attends / L : 0;
-            printf(", \"resident_bytes\": %llu, \"host_bytes\": %llu, \"fetched_bytes_per_step\": %.0f}",
-                   (unsigned long long)r->bytes_pol.resident, (unsigned long long)r->bytes_pol.host,
-                   steps > 0 ? (double)r->bytes_pol.fetched_total / steps : 0.0);
-        }
-        printf("\n]}\n");
-    } else {
-        printf("%d tokens, %d prefilled densely, %d positions scored; reference %s: ppl %.4f, %llu bytes\n",
-               n, res[0].prefix, res[0].n_scored, refspec ? refspec : "full", res[0].ppl_ref,
-               (unsigned long long)res[0].bytes_ref.resident);
-        printf("%-40s %10s %10s %7s %10s %10s %12s %10s %12s\n", "policy", "KL mean", "KL max",
-               "top-1", "ppl", "ppl diff", "resident", "host", "fetched/t");
-        for (int i = 0; i < npol; i++) {
-            const kv_compare_result *r = &res[i];
-            double steps = r->bytes_pol.attends ? (double)r->bytes_pol.attends / L : 0;
-            printf("%-40s %10.5f %10.5f %7.3f %10.4f %+10.4f %12llu %10llu %12.0f\n", pols[i],
-                   r->kl_mean, r->kl_max, r->top1, r->ppl_pol, r->ppl_diff,
-                   (unsigned long long)r->bytes_pol.resident, (unsigned long long)r->bytes_pol.host,
-                   steps > 0 ? (double)r->bytes_pol.fetched_total / steps : 0.0);
-        }
-    }
-    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+    if ((st = kv_compare_print(stdout, kv_want_json(stdout, json), model,
+                               refspec ? refspec : "full", pols, res, npol, L, per_pos)))
+        rc = kv_report(st, "stdout");
 out:
     for (int i = 0; res && i < npol; i++) kv_compare_result_free(&res[i]);
     free(res);

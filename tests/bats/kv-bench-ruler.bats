@@ -115,3 +115,13 @@ fidelity() {
         --text "$STORIES/reference/greedy_bos_200.txt"
     assert_fails_with 64 "tokenizer"
 }
+
+@test "kv-bench fidelity --per-position lists each position's KL and agreement" {
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --prefix 100 \
+        -p quant:bits=2,residual=8,group=8 --per-position
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'len(j["results"][0]["kl"]) == j["n_scored"] == len(j["results"][0]["agree"])')" = True ]
+    [ "$(json_get 'abs(sum(j["results"][0]["kl"]) / j["n_scored"] - j["results"][0]["kl_mean"]) < 1e-5')" = True ]
+    [ "$(json_get 'abs(sum(j["results"][0]["agree"]) / j["n_scored"] - j["results"][0]["top1_agreement"]) < 1e-5')" = True ]
+    [ "$(json_get 'j["results"][0]["kl_mean"] > 0')" = True ]
+}

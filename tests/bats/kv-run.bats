@@ -163,3 +163,32 @@ print(h["layers.0.k"]["shape"], h["layers.4.q"]["shape"], h["tokens"]["shape"], 
     [ "$status" -ne 0 ]
     [[ "$stderr" == *"--tokens"* ]]
 }
+
+@test "kv-run reads the prompt from stdin with --prompt-file -" {
+    run --separate-stderr bash -c "printf 'Once upon a time' | kv-run -m '$MODEL' --prompt-file - -n 4 --report /dev/stderr 2>/dev/null"
+    assert_success
+    [ -n "$output" ]
+}
+
+@test "kv-run --profile applies a kv-profile deployment config per layer" {
+    cat > "$BATS_TEST_TMPDIR/p.json" <<'JSON'
+{"version": 1, "n_layers": 5, "method": "kivi", "quant_layers": [0, 1], "sparse_layers": [3],
+ "bits": 2, "group": 8, "residual": 16, "budget": 16, "channels": 4, "sink": 2, "window": 8}
+JSON
+    run --separate-stderr kv-run -m "$MODEL" --profile "$BATS_TEST_TMPDIR/p.json" -n 30 --report -
+    assert_success
+    [ "$(json_get '[l["policy"] for l in j["layers"]]')" == "['quant', 'quant', 'full', 'sparse', 'full']" ]
+    [ "$(json_get 'j["layers"][0]["params"]')" == "quant bits=2 group=8 residual=16 dtype=f32" ]
+}
+
+@test "kv-run rejects a profile with a layer out of range with exit 65" {
+    echo '{"quant_layers": [9], "sparse_layers": []}' > "$BATS_TEST_TMPDIR/bad.json"
+    run --separate-stderr kv-run -m "$MODEL" --profile "$BATS_TEST_TMPDIR/bad.json" -n 2
+    assert_fails_with 65 "9"
+}
+
+@test "kv-run rejects a bad token list with exit 65" {
+    echo '1 2 x' > "$BATS_TEST_TMPDIR/ids.txt"
+    run --separate-stderr kv-run -m "$MODEL" --tokens "$BATS_TEST_TMPDIR/ids.txt"
+    assert_fails_with 65 "token list"
+}

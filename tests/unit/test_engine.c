@@ -238,8 +238,46 @@ static void test_synthetic_tiny_prefill_equals_steps(void)
     }
 }
 
+static void test_reset_runs_policies_in_turn(void)
+{
+    int ids[32];
+    KT_REQUIRE(read_ids(S260 "reference/prompt_lily_ids.txt", ids, 32) == 21, "ids");
+    kv_model *m = load_260k();
+    KT_REQUIRE(m, "no model");
+    kv_engine *e;
+    OK(kv_engine_new(m, NULL, 64, &e));
+    float a[512], b[512], c[512];
+    OK(kv_engine_prefill(e, ids, 16, NULL));
+    for (int i = 16; i < 21; i++) OK(kv_engine_step(e, ids[i], a));
+    /* a streaming window of 4 tokens changes the result ... */
+    kv_policy_params p[5];
+    for (int l = 0; l < 5; l++) {
+        kv_policy_params_default(&p[l], KV_POL_STREAMING);
+        p[l].sink = 1;
+        p[l].window = 3;
+    }
+    OK(kv_engine_reset(e, p));
+    KT_CHECK(kv_engine_pos(e) == 0, "pos after reset");
+    KT_CHECK(kv_engine_params(e, 3)->kind == KV_POL_STREAMING, "new policy");
+    OK(kv_engine_prefill(e, ids, 16, NULL));
+    for (int i = 16; i < 21; i++) OK(kv_engine_step(e, ids[i], b));
+    KT_CHECK(max_abs_diff(a, b, 512) > 1e-3, "streaming differs from full");
+    kv_bytes tb;
+    kv_engine_bytes(e, &tb);
+    KT_CHECK(tb.resident + tb.host > 0, "bytes accounted");
+    /* ... and going back to full gives the first numbers again */
+    for (int l = 0; l < 5; l++) kv_policy_params_default(&p[l], KV_POL_FULL);
+    OK(kv_engine_reset(e, p));
+    OK(kv_engine_prefill(e, ids, 16, NULL));
+    for (int i = 16; i < 21; i++) OK(kv_engine_step(e, ids[i], c));
+    KT_CHECK(max_abs_diff(a, c, 512) == 0, "full after reset differs by %g", max_abs_diff(a, c, 512));
+    kv_engine_free(e);
+    kv_model_free(m);
+}
+
 int main(void)
 {
+    KT_RUN(test_reset_runs_policies_in_turn);
     KT_RUN(test_greedy_bos_200_matches_reference);
     KT_RUN(test_prompt_logits_prefill_match_reference);
     KT_RUN(test_prompt_logits_stepwise_match_reference);

@@ -483,6 +483,14 @@ static void test_kernels_match_plain_loops(void)
             kv_matvec(&w, x + (size_t)t * cols, y);
             for (int r = 0; r < rows; r++) worst = fmax(worst, fabs(Y[t * rows + r] - y[r]));
         }
+        {
+            float ya[37], yb[37];
+            const kv_weight *ws[2] = {&w, &w};
+            float *ys[2] = {ya, yb};
+            kv_matvec_multi(2, ws, x, ys);
+            kv_matvec(&w, x, y);
+            for (int r = 0; r < rows; r++) worst = fmax(worst, fmax(fabs(ya[r] - y[r]), fabs(yb[r] - y[r])));
+        }
         kv_weight_row(&w, 5, row);
         for (int k = 0; k < cols; k++) worst = fmax(worst, fabs(row[k] - ref[5 * cols + k]));
         KT_CHECK(worst < 1e-4, "%s: kernels differ from the plain loop by %g", kv_wtype_name(types[ti]), worst);
@@ -491,6 +499,33 @@ static void test_kernels_match_plain_loops(void)
     }
     free(wf);
     free(x);
+}
+
+static void test_attention_head_kernel_matches_plain_loop(void)
+{
+    unsigned long long seed = 9;
+    int T = 300, D = 64;
+    float *k = malloc((size_t)T * D * 4), *v = malloc((size_t)T * D * 4), q[64], o[64], p[300], s[300];
+    for (int i = 0; i < T * D; i++) k[i] = kt_randn(&seed), v[i] = kt_randn(&seed);
+    for (int i = 0; i < D; i++) q[i] = kt_randn(&seed);
+    kv_attend_head_f32(q, k, v, T, D, 0.125f, o, p, s);
+    double sc[300], mx = -1e300, sum = 0, worst = 0;
+    for (int t = 0; t < T; t++) {
+        sc[t] = 0;
+        for (int c = 0; c < D; c++) sc[t] += (double)q[c] * k[t * D + c];
+        sc[t] *= 0.125;
+        mx = fmax(mx, sc[t]);
+    }
+    for (int t = 0; t < T; t++) sum += (sc[t] = exp(sc[t] - mx));
+    for (int c = 0; c < D; c++) {
+        double e = 0;
+        for (int t = 0; t < T; t++) e += sc[t] / sum * v[t * D + c];
+        worst = fmax(worst, fabs(e - o[c]));
+    }
+    for (int t = 0; t < T; t++) worst = fmax(worst, fabs(sc[t] / sum - p[t]));
+    KT_CHECK(worst < 1e-5, "attention head differs by %g", worst);
+    free(k);
+    free(v);
 }
 
 static void test_synthetic_geometries(void)
@@ -518,6 +553,7 @@ int main(void)
     KT_RUN(test_real_gguf_files_load);
     KT_RUN(test_llama2c_legacy_and_v1_agree);
     KT_RUN(test_kernels_match_plain_loops);
+    KT_RUN(test_attention_head_kernel_matches_plain_loop);
     KT_RUN(test_synthetic_geometries);
     return kt_done();
 }

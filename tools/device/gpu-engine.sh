@@ -9,7 +9,7 @@
 # binary cannot start, waits for that build and uses it.  Then: the GPU unit
 # test, the same under compute-sanitizer memcheck, and `kv-bench decode`.
 # Logs go to $OUT (at most 8 files come back): summary.txt build.log
-# tests.tap sanitizer.log decode.json decode.err
+# tests.tap sanitizer.log decode.json decode.err own_attn.json
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/kv-out}
@@ -56,6 +56,11 @@ if [ "$what" != tests ] && [ "$what" != sanitize ]; then
     timeout ${DECODE_TIMEOUT:-420} $B/kv-bench decode --json ${DECODE_ARGS:-} > "$OUT/decode.json" 2> "$OUT/decode.err"
     log "decode rc=$?"
     tail -n 5 "$OUT/decode.err"
+    if [ "${OWN_ATTN:-1}" = 1 ]; then # full at 128k with the engine's own attention, to compare
+        KV_GPU_OWN_ATTN=1 timeout 120 $B/kv-bench decode --json -c 131072 --policies full \
+            > "$OUT/own_attn.json" 2>> "$OUT/decode.err"; log "own-attention full rc=$?"
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['contexts'][0]['policies']['full']; print('own attention, full @128k:', r['ms_per_token'], 'ms, bound', r['bound_ms'])" "$OUT/own_attn.json" | tee -a "$OUT/summary.txt"
+    fi
     python3 - "$OUT/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try:
@@ -64,6 +69,7 @@ except Exception as e:
     print("no JSON:", e); sys.exit(0)
 bw = d["bandwidth"]
 print("bandwidth GB/s:", {k: round(v / 1e9, 2) for k, v in bw.items()})
+print("selection kernels us:", d.get("select_kernels_us"))
 for c in d["contexts"]:
     for p, r in c["policies"].items():
         if "error" in r:

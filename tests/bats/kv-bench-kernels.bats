@@ -1,0 +1,44 @@
+#!/usr/bin/env bats
+# kv-bench attn and kv-bench pack (kernel benchmarks): options, errors and
+# the CPU-only packing measurement; the GPU measurements themselves run on
+# the device (tools/device/run-kernels.sh), not here.
+load helper
+
+@test "kv-bench attn --help lists its options and exits 0" {
+    run --separate-stderr kv-bench attn --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"--contexts"* ]]
+    [[ "$output" == *"--check"* ]]
+}
+
+@test "kv-bench attn rejects a context that is not a number with exit 64" {
+    run --separate-stderr kv-bench attn --contexts 8192,lots
+    assert_fails_with 64 "contexts"
+}
+
+@test "kv-bench attn rejects 6 query heads over 4 KV heads with exit 64" {
+    run --separate-stderr kv-bench attn --heads 6 --kv-heads 4
+    assert_fails_with 64 "multiple"
+}
+
+@test "kv-bench attn exits 69 with a message when no GPU is usable" {
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        skip "a GPU is present: the benchmark would run"
+    fi
+    run --separate-stderr kv-bench attn --contexts 1024
+    assert_fails_with 69 "GPU"
+}
+
+@test "kv-bench pack rejects 3 bits with exit 64" {
+    run --separate-stderr kv-bench pack --cpu-only --bits 1,3
+    assert_fails_with 64 "bits"
+}
+
+@test "kv-bench pack --cpu-only reports a CPU packing rate per bit width as JSON" {
+    run --separate-stderr kv-bench pack --cpu-only --cpu-context 512 --reps 1 --bits 1,2
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'len(j["results"])')" -eq 2 ]
+    [ "$(json_get 'j["results"][1]["bits"]')" -eq 2 ]
+    [ "$(json_get 'j["results"][0]["cpu_1thread_input_bytes_per_s"] > 0')" = True ]
+    [ "$(json_get '"gpu_us" in j["results"][0]')" = False ]
+}

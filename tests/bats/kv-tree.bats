@@ -1,0 +1,355 @@
+#!/usr/bin/env bats
+# kv-tree: front-end conventions, then a store built from two real
+# stories260K dumps whose prompts share a beginning: prefix sharing on put,
+# exact K/V on get (compared with numpy, reading the safetensors header
+# directly), --important with positions, place, gc, rm, check and damage.
+load helper
+bats_require_minimum_version 1.5.0
+
+setup_file() {
+    M="$DATA/stories260K/stories260K.bin"
+    kv-run --model "$M" --prompt "Once upon a time there was a little girl named Lily" -n 0 \
+        --dump-kv "$BATS_FILE_TMPDIR/a.kvc" 2>/dev/null
+    kv-run --model "$M" --prompt "Once upon a time there was a big dog" -n 0 \
+        --dump-kv "$BATS_FILE_TMPDIR/b.kvc" 2>/dev/null
+    # kvt.py: numpy reader of the safetensors layout (independent of lib/kvc.c).
+    cat >"$BATS_FILE_TMPDIR/kvt.py" <<'EOF'
+import json, struct, sys
+import numpy as np
+DT = {'F32': np.float32, 'F16': np.float16, 'I32': np.int32}
+def load(p):
+    b = open(p, 'rb').read()
+    n = struct.unpack('<Q', b[:8])[0]
+    h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    out = {}
+    for k, v in h.items():
+        if k == '__metadata__': continue
+        s, e = v['data_offsets']
+        out[k] = np.frombuffer(d[s:e], dtype=DT[v['dtype']]).reshape(v['shape'])
+    return out, h.get('__metadata__', {})
+cmd = sys.argv[1]
+if cmd == 'tokens':            # print a .kvc's token ids
+    print(' '.join(map(str, load(sys.argv[2])[0]['tokens'])))
+elif cmd == 'lcp':             # common prefix length of two dumps' tokens
+    a, b = load(sys.argv[2])[0]['tokens'], load(sys.argv[3])[0]['tokens']
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]: k += 1
+    print(k)
+elif cmd == 'same-prefix':     # does OUT hold exactly SRC's rows (at positions)?
+    src, _ = load(sys.argv[2]); out, meta = load(sys.argv[3])
+    pos = out['positions'] if 'positions' in out else np.arange(len(out['tokens']))
+    L = int(meta['kvc.n_layers'])
+    ok = (src['tokens'][pos] == out['tokens']).all() and all(
+        np.array_equal(src['layers.%d.%s' % (l, w)][:, pos, :], out['layers.%d.%s' % (l, w)])
+        for l in range(L) for w in 'kv')
+    print(ok, len(out['tokens']), 'positions' in out)
+elif cmd == 'strip-q':         # rewrite a dump without its queries (and metadata)
+    t, _ = load(sys.argv[2])
+    t = {k: v for k, v in t.items() if not k.endswith('.q')}
+    hdr, off, blobs = {}, 0, []
+    for k, v in t.items():
+        b = v.tobytes(); blobs.append(b)
+        hdr[k] = {'dtype': [n for n, d in DT.items() if d == v.dtype][0], 'shape': list(v.shape),
+                  'data_offsets': [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(hdr).encode()
+    open(sys.argv[3], 'wb').write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
+elif cmd == 'positions':
+    print(' '.join(map(str, load(sys.argv[2])[0]['positions'])))
+EOF
+}
+
+setup() {
+    A="$BATS_FILE_TMPDIR/a.kvc"
+    B="$BATS_FILE_TMPDIR/b.kvc"
+    S="$BATS_TEST_TMPDIR/store"
+    KVT="$BATS_FILE_TMPDIR/kvt.py"
+    export KV_TREE_NOW=1800000000
+}
+
+# n_bytes TOKENS: uncompressed K/V bytes of TOKENS tokens of stories260K
+# (5 layers x K and V x 4 KV heads x head dim 8 x F32).
+kv_bytes() { echo $(($1 * 5 * 2 * 4 * 8 * 4)); }
+
+two_puts() {
+    kv-tree init "$S"
+    kv-tree put "$S" "$A" >/dev/null
+    kv-tree put "$S" "$B" >/dev/null
+}
+
+@test "kv-tree --help lists the subcommands on stdout and exits 0" {
+    run --separate-stderr kv-tree --help
+    assert_success
+    assert_output --partial "usage: kv-tree"
+    for s in init put get ls place rm gc check; do assert_output --partial "kv-tree $s"; done
+    [ -z "$stderr" ]
+}
+
+@test "kv-tree put --help describes put's options" {
+    run --separate-stderr kv-tree put --help
+    assert_success
+    assert_output --partial "usage: kv-tree put"
+    assert_output --partial "--tier"
+}
+
+@test "kv-tree --version names the index version" {
+    run kv-tree --version
+    assert_success
+    assert_output --partial "kv-tree index version 1"
+}
+
+@test "kv-tree rejects an unknown option with exit 64" {
+    run --separate-stderr kv-tree get --no-such-option "$S"
+    assert_fails_with 64 "unknown option"
+    [ -z "$output" ]
+}
+
+@test "kv-tree rejects an unknown subcommand with exit 64" {
+    run --separate-stderr kv-tree frobnicate "$S"
+    assert_fails_with 64 "unknown subcommand"
+}
+
+@test "kv-tree get needs exactly one of --tokens and --kvc (exit 64)" {
+    kv-tree init "$S"
+    run --separate-stderr kv-tree get "$S" -o "$BATS_TEST_TMPDIR/x.kvc" --report -
+    assert_fails_with 64 "exactly one of --tokens and --kvc"
+}
+
+@test "kv-tree reports a missing store with exit 66" {
+    run --separate-stderr kv-tree ls "$BATS_TEST_TMPDIR/nope"
+    assert_fails_with 66 "nope"
+    mkdir "$BATS_TEST_TMPDIR/empty"
+    run --separate-stderr kv-tree put "$BATS_TEST_TMPDIR/empty" "$A"
+    assert_fails_with 66 "not a kv-tree store"
+}
+
+@test "kv-tree init refuses to overwrite a store with exit 73" {
+    kv-tree init "$S"
+    run --separate-stderr kv-tree init "$S"
+    assert_fails_with 73 "already a kv-tree store"
+}
+
+@test "kv-tree rejects a corrupt index with exit 65" {
+    kv-tree init "$S"
+    printf '{"format":"kv-tree","version":1,' >"$S/index.json"
+    run --separate-stderr kv-tree ls "$S"
+    assert_fails_with 65 "malformed JSON"
+    printf '{"format":"kv-tree","version":9,"generation":0,"nodes":[]}' >"$S/index.json"
+    run --separate-stderr kv-tree put "$S" "$A"
+    assert_fails_with 65 "index is version 9"
+}
+
+@test "kv-tree put of a second dump stores only the suffix beyond the shared prefix" {
+    kv-tree init "$S"
+    run --separate-stderr kv-tree put "$S" "$A"
+    assert_success
+    ta=$(json_get 'j["tokens"]')
+    [ "$(json_get 'j["matched"], j["kv_bytes_shared"], j["nodes_split"], j["importance"]')" = "(0, 0, 0, 'attention')" ]
+    [ "$(json_get 'j["kv_bytes_added"]')" = "$(kv_bytes "$ta")" ]
+    run --separate-stderr kv-tree put "$S" "$B"
+    assert_success
+    m=$("$PY" "$KVT" lcp "$A" "$B")
+    tb=$(json_get 'j["tokens"]')
+    [ "$m" -gt 3 ] && [ "$m" -lt "$tb" ]
+    [ "$(json_get 'j["matched"], j["nodes_split"]')" = "($m, 1)" ]
+    [ "$(json_get 'j["kv_bytes_added"]')" = "$(kv_bytes $((tb - m)))" ]
+    [ "$(json_get 'j["kv_bytes_shared"]')" = "$(kv_bytes "$m")" ]
+    # The store now holds the shared head and two suffixes, nothing twice.
+    run --separate-stderr kv-tree ls "$S"
+    assert_success
+    [ "$(json_get 'j["nodes"], j["tokens"]')" = "(3, $((ta + tb - m)))" ]
+    [ "$(json_get 'sorted(n["tokens"] for n in j["list"])')" = "$(python3 -c "print(sorted([$m, $ta - $m, $tb - $m]))")" ]
+}
+
+@test "kv-tree put of the same dump again adds nothing" {
+    two_puts
+    run --separate-stderr kv-tree put "$S" "$A"
+    assert_success
+    [ "$(json_get 'j["matched"] == j["tokens"], j["bytes_added"], j["nodes_split"]')" = "(True, 0, 0)" ]
+}
+
+@test "kv-tree get returns exactly the original K/V of the cached prefix" {
+    two_puts
+    run --separate-stderr kv-tree get "$S" --kvc "$B" -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    assert_success
+    [ "$(json_get 'j["matched"] == j["tokens"] == j["kept"], j["skipped"], j["nodes"]')" = "(True, 0, 2)" ]
+    run "$PY" "$KVT" same-prefix "$B" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "True $("$PY" "$KVT" tokens "$B" | wc -w) False"
+    # The shared part came from A's chunks: equal to A's prefix as well.
+    m=$("$PY" "$KVT" lcp "$A" "$B")
+    "$PY" "$KVT" tokens "$A" | cut -d' ' -f1-$((m + 2)) >"$BATS_TEST_TMPDIR/t.txt"
+    kv-tree get "$S" --tokens "$BATS_TEST_TMPDIR/t.txt" -o "$BATS_TEST_TMPDIR/p.kvc" 2>/dev/null
+    run "$PY" "$KVT" same-prefix "$A" "$BATS_TEST_TMPDIR/p.kvc"
+    assert_output "True $((m + 2)) False"
+}
+
+@test "kv-tree get returns the longest cached prefix of an unseen continuation" {
+    two_puts
+    echo "$("$PY" "$KVT" tokens "$A") 7 7 7" >"$BATS_TEST_TMPDIR/t.txt"
+    run --separate-stderr kv-tree get "$S" --tokens - -o "$BATS_TEST_TMPDIR/g.kvc" --report - <"$BATS_TEST_TMPDIR/t.txt"
+    assert_success
+    n=$("$PY" "$KVT" tokens "$A" | wc -w)
+    [ "$(json_get 'j["tokens"], j["matched"]')" = "($((n + 3)), $n)" ]
+    run kv-info --json "$BATS_TEST_TMPDIR/g.kvc"
+    [ "$(json_get 'j["n_tokens"], j["n_layers"], j["checksums"]')" = "($n, 5, 'verified')" ]
+}
+
+@test "kv-tree get --important keeps the top tokens of disk chunks, with positions" {
+    two_puts
+    run --separate-stderr kv-tree get "$S" --kvc "$A" --important 0.5 -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    assert_success
+    n=$("$PY" "$KVT" tokens "$A" | wc -w)
+    m=$("$PY" "$KVT" lcp "$A" "$B")
+    # Both chunks are on the disk tier: each keeps ceil(half) of its tokens.
+    want=$(( (m + 1) / 2 + (n - m + 1) / 2 ))
+    [ "$(json_get 'j["kept"], j["skipped"], j["positions"]')" = "($want, $((n - want)), True)" ]
+    [ "$(json_get 'j["kv_bytes_out"]["disk"]')" = "$(kv_bytes $want)" ]
+    run "$PY" "$KVT" same-prefix "$A" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "True $want True"
+    # Positions are increasing, within the prefix.
+    run "$PY" -c "import sys; p=list(map(int,sys.argv[1:])); print(p==sorted(set(p)) and p[-1] < $n)" \
+        $("$PY" "$KVT" positions "$BATS_TEST_TMPDIR/g.kvc")
+    assert_output "True"
+}
+
+@test "kv-tree get --important reads host-tier chunks in full" {
+    two_puts
+    kv-tree place "$S" --gpu-bytes 0 --host-bytes 1G >/dev/null
+    run --separate-stderr kv-tree get "$S" --kvc "$A" --important 0.25 -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    assert_success
+    [ "$(json_get 'j["skipped"], j["positions"], j["bytes_read"]["disk"]')" = "(0, True, 0)" ]
+}
+
+@test "kv-tree place fills the GPU, then the host, and compresses only disk chunks" {
+    two_puts
+    m=$("$PY" "$KVT" lcp "$A" "$B")
+    # GPU budget fits only the shared head; host fits one suffix more.
+    run --separate-stderr kv-tree place "$S" --gpu-bytes "$(kv_bytes "$m")" --host-bytes "$(kv_bytes 6)"
+    assert_success
+    [ "$(json_get 'j["gpu"]["nodes"], j["gpu"]["kv_bytes"]')" = "(1, $(kv_bytes "$m"))" ]
+    [ "$(json_get 'j["host"]["kv_bytes"] <= j["host"]["budget"], j["gpu"]["nodes"] + j["host"]["nodes"] + j["disk"]["nodes"]')" = "(True, 3)" ]
+    run --separate-stderr kv-tree ls "$S"
+    for f in $(json_get '" ".join(n["file"] + ":" + n["tier"] for n in j["list"])'); do
+        z=$(kv-info --json "$S/${f%%:*}" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["zstd"])')
+        if [ "${f##*:}" = disk ]; then [ "$z" = True ]; else [ "$z" = False ]; fi
+    done
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(True, 3)" ]
+}
+
+@test "kv-tree place puts the more used suffix on the faster tier" {
+    two_puts
+    for i in 1 2 3; do kv-tree get "$S" --kvc "$B" -o /dev/null 2>/dev/null; done
+    run --separate-stderr kv-tree ls "$S"
+    # Budget: the shared head plus B's suffix (hits 1 + 3 gets), not A's.
+    budget=$(json_get 'sum(n["kv_bytes"] for n in j["list"] if n["hits"] > 1)')
+    run --separate-stderr kv-tree place "$S" --gpu-bytes "$budget" --host-bytes 0
+    assert_success
+    [ "$(json_get 'j["gpu"]["nodes"], j["gpu"]["kv_bytes"], j["disk"]["nodes"]')" = "(2, $budget, 1)" ]
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get 'sorted((n["hits"], n["tier"]) for n in j["list"])')" = "[(1, 'disk'), (4, 'gpu'), (5, 'gpu')]" ]
+}
+
+@test "kv-tree gc evicts leaves until the store fits and keeps it consistent" {
+    two_puts
+    run --separate-stderr kv-tree ls "$S"
+    total=$(json_get 'j["bytes"]')
+    head=$(json_get '[n["bytes"] for n in j["list"] if n["parent"] == 0][0]')
+    run --separate-stderr kv-tree gc "$S" --max-bytes $((head + 10))
+    assert_success
+    [ "$(json_get 'j["nodes_removed"], j["bytes_after"]')" = "(2, $head)" ]
+    [ "$(ls "$S/chunks" | wc -l)" = 1 ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    run --separate-stderr kv-tree gc "$S" --max-bytes 0
+    [ "$(json_get 'j["bytes_after"]')" = 0 ]
+    [ "$(ls "$S/chunks" | wc -l)" = 0 ]
+    [ "$total" -gt "$head" ]
+}
+
+@test "kv-tree gc removes orphaned chunk files" {
+    two_puts
+    echo junk >"$S/chunks/c999.kvc"
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["orphans"]')" = 1 ]
+    run --separate-stderr kv-tree gc "$S" --max-bytes 1G
+    [ "$(json_get 'j["orphans_removed"], j["nodes_removed"]')" = "(1, 0)" ]
+    [ ! -e "$S/chunks/c999.kvc" ]
+}
+
+@test "kv-tree rm drops what follows a prefix and keeps the prefix" {
+    two_puts
+    m=$("$PY" "$KVT" lcp "$A" "$B")
+    "$PY" "$KVT" tokens "$A" | cut -d' ' -f1-$((m + 1)) >"$BATS_TEST_TMPDIR/t.txt"
+    run --separate-stderr kv-tree rm "$S" --tokens "$BATS_TEST_TMPDIR/t.txt"
+    assert_success
+    [ "$(json_get 'j["nodes_removed"]')" = 1 ]
+    run --separate-stderr kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    [ "$(json_get 'j["matched"]')" = "$((m + 1))" ]
+    run --separate-stderr kv-tree get "$S" --kvc "$B" -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    [ "$(json_get 'j["matched"] == j["tokens"]')" = True ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+}
+
+@test "kv-tree check finds a damaged chunk and exits 65" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    kv-tree place "$S" --gpu-bytes 1G --host-bytes 0 >/dev/null # uncompressed: flip a data byte
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    sz=$(stat -c %s "$S/$f")
+    printf '\x55' | dd of="$S/$f" bs=1 seek=$((sz - 3)) conv=notrunc 2>/dev/null
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "checksum mismatch"
+    [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(False, 2)" ]
+    rm "$S/$f"
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "cannot open"
+    run --separate-stderr kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    [ "$status" -eq 65 ]
+}
+
+@test "kv-tree put rejects a dump of another geometry with exit 65" {
+    two_puts
+    kv-run --model "$DATA/niah4k/niah4k.bin" --tokenizer "$DATA/niah4k/tok259.bin" --prompt "hello" -n 0 \
+        --dump-kv "$BATS_TEST_TMPDIR/n.kvc" 2>/dev/null
+    run --separate-stderr kv-tree put "$S" "$BATS_TEST_TMPDIR/n.kvc"
+    assert_fails_with 65 "does not match the store"
+    [ -z "$output" ]
+}
+
+@test "kv-tree put rejects a .kvc without token ids with exit 65" {
+    kv-tree init "$S"
+    "$PY" "$ROOT/tests/interop/kvc_py.py" write-minimal "$BATS_TEST_TMPDIR/min.kvc"
+    run --separate-stderr kv-tree put "$S" "$BATS_TEST_TMPDIR/min.kvc"
+    assert_fails_with 65 "no tokens tensor"
+}
+
+@test "kv-tree put reads stdin and records the key-norm proxy without queries" {
+    kv-tree init "$S"
+    "$PY" "$KVT" strip-q "$A" "$BATS_TEST_TMPDIR/nq.kvc"
+    run --separate-stderr kv-tree put "$S" - <"$BATS_TEST_TMPDIR/nq.kvc"
+    assert_success
+    [ "$(json_get 'j["importance"]')" = "key-norm" ]
+    [[ "$stderr" == *"key-norm proxy"* ]]
+}
+
+@test "kv-tree ls prints a table on a terminal" {
+    command -v script >/dev/null || skip "script(1) not installed"
+    two_puts
+    run script -qec "kv-tree ls '$S'" /dev/null
+    assert_success
+    assert_output --partial "3 nodes"
+    assert_output --partial "imp_mean"
+    assert_output --partial "attention"
+}
+
+@test "kv-tree get refuses to write a .kvc to a terminal" {
+    command -v script >/dev/null || skip "script(1) not installed"
+    two_puts
+    run script -qec "kv-tree get '$S' --kvc '$A'" /dev/null
+    [ "$status" -eq 64 ]
+    assert_output --partial "refusing to write"
+}

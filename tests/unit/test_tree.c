@@ -1,0 +1,437 @@
+/*
+ * Unit tests of lib/kv_tree.c: the radix tree against a brute-force
+ * longest-common-prefix oracle on thousands of random insert/match cases,
+ * node splitting, token importance on a hand-computed case (attention and
+ * the key-norm proxy), and the index round trip with its rejections.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kt.h"
+#include "kv_tree.h"
+
+static unsigned long long seed;
+
+static int rnd(int n) { return (int)(kt_rand(&seed) * n); }
+
+/* Tree invariants: starts chain, edges non-empty, siblings differ in their
+ * first token, parent/child links agree. */
+static int tree_ok(const kv_tree *t)
+{
+    for (int i = 1; i < t->n_nodes; i++) {
+        const kv_tree_node *nd = &t->nodes[i];
+        if (!nd->live) continue;
+        const kv_tree_node *p = &t->nodes[nd->parent];
+        if (nd->n <= 0 || nd->start != p->start + p->n) return 0;
+        int found = 0;
+        for (int c = 0; c < p->n_child; c++) found += p->child[c] == i;
+        if (found != 1) return 0;
+        for (int a = 0; a < nd->n_child; a++)
+            for (int b = a + 1; b < nd->n_child; b++)
+                if (t->nodes[nd->child[a]].tokens[0] == t->nodes[nd->child[b]].tokens[0]) return 0;
+    }
+    return 1;
+}
+
+static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return k;
+}
+
+#define MAXSEQ 24
+#define MAXINS 12
+
+/* A random sequence, often built on one already inserted so that prefixes
+ * are shared and splits happen at every depth. */
+static int rand_seq(int32_t *s, int32_t (*prev)[MAXSEQ], const int *plen, int np, int alpha)
+{
+    int n = rnd(MAXSEQ + 1), k = 0;
+    if (np && rnd(3)) {
+        int j = rnd(np);
+        k = rnd(plen[j] + 1);
+        if (k > n) n = k;
+        memcpy(s, prev[j], (size_t)k * sizeof *s);
+    }
+    for (; k < n; k++) s[k] = rnd(alpha);
+    return n;
+}
+
+static void test_radix_matches_brute_force(void)
+{
+    int32_t seqs[MAXINS][MAXSEQ], q[MAXSEQ];
+    int lens[MAXINS], path[MAXSEQ], cases = 0, bad = 0;
+    for (int c = 0; c < 3000; c++) {
+        kv_tree *t;
+        KT_REQUIRE(kv_tree_new(&t) == KV_OK, "new");
+        int alpha = 2 + rnd(4), ni = 1 + rnd(MAXINS), done = 0;
+        for (int i = 0; i < ni; i++) {
+            int n = rand_seq(seqs[done], seqs, lens, done, alpha);
+            int want = 0;
+            for (int j = 0; j < done; j++) {
+                int l = lcp(seqs[done], n, seqs[j], lens[j]);
+                if (l > want) want = l;
+            }
+            kv_tree_insert_result r;
+            if (kv_tree_insert(t, seqs[done], n, &r) != KV_OK || r.matched != want) bad++;
+            lens[done++] = n;
+            if (!tree_ok(t)) bad++;
+            /* Every inserted sequence is now spelled in full. */
+            for (int j = 0; j < done; j++) {
+                int np, used;
+                if (kv_tree_match(t, seqs[j], lens[j], path, &np, &used) != lens[j]) bad++;
+            }
+            /* Random queries match exactly the longest common prefix. */
+            for (int k = 0; k < 4; k++) {
+                int nq = rand_seq(q, seqs, lens, done, alpha), np, used, best = 0;
+                for (int j = 0; j < done; j++) {
+                    int l = lcp(q, nq, seqs[j], lens[j]);
+                    if (l > best) best = l;
+                }
+                int m = kv_tree_match(t, q, nq, path, &np, &used);
+                int sum = 0;
+                for (int p = 0; p < np; p++) sum += p == np - 1 ? used : t->nodes[path[p]].n;
+                if (m != best || sum != m) bad++;
+                cases++;
+            }
+        }
+        kv_tree_free(t);
+        if (bad) {
+            KT_CHECK(0, "case %d (seed %llu): %d mismatches", c, seed, bad);
+            return;
+        }
+    }
+    KT_CHECK(cases > 10000, "only %d queries", cases);
+}
+
+static void test_split_moves_children_under_a_new_head(void)
+{
+    kv_tree *t;
+    KT_REQUIRE(kv_tree_new(&t) == KV_OK, "new");
+    int32_t a[] = {5, 6, 7, 8}, b[] = {5, 6, 9};
+    kv_tree_insert_result r;
+    KT_REQUIRE(kv_tree_insert(t, a, 4, &r) == KV_OK, "insert a");
+    KT_CHECK(r.matched == 0 && r.new_node == 1 && r.split_node == -1, "first insert");
+    KT_REQUIRE(kv_tree_insert(t, b, 3, &r) == KV_OK, "insert b");
+    KT_CHECK(r.matched == 2 && r.split_node == 1 && r.split_head >= 0 && r.new_node >= 0, "split at 2");
+    int head = r.split_head;
+    const kv_tree_node *h = &t->nodes[r.split_head], *tail = &t->nodes[1], *nw = &t->nodes[r.new_node];
+    KT_CHECK(h->n == 2 && h->start == 0 && h->parent == 0 && h->n_child == 2, "head");
+    KT_CHECK(tail->n == 2 && tail->start == 2 && tail->parent == r.split_head && tail->tokens[0] == 7, "tail");
+    KT_CHECK(nw->n == 1 && nw->start == 2 && nw->tokens[0] == 9, "new");
+    /* A prefix that ends mid-edge neither splits nor adds. */
+    int32_t c[] = {5, 6, 7};
+    int before = t->n_nodes;
+    KT_REQUIRE(kv_tree_insert(t, c, 3, &r) == KV_OK, "insert c");
+    KT_CHECK(r.matched == 3 && r.split_node == -1 && r.new_node == -1 && t->n_nodes == before, "no-op");
+    kv_tree_remove(t, head);
+    int path[4], np, used;
+    KT_CHECK(kv_tree_match(t, a, 4, path, &np, &used) == 0, "removed subtree no longer matches");
+    KT_CHECK(tree_ok(t), "invariants");
+    kv_tree_free(t);
+}
+
+/* Write a one-layer .kvc (Hkv 1, D 2) and open it. */
+static kvc_file *tiny_kvc(const float *k, int T, const float *q, int Q)
+{
+    char path[] = "/tmp/test_tree_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return NULL;
+    close(fd);
+    kvc_writer *w;
+    kvc_file *f = NULL;
+    if (kvc_writer_new(&w)) return NULL;
+    int64_t sk[3] = {1, T, 2}, sq[3] = {1, Q, 2};
+    kv_geom g;
+    kv_geom_defaults(&g);
+    g.n_layers = 1, g.n_heads = 1, g.n_kv_heads = 1, g.head_dim = 2, g.n_tokens = T, g.n_q = Q;
+    kvc_writer_geom(w, &g);
+    kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, sk, k);
+    kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, sk, k);
+    if (Q) kvc_writer_add(w, "layers.0.q", KV_DT_F32, 3, sq, q);
+    if (kvc_writer_write(w, path, 0) == KV_OK) kvc_open(path, &f);
+    kvc_writer_free(w);
+    unlink(path);
+    return f;
+}
+
+static void test_importance_is_attention_mass(void)
+{
+    /* Keys (0,0), (1,0), (0,0); one query (2,0) at the last position sees all
+     * three: scores 0, 2/sqrt2, 0; importance = T * softmax. */
+    float k[] = {0, 0, 1, 0, 0, 0}, q1[] = {2, 0};
+    kvc_file *f = tiny_kvc(k, 3, q1, 1);
+    KT_REQUIRE(f, "write/open: %s", kv_errdetail());
+    float imp[3];
+    bool att = false;
+    KT_REQUIRE(kv_tree_importance(f, imp, &att) == KV_OK, "%s", kv_errdetail());
+    double e = exp(2 / sqrt(2.0)), z = 2 + e;
+    KT_CHECK(att, "attention source");
+    KT_NEAR(imp[0], 3 / z, 1e-5);
+    KT_NEAR(imp[1], 3 * e / z, 1e-5);
+    KT_NEAR(imp[2], 3 / z, 1e-5);
+    kvc_free(f);
+
+    /* Two queries are causal: the first (position 1) sees keys 0 and 1 only. */
+    float q2[] = {2, 0, 0, 0};
+    f = tiny_kvc(k, 3, q2, 2);
+    KT_REQUIRE(f, "open 2");
+    KT_REQUIRE(kv_tree_importance(f, imp, &att) == KV_OK, "%s", kv_errdetail());
+    /* masses: query 1: [1, e]/(1+e); query 2 (score 0 everywhere): 1/3 each. */
+    double m0 = 1 / (1 + e) + 1.0 / 3, m1 = e / (1 + e) + 1.0 / 3, m2 = 1.0 / 3, tot = m0 + m1 + m2;
+    KT_NEAR(imp[0], 3 * m0 / tot, 1e-5);
+    KT_NEAR(imp[1], 3 * m1 / tot, 1e-5);
+    KT_NEAR(imp[2], 3 * m2 / tot, 1e-5);
+    kvc_free(f);
+
+    /* Without queries: key L2 norms scaled to mean 1. */
+    float k2[] = {3, 4, 0, 1, 0, 0};
+    f = tiny_kvc(k2, 3, NULL, 0);
+    KT_REQUIRE(f, "open 3");
+    KT_REQUIRE(kv_tree_importance(f, imp, &att) == KV_OK, "%s", kv_errdetail());
+    KT_CHECK(!att, "key-norm source");
+    KT_NEAR(imp[0], 2.5, 1e-5);
+    KT_NEAR(imp[1], 0.5, 1e-5);
+    KT_NEAR(imp[2], 0.0, 1e-6);
+    kvc_free(f);
+}
+
+static kv_tree *random_tree(int n_ins)
+{
+    kv_tree *t;
+    if (kv_tree_new(&t)) return NULL;
+    t->has_geom = true;
+    t->geom.g.n_layers = 2, t->geom.g.n_heads = 4, t->geom.g.n_kv_heads = 2, t->geom.g.head_dim = 8;
+    t->geom.dtype = KV_DT_F16;
+    snprintf(t->geom.g.model, sizeof t->geom.g.model, "m");
+    int32_t seqs[MAXINS][MAXSEQ];
+    int lens[MAXINS];
+    kv_tree_insert_result r;
+    for (int i = 0; i < n_ins && i < MAXINS; i++) {
+        lens[i] = rand_seq(seqs[i], seqs, lens, i, 4);
+        kv_tree_insert(t, seqs[i], lens[i], &r);
+    }
+    for (int i = 1; i < t->n_nodes; i++) {
+        kv_tree_node *nd = &t->nodes[i];
+        snprintf(nd->file, sizeof nd->file, "chunks/c%d.kvc", i);
+        nd->bytes = (uint64_t)rnd(100000), nd->kv_bytes = (uint64_t)rnd(100000);
+        nd->tier = (kv_tier)rnd(3), nd->hits = (uint64_t)rnd(50), nd->last_use = 1700000000 + rnd(1000);
+        nd->imp_mean = 0.5f, nd->imp_min = 0.25f, nd->imp_max = 2.0f, nd->imp_attention = rnd(2);
+    }
+    t->generation = (uint64_t)t->n_nodes;
+    return t;
+}
+
+static void test_index_round_trip(void)
+{
+    for (int c = 0; c < 200; c++) {
+        kv_tree *t = random_tree(1 + rnd(MAXINS)), *u = NULL;
+        KT_REQUIRE(t, "tree");
+        char *a = NULL, *b = NULL;
+        KT_REQUIRE(kv_tree_index_format(t, &a) == KV_OK, "format");
+        kv_status st = kv_tree_index_parse(a, strlen(a), &u);
+        KT_REQUIRE(st == KV_OK, "parse: %s\n%s", kv_errdetail(), a);
+        KT_REQUIRE(kv_tree_index_format(u, &b) == KV_OK, "format 2");
+        KT_CHECK(!strcmp(a, b), "round trip differs:\n%s\n%s", a, b);
+        /* Same matches before and after. */
+        int32_t q[MAXSEQ];
+        int path[MAXSEQ], np, used;
+        for (int k = 0; k < 20; k++) {
+            int n = rnd(MAXSEQ);
+            for (int i = 0; i < n; i++) q[i] = rnd(4);
+            KT_CHECK(kv_tree_match(t, q, n, path, &np, &used) == kv_tree_match(u, q, n, path, &np, &used), "match");
+        }
+        free(a);
+        free(b);
+        kv_tree_free(t);
+        kv_tree_free(u);
+    }
+}
+
+static void expect_reject(const char *json, const char *what)
+{
+    kv_tree *t = NULL;
+    kv_errclear();
+    kv_status st = kv_tree_index_parse(json, strlen(json), &t);
+    KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), what), "want '%s', got %d '%s'", what, st, kv_errdetail());
+    kv_tree_free(t);
+}
+
+#define HDR "{\"format\":\"kv-tree\",\"version\":1,\"generation\":3,\"geometry\":{\"n_layers\":1,\"n_heads\":0," \
+            "\"n_kv_heads\":1,\"head_dim\":2,\"dtype\":\"F32\",\"rope_theta\":10000,\"rope_scaling\":\"none\"," \
+            "\"rope_layout\":\"interleaved\",\"keys_roped\":true,\"model\":\"\"},\"budgets\":null,\"nodes\":["
+#define NODE(id, par, start, toks, file)                                                                  \
+    "{\"id\":" #id ",\"parent\":" #par ",\"start\":" #start ",\"tokens\":" toks ",\"file\":\"" file "\"," \
+    "\"bytes\":1,\"kv_bytes\":1,\"tier\":\"disk\",\"hits\":0,\"last_use\":0,"                             \
+    "\"importance\":{\"mean\":1,\"min\":1,\"max\":1,\"source\":\"attention\"}}"
+
+static void test_index_rejects_damage(void)
+{
+    kv_tree *t = NULL;
+    const char *good = HDR NODE(1, 0, 0, "[1,2]", "chunks/c1.kvc") "," NODE(2, 1, 2, "[3]", "chunks/c2.kvc") "]}";
+    KT_CHECK(kv_tree_index_parse(good, strlen(good), &t) == KV_OK, "good index: %s", kv_errdetail());
+    KT_CHECK(t && t->n_nodes == 3 && t->nodes[2].start == 2, "shape");
+    kv_tree_free(t);
+    expect_reject("{", "malformed JSON");
+    expect_reject("[]", "not a JSON object");
+    expect_reject("{\"format\":\"kv-tree\",\"version\":2,\"generation\":0,\"nodes\":[]}", "version 2");
+    expect_reject(HDR NODE(1, 1, 0, "[1]", "chunks/c1.kvc") "]}", "parent must be an earlier node");
+    expect_reject(HDR NODE(1, 0, 0, "[1]", "chunks/c1.kvc") "," NODE(2, 0, 0, "[1,5]", "chunks/c2.kvc") "]}",
+                  "same token as a sibling");
+    expect_reject(HDR NODE(1, 0, 0, "[1]", "chunks/../../etc/passwd") "]}", "bad chunk file name");
+    expect_reject(HDR NODE(1, 0, 0, "[1]", "chunks/c1.kvc") "," NODE(2, 0, 0, "[2]", "chunks/c1.kvc") "]}",
+                  "two nodes name the chunk");
+    expect_reject(HDR NODE(1, 0, 1, "[1]", "chunks/c1.kvc") "]}", "start must be 0");
+    expect_reject(HDR NODE(1, 0, 0, "[-1]", "chunks/c1.kvc") "]}", "not an id");
+    expect_reject(HDR NODE(1, 0, 0, "[]", "chunks/c1.kvc") "]}", "non-empty array");
+}
+
+// --- the store on disk, end to end -------------------------------------------
+
+/* K/V of a token depend only on its prefix, as in a real model: a hash of
+ * tokens[0..t] picks each F16 element (positive, below 1). */
+#define SL 2
+#define SH 2
+#define SD 4
+static uint16_t kv_elem(const int32_t *tok, int t, int l, int w, int h, int c)
+{
+    unsigned long long x = 1469598103934665603ull;
+    for (int i = 0; i <= t; i++) x = (x ^ (unsigned)tok[i]) * 1099511628211ull;
+    x = (x ^ (unsigned)(((l * 2 + w) * SH + h) * SD + c)) * 1099511628211ull;
+    return (uint16_t)((x >> 20) & 0x37ff);
+}
+
+static kvc_file *seq_kvc(const char *dir, const int32_t *tok, int T)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/in.kvc", dir);
+    kvc_writer *w;
+    if (kvc_writer_new(&w)) return NULL;
+    kv_geom g;
+    kv_geom_defaults(&g);
+    g.n_layers = SL, g.n_kv_heads = SH, g.head_dim = SD, g.n_tokens = T;
+    kvc_writer_geom(w, &g);
+    int64_t s1[1] = {T}, s3[3] = {SH, T, SD};
+    kvc_writer_add_copy(w, "tokens", KV_DT_I32, 1, s1, tok);
+    uint16_t *buf = malloc((size_t)SH * T * SD * 2 + 2);
+    for (int l = 0; l < SL; l++)
+        for (int wv = 0; wv < 2; wv++) {
+            for (int h = 0; h < SH; h++)
+                for (int t = 0; t < T; t++)
+                    for (int c = 0; c < SD; c++) buf[((size_t)h * T + t) * SD + c] = kv_elem(tok, t, l, wv, h, c);
+            char name[32];
+            snprintf(name, sizeof name, "layers.%d.%c", l, wv ? 'v' : 'k');
+            kvc_writer_add_copy(w, name, KV_DT_F16, 3, s3, buf);
+        }
+    free(buf);
+    kvc_file *f = NULL;
+    if (kvc_writer_write(w, path, 0) == KV_OK) kvc_open(path, &f);
+    kvc_writer_free(w);
+    return f;
+}
+
+/* Does the .kvc at path hold exactly the rows `positions` (or 0..n-1) of
+ * sequence tok?  Returns the token count, or -1. */
+static int check_out(const char *path, const int32_t *tok)
+{
+    kvc_file *f = NULL;
+    if (kvc_open(path, &f)) return -1;
+    const kvc_tensor *tt = kvc_find(f, "tokens"), *pt = kvc_find(f, "positions");
+    int n = (int)tt->shape[0], ok = 1;
+    for (int r = 0; r < n && ok; r++) {
+        int32_t pos = r, id;
+        if (pt) memcpy(&pos, (const char *)pt->data + 4 * r, 4);
+        memcpy(&id, (const char *)tt->data + 4 * r, 4);
+        ok &= id == tok[pos];
+        for (int l = 0; l < SL; l++)
+            for (int wv = 0; wv < 2; wv++) {
+                const kvc_tensor *x = kvc_layer(f, l, wv ? "v" : "k");
+                for (int h = 0; h < SH; h++)
+                    for (int c = 0; c < SD; c++) {
+                        uint16_t e;
+                        memcpy(&e, (const char *)x->data + (((size_t)h * n + r) * SD + c) * 2, 2);
+                        ok &= e == kv_elem(tok, pos, l, wv, h, c);
+                    }
+            }
+    }
+    kvc_free(f);
+    return ok ? n : -1;
+}
+
+static void test_store_get_is_exact_after_random_puts(void)
+{
+    char dir[] = "/tmp/test_tree_store_XXXXXX", st_dir[600], out[600];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    snprintf(out, sizeof out, "%s/out.kvc", dir);
+    KT_REQUIRE(kv_tree_store_init(st_dir) == KV_OK, "init: %s", kv_errdetail());
+    int32_t seqs[30][MAXSEQ];
+    int lens[30], n = 0, bad = 0;
+    for (int i = 0; i < 30; i++) {
+        int L = rand_seq(seqs[i], seqs, lens, i, 3);
+        if (L == 0) seqs[i][L++] = 1;
+        lens[i] = L;
+        kv_tree_store *s;
+        KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open: %s", kv_errdetail());
+        kvc_file *f = seq_kvc(dir, seqs[i], L);
+        KT_REQUIRE(f, "input %d", i);
+        kv_put_report r;
+        kv_status st = kv_tree_store_put(s, f, (kv_tier)rnd(3), 1, 1000 + i, &r);
+        KT_CHECK(st == KV_OK, "put %d: %s", i, kv_errdetail());
+        if (!st) KT_CHECK(kv_tree_store_save(s) == KV_OK, "save: %s", kv_errdetail());
+        kvc_free(f);
+        kv_tree_store_close(s);
+        n++;
+    }
+    kv_tree_store *s;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open: %s", kv_errdetail());
+    kv_check_report cr;
+    KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0 && cr.orphans == 0, "check: %s",
+             cr.n_problems ? cr.problems[0] : kv_errdetail());
+    kv_check_report_free(&cr);
+    for (int i = 0; i < n; i++) {
+        kv_get_report r;
+        if (kv_tree_store_get(s, seqs[i], lens[i], 1.0, true, 5000, out, &r) || r.matched != lens[i] ||
+            check_out(out, seqs[i]) != lens[i])
+            bad++;
+    }
+    KT_CHECK(!bad, "%d of %d gets differ from the puts", bad, n);
+    /* Everything on disk: --important keeps ceil(frac * u) rows per node,
+     * still exact at their positions. */
+    kv_place_report pr;
+    KT_CHECK(kv_tree_store_place(s, 0, 0, 3600, 1, 5000, &pr) == KV_OK, "place: %s", kv_errdetail());
+    for (int i = 0; i < n; i++) {
+        kv_get_report r;
+        int got;
+        if (kv_tree_store_get(s, seqs[i], lens[i], 0.5, false, 5000, out, &r) || (got = check_out(out, seqs[i])) < 0 ||
+            got != r.kept || r.kept + r.skipped != lens[i] || 2 * r.kept < lens[i])
+            bad++;
+    }
+    KT_CHECK(!bad, "%d --important gets are wrong", bad);
+    KT_CHECK(kv_tree_store_save(s) == KV_OK, "save");
+    kv_evict_report er;
+    KT_CHECK(kv_tree_store_gc(s, 3000, 3600, 5000, &er) == KV_OK && er.bytes_after <= 3000, "gc");
+    KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0 && cr.orphans == 0, "check after gc");
+    kv_check_report_free(&cr);
+    kv_tree_store_close(s);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    KT_CHECK(system(cmd) == 0, "cleanup");
+}
+
+int main(void)
+{
+    seed = (unsigned long long)time(NULL) * 2654435761ull | 1;
+    printf("# seed %llu\n", seed);
+    KT_RUN(test_radix_matches_brute_force);
+    KT_RUN(test_split_moves_children_under_a_new_head);
+    KT_RUN(test_importance_is_attention_mass);
+    KT_RUN(test_index_round_trip);
+    KT_RUN(test_index_rejects_damage);
+    KT_RUN(test_store_get_is_exact_after_random_puts);
+    return kt_done();
+}
