@@ -163,6 +163,13 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
             print_usage(stderr, false);
             exit(KV_EXIT_USAGE);
         }
+        /* getopt returns the character for a short option: map it to the
+         * id of the table entry that declares it. */
+        for (const kv_option *o = the_spec->opts; o && o->id; o++)
+            if (o->short_name && c == (unsigned char)o->short_name && o->id != c) {
+                c = o->id;
+                break;
+            }
         switch (c) {
         case OPT_HELP: print_usage(stdout, true); exit(KV_EXIT_OK);
         case OPT_VERSION: print_version(); exit(KV_EXIT_OK);

@@ -20,7 +20,8 @@
 #define KV_VERSION "0.1.0"
 
 typedef struct {
-    int id;                /* value kv_cli_next returns; use >= 256 for long-only */
+    int id;                /* value kv_cli_next returns (also for the short form);
+                              use >= 256 for long-only options */
     char short_name;       /* 0 if none */
     const char *long_name; /* NULL if none */
     const char *arg;       /* metavar if the option takes an argument, else NULL */
