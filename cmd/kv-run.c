@@ -1,6 +1,6 @@
 /*
- * kv-run: run a Llama-family model on the CPU with a chosen KV cache policy
- * per layer.  Prefill the prompt, then decode; the generated text goes to
+ * kv-run: run a Llama-family model on the CPU or a CUDA GPU (--device) with
+ * a chosen KV cache policy per layer.  Prefill the prompt, then decode; the generated text goes to
  * stdout.  Optionally dump the prompt's cache as .kvc (--dump-kv), write a
  * JSON report of timings and KV bytes per tier (--report), or score a text
  * by teacher forcing (--score-file).  All the work is in lib/ (kv_model,
@@ -22,6 +22,7 @@
 #include "kv_cli.h"
 #include "kv_deploy.h"
 #include "kv_engine.h"
+#include "kv_gpu_engine.h"
 #include "kv_gguf.h"
 #include "kv_matmul.h"
 #include "kv_model.h"
@@ -33,7 +34,8 @@ enum {
     /* an option with a short name must use it as its id (getopt returns it) */
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
-    O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT
+    O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
+    O_SELECT
 };
 
 static const kv_option opts[] = {
@@ -58,19 +60,21 @@ static const kv_option opts[] = {
     {O_NQ, 0, "nq", "N", "queries per layer kept in --dump-kv (default 32)"},
     {O_SCORE, 0, "score-file", "FILE", "score FILE's text by teacher forcing; JSON to stdout"},
     {O_THREADS, 'T', "threads", "N", "worker threads (default: all cores)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
     "kv-run", "[OPTIONS] (--model FILE | --synthetic NAME)",
-    "Run a Llama-family model on the CPU with a KV cache policy per layer.", opts,
+    "Run a Llama-family model on the CPU or GPU with a KV cache policy per layer.", opts,
     "Policies: full, quant, sparse, streaming, dsq (see kv-run(1)).\n"
     "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 69 unavailable,\n"
     "70 internal, 73 cannot create output, 74 I/O error."};
 
 typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
-    const char *policy, *profile, *kv_dtype, *report, *dump, *score;
+    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *device, *select;
     int steps, ctx, nq, threads, random_prompt;
     double temp, top_p;
     unsigned long seed;
@@ -173,10 +177,12 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static cJSON *report_json(kv_engine *e, const run_opts *o, int n_prompt, int n_gen,
+/* The report covers whichever engine ran: the CPU engine e, or the GPU
+ * engine g (then e is NULL and per-layer parameters come from prm). */
+static cJSON *report_json(const kv_model *m, kv_engine *e, kv_gpu_engine *g,
+                          const kv_policy_params *prm, const run_opts *o, int n_prompt, int n_gen,
                           double prefill_ms, double *step_ms, int n_steps)
 {
-    const kv_model *m = kv_engine_model(e);
     const kv_model_config *c = &m->cfg;
     cJSON *r = cJSON_CreateObject(), *mo = cJSON_AddObjectToObject(r, "model");
     cJSON_AddStringToObject(mo, "name", c->name);
@@ -193,7 +199,8 @@ static cJSON *report_json(kv_engine *e, const run_opts *o, int n_prompt, int n_g
     cJSON_AddNumberToObject(r, "threads", 1);
 #endif
     cJSON_AddStringToObject(r, "isa", kv_matmul_isa());
-    cJSON_AddNumberToObject(r, "ctx", kv_engine_ctx(e));
+    cJSON_AddStringToObject(r, "device", g ? kv_gpu_engine_device(g) : "cpu");
+    cJSON_AddNumberToObject(r, "ctx", g ? kv_gpu_engine_ctx(g) : kv_engine_ctx(e));
     cJSON_AddNumberToObject(r, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(r, "generated_tokens", n_gen);
     cJSON_AddNumberToObject(r, "prefill_ms", prefill_ms);
@@ -210,7 +217,8 @@ static cJSON *report_json(kv_engine *e, const run_opts *o, int n_prompt, int n_g
     cJSON_AddNumberToObject(r, "ms_per_token_p90", p90);
     cJSON_AddNumberToObject(r, "tokens_per_s", sum > 0 ? n_steps / (sum / 1e3) : 0);
     kv_bytes tot;
-    kv_engine_bytes(e, &tot);
+    if (g) kv_gpu_engine_bytes(g, &tot);
+    else kv_engine_bytes(e, &tot);
     cJSON *kb = cJSON_AddObjectToObject(r, "kv_bytes");
     cJSON_AddNumberToObject(kb, "gpu", (double)tot.resident);
     cJSON_AddNumberToObject(kb, "host", (double)tot.host);
@@ -218,17 +226,25 @@ static cJSON *report_json(kv_engine *e, const run_opts *o, int n_prompt, int n_g
     cJSON_AddNumberToObject(r, "pcie_bytes_per_token", n_steps ? (double)tot.fetched_total / n_steps : 0);
     cJSON_AddStringToObject(r, "kv_dtype", o->kv_dtype ? o->kv_dtype : "f32");
     cJSON *la = cJSON_AddArrayToObject(r, "layers");
-    for (int l = 0; l < kv_engine_n_layers(e); l++) {
-        kv_policy *p = kv_engine_policy(e, l);
+    for (int l = 0; l < c->n_layers; l++) {
         kv_bytes b = {0};
-        p->ops->bytes(p, &b);
+        int n_tokens;
+        if (g) {
+            kv_gpu_engine_layer_bytes(g, l, &b);
+            n_tokens = kv_gpu_engine_pos(g);
+        } else {
+            kv_policy *p = kv_engine_policy(e, l);
+            p->ops->bytes(p, &b);
+            n_tokens = p->n_tokens;
+        }
+        const kv_policy_params *lp = g ? &prm[l] : kv_engine_params(e, l);
         char desc[256];
-        kv_engine_policy_desc(kv_engine_params(e, l), desc, sizeof desc);
+        kv_engine_policy_desc(lp, desc, sizeof desc);
         cJSON *lo = cJSON_CreateObject();
         cJSON_AddNumberToObject(lo, "layer", l);
-        cJSON_AddStringToObject(lo, "policy", kv_policy_kind_name(kv_engine_params(e, l)->kind));
+        cJSON_AddStringToObject(lo, "policy", kv_policy_kind_name(lp->kind));
         cJSON_AddStringToObject(lo, "params", desc);
-        cJSON_AddNumberToObject(lo, "tokens", p->n_tokens);
+        cJSON_AddNumberToObject(lo, "tokens", n_tokens);
         cJSON_AddNumberToObject(lo, "gpu_bytes", (double)b.resident);
         cJSON_AddNumberToObject(lo, "host_bytes", (double)b.host);
         cJSON_AddNumberToObject(lo, "disk_bytes", (double)b.disk);
@@ -283,6 +299,8 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_NQ: o->nq = (int)kv_cli_long("--nq", arg, 1, 1 << 16); break;
         case O_SCORE: o->score = arg; break;
         case O_THREADS: o->threads = (int)kv_cli_long("--threads", arg, 1, 4096); break;
+        case O_DEVICE: o->device = arg; break;
+        case O_SELECT: o->select = arg; break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -297,6 +315,12 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--weights must be f32, f16 or bf16");
     int on_stdout = (o->report && !strcmp(o->report, "-")) + (o->dump && !strcmp(o->dump, "-")) + !!o->score;
     if (on_stdout > 1) kv_cli_usage_error("only one of --report -, --dump-kv - and --score-file can use stdout");
+    if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto"))
+        kv_cli_usage_error("--device must be cpu, cuda or auto");
+    if (o->select && strcmp(o->select, "policy") && strcmp(o->select, "sketch"))
+        kv_cli_usage_error("--select must be policy or sketch");
+    if (o->device && !strcmp(o->device, "cuda") && (o->score || o->dump))
+        kv_cli_usage_error("--score-file and --dump-kv run on the CPU: use --device cpu");
     if (o->prompt_file && o->tokens && !strcmp(o->prompt_file, "-") && !strcmp(o->tokens, "-"))
         kv_cli_usage_error("stdin can only be read once");
 }
@@ -314,6 +338,7 @@ int main(int argc, char **argv)
     kv_tokenizer *tok = NULL;
     kv_policy_params *prm = NULL;
     kv_engine *e = NULL;
+    kv_gpu_engine *g = NULL;
     int *prompt = NULL, n_prompt = 0, *gen = NULL;
     double *step_ms = NULL, *nll = NULL;
     char *text = NULL;
@@ -412,7 +437,21 @@ int main(int argc, char **argv)
     }
     int ctx = o.ctx ? o.ctx : c->seq_len;
     if (!o.ctx && !o.score && n_prompt + o.steps > ctx) ctx = n_prompt + o.steps; /* beyond training length */
-    if ((st = kv_engine_new(m, prm, ctx, &e))) {
+    /* The GPU engine when asked for (auto falls back to the CPU), else the CPU
+     * engine; only one is built, so a long context is allocated only once. */
+    if (o.device && strcmp(o.device, "cpu") && !o.score && !o.dump) {
+        kv_gpu_engine_opts go;
+        kv_gpu_engine_opts_default(&go);
+        if (o.select && !strcmp(o.select, "sketch")) go.select = KV_GPU_SELECT_SKETCH;
+        st = kv_gpu_engine_new(m, prm, ctx, &go, &g);
+        if (st && !strcmp(o.device, "cuda")) {
+            rc = kv_report(st, "--device cuda");
+            goto out;
+        }
+        if (st) kv_note(1, "--device auto: using the CPU (%s)", kv_errdetail());
+        else kv_note(1, "running on %s", kv_gpu_engine_device(g));
+    }
+    if (!g && (st = kv_engine_new(m, prm, ctx, &e))) {
         rc = kv_report(st, "cannot build the engine");
         goto out;
     }
@@ -457,7 +496,9 @@ int main(int argc, char **argv)
         goto out;
     }
     double t0 = now_ms();
-    if ((st = kv_engine_prefill(e, prompt, n_prompt, logits))) {
+    st = g ? kv_gpu_engine_prefill(g, prompt, n_prompt, logits)
+           : kv_engine_prefill(e, prompt, n_prompt, logits);
+    if (st) {
         rc = kv_report(st, "prefill failed");
         goto out;
     }
@@ -478,9 +519,12 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         prev = next;
-        if (n_gen == o.steps || kv_engine_pos(e) >= kv_engine_ctx(e)) break;
+        if (n_gen == o.steps) break;
+        if (g ? kv_gpu_engine_pos(g) >= kv_gpu_engine_ctx(g) : kv_engine_pos(e) >= kv_engine_ctx(e))
+            break;
         double ts = now_ms();
-        if ((st = kv_engine_step(e, next, logits))) {
+        st = g ? kv_gpu_engine_step(g, next, logits) : kv_engine_step(e, next, logits);
+        if (st) {
             rc = kv_report(st, "decode failed");
             goto out;
         }
@@ -490,7 +534,7 @@ int main(int argc, char **argv)
     kv_progress_done();
     if (text_to_stdout && n_gen) putchar('\n');
     if (o.report) {
-        rep = report_json(e, &o, n_prompt, n_gen, prefill_ms, step_ms, n_steps);
+        rep = report_json(m, e, g, prm, &o, n_prompt, n_gen, prefill_ms, step_ms, n_steps);
         if ((st = write_json(rep, o.report))) rc = kv_report(st, "cannot write %s", o.report);
     }
 report:
@@ -502,6 +546,7 @@ out:
     free(step_ms);
     free(logits);
     free(nll);
+    kv_gpu_engine_free(g);
     kv_engine_free(e);
     free(prm);
     free(prompt);

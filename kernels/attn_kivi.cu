@@ -370,6 +370,54 @@ struct kv2_keys {
     }
 };
 
+/*
+ * One-instruction 1-bit unpack (variant 4): for bit position p (8..15) of
+ * each half, (w & (0x00010001 << p)) | c_p is a half that is an affine
+ * function alpha_p + beta_p * bit: the sign bit (p 15) gives 1 / -1, an
+ * exponent bit (10..14) scales a power of two to 1.0 or 4.0, a high mantissa
+ * bit (8, 9) adds 1/4 or 1/2 to 1.0.  Lower mantissa bits would put a large
+ * constant under a small step, so bits 0..7 are first shifted up by 8.
+ * beta is folded into the other operand, alpha is removed with the sum of
+ * that operand (one extra MMA per k-step for keys; the value-scale sums the
+ * value stage already has for values).
+ */
+__host__ __device__ constexpr uint32_t kv2_c(int p)
+{
+    return 0x00010001u * (p == 15 ? 0x3C00u : p == 14 ? 0x0400u : p == 13 ? 0x1C00u
+                          : p == 12 ? 0x2C00u : p == 11 ? 0x3400u : p == 10 ? 0x3800u : 0x3C00u);
+}
+__host__ __device__ constexpr float kv2_alpha(int p)
+{
+    return p == 15 ? 1.0f : p == 14 ? 6.103515625e-05f : p == 13 ? 0.00390625f : p == 12 ? 0.0625f
+           : p == 11 ? 0.25f : p == 10 ? 0.5f : 1.0f;
+}
+__host__ __device__ constexpr float kv2_beta(int p)
+{
+    return p == 15 ? -2.0f : p == 14 ? 3.99993896484375f : p == 13 ? 0.99609375f : p == 12 ? 0.9375f
+           : p == 11 ? 0.75f : p == 10 ? 0.5f : p == 9 ? 0.5f : 0.25f;
+}
+__device__ __forceinline__ uint32_t kv2_bit(uint32_t w, int p)
+{
+    return (w & (0x00010001u << p)) | kv2_c(p);
+}
+
+/* Key slot channels and query factors of v2 (ALPHA: variant 4). */
+template <int BITS, bool ALPHA>
+struct kv2k {
+    static __host__ __device__ constexpr int chan(int s, int j, int hi)
+    {
+        return ALPHA ? (j == 0 ? 8 + s : s) + 16 * hi : kv2_keys<BITS>::chan(s, j, hi);
+    }
+    static __host__ __device__ constexpr float fold(int s, int j)
+    {
+        return ALPHA ? 1.0f / kv2_beta(8 + s) : kv2_keys<BITS>::fold(j);
+    }
+    static __host__ __device__ constexpr float unfold(int s, int j)
+    {
+        return ALPHA ? kv2_beta(8 + s) : 1.0f / kv2_keys<BITS>::fold(j);
+    }
+};
+
 /* {h[c0], h[c1]} from 16 words holding 32 consecutive halves. */
 template <int C0, int C1>
 __device__ __forceinline__ uint32_t kv2_pair(const uint32_t (&w)[16])
@@ -408,20 +456,35 @@ __device__ __forceinline__ void kv2_load16(uint32_t (&w)[16], const __half *p)
     }
 }
 
-template <int BITS, int HPG, int MINB>
+/* Variants (VAR bits), for measurement: 1 starts the score MMAs from zero
+ * and adds q . zero at the store (the zero MMAs leave the critical path);
+ * 2 pads each head's row of scores to G + 8 floats and has softmax lanes
+ * read interleaved elements (no bank conflicts);  the diagnostics give wrong
+ * results and exist only to time stages: 8 leaves out the value stage,
+ * 16 the key unpack and score MMAs, 32 everything but the staging. */
+#define KV2_VAR_ZLATE 1
+#define KV2_VAR_PAD 2
+#define KV2_VAR_ALPHA 4
+#define KV2_DIAG_NOV 8
+#define KV2_DIAG_NOK 16
+#define KV2_DIAG_MEM 32
+
+template <int BITS, int HPG, int MINB, int VAR = 0>
 __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     attn_kivi2_split(kivi_args a)
 {
     constexpr int G = 64;
+    constexpr int PST = (VAR & KV2_VAR_PAD) ? G + 8 : G; /* floats per head row of scores */
     using C = kivi_cfg<BITS, G, HPG>;
-    using KK = kv2_keys<BITS>;
+    constexpr bool ALPHA = BITS == 1 && (VAR & KV2_VAR_ALPHA) != 0;
+    using KK = kv2k<BITS, ALPHA>;
     constexpr int D = C::D;
     static_assert(C::NGV == 2, "v2 is written for two value groups per token");
     __shared__ float qsm[HPG * D];
     __shared__ __align__(16) uint4 stage[2][KV_KIVI_WARPS][C::TOTAL];
     static_assert(2 * KV_KIVI_WARPS * C::TOTAL * 4 >= kv_f16_smem_floats(D, HPG),
                   "residual blocks borrow the staging area");
-    __shared__ __align__(16) float psm[KV_KIVI_WARPS][HPG * G];
+    __shared__ __align__(16) float psm[KV_KIVI_WARPS][HPG * PST];
     __shared__ float corr_sm[KV_KIVI_WARPS][HPG];
     __shared__ float ml_sm[KV_KIVI_WARPS][HPG][2];
 
@@ -451,13 +514,11 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         for (int j = 0; j < 2; j++) {
             float lo = 0.0f, hi = 0.0f;
             if (g < HPG) {
-                lo = qsm[g * D + 32 * t + KK::chan(s, j, 0)] * KK::fold(j);
-                hi = qsm[g * D + 32 * t + KK::chan(s, j, 1)] * KK::fold(j);
+                lo = qsm[g * D + 32 * t + KK::chan(s, j, 0)] * KK::fold(s, j);
+                hi = qsm[g * D + 32 * t + KK::chan(s, j, 1)] * KK::fold(s, j);
             }
             qf[s][j] = kv_pack_half2(lo, hi);
         }
-    const uint32_t unfold0 = kv_pack_half2(1.0f / KK::fold(0), 1.0f / KK::fold(0));
-    const uint32_t unfold1 = kv_pack_half2(1.0f / KK::fold(1), 1.0f / KK::fold(1));
 
     float O[8][4], Z[2][4];
 #pragma unroll
@@ -486,6 +547,10 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         kv_cp_async_commit();
         kv_cp_async_wait<1>();
         __syncwarp();
+        if constexpr ((VAR & KV2_DIAG_MEM) != 0) {
+            __syncwarp();
+            continue;
+        }
         const uint8_t *skc = reinterpret_cast<const uint8_t *>(stage[buf][warp]);
         const uint8_t *svc = skc + G * C::RB;
         const __half *sks = reinterpret_cast<const __half *>(stage[buf][warp] + C::O_KS);
@@ -507,11 +572,19 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
             kv2_load16(w, skz + 32 * t);
 #define KV2_ZERO(S)                                                                           \
     {                                                                                         \
-        uint32_t z0 = kv2_hmul2(kv2_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w), unfold0);    \
-        uint32_t z1 = kv2_hmul2(kv2_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w), unfold1);    \
+        uint32_t z0 = kv2_hmul2(kv2_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w),           \
+                                kv_pack_half2(KK::unfold(S, 0), KK::unfold(S, 0)));           \
+        uint32_t z1 = kv2_hmul2(kv2_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w),           \
+                                kv_pack_half2(KK::unfold(S, 1), KK::unfold(S, 1)));           \
         uint32_t az[4] = {z0, z0, z1, z1};                                                    \
         uint32_t bq[2] = {qf[S][0], qf[S][1]};                                                \
         kv_mma_16816(cz, az, bq);                                                             \
+        if constexpr (ALPHA) {                                                                \
+            const uint32_t na = kv_pack_half2(-kv2_alpha(8 + S), -kv2_alpha(8 + S));          \
+            uint32_t aa[4] = {na, na, na, na};                                                \
+            uint32_t bb[2] = {bk[S][0], bk[S][1]};                                            \
+            kv_mma_16816(cz, aa, bb);                                                         \
+        }                                                                                     \
     }
             KV2_ZERO(0) KV2_ZERO(1) KV2_ZERO(2) KV2_ZERO(3) KV2_ZERO(4) KV2_ZERO(5) KV2_ZERO(6) KV2_ZERO(7)
 #undef KV2_ZERO
@@ -522,7 +595,20 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         for (int mt = 0; mt < C::MT; mt++) {
             const int ra = mt * 16 + g, rb = ra + 8;
             float c[4] = {cz[0], cz[1], cz[2], cz[3]};
-            if constexpr (BITS == 1) {
+            if constexpr ((VAR & KV2_VAR_ZLATE) != 0) c[0] = c[1] = c[2] = c[3] = 0.0f;
+            if constexpr ((VAR & KV2_DIAG_NOK) != 0) {
+            } else if constexpr (ALPHA) {
+                const uint32_t wa = reinterpret_cast<const uint32_t *>(skc + ra * C::RB)[t];
+                const uint32_t wb = reinterpret_cast<const uint32_t *>(skc + rb * C::RB)[t];
+                const uint32_t wa8 = wa << 8, wb8 = wb << 8;
+#pragma unroll
+                for (int s = 0; s < C::KS; s++) {
+                    uint32_t af[4] = {kv2_bit(wa, 8 + s), kv2_bit(wb, 8 + s), kv2_bit(wa8, 8 + s),
+                                      kv2_bit(wb8, 8 + s)};
+                    uint32_t bf[2] = {bk[s][0], bk[s][1]};
+                    kv_mma_16816(c, af, bf);
+                }
+            } else if constexpr (BITS == 1) {
                 uint32_t wa = reinterpret_cast<const uint32_t *>(skc + ra * C::RB)[t];
                 uint32_t wb = reinterpret_cast<const uint32_t *>(skc + rb * C::RB)[t];
 #define KV2_K1(S)                                                                             \
@@ -545,23 +631,29 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
                     kv_mma_16816(c, af, bf);
                 }
             }
+            if constexpr ((VAR & KV2_VAR_ZLATE) != 0) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) c[e] += cz[e];
+            }
             if (2 * t < HPG) {
-                ps[(2 * t) * G + ra] = c[0];
-                ps[(2 * t) * G + rb] = c[2];
+                ps[(2 * t) * PST + ra] = c[0];
+                ps[(2 * t) * PST + rb] = c[2];
             }
             if (2 * t + 1 < HPG) {
-                ps[(2 * t + 1) * G + ra] = c[1];
-                ps[(2 * t + 1) * G + rb] = c[3];
+                ps[(2 * t + 1) * PST + ra] = c[1];
+                ps[(2 * t + 1) * PST + rb] = c[3];
             }
         }
         __syncwarp();
 
-        /* Online softmax over the group: LPH lanes per head (as v1). */
+        /* Online softmax over the group: LPH lanes per head (v1's, or
+         * interleaved over a padded row). */
         {
-            float *row = ps + hh * G + li * TPL;
+            constexpr int JS = (VAR & KV2_VAR_PAD) ? LPH : 1; /* element stride of a lane */
+            float *row = ps + hh * PST + ((VAR & KV2_VAR_PAD) ? li : li * TPL);
             float mx = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j]);
+            for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j * JS]);
 #pragma unroll
             for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, o));
             float mnew = fmaxf(m_run, mx);
@@ -569,8 +661,8 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < TPL; j++) {
-                float p = exp2f(row[j] - mnew);
-                row[j] = p;
+                float p = exp2f(row[j * JS] - mnew);
+                row[j * JS] = p;
                 sum += p;
             }
 #pragma unroll
@@ -581,6 +673,10 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         }
         __syncwarp();
 
+        if constexpr ((VAR & KV2_DIAG_NOV) != 0) {
+            __syncwarp();
+            continue;
+        }
         const float cra = corr_sm[warp][(2 * t) % HPG], crb = corr_sm[warp][(2 * t + 1) % HPG];
         if (__any_sync(KV_FULL_MASK, cra != 1.0f || crb != 1.0f)) {
 #pragma unroll
@@ -596,7 +692,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         }
 
         /* Values, 16 tokens per step: O^T += codes^T * (p * scale). */
-        const float *pv = ps + vh * G;
+        const float *pv = ps + vh * PST;
         const __half *sv = vzero ? svz : svs;
 #pragma unroll
         for (int kt = 0; kt < C::MT; kt++) {
@@ -633,6 +729,17 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
                 uint32_t u0 = __byte_perm(r0[wl], r0[wl + 2], sel), u1 = __byte_perm(r1[wl], r1[wl + 2], sel);
                 uint32_t u2 = __byte_perm(r2[wl], r2[wl + 2], sel), u3 = __byte_perm(r3[wl], r3[wl + 2], sel);
                 const uint32_t yab = __byte_perm(u0, u1, 0x5410u), ycd = __byte_perm(u2, u3, 0x5410u);
+                if constexpr (ALPHA) {
+                    const uint32_t yab8 = yab << 8, ycd8 = ycd << 8;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const uint32_t sa = i < 4 ? yab8 : yab, sc = i < 4 ? ycd8 : ycd;
+                        const int p0 = 8 + 2 * (i & 3);
+                        uint32_t af[4] = {kv2_bit(sa, p0), kv2_bit(sa, p0 + 1), kv2_bit(sc, p0),
+                                          kv2_bit(sc, p0 + 1)};
+                        kv_mma_16816(O[i], af, bv[i >> 2]);
+                    }
+                } else {
 #define KV2_V1(I)                                                                             \
     {                                                                                         \
         uint32_t s0 = kv2_shift<13 - 2 * I>(yab), s1 = kv2_shift<13 - 2 * I>(ycd);            \
@@ -641,6 +748,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     }
                 KV2_V1(0) KV2_V1(1) KV2_V1(2) KV2_V1(3) KV2_V1(4) KV2_V1(5) KV2_V1(6) KV2_V1(7)
 #undef KV2_V1
+                }
             } else {
                 /* lane g: halfword g of each value group (bytes 2g, 2g+1 and 16+2g, 17+2g) */
                 const int wl = g >> 1;
@@ -687,8 +795,16 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int n = 2 * t + (e & 1), r = e >> 1;
-            const float f = BITS == 1 ? (r == 0 ? 0.5f : 128.0f) : 1.0f;
-            if (n < HPG) osm[n * D + kv2_vchan<BITS>(i, r, g)] = O[i][e] * f + zv[i >> 2][e & 1];
+            if constexpr (ALPHA) {
+                const int pp = 8 + 2 * (i & 3) + r;
+                if (n < HPG)
+                    osm[n * D + kv2_vchan<2>(i, r, g)] =
+                        (O[i][e] - kv2_alpha(pp) * Z[i >> 2][e & 1]) * (1.0f / kv2_beta(pp)) +
+                        zv[i >> 2][e & 1];
+            } else {
+                const float f = BITS == 1 ? (r == 0 ? 0.5f : 128.0f) : 1.0f;
+                if (n < HPG) osm[n * D + kv2_vchan<BITS>(i, r, g)] = O[i][e] * f + zv[i >> 2][e & 1];
+            }
         }
     }
     if (li == 0) {
@@ -746,8 +862,34 @@ static int kivi_v1(void)
     return v;
 }
 
+/* KV_KIVI2_VAR=n selects a v2 variant (VAR bits above) where an instance
+ * of it is compiled: 3 for every geometry, the diagnostics for 1 bit and
+ * 4 query heads per KV head. */
+static int kivi2_var(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KV_KIVI2_VAR");
+        v = e ? atoi(e) : 0;
+    }
+    return v;
+}
+
 static kivi_kernel kivi_pick(int bits, int G, int hpg)
 {
+    if (G == 64 && !kivi_v1() && kivi2_var() != 0) {
+        const int var = kivi2_var();
+#define KV_KIVI2_PICKV(B, H, V) \
+    if (bits == B && hpg == H && var == V) return attn_kivi2_split<B, H, KV_KIVI2_MINB, V>;
+        KV_KIVI2_PICKV(1, 4, 3) KV_KIVI2_PICKV(2, 4, 3) KV_KIVI2_PICKV(1, 2, 3)
+        KV_KIVI2_PICKV(2, 2, 3) KV_KIVI2_PICKV(1, 1, 3) KV_KIVI2_PICKV(2, 1, 3)
+        KV_KIVI2_PICKV(1, 4, 8) KV_KIVI2_PICKV(1, 4, 16) KV_KIVI2_PICKV(1, 4, 32)
+        KV_KIVI2_PICKV(1, 4, 1) KV_KIVI2_PICKV(1, 4, 2) KV_KIVI2_PICKV(1, 4, 7)
+        KV_KIVI2_PICKV(1, 2, 7) KV_KIVI2_PICKV(1, 1, 7) KV_KIVI2_PICKV(2, 4, 7)
+        KV_KIVI2_PICKV(2, 2, 7) KV_KIVI2_PICKV(2, 1, 7)
+        if (bits == 1 && hpg == 4 && var == 71) return attn_kivi2_split<1, 4, 3, 7>; /* 3 blocks/SM */
+#undef KV_KIVI2_PICKV
+    }
     if (G == 64 && !kivi_v1()) {
 #define KV_KIVI2_PICK(B, H) \
     if (bits == B && hpg == H) return attn_kivi2_split<B, H, KV_KIVI2_MINB>;

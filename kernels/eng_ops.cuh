@@ -150,6 +150,15 @@ cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int ldb, const
                              cudaStream_t s);
 
 /*
+ * eng_score_sketch followed by eng_softmax_combine, fused: comb (nkv, n)
+ * without writing the per-head scores (two passes over the sketch bits).
+ * tmp: eng_softmax_tmp(nq_heads) floats.
+ */
+cudaError_t eng_sketch_combine(const float *q, const uint8_t *bits, int ldb, const float *mad,
+                               int nq_heads, int nkv, int hd, int cs, int cend, int reduce_max,
+                               float *tmp, float *comb, cudaStream_t s);
+
+/*
  * Turn each query head's scores (nq_heads, n) into softmax probabilities
  * over the n candidates and combine the heads of each KV head's group (sum,
  * or max when reduce_max): comb (nkv, n).  tmp: eng_softmax_tmp(nq_heads)

@@ -178,13 +178,25 @@ extern "C" cudaError_t eng_score_exact(const float *q, const void *rows, eng_dty
 
 /* Per head, a table of the sums of w_c = q_c*mad_c over the set bits of each
  * nibble position: tab (g, hd/4, 16).  score = 2*sum_{bits set} w - sum w. */
-template <int G>
-__global__ void __launch_bounds__(256, (G <= 4 ? 2 : 1)) score_sketch_kernel(const float *q, const uint8_t *bits, int ldb, const float *mad,
-                                    int g, int hd, int cs, int cend, float *score)
+#define SK_PARTS_MAX 64 /* blocks per KV head of the sketch kernels */
+
+/*
+ * MODE 0 writes every query head's score (nq_heads, n).  MODE 1 and 2 fuse
+ * the softmax over candidates and the GQA combination without writing
+ * scores: MODE 1 writes each block's (max, sum exp) per head into part,
+ * MODE 2 merges those, recomputes the scores (a 16-byte read and 32 table
+ * lookups per token and head, cheaper than a float per head and token
+ * written and read back twice) and writes comb (nkv, n).
+ */
+template <int G, int MODE>
+__global__ void __launch_bounds__(256, (G <= 4 ? 2 : 1))
+score_sketch_kernel(const float *q, const uint8_t *bits, int ldb, const float *mad, int g, int hd,
+                    int cs, int cend, float *score, float *part, int reduce_max)
 {
-    extern __shared__ float tab[]; /* (g, hd/4, 16) then (g) totals */
+    extern __shared__ float tab[]; /* (g, hd/4, 16), then (g) totals, then (2g) max and 1/sum */
+    __shared__ float red[32];
     const int kh = blockIdx.y, n = cend - cs, np = hd / 4, nb = hd / 8;
-    float *tot = tab + (size_t)g * np * 16;
+    float *tot = tab + (size_t)g * np * 16, *mz = tot + g;
     const float sc = rsqrtf((float)hd);
     for (int i = threadIdx.x; i < g * np * 16; i += blockDim.x) {
         int v = i & 15, p = (i >> 4) % np, h = i / (np * 16);
@@ -195,6 +207,15 @@ __global__ void __launch_bounds__(256, (G <= 4 ? 2 : 1)) score_sketch_kernel(con
             if (v >> b & 1) s += qh[4 * p + b] * m[4 * p + b];
         tab[i] = 2.0f * s * sc;
     }
+    if (MODE == 2 && threadIdx.x < g) { /* merge the blocks' softmax statistics */
+        const float *st = part + (size_t)(kh * g + threadIdx.x) * gridDim.x * 2;
+        float M = -INFINITY, Z = 0.0f;
+        for (unsigned b = 0; b < gridDim.x; b++) M = fmaxf(M, st[2 * b]);
+        for (unsigned b = 0; b < gridDim.x; b++)
+            if (st[2 * b] > -INFINITY) Z += st[2 * b + 1] * __expf(st[2 * b] - M);
+        mz[2 * threadIdx.x] = M;
+        mz[2 * threadIdx.x + 1] = Z > 0.0f ? 1.0f / Z : 0.0f;
+    }
     __syncthreads();
     /* the constant term: half the sum of every nibble's all-set entry */
     for (int h = threadIdx.x; h < g; h += blockDim.x) {
@@ -203,57 +224,122 @@ __global__ void __launch_bounds__(256, (G <= 4 ? 2 : 1)) score_sketch_kernel(con
         tot[h] = 0.5f * s;
     }
     __syncthreads();
+    float om[G], ol[G]; /* MODE 1: this thread's running max and sum */
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        om[h] = -INFINITY;
+        ol[h] = 0.0f;
+    }
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const uint8_t *row = bits + ((size_t)kh * ldb + cs + i) * nb;
-    float acc[G];
+        const uint8_t *row = bits + ((size_t)kh * ldb + cs + i) * nb;
+        float acc[G];
 #pragma unroll
-    for (int h = 0; h < G; h++) acc[h] = h < g ? -tot[h] : 0.0f;
-    if (nb == 16) { /* head_dim 128: one 16-byte load, every index a constant */
-        const uint4 u = *(const uint4 *)row;
-        const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
+        for (int h = 0; h < G; h++) acc[h] = h < g ? -tot[h] : 0.0f;
+        if (nb == 16) { /* head_dim 128: one 16-byte load, every index a constant */
+            const uint4 u = *(const uint4 *)row;
+            const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int wi = 0; wi < 4; wi++)
+            for (int wi = 0; wi < 4; wi++)
 #pragma unroll
-            for (int q4 = 0; q4 < 8; q4++) {
-                unsigned nib = (wv[wi] >> (4 * q4)) & 15u;
-                int p = wi * 8 + q4;
+                for (int q4 = 0; q4 < 8; q4++) {
+                    unsigned nib = (wv[wi] >> (4 * q4)) & 15u;
+                    int p = wi * 8 + q4;
+#pragma unroll
+                    for (int h = 0; h < G; h++)
+                        if (h < g) acc[h] += tab[(h * np + p) * 16 + nib];
+                }
+        } else {
+            for (int b = 0; b < nb; b++) {
+                unsigned by = row[b];
 #pragma unroll
                 for (int h = 0; h < G; h++)
-                    if (h < g) acc[h] += tab[(h * np + p) * 16 + nib];
+                    if (h < g)
+                        acc[h] += tab[(h * np + 2 * b) * 16 + (by & 15u)] +
+                                  tab[(h * np + 2 * b + 1) * 16 + (by >> 4)];
             }
-    } else {
-        for (int b = 0; b < nb; b++) {
-            unsigned by = row[b];
+        }
+        if (MODE == 0) {
 #pragma unroll
             for (int h = 0; h < G; h++)
-                if (h < g)
-                    acc[h] += tab[(h * np + 2 * b) * 16 + (by & 15u)] + tab[(h * np + 2 * b + 1) * 16 + (by >> 4)];
+                if (h < g) score[(size_t)(kh * g + h) * n + i] = acc[h];
+        } else if (MODE == 1) {
+#pragma unroll
+            for (int h = 0; h < G; h++)
+                if (h < g) {
+                    if (acc[h] > om[h]) {
+                        ol[h] = ol[h] * __expf(om[h] - acc[h]) + 1.0f;
+                        om[h] = acc[h];
+                    } else {
+                        ol[h] += __expf(acc[h] - om[h]);
+                    }
+                }
+        } else {
+            float c = 0.0f;
+#pragma unroll
+            for (int h = 0; h < G; h++)
+                if (h < g) {
+                    float pr = __expf(acc[h] - mz[2 * h]) * mz[2 * h + 1];
+                    c = reduce_max ? fmaxf(c, pr) : c + pr;
+                }
+            score[(size_t)kh * n + i] = c; /* comb */
         }
     }
+    if (MODE == 1) {
 #pragma unroll
-    for (int h = 0; h < G; h++)
-        if (h < g) score[(size_t)(kh * g + h) * n + i] = acc[h];
+        for (int h = 0; h < G; h++) {
+            if (h >= g) break; /* uniform */
+            float M = eng_block_max(om[h], red);
+            float l = om[h] > -INFINITY ? ol[h] * __expf(om[h] - M) : 0.0f;
+            l = eng_block_sum(l, red);
+            if (threadIdx.x == 0) {
+                size_t o = ((size_t)(kh * g + h) * gridDim.x + blockIdx.x) * 2;
+                part[o] = M;
+                part[o + 1] = l;
+            }
+        }
     }
+}
+
+template <int MODE>
+static cudaError_t launch_sketch(const float *q, const uint8_t *bits, int ldb, const float *mad,
+                                 int nq_heads, int nkv, int hd, int cs, int cend, float *out,
+                                 float *part, int reduce_max, cudaStream_t s)
+{
+    if ((hd & 7) || nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
+    int g = nq_heads / nkv;
+    size_t smem = ((size_t)g * (hd / 4) * 16 + 3 * (size_t)g) * sizeof(float);
+    if (smem > 48 * 1024) return cudaErrorInvalidValue; /* hd 256 with g 8 at most: 33 KB */
+    /* at most SK_PARTS_MAX blocks per head: each builds its lookup table once
+     * and scores many tokens with it */
+    int nb = (cend - cs + 255) / 256;
+    dim3 grid((unsigned)(nb < SK_PARTS_MAX ? nb : SK_PARTS_MAX), (unsigned)nkv);
+    /* the group size as a template bound keeps the accumulators in registers */
+    if (g <= 2)
+        score_sketch_kernel<2, MODE><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max);
+    else if (g <= 4)
+        score_sketch_kernel<4, MODE><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max);
+    else
+        score_sketch_kernel<8, MODE><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int ldb,
                                         const float *mad, int nq_heads, int nkv, int hd, int cs,
                                         int cend, float *score, cudaStream_t s)
 {
-    if ((hd & 7) || nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
     if (cend <= cs) return cudaSuccess;
-    int g = nq_heads / nkv;
-    size_t smem = ((size_t)g * (hd / 4) * 16 + (size_t)g) * sizeof(float);
-    if (smem > 48 * 1024) return cudaErrorInvalidValue; /* hd 256 with g 8 at most: 33 KB */
-    /* at most 64 blocks per head: each builds its lookup table once and
-     * scores many tokens with it */
-    int nb = (cend - cs + 255) / 256;
-    dim3 grid((unsigned)(nb < 64 ? nb : 64), (unsigned)nkv);
-    /* the group size as a template bound keeps the accumulators in registers */
-    if (g <= 2) score_sketch_kernel<2><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
-    else if (g <= 4) score_sketch_kernel<4><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
-    else score_sketch_kernel<8><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, score);
-    ENG_LAUNCHED();
+    return launch_sketch<0>(q, bits, ldb, mad, nq_heads, nkv, hd, cs, cend, score, NULL, 0, s);
+}
+
+extern "C" cudaError_t eng_sketch_combine(const float *q, const uint8_t *bits, int ldb,
+                                          const float *mad, int nq_heads, int nkv, int hd, int cs,
+                                          int cend, int reduce_max, float *tmp, float *comb,
+                                          cudaStream_t s)
+{
+    if (cend <= cs) return cudaSuccess;
+    cudaError_t e = launch_sketch<1>(q, bits, ldb, mad, nq_heads, nkv, hd, cs, cend, NULL, tmp, 0, s);
+    if (e != cudaSuccess) return e;
+    return launch_sketch<2>(q, bits, ldb, mad, nq_heads, nkv, hd, cs, cend, comb, tmp, reduce_max, s);
 }
 
 // --- softmax over candidates, combined over the group ------------------------------
@@ -307,7 +393,11 @@ __global__ void combine_kernel(const float *score, int g, int n, int reduce_max,
     comb[(size_t)kh * n + i] = acc;
 }
 
-extern "C" size_t eng_softmax_tmp(int nq_heads) { return (size_t)nq_heads * SM_PARTS * 2; }
+extern "C" size_t eng_softmax_tmp(int nq_heads)
+{
+    int parts = SM_PARTS > SK_PARTS_MAX ? SM_PARTS : SK_PARTS_MAX;
+    return (size_t)nq_heads * parts * 2;
+}
 
 extern "C" cudaError_t eng_softmax_combine(const float *score, int nq_heads, int nkv, int n,
                                            int reduce_max, float *tmp, float *comb,

@@ -106,6 +106,46 @@ cudaError_t kv_cuda_kivi_unpack(kv_kivi_axis axis, const kv_kivi_params *prm, in
                                 int D, const kv_cuda_kivi_view *in, uint16_t *out,
                                 cudaStream_t stream);
 
+// --- DSQ pack / unpack -------------------------------------------------------
+
+/* Device pointers to one DSQ-packed layer (shapes as in lib/kv_layout.h;
+ * base is NULL for values). */
+typedef struct {
+    const uint8_t *mask;    /* (kv_heads, nw, W/8) */
+    const int8_t *sal;      /* (kv_heads, nw, S, head_dim) */
+    const uint16_t *sscale; /* (kv_heads, nw, head_dim) */
+    const uint16_t *base;   /* (kv_heads, nw, head_dim), keys only */
+    const uint8_t *codes;   /* (kv_heads, nw, W-S, head_dim*bits/8) */
+    const uint16_t *scale;  /* (kv_heads, nw, W-S, head_dim/Gd) */
+    const uint16_t *zero;   /* same shape as scale */
+    const uint16_t *resid;  /* (kv_heads, T - nw*W, head_dim) fp16 */
+} kv_cuda_dsq_view;
+
+typedef struct {
+    uint8_t *mask;
+    int8_t *sal;
+    uint16_t *sscale, *base;
+    uint8_t *codes;
+    uint16_t *scale, *zero, *resid;
+} kv_cuda_dsq_out;
+
+/* Is this geometry supported by the DSQ kernels (head_dim 64 or 128, window
+ * a multiple of 8 up to 128, at most 4 channel groups)? */
+int kv_cuda_dsq_supported(const kv_dsq_params *p, int head_dim);
+
+/*
+ * Pack x (H, T, D) fp16 with importance imp (H, T) float (required; the
+ * CPU's key-norm default is not provided) into DSQ parts, byte-identical to
+ * kv_dsq_pack in lib/kv_dsq.c given the same importance.
+ */
+cudaError_t kv_cuda_dsq_pack(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int D,
+                             const uint16_t *x, const float *imp, const kv_cuda_dsq_out *out,
+                             cudaStream_t stream);
+
+/* Dequantize into out (H, T, D) float, equal to kv_dsq_unpack bit for bit. */
+cudaError_t kv_cuda_dsq_unpack(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int D,
+                               const kv_cuda_dsq_view *in, float *out, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -656,7 +656,7 @@ done:
 
 kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll)
 {
-    if (n < 2) return kv_fail(KV_E_USAGE, "scoring needs at least two tokens");
+    if (n < 2) return kv_fail(KV_E_DATA, "scoring needs at least two tokens (the text is empty?)");
     int V = e->m->cfg.vocab_size;
     float *lg = malloc((size_t)V * sizeof(float));
     if (!lg) return kv_fail(KV_E_NOMEM, "out of memory");

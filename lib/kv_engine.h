@@ -82,6 +82,7 @@ void kv_engine_bytes(const kv_engine *e, kv_bytes *total);
  * before prefill to keep: the last nq queries of each layer (post-RoPE,
  * over prefill and steps), and the dense prompt K/V after prefill (by
  * default the prompt buffers are freed once the policies have them).
+ * The settings survive kv_engine_reset; the captured data does not.
  */
 kv_status kv_engine_keep(kv_engine *e, int nq, bool prompt_kv);
 /* Prompt K or V of a layer after prefill: (n_kv_heads, T, head_dim) float32

@@ -283,6 +283,7 @@ kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
     /* last, so that the scores the next kernels see vary as real ones do */
     TIME_US(score_sketch, eng_score_sketch(q, bits, n, mad, nqh, nkv, hd, 0, n, score, s));
     TIME_US(softmax_combine, eng_softmax_combine(score, nqh, nkv, n, 0, tmp, comb, s));
+    TIME_US(sketch_combine, eng_sketch_combine(q, bits, n, mad, nqh, nkv, hd, 0, n, 0, tmp, comb, s));
     TIME_US(topk, eng_topk(comb, nkv, n, k, 0, sel, s));
     TIME_US(gather, eng_gather_rows(rows_d, nkv, hd, ENG_F16, sel, k, NULL, 0, dst,
                                     (uint8_t *)dst + (size_t)nkv * k * hd * 2, (size_t)k, s));

@@ -32,6 +32,7 @@ kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw);
  * attention geometry (32/8 heads, head_dim 128), top-k rows, 8 channels. */
 typedef struct {
     double pred_gemv, score_sketch, score_channels, softmax_combine, topk, gather;
+    double sketch_combine; /* score_sketch + softmax_combine fused (what the engine runs) */
     int n, k;
 } kv_gpu_select_us;
 

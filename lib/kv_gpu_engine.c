@@ -1,8 +1,9 @@
 /*
  * kv_gpu_engine: the decode engine on a CUDA GPU (see kv_gpu_engine.h).  The
- * layer loop is lib/kv_engine.c's, one kernel per operation on the main
- * stream; what differs per layer is where its K/V live and how attention
- * reaches them.  Two more streams carry the work that should hide behind the
+ * layer loop is lib/kv_engine.c's on the main stream, with the RMSNorms and
+ * the SwiGLU fused into the GEMVs that consume them and the residual adds
+ * into the GEMVs that produce them; what differs per layer is where its K/V
+ * live and how attention reaches them.  Two more streams carry the work that should hide behind the
  * layer loop: the selection stream (a sparse layer's predicted query, token
  * scores, top-K and the gather of the chosen rows from pinned host memory,
  * one layer ahead) and the copy stream (the offload baseline's per-layer
@@ -180,7 +181,13 @@ struct kv_gpu_engine {
     uint64_t wbytes, wread;
     cudaStream_t s_main, s_side, s_gath, s_copy;
     /* activations (float32, padded to ld_* with zeros) */
-    float *x, *xb, *xp[2], *qkv, *att, *gu, *hb, *logits, *qpred;
+    float *x;            /* (ld_dim) residual stream */
+    float *xp[2];        /* (ld_dim) normalized input of the predicted layer, by parity */
+    float *qkv;          /* (n_heads*hd + 2*n_kv*hd) projections, q then k then v */
+    float *att;          /* (ld_qd) attention output */
+    float *hb;           /* (ld_hid) SwiGLU output */
+    float *logits;       /* (vocab) */
+    float *qpred;        /* (n_heads*hd) predicted query (selection stream) */
     uint16_t *q16;       /* (n_heads*hd) fp16 query for kernels/ */
     int *d_tok;          /* (tok_cap) token ids */
     int tok_cap;
@@ -747,6 +754,8 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
     if (kk > 0) {
         if (kk < ncand) {
             if (e->o.select == KV_GPU_SELECT_SKETCH) {
+                /* per-head scores then the softmax pass: eng_sketch_combine avoids
+                 * writing the scores but measured slower (docs/bench/gpu-decode.md) */
                 CK(eng_score_sketch(q, y->sketch, y->Tp, y->kmad, e->nqh, nkv, hd, cs, cend,
                                     e->score, s));
             } else if (p->select_exact) {
@@ -1099,9 +1108,9 @@ static kv_status engine_init(kv_gpu_engine *e)
     if (st) return st;
     /* activations, zeroed so that the padding of every GEMV input is zero */
     struct { float **p; int n; } acts[] = {
-        {&e->x, pad8(e->dim)},       {&e->xb, e->ld_dim},          {&e->xp[0], e->ld_dim},
+        {&e->x, pad8(e->dim)},       {&e->xp[0], e->ld_dim},
         {&e->xp[1], e->ld_dim},      {&e->qkv, e->qd + 2 * e->kvd}, {&e->att, e->ld_qd},
-        {&e->gu, 2 * e->hidden},     {&e->hb, e->ld_hid},          {&e->logits, e->vocab},
+        {&e->hb, e->ld_hid},          {&e->logits, e->vocab},
         {&e->qpred, e->qd},          {&e->qscale, e->nqh},
         {&e->sm_tmp, (int)eng_softmax_tmp(e->nqh)},
     };
@@ -1201,7 +1210,7 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     dfree(&e->embd);
     dfree(&e->out_norm);
     dfree(&e->inv_freq);
-    float **acts[] = {&e->x, &e->xb, &e->xp[0], &e->xp[1], &e->qkv, &e->att, &e->gu, &e->hb,
+    float **acts[] = {&e->x, &e->xp[0], &e->xp[1], &e->qkv, &e->att, &e->hb,
                       &e->logits, &e->qpred, &e->qscale, &e->sm_tmp, &e->score, &e->comb,
                       &e->att_part};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) dfree(acts[i]);

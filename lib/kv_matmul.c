@@ -23,6 +23,8 @@
 
 // --- portable kernels --------------------------------------------------------
 
+#define KV_PAR_MIN (1L << 18) /* multiply-adds below which a matvec stays serial */
+
 static float f16_table[65536]; /* f16 bits -> f32, filled once */
 
 static float dot_f32_port(const float *a, const float *b, int n)
@@ -371,8 +373,10 @@ void kv_matvec(const kv_weight *w, const float *x, float *y)
     const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
     const uint8_t *base = w->data;
     const int rows = w->rows, cols = w->cols;
-    /* Small matrices are not worth waking the thread team for. */
-#pragma omp parallel for schedule(static) if ((long)rows * cols > 32768)
+    /* Below ~256k multiply-adds (a few microseconds of AVX2) waking the
+     * thread team costs as much as it saves, and far more when the cores
+     * are shared with other work. */
+#pragma omp parallel for schedule(static) if ((long)rows * cols > KV_PAR_MIN)
     for (int r = 0; r < rows; r++) y[r] = dot(base + (size_t)r * rb, x, cols);
 }
 
@@ -386,7 +390,7 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
         work += (long)w[i]->rows * w[i]->cols;
     }
     const int total = start[n];
-#pragma omp parallel for schedule(static) if (work > 32768)
+#pragma omp parallel for schedule(static) if (work > KV_PAR_MIN)
     for (int r = 0; r < total; r++) {
         int i = 0;
         while (r >= start[i + 1]) i++;

@@ -422,6 +422,13 @@ kv_status kv_model_load(const char *path, kv_model **out)
         kv_model_free(m);
         return st;
     }
+    if (!strcmp(m->cfg.name, "llama2.c") || !strcmp(m->cfg.name, "gguf")) {
+        /* no name inside the file: use its base name ("stories260K") */
+        const char *b = strrchr(path, '/');
+        b = b ? b + 1 : path;
+        size_t n = strcspn(b, ".");
+        if (n > 0 && n < sizeof m->cfg.name) snprintf(m->cfg.name, sizeof m->cfg.name, "%.*s", (int)n, b);
+    }
     *out = m;
     return KV_OK;
 }

@@ -188,8 +188,12 @@ kv_status kv_tree_add(kv_tree *t, int parent, const int32_t *tok, int n, int *ou
     if (!cp) return kv_fail(KV_E_NOMEM, "cannot allocate %d tokens", n);
     int c;
     kv_status st = node_new(t, &c);
-    if (!st) st = child_push(&t->nodes[parent], c);
     if (st) {
+        free(cp);
+        return st;
+    }
+    if ((st = child_push(&t->nodes[parent], c))) {
+        t->n_nodes--; /* drop the half-made node: it was the last one */
         free(cp);
         return st;
     }

@@ -185,8 +185,9 @@ typedef struct {
 
 /* Remove every cached token that follows the prefix tok[0..n) (n >= 1). */
 kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict_report *r);
-/* Evict lowest-score leaves until chunk files total <= max_bytes; also
- * delete orphaned chunk files. */
+/* Evict lowest-score leaves until chunk files total <= max_bytes, commit
+ * the index (gc saves by itself: orphans may only be deleted after the
+ * commit), then delete orphaned chunk files. */
 kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_life, int64_t now,
                       kv_evict_report *r);
 

@@ -237,8 +237,9 @@ int kv_bench_decode_main(int argc, char **argv)
                bw.h2d, bw.d2h, bw.d2d, bw.zc_read, bw.zc_gather, bw.memcpy_gather);
         printf("  \"select_kernels_us\": {\"candidates\": %d, \"topk\": %d, \"pred_gemv\": %.1f, "
                "\"score_sketch\": %.1f, \"score_channels\": %.1f, \"softmax_combine\": %.1f, "
-               "\"topk_select\": %.1f, \"gather\": %.1f},\n", sel_us.n, sel_us.k, sel_us.pred_gemv,
-               sel_us.score_sketch, sel_us.score_channels, sel_us.softmax_combine, sel_us.topk, sel_us.gather);
+               "\"sketch_combine_fused\": %.1f, \"topk_select\": %.1f, \"gather\": %.1f},\n", sel_us.n, sel_us.k,
+               sel_us.pred_gemv, sel_us.score_sketch, sel_us.score_channels, sel_us.softmax_combine,
+               sel_us.sketch_combine, sel_us.topk, sel_us.gather);
         printf("  \"contexts\": [\n");
         for (int ci = 0; ci < nctx; ci++) {
             printf("    {\"T\": %d, \"policies\": {\n", ctx[ci]);

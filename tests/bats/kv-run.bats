@@ -192,3 +192,27 @@ JSON
     run --separate-stderr kv-run -m "$MODEL" --tokens "$BATS_TEST_TMPDIR/ids.txt"
     assert_fails_with 65 "token list"
 }
+
+@test "kv-run rejects an unknown --device with exit 64" {
+    run --separate-stderr kv-run -m "$MODEL" -n 4 --device gpu
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
+}
+
+@test "kv-run --device auto falls back to the CPU and still matches the reference" {
+    run --separate-stderr kv-run -m "$MODEL" -n 200 --device auto
+    assert_success
+    [ "$output" = "$(cat "$S260/reference/greedy_bos_200.txt")" ]
+}
+
+@test "kv-run --device cuda without a usable GPU exits 69 with a message" {
+    if kv-run --version | grep -q '^GPU: NVIDIA'; then
+        skip "a GPU is present: the GPU engine's device tests cover this machine"
+    fi
+    run --separate-stderr kv-run -m "$MODEL" -n 4 --device cuda
+    assert_fails_with 69 "--device cuda"
+}
+
+@test "kv-run --device cuda with --dump-kv is a usage error (64)" {
+    run --separate-stderr kv-run -m "$MODEL" -n 0 --device cuda --dump-kv /dev/null
+    assert_fails_with 64 "run on the CPU"
+}

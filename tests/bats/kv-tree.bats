@@ -353,3 +353,28 @@ two_puts() {
     [ "$status" -eq 64 ]
     assert_output --partial "refusing to write"
 }
+
+@test "kv-tree rm at a node boundary drops every continuation" {
+    two_puts
+    m=$("$PY" "$KVT" lcp "$A" "$B")
+    "$PY" "$KVT" tokens "$A" | cut -d' ' -f1-"$m" >"$BATS_TEST_TMPDIR/t.txt"
+    run --separate-stderr kv-tree rm "$S" --tokens "$BATS_TEST_TMPDIR/t.txt"
+    assert_success
+    [ "$(json_get 'j["nodes_removed"]')" = 2 ]
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get 'j["nodes"], j["tokens"]')" = "(1, $m)" ]
+}
+
+@test "kv-tree puts running at the same time leave a consistent store" {
+    kv-tree init "$S"
+    for i in 1 2 3; do
+        kv-tree put "$S" "$A" >/dev/null &
+        kv-tree put "$S" "$B" >/dev/null &
+    done
+    wait
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["nodes"], j["orphans"]')" = "(3, 0)" ]
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get 'sum(n["hits"] for n in j["list"] if n["parent"] == 0)')" = 6 ]
+}

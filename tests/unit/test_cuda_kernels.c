@@ -23,6 +23,7 @@ static unsigned long long seed;
 
 #include "attn_realdata.h"
 
+#include "kv_dsq.h"
 #include "kv_kernels.h"
 
 /* Tolerances on normalized error: fp16 attention accumulates in fp32 like
@@ -396,6 +397,142 @@ static void test_attn_kivi_matches_cpu_on_real_data(void)
     niah_layer0_free(&r);
 }
 
+// --- DSQ pack / unpack --------------------------------------------------------------
+
+/* Pack with kv_dsq_pack and kv_cuda_dsq_pack (same importance), compare
+ * every part byte for byte, then unpack both sides and compare the floats
+ * bit for bit; 0 when all equal. */
+static int dsq_case(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int D,
+                    const kv_half *xh, const float *xf, const float *imp, char *why, size_t nwhy)
+{
+    kv_dsq_packed cpu;
+    if (kv_dsq_pack(xf, imp, axis, p, H, T, D, &cpu) != KV_OK) {
+        snprintf(why, nwhy, "CPU pack refused: %s", kv_errdetail());
+        return -1;
+    }
+    kv_dsq_sizes z;
+    kv_dsq_part_sizes(axis, p, H, T, D, &z);
+    const size_t n = (size_t)H * T * D;
+    uint16_t *dx = dup_to_device(xh, n * 2);
+    float *dimp = dup_to_device(imp, (size_t)H * T * 4), *dout = dalloc(n * 4);
+    kv_cuda_dsq_out o = {dalloc(z.mask), dalloc(z.sal), dalloc(z.sscale * 2),
+                         axis == KV_KIVI_KEYS ? dalloc(z.base * 2) : NULL, dalloc(z.codes),
+                         dalloc(z.scale * 2), dalloc(z.scale * 2), dalloc(z.resid * 2)};
+    const size_t hostn = z.mask + z.sal + z.codes + 2 * (z.sscale + z.base + 2 * z.scale + z.resid);
+    uint8_t *h = malloc(hostn + 16);
+    float *gout = malloc(n * 4 + 4), *cout = malloc(n * 4 + 4);
+    int rc = -1;
+    if (!dx || !dimp || !dout || !o.mask || !o.sal || !o.sscale || (axis == KV_KIVI_KEYS && !o.base) ||
+        !o.codes || !o.scale || !o.zero || !o.resid || !h || !gout || !cout) {
+        snprintf(why, nwhy, "allocation failed");
+        goto done;
+    }
+    cudaMemset(o.codes, 0xA5, z.codes + 1);
+    cudaMemset(dout, 0xFF, n * 4);
+    if (kv_cuda_dsq_pack(axis, p, H, T, D, dx, dimp, &o, 0) != cudaSuccess) {
+        snprintf(why, nwhy, "GPU pack: %s", kv_cuda_last_error());
+        goto done;
+    }
+    struct { const void *dev, *cpu; size_t bytes; const char *name; } parts[] = {
+        {o.mask, cpu.mask, z.mask, "mask"},       {o.sal, cpu.sal, z.sal, "salient codes"},
+        {o.sscale, cpu.sscale, z.sscale * 2, "salient scales"},
+        {o.base, cpu.base, z.base * 2, "base"},   {o.codes, cpu.codes, z.codes, "codes"},
+        {o.scale, cpu.scale, z.scale * 2, "scales"}, {o.zero, cpu.zero, z.scale * 2, "zeros"},
+        {o.resid, cpu.resid, z.resid * 2, "residual"},
+    };
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (!parts[i].bytes) continue;
+        if (from_device(h, parts[i].dev, parts[i].bytes)) {
+            snprintf(why, nwhy, "copy back: %s", cudaGetErrorString(cudaGetLastError()));
+            goto done;
+        }
+        size_t bad = 0;
+        for (size_t k = 0; k < parts[i].bytes; k++) bad += h[k] != ((const uint8_t *)parts[i].cpu)[k];
+        if (bad) {
+            snprintf(why, nwhy, "%s: %zu of %zu bytes differ", parts[i].name, bad, parts[i].bytes);
+            goto done;
+        }
+    }
+    kv_cuda_dsq_view v = {o.mask, o.sal, o.sscale, o.base, o.codes, o.scale, o.zero, o.resid};
+    kv_dsq_unpack(&cpu, cout);
+    if (kv_cuda_dsq_unpack(axis, p, H, T, D, &v, dout, 0) != cudaSuccess) {
+        snprintf(why, nwhy, "GPU unpack: %s", kv_cuda_last_error());
+    } else if (from_device(gout, dout, n * 4)) {
+        snprintf(why, nwhy, "copy back: %s", cudaGetErrorString(cudaGetLastError()));
+    } else if (memcmp(gout, cout, n * 4) != 0) {
+        size_t bad = 0;
+        for (size_t k = 0; k < n; k++) bad += memcmp(&gout[k], &cout[k], 4) != 0;
+        snprintf(why, nwhy, "unpack: %zu of %zu values differ", bad, n);
+    } else {
+        rc = 0;
+    }
+done:
+    cudaFree(dx), cudaFree(dimp), cudaFree(dout), cudaFree(o.mask), cudaFree(o.sal);
+    cudaFree(o.sscale), cudaFree(o.base), cudaFree(o.codes), cudaFree(o.scale), cudaFree(o.zero);
+    cudaFree(o.resid);
+    free(h), free(gout), free(cout);
+    kv_dsq_free(&cpu);
+    return rc;
+}
+
+/* Importance with many ties and a NaN, so that the tie rule is exercised. */
+static void rand_importance(float *imp, size_t n)
+{
+    for (size_t i = 0; i < n; i++) imp[i] = (float)(int)(kt_rand(&seed) * 40.0);
+    if (n > 5) imp[5] = NAN;
+}
+
+static void test_dsq_pack_and_unpack_are_identical_to_cpu(void)
+{
+    const int H = 3, T = 64 * 9 + 37;
+    static const struct { int D, W, S, bits, group; } cases[] = {
+        {128, 64, 13, 2, 32}, {128, 64, 13, 1, 64}, {128, 64, 13, 4, 128}, {64, 64, 13, 2, 32},
+        {128, 32, 0, 2, 32},  {128, 64, 64, 2, 32}, {128, 128, 26, 2, 32}, {64, 16, 3, 4, 16},
+    };
+    size_t n = (size_t)H * T * 128;
+    kv_half *xh = malloc(n * 2);
+    float *xf = malloc(n * 4), *imp = malloc((size_t)H * T * 4);
+    char why[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kv_dsq_params p = {cases[i].W, cases[i].S, cases[i].bits, cases[i].group};
+        const int D = cases[i].D;
+        KT_REQUIRE(kv_cuda_dsq_supported(&p, D), "case %zu is supported", i);
+        for (int a = 0; a < 2; a++) {
+            kv_kivi_axis axis = a ? KV_KIVI_VALUES : KV_KIVI_KEYS;
+            rand_half((size_t)H * T * D, D, xh, xf);
+            rand_importance(imp, (size_t)H * T);
+            int rc = dsq_case(axis, &p, H, T, D, xh, xf, imp, why, sizeof why);
+            KT_CHECK(rc == 0, "%s D %d W %d S %d %d-bit G %d: %s", a ? "values" : "keys", D,
+                     cases[i].W, cases[i].S, cases[i].bits, cases[i].group, why);
+        }
+    }
+    free(xh), free(xf), free(imp);
+}
+
+/* niah4k layer 0 K and V with the importance its stored query gives. */
+static void test_dsq_pack_and_unpack_are_identical_on_real_data(void)
+{
+    niah_layer0 r;
+    KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
+    const int H = r.kv_heads, T = r.T, D = r.head_dim;
+    const size_t n = (size_t)H * T * D;
+    kv_half *kh = malloc(n * 2), *vh = malloc(n * 2);
+    float *kf = malloc(n * 4), *vf = malloc(n * 4), *imp = malloc((size_t)H * T * 4);
+    for (size_t i = 0; i < n; i++) {
+        kh[i] = kv_f32_to_half(r.k[i]), kf[i] = kv_half_to_f32(kh[i]);
+        vh[i] = kv_f32_to_half(r.v[i]), vf[i] = kv_half_to_f32(vh[i]);
+    }
+    KT_REQUIRE(kv_dsq_importance(r.q, r.n_heads, 1, kf, H, T, D, imp) == KV_OK, "importance");
+    kv_dsq_params p;
+    kv_dsq_params_default(&p);
+    char why[256];
+    KT_CHECK(dsq_case(KV_KIVI_KEYS, &p, H, T, D, kh, kf, imp, why, sizeof why) == 0, "keys: %s", why);
+    KT_CHECK(dsq_case(KV_KIVI_VALUES, &p, H, T, D, vh, vf, imp, why, sizeof why) == 0, "values: %s",
+             why);
+    free(kh), free(vh), free(kf), free(vf), free(imp);
+    niah_layer0_free(&r);
+}
+
 static void test_launchers_reject_bad_arguments(void)
 {
     kv_cuda_attn_dims d = {32, 8, 96, 100, 9600, 0.1f};
@@ -421,6 +558,8 @@ static void test_launchers_reject_bad_arguments(void)
     X(test_attn_f16_matches_cpu_on_real_data)                                         \
     X(test_attn_kivi_matches_cpu_on_random_data)                                      \
     X(test_attn_kivi_matches_cpu_on_real_data)                                        \
+    X(test_dsq_pack_and_unpack_are_identical_to_cpu)                                  \
+    X(test_dsq_pack_and_unpack_are_identical_on_real_data)                            \
     X(test_launchers_reject_bad_arguments)
 
 int main(void)

@@ -482,6 +482,28 @@ static void test_selection_kernels_match_float64(void)
         }
     }
     KT_CHECK(nerr(got, ref, (size_t)nqh * n) < 1e-5, "sketch scores error %g", nerr(got, ref, (size_t)nqh * n));
+    /* the fused sketch -> softmax -> group sum equals the two-step path */
+    {
+        float *tmp = NULL, *comb = NULL, *comb2 = NULL;
+        cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4);
+        cudaMalloc((void **)&comb, (size_t)nkv * n * 4);
+        cudaMalloc((void **)&comb2, (size_t)nkv * n * 4);
+        KT_REQUIRE(tmp && comb && comb2, "alloc");
+        for (int rmax = 0; rmax < 2; rmax++) {
+            CU(eng_softmax_combine(score, nqh, nkv, n, rmax, tmp, comb, 0));
+            CU(eng_sketch_combine(dq, bits, T, mad, nqh, nkv, hd, cs, cend, rmax, tmp, comb2, 0));
+            float *c1 = malloc((size_t)nkv * n * 4), *c2 = malloc((size_t)nkv * n * 4);
+            CU(cudaMemcpy(c1, comb, (size_t)nkv * n * 4, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(c2, comb2, (size_t)nkv * n * 4, cudaMemcpyDeviceToHost));
+            double e2 = nerr_f(c2, c1, (size_t)nkv * n);
+            KT_CHECK(e2 < 1e-5, "fused sketch combine (max %d) differs by %g", rmax, e2);
+            free(c1);
+            free(c2);
+        }
+        cudaFree(tmp);
+        cudaFree(comb);
+        cudaFree(comb2);
+    }
     /* gather: rows of chosen tokens plus sink rows from device memory */
     int sel[2 * 3] = {7, 500, 999, 0, 1, 998};
     int *dsel = dput(sel, sizeof sel);

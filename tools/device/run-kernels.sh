@@ -1,6 +1,7 @@
 #!/bin/sh
 # Run on the GPU machine (device `run` tool) from the repository root:
-#   sh tools/device/run-kernels.sh [all|quick|tests|bench]
+#   sh tools/device/run-kernels.sh [all|final|quick|tests|bench]
+# (final: all but kv-bench pack and sdpa.py; quick: final without sanitizers)
 # Uses binaries built on the development machine and carried in
 # $RUNDIR/bin (default build-devrun; headers and .so of cJSON/zstd in
 # $RUNDIR/include and lib, libcjson.so.1 also in .devlib/), or with BUILT=1
@@ -40,19 +41,31 @@ if [ "$what" != bench ]; then
     T="$OUT/tests.tap"
     timeout 120 $B/test_attn > "$T" 2>&1; log "test_attn rc=$?"
     timeout 150 $B/test_cuda_kernels >> "$T" 2>&1; log "test_cuda_kernels rc=$?"
+    # extra passes with tuning variants selected (TEST_ENVS="VAR=x ...")
+    for e in ${TEST_ENVS:-}; do
+        echo "# --- $e" >> "$T"
+        env $e timeout 150 $B/test_cuda_kernels >> "$T" 2>&1; log "test_cuda_kernels ($e) rc=$?"
+    done
     grep -v '^ok' "$T" | grep -v '^#' | head -30
     grep '^# packed\|^# fp16\|^# dsq' "$T" | head -30
     log "$(grep -c '^ok' "$T") ok, $(grep -c '^not ok' "$T") not ok"
 fi
-if [ "$what" = all ] || [ "$what" = tests ]; then
-    log "compute-sanitizer memcheck"
-    timeout 200 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
-        $B/test_cuda_kernels > "$OUT/sanitizer.log" 2>&1; log "memcheck rc=$?"
-    tail -n 4 "$OUT/sanitizer.log"
-    log "compute-sanitizer racecheck (real-data tests)"
-    KV_TEST_FILTER=on_real_data timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
-        $B/test_cuda_kernels >> "$OUT/sanitizer.log" 2>&1; log "racecheck rc=$?"
-    tail -n 4 "$OUT/sanitizer.log"
+if [ "$what" = all ] || [ "$what" = tests ] || [ "$what" = final ]; then
+    # SAN_ENVS: memcheck of the whole binary once per setting, racecheck of
+    # the real-data tests likewise (KV_NONE=0 stands for no setting)
+    for e in ${SAN_ENVS:-KV_NONE=0}; do
+        log "compute-sanitizer memcheck ($e)"
+        echo "### memcheck $e" >> "$OUT/sanitizer.log"
+        env $e timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+            $B/test_cuda_kernels >> "$OUT/sanitizer.log" 2>&1; log "memcheck ($e) rc=$?"
+        tail -n 3 "$OUT/sanitizer.log"
+        log "compute-sanitizer racecheck, real-data tests ($e)"
+        echo "### racecheck $e" >> "$OUT/sanitizer.log"
+        env $e KV_TEST_FILTER=on_real_data timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool racecheck \
+            --error-exitcode 9 $B/test_cuda_kernels >> "$OUT/sanitizer.log" 2>&1
+        log "racecheck ($e) rc=$?"
+        tail -n 3 "$OUT/sanitizer.log"
+    done
 fi
 if [ "$what" != tests ]; then
     log "kv-bench attn"
@@ -80,7 +93,7 @@ fi
 if [ "$what" != tests ]; then
     python3 tools/device/summary.py "$OUT" | tee -a "$OUT/summary.txt"
 fi
-if [ "$what" = all ] || [ "$what" = quick ]; then
+if [ "$what" = all ] || [ "$what" = quick ] || [ "$what" = final ]; then
     log "SASS opcodes of the packed attention kernels (whole kernel, static count)"
     cuobjdump --dump-sass $BIN/kv-bench 2>/dev/null | python3 tools/device/sass_count.py attn_kivi \
         | tee -a "$OUT/summary.txt"
