@@ -39,8 +39,7 @@ static const kv_cli_spec spec = {
     "kv-profile", "[OPTIONS] FILE.kvc...",
     "Profile KV cache layers: dense preference score, quantization and sparse errors.", opts,
     "Several files are averaged per layer and head.  Output: JSON on stdout (a table on a\n"
-    "terminal) whose \"deploy\" member kv-run --profile and kv-quant --profile accept.\n"
-    "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 70 internal, 73 cannot create, 74 I/O.\n"};
+    "terminal) whose \"deploy\" member kv-run --profile and kv-quant --profile accept."};
 
 static void print_table(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d)
 {

@@ -36,8 +36,7 @@ static const kv_option opts[] = {
 static const kv_cli_spec spec = {
     "kv-quant", "[OPTIONS] [FILE.kvc|-]",
     "Quantize (KIVI, DSQ) or decode the KV cache in a .kvc file.", opts,
-    "Reads stdin when FILE is - or missing and writes the .kvc to stdout (never to a terminal).\n"
-    "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 70 internal, 73 cannot create, 74 I/O.\n"};
+    "Reads stdin when FILE is - or missing and writes the .kvc to stdout (never to a terminal)."};
 
 int main(int argc, char **argv)
 {

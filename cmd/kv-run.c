@@ -20,8 +20,10 @@
 #endif
 
 #include "kv_cli.h"
+#include "kv_compare.h"
 #include "kv_deploy.h"
 #include "kv_engine.h"
+#include "kv_file.h"
 #include "kv_gpu_engine.h"
 #include "kv_gguf.h"
 #include "kv_matmul.h"
@@ -35,7 +37,7 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT
+    O_SELECT, O_COMPARE, O_PREFIX
 };
 
 static const kv_option opts[] = {
@@ -59,6 +61,8 @@ static const kv_option opts[] = {
     {O_DUMP, 0, "dump-kv", "FILE", "write the prompt's KV cache as .kvc to FILE or -"},
     {O_NQ, 0, "nq", "N", "queries per layer kept in --dump-kv (default 32)"},
     {O_SCORE, 0, "score-file", "FILE", "score FILE's text by teacher forcing; JSON to stdout"},
+    {O_COMPARE, 0, "compare", "SPEC", "run the text under full and under SPEC; report KL, top-1, perplexity"},
+    {O_PREFIX, 0, "prefix", "N", "with --compare: tokens prefilled densely (default: half the text)"},
     {O_THREADS, 'T', "threads", "N", "worker threads (default: all cores)"},
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
@@ -68,13 +72,12 @@ static const kv_option opts[] = {
 static const kv_cli_spec spec = {
     "kv-run", "[OPTIONS] (--model FILE | --synthetic NAME)",
     "Run a Llama-family model on the CPU or GPU with a KV cache policy per layer.", opts,
-    "Policies: full, quant, sparse, streaming, dsq (see kv-run(1)).\n"
-    "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 69 unavailable,\n"
-    "70 internal, 73 cannot create output, 74 I/O error."};
+    "Policies: full, quant, sparse, streaming, dsq (see kv-run(1))."};
 
 typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
-    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *device, *select;
+    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *device, *select, *compare;
+    int prefix;
     int steps, ctx, nq, threads, random_prompt;
     double temp, top_p;
     unsigned long seed;
@@ -85,37 +88,6 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* Whole file (or stdin for "-") into a NUL-terminated buffer. */
-static kv_status read_all(const char *path, char **out, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return kv_fail(KV_E_NOINPUT, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    while (b) {
-        n += fread(b + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *nb = realloc(b, cap * 2);
-        if (!nb) {
-            free(b);
-            b = NULL;
-        }
-        b = nb;
-        cap *= 2;
-    }
-    bool err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!b) return kv_fail(KV_E_NOMEM, "out of memory reading %s", path);
-    if (err) {
-        free(b);
-        return kv_fail(KV_E_IO, "cannot read %s", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return KV_OK;
 }
 
 /* Default tokenizer: tokenizer.bin, else the first tok*.bin that fits. */
@@ -301,6 +273,8 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_THREADS: o->threads = (int)kv_cli_long("--threads", arg, 1, 4096); break;
         case O_DEVICE: o->device = arg; break;
         case O_SELECT: o->select = arg; break;
+        case O_COMPARE: o->compare = arg; break;
+        case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -315,6 +289,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--weights must be f32, f16 or bf16");
     int on_stdout = (o->report && !strcmp(o->report, "-")) + (o->dump && !strcmp(o->dump, "-")) + !!o->score;
     if (on_stdout > 1) kv_cli_usage_error("only one of --report -, --dump-kv - and --score-file can use stdout");
+    if (o->compare && (o->score || o->dump || o->report || o->random_prompt))
+        kv_cli_usage_error("--compare takes a text (--prompt, --prompt-file or --tokens) and no "
+                           "--score-file, --dump-kv, --report or --random-prompt");
+    if (o->prefix && !o->compare) kv_cli_usage_error("--prefix goes with --compare");
     if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto"))
         kv_cli_usage_error("--device must be cpu, cuda or auto");
     if (o->select && strcmp(o->select, "policy") && strcmp(o->select, "sketch"))
@@ -385,7 +363,7 @@ int main(int argc, char **argv)
     if (o.prompt) {
         text = strdup(o.prompt);
         tlen = strlen(o.prompt);
-    } else if (tsrc && (st = read_all(tsrc, &text, &tlen))) {
+    } else if (tsrc && (st = kv_file_slurp(tsrc, 0, "file", &text, &tlen))) {
         rc = kv_report(st, "cannot read the prompt");
         goto out;
     }
@@ -437,6 +415,31 @@ int main(int argc, char **argv)
     }
     int ctx = o.ctx ? o.ctx : c->seq_len;
     if (!o.ctx && !o.score && n_prompt + o.steps > ctx) ctx = n_prompt + o.steps; /* beyond training length */
+    /* --compare: the same text under the reference (--policy/--profile, by
+     * default full) and under SPEC, on the CPU engine (lib/kv_compare). */
+    if (o.compare) {
+        kv_policy_params *pol = calloc((size_t)c->n_layers, sizeof *pol);
+        kv_compare_opts co;
+        kv_compare_opts_default(&co);
+        co.prefix = o.prefix;
+        kv_compare_result res = {0};
+        if (!pol) st = kv_fail(KV_E_NOMEM, "out of memory");
+        else if (!(st = kv_policy_parse(o.compare, c->n_layers, pol)))
+            st = kv_compare_run(m, prompt, n_prompt, prm, pol, &co, &res);
+        if (st) {
+            rc = kv_report(st, "--compare %s", o.compare);
+        } else {
+            const char *names[1] = {o.compare};
+            const char *ref = o.profile ? o.profile : o.policy ? o.policy : "full";
+            if ((st = kv_compare_print(stdout, kv_want_json(stdout, false), c->name, ref, names, &res, 1,
+                                       c->n_layers, false)))
+                rc = kv_report(st, "stdout");
+        }
+        kv_compare_result_free(&res);
+        free(pol);
+        goto out;
+    }
+
     /* The GPU engine when asked for (auto falls back to the CPU), else the CPU
      * engine; only one is built, so a long context is allocated only once. */
     if (o.device && strcmp(o.device, "cpu") && !o.score && !o.dump) {

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kv_cli.h"
+#include "kv_file.h"
 #include "kv_tokenizer.h"
 #include "kv_tree.h"
 
@@ -68,31 +69,38 @@ static const kv_option gc_opts[] = {
 static const char *env_note = "Time: KV_TREE_NOW=SECONDS replaces the clock (for reproducible tests).";
 
 static const kv_cli_spec specs[] = {
-    {"kv-tree init", "init STORE", "Create an empty store directory.", no_opts, NULL},
-    {"kv-tree put", "put [OPTIONS] STORE FILE.kvc|-",
+    {"kv-tree init", "STORE", "Create an empty store directory.", no_opts, NULL},
+    {"kv-tree put", "[OPTIONS] STORE FILE.kvc|-",
      "Insert a .kvc; shares cached prefixes and stores only the new suffix.  JSON report on stdout.",
      put_opts, NULL},
-    {"kv-tree get", "get [OPTIONS] STORE (--tokens FILE|- | --kvc FILE) [-o OUT|-]",
+    {"kv-tree get", "[OPTIONS] STORE (--tokens FILE|- | --kvc FILE) [-o OUT|-]",
      "Write the longest cached prefix of a token sequence as .kvc.", get_opts,
      "The JSON report (matched tokens, bytes read per tier, tokens skipped) goes to\n"
      "stderr unless --report is given.  With --important the output has a positions tensor."},
-    {"kv-tree ls", "ls [OPTIONS] STORE", "List the nodes: a table on a terminal, JSON when piped.", ls_opts,
+    {"kv-tree ls", "[OPTIONS] STORE", "List the nodes: a table on a terminal, JSON when piped.", ls_opts,
      NULL},
-    {"kv-tree place", "place [OPTIONS] STORE --gpu-bytes N --host-bytes N",
+    {"kv-tree place", "[OPTIONS] STORE --gpu-bytes N --host-bytes N",
      "Assign tiers by score under the budgets; disk chunks are compressed.", place_opts, NULL},
-    {"kv-tree rm", "rm STORE (--tokens FILE|- | --kvc FILE)",
+    {"kv-tree rm", "STORE (--tokens FILE|- | --kvc FILE)",
      "Remove every cached token that follows the given prefix.", rm_opts, NULL},
-    {"kv-tree gc", "gc [OPTIONS] STORE --max-bytes N",
+    {"kv-tree gc", "[OPTIONS] STORE --max-bytes N",
      "Evict the least valuable leaves to fit N bytes; delete orphaned chunks.", gc_opts, NULL},
-    {"kv-tree check", "check STORE", "Verify the index and every chunk (exit 65 on damage).", no_opts, NULL},
+    {"kv-tree check", "STORE", "Verify the index and every chunk (exit 65 on damage).", no_opts, NULL},
 };
 #define N_SUB ((int)(sizeof specs / sizeof specs[0]))
+
+/* On a usage error: the one line that says how to get the full list. */
+static void top_usage_short(void)
+{
+    fprintf(stderr, "usage: kv-tree SUBCOMMAND [OPTIONS] STORE ...\n"
+                    "Try 'kv-tree --help' for more information.\n");
+}
 
 static void top_usage(FILE *f)
 {
     fprintf(f, "usage: kv-tree SUBCOMMAND [OPTIONS] STORE ...\n"
                "Prefix-sharing KV-cache store with importance-aware tiers (IMPRESS).\n\nSubcommands:\n");
-    for (int i = 0; i < N_SUB; i++) fprintf(f, "  kv-tree %s\n      %s\n", specs[i].synopsis, specs[i].summary);
+    for (int i = 0; i < N_SUB; i++) fprintf(f, "  %s %s\n      %s\n", specs[i].name, specs[i].synopsis, specs[i].summary);
     fprintf(f, "\nRun 'kv-tree SUBCOMMAND --help' for its options.  %s\n"
                "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 69 unavailable,\n"
                "70 internal, 73 cannot create output, 74 I/O error.\n",
@@ -158,30 +166,9 @@ static int load_tokens(const char *tokens_path, const char *kvc_path, int32_t **
         kvc_free(f);
         return 0;
     }
-    FILE *fp = strcmp(tokens_path, "-") ? fopen(tokens_path, "rb") : stdin;
-    if (!fp) {
-        kv_warn("%s: cannot open: %s", tokens_path, strerror(errno));
-        return KV_EXIT_NOINPUT;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (len == cap) {
-            char *p = realloc(buf, cap *= 2);
-            if (!p) break;
-            buf = p;
-        }
-        size_t r = fread(buf + len, 1, cap - len, fp);
-        len += r;
-        if (!r) break;
-    }
-    bool bad = !buf || ferror(fp);
-    if (fp != stdin) fclose(fp);
-    if (bad) {
-        free(buf);
-        kv_warn("%s: read error", tokens_path);
-        return KV_EXIT_IOERR;
-    }
+    char *buf;
+    size_t len;
+    if ((st = kv_file_slurp(tokens_path, 0, "token list", &buf, &len))) return kv_report(st, "--tokens");
     st = kv_tokens_parse(buf, len, tok, n);
     free(buf);
     if (st) return kv_report(st, "%s", strcmp(tokens_path, "-") ? tokens_path : "stdin");
@@ -575,7 +562,7 @@ int main(int argc, char **argv)
     kv_cli_init(&top, argc, argv);
     if (argc < 2) {
         fprintf(stderr, "kv-tree: missing subcommand\n");
-        top_usage(stderr);
+        top_usage_short();
         return KV_EXIT_USAGE;
     }
     const char *sub = argv[1];
@@ -606,6 +593,6 @@ int main(int argc, char **argv)
         }
     }
     fprintf(stderr, "kv-tree: unknown subcommand '%s'\n", sub);
-    top_usage(stderr);
+    top_usage_short();
     return KV_EXIT_USAGE;
 }

@@ -4,6 +4,10 @@
  * take a run of key groups (warps interleave groups), the rest attend the
  * fp16 residual tokens with the dense device code of attn_f16.cuh; every
  * block writes one partial record per query head and kv_attn_combine merges.
+ * Two kernels: attn_kivi_split (v1, any group 32/64) and attn_kivi2_split
+ * (v2, group 64, the default there: fewer instructions and half the value
+ * MMAs; docs/bench/kernels.md has the measurements of both and of v2's
+ * variants).
  */
 #include "attn_kivi.cuh"
 

@@ -5,6 +5,7 @@
  * deploy the wrong policy.
  */
 #include "kv_deploy.h"
+#include "kv_file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -212,39 +213,12 @@ void kv_deploy_apply(const kv_deploy *d, int n_layers, kv_policy_params *per_lay
     }
 }
 
-static kv_status slurp(const char *path, char **buf, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return kv_fail(KV_E_NOINPUT, "%s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) break;
-        if (n == cap) {
-            if (cap > (64u << 20)) { free(b); b = NULL; break; }
-            char *nb = realloc(b, cap *= 2);
-            if (!nb) { free(b); b = NULL; break; }
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!b) return kv_fail(KV_E_DATA, "%s: deploy config too large", path);
-    if (err) { free(b); return kv_fail(KV_E_IO, "%s: read error", path); }
-    *buf = b;
-    *len = n;
-    return KV_OK;
-}
-
 kv_status kv_deploy_read(const char *path, int n_layers, kv_deploy *out)
 {
     char *buf = NULL;
     size_t len = 0;
     kv_deploy_defaults(out);
-    kv_status st = slurp(path, &buf, &len);
+    kv_status st = kv_file_slurp(path, (size_t)64 << 20, "deploy config", &buf, &len);
     if (st) return st;
     st = kv_deploy_parse(buf, len, n_layers, out);
     free(buf);

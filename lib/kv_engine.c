@@ -26,6 +26,7 @@
 #include "kvc.h"
 
 #define PREFILL_CHUNK 128 /* prompt tokens per projection batch */
+#define PREFILL_OBSERVE 32 /* prompt queries given to observe() */
 
 struct kv_engine {
     const kv_model *m;
@@ -367,7 +368,18 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
     float *cs = malloc((size_t)n * hd * sizeof(float));     /* (n, hd) rope cos/sin */
     float *KT = malloc((size_t)nkv * hd * n * sizeof(float)); /* (n_kv, hd, n) */
     float *VT = malloc((size_t)nkv * hd * n * sizeof(float)); /* (n_kv, hd, n) */
+    /* Policies that observe the prompt (dsq) get its last PREFILL_OBSERVE
+     * queries, an observation window as in SnapKV/H2O: recent queries are
+     * what decides which prompt tokens later steps attend to. */
+    bool any_observe = false;
+    for (int l = 0; l < e->L; l++) any_observe |= e->pol[l]->ops->observe != NULL;
+    const int nobs = any_observe ? (n < PREFILL_OBSERVE ? n : PREFILL_OBSERVE) : 0;
+    float *obs = nobs ? malloc((size_t)e->L * qd * nobs * sizeof(float)) : NULL; /* (L, n_heads, nobs, hd) */
     kv_status st = KV_OK;
+    if (nobs && !obs) {
+        st = kv_fail(KV_E_NOMEM, "out of memory for the observed queries");
+        goto done;
+    }
     if (!X || !XB || !Qc || !Kc || !Vc || !Oc || !H1 || !H2 || !cs || !KT || !VT) {
         st = kv_fail(KV_E_NOMEM, "out of memory for a %d-token prefill", n);
         goto done;
@@ -410,6 +422,12 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
                     }
                 }
                 if (e->nq && t0 + i >= n - e->nq) capture_q(e, l, t0 + i, Qc + (size_t)i * qd);
+                if (nobs && t0 + i >= n - nobs) {
+                    int j = t0 + i - (n - nobs);
+                    for (int h = 0; h < c->n_heads; h++)
+                        memcpy(obs + (((size_t)l * c->n_heads + h) * nobs + j) * hd,
+                               Qc + (size_t)i * qd + (size_t)h * hd, (size_t)hd * sizeof(float));
+                }
             }
             prefill_attention(c, Qc, KT, VT, n, t0, nc, Oc);
             kv_matmul(&w->wo, Oc, nc, XB);
@@ -425,6 +443,8 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
     }
     e->q_seen = n;
     for (int l = 0; l < e->L; l++) {
+        if (nobs && e->pol[l]->ops->observe)
+            e->pol[l]->ops->observe(e->pol[l], obs + (size_t)l * qd * nobs, nobs);
         if ((st = e->pol[l]->ops->ingest(e->pol[l], e->pk[l], e->pv[l], n))) {
             kv_errcontext("layer %d ingest", l);
             goto done;
@@ -457,6 +477,7 @@ done:
     free(cs);
     free(KT);
     free(VT);
+    free(obs);
     return st;
 }
 

@@ -132,4 +132,9 @@ kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_
 void kv_attend_dense(const float *q, const float *k, const float *v, int T, int ld,
                      int n_heads, int n_kv_heads, int head_dim, float *out);
 
+/* The same attention computed plainly (double accumulation, one head at a
+ * time): the slow reference kv_attend_dense is tested against. */
+void kv_attend_reference(const float *q, const float *k, const float *v, int T, int ld,
+                         int n_heads, int n_kv_heads, int head_dim, float *out);
+
 #endif

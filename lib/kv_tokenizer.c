@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kv_gguf.h"
+#include "kv_file.h"
 
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 typedef enum { TK_LLAMA2C, TK_SPM, TK_OTHER } tok_kind;
@@ -216,30 +217,11 @@ kv_status kv_tokenizer_load_llama2c_mem(const void *buf, size_t blen, int vocab_
 kv_status kv_tokenizer_load_llama2c(const char *path, int vocab_size, kv_tokenizer **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(KV_E_NOINPUT, "cannot open tokenizer %s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (n < cap) break;
-        char *nb = cap < (1u << 30) ? realloc(buf, cap * 2) : NULL;
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (!buf) return kv_fail(KV_E_NOMEM, "tokenizer %s: out of memory", path);
-    if (err) {
-        free(buf);
-        return kv_fail(KV_E_IO, "cannot read tokenizer %s", path);
-    }
+    char *buf;
+    size_t n;
+    /* A llama2.c vocabulary of any real size is a few MB; 1 GiB is absurd. */
+    kv_status rst = kv_file_slurp(path, (size_t)1 << 30, "tokenizer", &buf, &n);
+    if (rst) return rst;
     kv_status st = kv_tokenizer_load_llama2c_mem(buf, n, vocab_size, out);
     free(buf);
     if (st) kv_errcontext("%s", path);

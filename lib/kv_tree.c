@@ -26,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kv_file.h"
+
 #define INDEX_NAME "index.json"
 #define MAX_INDEX_BYTES (1u << 30)
 #define MAX_TREE_TOKENS (1 << 26) /* tokens over all edges: bounds memory on bad input */
@@ -715,40 +717,6 @@ kv_status kv_tree_store_init(const char *dir)
     return st;
 }
 
-static kv_status read_all(const char *path, char **buf, size_t *len)
-{
-    *buf = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return kv_fail(errno == ENOENT ? KV_E_NOINPUT : KV_E_IO, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    kv_status st = KV_OK;
-    while (b) {
-        if (n == cap) {
-            if (cap >= MAX_INDEX_BYTES) {
-                st = kv_fail(KV_E_DATA, "%s is larger than %u bytes", path, MAX_INDEX_BYTES);
-                break;
-            }
-            char *p = realloc(b, cap *= 2);
-            if (!p) break;
-            b = p;
-        }
-        size_t r = fread(b + n, 1, cap - n, fp);
-        n += r;
-        if (r == 0) break;
-    }
-    if (!b) st = kv_fail(KV_E_NOMEM, "cannot read %s", path);
-    else if (!st && ferror(fp)) st = kv_fail(KV_E_IO, "read error on %s: %s", path, strerror(errno));
-    fclose(fp);
-    if (st) {
-        free(b);
-        return st;
-    }
-    *buf = b;
-    *len = n;
-    return KV_OK;
-}
-
 kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out)
 {
     *out = NULL;
@@ -777,7 +745,7 @@ kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out)
         else if (flock(s->lock_fd, write ? LOCK_EX : LOCK_SH) != 0)
             st = kv_fail(KV_E_IO, "cannot lock %s: %s", lock, strerror(errno));
     }
-    if (!st) st = read_all(idx, &text, &len);
+    if (!st) st = kv_file_slurp(idx, MAX_INDEX_BYTES, "store index", &text, &len);
     if (!st) {
         st = kv_tree_index_parse(text, len, &s->t);
         if (st) kv_errcontext("%s", idx);

@@ -115,3 +115,10 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     run --separate-stderr kv-quant --profile /dev/stdin --report - -o "$WORK/rq.kvc" "$WORK/real.kvc" <<< "$output"
     assert_success
 }
+
+@test "kv-profile --help states the exit status table exactly once" {
+    run --separate-stderr kv-profile --help
+    assert_success
+    [ "$(grep -c '^Exit status:' <<<"$output")" -eq 1 ]
+    [[ "$output" == *"69 unavailable"* ]]
+}

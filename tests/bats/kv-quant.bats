@@ -149,3 +149,10 @@ PYEOF
     [ "$(json_get 'all(l["k"]["encoding"] == "kivi" and l["v"]["bits"] == 1 for l in j["layers"])')" = True ]
     [ "$(json_get 'j["ratio_vs_f16"] > 1.5')" = True ]
 }
+
+@test "kv-quant --help states the exit status table exactly once" {
+    run --separate-stderr kv-quant --help
+    assert_success
+    [ "$(grep -c '^Exit status:' <<<"$output")" -eq 1 ]
+    [[ "$output" == *"69 unavailable"* ]]
+}

@@ -62,6 +62,26 @@ MODEL="$S260/stories260K.bin"
     assert_fails_with 65 "llama2.c"
 }
 
+@test "kv-run reports a directory given as tokenizer, prompt file or token list with exit 66" {
+    mkdir "$BATS_TEST_TMPDIR/d"
+    run --separate-stderr kv-run -m "$MODEL" --tokenizer "$BATS_TEST_TMPDIR/d" -p hi -n 1
+    assert_fails_with 66 "is a directory"
+    run --separate-stderr kv-run -m "$MODEL" --prompt-file "$BATS_TEST_TMPDIR/d" -n 1
+    assert_fails_with 66 "is a directory"
+    run --separate-stderr kv-run -m "$MODEL" --tokens "$BATS_TEST_TMPDIR/d" -n 1
+    assert_fails_with 66 "is a directory"
+    run --separate-stderr kv-run -m "$MODEL" --profile "$BATS_TEST_TMPDIR/d" -p hi -n 1
+    assert_fails_with 66 "is a directory"
+    [ -z "$output" ]
+}
+
+@test "kv-run --help states the exit status table exactly once" {
+    run --separate-stderr kv-run --help
+    assert_success
+    [ "$(grep -c '^Exit status:' <<<"$output")" -eq 1 ]
+    [[ "$output" == *"69 unavailable"* ]]
+}
+
 @test "kv-run greedy text from BOS equals llama2.c's reference" {
     run --separate-stderr kv-run -m "$MODEL" -n 200
     assert_success
@@ -215,4 +235,29 @@ JSON
 @test "kv-run --device cuda with --dump-kv is a usage error (64)" {
     run --separate-stderr kv-run -m "$MODEL" -n 0 --device cuda --dump-kv /dev/null
     assert_fails_with 64 "run on the CPU"
+}
+
+@test "kv-run --compare full against full reports zero divergence" {
+    run --separate-stderr kv-run -m "$MODEL" --prompt-file "$S260/reference/greedy_bos_200.txt" --compare full
+    assert_success
+    [ "$(json_get 'j["results"][0]["kl_mean"]')" = "0" ]
+    [ "$(json_get 'j["results"][0]["top1_agreement"]')" = "1" ]
+    [ "$(json_get 'j["n_scored"] > 50')" = "True" ]
+}
+
+@test "kv-run --compare shows that 1-bit quantization damages this model" {
+    run --separate-stderr kv-run -m "$MODEL" --prompt-file "$S260/reference/greedy_bos_200.txt" --compare quant:bits=1
+    assert_success
+    [ "$(json_get 'j["results"][0]["kl_mean"] > 0.1 and j["results"][0]["ppl_diff"] > 0.5')" = "True" ]
+    [ "$(json_get 'j["results"][0]["resident_bytes"] < j["reference_resident_bytes"]')" = "True" ]
+}
+
+@test "kv-run --compare rejects an unknown policy with exit 64" {
+    run --separate-stderr kv-run -m "$MODEL" --prompt "Once upon a time" --compare nope
+    assert_fails_with 64 "unknown policy"
+}
+
+@test "kv-run --prefix without --compare is a usage error (64)" {
+    run --separate-stderr kv-run -m "$MODEL" --prompt "Once upon a time" --prefix 3
+    assert_fails_with 64 "--prefix goes with --compare"
 }

@@ -378,3 +378,11 @@ two_puts() {
     run --separate-stderr kv-tree ls "$S"
     [ "$(json_get 'sum(n["hits"] for n in j["list"] if n["parent"] == 0)')" = 6 ]
 }
+
+@test "kv-tree get reports a directory given as --tokens with exit 66" {
+    kv-tree init "$S"
+    mkdir "$BATS_TEST_TMPDIR/d"
+    run --separate-stderr kv-tree get "$S" --tokens "$BATS_TEST_TMPDIR/d" -o "$BATS_TEST_TMPDIR/x.kvc"
+    assert_fails_with 66 "is a directory"
+    [ ! -e "$BATS_TEST_TMPDIR/x.kvc" ]
+}

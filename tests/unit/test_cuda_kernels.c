@@ -427,19 +427,27 @@ static int dsq_case(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int
         snprintf(why, nwhy, "allocation failed");
         goto done;
     }
-    cudaMemset(o.codes, 0xA5, z.codes + 1);
-    cudaMemset(dout, 0xFF, n * 4);
-    if (kv_cuda_dsq_pack(axis, p, H, T, D, dx, dimp, &o, 0) != cudaSuccess) {
-        snprintf(why, nwhy, "GPU pack: %s", kv_cuda_last_error());
-        goto done;
-    }
-    struct { const void *dev, *cpu; size_t bytes; const char *name; } parts[] = {
+    struct { void *dev; const void *cpu; size_t bytes; const char *name; } parts[] = {
         {o.mask, cpu.mask, z.mask, "mask"},       {o.sal, cpu.sal, z.sal, "salient codes"},
         {o.sscale, cpu.sscale, z.sscale * 2, "salient scales"},
         {o.base, cpu.base, z.base * 2, "base"},   {o.codes, cpu.codes, z.codes, "codes"},
         {o.scale, cpu.scale, z.scale * 2, "scales"}, {o.zero, cpu.zero, z.scale * 2, "zeros"},
         {o.resid, cpu.resid, z.resid * 2, "residual"},
     };
+    /* poison every output, so that an element the kernels skip shows up */
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (parts[i].bytes && cudaMemset(parts[i].dev, 0xA5, parts[i].bytes) != cudaSuccess) {
+            snprintf(why, nwhy, "cudaMemset of %s failed", parts[i].name);
+            goto done;
+        }
+    if (cudaMemset(dout, 0xFF, n * 4) != cudaSuccess) {
+        snprintf(why, nwhy, "cudaMemset of the unpack output failed");
+        goto done;
+    }
+    if (kv_cuda_dsq_pack(axis, p, H, T, D, dx, dimp, &o, 0) != cudaSuccess) {
+        snprintf(why, nwhy, "GPU pack: %s", kv_cuda_last_error());
+        goto done;
+    }
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (!parts[i].bytes) continue;
         if (from_device(h, parts[i].dev, parts[i].bytes)) {
@@ -546,6 +554,12 @@ static void test_launchers_reject_bad_arguments(void)
     kv_kivi_params prm = {4, 64, 128};
     d.head_dim = 128;
     KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention claimed");
+    kv_dsq_params dp = {256, 51, 2, 32};
+    KT_CHECK(!kv_cuda_dsq_supported(&dp, 128), "DSQ window 256 claimed");
+    dp.window = 64, dp.salient = 13;
+    kv_cuda_dsq_out o = {0};
+    e = kv_cuda_dsq_pack(KV_KIVI_KEYS, &dp, 1, 64, 128, (const uint16_t *)dout, NULL, &o, 0);
+    KT_CHECK(e == cudaErrorInvalidValue, "DSQ pack without importance accepted (%d)", (int)e);
     cudaFree(dout);
 }
 #endif /* KV_HAVE_CUDA */
