@@ -87,6 +87,8 @@ int main(int argc, char **argv)
     memset(&rep, 0, sizeof rep);
     kv_quant_opts o;
     memset(&o, 0, sizeof o);
+    kv_outfile rep_out;
+    bool rep_open = false;
     kv_status st;
 
     if ((st = kvc_open(in_path, &in))) {
@@ -138,6 +140,15 @@ int main(int argc, char **argv)
         if (st) kv_cli_usage_error("%s", kv_errdetail());
     }
 
+    /* Open the report before the .kvc is committed, so that an unwritable
+       --report path fails with nothing written rather than after the fact. */
+    if (report_path) {
+        if ((st = kv_outfile_open(&rep_out, report_path))) {
+            rc = kv_report(st, "%s", report_path);
+            goto done;
+        }
+        rep_open = true;
+    }
     if ((st = kvc_writer_new(&w)) || (st = kv_quant_file(in, &o, w, &rep))) {
         rc = kv_report(st, "%s", in_path);
         goto done;
@@ -150,16 +161,13 @@ int main(int argc, char **argv)
             (unsigned long long)rep.kv_bytes_in, (unsigned long long)rep.kv_bytes_out,
             rep.kv_bytes_out ? (double)rep.kv_bytes_in / (double)rep.kv_bytes_out : 0.0,
             rep.pack_seconds);
-    if (report_path) {
-        kv_outfile of;
-        if ((st = kv_outfile_open(&of, report_path))) {
-            rc = kv_report(st, "%s", report_path);
-            goto done;
-        }
-        kv_quant_report_json(&rep, &o, of.fp);
-        if ((st = kv_outfile_commit(&of))) rc = kv_report(st, "%s", report_path);
+    if (rep_open) {
+        kv_quant_report_json(&rep, &o, rep_out.fp);
+        rep_open = false;
+        if ((st = kv_outfile_commit(&rep_out))) rc = kv_report(st, "%s", report_path);
     }
 done:
+    if (rep_open) kv_outfile_abort(&rep_out);
     kv_quant_report_free(&rep);
     kv_deploy_clear(&dep);
     kvc_writer_free(w);

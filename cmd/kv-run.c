@@ -228,19 +228,19 @@ static cJSON *report_json(const kv_model *m, kv_engine *e, kv_gpu_engine *g,
     return r;
 }
 
-static kv_status write_json(cJSON *j, const char *path)
+/* Print j into an opened outfile and commit it; the outfile is closed
+   either way (aborted when printing fails). */
+static kv_status write_json(cJSON *j, kv_outfile *of)
 {
     char *s = cJSON_Print(j);
-    if (!s) return kv_fail(KV_E_NOMEM, "out of memory writing JSON");
-    kv_outfile of;
-    kv_status st = kv_outfile_open(&of, path);
-    if (!st) {
-        fputs(s, of.fp);
-        fputc('\n', of.fp);
-        st = kv_outfile_commit(&of);
+    if (!s) {
+        kv_outfile_abort(of);
+        return kv_fail(KV_E_NOMEM, "out of memory writing JSON");
     }
+    fputs(s, of->fp);
+    fputc('\n', of->fp);
     free(s);
-    return st;
+    return kv_outfile_commit(of);
 }
 
 static void parse_opts(int argc, char **argv, run_opts *o)
@@ -293,6 +293,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--compare takes a text (--prompt, --prompt-file or --tokens) and no "
                            "--score-file, --dump-kv, --report or --random-prompt");
     if (o->prefix && !o->compare) kv_cli_usage_error("--prefix goes with --compare");
+    /* Scoring prints its own JSON and runs no decode: a report or a dump
+       asked for alongside would silently not be written. */
+    if (o->score && (o->report || o->dump))
+        kv_cli_usage_error("--score-file writes its JSON to stdout; drop --report and --dump-kv");
     if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto"))
         kv_cli_usage_error("--device must be cpu, cuda or auto");
     if (o->select && strcmp(o->select, "policy") && strcmp(o->select, "sketch"))
@@ -324,6 +328,18 @@ int main(int argc, char **argv)
     kv_sampler smp = {0};
     cJSON *rep = NULL;
     bool text_to_stdout = !o.score && !(o.report && !strcmp(o.report, "-")) && !(o.dump && !strcmp(o.dump, "-"));
+    kv_outfile rep_out;
+    bool rep_open = false;
+
+    /* Open --report before any output is committed, so that an unwritable
+       path fails at once (73) rather than after a run and a --dump-kv. */
+    if (o.report) {
+        if ((st = kv_outfile_open(&rep_out, o.report))) {
+            rc = kv_report(st, "cannot write %s", o.report);
+            goto out;
+        }
+        rep_open = true;
+    }
 
     /* model */
     if (o.synth) {
@@ -480,7 +496,9 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(j, "mean_nll", sum / (n_prompt - 1));
         cJSON_AddNumberToObject(j, "perplexity", exp(sum / (n_prompt - 1)));
         cJSON_AddNumberToObject(j, "ms", now_ms() - t0);
-        st = write_json(j, "-");
+        kv_outfile so;
+        st = kv_outfile_open(&so, "-");
+        if (!st) st = write_json(j, &so);
         cJSON_Delete(j);
         if (st) rc = kv_report(st, "cannot write the scores");
         goto report;
@@ -538,11 +556,13 @@ int main(int argc, char **argv)
     if (text_to_stdout && n_gen) putchar('\n');
     if (o.report) {
         rep = report_json(m, e, g, prm, &o, n_prompt, n_gen, prefill_ms, step_ms, n_steps);
-        if ((st = write_json(rep, o.report))) rc = kv_report(st, "cannot write %s", o.report);
+        rep_open = false;
+        if ((st = write_json(rep, &rep_out))) rc = kv_report(st, "cannot write %s", o.report);
     }
 report:
     if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "cannot write to stdout");
 out:
+    if (rep_open) kv_outfile_abort(&rep_out);
     cJSON_Delete(rep);
     kv_sampler_clear(&smp);
     free(gen);

@@ -386,3 +386,13 @@ two_puts() {
     assert_fails_with 66 "is a directory"
     [ ! -e "$BATS_TEST_TMPDIR/x.kvc" ]
 }
+
+@test "kv-tree names each subcommand once in its usage line" {
+    run --separate-stderr kv-tree get --no-such-option x
+    assert_fails_with 64 "unknown option"
+    [[ "$stderr" == *"usage: kv-tree get [OPTIONS] STORE"* ]]
+    [[ "$stderr" != *"get get"* ]]
+    run --separate-stderr kv-tree frobnicate
+    [ "$status" -eq 64 ]
+    [ "$(wc -l <<<"$stderr")" -le 3 ]
+}
