@@ -63,29 +63,6 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
     for (int j = 0; j < n; j++) o[j] = w[j] * (ss * x[j]);
 }
 
-/* Per-pair frequencies, with Llama-3 scaling or GGUF rope_freqs divisors. */
-static void rope_init(const kv_model_config *c, float *inv_freq)
-{
-    int hd = c->head_dim;
-    for (int i = 0; i < hd / 2; i++) {
-        float f = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)hd);
-        if (c->rope_scaling == KV_ROPE_SCALE_LLAMA3) {
-            double wavelen = 2 * M_PI / f;
-            double lo_wl = c->rope_orig_ctx / c->rope_low_freq_factor;
-            double hi_wl = c->rope_orig_ctx / c->rope_high_freq_factor;
-            if (wavelen > lo_wl) {
-                f = (float)(f / c->rope_factor);
-            } else if (wavelen >= hi_wl) {
-                double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq_factor) /
-                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
-                f = (float)((1 - smooth) * f / c->rope_factor + smooth * f);
-            }
-        }
-        if (c->rope_freq_factors) f /= c->rope_freq_factors[i];
-        inv_freq[i] = f;
-    }
-}
-
 /* cs (hd): cos, sin of each pair's angle at position pos. */
 static void rope_table(const float *inv_freq, int hd, int pos, float *cs)
 {
@@ -196,7 +173,7 @@ kv_status kv_engine_new(const kv_model *m, const kv_policy_params *per_layer, in
         kv_engine_free(e);
         return kv_fail(KV_E_NOMEM, "out of memory for the engine");
     }
-    rope_init(c, e->inv_freq);
+    kv_model_rope_freqs(c, e->inv_freq);
     for (int l = 0; l < e->L; l++) {
         if (per_layer) e->prm[l] = per_layer[l];
         else kv_policy_params_default(&e->prm[l], KV_POL_FULL);

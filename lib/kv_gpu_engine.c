@@ -394,29 +394,6 @@ static kv_status load_weights(kv_gpu_engine *e)
     return KV_OK;
 }
 
-/* Per-pair RoPE frequencies, the same float arithmetic as lib/kv_engine.c. */
-static void rope_freqs(const kv_model_config *c, float *inv_freq)
-{
-    int hd = c->head_dim;
-    for (int i = 0; i < hd / 2; i++) {
-        float f = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)hd);
-        if (c->rope_scaling == KV_ROPE_SCALE_LLAMA3) {
-            double wavelen = 2 * M_PI / f;
-            double lo_wl = c->rope_orig_ctx / c->rope_low_freq_factor;
-            double hi_wl = c->rope_orig_ctx / c->rope_high_freq_factor;
-            if (wavelen > lo_wl) {
-                f = (float)(f / c->rope_factor);
-            } else if (wavelen >= hi_wl) {
-                double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq_factor) /
-                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
-                f = (float)((1 - smooth) * f / c->rope_factor + smooth * f);
-            }
-        }
-        if (c->rope_freq_factors) f /= c->rope_freq_factors[i];
-        inv_freq[i] = f;
-    }
-}
-
 // --- layer placements -------------------------------------------------------------
 
 static void layer_release(gl_layer *y)
@@ -1102,7 +1079,7 @@ static kv_status engine_init(kv_gpu_engine *e)
     TRY(load_weights(e));
     float *f = malloc((size_t)e->hd / 2 * sizeof(float));
     if (!f) return kv_fail(KV_E_NOMEM, "out of memory");
-    rope_freqs(c, f);
+    kv_model_rope_freqs(c, f);
     kv_status st = upload_f32(f, e->hd / 2, &e->inv_freq, "rope frequencies");
     free(f);
     if (st) return st;

@@ -560,3 +560,27 @@ uint64_t kv_model_weight_bytes(const kv_model *m)
         b += kv_wtype_row_bytes(m->output.type, m->output.cols) * (uint64_t)m->output.rows;
     return b + (uint64_t)c->dim * 4;
 }
+
+/* One definition for the CPU and GPU engines, so that both rotate keys by
+   exactly the same float angles and their logits stay comparable. */
+void kv_model_rope_freqs(const kv_model_config *c, float *inv_freq)
+{
+    int hd = c->head_dim;
+    for (int i = 0; i < hd / 2; i++) {
+        float f = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)hd);
+        if (c->rope_scaling == KV_ROPE_SCALE_LLAMA3) {
+            double wavelen = 2 * M_PI / f;
+            double lo_wl = c->rope_orig_ctx / c->rope_low_freq_factor;
+            double hi_wl = c->rope_orig_ctx / c->rope_high_freq_factor;
+            if (wavelen > lo_wl) {
+                f = (float)(f / c->rope_factor);
+            } else if (wavelen >= hi_wl) {
+                double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (float)((1 - smooth) * f / c->rope_factor + smooth * f);
+            }
+        }
+        if (c->rope_freq_factors) f /= c->rope_freq_factors[i];
+        inv_freq[i] = f;
+    }
+}

@@ -110,4 +110,8 @@ const struct kv_gguf *kv_model_gguf(const kv_model *m);
 /* Total bytes of weights (for reports and the bandwidth bound). */
 uint64_t kv_model_weight_bytes(const kv_model *m);
 
+/* inv_freq (head_dim / 2): the RoPE frequency of each rotated pair, with
+   Llama-3 frequency scaling or the GGUF rope_freqs divisors applied. */
+void kv_model_rope_freqs(const kv_model_config *c, float *inv_freq);
+
 #endif

@@ -42,3 +42,10 @@ load helper
     [ "$(json_get 'j["results"][0]["cpu_1thread_input_bytes_per_s"] > 0')" = True ]
     [ "$(json_get '"gpu_us" in j["results"][0]')" = False ]
 }
+
+@test "kv-bench's man page documents every subcommand's options and every exit status" {
+    for sub in attn pack ruler fidelity decode; do
+        run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-bench.1" kv-bench "$sub"
+        assert_success
+    done
+}

@@ -168,3 +168,8 @@ corrupt_case() {
 @test "kv-info rejects metadata that disagrees with the shapes with exit 65" { corrupt_case geometry "kvc.n_kv_heads=3 but the tensors have 2"; }
 @test "kv-info rejects a layer without values with exit 65" { corrupt_case missing-layer "layer 0 has no values"; }
 @test "kv-info rejects a newer format version with exit 65" { corrupt_case version "kvc version 2"; }
+
+@test "kv-info's man page documents every option its --help lists and every exit status" {
+    run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-info.1" kv-info
+    assert_success
+}

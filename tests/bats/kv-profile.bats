@@ -122,3 +122,8 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     [ "$(grep -c '^Exit status:' <<<"$output")" -eq 1 ]
     [[ "$output" == *"69 unavailable"* ]]
 }
+
+@test "kv-profile's man page documents every option its --help lists and every exit status" {
+    run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-profile.1" kv-profile
+    assert_success
+}

@@ -156,3 +156,22 @@ PYEOF
     [ "$(grep -c '^Exit status:' <<<"$output")" -eq 1 ]
     [[ "$output" == *"69 unavailable"* ]]
 }
+
+@test "kv-quant leaves no .kvc behind when --report cannot be created (exit 73)" {
+    touch "$BATS_TEST_TMPDIR/afile"
+    run --separate-stderr kv-quant "$WORK/r.kvc" -o "$BATS_TEST_TMPDIR/q.kvc" --report "$BATS_TEST_TMPDIR/afile/r.json"
+    assert_fails_with 73 "afile/r.json"
+    [ ! -e "$BATS_TEST_TMPDIR/q.kvc" ]
+    [ -z "$(find "$BATS_TEST_TMPDIR" -name '*q.kvc*' -o -name '.r.json*')" ]
+}
+
+@test "kv-quant refuses to write a .kvc to a terminal with exit 64" {
+    run script -qec "kv-quant '$WORK/r.kvc'" /dev/null
+    [ "$status" -eq 64 ]
+    [[ "$output" == *"refusing to write a .kvc file to a terminal"* ]]
+}
+
+@test "kv-quant's man page documents every option its --help lists and every exit status" {
+    run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-quant.1" kv-quant
+    assert_success
+}

@@ -82,6 +82,24 @@ MODEL="$S260/stories260K.bin"
     [[ "$output" == *"69 unavailable"* ]]
 }
 
+@test "kv-run leaves no dump behind when --report cannot be created (exit 73)" {
+    touch "$BATS_TEST_TMPDIR/afile"
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --dump-kv "$BATS_TEST_TMPDIR/d.kvc" \
+        --report "$BATS_TEST_TMPDIR/afile/r.json"
+    assert_fails_with 73 "afile/r.json"
+    [ ! -e "$BATS_TEST_TMPDIR/d.kvc" ]
+    [ -z "$(find "$BATS_TEST_TMPDIR" -name '*d.kvc*' -o -name '.r.json*')" ]
+}
+
+@test "kv-run refuses --report or --dump-kv with --score-file (exit 64)" {
+    echo "Once upon a time" > "$BATS_TEST_TMPDIR/t.txt"
+    run --separate-stderr kv-run -m "$MODEL" --score-file "$BATS_TEST_TMPDIR/t.txt" --report "$BATS_TEST_TMPDIR/r.json"
+    assert_fails_with 64 "--score-file"
+    run --separate-stderr kv-run -m "$MODEL" --score-file "$BATS_TEST_TMPDIR/t.txt" --dump-kv "$BATS_TEST_TMPDIR/d.kvc"
+    assert_fails_with 64 "--score-file"
+    [ ! -e "$BATS_TEST_TMPDIR/r.json" ] && [ ! -e "$BATS_TEST_TMPDIR/d.kvc" ]
+}
+
 @test "kv-run greedy text from BOS equals llama2.c's reference" {
     run --separate-stderr kv-run -m "$MODEL" -n 200
     assert_success
@@ -145,6 +163,9 @@ print(h["layers.0.k"]["shape"], h["layers.4.q"]["shape"], h["tokens"]["shape"], 
     run --separate-stderr bash -c "kv-run -m '$MODEL' -n 0 --kv-dtype bf16 --dump-kv - | head -c 8 | wc -c"
     assert_success
     assert_output "8"
+    run script -qec "kv-run -m '$MODEL' -n 0 --dump-kv -" /dev/null
+    [ "$status" -eq 64 ]
+    [[ "$output" == *"refusing to write a .kvc file to a terminal"* ]]
 }
 
 @test "kv-run --score-file reports per-token NLL and perplexity as JSON" {
@@ -260,4 +281,9 @@ JSON
 @test "kv-run --prefix without --compare is a usage error (64)" {
     run --separate-stderr kv-run -m "$MODEL" --prompt "Once upon a time" --prefix 3
     assert_fails_with 64 "--prefix goes with --compare"
+}
+
+@test "kv-run's man page documents every option its --help lists and every exit status" {
+    run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-run.1" kv-run
+    assert_success
 }

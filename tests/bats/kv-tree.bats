@@ -396,3 +396,10 @@ two_puts() {
     [ "$status" -eq 64 ]
     [ "$(wc -l <<<"$stderr")" -le 3 ]
 }
+
+@test "kv-tree's man page documents every subcommand's options and every exit status" {
+    for sub in init put get ls place rm gc check; do
+        run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-tree.1" kv-tree "$sub"
+        assert_success
+    done
+}
