@@ -732,7 +732,7 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
         if (kk < ncand) {
             if (e->o.select == KV_GPU_SELECT_SKETCH) {
                 /* per-head scores then the softmax pass: eng_sketch_combine avoids
-                 * writing the scores but measured slower (docs/bench/gpu-decode.md) */
+                 * writing the scores but measured slower (docs/BENCHMARKS.md, GPU decode) */
                 CK(eng_score_sketch(q, y->sketch, y->Tp, y->kmad, e->nqh, nkv, hd, cs, cend,
                                     e->score, s));
             } else if (p->select_exact) {

@@ -3,7 +3,7 @@
  * lib/kv_layout.h for the layout).  The inner loops are written so that gcc
  * vectorizes them at -O2 -march=x86-64-v2 (min/max, divide, roundps, clamp),
  * and bit packing is specialised per bit width: packing must run at >= 1 GB/s
- * of fp16 input per core (docs/bench/cpu-quant.md).
+ * of fp16 input per core (docs/BENCHMARKS.md, CPU packing).
  */
 #include "kv_quant.h"
 

@@ -71,7 +71,7 @@ if [ "$what" != tests ]; then
     log "kv-bench attn"
     timeout 150 $BIN/kv-bench attn --check --json > "$OUT/attn.json" 2>> "$E"
     log "attn rc=$?"
-    log "variants at 128k (tuning knobs, see docs/bench/kernels.md)"
+    log "variants at 128k (tuning knobs, see docs/BENCHMARKS.md (Kernels))"
     for v in ${VARIANTS:-KV_NONE=1 KV_KIVI_V1=1 KV_KIVI2_VAR=8 KV_KIVI2_VAR=16 KV_KIVI2_VAR=32}; do
         echo "# $v" >> "$OUT/variants.txt"
         env $v timeout 60 $BIN/kv-bench attn --contexts 131072 --json >> "$OUT/variants.txt" 2>> "$E"

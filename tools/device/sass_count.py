@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static SASS opcode counts per kernel (stdin: cuobjdump --dump-sass), for
 kernels whose mangled name contains argv[1]: the instruction-count predictor
-of docs/bench/kernels.md.  Prints total, HMMA, LDS, PRMT, LOP3, SHF, SHFL,
+of docs/BENCHMARKS.md (Kernels).  Prints total, HMMA, LDS, PRMT, LOP3, SHF, SHFL,
 MUFU, and the twelve most frequent opcodes."""
 import collections
 import re
