@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "kv_cli.h"
@@ -101,6 +102,17 @@ int main(int argc, char **argv)
     kv_deploy dep;
     kv_deploy_defaults(&dep);
     kv_status st;
+    /* The SVG is opened first, so that a bad path fails before the work,
+       and committed last, so that a failed stdout leaves no SVG behind. */
+    kv_outfile svg_out;
+    bool svg_open = false;
+    if (svg) {
+        if ((st = kv_outfile_open(&svg_out, svg))) {
+            rc = kv_report(st, "%s", svg);
+            goto done;
+        }
+        svg_open = true;
+    }
     for (int i = optind_; i < argc; i++) {
         kvc_file *f = NULL;
         kv_progress("profiling %s (%d of %d)", argv[i], i - optind_ + 1, argc - optind_);
@@ -117,22 +129,19 @@ int main(int argc, char **argv)
         rc = kv_report(st, "deploy config");
         goto done;
     }
-    if (svg) {
-        kv_outfile of;
-        if ((st = kv_outfile_open(&of, svg))) {
-            rc = kv_report(st, "%s", svg);
-            goto done;
-        }
-        kv_profile_write_svg(&acc, &p, of.fp);
-        if ((st = kv_outfile_commit(&of))) {
-            rc = kv_report(st, "%s", svg);
-            goto done;
-        }
-    }
+    if (svg_open) kv_profile_write_svg(&acc, &p, svg_out.fp);
     if (kv_want_json(stdout, json)) kv_profile_write_json(&acc, &p, &dep, stdout);
     else print_table(&acc, &p, &dep);
-    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+    if (fflush(stdout) || ferror(stdout)) {
+        rc = kv_report(kv_fail(KV_E_IO, "write error: %s", strerror(errno)), "stdout");
+        goto done;
+    }
+    if (svg_open) {
+        svg_open = false;
+        if ((st = kv_outfile_commit(&svg_out))) rc = kv_report(st, "%s", svg);
+    }
 done:
+    if (svg_open) kv_outfile_abort(&svg_out);
     kv_deploy_clear(&dep);
     kv_profile_free(&acc);
     return rc;

@@ -153,6 +153,17 @@ int main(int argc, char **argv)
         rc = kv_report(st, "%s", in_path);
         goto done;
     }
+    /* A report on stdout cannot be taken back: write it before the .kvc, so
+       that when it fails no .kvc is committed either.  A report file is
+       committed after the .kvc. */
+    if (rep_open) kv_quant_report_json(&rep, &o, rep_out.fp);
+    if (rep_open && !rep_out.tmp) {
+        rep_open = false;
+        if ((st = kv_outfile_commit(&rep_out))) {
+            rc = kv_report(st, "%s", report_path);
+            goto done;
+        }
+    }
     if ((st = kvc_writer_write(w, out_path, 0))) {
         rc = kv_report(st, "%s", strcmp(out_path, "-") ? out_path : "stdout");
         goto done;
@@ -162,7 +173,6 @@ int main(int argc, char **argv)
             rep.kv_bytes_out ? (double)rep.kv_bytes_in / (double)rep.kv_bytes_out : 0.0,
             rep.pack_seconds);
     if (rep_open) {
-        kv_quant_report_json(&rep, &o, rep_out.fp);
         rep_open = false;
         if ((st = kv_outfile_commit(&rep_out))) rc = kv_report(st, "%s", report_path);
     }

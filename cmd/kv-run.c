@@ -560,7 +560,11 @@ int main(int argc, char **argv)
         if ((st = write_json(rep, &rep_out))) rc = kv_report(st, "cannot write %s", o.report);
     }
 report:
-    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "cannot write to stdout");
+    /* A bare KV_E_IO would print whatever detail an earlier, handled failure
+       left behind (a tokenizer probe); say what failed.  Once a write has
+       been reported, do not report stdout a second time. */
+    if ((fflush(stdout) || ferror(stdout)) && !rc)
+        rc = kv_report(kv_fail(KV_E_IO, "write error on stdout: %s", strerror(errno)), "cannot write to stdout");
 out:
     if (rep_open) kv_outfile_abort(&rep_out);
     cJSON_Delete(rep);

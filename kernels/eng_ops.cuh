@@ -188,6 +188,57 @@ cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, eng_dtype t, cons
  * of src (device or mapped host) with 16-byte loads, write a checksum. */
 cudaError_t eng_read_probe(const void *src, size_t n, unsigned *sink, cudaStream_t s);
 
+// --- KIVI expansion (eng_kivi.cu) ----------------------------------------
+
+/* One `quant` layer kept in lib/kv_policy_quant.c's layout on the device. */
+typedef struct {
+    int nkv, hd, bits, group, gv; /* gv: channels per value group */
+    int cap;                      /* token capacity of the code and value-scale planes */
+    int ngk;                      /* key scale groups per head: cap / group + 1 */
+    int ring;                     /* residual ring rows: R + G; token t at row t % ring */
+    int nq;                       /* tokens packed */
+    const uint8_t *kc, *vc;       /* (nkv, cap, hd*bits/8) */
+    const uint16_t *ks, *kz;      /* (nkv, ngk, hd) */
+    const uint16_t *vs, *vz;      /* (nkv, cap, hd/gv) */
+    const uint16_t *rk, *rv;      /* (nkv, ring, hd) fp16 residual */
+} eng_kivi_layer;
+
+/* Dequantize tokens [0, T) of y into fp16 k, v (nkv, ld, hd): packed tokens
+ * as zero + scale * code, the rest copied from the ring (any head_dim). */
+cudaError_t eng_kivi_expand(const eng_kivi_layer *y, int T, uint16_t *k, uint16_t *v, size_t ld,
+                            cudaStream_t s);
+
+/* One `dsq` layer on the device: packed windows in lib/kv_layout.h's DSQ
+ * layout at capacity nwmax windows per head (K and V share the mask), the
+ * tokens not yet packed in an fp16 ring. */
+typedef struct {
+    int nkv, hd, window, salient, bits, gd; /* gd: channels per non-salient group */
+    int nwmax, packed;                      /* windows allocated / packed per head */
+    int ring;                               /* fp16 ring rows; token t at row t % ring */
+    const uint8_t *mask;                    /* (nkv, nwmax, W/8) */
+    const int8_t *ksal, *vsal;              /* (nkv, nwmax, S, hd) */
+    const uint16_t *ksscale, *vsscale;      /* (nkv, nwmax, hd) */
+    const uint16_t *kbase;                  /* (nkv, nwmax, hd) */
+    const uint8_t *kcodes, *vcodes;         /* (nkv, nwmax, W-S, hd*bits/8) */
+    const uint16_t *kscale, *kzero;         /* (nkv, nwmax, W-S, hd/gd) */
+    const uint16_t *vscale, *vzero;         /* (nkv, nwmax, W-S, hd/gd) */
+    const uint16_t *rk, *rv;                /* (nkv, ring, hd) */
+} eng_dsq_layer;
+
+/* Dequantize tokens [0, T) of y into fp16 k, v (nkv, ld, hd), as
+ * kv_dsq_unpack_window computes them (float, no FMA), rounded once. */
+cudaError_t eng_dsq_expand(const eng_dsq_layer *y, int T, uint16_t *k, uint16_t *v, size_t ld,
+                           cudaStream_t s);
+
+/*
+ * The attention each of T tokens receives, summed over the query heads of
+ * its KV head, added to imp (nkv, imp_ld): q (nq_heads, hd) float, K (nkv,
+ * ld, hd) fp16, softmax of scale * q.k.  scratch: nkv * T floats.
+ */
+cudaError_t eng_attn_importance(const float *q, const uint16_t *K, int nq_heads, int nkv, int hd,
+                                int T, size_t ld, float scale, float *scratch, float *imp,
+                                size_t imp_ld, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

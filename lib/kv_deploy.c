@@ -15,17 +15,22 @@
 
 void kv_deploy_defaults(kv_deploy *d)
 {
+    /* The policy defaults are the one source of these numbers, so that a
+       deploy config that names no sizes deploys what --policy would. */
+    kv_policy_params q, sp;
+    kv_policy_params_default(&q, KV_POL_QUANT);
+    kv_policy_params_default(&sp, KV_POL_SPARSE);
     memset(d, 0, sizeof *d);
     d->quant_kind = KV_POL_QUANT;
-    d->bits = 1;
-    d->group = 64;
-    d->residual = 128;
-    d->budget = 128;
-    d->channels = 8;
-    d->sink = 8;
-    d->window = 56;
-    d->dsq_window = 64;
-    d->dsq_salient = 0.2;
+    d->bits = q.bits;
+    d->group = q.group;
+    d->residual = q.residual;
+    d->budget = sp.topk;
+    d->channels = sp.channels;
+    d->sink = sp.sink;
+    d->window = sp.window;
+    d->dsq_window = q.dsq_window;
+    d->dsq_salient = q.dsq_salient;
 }
 
 void kv_deploy_clear(kv_deploy *d)

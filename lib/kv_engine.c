@@ -130,8 +130,7 @@ static kv_status make_policies(kv_engine *e)
     for (int l = 0; l < e->L; l++) {
         kv_policy_geom g = {l, c->n_heads, c->n_kv_heads, c->head_dim, e->ctx};
         kv_status st = kv_policy_create(&g, &e->prm[l], &e->pol[l]);
-        if (st) {
-            kv_errcontext("layer %d policy %s", l, kv_policy_kind_name(e->prm[l].kind));
+        if (st) { /* kv_policy_create has named the layer and policy */
             free_policies(e);
             return st;
         }

@@ -35,7 +35,9 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 #include "eng_ops.cuh"
 #include "kv_half.h"
 #include "kv_kernels.h"
+#include "kv_dsq.h"
 #include "kv_matmul.h"
+#include "kv_quant.h"
 
 // --- errors -------------------------------------------------------------------
 
@@ -122,7 +124,10 @@ static void hfree(void *pp)
 
 // --- state ----------------------------------------------------------------------
 
-enum { L_FULL = 0, L_OFFLOAD, L_QUANT, L_SPARSE };
+/* L_QDQ: a `quant` layer outside the packed-attention kernel's geometry
+ * (expanded to fp16 per step); L_STREAM: `streaming` (sink + recent ring);
+ * L_DSQ: `dsq` (packed windows expanded to fp16 per step). */
+enum { L_FULL = 0, L_OFFLOAD, L_QUANT, L_SPARSE, L_QDQ, L_STREAM, L_DSQ };
 
 typedef struct {
     void *qkv;        /* (n_heads*hd + 2*n_kv*hd, ld_dim) */
@@ -139,8 +144,8 @@ typedef struct {
     int kind;
     int T; /* tokens held */
     /* full: (nkv, ctx, hd) on the GPU; offload: the same in pinned host memory */
-    uint16_t *k, *v;
-    uint16_t *hk, *hv;
+    uint16_t *k, *v;          /* (nkv, ctx, hd) device (full); (nkv, S+W, hd) (streaming) */
+    uint16_t *hk, *hv;        /* (nkv, ctx, hd) pinned host (offload) */
     /* quant: packed part dense over nq tokens (kv_layout.h), residual rows in
      * one of two (nkv, rc, hd) stores */
     kv_kivi_params kp;
@@ -149,12 +154,26 @@ typedef struct {
     uint16_t *ks, *kz;        /* (nkv, nq/G, hd) */
     uint16_t *vs, *vz;        /* (nkv, nq, hd/Gv) */
     uint16_t *rk[2], *rv[2];  /* (nkv, rc, hd) */
+    /* quant outside the kernels' geometry (L_QDQ): kc..vz at capacity qcap
+     * in lib/kv_policy_quant.c's layout (eng_kivi_layer), key scales
+     * (nkv, ngk, hd), the residual ring in rk[0], rv[0] (nkv, rc, hd) */
+    int qcap, ngk;
+    /* dsq (L_DSQ): windows packed on the host, resident at capacity nwmax
+     * (eng_dsq_layer; codes in kc/vc, scales and zeros in ks/kz/vs/vz at
+     * (nkv, nwmax, W-S, hd/gd)); tokens not yet packed in rk[0], rv[0] (nkv, rc, hd) */
+    kv_dsq_params dp;
+    int nwmax, packed, obs_n;
+    uint8_t *dmask;           /* (nkv, nwmax, W/8) */
+    int8_t *ksal, *vsal;      /* (nkv, nwmax, S, hd) */
+    uint16_t *ksscale, *vsscale, *kbase; /* (nkv, nwmax, hd) */
+    float *imp;               /* (nkv, ctx) accumulated attention per token */
+    float *obs;               /* (DSQ_OBSERVE, n_heads*hd) the prompt's last queries */
     /* sparse */
     int Tp, cs0, cend0, kmax, tail_base, cap, ldc;
     uint16_t *rows_h;         /* pinned (Tp, nkv, 2, hd) */
     const void *rows_d;       /* its device alias */
     uint16_t *kcm_h;          /* pinned (nkv, hd, ldc) keys channel-major */
-    const void *kcm_d;
+    const void *kcm_d;        /* its device alias */
     uint16_t *sink;           /* (cs0, nkv, 2, hd) device */
     uint8_t *sketch;          /* (nkv, Tp, hd/8) device */
     float *chmax, *kmean, *kmad; /* (nkv, hd) device */
@@ -199,13 +218,19 @@ struct kv_gpu_engine {
     size_t att_part_n;
     uint16_t *dres_k, *dres_v; /* (nkv, rc_max, hd) dense residual for kernels/ */
     size_t dres_n;
+    uint16_t *qx_k, *qx_v; /* (nkv, ctx, hd) fp16 expansion of an L_QDQ/L_DSQ layer, per step */
+    size_t qx_n;
+    float *imp_sc;         /* (nkv, ctx) attention-probability scratch (L_DSQ) */
     /* selection scratch (selection stream; layers take turns) */
-    float *score, *comb, *sm_tmp, *qscale;
+    float *score;        /* (n_heads, candidates) token scores per query head */
+    float *comb;         /* (nkv, candidates) scores combined over each KV group */
+    float *sm_tmp;       /* eng_softmax_tmp(n_heads) floats of softmax scratch */
+    float *qscale;       /* (n_heads) channel-selection scale per query head */
     int *chans, *sel[2]; /* sel: by layer parity, so a gather overlaps the next selection */
     size_t score_n, sel_n[2], chans_n;
     /* offload staging: two (nkv, ctx, hd) buffers each for K and V */
     uint16_t *stage_k[2], *stage_v[2];
-    int *off_list, n_off;
+    int *off_list, n_off; /* (L) indices of the offloaded layers, n_off used */
     cudaEvent_t ev_done[2], ev_rope;
     cudaEvent_t *ev_x, *ev_sel, *ev_copied; /* (L) */
     cudaEvent_t *ev_topk;                   /* (L) selection done, gather may start */
@@ -422,6 +447,14 @@ static void layer_release(gl_layer *y)
     dfree(&y->kmad);
     dfree(&y->ak);
     dfree(&y->av);
+    dfree(&y->dmask);
+    dfree(&y->ksal);
+    dfree(&y->vsal);
+    dfree(&y->ksscale);
+    dfree(&y->vsscale);
+    dfree(&y->kbase);
+    dfree(&y->imp);
+    dfree(&y->obs);
     kv_policy_params prm = y->prm;
     int kind = y->kind;
     memset(y, 0, sizeof *y);
@@ -455,18 +488,43 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
             y->kind = e->o.offload ? L_OFFLOAD : L_FULL;
             break;
         case KV_POL_QUANT: {
-            y->kind = L_QUANT;
             kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
             kv_kivi_params kp = {p->bits, p->group, p->residual};
-            if (!kv_cuda_attn_kivi_supported(&d, &kp) ||
-                !kv_cuda_kivi_pack_supported(KV_KIVI_KEYS, &kp, e->hd) ||
-                !kv_cuda_kivi_pack_supported(KV_KIVI_VALUES, &kp, e->hd))
-                return kv_fail(KV_E_UNSUPPORTED,
-                               "layer %d: quant (bits %d, group %d) on the GPU needs head_dim 128, "
-                               "1 or 2 bits and group 32/64/128 (this model: head_dim %d)",
-                               l, p->bits, p->group, e->hd);
+            kv_status qst = kv_kivi_check(&kp, e->hd);
+            if (qst) {
+                kv_errcontext("layer %d", l);
+                return qst;
+            }
+            /* D's packed attention where it applies; elsewhere the same
+             * packed bytes, expanded to fp16 each step (L_QDQ) */
+            y->kind = kv_cuda_attn_kivi_supported(&d, &kp) &&
+                              kv_cuda_kivi_pack_supported(KV_KIVI_KEYS, &kp, e->hd) &&
+                              kv_cuda_kivi_pack_supported(KV_KIVI_VALUES, &kp, e->hd)
+                          ? L_QUANT
+                          : L_QDQ;
             break;
         }
+        case KV_POL_DSQ: {
+            y->kind = L_DSQ;
+            kv_dsq_params_default(&y->dp);
+            y->dp.window = p->dsq_window;
+            y->dp.salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
+            kv_status dst = kv_dsq_check(&y->dp, e->hd);
+            if (dst) {
+                kv_errcontext("layer %d", l);
+                return dst;
+            }
+            if (p->hcap_token_keep < 1.0 || p->hcap_channel_thresh > 0.0)
+                return kv_fail(KV_E_UNSUPPORTED, "layer %d: dsq with HCAP (keep < 1 or chan > 0) "
+                               "is not on the GPU engine; use --device cpu", l);
+            break;
+        }
+        case KV_POL_STREAMING:
+            y->kind = L_STREAM;
+            if (p->sink < 0 || p->window < 1)
+                return kv_fail(KV_E_USAGE, "layer %d: streaming needs sink >= 0 and window >= 1 "
+                               "(got %d, %d)", l, p->sink, p->window);
+            break;
         case KV_POL_SPARSE:
             y->kind = L_SPARSE;
             if (p->sink < 0 || p->window < 0 || p->channels < 1 || p->channels > e->hd ||
@@ -478,12 +536,276 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
             break;
         default:
             return kv_fail(KV_E_UNSUPPORTED, "layer %d: policy %s is not available on the GPU "
-                           "engine (full, quant, sparse are)", l, kv_policy_kind_name(p->kind));
+                           "engine", l, kv_policy_kind_name(p->kind));
         }
     }
     e->n_off = 0;
     for (int l = 0; l < e->L; l++)
         if (e->lay[l].kind == L_OFFLOAD) e->off_list[e->n_off++] = l;
+    return KV_OK;
+}
+
+// --- quant outside the kernels' geometry (L_QDQ) ------------------------------------
+
+/* The fp16 scratch a packed layer is expanded into each step (shared). */
+static kv_status ensure_qx(kv_gpu_engine *e)
+{
+    size_t need = (size_t)e->nkv * (size_t)e->ctx * (size_t)e->hd;
+    if (need <= e->qx_n) return KV_OK;
+    dfree(&e->qx_k);
+    dfree(&e->qx_v);
+    e->qx_n = 0;
+    TRY(dalloc(&e->qx_k, need * 2, "KV expansion scratch"));
+    TRY(dalloc(&e->qx_v, need * 2, "KV expansion scratch"));
+    e->qx_n = need;
+    return KV_OK;
+}
+
+/* The packed planes at the layer's capacity (as lib/kv_policy_quant.c holds
+ * them), the residual ring, and the engine's fp16 expansion scratch. */
+static kv_status qdq_alloc(kv_gpu_engine *e, gl_layer *y)
+{
+    const size_t nkv = (size_t)e->nkv, hd = (size_t)e->hd;
+    y->kp = (kv_kivi_params){y->prm.bits, y->prm.group, y->prm.residual};
+    y->rc = y->kp.residual + y->kp.group;
+    y->qcap = e->ctx;
+    y->ngk = e->ctx / y->kp.group + 1;
+    const size_t crow = kv_kivi_row_bytes(e->hd, y->kp.bits);
+    const size_t nvs = hd / (size_t)kv_kivi_vgroup(y->kp.group, e->hd);
+    TRY(dalloc(&y->kc, nkv * (size_t)y->qcap * crow, "quant key codes"));
+    TRY(dalloc(&y->vc, nkv * (size_t)y->qcap * crow, "quant value codes"));
+    TRY(dalloc(&y->ks, nkv * (size_t)y->ngk * hd * 2, "quant key scales"));
+    TRY(dalloc(&y->kz, nkv * (size_t)y->ngk * hd * 2, "quant key zeros"));
+    TRY(dalloc(&y->vs, nkv * (size_t)y->qcap * nvs * 2, "quant value scales"));
+    TRY(dalloc(&y->vz, nkv * (size_t)y->qcap * nvs * 2, "quant value zeros"));
+    TRY(dalloc(&y->rk[0], nkv * (size_t)y->rc * hd * 2, "quant residual K"));
+    TRY(dalloc(&y->rv[0], nkv * (size_t)y->rc * hd * 2, "quant residual V"));
+    return ensure_qx(e);
+}
+
+static eng_kivi_layer qdq_view(const kv_gpu_engine *e, const gl_layer *y)
+{
+    eng_kivi_layer v = {e->nkv, e->hd, y->kp.bits, y->kp.group, kv_kivi_vgroup(y->kp.group, e->hd),
+                        y->qcap, y->ngk, y->rc, y->nq, y->kc, y->vc, y->ks, y->kz, y->vs, y->vz,
+                        y->rk[0], y->rv[0]};
+    return v;
+}
+
+/*
+ * Pack tokens [nq, nq + G) on the host with lib/kv_quant.c's quantizers (so
+ * the codes are the CPU policy's, bit for bit) and upload the group's parts.
+ * Token t of head h is at xk (keys) or xv (values) + h*head_stride +
+ * (t % mod)*hd (fp16, host).
+ * Synchronous: this path is for correctness at any head_dim, not speed.
+ */
+static kv_status qdq_pack_kv(kv_gpu_engine *e, gl_layer *y, const uint16_t *xk,
+                              const uint16_t *xv, size_t head_stride, int mod)
+{
+    const int hd = e->hd, G = y->kp.group, b = y->kp.bits, t0 = y->nq;
+    const int gv = kv_kivi_vgroup(G, hd), nvs = hd / gv;
+    const size_t crow = kv_kivi_row_bytes(hd, b);
+    float *tmp = malloc((size_t)G * hd * sizeof(float));
+    uint8_t *kc = malloc((size_t)G * crow), *vc = malloc((size_t)G * crow);
+    kv_half *ks = malloc((size_t)hd * 2), *kz = malloc((size_t)hd * 2);
+    kv_half *vs = malloc((size_t)G * nvs * 2), *vz = malloc((size_t)G * nvs * 2);
+    kv_status st = KV_OK;
+    if (!tmp || !kc || !vc || !ks || !kz || !vs || !vz) st = kv_fail(KV_E_NOMEM, "quant pack staging");
+    for (int h = 0; h < e->nkv && !st; h++) {
+        for (int i = 0; i < G; i++) {
+            const uint16_t *r = xk + (size_t)h * head_stride + (size_t)((t0 + i) % mod) * hd;
+            for (int c = 0; c < hd; c++) tmp[(size_t)i * hd + c] = kv_half_to_f32(r[c]);
+        }
+        kv_kivi_pack_key_group(tmp, (size_t)hd, G, hd, b, kc, crow, ks, kz);
+        for (int i = 0; i < G; i++) {
+            const uint16_t *r = xv + (size_t)h * head_stride + (size_t)((t0 + i) % mod) * hd;
+            for (int c = 0; c < hd; c++) tmp[c] = kv_half_to_f32(r[c]);
+            kv_kivi_pack_value_row(tmp, hd, gv, b, vc + (size_t)i * crow, vs + (size_t)i * nvs,
+                                   vz + (size_t)i * nvs);
+        }
+        size_t tok = (size_t)h * y->qcap + (size_t)t0, kg = ((size_t)h * y->ngk + (size_t)(t0 / G)) * hd;
+        struct { void *dst; const void *src; size_t n; } up[6] = {
+            {y->kc + tok * crow, kc, (size_t)G * crow}, {y->vc + tok * crow, vc, (size_t)G * crow},
+            {y->ks + kg, ks, (size_t)hd * 2},           {y->kz + kg, kz, (size_t)hd * 2},
+            {y->vs + tok * nvs, vs, (size_t)G * nvs * 2}, {y->vz + tok * nvs, vz, (size_t)G * nvs * 2},
+        };
+        for (int i = 0; i < 6 && !st; i++) {
+            cudaError_t ce = cudaMemcpyAsync(up[i].dst, up[i].src, up[i].n, cudaMemcpyHostToDevice,
+                                             e->s_main);
+            if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main); /* staging is reused */
+            if (ce != cudaSuccess) st = cuda_fail(ce, "quant group upload", __LINE__);
+        }
+    }
+    free(vz);
+    free(vs);
+    free(kz);
+    free(ks);
+    free(vc);
+    free(kc);
+    free(tmp);
+    if (!st) y->nq += G;
+    return st;
+}
+
+/* After a token went into the ring: pack the oldest group once the CPU
+ * policy would (kv_kivi_nquant grows), reading the ring back first. */
+static kv_status qdq_maybe_pack(kv_gpu_engine *e, gl_layer *y, int T)
+{
+    y->nres = T - y->nq;
+    if (kv_kivi_nquant(T, y->kp.group, y->kp.residual) <= y->nq) return KV_OK;
+    size_t n = (size_t)e->nkv * y->rc * e->hd;
+    uint16_t *ring = malloc(2 * n * 2);
+    if (!ring) return kv_fail(KV_E_NOMEM, "quant ring staging");
+    kv_status st = KV_OK;
+    cudaError_t ce = cudaMemcpyAsync(ring, y->rk[0], n * 2, cudaMemcpyDeviceToHost, e->s_main);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(ring + n, y->rv[0], n * 2, cudaMemcpyDeviceToHost, e->s_main);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
+    if (ce != cudaSuccess) st = cuda_fail(ce, "quant ring read-back", __LINE__);
+    if (!st) st = qdq_pack_kv(e, y, ring, ring + n, (size_t)y->rc * e->hd, y->rc);
+    free(ring);
+    y->nres = T - y->nq;
+    return st;
+}
+
+// --- dsq (L_DSQ) ---------------------------------------------------------------------
+
+#define DSQ_OBSERVE 32 /* prompt queries a dsq layer observes: PREFILL_OBSERVE of kv_engine.c */
+
+/* Copy n bytes host to device on the main stream and wait (staging is reused). */
+static kv_status h2d_sync(kv_gpu_engine *e, void *dst, const void *src, size_t n, int line)
+{
+    cudaError_t ce = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, e->s_main);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
+    return ce == cudaSuccess ? KV_OK : cuda_fail(ce, "upload", line);
+}
+
+static kv_status dsq_alloc(kv_gpu_engine *e, gl_layer *y)
+{
+    const kv_dsq_params *dp = &y->dp;
+    const size_t nkv = (size_t)e->nkv, hd = (size_t)e->hd, W = (size_t)dp->window;
+    const size_t S = (size_t)dp->salient, nn = W - S;
+    const size_t nvs = hd / (size_t)kv_kivi_vgroup(dp->group, e->hd);
+    const size_t crow = kv_kivi_row_bytes(e->hd, dp->bits);
+    y->nwmax = e->ctx / dp->window;
+    y->rc = dp->window; /* at most W tokens wait for their window to be packed */
+    const size_t hw = nkv * (size_t)y->nwmax;
+    TRY(dalloc(&y->dmask, hw * (W / 8), "dsq masks"));
+    TRY(dalloc(&y->ksal, hw * S * hd, "dsq salient keys"));
+    TRY(dalloc(&y->vsal, hw * S * hd, "dsq salient values"));
+    TRY(dalloc(&y->ksscale, hw * hd * 2, "dsq salient key scales"));
+    TRY(dalloc(&y->vsscale, hw * hd * 2, "dsq salient value scales"));
+    TRY(dalloc(&y->kbase, hw * hd * 2, "dsq key bases"));
+    TRY(dalloc(&y->kc, hw * nn * crow, "dsq key codes"));
+    TRY(dalloc(&y->vc, hw * nn * crow, "dsq value codes"));
+    TRY(dalloc(&y->ks, hw * nn * nvs * 2, "dsq key scales"));
+    TRY(dalloc(&y->kz, hw * nn * nvs * 2, "dsq key zeros"));
+    TRY(dalloc(&y->vs, hw * nn * nvs * 2, "dsq value scales"));
+    TRY(dalloc(&y->vz, hw * nn * nvs * 2, "dsq value zeros"));
+    TRY(dalloc(&y->rk[0], nkv * (size_t)y->rc * hd * 2, "dsq fp16 K"));
+    TRY(dalloc(&y->rv[0], nkv * (size_t)y->rc * hd * 2, "dsq fp16 V"));
+    TRY(dalloc(&y->imp, nkv * (size_t)e->ctx * 4, "dsq importance"));
+    CK(cudaMemset(y->imp, 0, nkv * (size_t)e->ctx * 4));
+    TRY(dalloc(&y->obs, (size_t)DSQ_OBSERVE * (size_t)e->qd * 4, "dsq observed queries"));
+    if (!e->imp_sc) TRY(dalloc(&e->imp_sc, nkv * (size_t)e->ctx * 4, "attention probabilities"));
+    return ensure_qx(e);
+}
+
+static eng_dsq_layer dsq_view(const kv_gpu_engine *e, const gl_layer *y)
+{
+    eng_dsq_layer v = {e->nkv, e->hd, y->dp.window, y->dp.salient, y->dp.bits,
+                       kv_kivi_vgroup(y->dp.group, e->hd), y->nwmax, y->packed, y->rc,
+                       y->dmask, y->ksal, y->vsal, y->ksscale, y->vsscale, y->kbase,
+                       y->kc, y->vc, y->ks, y->kz, y->vs, y->vz, y->rk[0], y->rv[0]};
+    return v;
+}
+
+/*
+ * Pack window y->packed of every head on the host with lib/kv_dsq.c (the
+ * CPU policy's code: salient tokens by importance, then K and V) and
+ * upload its parts.  Token t of head h is at xk/xv + h*head_stride +
+ * (t % mod)*hd (fp16, host); imp: (nkv, imp_ld) host, the window's
+ * importance at imp + h*imp_ld.  Synchronous, like the quant fallback.
+ */
+static kv_status dsq_pack_host(kv_gpu_engine *e, gl_layer *y, const uint16_t *xk,
+                               const uint16_t *xv, size_t head_stride, int mod, const float *imp,
+                               size_t imp_ld)
+{
+    const kv_dsq_params *dp = &y->dp;
+    const int hd = e->hd, W = dp->window, S = dp->salient, nn = W - S, t0 = y->packed * W;
+    const int nvs = hd / kv_kivi_vgroup(dp->group, hd);
+    const size_t crow = kv_kivi_row_bytes(hd, dp->bits);
+    float *xw = malloc((size_t)W * hd * sizeof(float));
+    uint8_t *mask = malloc((size_t)W / 8 + 1), *codes = malloc((size_t)nn * crow + 1);
+    int8_t *sal = malloc((size_t)S * hd + 1);
+    kv_half *sscale = malloc((size_t)hd * 2), *base = malloc((size_t)hd * 2);
+    kv_half *scale = malloc((size_t)nn * nvs * 2 + 2), *zero = malloc((size_t)nn * nvs * 2 + 2);
+    kv_status st = KV_OK;
+    if (!xw || !mask || !codes || !sal || !sscale || !base || !scale || !zero)
+        st = kv_fail(KV_E_NOMEM, "dsq pack staging");
+    for (int h = 0; h < e->nkv && !st; h++) {
+        const size_t hw = (size_t)h * y->nwmax + (size_t)y->packed;
+        kv_dsq_select(imp + (size_t)h * imp_ld, W, S, mask);
+        st = h2d_sync(e, y->dmask + hw * (size_t)(W / 8), mask, (size_t)W / 8, __LINE__);
+        for (int pass = 0; pass < 2 && !st; pass++) {
+            const uint16_t *x = pass ? xv : xk;
+            for (int i = 0; i < W; i++) {
+                const uint16_t *r = x + (size_t)h * head_stride + (size_t)((t0 + i) % mod) * hd;
+                for (int c = 0; c < hd; c++) xw[(size_t)i * hd + c] = kv_half_to_f32(r[c]);
+            }
+            kv_kivi_axis ax = pass ? KV_KIVI_VALUES : KV_KIVI_KEYS;
+            kv_dsq_pack_window(xw, (size_t)hd, ax, dp, hd, mask, sal, sscale, pass ? NULL : base,
+                               codes, scale, zero);
+            struct { void *dst; const void *src; size_t n; } up[6] = {
+                {(pass ? y->vsal : y->ksal) + hw * (size_t)S * hd, sal, (size_t)S * hd},
+                {(pass ? y->vsscale : y->ksscale) + hw * hd, sscale, (size_t)hd * 2},
+                {(pass ? y->vc : y->kc) + hw * (size_t)nn * crow, codes, (size_t)nn * crow},
+                {(pass ? y->vs : y->ks) + hw * (size_t)nn * nvs, scale, (size_t)nn * nvs * 2},
+                {(pass ? y->vz : y->kz) + hw * (size_t)nn * nvs, zero, (size_t)nn * nvs * 2},
+                {pass ? NULL : y->kbase + hw * hd, base, (size_t)hd * 2},
+            };
+            for (int i = 0; i < 6 && !st; i++)
+                if (up[i].dst && up[i].n) st = h2d_sync(e, up[i].dst, up[i].src, up[i].n, __LINE__);
+        }
+    }
+    free(zero);
+    free(scale);
+    free(base);
+    free(sscale);
+    free(sal);
+    free(codes);
+    free(mask);
+    free(xw);
+    if (!st) y->packed++;
+    return st;
+}
+
+/* After an attend at T tokens: pack each window that is now complete, as
+ * the CPU policy does at the end of its attend (importance includes this
+ * step).  The window's fp16 rows and importance are read back first. */
+static kv_status dsq_pack_ready(kv_gpu_engine *e, gl_layer *y, int T)
+{
+    const int W = y->dp.window;
+    while (kv_dsq_nwindows(T, W) > y->packed) {
+        size_t n = (size_t)e->nkv * y->rc * e->hd;
+        uint16_t *ring = malloc(2 * n * 2);
+        float *imp = malloc((size_t)e->nkv * W * sizeof(float));
+        kv_status st = KV_OK;
+        if (!ring || !imp) st = kv_fail(KV_E_NOMEM, "dsq window staging");
+        cudaError_t ce = cudaSuccess;
+        if (!st) ce = cudaMemcpyAsync(ring, y->rk[0], n * 2, cudaMemcpyDeviceToHost, e->s_main);
+        if (!st && ce == cudaSuccess)
+            ce = cudaMemcpyAsync(ring + n, y->rv[0], n * 2, cudaMemcpyDeviceToHost, e->s_main);
+        if (!st && ce == cudaSuccess)
+            ce = cudaMemcpy2DAsync(imp, (size_t)W * 4, y->imp + (size_t)y->packed * W,
+                                   (size_t)e->ctx * 4, (size_t)W * 4, e->nkv,
+                                   cudaMemcpyDeviceToHost, e->s_main);
+        if (!st && ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
+        if (!st && ce != cudaSuccess) st = cuda_fail(ce, "dsq window read-back", __LINE__);
+        if (!st) st = dsq_pack_host(e, y, ring, ring + n, (size_t)y->rc * e->hd, y->rc, imp, (size_t)W);
+        free(imp);
+        free(ring);
+        TRY(st);
+    }
     return KV_OK;
 }
 
@@ -499,6 +821,14 @@ static kv_status alloc_layers(kv_gpu_engine *e)
         } else if (y->kind == L_OFFLOAD) {
             TRY(halloc(&y->hk, NULL, row, "offloaded K"));
             TRY(halloc(&y->hv, NULL, row, "offloaded V"));
+        } else if (y->kind == L_STREAM) {
+            size_t rows = (size_t)e->nkv * (size_t)(y->prm.sink + y->prm.window) * e->hd * 2;
+            TRY(dalloc(&y->k, rows, "streaming K"));
+            TRY(dalloc(&y->v, rows, "streaming V"));
+        } else if (y->kind == L_QDQ) {
+            TRY(qdq_alloc(e, y));
+        } else if (y->kind == L_DSQ) {
+            TRY(dsq_alloc(e, y));
         } else if (y->kind == L_QUANT) {
             y->kp = (kv_kivi_params){y->prm.bits, y->prm.group, y->prm.residual};
             y->rc = y->kp.residual + y->kp.group;
@@ -594,6 +924,120 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
         y->nq = nq;
         y->nres = nres;
         y->cur = 0;
+        break;
+    }
+    case L_STREAM: {
+        /* the tokens the CPU policy keeps: sinks, then the last W in the ring */
+        const int S = y->prm.sink, W = y->prm.window;
+        const size_t pitch = (size_t)(S + W) * rb;
+        for (int t = 0; t < T; t++) {
+            if (t >= S && t < T - W) continue;
+            int slot = t < S ? t : S + (t - S) % W;
+            CK(cudaMemcpy2DAsync(y->k + (size_t)slot * hd, pitch, K + (size_t)t * hd,
+                                 (size_t)ld * rb, rb, nkv, cudaMemcpyDeviceToDevice, s));
+            CK(cudaMemcpy2DAsync(y->v + (size_t)slot * hd, pitch, V + (size_t)t * hd,
+                                 (size_t)ld * rb, rb, nkv, cudaMemcpyDeviceToDevice, s));
+        }
+        break;
+    }
+    case L_QDQ: {
+        /* the prompt to the host, packed there group by group as the CPU
+         * policy's appends would, the rest into the residual ring */
+        size_t n = (size_t)nkv * T * hd, rn = (size_t)nkv * y->rc * hd;
+        uint16_t *hx = malloc((2 * n + 2 * rn) * 2);
+        if (!hx) return kv_fail(KV_E_NOMEM, "quant ingest staging");
+        uint16_t *hk = hx, *hv = hx + n, *ring = hx + 2 * n;
+        memset(ring, 0, 2 * rn * 2);
+        cudaError_t ce = cudaMemcpy2DAsync(hk, (size_t)T * rb, K, (size_t)ld * rb, (size_t)T * rb,
+                                           nkv, cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpy2DAsync(hv, (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, nkv,
+                                   cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        kv_status st = ce != cudaSuccess ? cuda_fail(ce, "quant ingest read-back", __LINE__) : KV_OK;
+        y->nq = 0;
+        int nq = kv_kivi_nquant(T, y->kp.group, y->kp.residual);
+        while (!st && y->nq < nq) st = qdq_pack_kv(e, y, hk, hv, (size_t)T * hd, T);
+        for (int h = 0; h < nkv && !st; h++)
+            for (int t = nq; t < T; t++) {
+                size_t d = ((size_t)h * y->rc + (size_t)(t % y->rc)) * hd, o = ((size_t)h * T + t) * hd;
+                memcpy(ring + d, hk + o, rb);
+                memcpy(ring + rn + d, hv + o, rb);
+            }
+        if (!st) {
+            ce = cudaMemcpyAsync(y->rk[0], ring, rn * 2, cudaMemcpyHostToDevice, s);
+            if (ce == cudaSuccess) ce = cudaMemcpyAsync(y->rv[0], ring + rn, rn * 2, cudaMemcpyHostToDevice, s);
+            if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+            if (ce != cudaSuccess) st = cuda_fail(ce, "quant ring upload", __LINE__);
+        }
+        free(hx);
+        TRY(st);
+        y->nres = T - y->nq;
+        break;
+    }
+    case L_DSQ: {
+        /* importance from the prompt's last queries (observed during the
+         * prefill, as the CPU engine gives them to observe()), then every
+         * complete window packed on the host; the rest into the fp16 ring */
+        const int W = y->dp.window, nobs = y->obs_n <= T ? y->obs_n : 0;
+        size_t n = (size_t)nkv * T * hd, rn = (size_t)nkv * y->rc * hd;
+        uint16_t *hx = malloc((2 * n + 2 * rn) * 2);
+        float *imp = calloc((size_t)nkv * T + 1, sizeof(float));
+        float *kf = nobs ? malloc(n * sizeof(float)) : NULL;
+        float *oq = nobs ? malloc((size_t)nobs * e->qd * sizeof(float) * 2) : NULL;
+        kv_status st = KV_OK;
+        if (!hx || !imp || (nobs && (!kf || !oq))) st = kv_fail(KV_E_NOMEM, "dsq ingest staging");
+        uint16_t *hk = hx, *hv = hx + n, *ring = hx + 2 * n;
+        cudaError_t ce = cudaSuccess;
+        if (!st) {
+            memset(ring, 0, 2 * rn * 2);
+            ce = cudaMemcpy2DAsync(hk, (size_t)T * rb, K, (size_t)ld * rb, (size_t)T * rb, nkv,
+                                   cudaMemcpyDeviceToHost, s);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpy2DAsync(hv, (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, nkv,
+                                       cudaMemcpyDeviceToHost, s);
+            if (ce == cudaSuccess && nobs)
+                ce = cudaMemcpyAsync(oq, y->obs, (size_t)nobs * e->qd * 4, cudaMemcpyDeviceToHost, s);
+            if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+            if (ce != cudaSuccess) st = cuda_fail(ce, "dsq ingest read-back", __LINE__);
+        }
+        if (!st && nobs) {
+            /* (nobs, n_heads, hd) -> (n_heads, nobs, hd), as observe() receives them */
+            float *q = oq + (size_t)nobs * e->qd;
+            for (int j = 0; j < nobs; j++)
+                for (int h = 0; h < e->nqh; h++)
+                    memcpy(q + ((size_t)h * nobs + j) * hd, oq + (size_t)j * e->qd + (size_t)h * hd,
+                           (size_t)hd * sizeof(float));
+            for (size_t i = 0; i < n; i++) kf[i] = kv_half_to_f32(hk[i]);
+            st = kv_dsq_importance(q, e->nqh, nobs, kf, nkv, T, hd, imp);
+        }
+        if (!st) {
+            ce = cudaMemsetAsync(y->imp, 0, (size_t)nkv * e->ctx * 4, s);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpy2DAsync(y->imp, (size_t)e->ctx * 4, imp, (size_t)T * 4, (size_t)T * 4,
+                                       nkv, cudaMemcpyHostToDevice, s);
+            if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+            if (ce != cudaSuccess) st = cuda_fail(ce, "dsq importance upload", __LINE__);
+        }
+        /* without observed queries (a synthesized context) the windows are
+         * packed now with zero importance: the ring holds one window only */
+        y->packed = 0;
+        while (!st && y->packed < kv_dsq_nwindows(T, W))
+            st = dsq_pack_host(e, y, hk, hv, (size_t)T * hd, T, imp + (size_t)y->packed * W, (size_t)T);
+        for (int h = 0; h < nkv && !st; h++)
+            for (int t = y->packed * W; t < T; t++) {
+                size_t d = ((size_t)h * y->rc + (size_t)(t % y->rc)) * hd, o = ((size_t)h * T + t) * hd;
+                memcpy(ring + d, hk + o, rb);
+                memcpy(ring + rn + d, hv + o, rb);
+            }
+        if (!st) st = h2d_sync(e, y->rk[0], ring, rn * 2, __LINE__);
+        if (!st) st = h2d_sync(e, y->rv[0], ring + rn, rn * 2, __LINE__);
+        free(oq);
+        free(kf);
+        free(imp);
+        free(hx);
+        y->obs_n = 0;
+        TRY(st);
         break;
     }
     case L_SPARSE: {
@@ -948,6 +1392,20 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
                 vd = e->stage_v[b] + (size_t)pos * hd;
                 hs = (size_t)e->ctx * hd;
                 break;
+            case L_STREAM: {
+                const int S = y->prm.sink, W = y->prm.window;
+                int slot = pos < S ? pos : S + (pos - S) % W;
+                kd = y->k + (size_t)slot * hd;
+                vd = y->v + (size_t)slot * hd;
+                hs = (size_t)(S + W) * hd;
+                break;
+            }
+            case L_QDQ:
+            case L_DSQ:
+                kd = y->rk[0] + (size_t)(pos % y->rc) * hd;
+                vd = y->rv[0] + (size_t)(pos % y->rc) * hd;
+                hs = (size_t)y->rc * hd;
+                break;
             case L_QUANT:
                 kd = y->rk[y->cur] + (size_t)y->nres * hd;
                 vd = y->rv[y->cur] + (size_t)y->nres * hd;
@@ -963,6 +1421,14 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
             }
         }
         CK(eng_rope_store(q, e->q16, e->nqh, k, v, nkv, hd, e->inv_freq, pos, kd, vd, hs, s));
+        if (pf && y->kind == L_DSQ) { /* the prompt's last queries, for its importance */
+            int nobs = pf->n < DSQ_OBSERVE ? pf->n : DSQ_OBSERVE, j = pos - (pf->n - nobs);
+            if (j >= 0) {
+                CK(cudaMemcpyAsync(y->obs + (size_t)j * e->qd, q, (size_t)e->qd * 4,
+                                   cudaMemcpyDeviceToDevice, s));
+                y->obs_n = nobs;
+            }
+        }
         if (pf) {
             TRY(attend_dense(e, pf->k[l], pf->v[l], (size_t)pf->n * hd, pos + 1, s));
         } else {
@@ -990,6 +1456,29 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
                 TRY(quant_maybe_pack(e, y));
                 TRY(quant_attend(e, y));
                 break;
+            case L_STREAM: {
+                /* order inside the ring does not matter to softmax attention */
+                int S = y->prm.sink, W = y->prm.window, n = pos + 1 < S + W ? pos + 1 : S + W;
+                TRY(attend_dense(e, y->k, y->v, (size_t)(S + W) * hd, n, s));
+                break;
+            }
+            case L_DSQ: {
+                eng_dsq_layer dv = dsq_view(e, y);
+                CK(cudaMemset2DAsync(y->imp + pos, (size_t)e->ctx * 4, 0, 4, nkv, s));
+                CK(eng_dsq_expand(&dv, pos + 1, e->qx_k, e->qx_v, (size_t)e->ctx, s));
+                TRY(attend_dense(e, e->qx_k, e->qx_v, (size_t)e->ctx * hd, pos + 1, s));
+                CK(eng_attn_importance(q, e->qx_k, e->nqh, nkv, hd, pos + 1, (size_t)e->ctx,
+                                       e->scale, e->imp_sc, y->imp, (size_t)e->ctx, s));
+                TRY(dsq_pack_ready(e, y, pos + 1));
+                break;
+            }
+            case L_QDQ: {
+                TRY(qdq_maybe_pack(e, y, pos + 1));
+                eng_kivi_layer kv = qdq_view(e, y);
+                CK(eng_kivi_expand(&kv, pos + 1, e->qx_k, e->qx_v, (size_t)e->ctx, s));
+                TRY(attend_dense(e, e->qx_k, e->qx_v, (size_t)e->ctx * hd, pos + 1, s));
+                break;
+            }
             case L_SPARSE:
                 if (wants_pred(e, l)) {
                     CK(cudaStreamWaitEvent(s, e->ev_sel[l], 0));
@@ -1197,6 +1686,9 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     dfree(&e->ws);
     dfree(&e->dres_k);
     dfree(&e->dres_v);
+    dfree(&e->qx_k);
+    dfree(&e->qx_v);
+    dfree(&e->imp_sc);
     dfree(&e->chans);
     dfree(&e->sel[0]);
     dfree(&e->sel[1]);
@@ -1452,6 +1944,22 @@ kv_status kv_gpu_engine_layer_bytes(const kv_gpu_engine *e, int layer, kv_bytes 
     case L_OFFLOAD:
         b->host = 2 * nkv * T * hd * 2;
         break;
+    case L_STREAM: {
+        uint64_t S = (uint64_t)y->prm.sink, W = (uint64_t)y->prm.window;
+        uint64_t held = T < S ? T : S + (T - S < W ? T - S : W);
+        b->resident = 2 * nkv * held * hd * 2;
+        break;
+    }
+    case L_DSQ: { /* as kv_policy_dsq.c: packed windows (one mask for K and V) + fp16 rest */
+        int Tp = y->packed * y->dp.window;
+        kv_dsq_sizes ds;
+        kv_dsq_part_sizes(KV_KIVI_KEYS, &y->dp, e->nkv, Tp, e->hd, &ds);
+        b->resident = kv_dsq_bytes(KV_KIVI_KEYS, &y->dp, e->nkv, Tp, e->hd) +
+                      kv_dsq_bytes(KV_KIVI_VALUES, &y->dp, e->nkv, Tp, e->hd) - ds.mask +
+                      2 * nkv * (T - (uint64_t)Tp) * hd * 2;
+        break;
+    }
+    case L_QDQ: /* the same bytes as L_QUANT (the fp16 expansion is per-step scratch) */
     case L_QUANT: {
         uint64_t crow = kv_kivi_row_bytes(e->hd, y->kp.bits), nq = (uint64_t)y->nq;
         uint64_t gv = (uint64_t)kv_kivi_vgroup(y->kp.group, e->hd);

@@ -16,17 +16,21 @@
 
 void kv_profile_params_default(kv_profile_params *p)
 {
+    /* Sizes come from the deploy defaults (themselves the policy defaults),
+       so the errors measured here are those of the config written out. */
+    kv_deploy d;
+    kv_deploy_defaults(&d);
     p->alpha = 0.05;
     p->tau = 0.2;
     p->nq = 32;
-    p->bits = 1;
-    p->group = KV_KIVI_DEFAULT_GROUP;
-    p->residual = KV_KIVI_DEFAULT_RESIDUAL;
-    p->budget = 128;
-    p->budget_frac = 0;
-    p->channels = 8;
-    p->sink = 8;
-    p->window = 56;
+    p->bits = d.bits;
+    p->group = d.group;
+    p->residual = d.residual;
+    p->budget = d.budget;
+    p->budget_frac = d.budget_frac;
+    p->channels = d.channels;
+    p->sink = d.sink;
+    p->window = d.window;
 }
 
 // --- attention ---------------------------------------------------------------

@@ -39,7 +39,7 @@ static const kv_cli_spec spec = {
     "One layer, batch 1, random fp16 data; inputs are rotated among enough copies to\n"
     "exceed L2 four times.  Bytes: fp16 K+V (fp16 path), codes + scales + zeros +\n"
     "fp16 residual of K and V (packed paths), plus q and the output.\n"
-    "Exit status: 0 ok, 64 usage, 69 no usable GPU or no CUDA build, 70 internal."};
+    "Without a usable GPU (or a CUDA build) it exits 69."};
 
 #define MAXC 16
 

@@ -53,7 +53,7 @@ static const kv_cli_spec spec = {
     "Decode ms/token per KV placement on the GPU, with transfer ceilings.", opts,
     "Batch 1; the context is synthesized on the device and in pinned host memory from a\n"
     "seeded generator (no prefill); ms/token is the median of per-step GPU times.\n"
-    "Exit status: 0 ok, 64 usage, 69 no usable GPU or no CUDA build, 70 internal."};
+    "Exit 69 means no usable GPU or a build without CUDA."};
 
 enum { P_FULL, P_QUANT, P_HYBRID, P_SKETCH, P_OFFLOAD, P_COUNT };
 static const char *const pnames[P_COUNT] = {"full", "quant", "hybrid", "hybrid-sketch", "offload"};

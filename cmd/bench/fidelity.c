@@ -41,8 +41,7 @@ static const kv_cli_spec spec = {
     "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -p SPEC...",
     "KL divergence, top-1 agreement and perplexity of KV policies against full.", opts,
     "KL(reference || policy) in nats per position, over the positions predicted by\n"
-    "decode steps after the prefix.\n"
-    "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 70 internal."};
+    "decode steps after the prefix."};
 
 int kv_bench_fidelity_main(int argc, char **argv)
 {

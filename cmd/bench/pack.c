@@ -40,7 +40,7 @@ static const kv_cli_spec spec = {
     "GPU rate: (fp16 bytes read + packed bytes written) per second, against the device\n"
     "copy bandwidth (bytes read + written) of the same run.  CPU rate: fp16 input bytes\n"
     "per second (kv_kivi_pack takes float32 made from fp16 data).\n"
-    "Exit status: 0 ok, 64 usage, 69 no usable GPU (use --cpu-only), 70 internal."};
+    "Without a usable GPU it exits 69 (use --cpu-only)."};
 
 int kv_bench_pack_main(int argc, char **argv)
 {

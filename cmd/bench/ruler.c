@@ -42,8 +42,7 @@ static const kv_cli_spec spec = {
     "Needle accuracy and KV bytes of each policy on RULER JSONL tasks.", opts,
     "Modes: 'question' prefills the haystack up to the last \"\\nQuestion:\" densely and\n"
     "decodes the question and answer through the policy; 'prefill' prefills the whole\n"
-    "prompt densely (the first answer token then comes from dense attention).\n"
-    "Exit status: 0 ok, 64 usage, 65 bad task file, 66 no input, 70 internal."};
+    "prompt densely (the first answer token then comes from dense attention)."};
 
 typedef struct {
     const char *policy;

@@ -49,3 +49,18 @@ load helper
         assert_success
     done
 }
+
+@test "kv-bench decode --help states the exit status table exactly once" {
+    run --separate-stderr kv-bench decode --help
+    assert_success
+    [ "$(grep -c '^Exit status:' <<<"$output")" -eq 1 ]
+    [[ "$output" == *"--policies"* ]]
+}
+
+@test "kv-bench decode without a usable GPU exits 69 with one message" {
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
+    run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+    [ -z "$output" ]
+    [ "$(wc -l <<<"$stderr")" -eq 1 ]
+}

@@ -19,9 +19,12 @@ q.random_kvc('$WORK/other.kvc', 13, L=2, NH=4, H=2, T=150, D=32, nq=8)"
     [[ "$output" == *"--svg"* ]]
 }
 
-@test "kv-profile --version exits 0" {
-    run kv-profile --version
+@test "kv-profile --version names the tool version, the kvc format version and CUDA status" {
+    run --separate-stderr kv-profile --version
     assert_success
+    [[ "${lines[0]}" =~ ^kv-profile\ [0-9]+\.[0-9]+\.[0-9]+$ ]]
+    [[ "$output" == *"kvc format version "[0-9]* ]]
+    [[ "$output" == *"CUDA: "* ]]
 }
 
 @test "kv-profile rejects an unknown option with exit 64" {
@@ -126,4 +129,17 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
 @test "kv-profile's man page documents every option its --help lists and every exit status" {
     run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-profile.1" kv-profile
     assert_success
+}
+
+@test "kv-profile leaves no SVG behind when stdout cannot be written (exit 74)" {
+    run --separate-stderr bash -c 'kv-profile --svg "$2" "$1" > /dev/full' _ "$WORK/a.kvc" "$BATS_TEST_TMPDIR/h.svg"
+    assert_fails_with 74 "write error"
+    [ -z "$(find "$BATS_TEST_TMPDIR" -name '*h.svg*')" ]
+}
+
+@test "kv-profile rejects an --svg path it cannot create with exit 73 and no JSON" {
+    touch "$BATS_TEST_TMPDIR/afile"
+    run --separate-stderr kv-profile --svg "$BATS_TEST_TMPDIR/afile/h.svg" "$WORK/a.kvc"
+    assert_fails_with 73 "afile/h.svg"
+    [ -z "$output" ]
 }

@@ -17,10 +17,12 @@ q.random_kvc('$WORK/r.kvc', 7, L=3, NH=4, H=2, T=300, D=64, nq=8)"
     [[ "$output" == *"--decode"* ]]
 }
 
-@test "kv-quant --version exits 0" {
-    run kv-quant --version
+@test "kv-quant --version names the tool version, the kvc format version and CUDA status" {
+    run --separate-stderr kv-quant --version
     assert_success
-    [[ "$output" == *"0."* ]]
+    [[ "${lines[0]}" =~ ^kv-quant\ [0-9]+\.[0-9]+\.[0-9]+$ ]]
+    [[ "$output" == *"kvc format version "[0-9]* ]]
+    [[ "$output" == *"CUDA: "* ]]
 }
 
 @test "kv-quant rejects an unknown option with exit 64" {
@@ -174,4 +176,10 @@ PYEOF
 @test "kv-quant's man page documents every option its --help lists and every exit status" {
     run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-quant.1" kv-quant
     assert_success
+}
+
+@test "kv-quant commits no .kvc when its --report - cannot be written (exit 74)" {
+    run --separate-stderr bash -c 'kv-quant "$1" --report - -o "$2" > /dev/full' _ "$WORK/r.kvc" "$BATS_TEST_TMPDIR/q.kvc"
+    assert_fails_with 74 "write error"
+    [ -z "$(find "$BATS_TEST_TMPDIR" -name '*q.kvc*')" ]
 }

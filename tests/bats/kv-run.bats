@@ -16,10 +16,12 @@ MODEL="$S260/stories260K.bin"
     [ -z "$stderr" ]
 }
 
-@test "kv-run --version prints the version" {
-    run kv-run --version
+@test "kv-run --version names the tool version, the kvc format version and CUDA status" {
+    run --separate-stderr kv-run --version
     assert_success
-    assert_output --partial "0."
+    [[ "${lines[0]}" =~ ^kv-run\ [0-9]+\.[0-9]+\.[0-9]+$ ]]
+    [[ "$output" == *"kvc format version "[0-9]* ]]
+    [[ "$output" == *"CUDA: "* ]]
 }
 
 @test "kv-run rejects an unknown option with exit 64" {
@@ -286,4 +288,21 @@ JSON
 @test "kv-run's man page documents every option its --help lists and every exit status" {
     run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-run.1" kv-run
     assert_success
+}
+
+@test "kv-run names the layer and policy of a bad policy parameter once (exit 64)" {
+    run --separate-stderr kv-run -m "$MODEL" --policy "streaming:window=0,sink=0" -p hi -n 3
+    assert_fails_with 64 "layer 0 policy streaming"
+    [ "$(grep -o 'layer 0 policy streaming' <<<"$stderr" | wc -l)" -eq 1 ]
+    [ -z "$output" ]
+}
+
+@test "kv-run reports a full stdout once, with exit 74 and the real cause" {
+    run --separate-stderr bash -c 'kv-run -m "$1" -p hi -n 5 > /dev/full' _ "$MODEL"
+    assert_fails_with 74 "write error on stdout"
+    [ "$(wc -l <<<"$stderr")" -eq 1 ]
+    [[ "$stderr" != *"tokenizer"* ]]
+    run --separate-stderr bash -c 'kv-run -m "$1" -p hi -n 5 --report - > /dev/full' _ "$MODEL"
+    assert_fails_with 74 "write error on stdout"
+    [ "$(wc -l <<<"$stderr")" -eq 1 ]
 }
