@@ -194,39 +194,39 @@ noreturn void kv_cli_usage_error(const char *fmt, ...)
     exit(KV_EXIT_USAGE);
 }
 
+/* "prog: message\n" on stderr, clearing any progress line first. */
+static void vmessage(const char *fmt, va_list ap)
+{
+    kv_progress_done();
+    fprintf(stderr, "%s: ", progname);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 void kv_warn(const char *fmt, ...)
 {
     if (kv_verbosity < 0) return;
     va_list ap;
-    kv_progress_done();
-    fprintf(stderr, "%s: ", progname);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vmessage(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 void kv_note(int level, const char *fmt, ...)
 {
     if (kv_verbosity < level) return;
     va_list ap;
-    kv_progress_done();
-    fprintf(stderr, "%s: ", progname);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vmessage(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 noreturn void kv_die(int exit_code, const char *fmt, ...)
 {
     va_list ap;
-    kv_progress_done();
-    fprintf(stderr, "%s: ", progname);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vmessage(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     exit(exit_code);
 }
 
