@@ -59,8 +59,8 @@ int main(int argc, char **argv)
                                      "Batch benchmarks for kvtools.", no_opts, NULL};
     kv_cli_init(&spec, argc, argv);
     if (argc < 2) {
-        fprintf(stderr, "kv-bench: missing subcommand\n");
-        usage(stderr);
+        fprintf(stderr, "kv-bench: missing subcommand\n"
+                        "usage: kv-bench SUBCOMMAND [OPTIONS]\nTry 'kv-bench --help' for more information.\n");
         return KV_EXIT_USAGE;
     }
     const char *sub = argv[1];
@@ -84,8 +84,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "kv-bench: subcommand '%s' is not built into this binary\n", sub);
             return KV_EXIT_UNAVAILABLE;
         }
-        fprintf(stderr, "kv-bench: unknown subcommand '%s'\n", sub);
-        usage(stderr);
+        fprintf(stderr, "kv-bench: unknown subcommand '%s'\n"
+                        "usage: kv-bench SUBCOMMAND [OPTIONS]\nTry 'kv-bench --help' for more information.\n",
+                sub);
         return KV_EXIT_USAGE;
     }
     return fn(argc - 1, argv + 1);

@@ -134,6 +134,11 @@ int main(int argc, char **argv)
     if (bits > 0 && o.method == KV_ENC_DSQ) o.dsq.bits = (int)bits;
     if (group > 0 && o.method == KV_ENC_DSQ) o.dsq.group = (int)group;
     o.decode = decode;
+    /* An option of the other method would silently do nothing. */
+    if (!decode && o.method == KV_ENC_KIVI && (window > 0 || salient >= 0))
+        kv_cli_usage_error("--window and --salient go with --method dsq");
+    if (!decode && o.method == KV_ENC_DSQ && residual >= 0)
+        kv_cli_usage_error("--residual goes with --method kivi");
     if (!decode) {
         st = o.method == KV_ENC_DSQ ? kv_dsq_check(&o.dsq, g->head_dim)
                                     : kv_kivi_check(&o.kivi, g->head_dim);

@@ -7,8 +7,14 @@
  *   full    — the K/V cache on the GPU (or, with opts.offload, in pinned host
  *             memory, each layer copied in per step on a copy stream while
  *             the previous layer computes: the `offload` baseline);
- *   quant   — KIVI-packed K/V resident on the GPU (1/2 bits), attention
- *             straight from the packed data (kernels/kv_kernels.h);
+ *   quant   — KIVI-packed K/V resident on the GPU, attention straight from
+ *             the packed data (kernels/kv_kernels.h) at head_dim 128, 1 or
+ *             2 bits; any other geometry keeps the same packed bytes
+ *             (packed on the host with lib/kv_quant.c's code as groups
+ *             fill) and expands them to an fp16 scratch each step for the
+ *             fp16 attention: correct, not fast;
+ *   streaming — sink + recent-window rows on the GPU (a ring), exact
+ *             attention over the tokens the CPU policy keeps;
  *   sparse  — the prompt's K/V in pinned host memory (one row per token with
  *             every KV head's K and V; keys also channel-major), the GPU
  *             keeping sink, recent and generated tokens; the layer's query is
@@ -16,7 +22,8 @@
  *             run on a second stream while the previous layer computes.
  *             opts.select = SKETCH scores tokens from a resident 1-bit sketch
  *             of the keys instead of fetching critical channels.
- * streaming and dsq are not on the GPU engine (KV_E_UNSUPPORTED).
+ * dsq is not on the GPU engine yet (KV_E_UNSUPPORTED; an unfinished
+ * placement is behind KV_GPU_DSQ=1 for development, see kv_gpu_engine.c).
  *
  * Without CUDA in the build, or without a usable device, kv_gpu_engine_new
  * fails with KV_E_UNAVAILABLE and a one-line reason; nothing else may be

@@ -4,6 +4,8 @@
  */
 #include "kv_niah.h"
 
+#include "kv_file.h"
+
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
@@ -13,38 +15,6 @@
 #include <time.h>
 
 // --- reading ------------------------------------------------------------
-
-kv_status kv_file_read_all(const char *path, char **buf, size_t *len)
-{
-    *buf = NULL;
-    *len = 0;
-    bool is_stdin = !strcmp(path, "-");
-    FILE *f = is_stdin ? stdin : fopen(path, "rb");
-    if (!f) return kv_fail(KV_E_NOINPUT, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    while (b) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(b, cap * 2);
-            if (!nb) break;
-            b = nb;
-            cap *= 2;
-        }
-        size_t got = fread(b + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    bool err = !b || ferror(f);
-    if (!is_stdin) fclose(f);
-    if (err) {
-        free(b);
-        return b ? kv_fail(KV_E_IO, "%s: read error", path) : kv_fail(KV_E_NOMEM, "%s", path);
-    }
-    b[n] = 0;
-    *buf = b;
-    *len = n;
-    return KV_OK;
-}
 
 static void task_free(kv_niah_task *t)
 {
@@ -162,7 +132,7 @@ kv_status kv_niah_load(const char *path, kv_niah_set *out)
     size_t len;
     out->tasks = NULL;
     out->n = 0;
-    kv_status st = kv_file_read_all(path, &buf, &len);
+    kv_status st = kv_file_slurp(path, 0, "tasks", &buf, &len);
     if (st) return st;
     st = kv_niah_parse(buf, len, strcmp(path, "-") ? path : "<stdin>", out);
     free(buf);

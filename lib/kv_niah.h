@@ -42,13 +42,10 @@ typedef struct {
     int n;
 } kv_niah_set;
 
-/* Read a whole file ("-" = stdin) into a NUL-terminated malloc'd buffer. */
-kv_status kv_file_read_all(const char *path, char **buf, size_t *len);
-
 /* Parse RULER JSONL text (name is used in messages: "name:LINE: ..."). Blank
  * lines are skipped; any other bad line is KV_E_DATA with its number. */
 kv_status kv_niah_parse(const char *text, size_t len, const char *name, kv_niah_set *out);
-/* kv_file_read_all + kv_niah_parse; a missing file is KV_E_NOINPUT. */
+/* kv_file_slurp + kv_niah_parse; a missing file is KV_E_NOINPUT. */
 kv_status kv_niah_load(const char *path, kv_niah_set *out);
 void kv_niah_free(kv_niah_set *s);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "kv_file.h"
 #include "kv_compare.h"
 #include "kv_engine.h"
 #include "kv_niah.h"
@@ -94,7 +95,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
         }
     }
     const char *in = text ? text : tokfile;
-    if ((st = kv_file_read_all(in, &buf, &len))) {
+    if ((st = kv_file_slurp(in, 0, "text", &buf, &len))) {
         rc = kv_report(st, "%s", in);
         goto out;
     }

@@ -64,3 +64,20 @@ load helper
     [ -z "$output" ]
     [ "$(wc -l <<<"$stderr")" -eq 1 ]
 }
+
+@test "kv-bench rejects an unknown subcommand with one line and a short usage (64)" {
+    run --separate-stderr kv-bench nope
+    assert_fails_with 64 "unknown subcommand 'nope'"
+    [ "$(printf '%s\n' "$stderr" | wc -l)" -le 3 ]
+    [ -z "$output" ]
+}
+
+@test "kv-bench without a subcommand is a usage error (64)" {
+    run --separate-stderr kv-bench
+    assert_fails_with 64 "missing subcommand"
+}
+
+@test "kv-bench ruler reports a directory given as --tasks with exit 66" {
+    run --separate-stderr kv-bench ruler -m "$DATA/niah4k/niah4k.bin" -t "$DATA/niah4k/tok259.bin" --tasks "$BATS_TEST_TMPDIR"
+    assert_fails_with 66 "is a directory"
+}

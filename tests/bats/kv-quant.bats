@@ -183,3 +183,13 @@ PYEOF
     assert_fails_with 74 "write error"
     [ -z "$(find "$BATS_TEST_TMPDIR" -name '*q.kvc*')" ]
 }
+
+@test "kv-quant rejects an option of the other method with exit 64" {
+    run --separate-stderr kv-quant --window 32 -o "$BATS_TEST_TMPDIR/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "--method dsq"
+    run --separate-stderr kv-quant --method dsq --residual 16 -o "$BATS_TEST_TMPDIR/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "--method kivi"
+    [ ! -e "$BATS_TEST_TMPDIR/x.kvc" ]
+    run --separate-stderr kv-quant --method dsq --window 32 --salient 0.25 -o "$BATS_TEST_TMPDIR/x.kvc" "$WORK/r.kvc"
+    assert_success
+}

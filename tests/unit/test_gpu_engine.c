@@ -895,6 +895,11 @@ static void test_bad_requests_fail_cleanly(void)
     OK(kv_policy_parse("*=dsq:keep=0.5", m->cfg.n_layers, pp));
     st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
     KT_CHECK(st == KV_E_UNSUPPORTED && !g, "dsq with HCAP: status %d", (int)st);
+    if (!getenv("KV_GPU_DSQ")) { /* dsq is off on the GPU unless asked for (development) */
+        OK(kv_policy_parse("*=dsq", m->cfg.n_layers, pp));
+        st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
+        KT_CHECK(st == KV_E_UNSUPPORTED && !g, "dsq: status %d", (int)st);
+    }
     OK(kv_policy_parse("*=quant:bits=1", m->cfg.n_layers, pp)); /* head_dim 16 */
     st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
     KT_CHECK(st == KV_OK && g, "quant at head_dim 16: %s", kv_errdetail());
@@ -958,14 +963,18 @@ int main(void)
     KT_RUN(test_stories260k_full_matches_cpu);
     KT_RUN(test_stories260k_streaming_matches_cpu);
     KT_RUN(test_stories260k_quant_matches_cpu);
-    KT_RUN(test_stories260k_dsq_matches_cpu);
+    /* dsq on the GPU is unfinished (kv_gpu_engine.c): its comparisons run
+     * only when it is switched on for that work */
+    if (getenv("KV_GPU_DSQ")) KT_RUN(test_stories260k_dsq_matches_cpu);
+    else KT_SKIP(test_stories260k_dsq_matches_cpu, "dsq is off on the GPU engine (KV_GPU_DSQ=1)");
     KT_RUN(test_offload_equals_full_on_gpu);
     KT_RUN(test_niah4k_full_matches_cpu);
     KT_RUN(test_niah4k_sparse_matches_cpu);
     KT_RUN(test_niah4k_sketch_runs_close_to_full);
     KT_RUN(test_niah4k_quant_matches_cpu);
     KT_RUN(test_niah4k_streaming_matches_cpu);
-    KT_RUN(test_niah4k_dsq_matches_cpu);
+    if (getenv("KV_GPU_DSQ")) KT_RUN(test_niah4k_dsq_matches_cpu);
+    else KT_SKIP(test_niah4k_dsq_matches_cpu, "dsq is off on the GPU engine (KV_GPU_DSQ=1)");
     KT_RUN(test_hybrid_bytes_follow_the_layout);
     KT_RUN(test_bad_requests_fail_cleanly);
 #endif
