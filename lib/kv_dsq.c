@@ -43,28 +43,135 @@ static inline float imp_of(const float *imp, int t)
 
 void kv_dsq_select(const float *imp, int W, int S, uint8_t *mask)
 {
-    /* S passes of "largest not yet taken": O(W*S), and the strict > keeps
-     * the earliest of equal values, which is the documented tie rule. */
-    uint8_t taken[4096];
+    /* The S largest, NaN counted as -inf, the earlier of equal values
+     * first (the documented tie rule).  One pass in token order keeps the
+     * best so far sorted, best first: a later token enters only when
+     * strictly larger than the last kept, and goes after every kept value
+     * it does not exceed, so equal values stay in token order.  Same set as
+     * S passes of "largest not yet taken", at about W compares instead of
+     * W*S (it was ~10% of the packing time). */
+    float kv[4096];
+    int kt[4096];
+    int n = 0;
     memset(mask, 0, (size_t)W / 8);
-    memset(taken, 0, (size_t)W);
-    for (int s = 0; s < S; s++) {
-        int best = -1;
-        float bv = -INFINITY;
-        for (int t = 0; t < W; t++) {
-            float v = imp_of(imp, t);
-            if (!taken[t] && (best < 0 || v > bv)) {
-                best = t;
-                bv = v;
-            }
+    if (S <= 0) return;
+    for (int t = 0; t < W; t++) {
+        float v = imp_of(imp, t);
+        if (n == S && !(v > kv[n - 1])) continue;
+        int i = n < S ? n++ : n - 1;
+        for (; i > 0 && v > kv[i - 1]; i--) {
+            kv[i] = kv[i - 1];
+            kt[i] = kt[i - 1];
         }
-        taken[best] = 1;
-        mask[best >> 3] |= (uint8_t)(1u << (best & 7));
+        kv[i] = v;
+        kt[i] = t;
     }
+    for (int i = 0; i < n; i++) mask[kt[i] >> 3] |= (uint8_t)(1u << (kt[i] & 7));
 }
 
 // --- one window -------------------------------------------------------------
 
+/* Bits of n codes, least significant first; the same word tricks as
+ * kv_quant.c's pack_bits, which is private to that file. */
+static inline void dsq_pack_bits(const uint8_t *q, int n, int bits, uint8_t *out)
+{
+    if (bits == 1) {
+        for (int j = 0; j < n / 8; j++) {
+            uint64_t v;
+            memcpy(&v, q + 8 * j, 8);
+            out[j] = (uint8_t)((v * 0x0102040810204080ull) >> 56);
+        }
+    } else if (bits == 2) {
+#pragma omp simd
+        for (int j = 0; j < n / 4; j++) {
+            uint32_t v;
+            memcpy(&v, q + 4 * j, 4);
+            out[j] = (uint8_t)(v | v >> 6 | v >> 12 | v >> 18);
+        }
+    } else {
+#pragma omp simd
+        for (int j = 0; j < n / 2; j++) {
+            uint16_t v;
+            memcpy(&v, q + 2 * j, 2);
+            out[j] = (uint8_t)(v | v >> 4);
+        }
+    }
+}
+
+/* kv_kivi_pack_value_row, byte for byte, without its per-element divisor
+ * and zero arrays and with the group extremes taken 8 lanes at a time
+ * (gcc leaves the library's reduction scalar).  Lane order can change
+ * which of two equal values is the extreme, which matters only for -0 vs
+ * +0 or NaN: a row with a NaN or with a zero extreme goes to the library
+ * routine, so the bytes never differ. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void dsq_pack_row(const float *x, int D, int gd, int bits, uint8_t *codes,
+                         kv_half *scale, kv_half *zero)
+{
+    const float maxq = (float)((1 << bits) - 1);
+    float mn[KV_QUANT_MAX_DIM], mx[KV_QUANT_MAX_DIM];
+    uint8_t q[KV_QUANT_MAX_DIM];
+    const int ng = D / gd;
+    int nan = 0;
+    if (gd % 8) goto slow;
+    for (int g = 0; g < ng; g++) {
+        const float *r = x + (size_t)g * gd;
+        float lo[8], hi[8];
+        int bad[8];
+        for (int l = 0; l < 8; l++) {
+            lo[l] = hi[l] = r[l];
+            bad[l] = 0;
+        }
+        for (int c = 0; c < gd; c += 8)
+#pragma omp simd
+            for (int l = 0; l < 8; l++) {
+                float v = r[c + l];
+                lo[l] = v < lo[l] ? v : lo[l];
+                hi[l] = v > hi[l] ? v : hi[l];
+                bad[l] |= v != v;
+            }
+        float a = lo[0], b = hi[0];
+        for (int l = 0; l < 8; l++) {
+            a = lo[l] < a ? lo[l] : a;
+            b = hi[l] > b ? hi[l] : b;
+            nan |= bad[l];
+        }
+        if (nan || a == 0.0f || b == 0.0f) goto slow;
+        mn[g] = a;
+        mx[g] = b;
+    }
+    for (int g = 0; g < ng; g++) {
+        /* the library's group_params */
+        scale[g] = kv_f32_to_half((mx[g] - mn[g]) / maxq);
+        zero[g] = kv_f32_to_half(mn[g]);
+        float s = kv_half_to_f32(scale[g]);
+        const float sd = (s > 0.0f && s < INFINITY) ? s : INFINITY;
+        const float z = kv_half_to_f32(zero[g]);
+        const float *r = x + (size_t)g * gd;
+        uint8_t *o = q + (size_t)g * gd;
+#pragma omp simd
+        for (int c = 0; c < gd; c++) {
+            float v = rintf((r[c] - z) / sd);
+            v = v > 0.0f ? v : 0.0f;
+            v = v < maxq ? v : maxq;
+            o[c] = (uint8_t)(int)v;
+        }
+    }
+    dsq_pack_bits(q, D, bits, codes);
+    return;
+slow:
+    kv_kivi_pack_value_row(x, D, gd, bits, codes, scale, zero);
+}
+
+/* Built twice, SSE4.2 (the Makefile's x86-64-v2) and AVX2, the loader
+ * picking one by CPU: the loops are the same IEEE operations (no FMA, and
+ * -std=c11 keeps gcc from contracting), so both give the same bytes, and
+ * 8-float vectors nearly halve the divide and round work. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_dsq_params *p,
                         int D, const uint8_t *mask, int8_t *sal, kv_half *sscale, kv_half *base,
                         uint8_t *codes, kv_half *scale, kv_half *zero)
@@ -76,6 +183,12 @@ void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_d
     double sum[KV_QUANT_MAX_DIM];
     float d[KV_QUANT_MAX_DIM];
 
+    /* The salient pass below reads S scattered rows first, which the
+     * hardware prefetcher cannot follow: one cache-miss stall per row was
+     * ~45% of this function.  Asking for the whole window up front (it is
+     * 32 KiB at W 64, D 128) overlaps those misses. */
+    for (int t = 0; t < W; t++)
+        for (int c = 0; c < D; c += 16) __builtin_prefetch(x + (size_t)t * ld + c, 0, 3);
     for (int c = 0; c < D; c++) {
         amax[c] = 0;
         sum[c] = 0;
@@ -124,7 +237,7 @@ void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_d
                 src = d;
             }
             size_t so = (size_t)in * (D / gd);
-            kv_kivi_pack_value_row(src, D, gd, p->bits, codes + (size_t)in * rb, scale + so, zero + so);
+            dsq_pack_row(src, D, gd, p->bits, codes + (size_t)in * rb, scale + so, zero + so);
             in++;
         }
     }
