@@ -12,6 +12,8 @@
 #include "kv_model.h"
 #include "kv_tokenizer.h"
 
+#include "fuzz_run_model.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -35,17 +37,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         return 0;
     }
-    kv_model *m = NULL;
-    if (kv_model_load_mem(data, size, &m) == KV_OK) {
-        kv_engine *e = NULL;
-        if (kv_engine_new(m, NULL, 4, &e) == KV_OK) {
-            float *lg = malloc((size_t)m->cfg.vocab_size * sizeof *lg);
-            int toks[2] = {0, m->cfg.vocab_size - 1};
-            if (lg && kv_engine_prefill(e, toks, 2, lg) == KV_OK) kv_engine_step(e, 0, lg);
-            free(lg);
-            kv_engine_free(e);
-        }
-        kv_model_free(m);
-    }
+    fuzz_run_model(data, size);
     return 0;
 }
