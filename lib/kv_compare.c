@@ -6,14 +6,19 @@
 #include "kv_compare.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_engine.h"
 #include "kv_json.h"
+#include "kv_runner.h"
 #include "kv_tokenizer.h"
 
-void kv_compare_opts_default(kv_compare_opts *o) { o->prefix = 0; }
+void kv_compare_opts_default(kv_compare_opts *o)
+{
+    o->prefix = 0;
+    o->device = KV_DEVICE_CPU;
+}
 
 void kv_compare_result_free(kv_compare_result *r)
 {
@@ -48,7 +53,7 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
     if (P > n - 2)
         return kv_fail(KV_E_USAGE, "prefix of %d tokens leaves nothing to compare in %d tokens", P, n);
     for (int i = 0; i < n_pol; i++) memset(&res[i], 0, sizeof res[i]);
-    kv_engine **eng = calloc((size_t)E, sizeof *eng);
+    kv_runner **eng = calloc((size_t)E, sizeof *eng);
     float *logits = malloc((size_t)E * (size_t)V * sizeof(float));
     double *lref = malloc((size_t)V * sizeof(double)), *lpol = malloc((size_t)V * sizeof(double));
     const int ns = n - P - 1;
@@ -59,16 +64,20 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
         res[i].agree = calloc((size_t)ns, 1);
         if (!res[i].kl || !res[i].agree) st = kv_fail(KV_E_NOMEM, "compare results");
     }
+    /* The reference picks the device (AUTO resolves there); the policies
+     * follow it, so that every number compares runs of one device. */
+    kv_device dev = o ? o->device : KV_DEVICE_CPU;
     for (int e = 0; e < E && st == KV_OK; e++) {
-        st = kv_engine_new(m, e == 0 ? ref : pols[e - 1], n, &eng[e]);
+        st = kv_runner_new(m, e == 0 ? ref : pols[e - 1], n, dev, NULL, &eng[e]);
         if (st) kv_errcontext("%s engine", e == 0 ? "reference" : "policy");
+        if (st == KV_OK && e == 0) dev = kv_runner_is_gpu(eng[0]) ? KV_DEVICE_CUDA : KV_DEVICE_CPU;
     }
-    for (int e = 0; e < E && st == KV_OK; e++) st = kv_engine_prefill(eng[e], tokens, P, NULL);
+    for (int e = 0; e < E && st == KV_OK; e++) st = kv_runner_prefill(eng[e], tokens, P, NULL);
     double nref = 0.0;
     for (int t = P; t < n - 1 && st == KV_OK; t++) {
         /* step token t; the logits predict token t+1 */
         for (int e = 0; e < E && st == KV_OK; e++)
-            st = kv_engine_step(eng[e], tokens[t], logits + (size_t)e * (size_t)V);
+            st = kv_runner_step(eng[e], tokens[t], logits + (size_t)e * (size_t)V);
         if (st) break;
         const int k = t - P, next = tokens[t + 1];
         int am_ref = log_softmax(logits, V, lref);
@@ -100,12 +109,13 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
             r->ppl_ref = exp(r->nll_ref);
             r->ppl_pol = exp(r->nll_pol);
             r->ppl_diff = r->ppl_pol - r->ppl_ref;
-            kv_engine_bytes(eng[0], &r->bytes_ref);
-            kv_engine_bytes(eng[i + 1], &r->bytes_pol);
+            kv_runner_bytes(eng[0], &r->bytes_ref);
+            kv_runner_bytes(eng[i + 1], &r->bytes_pol);
+            snprintf(r->device, sizeof r->device, "%s", kv_runner_device(eng[0]));
         }
     if (st)
         for (int i = 0; i < n_pol; i++) kv_compare_result_free(&res[i]);
-    for (int e = E - 1; eng && e >= 0; e--) kv_engine_free(eng[e]);
+    for (int e = E - 1; eng && e >= 0; e--) kv_runner_free(eng[e]);
     free(lpol);
     free(lref);
     free(logits);
@@ -159,6 +169,8 @@ kv_status kv_compare_print(FILE *f, bool json, const char *model, const char *re
         kv_json_string(f, model);
         fprintf(f, ", \"reference\": ");
         kv_json_string(f, ref_name);
+        fprintf(f, ", \"device\": ");
+        kv_json_string(f, r0->device);
         fprintf(f, ", \"n_tokens\": %d, \"prefix\": %d, \"n_scored\": %d, \"ppl_reference\": ",
                 r0->n_tokens, r0->prefix, r0->n_scored);
         kv_json_number(f, r0->ppl_ref);
@@ -192,6 +204,7 @@ kv_status kv_compare_print(FILE *f, bool json, const char *model, const char *re
         }
         fprintf(f, "\n]}\n");
     } else {
+        fprintf(f, "device: %s\n", r0->device);
         fprintf(f, "%d tokens, %d prefilled densely, %d positions scored; reference %s: ppl %.4f, %llu bytes\n",
                 r0->n_tokens, r0->prefix, r0->n_scored, ref_name, r0->ppl_ref,
                 (unsigned long long)r0->bytes_ref.resident);

@@ -20,10 +20,13 @@
 
 #include "kv_model.h"
 #include "kv_policy.h"
+#include "kv_runner.h"
 #include "kv_status.h"
 
 typedef struct {
-    int prefix; /* tokens prefilled densely; 0 = half of the sequence (at least 1) */
+    int prefix;       /* tokens prefilled densely; 0 = half of the sequence (at least 1) */
+    kv_device device; /* where the reference and every policy run (default CPU); AUTO
+                         picks the reference's device and holds the policies to it */
 } kv_compare_opts;
 
 typedef struct {
@@ -39,16 +42,22 @@ typedef struct {
     kv_bytes bytes_ref, bytes_pol; /* every layer summed, after the last step */
     double *kl;        /* (n_scored) per-position KL, malloc'd */
     unsigned char *agree; /* (n_scored) 1 where top-1 agrees */
+    char device[128];  /* where both ran: "cpu" or the GPU engine's device string */
 } kv_compare_result;
 
 void kv_compare_opts_default(kv_compare_opts *o);
 
 /*
- * Compare n_pol policies with a reference on tokens (n >= 3).
- *   ref:  (n_layers) reference parameters, NULL = `full` f32 on every layer
+ * Compare n_pol policies with a reference on tokens (n >= 3), every one on
+ * o->device: on the GPU the reference is the GPU engine's `full` (fp16
+ * weights and KV), so the numbers are "policy against full on the same
+ * device".  A policy the GPU engine lacks fails (KV_E_UNSUPPORTED), even
+ * with AUTO, rather than mixing devices.
+ *   ref:  (n_layers) reference parameters, NULL = `full` on every layer
+ *         (f32 on the CPU, fp16 on the GPU)
  *   pols: (n_pol) pointers, each to (n_layers) parameters
  *   res:  (n_pol) results, filled; free each with kv_compare_result_free
- * One engine per policy plus one for the reference, each of context n,
+ * One runner per policy plus one for the reference, each of context n,
  * advanced in lockstep (memory: n_pol + 1 caches; time: n_pol + 1 runs).
  */
 kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
@@ -64,7 +73,8 @@ void kv_compare_result_free(kv_compare_result *r);
 
 /*
  * Print results (one per policy, names[i] its spec) as JSON or as a table:
- * what kv-bench fidelity and kv-run --compare print.  model and ref_name
+ * what kv-bench fidelity and kv-run --compare print, with the device of
+ * res[0] ("device" in the JSON, a line of the table).  model and ref_name
  * label the output; n_layers turns the per-layer attend count into steps;
  * per_position adds each result's per-position KL and agreement (JSON).
  * Returns KV_E_IO when f has an error.

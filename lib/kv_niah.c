@@ -1,6 +1,6 @@
 /*
  * kv_niah: RULER JSONL reading, string_match_all scoring, and the greedy
- * needle run through a kv_engine (see kv_niah.h for the two modes).
+ * needle run through a kv_runner (see kv_niah.h for the two modes).
  */
 #include "kv_niah.h"
 
@@ -198,7 +198,7 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-kv_status kv_niah_run(kv_engine *e, const kv_tokenizer *tok, const kv_policy_params *per_layer,
+kv_status kv_niah_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_params *per_layer,
                       const kv_niah_task *t, const kv_niah_opts *o, kv_niah_result *r)
 {
     memset(r, 0, sizeof *r);
@@ -222,14 +222,14 @@ kv_status kv_niah_run(kv_engine *e, const kv_tokenizer *tok, const kv_policy_par
             if (split < 1) split = 1;
         }
     }
-    const int ctx = kv_engine_ctx(e), vocab = kv_engine_vocab(e);
+    const int ctx = kv_runner_ctx(e), vocab = kv_runner_vocab(e);
     if (st == KV_OK && n > ctx)
         st = kv_fail(KV_E_USAGE, "task %d: prompt of %d tokens exceeds the context %d", t->index, n, ctx);
     if (st == KV_OK && !(logits = malloc((size_t)vocab * sizeof(float))))
         st = kv_fail(KV_E_NOMEM, "niah logits");
-    if (st == KV_OK) st = kv_engine_reset(e, per_layer);
-    if (st == KV_OK) st = kv_engine_prefill(e, ids, split, logits);
-    for (int i = split; i < n && st == KV_OK; i++) st = kv_engine_step(e, ids[i], logits);
+    if (st == KV_OK) st = kv_runner_reset(e, per_layer);
+    if (st == KV_OK) st = kv_runner_prefill(e, ids, split, logits);
+    for (int i = split; i < n && st == KV_OK; i++) st = kv_runner_step(e, ids[i], logits);
     r->prompt_tokens = n;
     r->dense_tokens = split;
     r->decoded = n - split;
@@ -253,8 +253,8 @@ kv_status kv_niah_run(kv_engine *e, const kv_tokenizer *tok, const kv_policy_par
         }
         prev = next;
         /* the last generated token needs no step; nor one past the context */
-        if (g + 1 < o->gen && kv_engine_pos(e) < ctx) {
-            st = kv_engine_step(e, next, logits);
+        if (g + 1 < o->gen && kv_runner_pos(e) < ctx) {
+            st = kv_runner_step(e, next, logits);
             r->decoded++;
         } else if (g + 1 < o->gen) {
             break;
@@ -262,11 +262,11 @@ kv_status kv_niah_run(kv_engine *e, const kv_tokenizer *tok, const kv_policy_par
     }
     if (pred) pred[plen] = 0;
     if (st == KV_OK) {
-        kv_engine_bytes(e, &r->bytes);
+        kv_runner_bytes(e, &r->bytes);
         int steps = r->decoded;
         r->fetched_per_step = steps > 0 ? (double)r->bytes.fetched_total / steps : 0.0;
-        const kv_model *m = kv_engine_model(e);
-        r->full_bytes = 2.0 * m->cfg.n_layers * m->cfg.n_kv_heads * (double)kv_engine_pos(e) *
+        const kv_model *m = kv_runner_model(e);
+        r->full_bytes = 2.0 * m->cfg.n_layers * m->cfg.n_kv_heads * (double)kv_runner_pos(e) *
                         m->cfg.head_dim * 2.0;
         r->score = kv_niah_score(t, pred);
         r->pred = pred;

@@ -1,8 +1,8 @@
 /*
  * kv_niah: needle-in-a-haystack evaluation in RULER's format.  Reads RULER
  * JSONL task files (one object per line: index, input, outputs, length),
- * runs each prompt through a kv_engine under a set of per-layer policies,
- * generates greedily and scores like RULER's string_match_all: the fraction
+ * runs each prompt through a kv_runner (the CPU or the GPU engine) under a
+ * set of per-layer policies, generates greedily and scores like RULER's string_match_all: the fraction
  * of expected outputs that appear, case-insensitively, in the prediction.
  *
  * How the policy sees the needle (kv_niah_mode):
@@ -23,8 +23,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "kv_engine.h"
 #include "kv_policy.h"
+#include "kv_runner.h"
 #include "kv_status.h"
 #include "kv_tokenizer.h"
 
@@ -78,12 +78,14 @@ typedef struct {
 void kv_niah_opts_default(kv_niah_opts *o);
 
 /*
- * Run one task: reset e with per_layer (NULL keeps the engine's), encode
- * BOS + input with tok, prefill and decode per o->mode, generate o->gen
- * tokens greedily (fewer if the context fills up), score.  r->pred is
- * malloc'd: free it with kv_niah_result_free.
+ * Run one task on e (the CPU or the GPU engine): reset e with per_layer
+ * (NULL keeps the runner's), encode BOS + input with tok, prefill and
+ * decode per o->mode, generate o->gen tokens greedily (fewer if the context
+ * fills up), score.  r->pred is malloc'd: free it with kv_niah_result_free.
+ * On the GPU r->bytes.resident counts GPU bytes; r->full_bytes is the same
+ * fp16 figure on either device.
  */
-kv_status kv_niah_run(kv_engine *e, const kv_tokenizer *tok, const kv_policy_params *per_layer,
+kv_status kv_niah_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_params *per_layer,
                       const kv_niah_task *t, const kv_niah_opts *o, kv_niah_result *r);
 void kv_niah_result_free(kv_niah_result *r);
 

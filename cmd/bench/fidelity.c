@@ -3,7 +3,9 @@
  * drift from `full` on a text (lib/kv_compare): KL divergence, top-1
  * agreement, perplexity of both, and the bytes each policy keeps.  The
  * first --prefix tokens are prefilled densely; the rest are teacher-forced
- * through the policies.  A table on a terminal, JSON when piped or --json.
+ * through the policies.  --device runs the reference and every policy on
+ * the CPU engine or all on the GPU engine (lib/kv_runner).  A table on a
+ * terminal, JSON when piped or --json.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +15,7 @@
 #include "kv_file.h"
 #include "kv_compare.h"
 #include "kv_engine.h"
-#include "kv_niah.h"
+#include "kv_runner.h"
 #include "kv_tokenizer.h"
 
 int kv_bench_fidelity_main(int argc, char **argv);
@@ -21,7 +23,7 @@ int kv_bench_fidelity_main(int argc, char **argv);
 /* getopt returns the short letter for a short option: ids of options with
  * one are that letter */
 enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_TEXT = 256, O_TOKENS, O_PREFIX,
-       O_MAXTOK, O_REF, O_PERPOS, O_JSON, O_THREADS };
+       O_MAXTOK, O_REF, O_PERPOS, O_JSON, O_THREADS, O_DEVICE };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
@@ -29,12 +31,13 @@ static const kv_option opts[] = {
     {O_TEXT, 0, "text", "FILE|-", "text to score (encoded after BOS)"},
     {O_TOKENS, 0, "tokens", "FILE|-", "token ids instead of text (whitespace or JSON array)"},
     {O_POLICY, 'p', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
-    {O_REF, 0, "reference", "SPEC", "reference policy (default: full, f32)"},
+    {O_REF, 0, "reference", "SPEC", "reference policy (default: full; f32 on the CPU, fp16 on the GPU)"},
     {O_PREFIX, 0, "prefix", "N", "tokens prefilled densely (default: half of the sequence)"},
     {O_MAXTOK, 0, "max-tokens", "N", "use the first N tokens (default: the model's context)"},
     {O_PERPOS, 0, "per-position", NULL, "add each position's KL and top-1 agreement to the JSON"},
     {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
     {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -42,7 +45,8 @@ static const kv_cli_spec spec = {
     "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -p SPEC...",
     "KL divergence, top-1 agreement and perplexity of KV policies against full.", opts,
     "KL(reference || policy) in nats per position, over the positions predicted by\n"
-    "decode steps after the prefix."};
+    "decode steps after the prefix.  On the GPU (--device cuda) the reference and\n"
+    "every policy run on the GPU engine (fp16 weights and KV)."};
 
 int kv_bench_fidelity_main(int argc, char **argv)
 {
@@ -69,6 +73,9 @@ int kv_bench_fidelity_main(int argc, char **argv)
         case O_PERPOS: per_pos = true; break;
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
+        case O_DEVICE:
+            if (kv_device_parse(a, &co.device)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            break;
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
@@ -137,9 +144,12 @@ int kv_bench_fidelity_main(int argc, char **argv)
         }
     }
     if ((st = kv_compare_run_many(m, ids, n, refspec ? ref : NULL, pp, npol, &co, res))) {
-        rc = kv_report(st, "compare");
+        /* no usable GPU reads as kv-run's --device cuda error */
+        bool no_gpu = co.device == KV_DEVICE_CUDA && st == KV_E_UNAVAILABLE;
+        rc = kv_report(st, "%s", no_gpu ? "--device cuda" : "compare");
         goto out;
     }
+    kv_note(1, "ran on %s", res[0].device);
     if ((st = kv_compare_print(stdout, kv_want_json(stdout, json), model,
                                refspec ? refspec : "full", pols, res, npol, L, per_pos)))
         rc = kv_report(st, "stdout");

@@ -1,7 +1,8 @@
 /*
  * kv-bench ruler: needle-retrieval accuracy of KV policies on RULER JSONL
  * tasks (lib/kv_niah), per policy and per task length, with the bytes each
- * policy keeps resident, keeps in host memory and fetches per decode step.
+ * policy keeps resident, keeps in host memory and fetches per decode step,
+ * on the CPU engine or the GPU engine (--device, through lib/kv_runner).
  * A table on a terminal, JSON when piped or with --json.
  */
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "kv_engine.h"
 #include "kv_json.h"
 #include "kv_niah.h"
+#include "kv_runner.h"
 #include "kv_tokenizer.h"
 
 int kv_bench_ruler_main(int argc, char **argv);
@@ -20,7 +22,7 @@ int kv_bench_ruler_main(int argc, char **argv);
 /* getopt returns the short letter for a short option: ids of options with
  * one are that letter */
 enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_LENGTH = 'l', O_TASKS = 256, O_LIMIT,
-       O_MODE, O_GEN, O_PERTASK, O_JSON, O_THREADS };
+       O_MODE, O_GEN, O_PERTASK, O_JSON, O_THREADS, O_DEVICE, O_SELECT };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
@@ -34,6 +36,8 @@ static const kv_option opts[] = {
     {O_PERTASK, 0, "per-task", NULL, "include every task's prediction in the JSON"},
     {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
     {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -42,7 +46,8 @@ static const kv_cli_spec spec = {
     "Needle accuracy and KV bytes of each policy on RULER JSONL tasks.", opts,
     "Modes: 'question' prefills the haystack up to the last \"\\nQuestion:\" densely and\n"
     "decodes the question and answer through the policy; 'prefill' prefills the whole\n"
-    "prompt densely (the first answer token then comes from dense attention)."};
+    "prompt densely (the first answer token then comes from dense attention).\n"
+    "On the GPU (--device cuda) every policy runs on the GPU engine (fp16 weights and KV)."};
 
 typedef struct {
     const char *policy;
@@ -58,6 +63,9 @@ int kv_bench_ruler_main(int argc, char **argv)
     const char *pols[64];
     int npol = 0, lens[16], nlen = 0, limit = 0, oi;
     bool json = false, per_task = false;
+    kv_device dev = KV_DEVICE_CPU;
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
     kv_niah_opts no;
     kv_niah_opts_default(&no);
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -83,6 +91,13 @@ int kv_bench_ruler_main(int argc, char **argv)
         case O_PERTASK: per_task = true; break;
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
+        case O_DEVICE:
+            if (kv_device_parse(a, &dev)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            break;
+        case O_SELECT:
+            if (!strcmp(a, "sketch")) go.select = KV_GPU_SELECT_SKETCH;
+            else if (strcmp(a, "policy")) kv_cli_usage_error("--select must be policy or sketch");
+            break;
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
@@ -93,7 +108,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     int rc = KV_EXIT_OK;
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
-    kv_engine *e = NULL;
+    kv_runner *e = NULL;
     kv_niah_set set = {0};
     kv_policy_params *prm = NULL;
     row *rows = NULL;
@@ -119,10 +134,15 @@ int kv_bench_ruler_main(int argc, char **argv)
     }
     const int L = m->cfg.n_layers;
     prm = calloc((size_t)L, sizeof *prm);
-    if (!prm || (st = kv_engine_new(m, NULL, 0, &e))) {
-        rc = kv_report(prm ? st : KV_E_NOMEM, "engine");
+    if (!prm) {
+        rc = kv_report(KV_E_NOMEM, "engine");
         goto out;
     }
+    if ((st = kv_runner_new(m, NULL, 0, dev, &go, &e))) {
+        rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "engine");
+        goto out;
+    }
+    kv_note(1, "running on %s", kv_runner_device(e));
     /* the lengths to run: given, or every distinct length in file order */
     if (nlen == 0)
         for (int i = 0; i < set.n && nlen < 16; i++) {
@@ -189,6 +209,8 @@ int kv_bench_ruler_main(int argc, char **argv)
         kv_json_string(stdout, model);
         printf(", \"tasks\": ");
         kv_json_string(stdout, tasks);
+        printf(", \"device\": ");
+        kv_json_string(stdout, kv_runner_device(e));
         printf(", \"mode\": \"%s\", \"gen\": %d, \"results\": [",
                no.mode == KV_NIAH_QUESTION ? "question" : "prefill", no.gen);
         for (int i = 0; i < nrows; i++) {
@@ -216,6 +238,7 @@ int kv_bench_ruler_main(int argc, char **argv)
         }
         printf("\n]}\n");
     } else {
+        printf("device: %s\n", kv_runner_device(e));
         printf("%-40s %6s %4s %6s %12s %12s %14s %9s\n", "policy", "length", "n", "acc",
                "resident KiB", "host KiB", "fetched KiB/t", "ms/task");
         for (int i = 0; i < nrows; i++) {
@@ -232,7 +255,7 @@ out:
     free(preds);
     free(rows);
     free(prm);
-    kv_engine_free(e);
+    kv_runner_free(e);
     kv_tokenizer_free(tok);
     kv_model_free(m);
     kv_niah_free(&set);

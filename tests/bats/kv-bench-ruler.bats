@@ -125,3 +125,83 @@ fidelity() {
     [ "$(json_get 'abs(sum(j["results"][0]["agree"]) / j["n_scored"] - j["results"][0]["top1_agreement"]) < 1e-5')" = True ]
     [ "$(json_get 'j["results"][0]["kl_mean"] > 0')" = True ]
 }
+
+# --device: the same runs on the CPU or GPU engine (lib/kv_runner).  CI has
+# no GPU: these check the refusal, the fallback and that auto is then the
+# CPU run itself.
+no_gpu_or_skip() {
+    if kv-bench --version | grep -q '^GPU: NVIDIA'; then
+        skip "a GPU is present: --device cuda runs there"
+    fi
+}
+
+@test "kv-bench ruler --device cuda without a usable GPU exits 69 with one line" {
+    no_gpu_or_skip
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 --device cuda
+    assert_fails_with 69 "--device cuda"
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [ -z "$output" ]
+}
+
+@test "kv-bench fidelity --device cuda without a usable GPU exits 69 with one line" {
+    no_gpu_or_skip
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --device cuda
+    assert_fails_with 69 "--device cuda"
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [ -z "$output" ]
+}
+
+@test "kv-bench ruler and fidelity reject an unknown --device with exit 64" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --device bogus
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --device gpu
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
+}
+
+@test "kv-bench ruler --device auto without a GPU is the CPU run, device \"cpu\"" {
+    no_gpu_or_skip
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -p sparse --per-task
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["device"]')" = cpu ]
+    cpu="$output"
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -p sparse --per-task \
+        --device auto
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["device"]')" = cpu ]
+    # every number but the wall time is the same
+    strip='[{k: v for k, v in r.items() if k != "ms_per_task"} for r in j["results"]]'
+    [ "$(json_get "$strip")" = "$(output="$cpu" json_get "$strip")" ]
+    [ "$(json_get 'j["results"][0]["accuracy"]')" = 1 ]
+    [ "$(json_get 'j["results"][0]["fetched_bytes_per_step"] > 0')" = True ]
+}
+
+@test "kv-bench fidelity --device auto without a GPU is the CPU run, device \"cpu\"" {
+    no_gpu_or_skip
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --max-tokens 64 \
+        -p quant:bits=2,residual=8,group=8 --per-position --device cpu
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["device"]')" = cpu ]
+    [ "$(json_get 'j["results"][0]["kl_mean"] > 0')" = True ]
+    cpu="$output"
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --max-tokens 64 \
+        -p quant:bits=2,residual=8,group=8 --per-position --device auto
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["device"]')" = cpu ]
+    [ "$(json_get 'j["n_tokens"]')" -eq 64 ]
+    [ "$output" = "$cpu" ]
+}
+
+@test "kv-bench ruler and fidelity name the device in their table" {
+    command -v script >/dev/null || skip "no script(1) to give a terminal"
+    # stdout on a terminal: the table; stderr (progress) dropped
+    script -qec "$BIN/kv-bench fidelity --threads 1 --model $STORIES/stories260K.bin \
+        --tokenizer $STORIES/tok512.bin --text $STORIES/reference/greedy_bos_200.txt \
+        --max-tokens 32 -p full 2>/dev/null" /dev/null | tr -d '\r' >"$BATS_TEST_TMPDIR/t"
+    [ "$(head -n 1 "$BATS_TEST_TMPDIR/t")" = "device: cpu" ]
+    grep -q 'KL mean' "$BATS_TEST_TMPDIR/t"
+    script -qec "$BIN/kv-bench ruler --threads 1 --model $NIAH/niah4k.bin --tokenizer $NIAH/tok259.bin \
+        --tasks $NIAH/tasks-dev.jsonl -l 1024 --limit 1 --device cpu 2>/dev/null" /dev/null |
+        tr -d '\r' >"$BATS_TEST_TMPDIR/r"
+    [ "$(head -n 1 "$BATS_TEST_TMPDIR/r")" = "device: cpu" ]
+    grep -q 'resident KiB' "$BATS_TEST_TMPDIR/r"
+}

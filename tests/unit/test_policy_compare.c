@@ -1,7 +1,8 @@
 /*
  * Unit tests of lib/kv_compare on the seeded synthetic "tiny" model:
  * a policy identical to the reference diverges by exactly zero, lossy
- * policies by more, and the statistics are consistent with each other.
+ * policies by more, and the statistics are consistent with each other;
+ * the device defaults to the CPU, and AUTO without a GPU is the CPU run.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "kt.h"
 #include "kv_compare.h"
 #include "kv_engine.h"
+#include "kv_gpu.h"
 
 static kv_model *m;
 #define NT 64
@@ -68,6 +70,36 @@ static void test_lossy_diverges(void)
     kv_compare_result_free(&r4);
 }
 
+/* Without a GPU, AUTO runs the same CPU engines: identical numbers. */
+static void test_auto_without_gpu_is_the_cpu_run(void)
+{
+    kv_policy_params *p = calloc((size_t)m->cfg.n_layers, sizeof *p);
+    KT_REQUIRE(p, "oom");
+    KT_REQUIRE(kv_policy_parse("quant:bits=2,residual=0,group=8", m->cfg.n_layers, p) == KV_OK, "parse");
+    kv_compare_opts o;
+    kv_compare_opts_default(&o);
+    KT_CHECK(o.device == KV_DEVICE_CPU, "default device %d", (int)o.device);
+    o.prefix = 16;
+    kv_compare_result rc, ra;
+    kv_status sc = kv_compare_run(m, toks, NT, NULL, p, &o, &rc);
+    o.device = KV_DEVICE_AUTO;
+    kv_status sa = kv_compare_run(m, toks, NT, NULL, p, &o, &ra);
+    o.device = KV_DEVICE_CUDA;
+    kv_compare_result ru;
+    kv_status su = kv_compare_run(m, toks, NT, NULL, p, &o, &ru);
+    free(p);
+    KT_REQUIRE(sc == KV_OK && sa == KV_OK, "cpu %d auto %d: %s", (int)sc, (int)sa, kv_errdetail());
+    KT_CHECK(su == KV_E_UNAVAILABLE && ru.kl == NULL, "cuda without a GPU: status %d", (int)su);
+    KT_CHECK(!strcmp(rc.device, "cpu") && !strcmp(ra.device, "cpu"), "devices %s %s", rc.device, ra.device);
+    KT_CHECK(rc.kl_mean > 0 && rc.kl_mean == ra.kl_mean && rc.kl_max == ra.kl_max && rc.top1 == ra.top1 &&
+                 rc.ppl_pol == ra.ppl_pol && rc.ppl_ref == ra.ppl_ref,
+             "kl %g vs %g", rc.kl_mean, ra.kl_mean);
+    KT_CHECK(!memcmp(rc.kl, ra.kl, (size_t)rc.n_scored * sizeof *rc.kl), "per-position KL differs");
+    KT_CHECK(rc.bytes_pol.resident == ra.bytes_pol.resident, "bytes");
+    kv_compare_result_free(&rc);
+    kv_compare_result_free(&ra);
+}
+
 static void test_bad_arguments(void)
 {
     kv_compare_result r;
@@ -91,6 +123,11 @@ int main(void)
     KT_RUN(test_identical_is_zero);
     KT_RUN(test_lossy_diverges);
     KT_RUN(test_bad_arguments);
+    char gpu[256];
+    if (kv_gpu_probe(gpu, sizeof gpu) > 0)
+        KT_SKIP(test_auto_without_gpu_is_the_cpu_run, "a usable GPU is present");
+    else
+        KT_RUN(test_auto_without_gpu_is_the_cpu_run);
     kv_model_free(m);
     return kt_done();
 }
