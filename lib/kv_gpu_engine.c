@@ -192,7 +192,8 @@ struct kv_gpu_engine {
     int ld_dim, ld_qd, ld_hid;
     float eps, scale;
     bool own_attn;       /* KV_GPU_OWN_ATTN: eng_attend for every layer */
-    bool dsq_dev;        /* KV_GPU_DSQ: allow the unfinished dsq placement (development) */
+    unsigned sel_skip;   /* KV_GPU_SEL_SKIP (measurement only): selection steps left out,
+                            1 scores, 2 softmax/combine, 4 top-K, 8 gather, 16 query GEMV */
     eng_dtype wt;
     gw_layer *w;         /* (L) */
     void *embd, *outw;   /* (vocab, ld_dim) */
@@ -506,14 +507,13 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
             break;
         }
         case KV_POL_DSQ: {
-            /* The placement below matches the CPU policy on niah4k (windows
-             * packed at ingest, head_dim 64) but not on stories260K with
-             * windows of 16 packed during decode (logit error 0.28, H200,
-             * docs/BENCHMARKS.md "Every policy on the GPU"): refused until
-             * that is found; KV_GPU_DSQ=1 enables it for that work. */
-            if (!e->dsq_dev)
-                return kv_fail(KV_E_UNSUPPORTED, "layer %d: dsq is not available on the GPU "
-                               "engine yet (use --device cpu)", l);
+            /* Windows are packed on the host by lib/kv_dsq.c from importance
+             * accumulated on the GPU.  The salient choice is a ranking of
+             * accumulated attention, so an fp16-level difference can swap
+             * two near-tied tokens and then the window's whole quantization
+             * noise differs from the CPU's: the device tests compare the
+             * packing exactly with salient=0 and the policy's fidelity
+             * statistics otherwise (tests/unit/test_gpu_engine.c). */
             y->kind = L_DSQ;
             kv_dsq_params_default(&y->dp);
             y->dp.window = p->dsq_window;
@@ -1186,8 +1186,9 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
             if (e->o.select == KV_GPU_SELECT_SKETCH) {
                 /* per-head scores then the softmax pass: eng_sketch_combine avoids
                  * writing the scores but measured slower (docs/BENCHMARKS.md, GPU decode) */
-                CK(eng_score_sketch(q, y->sketch, y->Tp, y->kmad, e->nqh, nkv, hd, cs, cend,
-                                    e->score, s));
+                if (!(e->sel_skip & 1))
+                    CK(eng_score_sketch(q, y->sketch, y->Tp, y->kmad, e->nqh, nkv, hd, cs, cend,
+                                        e->score, s));
             } else if (p->select_exact) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
                 g0_done = true;
@@ -1204,12 +1205,13 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
                 int n8 = (cend - (cs & ~7) + 7) / 8 * 8;
                 fetched += (uint64_t)nkv * C * n8 * 2;
             }
-            CK(eng_softmax_combine(e->score, e->nqh, nkv, ncand,
-                                   p->group_reduce == KV_REDUCE_MAX, e->sm_tmp, e->comb, s));
+            if (!(e->sel_skip & 2))
+                CK(eng_softmax_combine(e->score, e->nqh, nkv, ncand,
+                                       p->group_reduce == KV_REDUCE_MAX, e->sm_tmp, e->comb, s));
         } else {
             CK(eng_fill_f32(e->comb, (size_t)nkv * ncand, 0.0f, s)); /* take every candidate */
         }
-        CK(eng_topk(e->comb, nkv, ncand, kk, cs, sel, s));
+        if (!(e->sel_skip & 4)) CK(eng_topk(e->comb, nkv, ncand, kk, cs, sel, s));
     }
     if (sg != s) {
         CK(cudaEventRecord(e->ev_topk[l], s));
@@ -1217,8 +1219,9 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
     }
     size_t off = (size_t)y->start * hd;
     if (e->o.profile && !g0_done) CK(cudaEventRecord(e->ev_g0[l], sg));
-    CK(eng_gather_rows(y->rows_d, nkv, hd, ENG_F16, sel, kk, y->sink, cs, y->ak + off,
-                       y->av + off, (size_t)y->cap, sg));
+    if (!(e->sel_skip & 8))
+        CK(eng_gather_rows(y->rows_d, nkv, hd, ENG_F16, sel, kk, y->sink, cs, y->ak + off,
+                           y->av + off, (size_t)y->cap, sg));
     if (e->o.profile) CK(cudaEventRecord(e->ev_g1[l], sg));
     y->fetched_last = fetched;
     y->fetched_total += fetched;
@@ -1369,7 +1372,8 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
             CK(cudaEventRecord(e->ev_x[l + 1], s));
             CK(cudaStreamWaitEvent(e->s_side, e->ev_x[l + 1], 0));
             if (e->o.profile) CK(cudaEventRecord(e->ev_p0[l + 1], e->s_side));
-            CK(eng_gemv(e->w[l + 1].qkv, e->wt, e->qd, e->ld_dim, xp, e->qpred, 0, e->s_side));
+            if (!(e->sel_skip & 16))
+                CK(eng_gemv(e->w[l + 1].qkv, e->wt, e->qd, e->ld_dim, xp, e->qpred, 0, e->s_side));
             CK(eng_rope_store(e->qpred, NULL, e->nqh, NULL, NULL, 0, hd, e->inv_freq, pos, NULL,
                               NULL, 0, e->s_side));
             TRY(sparse_select(e, l + 1, e->qpred, e->s_side, e->s_gath));
@@ -1539,6 +1543,9 @@ static kv_status engine_init(kv_gpu_engine *e)
     if (prop.major < 7)
         return kv_fail(KV_E_UNAVAILABLE, "%s: compute capability %d.%d is below 7.5", prop.name,
                        prop.major, prop.minor);
+    /* KV_GPU_PDL=1|2 (measurement only, Hopper): programmatic dependent
+     * launch of the decode kernels, see kernels/kv_kernels.h */
+    kv_cuda_set_pdl(prop.major >= 9 && getenv("KV_GPU_PDL") ? atoi(getenv("KV_GPU_PDL")) : 0);
     if (c->head_dim % 8 || c->head_dim > 256 || (c->head_dim & (c->head_dim - 1)) ||
         c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8 ||
         c->rope_dim != c->head_dim)
@@ -1630,7 +1637,7 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
     e->eps = c->norm_eps;
     e->scale = 1.0f / sqrtf((float)e->hd);
     e->own_attn = getenv("KV_GPU_OWN_ATTN") != NULL;
-    e->dsq_dev = getenv("KV_GPU_DSQ") != NULL;
+    e->sel_skip = getenv("KV_GPU_SEL_SKIP") ? (unsigned)strtoul(getenv("KV_GPU_SEL_SKIP"), NULL, 0) : 0;
     e->w = calloc((size_t)e->L, sizeof *e->w);
     e->lay = calloc((size_t)e->L, sizeof *e->lay);
     e->off_list = calloc((size_t)e->L, sizeof(int));

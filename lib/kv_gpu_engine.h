@@ -22,8 +22,10 @@
  *             run on a second stream while the previous layer computes.
  *             opts.select = SKETCH scores tokens from a resident 1-bit sketch
  *             of the keys instead of fetching critical channels.
- * dsq is not on the GPU engine yet (KV_E_UNSUPPORTED; an unfinished
- * placement is behind KV_GPU_DSQ=1 for development, see kv_gpu_engine.c).
+ *   dsq     — windows packed on the host by lib/kv_dsq.c (salient tokens by
+ *             attention accumulated on the GPU), resident packed, expanded
+ *             to an fp16 scratch each step: correct, not fast.  HCAP
+ *             (keep < 1, chan > 0) is refused (KV_E_UNSUPPORTED).
  *
  * Without CUDA in the build, or without a usable device, kv_gpu_engine_new
  * fails with KV_E_UNAVAILABLE and a one-line reason; nothing else may be
