@@ -16,6 +16,8 @@ __global__ void __launch_bounds__(KV_F16_THREADS)
 {
     __shared__ float qs[HPG * D];
     __shared__ float scratch[kv_f16_smem_floats(D, HPG)];
+    kv_pdl_launch_next();
+    kv_pdl_wait(); /* q and the newest K/V row come from the kernel before */
     const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     for (int i = threadIdx.x; i < HPG * D; i += KV_F16_THREADS)
         qs[i] = __half2float(q[(size_t)kvh * HPG * D + i]) * qscale;
@@ -36,6 +38,8 @@ __global__ void __launch_bounds__(KV_COMBINE_THREADS)
 {
     __shared__ float red[KV_COMBINE_THREADS / 32];
     __shared__ float acc_sm[KV_COMBINE_THREADS / 32][128];
+    kv_pdl_launch_next();
+    kv_pdl_wait();
     const int qh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t stride = (size_t)D + 2;
     const float *rec = part + (size_t)qh * nsplit * stride;
@@ -73,8 +77,8 @@ __global__ void __launch_bounds__(KV_COMBINE_THREADS)
 cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, float *out,
                             cudaStream_t stream)
 {
-    attn_combine<<<n_heads, KV_COMBINE_THREADS, 0, stream>>>(part, D, nsplit, out);
-    CUDA_CHECK_KERNEL("attn_combine");
+    CUDA_CHECK(kv_launch(2, attn_combine, dim3(n_heads), dim3(KV_COMBINE_THREADS), 0, stream, part, D,
+                         nsplit, out));
     return cudaSuccess;
 }
 
@@ -188,10 +192,9 @@ extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16
     int tps, nsplit;
     CUDA_CHECK(f16_plan(d, &kern, &tps, &nsplit));
     float *part = static_cast<float *>(ws);
-    kern<<<dim3(d->kv_heads, nsplit), KV_F16_THREADS, 0, stream>>>(
-        reinterpret_cast<const __half *>(q), reinterpret_cast<const __half *>(k),
-        reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
-        d->scale * KV_LOG2E);
-    CUDA_CHECK_KERNEL("attn_f16_split");
+    CUDA_CHECK(kv_launch(2, kern, dim3(d->kv_heads, nsplit), dim3(KV_F16_THREADS), 0, stream,
+                         reinterpret_cast<const __half *>(q), reinterpret_cast<const __half *>(k),
+                         reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
+                         d->scale * KV_LOG2E));
     return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
 }

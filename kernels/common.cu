@@ -18,6 +18,10 @@ void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line)
 
 extern "C" const char *kv_cuda_last_error(void) { return last_msg; }
 
+static int pdl_level;
+extern "C" void kv_cuda_set_pdl(int level) { pdl_level = level < 0 ? 0 : level > 2 ? 2 : level; }
+extern "C" int kv_cuda_pdl(void) { return pdl_level; }
+
 int kv_cuda_sm_count(void)
 {
     static thread_local int cached_dev = -1, cached_sms = 0;

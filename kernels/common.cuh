@@ -42,6 +42,47 @@ static constexpr unsigned KV_FULL_MASK = 0xffffffffu;
 /* Multiprocessor count of the current device (cached per device). */
 int kv_cuda_sm_count(void);
 
+/*
+ * Programmatic dependent launch, device side.  kv_pdl_launch_next: this
+ * block no longer holds the next kernel back (called first thing: the next
+ * kernel's blocks then take SM slots as this one's retire).  kv_pdl_wait:
+ * wait until the previous kernel has finished and its writes are visible;
+ * before it a kernel may only read data no earlier kernel writes.  Both
+ * return at once in a kernel launched without the attribute.
+ */
+static __device__ __forceinline__ void kv_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void kv_pdl_launch_next()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch kernel f on stream s, with programmatic dependent launch when
+ * kv_cuda_pdl() is at least level; returns the launch status. */
+template <typename... P, typename... A>
+static cudaError_t kv_launch(int level, void (*f)(P...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t s, A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = kv_cuda_pdl() >= level ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, f, static_cast<A &&>(args)...);
+}
+
 /* D = A(16x16, row) * B(16x8, col) + C, fp16 inputs, fp32 accumulators. */
 __device__ __forceinline__ void kv_mma_16816(float (&d)[4], const uint32_t (&a)[4],
                                              const uint32_t (&b)[2])

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common.cuh"
 #include "eng_ops.cuh"
 
 /* Every launcher returns the status of its launch. */
@@ -58,6 +59,13 @@ static __device__ __forceinline__ uint4 eng_ld_stream(const uint4 *p)
 }
 
 static __device__ __forceinline__ float eng_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ int eng_warp_sum_int(int v)
 {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -49,6 +49,8 @@ __global__ void rope_store_kernel(float *q, __half *q16, int nqh, float *k, cons
                                   int nkv, int hd, const float *inv_freq, int pos, __half *kdst,
                                   __half *vdst, size_t head_stride)
 {
+    kv_pdl_launch_next();
+    kv_pdl_wait(); /* q, k, v come from the kernel before */
     const int half = hd / 2;
     const int npairs = (nqh + nkv) * half;
     for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < npairs; p += gridDim.x * blockDim.x) {
@@ -84,9 +86,8 @@ extern "C" cudaError_t eng_rope_store(float *q, uint16_t *q16, int nq_heads, flo
 {
     int npairs = (nq_heads + nkv) * hd / 2;
     unsigned blocks = (unsigned)((npairs + 255) / 256);
-    rope_store_kernel<<<blocks, 256, 0, s>>>(q, (__half *)q16, nq_heads, k, v, nkv, hd, inv_freq,
-                                             pos, (__half *)kdst, (__half *)vdst, head_stride);
-    ENG_LAUNCHED();
+    return kv_launch(2, rope_store_kernel, dim3(blocks), dim3(256), 0, s, q, (__half *)q16, nq_heads,
+                     k, v, nkv, hd, inv_freq, pos, (__half *)kdst, (__half *)vdst, head_stride);
 }
 
 // --- argmax --------------------------------------------------------------------

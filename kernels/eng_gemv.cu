@@ -32,6 +32,14 @@ static __device__ __forceinline__ float dot8(const uint4 &u, const float4 *__res
 }
 
 /*
+ * With programmatic dependent launch (kv_cuda_set_pdl, common.cuh) a GEMV
+ * may start while the kernel before it in the stream is still finishing.
+ * Its blocks first issue their first loads of W (weights never depend on
+ * the previous kernel), then wait for the previous grid before they read
+ * x, so the weight stream of one projection fills the bandwidth the tail of
+ * the previous kernel leaves idle.
+ */
+/*
  * A warp computes NR consecutive rows of W (NR = 2 for the fused SwiGLU:
  * gate and up rows interleaved), U 16-byte loads of each row in flight per
  * lane.  NORM: x is the raw residual stream and the block first computes
@@ -46,33 +54,46 @@ gemv_kernel(const uint4 *__restrict__ W, int rows_out, int nv, const float4 *__r
 {
     constexpr int NR = GLU ? 2 : 1;
     constexpr int U = GLU ? 4 : 8;
+    kv_pdl_launch_next();
+    const int lane = threadIdx.x & 31;
+    const int o = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    const bool live = o < rows_out;
+    const uint4 *w = W + (size_t)(live ? o : 0) * NR * nv;
+    /* the first batch of weight loads, before waiting for x's producer */
+    uint4 p[NR][U];
+    int i = lane;
+    bool full = live && i + 32 * (U - 1) < nv;
+    if (full)
+#pragma unroll
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int u = 0; u < U; u++) p[q][u] = eng_ld_stream(w + (size_t)q * nv + i + 32 * u);
+    kv_pdl_wait();
     float r = 1.0f;
     if (NORM) {
         __shared__ float red[32];
         const float *xf = reinterpret_cast<const float *>(x);
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < n_x; i += blockDim.x) ss += xf[i] * xf[i];
+        for (int j = threadIdx.x; j < n_x; j += blockDim.x) ss += xf[j] * xf[j];
         ss = eng_block_sum(ss, red);
         r = 1.0f / sqrtf(ss / (float)n_x + eps);
     }
-    const int lane = threadIdx.x & 31;
-    const int o = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (o >= rows_out) return;
-    const uint4 *w = W + (size_t)o * NR * nv;
+    if (!live) return;
     float acc[NR];
 #pragma unroll
     for (int q = 0; q < NR; q++) acc[q] = 0.0f;
-    int i = lane;
-    for (; i + 32 * (U - 1) < nv; i += 32 * U) {
-        uint4 p[NR][U];
-#pragma unroll
-        for (int q = 0; q < NR; q++)
-#pragma unroll
-            for (int u = 0; u < U; u++) p[q][u] = eng_ld_stream(w + (size_t)q * nv + i + 32 * u);
+    while (full) {
 #pragma unroll
         for (int q = 0; q < NR; q++)
 #pragma unroll
             for (int u = 0; u < U; u++) acc[q] += dot8<TT, NORM>(p[q][u], x, nw, i + 32 * u);
+        i += 32 * U;
+        full = i + 32 * (U - 1) < nv;
+        if (full)
+#pragma unroll
+            for (int q = 0; q < NR; q++)
+#pragma unroll
+                for (int u = 0; u < U; u++) p[q][u] = eng_ld_stream(w + (size_t)q * nv + i + 32 * u);
     }
     for (; i < nv; i += 32)
 #pragma unroll
@@ -93,14 +114,13 @@ static void launch_gemv(const void *W, eng_dtype t, int rows_out, int ld, const 
                         cudaStream_t s)
 {
     dim3 grid((unsigned)((rows_out + GEMV_WARPS - 1) / GEMV_WARPS));
+    const dim3 block(GEMV_WARPS * 32);
     if (t == ENG_BF16)
-        gemv_kernel<eng_bf16, NORM, GLU><<<grid, GEMV_WARPS * 32, 0, s>>>(
-            (const uint4 *)W, rows_out, ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y,
-            accumulate);
+        kv_launch(1, gemv_kernel<eng_bf16, NORM, GLU>, grid, block, 0, s, (const uint4 *)W, rows_out,
+                  ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y, accumulate);
     else
-        gemv_kernel<eng_f16, NORM, GLU><<<grid, GEMV_WARPS * 32, 0, s>>>(
-            (const uint4 *)W, rows_out, ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y,
-            accumulate);
+        kv_launch(1, gemv_kernel<eng_f16, NORM, GLU>, grid, block, 0, s, (const uint4 *)W, rows_out,
+                  ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y, accumulate);
 }
 
 extern "C" cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *x,

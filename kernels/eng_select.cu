@@ -552,39 +552,65 @@ topk_radix_kernel(const float *comb, int n, int k, int base, int *sel)
 }
 
 /*
- * Sample select, the fast path when k is small against n: the strided
- * sample of one score per thread, sorted, gives a threshold t just below the
- * expected k-th largest (twice oversampled); one pass over the scores copies
- * every candidate >= t into shared memory; a bitonic sort there by (score
- * descending, index ascending) gives the exact top k, whose ids are sorted
- * ascending for the output.  When the sample misjudges (fewer than k or more
- * than TOPK_CAP candidates) the block falls back to the radix select, so the
- * result is always the exact top k with ties to the lower index.
+ * Sample select, the fast path when k is small against n, with no sorting:
+ *  1. a threshold t just below the expected k-th largest score: the r-th
+ *     largest of a strided sample of one score per thread (r for twice
+ *     oversampling), by radix select over the sample in shared memory;
+ *  2. each warp owns a contiguous segment of the scores: it counts its
+ *     scores >= t, a block scan of the 32 counts places the segments, and a
+ *     second pass copies every candidate (key, index) into shared memory in
+ *     index order (ballot compaction inside the warp);
+ *  3. radix select over the candidates gives the exact k-th largest key and
+ *     how many equal keys are needed; one ordered pass over the candidates
+ *     writes the ids above it and the first (lowest-index) equal ones, which
+ *     come out ascending.
+ * When the sample misjudges (fewer than k or more than TOPK_CAP candidates)
+ * the block falls back to the radix select over all scores, so the result is
+ * always the exact top k with ties to the lower index.  (The previous
+ * version sorted the sample, the candidates and the ids with bitonic sorts,
+ * about 190 block-wide barriers; this one needs about 30.)
  */
 #define TOPK_CAP 8192
 
-/* Bitonic sort of m (a power of two) (key, idx) pairs in shared memory,
- * "before" meaning larger key, then smaller index. */
-static __device__ void bitonic_desc(uint32_t *key, int *idx, int m)
+/*
+ * The r-th largest (1-based) of the m keys in shared memory, by 8-bit radix
+ * passes; *n_gt: how many keys are larger.  Every thread of the block calls
+ * it and gets the result.
+ */
+static __device__ uint32_t block_kth(const uint32_t *key, int m, int r, unsigned *hist, int *n_gt)
 {
-    for (int size = 2; size <= m; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            __syncthreads();
-            for (int t = threadIdx.x; t < m / 2; t += blockDim.x) {
-                int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
-                bool up = (lo & size) == 0; /* this run sorts "before" first */
-                uint32_t ka = key[lo], kb = key[hi];
-                int ia = idx[lo], ib = idx[hi];
-                bool b_first = kb > ka || (kb == ka && ib < ia);
-                if (b_first == up) {
-                    key[lo] = kb;
-                    key[hi] = ka;
-                    idx[lo] = ib;
-                    idx[hi] = ia;
-                }
-            }
+    __shared__ uint32_t s_prefix, s_mask;
+    __shared__ int s_need;
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_mask = 0;
+        s_need = r;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        const uint32_t prefix = s_prefix, mask = s_mask;
+        for (int i0 = 0; i0 < m; i0 += blockDim.x) { /* uniform trip count for the warp ops */
+            int i = i0 + threadIdx.x;
+            uint32_t kk = i < m ? key[i] : 0u;
+            hist_add(hist, (kk >> shift) & 255u, i < m && (kk & mask) == prefix);
         }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int need = s_need, b = 255;
+            for (; b > 0; b--) {
+                if ((int)hist[b] >= need) break;
+                need -= (int)hist[b];
+            }
+            s_need = need;
+            s_prefix = prefix | ((uint32_t)b << shift);
+            s_mask = mask | (255u << shift);
+        }
+    }
     __syncthreads();
+    *n_gt = r - s_need;
+    return s_prefix;
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS)
@@ -592,74 +618,114 @@ topk_kernel(const float *comb, int n, int k, int base, int *sel)
 {
     extern __shared__ uint32_t tk_key[]; /* (TOPK_CAP) keys, then (TOPK_CAP) ids */
     int *tk_idx = (int *)(tk_key + TOPK_CAP);
-    __shared__ uint32_t s_thr;
-    __shared__ int s_cnt;
-    const int kh = blockIdx.x;
+    __shared__ unsigned hist[256];
+    __shared__ int wcnt[TOPK_WARPS], s_tot[2];
+    const int kh = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float *x = comb + (size_t)kh * n;
     int *out = sel + (size_t)kh * k;
-    const int T = TOPK_THREADS;
-    /* threshold from a sample (or none when every score fits) */
+    int n_gt;
+    /* 1. threshold from a sample (or none when every score fits) */
+    uint32_t thr = 0u;
     if (n > TOPK_CAP) {
-        size_t stride = (size_t)n / T;
+        const size_t stride = (size_t)n / TOPK_THREADS;
         tk_key[threadIdx.x] = ord_key(x[(size_t)threadIdx.x * stride]);
-        tk_idx[threadIdx.x] = threadIdx.x;
-        bitonic_desc(tk_key, tk_idx, T);
-        long r = 2L * k * T / n + 8;
-        if (threadIdx.x == 0) s_thr = tk_key[r < T ? r : T - 1];
-    } else if (threadIdx.x == 0) {
-        s_thr = 0u;
+        long r = 2L * k * TOPK_THREADS / n + 8;
+        thr = block_kth(tk_key, TOPK_THREADS, (int)(r < TOPK_THREADS ? r : TOPK_THREADS), hist, &n_gt);
     }
-    if (threadIdx.x == 0) s_cnt = 0;
-    __syncthreads();
-    const uint32_t thr = s_thr;
-    const int lane = threadIdx.x & 31;
-    for (int i0 = 0; i0 < n; i0 += T * TOPK_ILP) {
-        uint32_t key[TOPK_ILP];
+    /* 2. candidates >= thr, in index order */
+    const int seg = (n + TOPK_WARPS - 1) / TOPK_WARPS, s0 = w * seg, s1 = min(n, s0 + seg);
+    int c = 0;
+    for (int i0 = s0; i0 < s1; i0 += 32 * TOPK_ILP) {
+        uint32_t kk[TOPK_ILP];
 #pragma unroll
         for (int j = 0; j < TOPK_ILP; j++) {
-            int i = i0 + j * T + threadIdx.x;
-            key[j] = i < n ? ord_key(x[i]) : 0u;
+            int i = i0 + 32 * j + lane;
+            kk[j] = i < s1 ? ord_key(x[i]) : 0u;
         }
 #pragma unroll
-        for (int j = 0; j < TOPK_ILP; j++) {
-            int i = i0 + j * T + threadIdx.x;
-            bool c = i < n && key[j] >= thr;
-            unsigned b = __ballot_sync(0xffffffffu, c);
-            if (!b) continue;
-            int slot = 0;
-            if (lane == 0) slot = atomicAdd(&s_cnt, __popc(b));
-            slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(b & ((1u << lane) - 1u));
-            if (c && slot < TOPK_CAP) {
-                tk_key[slot] = key[j];
-                tk_idx[slot] = i;
-            }
+        for (int j = 0; j < TOPK_ILP; j++) c += i0 + 32 * j + lane < s1 && kk[j] >= thr;
+    }
+    c = eng_warp_sum_int(c);
+    if (lane == 0) wcnt[w] = c;
+    __syncthreads();
+    if (w == 0) { /* exclusive prefix over the warps, in place */
+        int a = lane < TOPK_WARPS ? wcnt[lane] : 0, ia = a;
+        for (int o = 1; o < 32; o <<= 1) {
+            int t = __shfl_up_sync(0xffffffffu, ia, o);
+            if (lane >= o) ia += t;
         }
+        if (lane < TOPK_WARPS) wcnt[lane] = ia - a;
+        if (lane == 31) s_tot[0] = ia;
     }
     __syncthreads();
-    const int cnt = s_cnt;
+    const int cnt = s_tot[0];
     if (cnt < k || cnt > TOPK_CAP) { /* the sample misjudged: exact radix select */
         topk_radix(comb, n, k, base, sel);
         return;
     }
-    int m = 1;
-    while (m < cnt) m <<= 1;
-    for (int i = cnt + threadIdx.x; i < m; i += T) { /* pad: sorts last */
-        tk_key[i] = 0u;
-        tk_idx[i] = 0x7fffffff;
+    int at = wcnt[w];
+    for (int i0 = s0; i0 < s1; i0 += 32 * TOPK_ILP) {
+        uint32_t kk[TOPK_ILP];
+#pragma unroll
+        for (int j = 0; j < TOPK_ILP; j++) {
+            int i = i0 + 32 * j + lane;
+            kk[j] = i < s1 ? ord_key(x[i]) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < TOPK_ILP; j++) {
+            int i = i0 + 32 * j + lane;
+            bool take = i < s1 && kk[j] >= thr;
+            unsigned b = __ballot_sync(0xffffffffu, take);
+            if (take) {
+                int slot = at + __popc(b & ((1u << lane) - 1u));
+                tk_key[slot] = kk[j];
+                tk_idx[slot] = i;
+            }
+            at += __popc(b);
+        }
     }
-    bitonic_desc(tk_key, tk_idx, m);
-    /* the first k ids, ascending: sort them as keys (larger key first, so
-     * store the complement) */
-    int mk = 1;
-    while (mk < k) mk <<= 1;
-    for (int i = threadIdx.x; i < mk; i += T) {
-        int id = i < k ? tk_idx[i] : 0x7fffffff;
-        tk_key[TOPK_CAP / 2 + i] = ~(uint32_t)id;
-        tk_idx[TOPK_CAP / 2 + i] = id;
-    }
-    if (mk <= TOPK_CAP / 2) {
-        bitonic_desc(tk_key + TOPK_CAP / 2, tk_idx + TOPK_CAP / 2, mk);
-        for (int i = threadIdx.x; i < k; i += T) out[i] = base + tk_idx[TOPK_CAP / 2 + i];
+    __syncthreads();
+    /* 3. the exact k-th key among the candidates, then the ordered pass */
+    const uint32_t kth = block_kth(tk_key, cnt, k, hist, &n_gt);
+    const int need_eq = k - n_gt;
+    int out_base = 0, eq_base = 0;
+    for (int i0 = 0; i0 < cnt; i0 += TOPK_THREADS) { /* uniform */
+        int i = i0 + threadIdx.x;
+        uint32_t kk = i < cnt ? tk_key[i] : 0u;
+        bool gt = i < cnt && kk > kth, eq = i < cnt && kk == kth;
+        unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+        __syncthreads(); /* wcnt is reused */
+        if (lane == 0) {
+            wcnt[w] = __popc(bgt);
+            hist[w] = __popc(beq);
+        }
+        __syncthreads();
+        if (w == 0) {
+            int a = lane < TOPK_WARPS ? wcnt[lane] : 0, e = lane < TOPK_WARPS ? (int)hist[lane] : 0;
+            int ia = a, ie = e;
+            for (int o = 1; o < 32; o <<= 1) {
+                int ta = __shfl_up_sync(0xffffffffu, ia, o), te = __shfl_up_sync(0xffffffffu, ie, o);
+                if (lane >= o) {
+                    ia += ta;
+                    ie += te;
+                }
+            }
+            if (lane < TOPK_WARPS) {
+                wcnt[lane] = ia - a;
+                hist[lane] = (unsigned)(ie - e);
+            }
+            if (lane == 31) {
+                s_tot[0] = ia;
+                s_tot[1] = ie;
+            }
+        }
+        __syncthreads();
+        int eq_before = eq_base + (int)hist[w] + __popc(beq & ((1u << lane) - 1u));
+        int gt_before = out_base + wcnt[w] + __popc(bgt & ((1u << lane) - 1u));
+        int pos = gt_before + min(eq_before, need_eq);
+        if ((gt || (eq && eq_before < need_eq)) && pos < k) out[pos] = base + tk_idx[i];
+        out_base += s_tot[0];
+        eq_base += s_tot[1];
     }
 }
 
@@ -668,7 +734,7 @@ extern "C" cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int ba
 {
     if (k <= 0) return cudaSuccess;
     if (k > n) return cudaErrorInvalidValue;
-    if (k > TOPK_CAP / 2) { /* the sample path needs room to sort k ids */
+    if (k > TOPK_CAP / 2) { /* the sample path is for k small against the candidates it keeps */
         topk_radix_kernel<<<nkv, TOPK_THREADS, 0, s>>>(comb, n, k, base, sel);
         ENG_LAUNCHED();
     }
@@ -686,21 +752,41 @@ extern "C" cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int ba
 
 // --- gather of selected rows (zero-copy) -------------------------------------------
 
-/* One warp per (head, row): a selected token's K and V, 2*hd fp16 values,
- * one contiguous run of host memory (or of the resident sink rows). */
+/* A warp copies GATHER_ROWS rows of one head: a selected token's K and V,
+ * 2*hd fp16 values, one contiguous run of host memory (or of the resident
+ * sink rows).  Each lane has one 16-byte load of every row in flight before
+ * it stores any, so a warp keeps GATHER_ROWS PCIe reads outstanding rather
+ * than one: the gather runs beside the main stream's kernels, which hold
+ * most of the SMs, and the few warps it gets must cover PCIe's latency. */
+#define GATHER_ROWS 8
+
 __global__ void gather_kernel(const uint4 *rows, int nkv, int hd, const int *sel, int k,
                               const uint4 *sink, int nsink, uint4 *kdst, uint4 *vdst, size_t ld)
 {
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int h = blockIdx.y;
-    if (r >= k + nsink) return;
+    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * GATHER_ROWS;
+    const int lane = threadIdx.x & 31, h = blockIdx.y, nr = k + nsink;
+    if (r0 >= nr) return;
     const int nv = hd / 8;
-    const uint4 *src = r < k ? rows + ((size_t)sel[(size_t)h * k + r] * nkv + h) * 2 * nv
-                             : sink + ((size_t)(r - k) * nkv + h) * 2 * nv;
+    const uint4 *src[GATHER_ROWS];
+#pragma unroll
+    for (int j = 0; j < GATHER_ROWS; j++) {
+        int r = r0 + j;
+        src[j] = r >= nr ? NULL
+                 : r < k ? rows + ((size_t)sel[(size_t)h * k + r] * nkv + h) * 2 * nv
+                         : sink + ((size_t)(r - k) * nkv + h) * 2 * nv;
+    }
     for (int v = lane; v < 2 * nv; v += 32) {
-        uint4 u = src[v];
-        if (v < nv) kdst[((size_t)h * ld + r) * nv + v] = u;
-        else vdst[((size_t)h * ld + r) * nv + (v - nv)] = u;
+        uint4 u[GATHER_ROWS];
+#pragma unroll
+        for (int j = 0; j < GATHER_ROWS; j++)
+            if (src[j]) u[j] = src[j][v];
+#pragma unroll
+        for (int j = 0; j < GATHER_ROWS; j++) {
+            if (!src[j]) continue;
+            size_t o = (size_t)h * ld + (size_t)(r0 + j);
+            if (v < nv) kdst[o * nv + v] = u[j];
+            else vdst[o * nv + (v - nv)] = u[j];
+        }
     }
 }
 
@@ -710,7 +796,8 @@ extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, eng_dt
 {
     if (t != ENG_F16 || (hd & 7)) return cudaErrorInvalidValue;
     if (k + nsink <= 0) return cudaSuccess;
-    dim3 grid((unsigned)((k + nsink + 7) / 8), (unsigned)nkv);
+    const int per_block = 8 * GATHER_ROWS; /* 8 warps */
+    dim3 grid((unsigned)((k + nsink + per_block - 1) / per_block), (unsigned)nkv);
     gather_kernel<<<grid, 256, 0, s>>>((const uint4 *)rows, nkv, hd, sel, k, (const uint4 *)sink,
                                        nsink, (uint4 *)kdst, (uint4 *)vdst, ld);
     ENG_LAUNCHED();
