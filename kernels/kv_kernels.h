@@ -27,14 +27,14 @@ extern "C" {
 /* The statement, file, line and device of the last failure on this thread. */
 const char *kv_cuda_last_error(void);
 
-/* Programmatic dependent launch (sm_90 and later), for measurement: level 1
- * launches the engine's GEMVs with it, level 2 also RoPE, the fp16
- * attention and its combine.  A kernel launched so may start while the
- * previous kernel in the stream finishes and waits for it in-kernel
- * (griddepcontrol), hiding launch gaps.  Off (0) by default: with level 2
- * and other processes sharing the GPU, runs hit illegal-address faults
- * (docs/BENCHMARKS.md, GPU decode); for the whole process; only for a
- * device of compute capability 9.0 or later. */
+/* Programmatic dependent launch (sm_90 and later): level 1 launches the
+ * engine's GEMVs with it, level 2 also RoPE, the fp16 attention and its
+ * combine.  A kernel launched so may start while the previous kernel in
+ * the stream finishes and waits for it in-kernel (griddepcontrol), hiding
+ * launch gaps; every such kernel reads nothing an earlier kernel writes
+ * before that wait.  Off (0) until set; the GPU engine sets level 2 on
+ * Hopper.  For the whole process; only for compute capability 9.0 or
+ * later. */
 void kv_cuda_set_pdl(int level);
 int kv_cuda_pdl(void);
 

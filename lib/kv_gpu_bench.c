@@ -121,7 +121,7 @@ kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
     memset(h, 0x3c, hbytes); /* fp16 1.0-ish pattern: not zeros */
     BW_CK(cudaMalloc(&d0, dbytes));
     BW_CK(cudaMalloc(&d1, dbytes));
-    BW_CK(cudaMemset(d0, 0x5a, dbytes));
+    BW_CK(cudaMemsetAsync(d0, 0x5a, dbytes, s));
     BW_CK(cudaMalloc((void **)&sink, 64));
     /* pinned host -> device and back */
     for (int dir = 0; dir < 2; dir++) {
@@ -175,7 +175,9 @@ kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
         }
     }
     BW_CK(cudaMalloc((void **)&dsel, (size_t)rows * sizeof(int)));
-    BW_CK(cudaMemcpy(dsel, sel, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice));
+    /* stream-ordered: a legacy-stream cudaMemcpy does not order with s */
+    BW_CK(cudaMemcpyAsync(dsel, sel, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, s));
+    BW_CK(cudaStreamSynchronize(s));
     for (int i = 0; i <= reps; i++) {
         BW_CK(cudaEventRecord(a, s));
         /* rows as (T, 1 head, K|V, 128): the engine's gather, 8 of them per warp-row */

@@ -860,6 +860,9 @@ static kv_status alloc_layers(kv_gpu_engine *e)
             TRY(dalloc(&e->stage_k[i], row, "offload staging"));
             TRY(dalloc(&e->stage_v[i], row, "offload staging"));
         }
+    /* the memsets above run on the legacy stream, which does not order with
+     * the engine's non-blocking streams */
+    CK(cudaDeviceSynchronize());
     return KV_OK;
 }
 
@@ -1543,9 +1546,9 @@ static kv_status engine_init(kv_gpu_engine *e)
     if (prop.major < 7)
         return kv_fail(KV_E_UNAVAILABLE, "%s: compute capability %d.%d is below 7.5", prop.name,
                        prop.major, prop.minor);
-    /* KV_GPU_PDL=1|2 (measurement only, Hopper): programmatic dependent
-     * launch of the decode kernels, see kernels/kv_kernels.h */
-    kv_cuda_set_pdl(prop.major >= 9 && getenv("KV_GPU_PDL") ? atoi(getenv("KV_GPU_PDL")) : 0);
+    /* Hopper: programmatic dependent launch of the decode kernels (level 2,
+     * kernels/kv_kernels.h); KV_GPU_PDL=0 or 1 lowers it, for measurement */
+    kv_cuda_set_pdl(prop.major < 9 ? 0 : getenv("KV_GPU_PDL") ? atoi(getenv("KV_GPU_PDL")) : 2);
     if (c->head_dim % 8 || c->head_dim > 256 || (c->head_dim & (c->head_dim - 1)) ||
         c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8 ||
         c->rope_dim != c->head_dim)
@@ -1802,7 +1805,14 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
     }
     if (!st) st = dalloc(&dt, (size_t)n * sizeof(int), "prompt tokens");
     if (!st) {
-        cudaError_t ce = cudaMemcpy(dt, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice);
+        /* On the main stream, not cudaMemcpy: from pageable memory that may
+         * return before the DMA lands, and the legacy stream it runs on does
+         * not order with the engine's non-blocking streams, so the embedding
+         * kernel could read ids not yet written (seen as illegal-address
+         * faults under multi-process load).  A pageable source is staged
+         * before cudaMemcpyAsync returns. */
+        cudaError_t ce = cudaMemcpyAsync(dt, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
+                                         e->s_main);
         if (ce != cudaSuccess) st = cuda_fail(ce, "prompt upload", __LINE__);
     }
     for (int i = 0; i < n && !st; i++) {
@@ -1910,7 +1920,9 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
     if (!st && !hs) st = kv_fail(KV_E_NOMEM, "out of memory");
     if (!st) {
         for (int c = 0; c < e->hd; c++) hs[c] = (c % 16 == 3) ? 6.0f : (c % 7 == 0 ? 2.0f : 1.0f);
-        cudaError_t ce = cudaMemcpy(scale, hs, (size_t)e->hd * sizeof(float), cudaMemcpyHostToDevice);
+        cudaError_t ce = cudaMemcpyAsync(scale, hs, (size_t)e->hd * sizeof(float),
+                                         cudaMemcpyHostToDevice, e->s_main);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
         if (ce != cudaSuccess) st = cuda_fail(ce, "scale upload", __LINE__);
     }
     uint16_t *tmp = NULL;
