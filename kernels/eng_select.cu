@@ -434,6 +434,69 @@ static __device__ __forceinline__ void hist_add(unsigned *hist, unsigned bin, bo
     if ((int)(threadIdx.x & 31) == leader) atomicAdd(&hist[bin], (unsigned)__popc(peers));
 }
 
+/* Thread 0 of a radix-select pass: the bin of the need-th largest key at
+ * the digit `shift`, given the histogram of the keys that match the prefix
+ * so far; narrows prefix and mask and leaves what is still needed. */
+static __device__ void radix_pick(const unsigned *hist, int shift, uint32_t prefix, uint32_t mask,
+                                  int *need_io, uint32_t *prefix_out, uint32_t *mask_out)
+{
+    int need = *need_io, b = 255;
+    for (; b > 0; b--) {
+        if ((int)hist[b] >= need) break;
+        need -= (int)hist[b];
+    }
+    *need_io = need;
+    *prefix_out = prefix | ((uint32_t)b << shift);
+    *mask_out = mask | (255u << shift);
+}
+
+/*
+ * One chunk of an ordered output pass, called by every thread of the block
+ * with its own element: ids above the threshold (gt) and the first need_eq
+ * equal ones (eq), in the order of the threads, go to out at their rank
+ * (block-wide prefix counts); out_base / eq_base count what earlier chunks
+ * placed.  wt, we: (TOPK_WARPS) and tot: (2) ints of shared scratch.
+ */
+static __device__ void place_ordered(bool gt, bool eq, int id, int need_eq, int k, int *out,
+                                     int *wt, int *we, int *tot, int &out_base, int &eq_base)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
+    __syncthreads(); /* the scratch's readers of the last chunk are done */
+    if (lane == 0) {
+        wt[w] = __popc(bgt);
+        we[w] = __popc(beq);
+    }
+    __syncthreads();
+    if (w == 0) { /* exclusive prefix over the warps, in place */
+        int a = lane < TOPK_WARPS ? wt[lane] : 0, c = lane < TOPK_WARPS ? we[lane] : 0;
+        int ia = a, ic = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            int ta = __shfl_up_sync(0xffffffffu, ia, o), tc = __shfl_up_sync(0xffffffffu, ic, o);
+            if (lane >= o) {
+                ia += ta;
+                ic += tc;
+            }
+        }
+        if (lane < TOPK_WARPS) {
+            wt[lane] = ia - a;
+            we[lane] = ic - c;
+        }
+        if (lane == 31) {
+            tot[0] = ia;
+            tot[1] = ic;
+        }
+    }
+    __syncthreads();
+    /* position = greater ids before this one + equal ids taken before it */
+    int eq_before = eq_base + we[w] + __popc(beq & ((1u << lane) - 1u));
+    int gt_before = out_base + wt[w] + __popc(bgt & ((1u << lane) - 1u));
+    int pos = gt_before + min(eq_before, need_eq);
+    if ((gt || (eq && eq_before < need_eq)) && pos < k) out[pos] = id;
+    out_base += tot[0];
+    eq_base += tot[1];
+}
+
 /*
  * One block per KV head: the k-th largest key by radix select (8 bits per
  * pass, from the top), then one ordered pass writing the chosen ids: those
@@ -478,21 +541,11 @@ static __device__ void topk_radix(const float *comb, int n, int k, int base, int
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int need = s_need, b = 255;
-            for (; b > 0; b--) {
-                if ((int)hist[b] >= need) break;
-                need -= (int)hist[b];
-            }
-            s_need = need;
-            s_prefix = prefix | ((uint32_t)b << shift);
-            s_mask = mask | (255u << shift);
-        }
+        if (threadIdx.x == 0) radix_pick(hist, shift, prefix, mask, &s_need, &s_prefix, &s_mask);
         __syncthreads();
     }
     const uint32_t thr = s_prefix;
     const int need_eq = s_need;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int out_base = 0, eq_base = 0; /* greater / equal keys before the chunk (every thread) */
     for (int i0 = 0; i0 < n; i0 += span) {
         uint32_t key[TOPK_ILP];
@@ -505,42 +558,8 @@ static __device__ void topk_radix(const float *comb, int n, int k, int base, int
             int i = i0 + j * TOPK_THREADS + threadIdx.x;
             if (i0 + j * TOPK_THREADS >= n) break; /* uniform */
             bool gt = i < n && key[j] > thr, eq = i < n && key[j] == thr;
-            unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
-            int any = __syncthreads_or(gt || eq);
-            if (!any) continue; /* most chunks hold none of the k: skip the prefix count */
-            if (lane == 0) {
-                wtake[w] = __popc(bgt);
-                weq[w] = __popc(beq);
-            }
-            __syncthreads();
-            if (w == 0) { /* exclusive prefix over the warps, in place */
-                int a = lane < TOPK_WARPS ? wtake[lane] : 0, c = lane < TOPK_WARPS ? weq[lane] : 0;
-                int ia = a, ic = c;
-                for (int o = 1; o < 32; o <<= 1) {
-                    int ta = __shfl_up_sync(0xffffffffu, ia, o), tc = __shfl_up_sync(0xffffffffu, ic, o);
-                    if (lane >= o) {
-                        ia += ta;
-                        ic += tc;
-                    }
-                }
-                if (lane < TOPK_WARPS) {
-                    wtake[lane] = ia - a;
-                    weq[lane] = ic - c;
-                }
-                if (lane == 31) {
-                    s_tot[0] = ia;
-                    s_tot[1] = ic;
-                }
-            }
-            __syncthreads();
-            /* position = greater ids before i + equal ids taken before i */
-            int eq_before = eq_base + weq[w] + __popc(beq & ((1u << lane) - 1u));
-            int gt_before = out_base + wtake[w] + __popc(bgt & ((1u << lane) - 1u));
-            int pos = gt_before + min(eq_before, need_eq);
-            if ((gt || (eq && eq_before < need_eq)) && pos < k) out[pos] = base + i;
-            out_base += s_tot[0];
-            eq_base += s_tot[1];
-            __syncthreads();
+            if (!__syncthreads_or(gt || eq)) continue; /* most chunks hold none of the k */
+            place_ordered(gt, eq, base + i, need_eq, k, out, wtake, weq, s_tot, out_base, eq_base);
         }
     }
 }
@@ -597,20 +616,23 @@ static __device__ uint32_t block_kth(const uint32_t *key, int m, int r, unsigned
             hist_add(hist, (kk >> shift) & 255u, i < m && (kk & mask) == prefix);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int need = s_need, b = 255;
-            for (; b > 0; b--) {
-                if ((int)hist[b] >= need) break;
-                need -= (int)hist[b];
-            }
-            s_need = need;
-            s_prefix = prefix | ((uint32_t)b << shift);
-            s_mask = mask | (255u << shift);
-        }
+        if (threadIdx.x == 0) radix_pick(hist, shift, prefix, mask, &s_need, &s_prefix, &s_mask);
     }
     __syncthreads();
     *n_gt = r - s_need;
     return s_prefix;
+}
+
+/* A warp's TOPK_ILP keys of its segment from i0 (lane-strided; 0 past s1),
+ * every load issued before any is used. */
+static __device__ __forceinline__ void warp_keys(const float *x, int i0, int s1, int lane,
+                                                 uint32_t (&kk)[TOPK_ILP])
+{
+#pragma unroll
+    for (int j = 0; j < TOPK_ILP; j++) {
+        int i = i0 + 32 * j + lane;
+        kk[j] = i < s1 ? ord_key(x[i]) : 0u;
+    }
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS)
@@ -619,7 +641,7 @@ topk_kernel(const float *comb, int n, int k, int base, int *sel)
     extern __shared__ uint32_t tk_key[]; /* (TOPK_CAP) keys, then (TOPK_CAP) ids */
     int *tk_idx = (int *)(tk_key + TOPK_CAP);
     __shared__ unsigned hist[256];
-    __shared__ int wcnt[TOPK_WARPS], s_tot[2];
+    __shared__ int wcnt[TOPK_WARPS], weq[TOPK_WARPS], s_tot[2];
     const int kh = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float *x = comb + (size_t)kh * n;
     int *out = sel + (size_t)kh * k;
@@ -637,11 +659,7 @@ topk_kernel(const float *comb, int n, int k, int base, int *sel)
     int c = 0;
     for (int i0 = s0; i0 < s1; i0 += 32 * TOPK_ILP) {
         uint32_t kk[TOPK_ILP];
-#pragma unroll
-        for (int j = 0; j < TOPK_ILP; j++) {
-            int i = i0 + 32 * j + lane;
-            kk[j] = i < s1 ? ord_key(x[i]) : 0u;
-        }
+        warp_keys(x, i0, s1, lane, kk);
 #pragma unroll
         for (int j = 0; j < TOPK_ILP; j++) c += i0 + 32 * j + lane < s1 && kk[j] >= thr;
     }
@@ -666,11 +684,7 @@ topk_kernel(const float *comb, int n, int k, int base, int *sel)
     int at = wcnt[w];
     for (int i0 = s0; i0 < s1; i0 += 32 * TOPK_ILP) {
         uint32_t kk[TOPK_ILP];
-#pragma unroll
-        for (int j = 0; j < TOPK_ILP; j++) {
-            int i = i0 + 32 * j + lane;
-            kk[j] = i < s1 ? ord_key(x[i]) : 0u;
-        }
+        warp_keys(x, i0, s1, lane, kk);
 #pragma unroll
         for (int j = 0; j < TOPK_ILP; j++) {
             int i = i0 + 32 * j + lane;
@@ -693,39 +707,8 @@ topk_kernel(const float *comb, int n, int k, int base, int *sel)
         int i = i0 + threadIdx.x;
         uint32_t kk = i < cnt ? tk_key[i] : 0u;
         bool gt = i < cnt && kk > kth, eq = i < cnt && kk == kth;
-        unsigned bgt = __ballot_sync(0xffffffffu, gt), beq = __ballot_sync(0xffffffffu, eq);
-        __syncthreads(); /* wcnt is reused */
-        if (lane == 0) {
-            wcnt[w] = __popc(bgt);
-            hist[w] = __popc(beq);
-        }
-        __syncthreads();
-        if (w == 0) {
-            int a = lane < TOPK_WARPS ? wcnt[lane] : 0, e = lane < TOPK_WARPS ? (int)hist[lane] : 0;
-            int ia = a, ie = e;
-            for (int o = 1; o < 32; o <<= 1) {
-                int ta = __shfl_up_sync(0xffffffffu, ia, o), te = __shfl_up_sync(0xffffffffu, ie, o);
-                if (lane >= o) {
-                    ia += ta;
-                    ie += te;
-                }
-            }
-            if (lane < TOPK_WARPS) {
-                wcnt[lane] = ia - a;
-                hist[lane] = (unsigned)(ie - e);
-            }
-            if (lane == 31) {
-                s_tot[0] = ia;
-                s_tot[1] = ie;
-            }
-        }
-        __syncthreads();
-        int eq_before = eq_base + (int)hist[w] + __popc(beq & ((1u << lane) - 1u));
-        int gt_before = out_base + wcnt[w] + __popc(bgt & ((1u << lane) - 1u));
-        int pos = gt_before + min(eq_before, need_eq);
-        if ((gt || (eq && eq_before < need_eq)) && pos < k) out[pos] = base + tk_idx[i];
-        out_base += s_tot[0];
-        eq_base += s_tot[1];
+        place_ordered(gt, eq, i < cnt ? base + tk_idx[i] : 0, need_eq, k, out, wcnt, weq, s_tot,
+                      out_base, eq_base);
     }
 }
 
