@@ -432,12 +432,13 @@ int main(int argc, char **argv)
     int ctx = o.ctx ? o.ctx : c->seq_len;
     if (!o.ctx && !o.score && n_prompt + o.steps > ctx) ctx = n_prompt + o.steps; /* beyond training length */
     /* --compare: the same text under the reference (--policy/--profile, by
-     * default full) and under SPEC, on the CPU engine (lib/kv_compare). */
+     * default full) and under SPEC, both on --device's engine (lib/kv_compare). */
     if (o.compare) {
         kv_policy_params *pol = calloc((size_t)c->n_layers, sizeof *pol);
         kv_compare_opts co;
         kv_compare_opts_default(&co);
         co.prefix = o.prefix;
+        if (o.device) kv_device_parse(o.device, &co.device); /* checked in parse_opts */
         kv_compare_result res = {0};
         if (!pol) st = kv_fail(KV_E_NOMEM, "out of memory");
         else if (!(st = kv_policy_parse(o.compare, c->n_layers, pol)))

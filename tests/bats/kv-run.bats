@@ -275,6 +275,21 @@ JSON
     [ "$(json_get 'j["results"][0]["resident_bytes"] < j["reference_resident_bytes"]')" = "True" ]
 }
 
+@test "kv-run --compare --device cuda without a usable GPU exits 69; auto is the CPU run" {
+    if kv-run --version | grep -q '^GPU: NVIDIA'; then
+        skip "a GPU is present: the GPU engine's device tests cover this machine"
+    fi
+    run --separate-stderr kv-run -m "$MODEL" --prompt "Once upon a time there was" --compare streaming --device cuda
+    assert_fails_with 69 "--compare"
+    run --separate-stderr kv-run -m "$MODEL" --prompt-file "$S260/reference/greedy_bos_200.txt" --compare quant:bits=2 --device auto
+    assert_success
+    [ "$(json_get 'j["device"]')" = "cpu" ]
+    local kl_auto; kl_auto=$(json_get 'j["results"][0]["kl_mean"]')
+    run --separate-stderr kv-run -m "$MODEL" --prompt-file "$S260/reference/greedy_bos_200.txt" --compare quant:bits=2
+    assert_success
+    [ "$(json_get 'j["results"][0]["kl_mean"]')" = "$kl_auto" ]
+}
+
 @test "kv-run --compare rejects an unknown policy with exit 64" {
     run --separate-stderr kv-run -m "$MODEL" --prompt "Once upon a time" --compare nope
     assert_fails_with 64 "unknown policy"
