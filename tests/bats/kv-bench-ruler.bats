@@ -158,6 +158,11 @@ no_gpu_or_skip() {
     assert_fails_with 64 "--device must be cpu, cuda or auto"
 }
 
+@test "kv-bench ruler rejects an unknown --select with exit 64" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --select fast
+    assert_fails_with 64 "--select must be policy or sketch"
+}
+
 @test "kv-bench ruler --device auto without a GPU is the CPU run, device \"cpu\"" {
     no_gpu_or_skip
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -p sparse --per-task
