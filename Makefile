@@ -2,7 +2,8 @@
 # builds kernels/ for sm_90 (+ PTX) and links them (CUDA=0 forces CPU-only).
 # `make check` runs unit tests (plain and ASan+UBSan), bats tests and the
 # fuzzers; `make demo` runs the toolkit on the bundled real model.
-# Sources are globbed: lib/*.c -> libkv, cmd/kv-*.c -> tools,
+# Sources are globbed: lib/*/*.c -> libkv, cmd/cli/*.c -> the front end,
+# cmd/kv-*.c -> tools,
 # tests/unit/test_*.c -> unit tests, tests/fuzz/fuzz_*.c -> fuzzers.
 
 PREFIX ?= /usr/local
@@ -29,17 +30,18 @@ ifneq ($(WERROR),)
 endif
 
 OPT ?= -O2 -march=x86-64-v2
-BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g $(WARN) -Ilib -Ikernels -fopenmp
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g $(WARN) -Ilib -Ikernels -Icmd/cli -fopenmp
 CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 LIBS := -lzstd -lcjson -lm -lpthread -fopenmp
 
-LIB_SRC := $(sort $(wildcard lib/*.c))
+LIB_SRC := $(sort $(wildcard lib/*/*.c))
+CLI_SRC := $(sort $(wildcard cmd/cli/*.c))
 CMD_SRC := $(sort $(wildcard cmd/kv-*.c))
 CU_SRC := $(sort $(wildcard kernels/*.cu))
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 TOOLS := $(patsubst cmd/%.c,$(BINDIR)/%,$(CMD_SRC))
-HDRS := $(wildcard lib/*.h kernels/*.h kernels/*.cuh)
+HDRS := $(wildcard lib/*/*.h kernels/*.h kernels/*.cuh cmd/cli/*.h)
 
 ifeq ($(CUDA),1)
   CFLAGS_ALL += -DKV_HAVE_CUDA -I$(CUDA_HOME)/include
@@ -54,6 +56,7 @@ else
 endif
 
 LIB_OBJ := $(patsubst lib/%.c,$(B)/obj/%.o,$(LIB_SRC))
+CLI_OBJ := $(patsubst cmd/cli/%.c,$(B)/cli/%.o,$(CLI_SRC))
 
 .PHONY: FORCE all check demo install clean deps fuzz unit unit-asan bats bench print-build
 all: print-build $(TOOLS) unit-bins
@@ -76,26 +79,34 @@ $(B)/cuda/%.o: kernels/%.cu $(HDRS) $(B)/flags.stamp
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -Ilib -Ikernels -DKV_HAVE_CUDA -c -o $@ $<
 
+$(B)/cli/%.o: cmd/cli/%.c $(HDRS) $(B)/flags.stamp
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c -o $@ $<
+
 $(B)/libkv.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(BINDIR)/%: cmd/%.c $(B)/libkv.a $(HDRS)
+$(B)/libkvcli.a: $(CLI_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(B)/libkv.a $(LIBS)
+	rm -f $@ && ar rcs $@ $^
+
+$(BINDIR)/%: cmd/%.c $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
 # kv-bench links its subcommands from cmd/bench/ (each parses its own options).
 BENCH_SRC := $(sort $(wildcard cmd/bench/*.c))
-$(BINDIR)/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(B)/libkv.a $(HDRS)
+$(BINDIR)/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Icmd/bench -o $@ cmd/kv-bench.c $(BENCH_SRC) $(B)/libkv.a $(LIBS)
+	$(CC) $(CFLAGS_ALL) -Icmd/bench -o $@ cmd/kv-bench.c $(BENCH_SRC) $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
 # ---- unit tests --------------------------------------------------------
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/unit/%,$(UNIT_SRC))
 unit-bins: $(UNIT_BINS)
-$(B)/unit/%: tests/unit/%.c $(B)/libkv.a $(HDRS) tests/unit/kt.h
+$(B)/unit/%: tests/unit/%.c $(B)/libkvcli.a $(B)/libkv.a $(HDRS) tests/unit/kt.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(B)/libkv.a $(LIBS)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
 # Sanitizer build: CPU-only library and unit tests under ASan + UBSan.
 ASAN_FLAGS := $(BASE_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
@@ -104,18 +115,30 @@ ASAN_BINS := $(patsubst tests/unit/%.c,$(B)/asan/unit/%,$(UNIT_SRC))
 $(B)/asan/obj/%.o: lib/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -c -o $@ $<
-$(B)/asan/libkv.a: $(ASAN_LIB_OBJ)
+$(B)/asan/cli/%.o: cmd/cli/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -c -o $@ $<
+$(B)/asan/libkv.a: $(ASAN_LIB_OBJ) $(patsubst cmd/cli/%.c,$(B)/asan/cli/%.o,$(CLI_SRC))
 	rm -f $@ && ar rcs $@ $^
 $(B)/asan/unit/%: tests/unit/%.c $(B)/asan/libkv.a $(HDRS) tests/unit/kt.h
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< $(B)/asan/libkv.a -lzstd -lcjson -lm -lpthread -fsanitize=address,undefined
 
 # ---- fuzzers (clang libFuzzer) ------------------------------------------
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -Ilib -fsanitize=fuzzer,address,undefined
+# The library is compiled once with coverage and sanitizers, then each
+# fuzz target links against it.
+FUZZ_SAN := -fsanitize=address,undefined
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -Ilib -Icmd/cli -fsanitize=fuzzer-no-link $(FUZZ_SAN)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(B)/fuzz/%,$(FUZZ_SRC))
-$(B)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS)
+FUZZ_OBJ := $(patsubst %.c,$(B)/fuzzobj/%.o,$(LIB_SRC) $(CLI_SRC))
+$(B)/fuzzobj/%.o: %.c $(HDRS)
 	@mkdir -p $(@D)
-	$(CLANG) $(FUZZ_FLAGS) -o $@ $< $(LIB_SRC) -lzstd -lcjson -lm -lpthread
+	$(CLANG) $(FUZZ_FLAGS) -c -o $@ $<
+$(B)/fuzzobj/libkvfuzz.a: $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+$(B)/fuzz/%: tests/fuzz/%.c $(B)/fuzzobj/libkvfuzz.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzzobj/libkvfuzz.a -lzstd -lcjson -lm -lpthread
 fuzz: $(FUZZ_BINS)
 
 # ---- top-level targets --------------------------------------------------

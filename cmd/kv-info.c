@@ -4,7 +4,7 @@
  * against the same K/V in F16, and whether checksums were verified.  A
  * table on a terminal, JSON when stdout is piped or with --json (one object
  * for one file, an array for several).  All reading and validation is
- * lib/kvc.c's; this file only formats.
+ * lib/format/kvc.c's; this file only formats.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
-#include "kvc.h"
+#include "format/kvc.h"
 
 enum { OPT_JSON = 256 };
 

@@ -3,7 +3,7 @@
  * query samples) and classify each layer as quantization- or sparsity-
  * friendly; prints JSON (or a table on a terminal) that ends with the
  * deployment config kv-run --profile and kv-quant --profile read.  The
- * measurements live in lib/kv_profile.c.
+ * measurements live in lib/eval/kv_profile.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "kv_cli.h"
-#include "kv_deploy.h"
-#include "kv_profile.h"
-#include "kvc.h"
+#include "policy/kv_deploy.h"
+#include "eval/kv_profile.h"
+#include "format/kvc.h"
 
 enum {
     OPT_TAU = 256, OPT_ALPHA, OPT_NQ, OPT_BUDGET, OPT_CHANNELS, OPT_BITS, OPT_GROUP,

@@ -2,16 +2,16 @@
  * kv-quant: quantize the K/V of a .kvc cache (KIVI 1/2/4-bit or DSQ) into a
  * packed .kvc, or decode a packed one back to F16, optionally only the
  * layers a kv-profile deploy config marks; --report writes bytes, ratio and
- * per-layer errors as JSON.  The work is lib/kv_quant.c's kv_quant_file.
+ * per-layer errors as JSON.  The work is lib/quant/kv_quant.c's kv_quant_file.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_cli.h"
-#include "kv_deploy.h"
-#include "kv_quant.h"
-#include "kvc.h"
+#include "policy/kv_deploy.h"
+#include "quant/kv_quant.h"
+#include "format/kvc.h"
 
 enum {
     OPT_METHOD = 256, OPT_BITS, OPT_GROUP, OPT_RESIDUAL, OPT_WINDOW, OPT_SALIENT, OPT_PROFILE,

@@ -20,17 +20,17 @@
 #endif
 
 #include "kv_cli.h"
-#include "kv_compare.h"
-#include "kv_deploy.h"
-#include "kv_engine.h"
-#include "kv_file.h"
-#include "kv_gpu_engine.h"
-#include "kv_gguf.h"
-#include "kv_matmul.h"
-#include "kv_model.h"
-#include "kv_sampler.h"
-#include "kv_tokenizer.h"
-#include "kvc.h"
+#include "eval/kv_compare.h"
+#include "policy/kv_deploy.h"
+#include "engine/kv_engine.h"
+#include "common/kv_file.h"
+#include "gpu/kv_gpu_engine.h"
+#include "format/kv_gguf.h"
+#include "model/kv_matmul.h"
+#include "model/kv_model.h"
+#include "model/kv_sampler.h"
+#include "model/kv_tokenizer.h"
+#include "format/kvc.h"
 
 enum {
     /* an option with a short name must use it as its id (getopt returns it) */

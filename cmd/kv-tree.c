@@ -2,7 +2,7 @@
  * kv-tree: a prefix-sharing KV-cache store on disk (man/kv-tree.1), after
  * IMPRESS.  Subcommands init, put, get, ls, place, rm, gc, check; each
  * parses its own option table (so `kv-tree put --help` describes put), then
- * calls lib/kv_tree.c and prints.  Reports are JSON (stdout, except for get,
+ * calls lib/tree/kv_tree.c and prints.  Reports are JSON (stdout, except for get,
  * whose stdout may carry the .kvc: its report goes to stderr or --report).
  */
 #include <cjson/cJSON.h>
@@ -14,9 +14,9 @@
 #include <time.h>
 
 #include "kv_cli.h"
-#include "kv_file.h"
-#include "kv_tokenizer.h"
-#include "kv_tree.h"
+#include "common/kv_file.h"
+#include "model/kv_tokenizer.h"
+#include "tree/kv_tree.h"
 
 /* Options with a short name use it as their id: kv_cli_next returns the
  * short letter when the short form is used. */

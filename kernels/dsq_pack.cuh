@@ -1,6 +1,6 @@
 /*
- * DSQ (lib/kv_layout.h) pack and unpack on the GPU, byte-identical to
- * kv_dsq_pack / kv_dsq_unpack in lib/kv_dsq.c: one block per (window, KV
+ * DSQ (lib/common/kv_layout.h) pack and unpack on the GPU, byte-identical to
+ * kv_dsq_pack / kv_dsq_unpack in lib/quant/kv_dsq.c: one block per (window, KV
  * head), a thread per channel.  Thread 0 picks the salient tokens with the
  * CPU's rule (S passes of "largest not yet taken", ties to the earlier
  * token, NaN least important); per-channel INT8 scales, the key base (a

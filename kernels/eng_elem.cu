@@ -3,7 +3,7 @@
  * store, argmax, seeded fills for synthetic caches, and the layout changes
  * and key statistics a sparse layer needs when it takes a prompt's cache.
  * Each is one launch over data of a few KB per decode step (or one pass over
- * a layer's cache at ingest); the arithmetic mirrors lib/kv_engine.c so the
+ * a layer's cache at ingest); the arithmetic mirrors lib/engine/kv_engine.c so the
  * GPU engine stays within fp16 rounding of the CPU one.
  */
 #include "eng_common.cuh"

@@ -2,15 +2,15 @@
  * eng_kivi: the GPU engine's geometry-free KIVI dequantizer.  D's packed
  * attention (kernels/attn_kivi.cu) and pack kernels cover head_dim 64/128
  * and a few query groups; every other `quant` layer keeps the same packed
- * bytes resident (codes, scales and zeros in lib/kv_layout.h's planar
+ * bytes resident (codes, scales and zeros in lib/common/kv_layout.h's planar
  * layout at the layer's full capacity, the fp16 residual in a ring of R+G
- * rows as lib/kv_policy_quant.c keeps it) and, each step, expands them here
+ * rows as lib/policy/kv_policy_quant.c keeps it) and, each step, expands them here
  * into an fp16 scratch that the fp16 attention then reads.  Correct, not
  * fast: every step rewrites T rows.  The arithmetic is the CPU's
  * (zero + scale * code in float, no FMA contraction), rounded to fp16 once.
  */
 #include "eng_common.cuh"
-#include "kv_layout.h"
+#include "common/kv_layout.h"
 
 __global__ void kivi_expand_kernel(eng_kivi_layer y, int T, uint16_t *ok, uint16_t *ov,
                                    size_t ld)

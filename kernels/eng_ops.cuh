@@ -1,6 +1,6 @@
 /*
  * eng_ops: the C launchers of the GPU engine's own kernels (kernels/eng_*.cu),
- * callable from lib/kv_gpu_engine.c.  Plain C declarations (extern "C" under
+ * callable from lib/gpu/kv_gpu_engine.c.  Plain C declarations (extern "C" under
  * C++), so this header is included by both nvcc and the C compiler, and only
  * in CUDA builds (KV_HAVE_CUDA).  Every launcher enqueues on the given stream
  * and returns the launch status (cudaGetLastError after the launch); none
@@ -190,7 +190,7 @@ cudaError_t eng_read_probe(const void *src, size_t n, unsigned *sink, cudaStream
 
 // --- KIVI expansion (eng_kivi.cu) ----------------------------------------
 
-/* One `quant` layer kept in lib/kv_policy_quant.c's layout on the device. */
+/* One `quant` layer kept in lib/policy/kv_policy_quant.c's layout on the device. */
 typedef struct {
     int nkv, hd, bits, group, gv; /* gv: channels per value group */
     int cap;                      /* token capacity of the code and value-scale planes */
@@ -208,7 +208,7 @@ typedef struct {
 cudaError_t eng_kivi_expand(const eng_kivi_layer *y, int T, uint16_t *k, uint16_t *v, size_t ld,
                             cudaStream_t s);
 
-/* One `dsq` layer on the device: packed windows in lib/kv_layout.h's DSQ
+/* One `dsq` layer on the device: packed windows in lib/common/kv_layout.h's DSQ
  * layout at capacity nwmax windows per head (K and V share the mask), the
  * tokens not yet packed in an fp16 ring. */
 typedef struct {

@@ -1,6 +1,6 @@
 /*
  * eng_select: the token selection of sparse (TailorKV) layers on the GPU, the
- * same steps as lib/kv_policy_sparse.c: critical channels from the
+ * same steps as lib/policy/kv_policy_sparse.c: critical channels from the
  * predicted query and the per-channel key maxima; approximate scores of the
  * candidate tokens from those channels (or from a resident 1-bit sketch of
  * every key, or exactly); per-head softmax over the candidates combined

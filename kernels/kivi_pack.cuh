@@ -1,6 +1,6 @@
 /*
- * KIVI pack and unpack on the GPU, byte-identical to lib/kv_quant.c (the
- * rounding rule is spelled out in lib/kv_quant.h): float32 min/max, fp16
+ * KIVI pack and unpack on the GPU, byte-identical to lib/quant/kv_quant.c (the
+ * rounding rule is spelled out in lib/quant/kv_quant.h): float32 min/max, fp16
  * scale and zero rounded to nearest even, code = clamp(rint((x - z) / s))
  * with IEEE division (no fast-math here: __fdiv_rn and __fsub_rn make that
  * explicit), 0 when s is 0 or not finite.

@@ -7,8 +7,8 @@
  * device); none prints or synchronises.  Compiled into the library only when
  * KV_HAVE_CUDA is defined; C code must guard its calls the same way.
  *
- * Layouts follow lib/kv_layout.h (KIVI) and the CPU references in
- * lib/kv_attn.h and lib/kv_quant.h, which the tests compare against.
+ * Layouts follow lib/common/kv_layout.h (KIVI) and the CPU references in
+ * lib/attn/kv_attn.h and lib/quant/kv_quant.h, which the tests compare against.
  */
 #ifndef KV_KERNELS_H
 #define KV_KERNELS_H
@@ -18,7 +18,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kv_layout.h"
+#include "common/kv_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,7 +64,7 @@ cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q, cons
                              const uint16_t *v, float *out, void *ws, size_t ws_bytes,
                              cudaStream_t stream);
 
-/* Device pointers to one packed KIVI layer (shapes as in lib/kv_layout.h). */
+/* Device pointers to one packed KIVI layer (shapes as in lib/common/kv_layout.h). */
 typedef struct {
     const uint8_t *codes;  /* (kv_heads, nq, head_dim*bits/8) */
     const uint16_t *scale; /* keys (kv_heads, nq/G, head_dim); values (kv_heads, nq, head_dim/Gv) */
@@ -106,7 +106,7 @@ int kv_cuda_kivi_pack_supported(kv_kivi_axis axis, const kv_kivi_params *prm, in
 
 /*
  * Pack x (H, T, D) fp16 into KIVI codes, scale, zero and the fp16 residual,
- * byte-identical to kv_kivi_pack in lib/kv_quant.c.
+ * byte-identical to kv_kivi_pack in lib/quant/kv_quant.c.
  */
 cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params *prm, int H, int T, int D,
                               const uint16_t *x, const kv_cuda_kivi_out *out,
@@ -119,7 +119,7 @@ cudaError_t kv_cuda_kivi_unpack(kv_kivi_axis axis, const kv_kivi_params *prm, in
 
 // --- DSQ pack / unpack -------------------------------------------------------
 
-/* Device pointers to one DSQ-packed layer (shapes as in lib/kv_layout.h;
+/* Device pointers to one DSQ-packed layer (shapes as in lib/common/kv_layout.h;
  * base is NULL for values). */
 typedef struct {
     const uint8_t *mask;    /* (kv_heads, nw, W/8) */
@@ -147,7 +147,7 @@ int kv_cuda_dsq_supported(const kv_dsq_params *p, int head_dim);
 /*
  * Pack x (H, T, D) fp16 with importance imp (H, T) float (required; the
  * CPU's key-norm default is not provided) into DSQ parts, byte-identical to
- * kv_dsq_pack in lib/kv_dsq.c given the same importance.
+ * kv_dsq_pack in lib/quant/kv_dsq.c given the same importance.
  */
 cudaError_t kv_cuda_dsq_pack(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int D,
                              const uint16_t *x, const float *imp, const kv_cuda_dsq_out *out,

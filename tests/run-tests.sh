@@ -32,6 +32,7 @@ run_suite() { # name command...
     echo "suite $name: rc=$rc" >&2
 }
 
+run_suite layers /usr/bin/python3 tests/layers/check-layers.py
 for t in $B/unit/test_*; do
     [ -x "$t" ] && run_suite "unit-$(basename "$t")" "$t"
 done

@@ -3,7 +3,7 @@
  * 1- and 2-bit packed KIVI) at several context lengths, against the
  * device-to-device copy bandwidth measured in the same run.  A table on a
  * terminal, JSON when piped or with --json.  The measuring is in
- * lib/kv_cuda_bench.c.
+ * lib/eval/kv_cuda_bench.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "kv_cli.h"
-#include "kv_cuda_bench.h"
+#include "eval/kv_cuda_bench.h"
 
 int kv_bench_attn_main(int argc, char **argv);
 

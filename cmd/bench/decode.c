@@ -8,7 +8,7 @@
  * contexts, with the machine's transfer ceilings measured in the same run.
  * The context is synthesized on the device (seeded), not prefilled.  A table
  * on a terminal, JSON when piped or with --json.  The measuring is in
- * lib/kv_gpu_bench.c.
+ * lib/eval/kv_gpu_bench.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +16,10 @@
 #include <time.h>
 
 #include "kv_cli.h"
-#include "kv_gpu_bench.h"
-#include "kv_gpu_engine.h"
-#include "kv_model.h"
-#include "kv_policy.h"
+#include "eval/kv_gpu_bench.h"
+#include "gpu/kv_gpu_engine.h"
+#include "model/kv_model.h"
+#include "policy/kv_policy.h"
 
 int kv_bench_decode_main(int argc, char **argv);
 

@@ -12,11 +12,11 @@
 #include <string.h>
 
 #include "kv_cli.h"
-#include "kv_file.h"
-#include "kv_compare.h"
-#include "kv_engine.h"
-#include "kv_runner.h"
-#include "kv_tokenizer.h"
+#include "common/kv_file.h"
+#include "eval/kv_compare.h"
+#include "engine/kv_engine.h"
+#include "engine/kv_runner.h"
+#include "model/kv_tokenizer.h"
 
 int kv_bench_fidelity_main(int argc, char **argv);
 

@@ -1,7 +1,7 @@
 /*
  * kv-bench pack: KIVI packing throughput of one layer's K and V on the GPU
  * (kernels/kivi_pack.cu, against device copy bandwidth) and on the CPU
- * (lib/kv_quant.c, per core and with all threads).  A table on a terminal,
+ * (lib/quant/kv_quant.c, per core and with all threads).  A table on a terminal,
  * JSON when piped or with --json.
  */
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #endif
 
 #include "kv_cli.h"
-#include "kv_cuda_bench.h"
+#include "eval/kv_cuda_bench.h"
 
 int kv_bench_pack_main(int argc, char **argv);
 

@@ -10,12 +10,12 @@
 #include <string.h>
 
 #include "kv_cli.h"
-#include "kv_compare.h"
-#include "kv_engine.h"
-#include "kv_json.h"
-#include "kv_niah.h"
-#include "kv_runner.h"
-#include "kv_tokenizer.h"
+#include "eval/kv_compare.h"
+#include "engine/kv_engine.h"
+#include "common/kv_json.h"
+#include "eval/kv_niah.h"
+#include "engine/kv_runner.h"
+#include "model/kv_tokenizer.h"
 
 int kv_bench_ruler_main(int argc, char **argv);
 

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the deployment-config parser (lib/kv_deploy.c):
+ * libFuzzer target for the deployment-config parser (lib/policy/kv_deploy.c):
  * any byte string must parse or fail with KV_E_DATA and a message, never
  * crash, leak or read out of bounds; a config that parses must apply to
  * the layers it names and survive a write/parse round trip unchanged.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_deploy.h"
+#include "policy/kv_deploy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -3,16 +3,16 @@
  * metadata, build the vocabulary and tokenize a string when there is one,
  * and when the bytes make a whole model, run a two-token forward pass on a
  * four-token context.  Any crash, sanitizer report or leak is a bug in
- * lib/kv_gguf.c, lib/kv_model.c, lib/kv_tokenizer.c or the engine.
+ * lib/format/kv_gguf.c, lib/model/kv_model.c, lib/model/kv_tokenizer.c or the engine.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_engine.h"
-#include "kv_gguf.h"
-#include "kv_model.h"
-#include "kv_tokenizer.h"
+#include "engine/kv_engine.h"
+#include "format/kv_gguf.h"
+#include "model/kv_model.h"
+#include "model/kv_tokenizer.h"
 
 #include "fuzz_run_model.h"
 

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_engine.h"
-#include "kv_model.h"
-#include "kv_tokenizer.h"
+#include "engine/kv_engine.h"
+#include "model/kv_model.h"
+#include "model/kv_tokenizer.h"
 
 #include "fuzz_run_model.h"
 

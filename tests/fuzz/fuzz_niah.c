@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the RULER JSONL task reader (lib/kv_niah.c): any
+ * libFuzzer target for the RULER JSONL task reader (lib/eval/kv_niah.c): any
  * byte string must parse or fail with KV_E_DATA and a message naming the
  * line, never crash, leak or read out of bounds; every task that parses has
  * a prompt and at least one expected output.
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_niah.h"
+#include "eval/kv_niah.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

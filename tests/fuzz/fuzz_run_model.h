@@ -8,8 +8,8 @@
 
 #include <stdlib.h>
 
-#include "kv_engine.h"
-#include "kv_model.h"
+#include "engine/kv_engine.h"
+#include "model/kv_model.h"
 
 static void fuzz_run_model(const uint8_t *data, size_t size)
 {

@@ -1,5 +1,5 @@
 /*
- * CPU reference attention (lib/kv_attn.c) against a plain float64
+ * CPU reference attention (lib/attn/kv_attn.c) against a plain float64
  * computation written here: dense fp32 and fp16 GQA, and the packed KIVI
  * path (whose float64 reference attends the dequantized K/V from
  * kv_kivi_unpack), on fresh random data and on real layer-0 K/V of niah4k.
@@ -11,7 +11,8 @@
 
 #include "attn_realdata.h"
 #include "kt.h"
-#include "kv_attn.h"
+#include "attn/kv_attn.h"
+#include "quant/kv_kivi.h"
 
 static unsigned long long seed;
 

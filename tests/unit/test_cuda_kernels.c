@@ -1,8 +1,8 @@
 /*
  * Each CUDA kernel against its CPU reference: KIVI pack byte for byte
- * against lib/kv_quant.c, unpack exactly, and the fp16 and packed decode
+ * against lib/quant/kv_quant.c, unpack exactly, and the fp16 and packed decode
  * attention by normalized error ||gpu - ref|| / ||ref|| against
- * lib/kv_attn.c, on fresh random data (seed printed; KT_SEED repeats it) and
+ * lib/attn/kv_attn.c, on fresh random data (seed printed; KT_SEED repeats it) and
  * on real layer-0 K/V of niah4k.  Outputs are poisoned with NaN before each
  * launch so an unwritten element fails.  Without a usable GPU (or in a
  * CPU-only build) every test is reported as a TAP skip with a notice.
@@ -13,8 +13,9 @@
 #include <time.h>
 
 #include "kt.h"
-#include "kv_attn.h"
-#include "kv_gpu.h"
+#include "attn/kv_attn.h"
+#include "quant/kv_kivi.h"
+#include "gpu/kv_gpu.h"
 
 static unsigned long long seed;
 
@@ -23,7 +24,7 @@ static unsigned long long seed;
 
 #include "attn_realdata.h"
 
-#include "kv_dsq.h"
+#include "quant/kv_dsq.h"
 #include "kv_kernels.h"
 
 /* Tolerances on normalized error: fp16 attention accumulates in fp32 like

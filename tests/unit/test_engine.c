@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_engine.h"
-#include "kv_matmul.h"
-#include "kv_model.h"
+#include "engine/kv_engine.h"
+#include "model/kv_matmul.h"
+#include "model/kv_model.h"
 
 #define S260 "tests/data/stories260K/"
 

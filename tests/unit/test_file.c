@@ -1,5 +1,5 @@
 /*
- * Unit tests of lib/kv_file.c, the one whole-file reader behind prompts,
+ * Unit tests of lib/common/kv_file.c, the one whole-file reader behind prompts,
  * token lists, tokenizers, deploy configs and store indexes: fresh random
  * contents of sizes around its buffer doublings come back byte for byte
  * with a NUL after them, and each bad input gets its own status (a missing
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "kt.h"
-#include "kv_file.h"
+#include "common/kv_file.h"
 
 static unsigned long long seed;
 static char dir[64];

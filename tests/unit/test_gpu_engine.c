@@ -2,7 +2,7 @@
  * The GPU engine against the CPU: each of the engine's own kernels
  * (kernels/eng_*.cu) against a float64 computation here on fresh random
  * data, by normalized error; then whole decodes of the real stories260K and
- * niah4k models through lib/kv_gpu_engine.c against lib/kv_engine.c, same
+ * niah4k models through lib/gpu/kv_gpu_engine.c against lib/engine/kv_engine.c, same
  * tokens fed to both, logits compared per step within fp16 tolerance, and the
  * greedy ids compared wherever the CPU's top-2 margin is clear of fp16
  * rounding; offload must equal full on the GPU; sparse (channel, exact,
@@ -18,13 +18,13 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_engine.h"
-#include "kv_gpu.h"
-#include "kv_gpu_engine.h"
-#include "kv_half.h"
-#include "kv_model.h"
-#include "kv_policy.h"
-#include "kv_quant.h"
+#include "engine/kv_engine.h"
+#include "gpu/kv_gpu.h"
+#include "gpu/kv_gpu_engine.h"
+#include "common/kv_half.h"
+#include "model/kv_model.h"
+#include "policy/kv_policy.h"
+#include "quant/kv_quant.h"
 
 #ifdef KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -548,7 +548,7 @@ static void test_selection_kernels_match_float64(void)
 
 /*
  * eng_kivi_expand (the `quant` path outside the packed-attention kernel)
- * against lib/kv_quant.c's kv_kivi_unpack on fresh random data: the fp16
+ * against lib/quant/kv_quant.c's kv_kivi_unpack on fresh random data: the fp16
  * expansion must be the CPU's float dequantization rounded once, bit for
  * bit.  T is chosen so that the ring (R+G rows there, T-nq rows here)
  * places token t at row t - nq, which is kv_kivi_packed's residual layout.

@@ -1,5 +1,5 @@
 /*
- * Unit tests of lib/kvc.c: CRC-32C, writer/reader round trips of every
+ * Unit tests of lib/format/kvc.c: CRC-32C, writer/reader round trips of every
  * dtype and of the metadata, geometry derived from shapes alone, zstd, the
  * atomic writer under failure, and the reader against truncation, bit flips
  * and a table of hand-made corrupt headers.
@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "kt.h"
-#include "kv_half.h"
-#include "kvc.h"
+#include "common/kv_half.h"
+#include "format/kvc.h"
 
 /* KT_REQUIRE evaluates its condition twice; calls with side effects go
  * through this, which evaluates once. */

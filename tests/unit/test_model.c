@@ -13,11 +13,11 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_engine.h"
-#include "kv_gguf.h"
-#include "kv_half.h"
-#include "kv_matmul.h"
-#include "kv_model.h"
+#include "engine/kv_engine.h"
+#include "format/kv_gguf.h"
+#include "common/kv_half.h"
+#include "model/kv_matmul.h"
+#include "model/kv_model.h"
 
 #define OK(expr)                                                               \
     do {                                                                       \

@@ -8,8 +8,9 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_half.h"
-#include "kv_policy.h"
+#include "common/kv_half.h"
+#include "attn/kv_attn.h"
+#include "policy/kv_policy.h"
 
 /* KT_REQUIRE evaluates its condition twice: run a call once, then require. */
 #define REQ_OK(call, ...)                                                     \
@@ -457,7 +458,7 @@ static void test_sparse_approx(void)
 
 // --- quant ------------------------------------------------------------
 
-/* Formula from lib/kv_layout.h, written out independently of lib/kv_quant. */
+/* Formula from lib/common/kv_layout.h, written out independently of lib/kv_quant. */
 static uint64_t kivi_formula(int H, int T, int D, int b, int G, int R)
 {
     int nq = T - R <= 0 ? 0 : (T - R) / G * G;
@@ -549,7 +550,7 @@ static void test_quant_accuracy(void)
 
 // --- dsq -------------------------------------------------------------
 
-/* Packed windows + fp16 rest, from lib/kv_layout.h (mask counted once). */
+/* Packed windows + fp16 rest, from lib/common/kv_layout.h (mask counted once). */
 static uint64_t dsq_formula(int H, int T, int packed_windows, int D, int W, int S, int b, int G)
 {
     int gd = G < D ? G : D;

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_compare.h"
-#include "kv_engine.h"
-#include "kv_gpu.h"
+#include "eval/kv_compare.h"
+#include "engine/kv_engine.h"
+#include "gpu/kv_gpu.h"
 
 static kv_model *m;
 #define NT 64

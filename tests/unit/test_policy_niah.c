@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_niah.h"
+#include "eval/kv_niah.h"
 
 static void test_parse_good(void)
 {

@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "kt.h"
-#include "kv_deploy.h"
-#include "kv_profile.h"
-#include "kv_quant.h"
+#include "policy/kv_deploy.h"
+#include "eval/kv_profile.h"
+#include "quant/kv_quant.h"
 
 #define KT_OK(call)                                                              \
     do {                                                                         \

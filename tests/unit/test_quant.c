@@ -1,5 +1,5 @@
 /*
- * Unit tests of the KIVI quantizer (lib/kv_quant.c): packing and unpacking
+ * Unit tests of the KIVI quantizer (lib/quant/kv_quant.c): packing and unpacking
  * for every bit width and both axes on fresh random data, compared with a
  * plain re-implementation of the formula written here one element at a
  * time; edge cases (T not a multiple of G, T < R, constant channels), the
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_quant.h"
+#include "quant/kv_quant.h"
 
 /* KT_REQUIRE evaluates its condition twice: call once, then require. */
 #define KT_OK(call)                                                              \

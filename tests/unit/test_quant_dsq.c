@@ -1,5 +1,5 @@
 /*
- * Unit tests of DSQ and HCAP (lib/kv_dsq.c): salient selection, a round
+ * Unit tests of DSQ and HCAP (lib/quant/kv_dsq.c): salient selection, a round
  * trip compared with the layout's formulas re-implemented here, the error
  * being smaller on salient tokens, exact byte sizes, importance from
  * queries, and the HCAP channel and token decisions.
@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_dsq.h"
-#include "kv_quant.h"
+#include "quant/kv_dsq.h"
+#include "quant/kv_quant.h"
 
 /* KT_REQUIRE evaluates its condition twice: call once, then require. */
 #define KT_OK(call)                                                              \

@@ -1,5 +1,5 @@
 /*
- * Unit tests of packed layers in .kvc files (lib/kv_quant.c): KIVI and DSQ
+ * Unit tests of packed layers in .kvc files (lib/quant/kv_quant.c): KIVI and DSQ
  * parts written with kv_kivi_write / kv_dsq_write decode exactly after a
  * file round trip, byte counts match the layout formulas, inconsistent DSQ
  * parts are rejected with KV_E_DATA, and kv_quant_file transcodes a file
@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "kt.h"
-#include "kv_quant.h"
+#include "quant/kv_quant.h"
 
 #define KT_OK(call)                                                              \
     do {                                                                         \

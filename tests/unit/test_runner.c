@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_engine.h"
-#include "kv_gpu.h"
-#include "kv_runner.h"
+#include "engine/kv_engine.h"
+#include "gpu/kv_gpu.h"
+#include "engine/kv_runner.h"
 
 #define S260 "tests/data/stories260K/"
 #define NPROMPT 12

@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "kt.h"
-#include "kv_gguf.h"
-#include "kv_model.h"
-#include "kv_tokenizer.h"
+#include "format/kv_gguf.h"
+#include "model/kv_model.h"
+#include "model/kv_tokenizer.h"
 
 #define OK(expr)                                                               \
     do {                                                                       \

@@ -1,0 +1,309 @@
+/*
+ * The shared front end: option parsing driven by one table per tool (which
+ * also renders --help), messages on stderr, exit codes, TTY and NO_COLOR
+ * detection, and a progress line that appears only on a terminal.
+ */
+#include "kv_cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu/kv_gpu.h"
+#include "format/kvc.h"
+
+int kv_verbosity = 0;
+int kv_progress_mode = -1;
+const char *kv_cli_version_extra = NULL;
+
+static const kv_cli_spec *the_spec;
+static const char *progname = "kv";
+
+enum { OPT_HELP = 'h', OPT_VERSION = 'V', OPT_QUIET = 'q', OPT_VERBOSE = 'v',
+       OPT_PROGRESS = 0x7f00, OPT_NO_PROGRESS };
+
+static const kv_option common_opts[] = {
+    {OPT_HELP, 'h', "help", NULL, "show this help and exit"},
+    {OPT_VERSION, 'V', "version", NULL, "show version, format version and CUDA/GPU status"},
+    {OPT_QUIET, 'q', "quiet", NULL, "fewer messages (repeatable)"},
+    {OPT_VERBOSE, 'v', "verbose", NULL, "more messages (repeatable)"},
+    {OPT_PROGRESS, 0, "progress", NULL, "show progress even when stderr is not a terminal"},
+    {OPT_NO_PROGRESS, 0, "no-progress", NULL, "never show progress"},
+    {0, 0, NULL, NULL, NULL},
+};
+
+const char *kv_progname(void) { return progname; }
+
+/* On SIGINT/SIGTERM/SIGHUP/SIGPIPE remove temp files of unfinished atomic
+ * writes, then die of the same signal so the parent sees why. */
+static void on_fatal_signal(int sig)
+{
+    kv_outfile_cleanup_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void kv_cli_init(const kv_cli_spec *spec, int argc, char **argv)
+{
+    (void)argc;
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
+    }
+    the_spec = spec;
+    progname = spec->name;
+    if (argv && argv[0]) {
+        const char *slash = strrchr(argv[0], '/');
+        const char *base = slash ? slash + 1 : argv[0];
+        if (strncmp(base, "kv-", 3) == 0) progname = base;
+    }
+}
+
+static void print_opts(FILE *f, const kv_option *o)
+{
+    for (; o->id; o++) {
+        char left[96];
+        int n = 0;
+        if (o->short_name)
+            n += snprintf(left + n, sizeof left - (size_t)n, "-%c%s", o->short_name,
+                          o->long_name ? ", " : "");
+        else
+            n += snprintf(left + n, sizeof left - (size_t)n, "    ");
+        if (o->long_name)
+            n += snprintf(left + n, sizeof left - (size_t)n, "--%s", o->long_name);
+        if (o->arg)
+            snprintf(left + n, sizeof left - (size_t)n, " %s", o->arg);
+        if (strlen(left) > 26)
+            fprintf(f, "  %s\n  %-26s  %s\n", left, "", o->help);
+        else
+            fprintf(f, "  %-26s  %s\n", left, o->help);
+    }
+}
+
+static void print_usage(FILE *f, bool full)
+{
+    fprintf(f, "usage: %s %s\n", progname, the_spec->synopsis);
+    if (!full) {
+        fprintf(f, "Try '%s --help' for more information.\n", progname);
+        return;
+    }
+    fprintf(f, "%s\n\nOptions:\n", the_spec->summary);
+    if (the_spec->opts) print_opts(f, the_spec->opts);
+    print_opts(f, common_opts);
+    if (the_spec->epilog) fprintf(f, "\n%s\n", the_spec->epilog);
+    fprintf(f, "\nExit status: 0 ok, 64 usage, 65 bad data, 66 no input, 69 unavailable,\n"
+               "70 internal, 73 cannot create output, 74 I/O error.\n");
+}
+
+static void print_version(void)
+{
+    char gpu[128];
+    int ndev = kv_gpu_probe(gpu, sizeof gpu);
+    printf("%s %s\n", progname, KV_VERSION);
+    printf("kvc format version %d\n", KVC_FORMAT_VERSION);
+    printf("CUDA: %s\n", kv_gpu_built() ? "built in" : "not built");
+    if (kv_gpu_built())
+        printf("GPU: %s\n", ndev > 0 ? gpu : "none usable");
+    if (kv_cli_version_extra) printf("%s\n", kv_cli_version_extra);
+}
+
+#define MAX_OPTS 96
+
+int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
+{
+    static struct option longs[MAX_OPTS];
+    static char shorts[MAX_OPTS * 2 + 2];
+    static bool built = false;
+    if (!built) {
+        int nl = 0, ns = 0;
+        shorts[ns++] = ':'; /* report missing arguments distinctly */
+        const kv_option *tables[2] = {the_spec->opts, common_opts};
+        for (int t = 0; t < 2; t++) {
+            for (const kv_option *o = tables[t]; o && o->id; o++) {
+                if (o->long_name && nl < MAX_OPTS - 1)
+                    longs[nl++] = (struct option){o->long_name,
+                                                  o->arg ? required_argument : no_argument,
+                                                  NULL, o->id};
+                if (o->short_name && ns < (int)sizeof shorts - 3) {
+                    shorts[ns++] = o->short_name;
+                    if (o->arg) shorts[ns++] = ':';
+                }
+            }
+        }
+        longs[nl] = (struct option){0, 0, 0, 0};
+        shorts[ns] = '\0';
+        opterr = 0;
+        built = true;
+    }
+    for (;;) {
+        int prev = optind;
+        int c = getopt_long(argc, argv, shorts, longs, NULL);
+        *arg = optarg;
+        *optind_out = optind;
+        if (c == -1) return -1;
+        if (c == '?' || c == ':') {
+            const char *bad = argv[prev] ? argv[prev] : "?";
+            if (c == ':')
+                fprintf(stderr, "%s: option '%s' needs an argument\n", progname, bad);
+            else if (optopt && optopt < 128 && strncmp(bad, "--", 2) != 0)
+                fprintf(stderr, "%s: unknown option '-%c'\n", progname, optopt);
+            else
+                fprintf(stderr, "%s: unknown option '%s'\n", progname, bad);
+            print_usage(stderr, false);
+            exit(KV_EXIT_USAGE);
+        }
+        /* getopt returns the character for a short option: map it to the
+         * id of the table entry that declares it. */
+        for (const kv_option *o = the_spec->opts; o && o->id; o++)
+            if (o->short_name && c == (unsigned char)o->short_name && o->id != c) {
+                c = o->id;
+                break;
+            }
+        switch (c) {
+        case OPT_HELP: print_usage(stdout, true); exit(KV_EXIT_OK);
+        case OPT_VERSION: print_version(); exit(KV_EXIT_OK);
+        case OPT_QUIET: kv_verbosity--; continue;
+        case OPT_VERBOSE: kv_verbosity++; continue;
+        case OPT_PROGRESS: kv_progress_mode = 1; continue;
+        case OPT_NO_PROGRESS: kv_progress_mode = 0; continue;
+        default: return c;
+        }
+    }
+}
+
+noreturn void kv_cli_usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", progname);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    print_usage(stderr, false);
+    exit(KV_EXIT_USAGE);
+}
+
+/* "prog: message\n" on stderr, clearing any progress line first. */
+static void vmessage(const char *fmt, va_list ap)
+{
+    kv_progress_done();
+    fprintf(stderr, "%s: ", progname);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+void kv_warn(const char *fmt, ...)
+{
+    if (kv_verbosity < 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vmessage(fmt, ap);
+    va_end(ap);
+}
+
+void kv_note(int level, const char *fmt, ...)
+{
+    if (kv_verbosity < level) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vmessage(fmt, ap);
+    va_end(ap);
+}
+
+noreturn void kv_die(int exit_code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vmessage(fmt, ap);
+    va_end(ap);
+    exit(exit_code);
+}
+
+int kv_report(kv_status st, const char *fmt, ...)
+{
+    va_list ap;
+    kv_progress_done();
+    fprintf(stderr, "%s: ", progname);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    const char *d = kv_errdetail();
+    fprintf(stderr, ": %s\n", d[0] ? d : kv_strerror(st));
+    return kv_status_exit(st);
+}
+
+long kv_cli_long(const char *opt, const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        kv_cli_usage_error("%s expects an integer in [%ld, %ld], got '%s'", opt, lo, hi, s);
+    return v;
+}
+
+double kv_cli_double(const char *opt, const char *s, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        kv_cli_usage_error("%s expects a number in [%g, %g], got '%s'", opt, lo, hi, s);
+    return v;
+}
+
+bool kv_is_tty(FILE *f) { return isatty(fileno(f)) == 1; }
+
+bool kv_color_ok(FILE *f)
+{
+    const char *nc = getenv("NO_COLOR");
+    return kv_is_tty(f) && !(nc && nc[0]);
+}
+
+bool kv_want_json(FILE *f, bool json_flag) { return json_flag || !kv_is_tty(f); }
+
+void kv_refuse_binary_tty(FILE *f, const char *what)
+{
+    if (kv_is_tty(f))
+        kv_die(KV_EXIT_USAGE, "refusing to write %s to a terminal (redirect or use -o FILE)", what);
+}
+
+static bool progress_shown;
+static struct timespec progress_last;
+
+void kv_progress(const char *fmt, ...)
+{
+    bool on = kv_progress_mode == 1 || (kv_progress_mode == -1 && kv_is_tty(stderr));
+    if (!on || kv_verbosity < 0) return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double dt = (double)(now.tv_sec - progress_last.tv_sec) +
+                (double)(now.tv_nsec - progress_last.tv_nsec) * 1e-9;
+    if (progress_shown && dt < 0.25) return;
+    progress_last = now;
+    va_list ap;
+    fprintf(stderr, "\r%s: ", progname);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\033[K", stderr);
+    progress_shown = true;
+}
+
+void kv_progress_done(void)
+{
+    if (!progress_shown) return;
+    fputs("\r\033[K", stderr);
+    progress_shown = false;
+}

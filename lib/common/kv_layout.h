@@ -1,0 +1,151 @@
+/*
+ * Packed KV layouts, declared once for C (lib/) and CUDA (kernels/).  Every
+ * packed encoding is planar: separate tensors for codes, scales and zeros,
+ * so that each part is one safetensors tensor in a .kvc file (man/kvc.5) and
+ * one contiguous device buffer on the GPU.
+ *
+ * KIVI (asymmetric min/max, b = 1, 2 or 4 bits), for one layer's K or V of
+ * shape [kv_heads, T, head_dim]:
+ *   - the first nq = kv_kivi_nquant(T, G, R) tokens are quantized; the last
+ *     T - nq tokens (the "residual", between R and R+G-1 tokens once T > R)
+ *     stay in fp16, as KIVI keeps recent tokens until a full group forms;
+ *   - codes:  U8 [kv_heads, nq, head_dim*b/8], token-major: the code of
+ *     channel c of token t sits in byte (c*b)/8 of row t at bit (c*b)%8,
+ *     least significant bits first;
+ *   - keys are quantized per channel over groups of G tokens:
+ *       scale, zero: F16 [kv_heads, nq/G, head_dim];
+ *   - values are quantized per token over groups of Gv = min(G, head_dim)
+ *     channels:  scale, zero: F16 [kv_heads, nq, head_dim/Gv];
+ *   - dequantized x = zero + scale * code; scale = (max-min)/(2^b-1),
+ *     zero = min, both rounded to fp16 before codes are computed, and
+ *     code = clamp(round((x-zero)/scale), 0, 2^b-1) (0 when scale == 0).
+ * Token-major codes let one GPU thread (or one CPU loop) read a whole token's
+ * codes with one 16-byte load at 1 bit / head_dim 128, and let the key scales
+ * be folded into the query once per group.
+ */
+#ifndef KV_LAYOUT_H
+#define KV_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define KV_HD __host__ __device__
+#else
+#define KV_HD
+#endif
+
+#ifndef __cplusplus
+#include <assert.h> /* static_assert in C11 */
+#endif
+
+/* The largest head_dim any packed layout (and the CPU attention) accepts. */
+#define KV_QUANT_MAX_DIM 1024
+
+typedef enum { KV_KIVI_KEYS = 0, KV_KIVI_VALUES = 1 } kv_kivi_axis;
+
+typedef struct {
+    int bits;     /* 1, 2 or 4 */
+    int group;    /* G: tokens per key group, channels per value group */
+    int residual; /* R: recent tokens kept in fp16 */
+} kv_kivi_params;
+
+#define KV_KIVI_DEFAULT_BITS 1
+#define KV_KIVI_DEFAULT_GROUP 64
+#define KV_KIVI_DEFAULT_RESIDUAL 128
+
+/* Tokens quantized out of T (a multiple of G). */
+static inline KV_HD int kv_kivi_nquant(int T, int group, int residual)
+{
+    int q = T - residual;
+    return q <= 0 ? 0 : q / group * group;
+}
+
+/* Bytes of codes per token row. head_dim*bits must be a multiple of 8. */
+static inline KV_HD size_t kv_kivi_row_bytes(int head_dim, int bits)
+{
+    return (size_t)head_dim * (size_t)bits / 8u;
+}
+
+/* Channels per value group. */
+static inline KV_HD int kv_kivi_vgroup(int group, int head_dim)
+{
+    return group < head_dim ? group : head_dim;
+}
+
+/* Code of channel c in a packed token row. */
+static inline KV_HD unsigned kv_code_get(const uint8_t *row, int c, int bits)
+{
+    unsigned bit = (unsigned)c * (unsigned)bits;
+    return (row[bit >> 3] >> (bit & 7u)) & ((1u << bits) - 1u);
+}
+
+static inline KV_HD void kv_code_put(uint8_t *row, int c, int bits, unsigned code)
+{
+    unsigned bit = (unsigned)c * (unsigned)bits;
+    unsigned mask = ((1u << bits) - 1u) << (bit & 7u);
+    row[bit >> 3] = (uint8_t)((row[bit >> 3] & ~mask) | ((code << (bit & 7u)) & mask));
+}
+
+/* One packed row at head_dim 128, the Llama geometry the kernels target. */
+typedef struct { uint8_t b[16]; } kv_row128_1bit;
+typedef struct { uint8_t b[32]; } kv_row128_2bit;
+typedef struct { uint8_t b[64]; } kv_row128_4bit;
+static_assert(sizeof(kv_row128_1bit) == 16, "1-bit row of 128 channels is 16 bytes");
+static_assert(sizeof(kv_row128_2bit) == 32, "2-bit row of 128 channels is 32 bytes");
+static_assert(sizeof(kv_row128_4bit) == 64, "4-bit row of 128 channels is 64 bytes");
+static_assert(sizeof(uint16_t) == 2, "fp16 scale/zero are 2 bytes");
+
+/*
+ * DSQ (KVO-LLM differential salient-token quantization), for one layer's K
+ * or V of shape [kv_heads, T, head_dim], with window W (64), S salient
+ * tokens per window (round(0.2 * W) = 13), b bits (2) for the other W - S
+ * tokens and Gd = min(group, head_dim) channels per group (group 32):
+ *   - the first nw = floor(T / W) windows are packed; the last T - nw*W
+ *     tokens stay fp16:  resid F16 [kv_heads, T - nw*W, head_dim];
+ *   - mask:   U8 [kv_heads, nw, W/8]; bit t%8 of byte t/8 (LSB first) set
+ *     when token t of the window is salient; exactly S bits are set.  The
+ *     salient tokens are the S largest importances of the window (ties to
+ *     the earlier token); K and V of a layer share the mask;
+ *   - sal:    I8 [kv_heads, nw, S, head_dim], salient rows in token order,
+ *     symmetric INT8 per channel over the window's salient tokens:
+ *     sscale F16 [kv_heads, nw, head_dim] = fp16(max|x| / 127),
+ *     code = clamp(rint(x / s), -127, 127) (0 when s == 0), x' = s * code;
+ *   - keys only: base F16 [kv_heads, nw, head_dim] = fp16 of the mean, per
+ *     channel, of the window's salient keys (of all W keys when S == 0);
+ *     the other keys are stored as deltas d = x - base;
+ *   - codes:  U8 [kv_heads, nw, W - S, head_dim*b/8], the non-salient rows in
+ *     token order (key deltas, or values), b-bit asymmetric per token over
+ *     groups of Gd channels exactly as KIVI values:
+ *     scale, zero F16 [kv_heads, nw, W - S, head_dim/Gd];
+ *     x' = base + (zero + scale * code) for keys (float32, parenthesised as
+ *     written), zero + scale * code for values.
+ * Subtracting the per-channel base removes the channel outliers of keys, so
+ * that per-token groups see a small range.
+ */
+typedef struct {
+    int window;   /* W tokens per window, a multiple of 8 */
+    int salient;  /* S salient tokens per window, 0..W */
+    int bits;     /* b: 1, 2 or 4 for non-salient tokens */
+    int group;    /* channels per non-salient group (clipped to head_dim) */
+} kv_dsq_params;
+
+#define KV_DSQ_DEFAULT_WINDOW 64
+#define KV_DSQ_DEFAULT_SALIENT_FRAC 0.2
+#define KV_DSQ_DEFAULT_BITS 2
+#define KV_DSQ_DEFAULT_GROUP 32
+
+static inline KV_HD int kv_dsq_nwindows(int T, int window) { return T / window; }
+
+/* Is token t (0..W-1) of a window salient? */
+static inline KV_HD int kv_dsq_mask_get(const uint8_t *mask, int t)
+{
+    return (mask[t >> 3] >> (t & 7)) & 1;
+}
+
+/* One window of 64 tokens has an 8-byte mask. */
+typedef struct { uint8_t b[8]; } kv_dsq_mask64;
+static_assert(sizeof(kv_dsq_mask64) == 8, "DSQ mask of a 64-token window is 8 bytes");
+static_assert(sizeof(int8_t) == 1, "DSQ salient codes are one byte");
+
+#endif

@@ -1,0 +1,70 @@
+/*
+ * kv_cuda_bench: the measurements behind `kv-bench attn` and `kv-bench
+ * pack` (the commands only parse options and print).  GPU timings use CUDA
+ * events around many back-to-back launches, rotating among enough copies of
+ * the inputs that they cannot stay in L2, and report the median of several
+ * repetitions; device-to-device copy bandwidth (bytes read + written) is
+ * measured in the same run as the yardstick.  In a build without CUDA the
+ * GPU functions return KV_E_UNAVAILABLE; the CPU packing measurement always
+ * works.
+ */
+#ifndef KV_CUDA_BENCH_H
+#define KV_CUDA_BENCH_H
+
+#include <stddef.h>
+
+#include "common/kv_status.h"
+
+typedef struct {
+    char name[256];   /* device name */
+    int sms;          /* multiprocessors */
+    size_t l2_bytes;  /* L2 cache size */
+    int driver;       /* driver version (e.g. 13000) */
+    int runtime;      /* runtime version */
+} kv_bench_device;
+
+/* Device description; KV_E_UNAVAILABLE without a usable GPU. */
+kv_status kv_cuda_bench_device(kv_bench_device *dev);
+
+/* Device-to-device cudaMemcpy of `bytes`: (bytes read + written) per second. */
+kv_status kv_cuda_bench_copy(size_t bytes, int iters, int reps, double *bytes_per_s);
+
+typedef struct {
+    int n_heads, kv_heads, head_dim, T;
+    int group, residual;   /* KIVI geometry of the packed paths */
+    int iters, reps;       /* launches per timing, timings (median reported) */
+    int check;             /* also compare each path with its CPU reference */
+} kv_bench_attn_cfg;
+
+typedef struct {
+    int ok;            /* measured (0: not supported for this geometry) */
+    double seconds;    /* median time of one decode attention */
+    double bytes;      /* bytes the path must read (K, V, scales, zeros, residual, q, out) */
+    double bytes_per_s;
+    double err;        /* normalized error vs the CPU reference, or -1 when not checked */
+} kv_bench_attn_path;
+
+typedef struct {
+    int copies;                  /* input copies rotated to defeat L2 (fp16 path) */
+    kv_bench_attn_path f16, kivi1, kivi2;
+} kv_bench_attn_result;
+
+kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
+
+typedef struct {
+    int kv_heads, head_dim, T, bits, group, residual, iters, reps;
+} kv_bench_pack_cfg;
+
+typedef struct {
+    double seconds;    /* median time to pack K and V of one layer */
+    double in_bytes;   /* fp16 input bytes (K and V) */
+    double out_bytes;  /* packed bytes written (codes, scales, zeros, residual) */
+} kv_bench_pack_result;
+
+/* GPU: kv_cuda_kivi_pack of K then V. */
+kv_status kv_cuda_bench_pack(const kv_bench_pack_cfg *c, kv_bench_pack_result *r);
+/* CPU: kv_kivi_pack of K then V (float input made from fp16), with `threads`
+ * OpenMP threads (1 = per core). */
+kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pack_result *r);
+
+#endif

@@ -1,0 +1,323 @@
+/*
+ * kv_gpu_bench: transfer ceilings and timed decode runs for `kv-bench
+ * decode` (see kv_gpu_bench.h).  Transfers are timed with CUDA events,
+ * after one untimed round, as the median of several rounds.
+ */
+#include "eval/kv_gpu_bench.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n ? v[n / 2] : 0;
+}
+
+kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
+                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, int warmup,
+                              int tokens, int nofetch_tokens, kv_gpu_decode_result *r)
+{
+    memset(r, 0, sizeof *r);
+    if (tokens < 1) return kv_fail(KV_E_USAGE, "no tokens to time");
+    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, opts);
+    if (!st) st = kv_gpu_engine_synthesize(e, T, seed);
+    if (st) return st;
+    int n = warmup + tokens > nofetch_tokens ? warmup + tokens : nofetch_tokens;
+    int *ids = malloc((size_t)n * sizeof(int));
+    float *ms = malloc((size_t)n * sizeof(float));
+    double *v = malloc((size_t)n * sizeof(double));
+    if (!ids || !ms || !v) {
+        free(ids);
+        free(ms);
+        free(v);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    st = kv_gpu_engine_generate(e, 1, warmup + tokens, ids, ms);
+    if (!st) {
+        for (int i = 0; i < tokens; i++) v[i] = ms[warmup + i];
+        qsort(v, (size_t)tokens, sizeof *v, cmp_double);
+        r->ms_median = v[tokens / 2];
+        r->ms_p90 = v[(tokens * 9) / 10 < tokens ? (tokens * 9) / 10 : tokens - 1];
+        r->ms_min = v[0];
+        r->tokens = tokens;
+        kv_bytes b;
+        kv_gpu_engine_bytes(e, &b);
+        r->gpu_kv = b.resident;
+        r->host_kv = b.host;
+        r->pcie_token = b.fetched_last;
+        kv_gpu_timing t;
+        kv_gpu_engine_timing(e, &t);
+        r->select_ms = t.select_ms;
+        r->copy_ms = t.copy_ms;
+        r->fetch_ms = t.fetch_ms;
+    }
+    bool sparse = false;
+    for (int l = 0; per_layer && l < kv_gpu_engine_n_layers(e); l++)
+        sparse |= per_layer[l].kind == KV_POL_SPARSE;
+    if (!st && sparse && nofetch_tokens > 0) {
+        kv_gpu_engine_set_no_fetch(e, true);
+        st = kv_gpu_engine_generate(e, ids[warmup + tokens - 1], nofetch_tokens, ids, ms);
+        kv_gpu_engine_set_no_fetch(e, false);
+        if (!st) {
+            for (int i = 0; i < nofetch_tokens; i++) v[i] = ms[i];
+            r->ms_nofetch = median(v, nofetch_tokens);
+        }
+    }
+    free(ids);
+    free(ms);
+    free(v);
+    return st;
+}
+
+#ifdef KV_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "eng_ops.cuh"
+
+#define BW_CK(call)                                                                      \
+    do {                                                                                 \
+        cudaError_t bw_e_ = (call);                                                      \
+        if (bw_e_ != cudaSuccess) {                                                      \
+            (void)cudaGetLastError();                                                    \
+            st = kv_fail(bw_e_ == cudaErrorMemoryAllocation ? KV_E_NOMEM : KV_E_INTERNAL, \
+                         "%s: %s", #call, cudaGetErrorString(bw_e_));                    \
+            goto done;                                                                   \
+        }                                                                                \
+    } while (0)
+
+kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
+{
+    memset(bw, 0, sizeof *bw);
+    kv_status st = KV_OK;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= device) {
+        (void)cudaGetLastError();
+        return kv_fail(KV_E_UNAVAILABLE, "no usable CUDA device %d", device);
+    }
+    const size_t hbytes = (size_t)256 << 20, dbytes = (size_t)1 << 30;
+    const int rows = 65536, rowb = 512, reps = 7;
+    void *h = NULL, *hd = NULL, *d0 = NULL, *d1 = NULL;
+    int *sel = NULL, *dsel = NULL;
+    unsigned *sink = NULL;
+    cudaStream_t s = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    double t[16];
+    float ms;
+    bw->row_bytes = rowb;
+    BW_CK(cudaSetDevice(device));
+    BW_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    BW_CK(cudaEventCreate(&a));
+    BW_CK(cudaEventCreate(&b));
+    BW_CK(cudaHostAlloc(&h, hbytes, cudaHostAllocMapped));
+    BW_CK(cudaHostGetDevicePointer(&hd, h, 0));
+    memset(h, 0x3c, hbytes); /* fp16 1.0-ish pattern: not zeros */
+    BW_CK(cudaMalloc(&d0, dbytes));
+    BW_CK(cudaMalloc(&d1, dbytes));
+    BW_CK(cudaMemsetAsync(d0, 0x5a, dbytes, s));
+    BW_CK(cudaMalloc((void **)&sink, 64));
+    /* pinned host -> device and back */
+    for (int dir = 0; dir < 2; dir++) {
+        for (int i = 0; i <= reps; i++) {
+            BW_CK(cudaEventRecord(a, s));
+            if (dir == 0) BW_CK(cudaMemcpyAsync(d1, h, hbytes, cudaMemcpyHostToDevice, s));
+            else BW_CK(cudaMemcpyAsync(h, d1, hbytes, cudaMemcpyDeviceToHost, s));
+            BW_CK(cudaEventRecord(b, s));
+            BW_CK(cudaEventSynchronize(b));
+            BW_CK(cudaEventElapsedTime(&ms, a, b));
+            if (i) t[i - 1] = (double)hbytes / (ms * 1e-3);
+        }
+        if (dir == 0) bw->h2d = median(t, reps);
+        else bw->d2h = median(t, reps);
+    }
+    /* device copy: bytes read plus bytes written */
+    for (int i = 0; i <= reps; i++) {
+        BW_CK(cudaEventRecord(a, s));
+        BW_CK(cudaMemcpyAsync(d1, d0, dbytes, cudaMemcpyDeviceToDevice, s));
+        BW_CK(cudaEventRecord(b, s));
+        BW_CK(cudaEventSynchronize(b));
+        BW_CK(cudaEventElapsedTime(&ms, a, b));
+        if (i) t[i - 1] = 2.0 * (double)dbytes / (ms * 1e-3);
+    }
+    bw->d2d = median(t, reps);
+    /* a kernel streaming mapped host memory */
+    for (int i = 0; i <= reps; i++) {
+        BW_CK(cudaEventRecord(a, s));
+        BW_CK(eng_read_probe(hd, hbytes, sink, s));
+        BW_CK(cudaEventRecord(b, s));
+        BW_CK(cudaEventSynchronize(b));
+        BW_CK(cudaEventElapsedTime(&ms, a, b));
+        if (i) t[i - 1] = (double)hbytes / (ms * 1e-3);
+    }
+    bw->zc_read = median(t, reps);
+    /* random 512-byte rows (one head's K and V at head_dim 128): one kernel
+     * gathering from mapped memory vs one copy-engine transfer per row */
+    sel = malloc((size_t)rows * sizeof(int));
+    if (!sel) {
+        st = kv_fail(KV_E_NOMEM, "out of memory");
+        goto done;
+    }
+    {
+        unsigned long long x = 88172645463325252ull;
+        int nrows_h = (int)(hbytes / rowb);
+        for (int i = 0; i < rows; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            sel[i] = (int)(x % (unsigned long long)nrows_h);
+        }
+    }
+    BW_CK(cudaMalloc((void **)&dsel, (size_t)rows * sizeof(int)));
+    /* stream-ordered: a legacy-stream cudaMemcpy does not order with s */
+    BW_CK(cudaMemcpyAsync(dsel, sel, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, s));
+    BW_CK(cudaStreamSynchronize(s));
+    for (int i = 0; i <= reps; i++) {
+        BW_CK(cudaEventRecord(a, s));
+        /* rows as (T, 1 head, K|V, 128): the engine's gather, 8 of them per warp-row */
+        BW_CK(eng_gather_rows(hd, 1, 128, ENG_F16, dsel, rows, NULL, 0, d1,
+                              (uint8_t *)d1 + (size_t)rows * 256, (size_t)rows, s));
+        BW_CK(cudaEventRecord(b, s));
+        BW_CK(cudaEventSynchronize(b));
+        BW_CK(cudaEventElapsedTime(&ms, a, b));
+        if (i) t[i - 1] = (double)rows * rowb / (ms * 1e-3);
+    }
+    bw->zc_gather = median(t, reps);
+    {
+        const int nm = 8192; /* per-row copies are slow: time fewer */
+        for (int i = 0; i <= 3; i++) {
+            BW_CK(cudaEventRecord(a, s));
+            for (int r = 0; r < nm; r++)
+                BW_CK(cudaMemcpyAsync((uint8_t *)d1 + (size_t)r * rowb, (uint8_t *)h + (size_t)sel[r] * rowb,
+                                      rowb, cudaMemcpyHostToDevice, s));
+            BW_CK(cudaEventRecord(b, s));
+            BW_CK(cudaEventSynchronize(b));
+            BW_CK(cudaEventElapsedTime(&ms, a, b));
+            if (i) t[i - 1] = (double)nm * rowb / (ms * 1e-3);
+        }
+        bw->memcpy_gather = median(t, 3);
+    }
+done:
+    free(sel);
+    if (dsel) cudaFree(dsel);
+    if (sink) cudaFree(sink);
+    if (d0) cudaFree(d0);
+    if (d1) cudaFree(d1);
+    if (h) cudaFreeHost(h);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    if (s) cudaStreamDestroy(s);
+    return st;
+}
+
+
+kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
+{
+    memset(us, 0, sizeof *us);
+    us->n = n;
+    us->k = k;
+    kv_status st = KV_OK;
+    const int nqh = 32, nkv = 8, hd = 128, C = 8, dim = 4096, reps = 9;
+    const int ldc = (n + 7) & ~7;
+    cudaStream_t s = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    float *q = NULL, *score = NULL, *comb = NULL, *tmp = NULL, *chmax = NULL, *mad = NULL, *qs = NULL;
+    float *x = NULL, *y = NULL;
+    int *chans = NULL, *sel = NULL;
+    uint8_t *bits = NULL;
+    void *W = NULL, *rows_h = NULL, *rows_d = NULL, *kcm_h = NULL, *kcm_d = NULL, *dst = NULL;
+    double t[16];
+    float ms;
+    BW_CK(cudaSetDevice(device));
+    BW_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    BW_CK(cudaEventCreate(&a));
+    BW_CK(cudaEventCreate(&b));
+    BW_CK(cudaMalloc((void **)&q, (size_t)nqh * hd * 4));
+    BW_CK(cudaMalloc((void **)&score, (size_t)nqh * n * 4));
+    BW_CK(cudaMalloc((void **)&comb, (size_t)nkv * n * 4));
+    BW_CK(cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4));
+    BW_CK(cudaMalloc((void **)&chmax, (size_t)nkv * hd * 4));
+    BW_CK(cudaMalloc((void **)&mad, (size_t)nkv * hd * 4));
+    BW_CK(cudaMalloc((void **)&qs, (size_t)nqh * 4));
+    BW_CK(cudaMalloc((void **)&chans, (size_t)nkv * C * 4));
+    BW_CK(cudaMalloc((void **)&sel, (size_t)nkv * k * 4));
+    BW_CK(cudaMalloc((void **)&bits, (size_t)nkv * n * hd / 8));
+    BW_CK(cudaMalloc((void **)&x, (size_t)dim * 4));
+    BW_CK(cudaMalloc((void **)&y, (size_t)nqh * hd * 4));
+    BW_CK(cudaMalloc(&W, (size_t)nqh * hd * dim * 2));
+    BW_CK(cudaMalloc(&dst, (size_t)2 * nkv * k * hd * 2));
+    BW_CK(cudaHostAlloc(&rows_h, (size_t)n * nkv * 2 * hd * 2, cudaHostAllocMapped));
+    BW_CK(cudaHostGetDevicePointer(&rows_d, rows_h, 0));
+    BW_CK(cudaHostAlloc(&kcm_h, (size_t)nkv * hd * ldc * 2, cudaHostAllocMapped));
+    BW_CK(cudaHostGetDevicePointer(&kcm_d, kcm_h, 0));
+    memset(rows_h, 0x3c, (size_t)n * nkv * 2 * hd * 2);
+    memset(kcm_h, 0x3c, (size_t)nkv * hd * ldc * 2);
+    /* non-zero inputs (fills are seeded; values do not matter for time) */
+    BW_CK(eng_fill_random(W, ENG_F16, (size_t)nqh * hd * dim, 5, NULL, 1, 1, s));
+    BW_CK(eng_fill_random(bits, ENG_F16, (size_t)nkv * n * hd / 16, 6, NULL, 1, 1, s));
+    BW_CK(eng_fill_f32(q, (size_t)nqh * hd, 0.5f, s));
+    BW_CK(eng_fill_f32(x, (size_t)dim, 0.25f, s));
+    BW_CK(eng_fill_f32(chmax, (size_t)nkv * hd, 1.0f, s));
+    BW_CK(eng_fill_f32(mad, (size_t)nkv * hd, 0.7f, s));
+    BW_CK(cudaStreamSynchronize(s));
+#define TIME_US(field, launch)                                                          \
+    do {                                                                                \
+        for (int i_ = 0; i_ <= reps; i_++) {                                            \
+            BW_CK(cudaEventRecord(a, s));                                               \
+            BW_CK(launch);                                                              \
+            BW_CK(cudaEventRecord(b, s));                                               \
+            BW_CK(cudaEventSynchronize(b));                                             \
+            BW_CK(cudaEventElapsedTime(&ms, a, b));                                     \
+            if (i_) t[i_ - 1] = ms * 1e3;                                               \
+        }                                                                               \
+        us->field = median(t, reps);                                                    \
+    } while (0)
+    TIME_US(pred_gemv, eng_gemv(W, ENG_F16, nqh * hd, dim, x, y, 0, s));
+    BW_CK(eng_select_channels(q, chmax, nqh, nkv, hd, C, chans, qs, s));
+    TIME_US(score_channels, eng_score_channels(q, chans, qs, kcm_d, ENG_F16, ldc, nqh, nkv, hd, C, 0, n,
+                                               score, s));
+    /* last, so that the scores the next kernels see vary as real ones do */
+    TIME_US(score_sketch, eng_score_sketch(q, bits, n, mad, nqh, nkv, hd, 0, n, score, s));
+    TIME_US(softmax_combine, eng_softmax_combine(score, nqh, nkv, n, 0, tmp, comb, s));
+    TIME_US(sketch_combine, eng_sketch_combine(q, bits, n, mad, nqh, nkv, hd, 0, n, 0, tmp, comb, s));
+    TIME_US(topk, eng_topk(comb, nkv, n, k, 0, sel, s));
+    TIME_US(gather, eng_gather_rows(rows_d, nkv, hd, ENG_F16, sel, k, NULL, 0, dst,
+                                    (uint8_t *)dst + (size_t)nkv * k * hd * 2, (size_t)k, s));
+#undef TIME_US
+done:
+    if (rows_h) cudaFreeHost(rows_h);
+    if (kcm_h) cudaFreeHost(kcm_h);
+    void *dev[] = {q, score, comb, tmp, chmax, mad, qs, chans, sel, bits, x, y, W, dst};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    if (s) cudaStreamDestroy(s);
+    return st;
+}
+
+#else
+
+kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
+{
+    (void)device;
+    memset(us, 0, sizeof *us);
+    us->n = n;
+    us->k = k;
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA");
+}
+
+kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
+{
+    (void)device;
+    memset(bw, 0, sizeof *bw);
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA");
+}
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * kv_gpu_bench: the measuring behind `kv-bench decode` — the transfer
+ * ceilings of the machine (pinned host<->device copies, device copies,
+ * zero-copy reads and row gathers from mapped host memory, and the same
+ * gather done with one cudaMemcpyAsync per row), and one timed decode run of
+ * a kv_gpu_engine under a given placement.  Without CUDA every call fails
+ * with KV_E_UNAVAILABLE.
+ */
+#ifndef KV_GPU_BENCH_H
+#define KV_GPU_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu/kv_gpu_engine.h"
+#include "common/kv_status.h"
+
+typedef struct {
+    double h2d;           /* pinned host -> device, bytes/s (256 MiB copies) */
+    double d2h;           /* device -> pinned host, bytes/s */
+    double d2d;           /* device copy, bytes read + written per s (1 GiB) */
+    double zc_read;       /* a kernel reading mapped pinned memory, bytes/s */
+    double zc_gather;     /* zero-copy gather of random 512-byte rows, bytes/s */
+    double memcpy_gather; /* the same rows, one cudaMemcpyAsync each, bytes/s */
+    int row_bytes;        /* 512 */
+} kv_gpu_bw;
+
+kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw);
+
+/* Each kernel of one sparse layer's selection timed alone on an idle GPU
+ * (median of several launches), microseconds, at n candidates, Llama-3.1-8B
+ * attention geometry (32/8 heads, head_dim 128), top-k rows, 8 channels. */
+typedef struct {
+    double pred_gemv, score_sketch, score_channels, softmax_combine, topk, gather;
+    double sketch_combine; /* score_sketch + softmax_combine fused (what the engine runs) */
+    int n, k;
+} kv_gpu_select_us;
+
+kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us);
+
+typedef struct {
+    double ms_median, ms_p90, ms_min; /* per decoded token */
+    double ms_nofetch;    /* median with sparse selection/gather switched off (0 if n/a) */
+    uint64_t gpu_kv;      /* KV bytes resident on the GPU after the run */
+    uint64_t host_kv;     /* KV bytes in pinned host memory */
+    uint64_t pcie_token;  /* bytes read from host memory by the last step */
+    double select_ms;     /* last step: selection stream busy time (sparse) */
+    double copy_ms;       /* last step: copy stream busy time (offload) */
+    double fetch_ms;      /* last step: time in gathers / copies from host memory */
+    int tokens;           /* timed tokens */
+} kv_gpu_decode_result;
+
+/*
+ * Reset e to per_layer/opts, synthesize a T-token context (seeded), decode
+ * warmup then `tokens` greedy tokens timed per step; when nofetch_tokens > 0
+ * and some layer is sparse, decode that many more with fetching off.
+ */
+kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
+                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, int warmup,
+                              int tokens, int nofetch_tokens, kv_gpu_decode_result *r);
+
+#endif

@@ -1,0 +1,143 @@
+/*
+ * kv_gpu_engine: the forward pass of lib/engine/kv_engine.h on a CUDA GPU, with
+ * TailorKV's placement on real hardware.  Same model structure and the same
+ * per-layer kv_policy_params as the CPU engine; weights are converted at
+ * load to fp16 (bf16 when the model is bf16) and live on the GPU; the KV
+ * cache is fp16.  Per layer, by policy:
+ *   full    — the K/V cache on the GPU (or, with opts.offload, in pinned host
+ *             memory, each layer copied in per step on a copy stream while
+ *             the previous layer computes: the `offload` baseline);
+ *   quant   — KIVI-packed K/V resident on the GPU, attention straight from
+ *             the packed data (kernels/kv_kernels.h) at head_dim 128, 1 or
+ *             2 bits; any other geometry keeps the same packed bytes
+ *             (packed on the host with lib/quant/kv_quant.c's code as groups
+ *             fill) and expands them to an fp16 scratch each step for the
+ *             fp16 attention: correct, not fast;
+ *   streaming — sink + recent-window rows on the GPU (a ring), exact
+ *             attention over the tokens the CPU policy keeps;
+ *   sparse  — the prompt's K/V in pinned host memory (one row per token with
+ *             every KV head's K and V; keys also channel-major), the GPU
+ *             keeping sink, recent and generated tokens; the layer's query is
+ *             predicted one layer early and its token selection and gather
+ *             run on a second stream while the previous layer computes.
+ *             opts.select = SKETCH scores tokens from a resident 1-bit sketch
+ *             of the keys instead of fetching critical channels.
+ *   dsq     — windows packed on the host by lib/quant/kv_dsq.c (salient tokens by
+ *             attention accumulated on the GPU), resident packed, expanded
+ *             to an fp16 scratch each step: correct, not fast.  HCAP
+ *             (keep < 1, chan > 0) is refused (KV_E_UNSUPPORTED).
+ *
+ * Without CUDA in the build, or without a usable device, kv_gpu_engine_new
+ * fails with KV_E_UNAVAILABLE and a one-line reason; nothing else may be
+ * called then.  Every CUDA failure comes back as a status with the call and
+ * the CUDA error text (GPU out of memory is KV_E_NOMEM).
+ *
+ * Typical use mirrors kv_engine.h:
+ *   kv_gpu_engine *g; kv_gpu_engine_new(model, per_layer, ctx, NULL, &g);
+ *   kv_gpu_engine_prefill(g, toks, n, logits);
+ *   for (...) kv_gpu_engine_step(g, argmax(logits), logits);
+ *   kv_gpu_engine_free(g);
+ */
+#ifndef KV_GPU_ENGINE_H
+#define KV_GPU_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/kv_model.h"
+#include "policy/kv_policy.h"
+#include "common/kv_status.h"
+
+typedef struct kv_gpu_engine kv_gpu_engine;
+
+typedef enum {
+    KV_GPU_SELECT_POLICY = 0, /* sparse layers select as their params say (channels or exact) */
+    KV_GPU_SELECT_SKETCH      /* score from a resident 1-bit key sketch; fetch only top-K rows */
+} kv_gpu_select;
+
+typedef enum { KV_GPU_W_AUTO = 0, KV_GPU_W_F16, KV_GPU_W_BF16 } kv_gpu_wtype;
+
+typedef struct {
+    int device;           /* CUDA device ordinal */
+    kv_gpu_wtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
+    kv_gpu_select select; /* token selection of sparse layers */
+    bool offload;         /* `full` layers keep K/V in host memory (the offload baseline) */
+    bool no_fetch;        /* measurement only: skip sparse selection and gathering (the
+                             attention then reads stale rows) to time the fetch-free step */
+    bool profile;         /* time the side streams per layer (kv_gpu_engine_timing) */
+} kv_gpu_engine_opts;
+
+void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o);
+
+/*
+ * Build an engine for m (borrowed; must outlive the engine).  per_layer
+ * (n_layers) or NULL for `full` on every layer; ctx: capacity in tokens (0 =
+ * the model's seq_len); opts may be NULL for the defaults.
+ */
+kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
+                            const kv_gpu_engine_opts *opts, kv_gpu_engine **out);
+void kv_gpu_engine_free(kv_gpu_engine *e);
+
+/* Forget every token; per_layer (n_layers) replaces the policies, NULL keeps them. */
+kv_status kv_gpu_engine_reset(kv_gpu_engine *e, const kv_policy_params *per_layer);
+
+/* Same, also replacing the options (device and wtype must not change). */
+kv_status kv_gpu_engine_reset_opts(kv_gpu_engine *e, const kv_policy_params *per_layer,
+                                   const kv_gpu_engine_opts *opts);
+
+/* Prefill tokens (n >= 1) from position 0 (dense attention over an fp16
+ * prompt cache, one token at a time), then hand each layer's prompt K/V to
+ * its placement.  logits_last: (vocab) or NULL. */
+kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last);
+
+/* One decode step at position kv_gpu_engine_pos(); logits (vocab) or NULL. */
+kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits);
+
+/*
+ * Greedy decode of n tokens without a host round trip per token: the first
+ * input is `token`, each next input is the device argmax of the last logits.
+ * out (n) receives the generated ids; step_ms (n) or NULL, the GPU time of
+ * each step (events on the main stream, end to end).
+ */
+kv_status kv_gpu_engine_generate(kv_gpu_engine *e, int token, int n, int *out, float *step_ms);
+
+/*
+ * Benchmarks: put a T-token context in place without a prefill — seeded
+ * random fp16 keys (with a few large channels, as real keys have) and values
+ * generated on the device, then handed to every layer's placement exactly
+ * as a prefill's K/V would be.  The engine must be fresh or reset.
+ */
+kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed);
+
+/* Measurement only: switch the sparse layers' selection and gather off (or
+ * back on) without touching the context (see opts.no_fetch). */
+void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
+
+int kv_gpu_engine_vocab(const kv_gpu_engine *e);
+int kv_gpu_engine_pos(const kv_gpu_engine *e);
+int kv_gpu_engine_ctx(const kv_gpu_engine *e);
+int kv_gpu_engine_n_layers(const kv_gpu_engine *e);
+/* "NVIDIA H200 (sm_90, 143771 MiB, driver 13.0)" */
+const char *kv_gpu_engine_device(const kv_gpu_engine *e);
+
+/* Byte accounting of one layer, as kv_policy's: resident = GPU KV bytes,
+ * host = pinned host KV bytes, fetched_* = bytes read over PCIe (copies and
+ * zero-copy reads) for the last step / in total. */
+kv_status kv_gpu_engine_layer_bytes(const kv_gpu_engine *e, int layer, kv_bytes *b);
+/* Sum over layers. */
+void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total);
+/* GPU bytes of the weights as stored (shared layer weights counted once). */
+uint64_t kv_gpu_engine_weight_bytes(const kv_gpu_engine *e);
+/* GPU bytes the weights read per decode step (every layer counted). */
+uint64_t kv_gpu_engine_weight_read_bytes(const kv_gpu_engine *e);
+
+/* Side-stream times of the last step (opts.profile): the copy stream's or
+ * the selection stream's busy time, summed over layers, in ms. */
+typedef struct {
+    double select_ms; /* sparse: predicted query, scoring, top-K and gather, start to end */
+    double copy_ms;   /* offload: host-to-device copies of K/V */
+    double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
+} kv_gpu_timing;
+void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
+
+#endif

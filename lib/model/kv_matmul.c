@@ -1,0 +1,481 @@
+/*
+ * kv_matmul: weight kernels for the CPU engine (see kv_matmul.h).  The hot
+ * loops are dot products of one weight row with one activation vector.  Two
+ * sets exist: AVX2+FMA+F16C (picked at run time, since the build targets
+ * x86-64-v2) and a portable set written with eight independent accumulators
+ * so the compiler can vectorise it without reassociating a single sum.
+ * Several tokens (prefill) reuse one decoded weight row.
+ */
+#include "model/kv_matmul.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kv_half.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KV_X86 1
+#endif
+
+// --- portable kernels --------------------------------------------------------
+
+#define KV_PAR_MIN (1L << 18) /* multiply-adds below which a matvec stays serial */
+
+static float f16_table[65536]; /* f16 bits -> f32, filled once */
+
+static float dot_f32_port(const float *a, const float *b, int n)
+{
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void row_f16_port(const void *row, float *out, int n)
+{
+    const uint16_t *w = row;
+    for (int i = 0; i < n; i++) out[i] = f16_table[w[i]];
+}
+
+static void row_bf16_port(const void *row, float *out, int n)
+{
+    const uint16_t *w = row;
+    for (int i = 0; i < n; i++) {
+        uint32_t b = (uint32_t)w[i] << 16;
+        memcpy(&out[i], &b, 4);
+    }
+}
+
+static void row_q8_port(const void *row, float *out, int n)
+{
+    const uint8_t *p = row;
+    for (int b = 0; b < n / KV_Q8_0_BLOCK; b++, p += KV_Q8_0_BYTES) {
+        uint16_t dh;
+        memcpy(&dh, p, 2);
+        float d = f16_table[dh];
+        const int8_t *q = (const int8_t *)(p + 2);
+        for (int j = 0; j < KV_Q8_0_BLOCK; j++) out[b * KV_Q8_0_BLOCK + j] = d * (float)q[j];
+    }
+}
+
+static float dot_f16_port(const void *row, const float *x, int n)
+{
+    const uint16_t *w = row;
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += f16_table[w[i + j]] * x[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += f16_table[w[i]] * x[i];
+    return s;
+}
+
+static float dot_bf16_port(const void *row, const float *x, int n)
+{
+    const uint16_t *w = row;
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            uint32_t b = (uint32_t)w[i + j] << 16;
+            float f;
+            memcpy(&f, &b, 4);
+            acc[j] += f * x[i + j];
+        }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) {
+        uint32_t b = (uint32_t)w[i] << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        s += f * x[i];
+    }
+    return s;
+}
+
+static float dot_q8_port(const void *row, const float *x, int n)
+{
+    const uint8_t *p = row;
+    float s = 0;
+    for (int b = 0; b < n / KV_Q8_0_BLOCK; b++, p += KV_Q8_0_BYTES) {
+        uint16_t dh;
+        memcpy(&dh, p, 2);
+        const int8_t *q = (const int8_t *)(p + 2);
+        const float *xb = x + b * KV_Q8_0_BLOCK;
+        float acc[8] = {0};
+        for (int i = 0; i < KV_Q8_0_BLOCK; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += (float)q[i + j] * xb[i + j];
+        s += f16_table[dh] *
+             (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    }
+    return s;
+}
+
+static float dot_w_f32_port(const void *row, const float *x, int n)
+{
+    return dot_f32_port(row, x, n);
+}
+
+static void axpy_port(float a, const float *x, float *y, int n)
+{
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+// --- AVX2 + FMA + F16C kernels -------------------------------------------------
+
+#ifdef KV_X86
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+KV_AVX2 static inline float hsum256(__m256 v)
+{
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+KV_AVX2 static float dot_f32_avx2(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+KV_AVX2 static float dot_w_f32_avx2(const void *row, const float *x, int n)
+{
+    return dot_f32_avx2(row, x, n);
+}
+
+KV_AVX2 static float dot_f16_avx2(const void *row, const float *x, int n)
+{
+    const uint16_t *w = row;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8)));
+        s0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))),
+                             _mm256_loadu_ps(x + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += f16_table[w[i]] * x[i];
+    return s;
+}
+
+KV_AVX2 static inline __m256 bf16x8(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+KV_AVX2 static float dot_bf16_avx2(const void *row, const float *x, int n)
+{
+    const uint16_t *w = row;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) {
+        uint32_t b = (uint32_t)w[i] << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        s += f * x[i];
+    }
+    return s;
+}
+
+KV_AVX2 static float dot_q8_avx2(const void *row, const float *x, int n)
+{
+    const uint8_t *p = row;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / KV_Q8_0_BLOCK; b++, p += KV_Q8_0_BYTES) {
+        uint16_t dh;
+        memcpy(&dh, p, 2);
+        const float *xb = x + b * KV_Q8_0_BLOCK;
+        __m256 bs = _mm256_setzero_ps();
+        for (int i = 0; i < KV_Q8_0_BLOCK; i += 8) {
+            __m128i q8 = _mm_loadl_epi64((const __m128i *)(p + 2 + i));
+            __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            bs = _mm256_fmadd_ps(qf, _mm256_loadu_ps(xb + i), bs);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_table[dh]), bs, acc);
+    }
+    return hsum256(acc);
+}
+
+KV_AVX2 static void row_f16_avx2(const void *row, float *out, int n)
+{
+    const uint16_t *w = row;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))));
+    for (; i < n; i++) out[i] = f16_table[w[i]];
+}
+
+KV_AVX2 static void axpy_avx2(float a, const float *x, float *y, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* out[r][j] = dot(w_r, x_j) for 2 rows and 4 tokens: each loaded weight
+ * vector feeds 4 FMAs, each token vector 2, with 8 independent chains. */
+KV_AVX2 static void tile_2x4_avx2(const float *w0, const float *w1, const float *x, size_t ldx,
+                                  int n, float out[2][4])
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+        __m256 y = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_fmadd_ps(v0, y, a00);
+        a10 = _mm256_fmadd_ps(v1, y, a10);
+        y = _mm256_loadu_ps(x1 + k);
+        a01 = _mm256_fmadd_ps(v0, y, a01);
+        a11 = _mm256_fmadd_ps(v1, y, a11);
+        y = _mm256_loadu_ps(x2 + k);
+        a02 = _mm256_fmadd_ps(v0, y, a02);
+        a12 = _mm256_fmadd_ps(v1, y, a12);
+        y = _mm256_loadu_ps(x3 + k);
+        a03 = _mm256_fmadd_ps(v0, y, a03);
+        a13 = _mm256_fmadd_ps(v1, y, a13);
+    }
+    out[0][0] = hsum256(a00), out[0][1] = hsum256(a01), out[0][2] = hsum256(a02), out[0][3] = hsum256(a03);
+    out[1][0] = hsum256(a10), out[1][1] = hsum256(a11), out[1][2] = hsum256(a12), out[1][3] = hsum256(a13);
+    for (; k < n; k++)
+        for (int j = 0; j < 4; j++) {
+            out[0][j] += w0[k] * x[j * ldx + k];
+            out[1][j] += w1[k] * x[j * ldx + k];
+        }
+}
+#endif
+
+// --- dispatch ----------------------------------------------------------------
+
+typedef float (*dot_w_fn)(const void *row, const float *x, int n);
+typedef void (*row_fn)(const void *row, float *out, int n);
+
+typedef void (*tile_fn)(const float *w0, const float *w1, const float *x, size_t ldx, int n,
+                        float out[2][4]);
+
+static void tile_2x4_port(const float *w0, const float *w1, const float *x, size_t ldx, int n,
+                          float out[2][4])
+{
+    for (int j = 0; j < 4; j++) {
+        out[0][j] = dot_f32_port(w0, x + j * ldx, n);
+        out[1][j] = dot_f32_port(w1, x + j * ldx, n);
+    }
+}
+
+static struct {
+    tile_fn tile;
+    dot_w_fn dot[KV_W_COUNT];
+    row_fn row[KV_W_COUNT];
+    float (*dot_f32)(const float *, const float *, int);
+    void (*axpy)(float, const float *, float *, int);
+    const char *isa;
+} K;
+
+static pthread_once_t k_once = PTHREAD_ONCE_INIT;
+
+static void row_f32(const void *row, float *out, int n) { memcpy(out, row, (size_t)n * 4); }
+
+static void k_init(void)
+{
+    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
+    K.dot[KV_W_F32] = dot_w_f32_port;
+    K.dot[KV_W_F16] = dot_f16_port;
+    K.dot[KV_W_BF16] = dot_bf16_port;
+    K.dot[KV_W_Q8_0] = dot_q8_port;
+    K.row[KV_W_F32] = row_f32;
+    K.row[KV_W_F16] = row_f16_port;
+    K.row[KV_W_BF16] = row_bf16_port;
+    K.row[KV_W_Q8_0] = row_q8_port;
+    K.dot_f32 = dot_f32_port;
+    K.axpy = axpy_port;
+    K.tile = tile_2x4_port;
+    K.isa = "portable";
+#ifdef KV_X86
+    const char *env = getenv("KV_PORTABLE"); /* for testing the portable path */
+    __builtin_cpu_init();
+    if ((!env || !*env) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        K.dot[KV_W_F32] = dot_w_f32_avx2;
+        K.dot[KV_W_F16] = dot_f16_avx2;
+        K.dot[KV_W_BF16] = dot_bf16_avx2;
+        K.dot[KV_W_Q8_0] = dot_q8_avx2;
+        K.row[KV_W_F16] = row_f16_avx2;
+        K.dot_f32 = dot_f32_avx2;
+        K.axpy = axpy_avx2;
+        K.tile = tile_2x4_avx2;
+        K.isa = "avx2";
+    }
+#endif
+}
+
+static inline void k_ready(void) { pthread_once(&k_once, k_init); }
+
+const char *kv_matmul_isa(void)
+{
+    k_ready();
+    return K.isa;
+}
+
+float kv_dot_f32(const float *a, const float *b, int n)
+{
+    k_ready();
+    return K.dot_f32(a, b, n);
+}
+
+void kv_axpy_f32(float a, const float *x, float *y, int n)
+{
+    k_ready();
+    K.axpy(a, x, y, n);
+}
+
+void kv_weight_row(const kv_weight *w, int r, float *out)
+{
+    k_ready();
+    size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    K.row[w->type]((const uint8_t *)w->data + (size_t)r * rb, out, w->cols);
+}
+
+void kv_matvec(const kv_weight *w, const float *x, float *y)
+{
+    k_ready();
+    const dot_w_fn dot = K.dot[w->type];
+    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const uint8_t *base = w->data;
+    const int rows = w->rows, cols = w->cols;
+    /* Below ~256k multiply-adds (a few microseconds of AVX2) waking the
+     * thread team costs as much as it saves, and far more when the cores
+     * are shared with other work. */
+#pragma omp parallel for schedule(static) if ((long)rows * cols > KV_PAR_MIN)
+    for (int r = 0; r < rows; r++) y[r] = dot(base + (size_t)r * rb, x, cols);
+}
+
+void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *const *y)
+{
+    k_ready();
+    int start[5] = {0};
+    long work = 0;
+    for (int i = 0; i < n; i++) {
+        start[i + 1] = start[i] + w[i]->rows;
+        work += (long)w[i]->rows * w[i]->cols;
+    }
+    const int total = start[n];
+#pragma omp parallel for schedule(static) if (work > KV_PAR_MIN)
+    for (int r = 0; r < total; r++) {
+        int i = 0;
+        while (r >= start[i + 1]) i++;
+        const kv_weight *wi = w[i];
+        size_t rb = kv_wtype_row_bytes(wi->type, wi->cols);
+        y[i][r - start[i]] = K.dot[wi->type]((const uint8_t *)wi->data + (size_t)(r - start[i]) * rb, x, wi->cols);
+    }
+}
+
+#define KV_MM_TOKENS 64 /* tokens per tile: one decoded row serves this many */
+
+void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
+{
+    k_ready();
+    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const uint8_t *base = w->data;
+    const int rows = w->rows, cols = w->cols;
+    const bool is_f32 = w->type == KV_W_F32;
+    for (int t0 = 0; t0 < n; t0 += KV_MM_TOKENS) {
+        int t1 = t0 + KV_MM_TOKENS < n ? t0 + KV_MM_TOKENS : n;
+        int npair = (rows + 1) / 2;
+#pragma omp parallel if ((long)rows * cols * (t1 - t0) > 32768)
+        {
+            /* two decoded rows per pair for non-f32 weights */
+            float *buf = is_f32 ? NULL : malloc(2 * (size_t)cols * sizeof(float));
+#pragma omp for schedule(static)
+            for (int rp = 0; rp < npair; rp++) {
+                int r0 = 2 * rp, r1 = r0 + 1 < rows ? r0 + 1 : r0;
+                const float *w0, *w1;
+                if (is_f32) {
+                    w0 = (const float *)(base + (size_t)r0 * rb);
+                    w1 = (const float *)(base + (size_t)r1 * rb);
+                } else if (buf) {
+                    K.row[w->type](base + (size_t)r0 * rb, buf, cols);
+                    K.row[w->type](base + (size_t)r1 * rb, buf + cols, cols);
+                    w0 = buf;
+                    w1 = buf + cols;
+                } else { /* no scratch: decode per token instead */
+                    for (int t = t0; t < t1; t++) {
+                        Y[(size_t)t * rows + r0] =
+                            K.dot[w->type](base + (size_t)r0 * rb, X + (size_t)t * cols, cols);
+                        Y[(size_t)t * rows + r1] =
+                            K.dot[w->type](base + (size_t)r1 * rb, X + (size_t)t * cols, cols);
+                    }
+                    continue;
+                }
+                int t = t0;
+                for (; t + 4 <= t1; t += 4) {
+                    float o[2][4];
+                    K.tile(w0, w1, X + (size_t)t * cols, (size_t)cols, cols, o);
+                    for (int j = 0; j < 4; j++) {
+                        Y[(size_t)(t + j) * rows + r0] = o[0][j];
+                        Y[(size_t)(t + j) * rows + r1] = o[1][j];
+                    }
+                }
+                for (; t < t1; t++) {
+                    Y[(size_t)t * rows + r0] = K.dot_f32(w0, X + (size_t)t * cols, cols);
+                    Y[(size_t)t * rows + r1] = K.dot_f32(w1, X + (size_t)t * cols, cols);
+                }
+            }
+            free(buf);
+        }
+    }
+}
+
+void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, int D, float scale,
+                        float *out, float *probs, float *s)
+{
+    k_ready();
+    memset(out, 0, (size_t)D * sizeof(float));
+    if (T <= 0) return;
+    float mx = -INFINITY;
+    for (int t = 0; t < T; t++) {
+        s[t] = K.dot_f32(q, k + (size_t)t * D, D) * scale;
+        if (s[t] > mx) mx = s[t];
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < T; t++) {
+        s[t] = expf(s[t] - mx);
+        sum += s[t];
+    }
+    float inv = 1.0f / sum;
+    for (int t = 0; t < T; t++) {
+        s[t] *= inv;
+        K.axpy(s[t], v + (size_t)t * D, out, D);
+    }
+    if (probs) memcpy(probs, s, (size_t)T * sizeof(float));
+}

@@ -1,0 +1,117 @@
+/*
+ * kv_model: a Llama-family model's geometry and weights, loaded from a
+ * llama2.c checkpoint (legacy 7-int header or v1 "ak42"), a GGUF v3 file of
+ * llama architecture, or built in memory from a seeded random generator
+ * (--synthetic).  Files are mmapped and the weight views point into the
+ * mapping; nothing is converted except the small norm vectors, which are
+ * always float32.  Every header field, offset and tensor shape is checked:
+ * a bad file is KV_E_DATA / KV_E_UNSUPPORTED with a one-line detail.
+ */
+#ifndef KV_MODEL_H
+#define KV_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kv_status.h"
+
+/* Storage type of a weight matrix. */
+typedef enum {
+    KV_W_F32 = 0,
+    KV_W_F16,
+    KV_W_BF16,
+    KV_W_Q8_0, /* ggml blocks of 32: fp16 scale + 32 int8, 34 bytes */
+    KV_W_COUNT
+} kv_wtype;
+
+#define KV_Q8_0_BLOCK 32
+#define KV_Q8_0_BYTES 34
+
+const char *kv_wtype_name(kv_wtype t);
+/* Bytes of one row of `cols` values (cols must be a multiple of 32 for Q8_0). */
+size_t kv_wtype_row_bytes(kv_wtype t, int64_t cols);
+
+/* A row-major weight matrix: y = W x with W (rows, cols). */
+typedef struct {
+    kv_wtype type;
+    int rows, cols;
+    const void *data; /* (rows, cols) in `type`; borrowed from the mapping */
+} kv_weight;
+
+typedef enum { KV_ROPE_SCALE_NONE = 0, KV_ROPE_SCALE_LLAMA3 = 1 } kv_rope_scale_kind;
+
+typedef struct {
+    int dim;          /* model width */
+    int hidden_dim;   /* feed-forward width */
+    int n_layers;
+    int n_heads;      /* query heads */
+    int n_kv_heads;   /* key/value heads (GQA: n_heads % n_kv_heads == 0) */
+    int head_dim;     /* dim / n_heads */
+    int vocab_size;
+    int seq_len;      /* trained context length */
+    float norm_eps;   /* RMSNorm epsilon */
+    double rope_theta;
+    int rope_dim;     /* rotated dims per head (== head_dim here) */
+    kv_rope_scale_kind rope_scaling;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_ctx;
+    const float *rope_freq_factors; /* (head_dim/2) divisors of each pair's
+                                       frequency (GGUF rope_freqs), or NULL */
+    bool shared_classifier; /* output == token embedding */
+    char name[64];    /* "stories260K", "llama-3.1-8b (synthetic)", ... */
+    char format[16];  /* "llama2c", "gguf", "synthetic" */
+} kv_model_config;
+
+typedef struct {
+    const float *attn_norm; /* (dim) */
+    const float *ffn_norm;  /* (dim) */
+    kv_weight wq;           /* (n_heads*head_dim, dim) */
+    kv_weight wk;           /* (n_kv_heads*head_dim, dim) */
+    kv_weight wv;           /* (n_kv_heads*head_dim, dim) */
+    kv_weight wo;           /* (dim, n_heads*head_dim) */
+    kv_weight w_gate;       /* (hidden_dim, dim)  llama2.c w1 */
+    kv_weight w_down;       /* (dim, hidden_dim)  llama2.c w2 */
+    kv_weight w_up;         /* (hidden_dim, dim)  llama2.c w3 */
+} kv_layer_weights;
+
+typedef struct kv_tokenizer kv_tokenizer;
+
+typedef struct kv_model {
+    kv_model_config cfg;
+    kv_weight tok_embd;         /* (vocab_size, dim) */
+    kv_weight output;           /* (vocab_size, dim); == tok_embd when shared */
+    const float *output_norm;   /* (dim) */
+    kv_layer_weights *layers;   /* (n_layers) */
+    /* private: storage */
+    void *map;                  /* mmapped file or NULL */
+    size_t map_len;
+    void *owned;                /* heap block holding owned data (buffer copy, synthetic) */
+    float *norm_store;          /* f32 copies of norm vectors when converted */
+    struct kv_gguf *gguf;       /* parsed GGUF metadata (NULL for llama2.c) */
+} kv_model;
+
+/* Load a model file: llama2.c (legacy or v1) or GGUF v3, detected by magic.
+ * A missing file is KV_E_NOINPUT. */
+kv_status kv_model_load(const char *path, kv_model **out);
+/* Same from a memory buffer (copied; for fuzzing and tests). */
+kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out);
+/* Seeded random weights for "llama-3.1-8b", "llama-2-7b" or "tiny", big
+ * matrices stored as wt.  To keep memory and start-up time sane, every layer
+ * shares one random set of layer weights (compute and bytes read per layer
+ * are those of the real geometry); the embedding and classifier are
+ * distinct.  The 8B geometry in BF16 takes about 2.5 GB. */
+kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_model **out);
+void kv_model_free(kv_model *m);
+
+/* The GGUF metadata of a GGUF model (for the vocabulary), else NULL. */
+const struct kv_gguf *kv_model_gguf(const kv_model *m);
+
+/* Total bytes of weights (for reports and the bandwidth bound). */
+uint64_t kv_model_weight_bytes(const kv_model *m);
+
+/* inv_freq (head_dim / 2): the RoPE frequency of each rotated pair, with
+   Llama-3 frequency scaling or the GGUF rope_freqs divisors applied. */
+void kv_model_rope_freqs(const kv_model_config *c, float *inv_freq);
+
+#endif

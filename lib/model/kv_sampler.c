@@ -1,0 +1,118 @@
+/*
+ * kv_sampler: greedy, temperature and top-p sampling (see kv_sampler.h).
+ * The arithmetic follows llama2.c's run.c step for step (float softmax,
+ * the (1-p)/(n-1) pre-filter, a descending sort, the cumulative cut) so
+ * that the same seed gives the same tokens.
+ */
+#include "model/kv_sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+struct kv_prob_index {
+    float prob;
+    int index;
+};
+
+kv_status kv_sampler_init(kv_sampler *s, int vocab, float temp, float top_p, uint64_t seed)
+{
+    s->vocab = vocab;
+    s->temp = temp;
+    s->top_p = top_p;
+    s->rng = seed ? seed : 1; /* xorshift must not start at 0 */
+    s->probs = NULL;
+    s->cand = malloc((size_t)vocab * sizeof *s->cand);
+    if (!s->cand) return kv_fail(KV_E_NOMEM, "out of memory for the sampler");
+    return KV_OK;
+}
+
+void kv_sampler_clear(kv_sampler *s)
+{
+    free(s->cand);
+    s->cand = NULL;
+}
+
+static uint32_t rand_u32(uint64_t *st)
+{
+    *st ^= *st >> 12;
+    *st ^= *st << 25;
+    *st ^= *st >> 27;
+    return (uint32_t)((*st * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static float rand_f32(uint64_t *st) { return (float)(rand_u32(st) >> 8) / 16777216.0f; }
+
+int kv_argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+void kv_softmax(float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+double kv_nll(const float *logits, int n, int tok)
+{
+    double mx = logits[0];
+    for (int i = 1; i < n; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+    return -(((double)logits[tok] - mx) - log(sum));
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    const struct kv_prob_index *x = a, *y = b;
+    return x->prob > y->prob ? -1 : x->prob < y->prob ? 1 : 0;
+}
+
+int kv_sampler_next(kv_sampler *s, float *logits)
+{
+    int n = s->vocab;
+    if (s->temp == 0.0f) return kv_argmax(logits, n);
+    for (int i = 0; i < n; i++) logits[i] /= s->temp;
+    kv_softmax(logits, n);
+    float coin = rand_f32(&s->rng);
+    if (s->top_p <= 0 || s->top_p >= 1) {
+        float cdf = 0.0f;
+        for (int i = 0; i < n; i++) {
+            cdf += logits[i];
+            if (coin < cdf) return i;
+        }
+        return n - 1;
+    }
+    /* nucleus: drop tokens that cannot be in it before sorting */
+    const float cutoff = (1.0f - s->top_p) / (float)(n - 1);
+    int n0 = 0;
+    for (int i = 0; i < n; i++)
+        if (logits[i] >= cutoff) s->cand[n0++] = (struct kv_prob_index){logits[i], i};
+    qsort(s->cand, (size_t)n0, sizeof *s->cand, cmp_desc);
+    float cum = 0.0f;
+    int last = n0 - 1;
+    for (int i = 0; i < n0; i++) {
+        cum += s->cand[i].prob;
+        if (cum > s->top_p) {
+            last = i;
+            break;
+        }
+    }
+    float r = coin * cum, cdf = 0.0f;
+    for (int i = 0; i <= last; i++) {
+        cdf += s->cand[i].prob;
+        if (r < cdf) return s->cand[i].index;
+    }
+    return s->cand[last].index;
+}

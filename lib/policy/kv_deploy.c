@@ -1,0 +1,309 @@
+/*
+ * Deployment config: strict JSON parsing (cJSON), conversion to per-layer
+ * policy parameters, and the writer kv-profile uses.  Strictness matters
+ * here because a typo in a hand-edited profile would otherwise silently
+ * deploy the wrong policy.
+ */
+#include "policy/kv_deploy.h"
+#include "common/kv_file.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kv_deploy_defaults(kv_deploy *d)
+{
+    /* The policy defaults are the one source of these numbers, so that a
+       deploy config that names no sizes deploys what --policy would. */
+    kv_policy_params q, sp;
+    kv_policy_params_default(&q, KV_POL_QUANT);
+    kv_policy_params_default(&sp, KV_POL_SPARSE);
+    memset(d, 0, sizeof *d);
+    d->quant_kind = KV_POL_QUANT;
+    d->bits = q.bits;
+    d->group = q.group;
+    d->residual = q.residual;
+    d->budget = sp.topk;
+    d->channels = sp.channels;
+    d->sink = sp.sink;
+    d->window = sp.window;
+    d->dsq_window = q.dsq_window;
+    d->dsq_salient = q.dsq_salient;
+}
+
+void kv_deploy_clear(kv_deploy *d)
+{
+    free(d->quant_layers);
+    free(d->sparse_layers);
+    d->quant_layers = d->sparse_layers = NULL;
+    d->n_quant = d->n_sparse = 0;
+}
+
+static kv_status get_int(const cJSON *it, const char *name, int lo, int hi, int *out)
+{
+    if (!cJSON_IsNumber(it))
+        return kv_fail(KV_E_DATA, "deploy config: \"%s\" must be a number", name);
+    double v = it->valuedouble;
+    if (v != floor(v) || v < lo || v > hi)
+        return kv_fail(KV_E_DATA, "deploy config: \"%s\" must be an integer in %d..%d, not %g",
+                       name, lo, hi, v);
+    *out = (int)v;
+    return KV_OK;
+}
+
+static kv_status get_list(const cJSON *it, const char *name, int n_layers, int **out, int *n)
+{
+    if (!cJSON_IsArray(it)) return kv_fail(KV_E_DATA, "deploy config: \"%s\" must be an array", name);
+    int cnt = cJSON_GetArraySize(it);
+    int *a = malloc(((size_t)cnt + 1) * sizeof *a);
+    if (!a) return kv_fail(KV_E_NOMEM, "deploy config");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, it)
+    {
+        int hi = n_layers > 0 ? n_layers - 1 : 1 << 20;
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble > hi) {
+            free(a);
+            if (cJSON_IsNumber(e))
+                return kv_fail(KV_E_DATA, "deploy config: \"%s\": layer %g out of range 0..%d",
+                               name, e->valuedouble, hi);
+            return kv_fail(KV_E_DATA, "deploy config: \"%s\" must hold layer numbers", name);
+        }
+        a[i++] = (int)e->valuedouble;
+    }
+    *out = a;
+    *n = cnt;
+    return KV_OK;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
+{
+    static const char *const known[] = {"version", "n_layers", "method", "quant_layers",
+                                        "sparse_layers", "bits", "group", "residual", "budget",
+                                        "channels", "sink", "window", "dsq_window",
+                                        "dsq_salient", NULL};
+    kv_status st;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o)
+    {
+        int k = 0;
+        while (known[k] && strcmp(known[k], it->string)) k++;
+        if (!known[k]) return kv_fail(KV_E_DATA, "deploy config: unknown member \"%s\"", it->string);
+    }
+    int ver = KV_DEPLOY_VERSION;
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "version")) &&
+        (st = get_int(it, "version", 1, 1 << 20, &ver)))
+        return st;
+    if (ver != KV_DEPLOY_VERSION)
+        return kv_fail(KV_E_DATA, "deploy config: version %d not supported (this is %d)", ver,
+                       KV_DEPLOY_VERSION);
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "n_layers"))) {
+        if ((st = get_int(it, "n_layers", 1, 1 << 20, &d->n_layers))) return st;
+        if (n_layers > 0 && d->n_layers != n_layers)
+            return kv_fail(KV_E_DATA, "deploy config is for %d layers, the model has %d",
+                           d->n_layers, n_layers);
+    }
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "method"))) {
+        if (!cJSON_IsString(it))
+            return kv_fail(KV_E_DATA, "deploy config: \"method\" must be a string");
+        if (!strcmp(it->valuestring, "kivi")) d->quant_kind = KV_POL_QUANT;
+        else if (!strcmp(it->valuestring, "dsq")) d->quant_kind = KV_POL_DSQ;
+        else return kv_fail(KV_E_DATA, "deploy config: method \"%s\" is not kivi or dsq", it->valuestring);
+    }
+    struct { const char *name; int lo, hi; int *dst; } ints[] = {
+        {"bits", 1, 4, &d->bits},         {"group", 1, 65536, &d->group},
+        {"residual", 0, 1 << 24, &d->residual}, {"channels", 1, 1 << 16, &d->channels},
+        {"sink", 0, 1 << 24, &d->sink},   {"window", 0, 1 << 24, &d->window},
+        {"dsq_window", 8, 4096, &d->dsq_window},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if ((it = cJSON_GetObjectItemCaseSensitive(o, ints[i].name)) &&
+            (st = get_int(it, ints[i].name, ints[i].lo, ints[i].hi, ints[i].dst)))
+            return st;
+    if (d->bits == 3) return kv_fail(KV_E_DATA, "deploy config: \"bits\" must be 1, 2 or 4, not 3");
+    if (d->dsq_window % 8)
+        return kv_fail(KV_E_DATA, "deploy config: \"dsq_window\" must be a multiple of 8");
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "budget"))) {
+        if (!cJSON_IsNumber(it) || !(it->valuedouble > 0) || it->valuedouble > (1 << 24))
+            return kv_fail(KV_E_DATA, "deploy config: \"budget\" must be a token count or a fraction in (0, 1)");
+        if (it->valuedouble < 1) {
+            d->budget = 0;
+            d->budget_frac = it->valuedouble;
+        } else if ((st = get_int(it, "budget", 1, 1 << 24, &d->budget))) {
+            return st;
+        }
+    }
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "dsq_salient"))) {
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 1))
+            return kv_fail(KV_E_DATA, "deploy config: \"dsq_salient\" must be a number in [0, 1]");
+        d->dsq_salient = it->valuedouble;
+    }
+    const cJSON *ql = cJSON_GetObjectItemCaseSensitive(o, "quant_layers");
+    const cJSON *sl = cJSON_GetObjectItemCaseSensitive(o, "sparse_layers");
+    if (!ql || !sl)
+        return kv_fail(KV_E_DATA, "deploy config: \"%s\" is missing", ql ? "sparse_layers" : "quant_layers");
+    int lim = n_layers > 0 ? n_layers : d->n_layers;
+    if ((st = get_list(ql, "quant_layers", lim, &d->quant_layers, &d->n_quant))) return st;
+    if ((st = get_list(sl, "sparse_layers", lim, &d->sparse_layers, &d->n_sparse))) return st;
+    qsort(d->quant_layers, (size_t)d->n_quant, sizeof(int), cmp_int);
+    qsort(d->sparse_layers, (size_t)d->n_sparse, sizeof(int), cmp_int);
+    for (int i = 1; i < d->n_quant; i++)
+        if (d->quant_layers[i] == d->quant_layers[i - 1])
+            return kv_fail(KV_E_DATA, "deploy config: layer %d listed twice in quant_layers", d->quant_layers[i]);
+    for (int i = 1; i < d->n_sparse; i++)
+        if (d->sparse_layers[i] == d->sparse_layers[i - 1])
+            return kv_fail(KV_E_DATA, "deploy config: layer %d listed twice in sparse_layers", d->sparse_layers[i]);
+    for (int i = 0, j = 0; i < d->n_quant && j < d->n_sparse;) {
+        if (d->quant_layers[i] == d->sparse_layers[j])
+            return kv_fail(KV_E_DATA, "deploy config: layer %d is both quantized and sparse", d->quant_layers[i]);
+        if (d->quant_layers[i] < d->sparse_layers[j]) i++;
+        else j++;
+    }
+    return KV_OK;
+}
+
+kv_status kv_deploy_parse(const char *json, size_t len, int n_layers, kv_deploy *out)
+{
+    kv_deploy_defaults(out);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) return kv_fail(KV_E_DATA, "deploy config: not valid JSON");
+    kv_status st;
+    const cJSON *o = root;
+    if (!cJSON_IsObject(root)) {
+        st = kv_fail(KV_E_DATA, "deploy config: top level is not a JSON object");
+    } else {
+        const cJSON *dep = cJSON_GetObjectItemCaseSensitive(root, "deploy");
+        if (dep) o = dep;
+        if (!cJSON_IsObject(o)) st = kv_fail(KV_E_DATA, "deploy config: \"deploy\" is not an object");
+        else st = parse_obj(o, n_layers, out);
+    }
+    cJSON_Delete(root);
+    if (st) kv_deploy_clear(out);
+    return st;
+}
+
+void kv_deploy_apply(const kv_deploy *d, int n_layers, kv_policy_params *per_layer)
+{
+    for (int i = 0; i < n_layers; i++) kv_policy_params_default(&per_layer[i], KV_POL_FULL);
+    for (int i = 0; i < d->n_quant; i++) {
+        int l = d->quant_layers[i];
+        if (l >= n_layers) continue;
+        kv_policy_params *p = &per_layer[l];
+        kv_policy_params_default(p, d->quant_kind);
+        p->bits = d->bits;
+        p->group = d->group;
+        p->residual = d->residual;
+        p->dsq_window = d->dsq_window;
+        p->dsq_salient = d->dsq_salient;
+    }
+    for (int i = 0; i < d->n_sparse; i++) {
+        int l = d->sparse_layers[i];
+        if (l >= n_layers) continue;
+        kv_policy_params *p = &per_layer[l];
+        kv_policy_params_default(p, KV_POL_SPARSE);
+        p->topk = d->budget;
+        p->topk_frac = d->budget_frac;
+        p->channels = d->channels;
+        p->sink = d->sink;
+        p->window = d->window;
+    }
+}
+
+kv_status kv_deploy_read(const char *path, int n_layers, kv_deploy *out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    kv_deploy_defaults(out);
+    kv_status st = kv_file_slurp(path, (size_t)64 << 20, "deploy config", &buf, &len);
+    if (st) return st;
+    st = kv_deploy_parse(buf, len, n_layers, out);
+    free(buf);
+    if (st) kv_errcontext("%s", path);
+    return st;
+}
+
+kv_status kv_deploy_load(const char *path, int n_layers, kv_policy_params *per_layer)
+{
+    kv_deploy d;
+    kv_status st = kv_deploy_read(path, n_layers, &d);
+    if (st) return st;
+    kv_deploy_apply(&d, n_layers, per_layer);
+    kv_deploy_clear(&d);
+    return KV_OK;
+}
+
+void kv_deploy_quant_mask(const kv_deploy *d, int n_layers, bool *quant)
+{
+    for (int i = 0; i < n_layers; i++) quant[i] = false;
+    for (int i = 0; i < d->n_quant; i++)
+        if (d->quant_layers[i] < n_layers) quant[d->quant_layers[i]] = true;
+}
+
+static void write_list(FILE *f, const int *a, int n)
+{
+    fputc('[', f);
+    for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? ", " : "", a[i]);
+    fputc(']', f);
+}
+
+void kv_deploy_write_json(const kv_deploy *d, FILE *f, int indent)
+{
+    const char *pad = "                                ";
+    int in = indent + 2 < 32 ? indent + 2 : 32;
+    fprintf(f, "{\n%.*s\"version\": %d,\n", in, pad, KV_DEPLOY_VERSION);
+    if (d->n_layers) fprintf(f, "%.*s\"n_layers\": %d,\n", in, pad, d->n_layers);
+    fprintf(f, "%.*s\"method\": \"%s\",\n", in, pad, d->quant_kind == KV_POL_DSQ ? "dsq" : "kivi");
+    fprintf(f, "%.*s\"quant_layers\": ", in, pad);
+    write_list(f, d->quant_layers, d->n_quant);
+    fprintf(f, ",\n%.*s\"sparse_layers\": ", in, pad);
+    write_list(f, d->sparse_layers, d->n_sparse);
+    fprintf(f, ",\n%.*s\"bits\": %d,\n%.*s\"group\": %d,\n%.*s\"residual\": %d,\n", in, pad,
+            d->bits, in, pad, d->group, in, pad, d->residual);
+    if (d->budget > 0) fprintf(f, "%.*s\"budget\": %d,\n", in, pad, d->budget);
+    else fprintf(f, "%.*s\"budget\": %.17g,\n", in, pad, d->budget_frac);
+    fprintf(f, "%.*s\"channels\": %d,\n%.*s\"sink\": %d,\n%.*s\"window\": %d,\n", in, pad,
+            d->channels, in, pad, d->sink, in, pad, d->window);
+    fprintf(f, "%.*s\"dsq_window\": %d,\n%.*s\"dsq_salient\": %.17g\n%.*s}", in, pad,
+            d->dsq_window, in, pad, d->dsq_salient, indent < 32 ? indent : 32, pad);
+}
+
+kv_status kv_layer_list_parse(const char *s, int n_layers, bool *sel)
+{
+    for (int i = 0; i < n_layers; i++) sel[i] = false;
+    if (!strcmp(s, "all") || !strcmp(s, "*")) {
+        for (int i = 0; i < n_layers; i++) sel[i] = true;
+        return KV_OK;
+    }
+    const char *p = s;
+    for (;;) {
+        char *end;
+        long a = strtol(p, &end, 10), b;
+        if (end == p || *p == '-' || *p == '+' || *p == ' ')
+            return kv_fail(KV_E_USAGE, "layer list '%s': expected a layer number at '%s'", s, p);
+        b = a;
+        p = end;
+        if (*p == '-') {
+            const char *q = p + 1;
+            b = strtol(q, &end, 10);
+            if (end == q || *q == '-' || *q == '+' || *q == ' ')
+                return kv_fail(KV_E_USAGE, "layer list '%s': bad range end at '%s'", s, q);
+            p = end;
+        }
+        if (a < 0 || b < a || b >= n_layers)
+            return kv_fail(KV_E_USAGE, "layer list '%s': range %ld-%ld outside 0..%d", s, a, b,
+                           n_layers - 1);
+        for (long i = a; i <= b; i++) sel[i] = true;
+        if (*p == 0) return KV_OK;
+        if (*p != ',') return kv_fail(KV_E_USAGE, "layer list '%s': unexpected '%c'", s, *p);
+        p++;
+    }
+}

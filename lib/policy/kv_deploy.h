@@ -1,0 +1,75 @@
+/*
+ * kv_deploy: the deployment config that kv-profile writes (under "deploy" in
+ * its JSON output) and that `kv-run --profile P.json` and
+ * `kv-quant --profile P.json` read unchanged.  It says which layers are
+ * quantized (KIVI or DSQ) and which are sparse (TailorKV), with the knobs of
+ * each; layers in neither list stay full.  The file may be the whole
+ * kv-profile output (the "deploy" member is used) or just the deploy object:
+ *
+ *   {"version": 1, "n_layers": 6, "method": "kivi",
+ *    "quant_layers": [0, 1], "sparse_layers": [2, 3, 4, 5],
+ *    "bits": 1, "group": 64, "residual": 128,
+ *    "budget": 128, "channels": 8, "sink": 8, "window": 56,
+ *    "dsq_window": 64, "dsq_salient": 0.2}
+ *
+ * "budget" is a token count (integer >= 1) or a fraction of the context
+ * (0 < budget < 1).  Every member is optional except the two lists; unknown
+ * members, wrong types, out-of-range values, layers out of range and layers
+ * listed twice are rejected (KV_E_DATA with a message).
+ */
+#ifndef KV_DEPLOY_H
+#define KV_DEPLOY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "policy/kv_policy.h"
+#include "common/kv_status.h"
+
+#define KV_DEPLOY_VERSION 1
+
+typedef struct {
+    int n_layers;          /* as written by kv-profile; 0 if absent */
+    kv_policy_kind quant_kind; /* KV_POL_QUANT (method "kivi") or KV_POL_DSQ */
+    int *quant_layers;     /* (n_quant) */
+    int n_quant;
+    int *sparse_layers;    /* (n_sparse) */
+    int n_sparse;
+    int bits, group, residual;
+    int budget;            /* top-K tokens; 0 when budget_frac is used */
+    double budget_frac;
+    int channels, sink, window;
+    int dsq_window;
+    double dsq_salient;
+} kv_deploy;
+
+void kv_deploy_defaults(kv_deploy *d);
+void kv_deploy_clear(kv_deploy *d); /* frees the lists */
+
+/* Parse a config from JSON text (len bytes, need not be NUL-terminated).
+ * n_layers > 0 checks every layer index against it (0: no check). */
+kv_status kv_deploy_parse(const char *json, size_t len, int n_layers, kv_deploy *out);
+
+/* Fill per_layer[0..n_layers) with policy params: quant layers get quant
+ * (or dsq), sparse layers sparse, the rest full. */
+void kv_deploy_apply(const kv_deploy *d, int n_layers, kv_policy_params *per_layer);
+
+/* Read path ("-" = stdin), parse, apply: what kv-run --profile calls. */
+kv_status kv_deploy_load(const char *path, int n_layers, kv_policy_params *per_layer);
+
+/* Read and parse path; the caller frees with kv_deploy_clear. */
+kv_status kv_deploy_read(const char *path, int n_layers, kv_deploy *out);
+
+/* Mark the quantized layers: quant[i] = true for i in quant_layers. */
+void kv_deploy_quant_mask(const kv_deploy *d, int n_layers, bool *quant /* (n_layers) */);
+
+/* Parse a layer list "0,2,5-7" (or "all") into sel (n_layers) booleans;
+ * KV_E_USAGE on syntax errors or layers out of range. */
+kv_status kv_layer_list_parse(const char *s, int n_layers, bool *sel);
+
+/* Append the config as a JSON object (no trailing newline) to f, indented by
+ * indent spaces; lists sorted. */
+#include <stdio.h>
+void kv_deploy_write_json(const kv_deploy *d, FILE *f, int indent);
+
+#endif

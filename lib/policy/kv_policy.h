@@ -1,0 +1,130 @@
+/*
+ * kv_policy: one layer's KV cache, behind one interface.  The model loop
+ * (lib/engine) asks each layer's policy to take the prompt's K/V after a
+ * dense prefill (ingest), to append each new token's K/V, and to attend a
+ * query.  A policy owns its layout and reports exactly how many bytes it
+ * keeps resident, in host memory, on disk, and fetches per step.
+ *
+ * Policies: full, quant (KIVI 1/2/4-bit), sparse (TailorKV), streaming
+ * (StreamingLLM sink + window), dsq (KVO-LLM DSQ + HCAP).  All vectors are
+ * float32 on the CPU; keys and queries arrive with RoPE already applied.
+ */
+#ifndef KV_POLICY_H
+#define KV_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/kv_status.h"
+
+typedef enum {
+    KV_POL_FULL = 0,
+    KV_POL_QUANT,
+    KV_POL_SPARSE,
+    KV_POL_STREAMING,
+    KV_POL_DSQ,
+    KV_POL_COUNT
+} kv_policy_kind;
+
+typedef enum { KV_STORE_F32 = 0, KV_STORE_F16, KV_STORE_BF16 } kv_store_dtype;
+
+/* sparse, grouped-query attention: how the query heads sharing one KV head
+ * combine their token scores before the top-K (each head's scores are first
+ * turned into softmax probabilities over the candidates). */
+typedef enum { KV_REDUCE_SUM = 0, KV_REDUCE_MAX } kv_group_reduce;
+
+/* Every tunable of every policy; each policy reads the fields it uses. */
+typedef struct {
+    kv_policy_kind kind;
+    kv_store_dtype dtype; /* full precision storage (full, residuals, sparse host copy) */
+    /* quant (KIVI) */
+    int bits, group, residual;
+    /* sparse / streaming */
+    int sink, window;     /* S sink tokens, W recent tokens */
+    int channels;         /* C critical channels (sparse) */
+    int topk;             /* K tokens fetched per step; 0 = use topk_frac */
+    double topk_frac;     /* K as a fraction of the context when topk == 0 */
+    bool select_exact;    /* sparse: exact scores instead of channel approx */
+    /* dsq */
+    int dsq_window;       /* tokens per DSQ window (64) */
+    double dsq_salient;   /* fraction of salient tokens per window (0.2) */
+    double hcap_channel_thresh; /* HCAP: prune channels under this share (0 = off) */
+    double hcap_token_keep;     /* HCAP: fraction of tokens kept (1 = off) */
+    /* sparse (added by E; defaults from kv_policy_params_default) */
+    bool predict;               /* use the engine's predicted query (true) */
+    kv_group_reduce group_reduce; /* GQA score combination (sum) */
+} kv_policy_params;
+
+void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind);
+const char *kv_policy_kind_name(kv_policy_kind k);
+kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out);
+/* "f32", "f16", "bf16". */
+const char *kv_store_dtype_name(kv_store_dtype d);
+kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out);
+
+typedef struct {
+    int layer;
+    int n_heads, n_kv_heads, head_dim;
+    int max_tokens; /* context capacity */
+} kv_policy_geom;
+
+/* Byte accounting, exact for the layout the policy uses. */
+typedef struct {
+    uint64_t resident;     /* bytes kept in fast (GPU on the GPU engine) memory */
+    uint64_t host;         /* bytes kept in host memory (offloaded) */
+    uint64_t disk;         /* bytes on disk (kv-tree) */
+    uint64_t fetched_last; /* bytes fetched from host for the last attend */
+    uint64_t fetched_total;
+    uint64_t attends;      /* attend calls since ingest */
+} kv_bytes;
+
+typedef struct kv_policy kv_policy;
+
+typedef struct {
+    /* Take the whole prompt's K and V ([n_kv_heads, T, head_dim] each) after
+     * the engine's dense prefill. */
+    kv_status (*ingest)(kv_policy *p, const float *k, const float *v, int T);
+    /* Append one token at position pos (k, v: [n_kv_heads * head_dim]). */
+    kv_status (*append)(kv_policy *p, int pos, const float *k, const float *v);
+    /* Attend q [n_heads * head_dim] over every token held; out likewise. */
+    kv_status (*attend)(kv_policy *p, const float *q, float *out);
+    /* Optional: the query predicted for this layer's next attend (sparse). */
+    void (*predict)(kv_policy *p, const float *q_pred);
+    void (*bytes)(const kv_policy *p, kv_bytes *b);
+    void (*destroy)(kv_policy *p);
+    /* Optional (may be NULL; added by E): the prompt's last n queries,
+     * (n_heads, n, head_dim) post-RoPE, given just before ingest().  dsq
+     * takes its token importance from them; without them it packs the
+     * prompt's windows after the first attend, by that attention. */
+    void (*observe)(kv_policy *p, const float *q, int n);
+} kv_policy_ops;
+
+struct kv_policy {
+    const kv_policy_ops *ops;
+    kv_policy_geom g;
+    kv_policy_params prm;
+    int n_tokens; /* tokens held (logical context length) */
+    bool wants_prediction; /* engine should call predict() before attend() */
+};
+
+kv_status kv_policy_create(const kv_policy_geom *g, const kv_policy_params *prm,
+                           kv_policy **out);
+void kv_policy_free(kv_policy *p);
+
+/*
+ * Parse a policy spec: "KIND[:key=val,...]" for every layer, or a per-layer
+ * list "0=quant:bits=1;1-31=sparse:k=128;*=full" ('*' fills the layers no
+ * explicit entry names; layers nothing names are full).  Fills n_layers
+ * entries.  Keys per kind (docs/policies.txt has the meanings):
+ *   full:      dtype
+ *   quant:     bits (1,2,4), group|g, residual|r
+ *   sparse:    sink|s, window|w, channels|c, k|topk, frac, select=approx|exact,
+ *              predict=on|off, reduce=sum|max, dtype
+ *   streaming: sink|s, window|w, dtype
+ *   dsq:       window|w, salient, chan (HCAP channel share), keep (HCAP tokens)
+ * Strict: an unknown kind or key, or a bad number, is KV_E_USAGE with a
+ * message naming it.
+ */
+kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_layer);
+
+#endif

@@ -1,0 +1,290 @@
+/*
+ * kv_policy_params: the policy-independent parameters of a layer's KV cache:
+ * defaults per kind, kind and dtype names, and the --policy spec parser.
+ */
+#include "policy/kv_policy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kv_layout.h"
+
+// --- parameters ---------------------------------------------------------
+
+void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
+{
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->dtype = KV_STORE_F32;
+    p->bits = KV_KIVI_DEFAULT_BITS;
+    p->group = 64;
+    p->residual = 128;
+    p->sink = 8;
+    p->window = 56;
+    p->channels = 8;
+    p->topk = 128;
+    p->topk_frac = 0.0;
+    p->select_exact = false;
+    p->dsq_window = 64;
+    p->dsq_salient = 0.2;
+    p->hcap_channel_thresh = 0.0;
+    p->hcap_token_keep = 1.0;
+    p->predict = true;
+    p->group_reduce = KV_REDUCE_SUM;
+}
+
+static const char *const kind_names[KV_POL_COUNT] = {
+    [KV_POL_FULL] = "full",
+    [KV_POL_QUANT] = "quant",
+    [KV_POL_SPARSE] = "sparse",
+    [KV_POL_STREAMING] = "streaming",
+    [KV_POL_DSQ] = "dsq",
+};
+
+const char *kv_policy_kind_name(kv_policy_kind k)
+{
+    return (unsigned)k < KV_POL_COUNT ? kind_names[k] : "?";
+}
+
+kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out)
+{
+    for (int k = 0; k < KV_POL_COUNT; k++)
+        if (!strcmp(s, kind_names[k])) {
+            *out = (kv_policy_kind)k;
+            return KV_OK;
+        }
+    return kv_fail(KV_E_USAGE, "unknown policy '%s' (full, quant, sparse, streaming, dsq)", s);
+}
+
+const char *kv_store_dtype_name(kv_store_dtype d)
+{
+    return d == KV_STORE_F16 ? "f16" : d == KV_STORE_BF16 ? "bf16" : "f32";
+}
+
+kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out)
+{
+    if (!strcmp(s, "f32")) *out = KV_STORE_F32;
+    else if (!strcmp(s, "f16")) *out = KV_STORE_F16;
+    else if (!strcmp(s, "bf16")) *out = KV_STORE_BF16;
+    else return kv_fail(KV_E_USAGE, "unknown KV dtype '%s' (f32, f16, bf16)", s);
+    return KV_OK;
+}
+
+// --- spec parser --------------------------------------------------------
+
+/* Which kinds accept a key: bit (1 << kind). */
+#define K_(x) (1u << (x))
+#define K_ALL 0x1fu
+
+static kv_status parse_int(const char *key, const char *val, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(val, &end, 10);
+    if (!*val || *end || errno || x < lo || x > hi)
+        return kv_fail(KV_E_USAGE, "policy key %s: '%s' is not an integer in %ld..%ld", key,
+                       val, lo, hi);
+    *out = (int)x;
+    return KV_OK;
+}
+
+static kv_status parse_real(const char *key, const char *val, double lo, double hi,
+                            double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(val, &end);
+    if (!*val || *end || errno || !(x >= lo && x <= hi))
+        return kv_fail(KV_E_USAGE, "policy key %s: '%s' is not a number in %g..%g", key, val,
+                       lo, hi);
+    *out = x;
+    return KV_OK;
+}
+
+static kv_status parse_bool(const char *key, const char *val, bool *out)
+{
+    if (!strcmp(val, "1") || !strcmp(val, "on") || !strcmp(val, "yes") || !strcmp(val, "true"))
+        *out = true;
+    else if (!strcmp(val, "0") || !strcmp(val, "off") || !strcmp(val, "no") ||
+             !strcmp(val, "false"))
+        *out = false;
+    else
+        return kv_fail(KV_E_USAGE, "policy key %s: '%s' is not on/off", key, val);
+    return KV_OK;
+}
+
+static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
+{
+    unsigned me = K_(p->kind);
+    const unsigned SS = K_(KV_POL_SPARSE) | K_(KV_POL_STREAMING);
+#define IS(name, kinds) (!strcmp(key, name) && ((kinds) & me))
+    if (IS("dtype", K_(KV_POL_FULL) | SS)) return kv_store_dtype_parse(val, &p->dtype);
+    if (IS("bits", K_(KV_POL_QUANT))) {
+        kv_status st = parse_int(key, val, 1, 4, &p->bits);
+        if (st == KV_OK && p->bits == 3)
+            return kv_fail(KV_E_USAGE, "policy key bits: 3 is not supported (1, 2 or 4)");
+        return st;
+    }
+    if ((IS("group", K_(KV_POL_QUANT)) || IS("g", K_(KV_POL_QUANT))))
+        return parse_int(key, val, 1, 1 << 20, &p->group);
+    if ((IS("residual", K_(KV_POL_QUANT)) || IS("r", K_(KV_POL_QUANT))))
+        return parse_int(key, val, 0, 1 << 24, &p->residual);
+    if (IS("sink", SS) || IS("s", SS)) return parse_int(key, val, 0, 1 << 24, &p->sink);
+    if (IS("window", SS) || IS("w", SS)) return parse_int(key, val, 0, 1 << 24, &p->window);
+    if (IS("window", K_(KV_POL_DSQ)) || IS("w", K_(KV_POL_DSQ)))
+        return parse_int(key, val, 1, 1 << 20, &p->dsq_window);
+    if (IS("channels", K_(KV_POL_SPARSE)) || IS("c", K_(KV_POL_SPARSE)))
+        return parse_int(key, val, 1, 1 << 20, &p->channels);
+    if (IS("k", K_(KV_POL_SPARSE)) || IS("topk", K_(KV_POL_SPARSE))) {
+        p->topk_frac = 0.0;
+        return parse_int(key, val, 0, 1 << 24, &p->topk);
+    }
+    if (IS("frac", K_(KV_POL_SPARSE))) {
+        p->topk = 0;
+        return parse_real(key, val, 0.0, 1.0, &p->topk_frac);
+    }
+    if (IS("select", K_(KV_POL_SPARSE))) {
+        if (!strcmp(val, "exact")) p->select_exact = true;
+        else if (!strcmp(val, "approx") || !strcmp(val, "channels")) p->select_exact = false;
+        else return kv_fail(KV_E_USAGE, "policy key select: '%s' (approx or exact)", val);
+        return KV_OK;
+    }
+    if (IS("predict", K_(KV_POL_SPARSE))) return parse_bool(key, val, &p->predict);
+    if (IS("reduce", K_(KV_POL_SPARSE))) {
+        if (!strcmp(val, "sum")) p->group_reduce = KV_REDUCE_SUM;
+        else if (!strcmp(val, "max")) p->group_reduce = KV_REDUCE_MAX;
+        else return kv_fail(KV_E_USAGE, "policy key reduce: '%s' (sum or max)", val);
+        return KV_OK;
+    }
+    if (IS("salient", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->dsq_salient);
+    if (IS("chan", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_channel_thresh);
+    if (IS("keep", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_token_keep);
+#undef IS
+    return kv_fail(KV_E_USAGE, "policy %s has no key '%s'", kv_policy_kind_name(p->kind), key);
+}
+
+/* One "KIND[:key=val,...]" (len bytes of s) into *p. */
+static kv_status parse_one(const char *s, size_t len, kv_policy_params *p)
+{
+    char buf[512];
+    if (len >= sizeof buf) return kv_fail(KV_E_USAGE, "policy spec too long");
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    char *colon = strchr(buf, ':');
+    if (colon) *colon = 0;
+    kv_policy_kind kind = KV_POL_FULL;
+    kv_status st = kv_policy_kind_parse(buf, &kind);
+    if (st) return st;
+    kv_policy_params_default(p, kind);
+    if (!colon) return KV_OK;
+    char *rest = colon + 1;
+    for (;;) { /* key=val entries split on ',' (an empty entry is an error) */
+        char *comma = strchr(rest, ',');
+        if (comma) *comma = 0;
+        char *eq = strchr(rest, '=');
+        if (!eq || eq == rest)
+            return kv_fail(KV_E_USAGE, "policy %s: '%s' is not key=value", buf, rest);
+        *eq = 0;
+        if ((st = set_key(p, rest, eq + 1))) return st;
+        if (!comma) break;
+        rest = comma + 1;
+    }
+    return KV_OK;
+}
+
+/* "N", "A-B" or "*" -> [lo, hi]; star set when "*". */
+static kv_status parse_range(const char *s, size_t len, int n_layers, int *lo, int *hi,
+                             bool *star)
+{
+    *star = false;
+    if (len == 1 && s[0] == '*') {
+        *star = true;
+        *lo = 0;
+        *hi = n_layers - 1;
+        return KV_OK;
+    }
+    char buf[64];
+    if (len == 0 || len >= sizeof buf) return kv_fail(KV_E_USAGE, "bad layer range in policy");
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    char *end;
+    errno = 0;
+    long a = strtol(buf, &end, 10), b = a;
+    if (end == buf || errno) return kv_fail(KV_E_USAGE, "bad layer range '%s' in policy", buf);
+    if (*end == '-') {
+        char *e2;
+        b = strtol(end + 1, &e2, 10);
+        if (e2 == end + 1 || *e2) return kv_fail(KV_E_USAGE, "bad layer range '%s' in policy", buf);
+    } else if (*end) {
+        return kv_fail(KV_E_USAGE, "bad layer range '%s' in policy", buf);
+    }
+    if (a < 0 || b < a || b >= n_layers)
+        return kv_fail(KV_E_USAGE, "layer range '%s' outside 0..%d", buf, n_layers - 1);
+    *lo = (int)a;
+    *hi = (int)b;
+    return KV_OK;
+}
+
+kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_layer)
+{
+    if (!spec || !*spec) return kv_fail(KV_E_USAGE, "empty policy spec");
+    if (n_layers <= 0) return kv_fail(KV_E_USAGE, "policy spec: no layers");
+    /* A per-layer list starts with a digit or '*'; a kind starts with a letter. */
+    if (!isdigit((unsigned char)spec[0]) && spec[0] != '*') {
+        kv_policy_params one;
+        kv_status st = parse_one(spec, strlen(spec), &one);
+        if (st) return st;
+        for (int l = 0; l < n_layers; l++) per_layer[l] = one;
+        return KV_OK;
+    }
+    /* Layers no entry names are `full`; '*' fills the layers no explicit
+     * range names, wherever it appears; explicit ranges apply in order. */
+    bool *named = calloc((size_t)n_layers, 1);
+    if (!named) return kv_fail(KV_E_NOMEM, "policy spec");
+    kv_policy_params star_p = per_layer[0];
+    bool have_star = false;
+    for (int l = 0; l < n_layers; l++) kv_policy_params_default(&per_layer[l], KV_POL_FULL);
+    kv_status st = KV_OK;
+    const char *s = spec;
+    while (*s && st == KV_OK) {
+        const char *semi = strchr(s, ';');
+        size_t len = semi ? (size_t)(semi - s) : strlen(s);
+        const char *eq = memchr(s, '=', len);
+        if (len == 0) {
+            st = kv_fail(KV_E_USAGE, "empty entry in policy spec");
+            break;
+        }
+        if (!eq) {
+            st = kv_fail(KV_E_USAGE, "policy entry '%.*s' lacks LAYERS=", (int)len, s);
+            break;
+        }
+        int lo = 0, hi = -1;
+        bool star;
+        kv_policy_params p;
+        st = parse_range(s, (size_t)(eq - s), n_layers, &lo, &hi, &star);
+        if (st == KV_OK) st = parse_one(eq + 1, len - (size_t)(eq + 1 - s), &p);
+        if (st == KV_OK) {
+            if (star) {
+                if (have_star) st = kv_fail(KV_E_USAGE, "policy spec has two '*' entries");
+                star_p = p;
+                have_star = true;
+            } else {
+                for (int l = lo; l <= hi; l++) {
+                    per_layer[l] = p;
+                    named[l] = true;
+                }
+            }
+        }
+        s = semi ? semi + 1 : s + len;
+    }
+    if (st == KV_OK && have_star)
+        for (int l = 0; l < n_layers; l++)
+            if (!named[l]) per_layer[l] = star_p;
+    free(named);
+    return st;
+}
+

@@ -1,0 +1,351 @@
+/*
+ * The `sparse` policy (TailorKV's retrieval side).  The prompt's K/V live in
+ * "host" memory; resident (fast) memory keeps the first S sink tokens, the
+ * W most recent tokens, every generated token, and one max|K| per channel.
+ * Each attend:
+ *   1. take the query predicted for this layer (predict(), from the engine
+ *      one layer ahead) or, without one, the actual query;
+ *   2. per KV head, score channels by sum_h |q_hc| * max_t |K_tc| over the
+ *      query heads h of its group, and take the top C channels;
+ *   3. approximate every non-resident token's score from those C channels
+ *      only (reading them is the fetched "channel" traffic), with SparQ's
+ *      temperature correction sqrt(D * |q_C|_1 / |q|_1) per head;
+ *   4. turn each head's scores into softmax probabilities over the
+ *      candidates and combine the group's heads (sum by default, or max);
+ *   5. take the top K candidates, "fetch" their K and V rows, and attend
+ *      exactly over resident + fetched tokens, in token order.
+ * select=exact replaces 2-3 by exact scores from every candidate's full key.
+ * Selection is per KV head: heads of one layer may fetch different tokens.
+ *
+ * Byte accounting (eb = bytes per element of prm.dtype, H = KV heads):
+ *   host      = 2 * H * T_prompt * D * eb            (the ingested prompt)
+ *   resident  = 2 * H * n_resident * D * eb + H * D * 4   (channel maxima, f32)
+ *   fetched   = approx: H * C * n_cand * eb  +  2 * H * K' * D * eb
+ *               exact:  H * n_cand * D * eb  +      H * K' * D * eb
+ *               (K' = min(K, n_cand); when K' == n_cand nothing is scored
+ *               and fetched = 2 * H * n_cand * D * eb)
+ * where n_cand = prompt tokens neither sink nor within the W most recent.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy/kv_policy_int.h"
+
+typedef struct {
+    kv_policy base;
+    kv_store k, v;   /* (n_kv_heads, max_tokens, head_dim): host prompt + resident */
+    float *chmax;    /* (n_kv_heads, head_dim) max_t |K_tc| */
+    float *qpred;    /* (n_heads, head_dim) predicted query */
+    bool have_pred;
+    int T_prompt;    /* tokens ingested: the host-resident part */
+    kv_bytes acc;    /* fetched counters */
+} sparse_policy;
+
+/* Candidates: [cs, cend); resident: [0, cs) and [cend, T). */
+static void cand_range(const sparse_policy *s, int T, int *cs, int *cend)
+{
+    const kv_policy_params *prm = &s->base.prm;
+    int a = prm->sink < T ? prm->sink : T;
+    int e = T - prm->window;
+    if (e > s->T_prompt) e = s->T_prompt;
+    if (e < a) e = a;
+    *cs = a;
+    *cend = e;
+}
+
+static int topk_of(const sparse_policy *s, int T)
+{
+    const kv_policy_params *prm = &s->base.prm;
+    if (prm->topk > 0) return prm->topk;
+    return (int)ceil(prm->topk_frac * (double)T);
+}
+
+static void chmax_update(sparse_policy *s, int h, const float *k)
+{
+    float *m = s->chmax + (size_t)h * (size_t)s->base.g.head_dim;
+    for (int c = 0; c < s->base.g.head_dim; c++) {
+        float a = fabsf(k[c]);
+        if (a > m[c]) m[c] = a;
+    }
+}
+
+static kv_status sparse_ingest(kv_policy *p, const float *k, const float *v, int T)
+{
+    sparse_policy *s = (sparse_policy *)p;
+    const int D = p->g.head_dim;
+    if (T < 0 || T > p->g.max_tokens)
+        return kv_fail(KV_E_USAGE, "prompt of %d tokens exceeds the context %d", T, p->g.max_tokens);
+    memset(s->chmax, 0, (size_t)p->g.n_kv_heads * (size_t)D * sizeof(float));
+    for (int h = 0; h < p->g.n_kv_heads; h++)
+        for (int t = 0; t < T; t++) {
+            size_t o = ((size_t)h * (size_t)T + (size_t)t) * (size_t)D;
+            kv_store_put(&s->k, h, t, k + o);
+            kv_store_put(&s->v, h, t, v + o);
+            chmax_update(s, h, k + o);
+        }
+    p->n_tokens = s->T_prompt = T;
+    s->acc = (kv_bytes){0};
+    return KV_OK;
+}
+
+static kv_status sparse_append(kv_policy *p, int pos, const float *k, const float *v)
+{
+    sparse_policy *s = (sparse_policy *)p;
+    const int D = p->g.head_dim;
+    if (pos != p->n_tokens)
+        return kv_fail(KV_E_INTERNAL, "append at position %d, but %d tokens are held", pos,
+                       p->n_tokens);
+    if (p->n_tokens >= p->g.max_tokens)
+        return kv_fail(KV_E_USAGE, "context full (%d tokens)", p->g.max_tokens);
+    for (int h = 0; h < p->g.n_kv_heads; h++) {
+        kv_store_put(&s->k, h, pos, k + (size_t)h * (size_t)D);
+        kv_store_put(&s->v, h, pos, v + (size_t)h * (size_t)D);
+        chmax_update(s, h, k + (size_t)h * (size_t)D);
+    }
+    p->n_tokens++;
+    return KV_OK;
+}
+
+static void sparse_predict(kv_policy *p, const float *q_pred)
+{
+    sparse_policy *s = (sparse_policy *)p;
+    memcpy(s->qpred, q_pred, (size_t)p->g.n_heads * (size_t)p->g.head_dim * sizeof(float));
+    s->have_pred = true;
+}
+
+typedef struct {
+    float score;
+    int idx;
+} scored;
+
+/* Descending score; ties to the earlier token, so selection is deterministic. */
+static int cmp_scored(const void *a, const void *b)
+{
+    const scored *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Top n of m values (indices into c[]), by partial quickselect on scored. */
+static void select_top(scored *c, int m, int n)
+{
+    int lo = 0, hi = m - 1;
+    while (lo < hi) {
+        scored piv = c[(lo + hi) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cmp_scored(&c[i], &piv) < 0) i++;
+            while (cmp_scored(&c[j], &piv) > 0) j--;
+            if (i <= j) {
+                scored t = c[i];
+                c[i] = c[j];
+                c[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (n - 1 <= j) hi = j;
+        else if (n - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+/*
+ * Score the candidates [cs, cend) of KV head kh for the group's queries q
+ * (grp, D) and write the chosen K' token ids (ascending) to sel.
+ * Returns the bytes read to score.
+ */
+static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cend, int kk,
+                       int *sel, scored *cand, float *work)
+{
+    const kv_policy_geom *g = &s->base.g;
+    const kv_policy_params *prm = &s->base.prm;
+    const int D = g->head_dim, grp = g->n_heads / g->n_kv_heads, n = cend - cs;
+    const size_t eb = kv_store_elem_bytes(s->k.dt);
+    int chans[1024];
+    int C = prm->channels < D ? prm->channels : D;
+    uint64_t bytes;
+    if (prm->select_exact) {
+        C = D;
+        for (int c = 0; c < D; c++) chans[c] = c;
+        bytes = (uint64_t)n * (uint64_t)D * eb;
+    } else {
+        /* channel scores: (sum over the group of |q_hc|) * max_t |K_tc| */
+        scored cs_[1024];
+        const float *m = s->chmax + (size_t)kh * (size_t)D;
+        for (int c = 0; c < D; c++) {
+            float a = 0.0f;
+            for (int h = 0; h < grp; h++) a += fabsf(q[(size_t)h * (size_t)D + (size_t)c]);
+            cs_[c].score = a * m[c];
+            cs_[c].idx = c;
+        }
+        select_top(cs_, D, C);
+        for (int i = 0; i < C; i++) chans[i] = cs_[i].idx;
+        qsort(chans, (size_t)C, sizeof(int), cmp_int);
+        bytes = (uint64_t)n * (uint64_t)C * eb;
+    }
+    /* per head: scores over the candidates -> softmax -> combined */
+    float *sc = work;           /* (n) one head's scores */
+    for (int i = 0; i < n; i++) {
+        cand[i].score = 0.0f;
+        cand[i].idx = cs + i;
+    }
+    for (int h = 0; h < grp; h++) {
+        const float *qh = q + (size_t)h * (size_t)D;
+        double l1_all = 0.0, l1_c = 0.0;
+        for (int c = 0; c < D; c++) l1_all += fabsf(qh[c]);
+        for (int i = 0; i < C; i++) l1_c += fabsf(qh[chans[i]]);
+        double temp = prm->select_exact || l1_all <= 0.0 ? (double)D : (double)D * l1_c / l1_all;
+        float scale = temp > 0.0 ? (float)(1.0 / sqrt(temp)) : 0.0f;
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            float d = 0.0f;
+            if (s->k.dt == KV_STORE_F32) {
+                const float *kt = kv_store_f32(&s->k, kh, cs + i);
+                for (int j = 0; j < C; j++) d += qh[chans[j]] * kt[chans[j]];
+            } else {
+                for (int j = 0; j < C; j++) d += qh[chans[j]] * kv_store_at(&s->k, kh, cs + i, chans[j]);
+            }
+            sc[i] = d * scale;
+            if (sc[i] > mx) mx = sc[i];
+        }
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+        for (int i = 0; i < n; i++) {
+            float pr = sc[i] * inv;
+            if (prm->group_reduce == KV_REDUCE_MAX) {
+                if (pr > cand[i].score) cand[i].score = pr;
+            } else {
+                cand[i].score += pr;
+            }
+        }
+    }
+    select_top(cand, n, kk);
+    for (int i = 0; i < kk; i++) sel[i] = cand[i].idx;
+    qsort(sel, (size_t)kk, sizeof(int), cmp_int);
+    return bytes;
+}
+
+static kv_status sparse_attend(kv_policy *p, const float *q, float *out)
+{
+    sparse_policy *s = (sparse_policy *)p;
+    const kv_policy_geom *g = &p->g;
+    const int T = p->n_tokens, D = g->head_dim, H = g->n_kv_heads;
+    const int grp = g->n_heads / H;
+    const size_t eb = kv_store_elem_bytes(s->k.dt);
+    int cs, cend;
+    cand_range(s, T, &cs, &cend);
+    const int ncand = cend - cs;
+    int kk = topk_of(s, T);
+    if (kk > ncand) kk = ncand;
+    if (kk < 0) kk = 0;
+    const int n = cs + kk + (T - cend);
+    const float *qs = s->have_pred && p->prm.predict ? s->qpred : q;
+    s->have_pred = false;
+
+    int *idx = malloc(((size_t)H * (size_t)n + 1) * sizeof(int));
+    float *scratch = malloc(((size_t)2 * (size_t)n + 1) * (size_t)D * sizeof(float));
+    scored *cand = malloc(((size_t)ncand + 1) * sizeof(scored));
+    float *work = malloc(((size_t)ncand + 1) * sizeof(float));
+    if (!idx || !scratch || !cand || !work) {
+        free(idx);
+        free(scratch);
+        free(cand);
+        free(work);
+        return kv_fail(KV_E_NOMEM, "sparse attention scratch");
+    }
+    uint64_t fetched = 0;
+    for (int kh = 0; kh < H; kh++) {
+        int *ix = idx + (size_t)kh * (size_t)n, m = 0;
+        for (int t = 0; t < cs; t++) ix[m++] = t;
+        if (kk == ncand) {
+            for (int t = cs; t < cend; t++) ix[m++] = t;
+            fetched += 2u * (uint64_t)ncand * (uint64_t)D * eb;
+        } else if (kk > 0) {
+            fetched += choose(s, kh, qs + (size_t)kh * (size_t)grp * (size_t)D, cs, cend, kk,
+                              ix + m, cand, work);
+            m += kk;
+            fetched += (uint64_t)(p->prm.select_exact ? 1 : 2) * (uint64_t)kk * (uint64_t)D * eb;
+        }
+        for (int t = cend; t < T; t++) ix[m++] = t;
+    }
+    kv_attend_gather(g, &s->k, &s->v, idx, n, q, out, scratch, NULL);
+    s->acc.fetched_last = fetched;
+    s->acc.fetched_total += fetched;
+    s->acc.attends++;
+    free(work);
+    free(cand);
+    free(scratch);
+    free(idx);
+    return KV_OK;
+}
+
+static void sparse_bytes(const kv_policy *p, kv_bytes *b)
+{
+    const sparse_policy *s = (const sparse_policy *)p;
+    const uint64_t H = (uint64_t)p->g.n_kv_heads, D = (uint64_t)p->g.head_dim;
+    const uint64_t eb = kv_store_elem_bytes(s->k.dt);
+    int cs, cend;
+    cand_range(s, p->n_tokens, &cs, &cend);
+    uint64_t nres = (uint64_t)cs + (uint64_t)(p->n_tokens - cend);
+    *b = s->acc;
+    b->host = 2u * H * (uint64_t)s->T_prompt * D * eb;
+    b->resident = 2u * H * nres * D * eb + H * D * 4u;
+    b->disk = 0;
+}
+
+static void sparse_destroy(kv_policy *p)
+{
+    sparse_policy *s = (sparse_policy *)p;
+    free(s->qpred);
+    free(s->chmax);
+    kv_store_free(&s->v);
+    kv_store_free(&s->k);
+    free(s);
+}
+
+static const kv_policy_ops sparse_ops = {
+    .ingest = sparse_ingest,
+    .append = sparse_append,
+    .attend = sparse_attend,
+    .predict = sparse_predict,
+    .bytes = sparse_bytes,
+    .destroy = sparse_destroy,
+};
+
+kv_status kv_policy_sparse_create(const kv_policy_geom *g, const kv_policy_params *prm,
+                                  kv_policy **out)
+{
+    *out = NULL;
+    if (prm->sink < 0 || prm->window < 0 || prm->channels < 1 || prm->topk < 0 ||
+        !(prm->topk_frac >= 0.0 && prm->topk_frac <= 1.0))
+        return kv_fail(KV_E_USAGE, "sparse: bad parameters (sink %d, window %d, channels %d, k %d, frac %g)",
+                       prm->sink, prm->window, prm->channels, prm->topk, prm->topk_frac);
+    if (g->head_dim > 1024) return kv_fail(KV_E_UNSUPPORTED, "sparse: head dim %d > 1024", g->head_dim);
+    sparse_policy *s = calloc(1, sizeof *s);
+    if (!s) return kv_fail(KV_E_NOMEM, "sparse policy");
+    kv_status st = kv_store_init(&s->k, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);
+    if (st == KV_OK) st = kv_store_init(&s->v, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);
+    s->chmax = calloc((size_t)g->n_kv_heads * (size_t)g->head_dim, sizeof(float));
+    s->qpred = calloc((size_t)g->n_heads * (size_t)g->head_dim, sizeof(float));
+    if (st == KV_OK && (!s->chmax || !s->qpred)) st = kv_fail(KV_E_NOMEM, "sparse policy");
+    s->base.ops = &sparse_ops;
+    s->base.wants_prediction = prm->predict;
+    if (st) {
+        sparse_destroy(&s->base);
+        return st;
+    }
+    *out = &s->base;
+    return KV_OK;
+}

@@ -1,0 +1,206 @@
+/*
+ * kv_tree: a prefix-sharing KV-cache store (man/kv-tree.1), after IMPRESS.
+ * A store is a directory: index.json holds a radix tree over token ids whose
+ * every node owns one chunk file (a .kvc under chunks/) with exactly its edge
+ * label's K/V for every layer plus a per-token importance.  Requests that
+ * share a prefix share the nodes of that prefix, so a put stores only the
+ * new suffix.  Each node also carries a tier (gpu, host, disk): a placement
+ * decision a server would follow, made by kv_tree_store_place under byte budgets;
+ * disk chunks are zstd-compressed and, when a caller asks, contribute only
+ * their most important tokens to a get.
+ *
+ * The first half of this header is the in-memory radix tree (no files, unit
+ * tested against a brute-force oracle); the second is the store on disk.
+ * Like all of lib/, nothing here prints or exits.
+ */
+#ifndef KV_TREE_H
+#define KV_TREE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kv_status.h"
+#include "format/kvc.h"
+
+#define KV_TREE_INDEX_VERSION 1
+#define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvc" */
+
+typedef enum { KV_TIER_GPU = 0, KV_TIER_HOST = 1, KV_TIER_DISK = 2, KV_TIER_COUNT } kv_tier;
+
+const char *kv_tier_name(kv_tier t);
+/* "gpu", "host", "disk" -> tier; -1 if unknown. */
+int kv_tier_parse(const char *s);
+
+typedef struct {
+    int parent;          /* index into kv_tree.nodes; -1 for the root only */
+    int start;           /* position of the first edge token in the sequence */
+    int n;               /* edge length (0 for the root only) */
+    int32_t *tokens;     /* (n) the edge label */
+    int *child;          /* (n_child) indices of children, distinct first tokens */
+    int n_child, cap_child;
+    char file[KV_TREE_FILE_MAX]; /* chunk path relative to the store */
+    uint64_t bytes;      /* size of the chunk file */
+    uint64_t kv_bytes;   /* uncompressed K/V bytes of the chunk */
+    kv_tier tier;
+    uint64_t hits;       /* requests whose matched path included this node */
+    int64_t last_use;    /* unix seconds of the last such request */
+    float imp_mean, imp_min, imp_max; /* importance summary of the edge tokens */
+    bool imp_attention;  /* importance from attention (true) or key norms */
+    bool live;           /* false once removed (slot kept until save) */
+} kv_tree_node;
+
+/* Store geometry: what every put must match. */
+typedef struct {
+    kv_geom g;          /* n_tokens and n_q are 0 here */
+    kv_dtype dtype;     /* of every K/V tensor */
+} kv_tree_geom;
+
+typedef struct {
+    kv_tree_node *nodes; /* (n_nodes) nodes[0] is the root */
+    int n_nodes, cap_nodes;
+    bool has_geom;       /* false until the first put */
+    kv_tree_geom geom;
+    uint64_t generation; /* last chunk file number handed out */
+    uint64_t gpu_budget, host_budget; /* from the last place (0 = none) */
+    bool has_budgets;
+} kv_tree;
+
+kv_status kv_tree_new(kv_tree **out);
+void kv_tree_free(kv_tree *t);
+
+/*
+ * Longest prefix of tok[0..n) spelled by the tree.  Returns the number of
+ * matched tokens; path[0..*n_path) gets the indices of the nodes entered
+ * (root excluded), the last possibly only partly: *last_used tokens of its
+ * edge matched (0 when n_path is 0).  path needs room for n entries.
+ */
+int kv_tree_match(const kv_tree *t, const int32_t *tok, int n, int *path, int *n_path, int *last_used);
+
+/* Split node i after `off` edge tokens (0 < off < n): a new head node takes
+ * the first off tokens and becomes i's parent; i keeps the rest and its
+ * children.  Chunk fields of the head are left empty for the caller. */
+kv_status kv_tree_split(kv_tree *t, int i, int off, int *head);
+/* Add a child of parent with edge tok[0..n) (its first token must be new
+ * among the parent's children). */
+kv_status kv_tree_add(kv_tree *t, int parent, const int32_t *tok, int n, int *out);
+
+typedef struct {
+    int matched;      /* tokens already in the tree */
+    int split_node;   /* node split at the divergence point, or -1 */
+    int split_head;   /* its new head node, or -1 */
+    int new_node;     /* node holding the new suffix, or -1 if none */
+    int end_node;     /* node where the sequence ends (-1 if n == 0) */
+} kv_tree_insert_result;
+
+/* Insert tok[0..n) structurally: match, split where it diverges mid-edge,
+ * add one node for the remaining suffix. */
+kv_status kv_tree_insert(kv_tree *t, const int32_t *tok, int n, kv_tree_insert_result *r);
+
+/* Mark node i and its subtree removed (they stay in the array, not live). */
+void kv_tree_remove(kv_tree *t, int i);
+
+/* Index (de)serialisation.  Parse validates everything it reads: versions,
+ * types, ranges, tree shape (one root, no cycles, start positions, distinct
+ * first tokens), safe chunk file names; anything wrong is KV_E_DATA. */
+kv_status kv_tree_index_parse(const char *text, size_t len, kv_tree **out);
+/* Serialised text (malloc'd, NUL-terminated); live nodes only, renumbered. */
+kv_status kv_tree_index_format(const kv_tree *t, char **out);
+
+/*
+ * Token importance of a .kvc (n = its token count, imp has room for n).
+ * With query samples (layers.i.q): the attention mass each key receives
+ * from the stored queries (causal: query j of Q sees keys [0, T-Q+j]),
+ * averaged over layers, heads and queries; without: the key L2 norm
+ * averaged over layers and KV heads.  Either way scaled so the mean over
+ * the n tokens is 1.  *attention says which was used.
+ */
+kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention);
+
+// --- the store on disk -----------------------------------------------------
+
+typedef struct kv_tree_store kv_tree_store;
+
+/* Create a store directory (its parent must exist); KV_E_CANTCREATE if it
+ * already holds an index. */
+kv_status kv_tree_store_init(const char *dir);
+/* Open a store; write = take the lock exclusively (else shared). */
+kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out);
+void kv_tree_store_close(kv_tree_store *s);
+const kv_tree *kv_tree_store_tree(const kv_tree_store *s);
+/* Commit the index after changes (atomic), then delete replaced chunks. */
+kv_status kv_tree_store_save(kv_tree_store *s);
+
+typedef struct {
+    int tokens, matched;
+    int nodes_split;
+    uint64_t bytes_added;     /* chunk file bytes of the new suffix node */
+    uint64_t kv_bytes_added;  /* its uncompressed K/V bytes */
+    uint64_t kv_bytes_shared; /* K/V bytes of the matched prefix, not stored again */
+    uint64_t bytes_rewritten; /* file bytes written to split existing chunks */
+    bool attention;           /* importance source */
+    kv_tier tier;             /* of the new node */
+} kv_put_report;
+
+/* Insert a .kvc (plain K/V with a tokens tensor). */
+kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, int zstd_level, int64_t now,
+                       kv_put_report *r);
+
+typedef struct {
+    int tokens, matched;      /* request length; cached prefix length */
+    int kept, skipped;        /* tokens written; tokens left out by --important */
+    int nodes;
+    uint64_t bytes_read[KV_TIER_COUNT];    /* chunk file bytes read per tier */
+    uint64_t kv_bytes_out[KV_TIER_COUNT];  /* K/V bytes taken from each tier */
+    bool positions;           /* output carries a positions tensor */
+} kv_get_report;
+
+/* Write the longest cached prefix of tok[0..n) to out_path as a .kvc.
+ * frac in (0, 1): disk-tier chunks contribute only their top
+ * ceil(frac * n) tokens by importance (frac >= 1: everything).  touch:
+ * count the hit and update last-use times (the caller then saves). */
+kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
+                       const char *out_path, kv_get_report *r);
+
+typedef struct {
+    int nodes[KV_TIER_COUNT];
+    uint64_t kv_bytes[KV_TIER_COUNT];
+    int moved;                /* nodes whose tier changed */
+    uint64_t bytes_rewritten;
+} kv_place_report;
+
+/* Score of a node at time now (man/kv-tree.1, PLACEMENT). */
+double kv_tree_score(const kv_tree_node *nd, int64_t now, double half_life);
+/* Assign tiers under the budgets (bytes of uncompressed K/V) and rewrite the
+ * chunks whose compression changes. */
+kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t host_bytes, double half_life,
+                         int zstd_level, int64_t now, kv_place_report *r);
+
+typedef struct {
+    int nodes_removed;
+    uint64_t bytes_freed;
+    int orphans_removed;      /* chunk files the index did not name */
+    uint64_t bytes_after;
+} kv_evict_report;
+
+/* Remove every cached token that follows the prefix tok[0..n) (n >= 1). */
+kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict_report *r);
+/* Evict lowest-score leaves until chunk files total <= max_bytes, commit
+ * the index (gc saves by itself: orphans may only be deleted after the
+ * commit), then delete orphaned chunk files. */
+kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_life, int64_t now,
+                      kv_evict_report *r);
+
+typedef struct {
+    int nodes, chunks_ok;
+    int n_problems;
+    char **problems;          /* (n_problems) one line each */
+    int orphans;              /* chunk files not in the index (not damage) */
+} kv_check_report;
+
+/* Verify every chunk against the index.  Returns KV_OK even when problems
+ * are found (they are in the report); other statuses mean it could not run. */
+kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r);
+void kv_check_report_free(kv_check_report *r);
+
+#endif
