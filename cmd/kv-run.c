@@ -429,6 +429,7 @@ int main(int argc, char **argv)
         kv_store_dtype_parse(o.kv_dtype, &dump_dt); /* checked in parse_opts */
         for (int l = 0; l < c->n_layers; l++) prm[l].dtype = dump_dt;
     }
+    if (o.select && !strcmp(o.select, "sketch")) kv_policy_set_select(prm, c->n_layers, KV_SELECT_SKETCH);
     int ctx = o.ctx ? o.ctx : c->seq_len;
     if (!o.ctx && !o.score && n_prompt + o.steps > ctx) ctx = n_prompt + o.steps; /* beyond training length */
     /* --compare: the same text under the reference (--policy/--profile, by
@@ -462,7 +463,6 @@ int main(int argc, char **argv)
     if (o.device && strcmp(o.device, "cpu") && !o.score && !o.dump) {
         kv_gpu_engine_opts go;
         kv_gpu_engine_opts_default(&go);
-        if (o.select && !strcmp(o.select, "sketch")) go.select = KV_GPU_SELECT_SKETCH;
         st = kv_gpu_engine_new(m, prm, ctx, &go, &g);
         if (st && !strcmp(o.device, "cuda")) {
             rc = kv_report(st, "--device cuda");

@@ -79,9 +79,11 @@ static kv_status make_policy(int p, int L, int qbits, int qlayers, int topk, int
         snprintf(spec_s, sizeof spec_s, "*=sparse:k=%d,c=%d,s=%d,w=%d", topk, channels, sink, window);
     kv_status st = kv_policy_parse(spec_s, L, pp);
     if (st) return st;
-    for (int l = 0; l < L; l++) pp[l].dtype = KV_STORE_F16;
-    o->offload = p == P_OFFLOAD;
-    o->select = p == P_SKETCH ? KV_GPU_SELECT_SKETCH : KV_GPU_SELECT_POLICY;
+    for (int l = 0; l < L; l++) {
+        pp[l].dtype = KV_STORE_F16;
+        pp[l].offload = p == P_OFFLOAD;
+    }
+    if (p == P_SKETCH) kv_policy_set_select(pp, L, KV_SELECT_SKETCH);
     o->profile = p == P_HYBRID || p == P_SKETCH || p == P_OFFLOAD;
     return KV_OK;
 }

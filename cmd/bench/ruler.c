@@ -62,7 +62,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     const char *model = NULL, *tokp = NULL, *tasks = NULL, *a;
     const char *pols[64];
     int npol = 0, lens[16], nlen = 0, limit = 0, oi;
-    bool json = false, per_task = false;
+    bool json = false, per_task = false, sketch = false;
     kv_device dev = KV_DEVICE_CPU;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
@@ -95,7 +95,7 @@ int kv_bench_ruler_main(int argc, char **argv)
             if (kv_device_parse(a, &dev)) kv_cli_usage_error("--device must be cpu, cuda or auto");
             break;
         case O_SELECT:
-            if (!strcmp(a, "sketch")) go.select = KV_GPU_SELECT_SKETCH;
+            if (!strcmp(a, "sketch")) sketch = true;
             else if (strcmp(a, "policy")) kv_cli_usage_error("--select must be policy or sketch");
             break;
         }
@@ -163,6 +163,7 @@ int kv_bench_ruler_main(int argc, char **argv)
             rc = kv_report(st, "--policy %s", pols[pi]);
             goto out;
         }
+        if (sketch) kv_policy_set_select(prm, L, KV_SELECT_SKETCH);
         for (int li = 0; li < nlen; li++) {
             row *r = &rows[nrows++];
             r->policy = pols[pi];

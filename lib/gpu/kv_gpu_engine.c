@@ -25,7 +25,6 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
     memset(o, 0, sizeof *o);
     o->device = 0;
     o->wtype = KV_GPU_W_AUTO;
-    o->select = KV_GPU_SELECT_POLICY;
 }
 
 #ifdef KV_HAVE_CUDA
@@ -487,7 +486,7 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
         const kv_policy_params *p = &y->prm;
         switch (p->kind) {
         case KV_POL_FULL:
-            y->kind = e->o.offload ? L_OFFLOAD : L_FULL;
+            y->kind = p->offload ? L_OFFLOAD : L_FULL;
             break;
         case KV_POL_QUANT: {
             kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
@@ -1054,8 +1053,8 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
     }
     case L_SPARSE: {
         const kv_policy_params *p = &y->prm;
-        bool sketch = e->o.select == KV_GPU_SELECT_SKETCH;
-        bool channels = !sketch && !p->select_exact;
+        bool sketch = p->select == KV_SELECT_SKETCH;
+        bool channels = p->select == KV_SELECT_CHANNELS;
         y->Tp = T;
         cand_range(y, T, &y->cs0, &y->cend0);
         int kk_ctx = topk_of(p, e->ctx);
@@ -1186,13 +1185,13 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
     }
     if (kk > 0) {
         if (kk < ncand) {
-            if (e->o.select == KV_GPU_SELECT_SKETCH) {
+            if (p->select == KV_SELECT_SKETCH) {
                 /* per-head scores then the softmax pass: eng_sketch_combine avoids
                  * writing the scores but measured slower (docs/BENCHMARKS.md, GPU decode) */
                 if (!(e->sel_skip & 1))
                     CK(eng_score_sketch(q, y->sketch, y->Tp, y->kmad, e->nqh, nkv, hd, cs, cend,
                                         e->score, s));
-            } else if (p->select_exact) {
+            } else if (p->select == KV_SELECT_EXACT) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
                 g0_done = true;
                 CK(eng_score_exact(q, y->rows_d, ENG_F16, e->nqh, nkv, hd, cs, cend, e->score, s));

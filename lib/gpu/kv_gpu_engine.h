@@ -4,7 +4,7 @@
  * per-layer kv_policy_params as the CPU engine; weights are converted at
  * load to fp16 (bf16 when the model is bf16) and live on the GPU; the KV
  * cache is fp16.  Per layer, by policy:
- *   full    — the K/V cache on the GPU (or, with opts.offload, in pinned host
+ *   full    — the K/V cache on the GPU (or, with offload=on, in pinned host
  *             memory, each layer copied in per step on a copy stream while
  *             the previous layer computes: the `offload` baseline);
  *   quant   — KIVI-packed K/V resident on the GPU, attention straight from
@@ -20,7 +20,7 @@
  *             keeping sink, recent and generated tokens; the layer's query is
  *             predicted one layer early and its token selection and gather
  *             run on a second stream while the previous layer computes.
- *             opts.select = SKETCH scores tokens from a resident 1-bit sketch
+ *             select=sketch scores tokens from a resident 1-bit sketch
  *             of the keys instead of fetching critical channels.
  *   dsq     — windows packed on the host by lib/quant/kv_dsq.c (salient tokens by
  *             attention accumulated on the GPU), resident packed, expanded
@@ -50,18 +50,11 @@
 
 typedef struct kv_gpu_engine kv_gpu_engine;
 
-typedef enum {
-    KV_GPU_SELECT_POLICY = 0, /* sparse layers select as their params say (channels or exact) */
-    KV_GPU_SELECT_SKETCH      /* score from a resident 1-bit key sketch; fetch only top-K rows */
-} kv_gpu_select;
-
 typedef enum { KV_GPU_W_AUTO = 0, KV_GPU_W_F16, KV_GPU_W_BF16 } kv_gpu_wtype;
 
 typedef struct {
     int device;           /* CUDA device ordinal */
     kv_gpu_wtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
-    kv_gpu_select select; /* token selection of sparse layers */
-    bool offload;         /* `full` layers keep K/V in host memory (the offload baseline) */
     bool no_fetch;        /* measurement only: skip sparse selection and gathering (the
                              attention then reads stale rows) to time the fetch-free step */
     bool profile;         /* time the side streams per layer (kv_gpu_engine_timing) */

@@ -33,6 +33,13 @@ typedef enum { KV_STORE_F32 = 0, KV_STORE_F16, KV_STORE_BF16 } kv_store_dtype;
  * turned into softmax probabilities over the candidates). */
 typedef enum { KV_REDUCE_SUM = 0, KV_REDUCE_MAX } kv_group_reduce;
 
+/* sparse: how the tokens fetched each step are chosen. */
+typedef enum {
+    KV_SELECT_CHANNELS = 0, /* TailorKV: scores from the C critical key channels */
+    KV_SELECT_EXACT,        /* scores from every key channel */
+    KV_SELECT_SKETCH        /* scores from a resident 1-bit key sketch (GPU engine only) */
+} kv_select_mode;
+
 /* Every tunable of every policy; each policy reads the fields it uses. */
 typedef struct {
     kv_policy_kind kind;
@@ -44,7 +51,8 @@ typedef struct {
     int channels;         /* C critical channels (sparse) */
     int topk;             /* K tokens fetched per step; 0 = use topk_frac */
     double topk_frac;     /* K as a fraction of the context when topk == 0 */
-    bool select_exact;    /* sparse: exact scores instead of channel approx */
+    kv_select_mode select; /* sparse: token selection (channels) */
+    bool offload;         /* full: K/V in host memory, copied in per step (GPU engine) */
     /* dsq */
     int dsq_window;       /* tokens per DSQ window (64) */
     double dsq_salient;   /* fraction of salient tokens per window (0.2) */
@@ -61,6 +69,9 @@ kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out);
 /* "f32", "f16", "bf16". */
 const char *kv_store_dtype_name(kv_store_dtype d);
 kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out);
+/* "channels", "exact", "sketch" ("approx" parses as channels). */
+const char *kv_select_mode_name(kv_select_mode m);
+kv_status kv_select_mode_parse(const char *s, kv_select_mode *out);
 
 typedef struct {
     int layer;
@@ -116,9 +127,10 @@ void kv_policy_free(kv_policy *p);
  * list "0=quant:bits=1;1-31=sparse:k=128;*=full" ('*' fills the layers no
  * explicit entry names; layers nothing names are full).  Fills n_layers
  * entries.  Keys per kind (docs/policies.txt has the meanings):
- *   full:      dtype
+ *   full:      dtype, offload=on|off
  *   quant:     bits (1,2,4), group|g, residual|r
- *   sparse:    sink|s, window|w, channels|c, k|topk, frac, select=approx|exact,
+ *   sparse:    sink|s, window|w, channels|c, k|topk, frac,
+ *              select=channels|approx|exact|sketch,
  *              predict=on|off, reduce=sum|max, dtype
  *   streaming: sink|s, window|w, dtype
  *   dsq:       window|w, salient, chan (HCAP channel share), keep (HCAP tokens)
@@ -126,5 +138,8 @@ void kv_policy_free(kv_policy *p);
  * message naming it.
  */
 kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_layer);
+
+/* Set the token selection of every sparse layer (a --select default). */
+void kv_policy_set_select(kv_policy_params *per_layer, int n_layers, kv_select_mode m);
 
 #endif

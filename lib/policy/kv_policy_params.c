@@ -28,13 +28,39 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->channels = 8;
     p->topk = 128;
     p->topk_frac = 0.0;
-    p->select_exact = false;
+    p->select = KV_SELECT_CHANNELS;
+    p->offload = false;
     p->dsq_window = 64;
     p->dsq_salient = 0.2;
     p->hcap_channel_thresh = 0.0;
     p->hcap_token_keep = 1.0;
     p->predict = true;
     p->group_reduce = KV_REDUCE_SUM;
+}
+
+static const char *const select_names[] = {
+    [KV_SELECT_CHANNELS] = "channels", [KV_SELECT_EXACT] = "exact", [KV_SELECT_SKETCH] = "sketch"};
+
+const char *kv_select_mode_name(kv_select_mode m)
+{
+    return (unsigned)m <= KV_SELECT_SKETCH ? select_names[m] : "?";
+}
+
+kv_status kv_select_mode_parse(const char *s, kv_select_mode *out)
+{
+    if (!strcmp(s, "approx")) s = "channels"; /* the first name of the channel mode */
+    for (int m = 0; m <= KV_SELECT_SKETCH; m++)
+        if (!strcmp(s, select_names[m])) {
+            *out = (kv_select_mode)m;
+            return KV_OK;
+        }
+    return kv_fail(KV_E_USAGE, "policy key select: '%s' (channels, exact or sketch)", s);
+}
+
+void kv_policy_set_select(kv_policy_params *per_layer, int n_layers, kv_select_mode m)
+{
+    for (int l = 0; l < n_layers; l++)
+        if (per_layer[l].kind == KV_POL_SPARSE) per_layer[l].select = m;
 }
 
 static const char *const kind_names[KV_POL_COUNT] = {
@@ -148,11 +174,9 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         return parse_real(key, val, 0.0, 1.0, &p->topk_frac);
     }
     if (IS("select", K_(KV_POL_SPARSE))) {
-        if (!strcmp(val, "exact")) p->select_exact = true;
-        else if (!strcmp(val, "approx") || !strcmp(val, "channels")) p->select_exact = false;
-        else return kv_fail(KV_E_USAGE, "policy key select: '%s' (approx or exact)", val);
-        return KV_OK;
+        return kv_select_mode_parse(val, &p->select);
     }
+    if (IS("offload", K_(KV_POL_FULL))) return parse_bool(key, val, &p->offload);
     if (IS("predict", K_(KV_POL_SPARSE))) return parse_bool(key, val, &p->predict);
     if (IS("reduce", K_(KV_POL_SPARSE))) {
         if (!strcmp(val, "sum")) p->group_reduce = KV_REDUCE_SUM;

@@ -172,7 +172,7 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
     int chans[1024];
     int C = prm->channels < D ? prm->channels : D;
     uint64_t bytes;
-    if (prm->select_exact) {
+    if (prm->select == KV_SELECT_EXACT) {
         C = D;
         for (int c = 0; c < D; c++) chans[c] = c;
         bytes = (uint64_t)n * (uint64_t)D * eb;
@@ -202,7 +202,7 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
         double l1_all = 0.0, l1_c = 0.0;
         for (int c = 0; c < D; c++) l1_all += fabsf(qh[c]);
         for (int i = 0; i < C; i++) l1_c += fabsf(qh[chans[i]]);
-        double temp = prm->select_exact || l1_all <= 0.0 ? (double)D : (double)D * l1_c / l1_all;
+        double temp = prm->select == KV_SELECT_EXACT || l1_all <= 0.0 ? (double)D : (double)D * l1_c / l1_all;
         float scale = temp > 0.0 ? (float)(1.0 / sqrt(temp)) : 0.0f;
         float mx = -INFINITY;
         for (int i = 0; i < n; i++) {
@@ -276,7 +276,7 @@ static kv_status sparse_attend(kv_policy *p, const float *q, float *out)
             fetched += choose(s, kh, qs + (size_t)kh * (size_t)grp * (size_t)D, cs, cend, kk,
                               ix + m, cand, work);
             m += kk;
-            fetched += (uint64_t)(p->prm.select_exact ? 1 : 2) * (uint64_t)kk * (uint64_t)D * eb;
+            fetched += (uint64_t)(p->prm.select == KV_SELECT_EXACT ? 1 : 2) * (uint64_t)kk * (uint64_t)D * eb;
         }
         for (int t = cend; t < T; t++) ix[m++] = t;
     }
@@ -333,6 +333,8 @@ kv_status kv_policy_sparse_create(const kv_policy_geom *g, const kv_policy_param
         return kv_fail(KV_E_USAGE, "sparse: bad parameters (sink %d, window %d, channels %d, k %d, frac %g)",
                        prm->sink, prm->window, prm->channels, prm->topk, prm->topk_frac);
     if (g->head_dim > 1024) return kv_fail(KV_E_UNSUPPORTED, "sparse: head dim %d > 1024", g->head_dim);
+    if (prm->select == KV_SELECT_SKETCH)
+        return kv_fail(KV_E_UNSUPPORTED, "sparse: select=sketch runs on the GPU engine only (--device cuda)");
     sparse_policy *s = calloc(1, sizeof *s);
     if (!s) return kv_fail(KV_E_NOMEM, "sparse policy");
     kv_status st = kv_store_init(&s->k, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);

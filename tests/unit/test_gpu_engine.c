@@ -901,8 +901,12 @@ static void test_offload_equals_full_on_gpu(void)
     kv_gpu_engine_opts_default(&o);
     kv_gpu_engine *a = NULL, *b = NULL;
     OK(kv_gpu_engine_new(m, NULL, 128, &o, &a));
-    o.offload = true;
-    kv_status st = kv_gpu_engine_new(m, NULL, 128, &o, &b);
+    kv_policy_params off[64];
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        kv_policy_params_default(&off[l], KV_POL_FULL);
+        off[l].offload = true;
+    }
+    kv_status st = kv_gpu_engine_new(m, off, 128, &o, &b);
     KT_CHECK(st == KV_OK, "%s", kv_errdetail());
     int prompt[5] = {1, 200, 300, 17, 42};
     int oa[40], ob[40];
@@ -928,7 +932,7 @@ static void test_offload_equals_full_on_gpu(void)
 
 /* niah4k (head_dim 64: kernels/ fp16 attention) with full and sparse layers
  * against the CPU engine's same policies. */
-static void run_niah(const char *spec, kv_gpu_select sel, double tol, int max_diff)
+static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_diff)
 {
     kv_model *m = NULL;
     OK(kv_model_load(NIAH "niah4k.bin", &m));
@@ -940,19 +944,20 @@ static void run_niah(const char *spec, kv_gpu_select sel, double tol, int max_di
     OK(kv_policy_parse(spec, m->cfg.n_layers, pp));
     kv_gpu_engine_opts o;
     kv_gpu_engine_opts_default(&o);
-    o.select = sel;
     kv_engine *cpu = NULL;
     kv_gpu_engine *gpu = NULL;
     /* the CPU reference keeps its sparse prompt copy in fp16, as the GPU does */
     for (int l = 0; l < m->cfg.n_layers; l++) pp[l].dtype = KV_STORE_F16;
     OK(kv_engine_new(m, pp, n + 40, &cpu));
+    /* the sketch is a GPU selection: the CPU reference selects by its channels */
+    if (sel == KV_SELECT_SKETCH) kv_policy_set_select(pp, m->cfg.n_layers, sel);
     kv_status st = kv_gpu_engine_new(m, pp, n + 40, &o, &gpu);
     KT_CHECK(st == KV_OK, "%s", kv_errdetail());
     if (gpu) {
         cmp_result r;
         compare_engines(cpu, gpu, prompt, n, short_run() ? 8 : 30, V, &r);
         printf("# niah4k %s%s: %d steps, max logit error %.3g, argmax differences %d\n", spec,
-               sel == KV_GPU_SELECT_SKETCH ? " (sketch)" : "", r.steps, r.max_err, r.argmax_diff);
+               sel == KV_SELECT_SKETCH ? " (sketch)" : "", r.steps, r.max_err, r.argmax_diff);
         KT_CHECK(r.max_err < tol, "%s: logits normalized error %g", spec, r.max_err);
         KT_CHECK(r.argmax_diff <= max_diff, "%s: %d greedy tokens differ", spec, r.argmax_diff);
     }
@@ -963,7 +968,7 @@ static void run_niah(const char *spec, kv_gpu_select sel, double tol, int max_di
     kv_model_free(m);
 }
 
-static void test_niah4k_full_matches_cpu(void) { run_niah("full", KV_GPU_SELECT_POLICY, 5e-3, 0); }
+static void test_niah4k_full_matches_cpu(void) { run_niah("full", KV_SELECT_CHANNELS, 5e-3, 0); }
 
 static void test_niah4k_sparse_matches_cpu(void)
 {
@@ -973,31 +978,31 @@ static void test_niah4k_sparse_matches_cpu(void)
      * builds whose CPU attention summed in double and in float), so the
      * channel path gets a looser logit bound; greedy tokens must still agree.
      * The exact-selection path below keeps the tight one. */
-    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=16", KV_GPU_SELECT_POLICY, 1e-1, 1);
-    run_niah("0=full;*=sparse:k=64,sink=8,window=32,select=exact", KV_GPU_SELECT_POLICY, 5e-2, 1);
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=16", KV_SELECT_CHANNELS, 1e-1, 1);
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,select=exact", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
 static void test_niah4k_sketch_runs_close_to_full(void)
 {
     /* the sketch is a different selector: compare with full, loosely */
-    run_niah("0=full;*=sparse:k=256,sink=8,window=64", KV_GPU_SELECT_SKETCH, 0.5, 30);
+    run_niah("0=full;*=sparse:k=256,sink=8,window=64", KV_SELECT_SKETCH, 0.5, 30);
 }
 
 /* Synthetic tiny model: the byte accounting of a hybrid engine follows the layout. */
 static void test_niah4k_quant_matches_cpu(void)
 {
     /* head_dim 64: outside the packed-attention kernel, the fp16 expansion */
-    run_niah("*=quant:bits=2,group=32,residual=32", KV_GPU_SELECT_POLICY, 1e-2, 0);
+    run_niah("*=quant:bits=2,group=32,residual=32", KV_SELECT_CHANNELS, 1e-2, 0);
 }
 
 static void test_niah4k_streaming_matches_cpu(void)
 {
-    run_niah("*=streaming:sink=8,window=64", KV_GPU_SELECT_POLICY, 5e-3, 0);
+    run_niah("*=streaming:sink=8,window=64", KV_SELECT_CHANNELS, 5e-3, 0);
 }
 
 static void test_niah4k_dsq_matches_cpu(void)
 {
-    run_niah("0=full;*=dsq", KV_GPU_SELECT_POLICY, 5e-2, 1);
+    run_niah("0=full;*=dsq", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
 static void test_hybrid_bytes_follow_the_layout(void)

@@ -130,7 +130,7 @@ static void test_parse_single(void)
     for (int l = 0; l < 4; l++) {
         KT_CHECK(p[l].kind == KV_POL_SPARSE, "kind");
         KT_CHECK(p[l].topk == 32 && p[l].channels == 4 && p[l].sink == 2 && p[l].window == 16, "keys");
-        KT_CHECK(p[l].select_exact, "select");
+        KT_CHECK(p[l].select == KV_SELECT_EXACT, "select");
     }
     REQ_OK(kv_policy_parse("quant:bits=2,group=32,residual=64", 1, p), "%s", kv_errdetail());
     KT_CHECK(p[0].bits == 2 && p[0].group == 32 && p[0].residual == 64, "quant keys");
