@@ -3,7 +3,8 @@
  * against lib/quant/kv_quant.c, unpack exactly, and the fp16 and packed decode
  * attention by normalized error ||gpu - ref|| / ||ref|| against
  * lib/attn/kv_attn.c, on fresh random data (seed printed; KT_SEED repeats it) and
- * on real layer-0 K/V of niah4k.  Outputs are poisoned with NaN before each
+ * on real layer-0 K/V of niah4k.  The fp16 attention is tested at every
+ * geometry the GPU engine uses it for, and in its measurement variants.  Outputs are poisoned with NaN before each
  * launch so an unwritten element fails.  Without a usable GPU (or in a
  * CPU-only build) every test is reported as a TAP skip with a notice.
  */
@@ -250,25 +251,51 @@ static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv
     return e;
 }
 
-static void test_attn_f16_matches_cpu_on_random_data(void)
+/* The GPU engine's every geometry goes through this kernel: head dims 8 to
+ * 256, query groups 1 to 8 (3, 5, 6, 7 by blocks of fewer heads). */
+static const struct { int nh, nkv, D, T, pad; } f16_cases[] = {
+    {32, 8, 128, 4133, 0}, {32, 8, 128, 1, 0}, {32, 8, 128, 37, 100}, {16, 2, 128, 3000, 0},
+    {8, 8, 128, 999, 0},   {4, 2, 64, 2049, 0}, {8, 8, 64, 77, 5},     {16, 4, 64, 1500, 0},
+    {8, 4, 8, 37, 3},      {8, 1, 16, 700, 0},  {6, 2, 32, 333, 7},    {12, 2, 64, 1000, 0},
+    {16, 2, 256, 300, 1},  {10, 2, 128, 513, 0}, {14, 2, 16, 90, 0},
+};
+
+static void check_f16_cases(const char *variant, size_t ncases)
 {
-    static const struct { int nh, nkv, D, T, pad; } cases[] = {
-        {32, 8, 128, 4133, 0}, {32, 8, 128, 1, 0}, {32, 8, 128, 37, 100}, {16, 2, 128, 3000, 0},
-        {8, 8, 128, 999, 0},   {4, 2, 64, 2049, 0}, {8, 8, 64, 77, 5},     {16, 4, 64, 1500, 0},
-    };
     char why[256];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int nh = cases[i].nh, nkv = cases[i].nkv, D = cases[i].D, T = cases[i].T;
+    for (size_t i = 0; i < ncases; i++) {
+        const int nh = f16_cases[i].nh, nkv = f16_cases[i].nkv, D = f16_cases[i].D, T = f16_cases[i].T;
         size_t nkvs = (size_t)nkv * T * D;
         kv_half *q = malloc((size_t)nh * D * 2), *k = malloc(nkvs * 2), *v = malloc(nkvs * 2);
         float *tmp = malloc((nkvs > (size_t)nh * D ? nkvs : (size_t)nh * D) * 4);
         rand_half((size_t)nh * D, D, q, tmp);
         rand_half(nkvs, D, k, tmp);
         rand_half(nkvs, D, v, tmp);
-        double e = f16_case(nh, nkv, D, T, (long long)(T + cases[i].pad) * D, q, k, v, why, sizeof why);
-        KT_CHECK(e <= TOL_F16, "%d/%d heads D %d T %d: %s", nh, nkv, D, T, why);
+        double e = f16_case(nh, nkv, D, T, (long long)(T + f16_cases[i].pad) * D, q, k, v, why,
+                            sizeof why);
+        KT_CHECK(e <= TOL_F16, "%s: %d/%d heads D %d T %d: %s", variant, nh, nkv, D, T, why);
         free(q), free(k), free(v), free(tmp);
     }
+}
+
+static void test_attn_f16_matches_cpu_on_random_data(void)
+{
+    check_f16_cases("default", sizeof f16_cases / sizeof f16_cases[0]);
+}
+
+/* The measurement variants (kv_cuda_tuning) compute the same attention. */
+static void test_attn_f16_variants_match_cpu(void)
+{
+    kv_cuda_tuning keep = *kv_cuda_get_tuning(), t;
+    for (int v = 0; v < 3; v++) {
+        kv_cuda_tuning_default(&t);
+        if (v == 0) t.f16_prefetch = 1;
+        if (v == 1) t.f16_unroll = 8;
+        if (v == 2) t.f16_waves = 2;
+        kv_cuda_set_tuning(&t);
+        check_f16_cases(v == 0 ? "prefetch" : v == 1 ? "unroll 8" : "2 waves", 8);
+    }
+    kv_cuda_set_tuning(&keep);
 }
 
 static void test_attn_f16_matches_cpu_on_real_data(void)
@@ -571,6 +598,7 @@ static void test_launchers_reject_bad_arguments(void)
     X(test_kivi_unpack_equals_cpu_dequantization)                                     \
     X(test_attn_f16_matches_cpu_on_random_data)                                       \
     X(test_attn_f16_matches_cpu_on_real_data)                                         \
+    X(test_attn_f16_variants_match_cpu)                                               \
     X(test_attn_kivi_matches_cpu_on_random_data)                                      \
     X(test_attn_kivi_matches_cpu_on_real_data)                                        \
     X(test_dsq_pack_and_unpack_are_identical_to_cpu)                                  \
@@ -587,6 +615,12 @@ int main(void)
 #ifdef KV_HAVE_CUDA
     if (ngpu > 0) {
         printf("# GPU: %s\n", name);
+        /* KV_KIVI2_VAR=n runs the packed-attention tests on a v2 variant
+         * (kv_cuda_tuning; tools/device/run-kernels.sh TEST_ENVS) */
+        kv_cuda_tuning tu;
+        kv_cuda_tuning_default(&tu);
+        if (getenv("KV_KIVI2_VAR")) tu.kivi2_var = atoi(getenv("KV_KIVI2_VAR"));
+        kv_cuda_set_tuning(&tu);
         /* KV_TEST_FILTER=substring runs only matching tests (e.g. under racecheck) */
         const char *filter = getenv("KV_TEST_FILTER");
 #define RUN_ONE(t)                                  \
