@@ -27,12 +27,23 @@
 #include "common/kv_half.h"
 #include "quant/kv_kivi.h"
 
+/* The packed planes of keys (k*) and values (v*): codes, scales, zeros. */
+typedef struct {
+    uint8_t *kc, *vc;
+    uint16_t *ks, *kz, *vs, *vz;
+} kivi_planes;
+
+static void planes_free(kivi_planes *p)
+{
+    void *dev[] = {&p->kc, &p->vc, &p->ks, &p->kz, &p->vs, &p->vz};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);
+}
+
 typedef struct {
     kv_kivi_params kp;
     int nq, nres, rc, cur;    /* tokens packed, in the residual; residual rows; live store */
-    uint8_t *kc, *vc;         /* (nkv, nq, hd*bits/8) */
-    uint16_t *ks, *kz;        /* (nkv, nq/G, hd) */
-    uint16_t *vs, *vz;        /* (nkv, nq, hd/Gv) */
+    kivi_planes p;            /* dense over nq: codes (nkv, nq, hd*bits/8), key scales and
+                                 zeros (nkv, nq/G, hd), value ones (nkv, nq, hd/Gv) */
     uint16_t *rk[2], *rv[2];  /* (nkv, rc, hd) */
 } quant_state;
 
@@ -40,9 +51,8 @@ typedef struct {
     kv_kivi_params kp;
     int nq, nres, rc;         /* tokens packed, in the ring; ring rows: token t at t % rc */
     int qcap, ngk;            /* token capacity; key scale groups per head (qcap/G + 1) */
-    uint8_t *kc, *vc;         /* (nkv, qcap, hd*bits/8) */
-    uint16_t *ks, *kz;        /* (nkv, ngk, hd) */
-    uint16_t *vs, *vz;        /* (nkv, qcap, hd/Gv) */
+    kivi_planes p;            /* at capacity: codes (nkv, qcap, hd*bits/8), key scales and
+                                 zeros (nkv, ngk, hd), value ones (nkv, qcap, hd/Gv) */
     uint16_t *rk, *rv;        /* (nkv, rc, hd) fp16 ring */
 } qhost_state;
 
@@ -116,16 +126,16 @@ static kv_status quant_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, 
     CK(cudaMemcpy2DAsync(Vd, (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, nkv,
                          cudaMemcpyDeviceToDevice, s));
     /* stream-ordered: quant_maybe_pack regrows these with cudaMallocAsync */
-    CK(cudaMallocAsync((void **)&q->kc, (size_t)nkv * nq * crow + 16, s));
-    CK(cudaMallocAsync((void **)&q->vc, (size_t)nkv * nq * crow + 16, s));
-    CK(cudaMallocAsync((void **)&q->ks, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
-    CK(cudaMallocAsync((void **)&q->kz, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
-    CK(cudaMallocAsync((void **)&q->vs, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
-    CK(cudaMallocAsync((void **)&q->vz, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.kc, (size_t)nkv * nq * crow + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.vc, (size_t)nkv * nq * crow + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.ks, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.kz, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.vs, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.vz, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
     /* the pack writes the residual dense (nkv, nres, hd) into the stores'
      * spare buffer; it is then placed at pitch rc */
-    kv_cuda_kivi_out ko = {q->kc, q->ks, q->kz, q->rk[1]};
-    kv_cuda_kivi_out vo = {q->vc, q->vs, q->vz, q->rv[1]};
+    kv_cuda_kivi_out ko = {q->p.kc, q->p.ks, q->p.kz, q->rk[1]};
+    kv_cuda_kivi_out vo = {q->p.vc, q->p.vs, q->p.vz, q->rv[1]};
     CK(kv_cuda_kivi_pack(KV_KIVI_KEYS, kp, nkv, T, hd, Kd, &ko, s));
     CK(kv_cuda_kivi_pack(KV_KIVI_VALUES, kp, nkv, T, hd, Vd, &vo, s));
     if (nres > 0) {
@@ -187,12 +197,12 @@ static kv_status quant_maybe_pack(kv_gpu_engine *e, quant_state *y)
     CK(kv_cuda_kivi_pack(KV_KIVI_VALUES, &one, nkv, G, hd, e->dres.v, &vo, s));
     /* grow each packed part from nq to nq+G tokens per head */
     struct { void **dst; const void *add; size_t per_tok_old, per_tok_add; int old_rows, add_rows; } parts[6] = {
-        {(void **)&y->kc, gkc, crow, crow, nq, G},
-        {(void **)&y->vc, gvc, crow, crow, nq, G},
-        {(void **)&y->ks, gks, rb, rb, nq / G, 1},
-        {(void **)&y->kz, gkz, rb, rb, nq / G, 1},
-        {(void **)&y->vs, gvs, (size_t)nvs * 2, (size_t)nvs * 2, nq, G},
-        {(void **)&y->vz, gvz, (size_t)nvs * 2, (size_t)nvs * 2, nq, G},
+        {(void **)&y->p.kc, gkc, crow, crow, nq, G},
+        {(void **)&y->p.vc, gvc, crow, crow, nq, G},
+        {(void **)&y->p.ks, gks, rb, rb, nq / G, 1},
+        {(void **)&y->p.kz, gkz, rb, rb, nq / G, 1},
+        {(void **)&y->p.vs, gvs, (size_t)nvs * 2, (size_t)nvs * 2, nq, G},
+        {(void **)&y->p.vz, gvz, (size_t)nvs * 2, (size_t)nvs * 2, nq, G},
     };
     for (int i = 0; i < 6; i++) {
         size_t w = parts[i].per_tok_old;
@@ -240,8 +250,8 @@ static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y, int pos, const floa
                              (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
     }
     kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
-    kv_cuda_kivi_view kv = {q->kc, q->ks, q->kz, e->dres.k};
-    kv_cuda_kivi_view vv = {q->vc, q->vs, q->vz, e->dres.v};
+    kv_cuda_kivi_view kv = {q->p.kc, q->p.ks, q->p.kz, e->dres.k};
+    kv_cuda_kivi_view vv = {q->p.vc, q->p.vs, q->p.vz, e->dres.v};
     TRY(gl_ensure_ws(e, kv_cuda_attn_kivi_workspace(&d, &q->kp)));
     CK(kv_cuda_attn_kivi(&d, &q->kp, e->q16, &kv, &vv, e->att, e->ws, e->ws_bytes, s));
     return KV_OK;
@@ -256,12 +266,7 @@ static void quant_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
 static void quant_release(gl_layer *y)
 {
     quant_state *q = y->st;
-    gl_dfree(&q->kc);
-    gl_dfree(&q->vc);
-    gl_dfree(&q->ks);
-    gl_dfree(&q->kz);
-    gl_dfree(&q->vs);
-    gl_dfree(&q->vz);
+    planes_free(&q->p);
     for (int i = 0; i < 2; i++) {
         gl_dfree(&q->rk[i]);
         gl_dfree(&q->rv[i]);
@@ -308,12 +313,12 @@ static kv_status qhost_alloc(kv_gpu_engine *e, gl_layer *y)
     q->ngk = e->ctx / q->kp.group + 1;
     const size_t crow = kv_kivi_row_bytes(e->hd, q->kp.bits);
     const size_t nvs = hd / (size_t)kv_kivi_vgroup(q->kp.group, e->hd);
-    TRY(gl_dalloc(&q->kc, nkv * (size_t)q->qcap * crow, "quant key codes"));
-    TRY(gl_dalloc(&q->vc, nkv * (size_t)q->qcap * crow, "quant value codes"));
-    TRY(gl_dalloc(&q->ks, nkv * (size_t)q->ngk * hd * 2, "quant key scales"));
-    TRY(gl_dalloc(&q->kz, nkv * (size_t)q->ngk * hd * 2, "quant key zeros"));
-    TRY(gl_dalloc(&q->vs, nkv * (size_t)q->qcap * nvs * 2, "quant value scales"));
-    TRY(gl_dalloc(&q->vz, nkv * (size_t)q->qcap * nvs * 2, "quant value zeros"));
+    TRY(gl_dalloc(&q->p.kc, nkv * (size_t)q->qcap * crow, "quant key codes"));
+    TRY(gl_dalloc(&q->p.vc, nkv * (size_t)q->qcap * crow, "quant value codes"));
+    TRY(gl_dalloc(&q->p.ks, nkv * (size_t)q->ngk * hd * 2, "quant key scales"));
+    TRY(gl_dalloc(&q->p.kz, nkv * (size_t)q->ngk * hd * 2, "quant key zeros"));
+    TRY(gl_dalloc(&q->p.vs, nkv * (size_t)q->qcap * nvs * 2, "quant value scales"));
+    TRY(gl_dalloc(&q->p.vz, nkv * (size_t)q->qcap * nvs * 2, "quant value zeros"));
     TRY(gl_dalloc(&q->rk, nkv * (size_t)q->rc * hd * 2, "quant residual K"));
     TRY(gl_dalloc(&q->rv, nkv * (size_t)q->rc * hd * 2, "quant residual V"));
     return gl_ensure_qx(e);
@@ -322,8 +327,8 @@ static kv_status qhost_alloc(kv_gpu_engine *e, gl_layer *y)
 static eng_kivi_layer qhost_view(const kv_gpu_engine *e, const qhost_state *q)
 {
     eng_kivi_layer v = {e->nkv, e->hd, q->kp.bits, q->kp.group, kv_kivi_vgroup(q->kp.group, e->hd),
-                        q->qcap, q->ngk, q->rc, q->nq, q->kc, q->vc, q->ks, q->kz, q->vs, q->vz,
-                        q->rk, q->rv};
+                        q->qcap, q->ngk, q->rc, q->nq, q->p.kc, q->p.vc, q->p.ks, q->p.kz,
+                        q->p.vs, q->p.vz, q->rk, q->rv};
     return v;
 }
 
@@ -359,9 +364,9 @@ static kv_status qhost_pack(kv_gpu_engine *e, qhost_state *y, const uint16_t *xk
         }
         size_t tok = (size_t)h * y->qcap + (size_t)t0, kg = ((size_t)h * y->ngk + (size_t)(t0 / G)) * hd;
         struct { void *dst; const void *src; size_t n; } up[6] = {
-            {y->kc + tok * crow, kc, (size_t)G * crow}, {y->vc + tok * crow, vc, (size_t)G * crow},
-            {y->ks + kg, ks, (size_t)hd * 2},           {y->kz + kg, kz, (size_t)hd * 2},
-            {y->vs + tok * nvs, vs, (size_t)G * nvs * 2}, {y->vz + tok * nvs, vz, (size_t)G * nvs * 2},
+            {y->p.kc + tok * crow, kc, (size_t)G * crow}, {y->p.vc + tok * crow, vc, (size_t)G * crow},
+            {y->p.ks + kg, ks, (size_t)hd * 2},           {y->p.kz + kg, kz, (size_t)hd * 2},
+            {y->p.vs + tok * nvs, vs, (size_t)G * nvs * 2}, {y->p.vz + tok * nvs, vz, (size_t)G * nvs * 2},
         };
         for (int i = 0; i < 6 && !st; i++) st = gl_h2d_sync(e, up[i].dst, up[i].src, up[i].n);
     }
@@ -472,12 +477,7 @@ static void qhost_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
 static void qhost_release(gl_layer *y)
 {
     qhost_state *q = y->st;
-    gl_dfree(&q->kc);
-    gl_dfree(&q->vc);
-    gl_dfree(&q->ks);
-    gl_dfree(&q->kz);
-    gl_dfree(&q->vs);
-    gl_dfree(&q->vz);
+    planes_free(&q->p);
     gl_dfree(&q->rk);
     gl_dfree(&q->rv);
 }

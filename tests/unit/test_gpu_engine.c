@@ -943,7 +943,7 @@ static void test_offload_equals_full_on_gpu(void)
 
 /* Programmatic dependent launch only overlaps launches: every level
  * generates the same ids (engines built one after the other, since the
- * level is the process's). */
+ * level is the process's); level 3 is refused below. */
 static void test_pdl_levels_generate_the_same_ids(void)
 {
     kv_model *m = NULL;
@@ -962,12 +962,6 @@ static void test_pdl_levels_generate_the_same_ids(void)
     }
     KT_CHECK(!memcmp(ids[0], ids[1], sizeof ids[0]) && !memcmp(ids[0], ids[2], sizeof ids[0]),
              "PDL levels 0, 1, 2 generate different ids");
-    kv_gpu_engine_opts o;
-    kv_gpu_engine_opts_default(&o);
-    o.pdl = 3;
-    kv_gpu_engine *g = NULL;
-    kv_status st = kv_gpu_engine_new(m, NULL, 128, &o, &g);
-    KT_CHECK(st == KV_E_USAGE && !g, "PDL level 3: status %d", (int)st);
     kv_model_free(m);
 }
 
@@ -1086,6 +1080,10 @@ static void test_bad_requests_fail_cleanly(void)
     kv_gpu_engine *g = NULL;
     kv_status st = kv_gpu_engine_new(m, NULL, 64, &o, &g);
     KT_CHECK(st == KV_E_UNAVAILABLE && !g, "absent device: status %d", (int)st);
+    o.device = 0;
+    o.pdl = 3;
+    st = kv_gpu_engine_new(m, NULL, 64, &o, &g);
+    KT_CHECK(st == KV_E_USAGE && !g, "PDL level 3: status %d", (int)st);
     kv_policy_params *pp = calloc((size_t)m->cfg.n_layers, sizeof *pp);
     OK(kv_policy_parse("*=dsq:keep=0.5", m->cfg.n_layers, pp));
     st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
