@@ -7,16 +7,21 @@
  * that is 1, 2, 4 or 8 (K and V read once); for a group of 3, 5, 6 or 7 it
  * is the largest of those dividing it, and the KV head's rows are read once
  * per HPG heads.  Head dims 8 to 256 (powers of two): a token row is D/8
- * lanes of 16 bytes.
+ * lanes of 16 bytes.  The query is fp16 or float32 (TQ): only its load into
+ * shared memory differs.
  */
 #include "attn_f16.cuh"
 
-template <int D, int HPG, bool PF, int U = KV_F16_UNROLL>
+static __device__ __forceinline__ float kv_q_float(__half x) { return __half2float(x); }
+static __device__ __forceinline__ float kv_q_float(float x) { return x; }
+
+template <int D, int HPG, bool PF, int U = KV_F16_UNROLL, typename TQ = __half>
 __global__ void __launch_bounds__(KV_F16_THREADS)
-    attn_f16_split(const __half *__restrict__ q, const __half *__restrict__ k,
+    attn_f16_split(const void *__restrict__ qv, const __half *__restrict__ k,
                    const __half *__restrict__ v, float *__restrict__ part, int T,
                    long long head_stride, int tokens_per_split, float qscale, int group)
 {
+    const TQ *__restrict__ q = static_cast<const TQ *>(qv);
     __shared__ float qs[HPG * D];
     __shared__ float scratch[kv_f16_smem_floats(D, HPG)];
     kv_pdl_launch_next();
@@ -24,7 +29,7 @@ __global__ void __launch_bounds__(KV_F16_THREADS)
     /* blockIdx.x: the HPG query heads starting at blockIdx.x*HPG, of KV head kvh */
     const int qg = blockIdx.x, kvh = qg * HPG / group, split = blockIdx.y, nsplit = gridDim.y;
     for (int i = threadIdx.x; i < HPG * D; i += KV_F16_THREADS)
-        qs[i] = __half2float(q[(size_t)qg * HPG * D + i]) * qscale;
+        qs[i] = kv_q_float(q[(size_t)qg * HPG * D + i]) * qscale;
     __syncthreads();
     int t0 = split * tokens_per_split, t1 = min(T, t0 + tokens_per_split);
     kv_f16_block_partial<D, HPG, PF, U>(qs, k + (size_t)kvh * head_stride,
@@ -111,7 +116,7 @@ static int f16_hpg(int group)
     return group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
 }
 
-typedef void (*f16_kernel)(const __half *, const __half *, const __half *, float *, int,
+typedef void (*f16_kernel)(const void *, const __half *, const __half *, float *, int,
                            long long, int, float, int);
 
 /* The instance for (D, HPG) and the tuning (kv_cuda_tuning: the defaults
@@ -120,13 +125,31 @@ typedef void (*f16_kernel)(const __half *, const __half *, const __half *, float
  * 216 us for the prefetching loop, whose extra registers cost a resident
  * block per SM) with 4 rows in flight; f16_prefetch selects the
  * prefetching loop (D 64 and 128), f16_unroll = 8 an instance of the Llama
- * geometry (D 128, 4 heads) with 8 K and 8 V rows in flight per lane.
- * *slot: a small index of the instance, for the occupancy cache. */
-static f16_kernel f16_pick(int D, int hpg, int *slot, int *unroll)
+ * geometry (D 128, 4 heads) with 8 K and 8 V rows in flight per lane; a
+ * float32 query has the default loop only.  *slot: a small index of the
+ * instance, for the occupancy cache. */
+static f16_kernel f16_pick(int D, int hpg, bool qf32, int *slot, int *unroll)
 {
     const kv_cuda_tuning *tu = kv_cuda_get_tuning();
     const bool pf = tu->f16_prefetch != 0;
     *unroll = KV_F16_UNROLL;
+    if (qf32) {
+        int i = 33;
+#define KV_F16_PICK_Q32(DD, HH)                                                     \
+    if (D == DD && hpg == HH) {                                                     \
+        *slot = i;                                                                  \
+        return attn_f16_split<DD, HH, false, KV_F16_UNROLL, float>;                 \
+    }                                                                               \
+    i++;
+        KV_F16_PICK_Q32(128, 4) KV_F16_PICK_Q32(128, 8) KV_F16_PICK_Q32(128, 2) KV_F16_PICK_Q32(128, 1)
+        KV_F16_PICK_Q32(64, 4) KV_F16_PICK_Q32(64, 8) KV_F16_PICK_Q32(64, 2) KV_F16_PICK_Q32(64, 1)
+        KV_F16_PICK_Q32(256, 4) KV_F16_PICK_Q32(256, 8) KV_F16_PICK_Q32(256, 2) KV_F16_PICK_Q32(256, 1)
+        KV_F16_PICK_Q32(32, 4) KV_F16_PICK_Q32(32, 8) KV_F16_PICK_Q32(32, 2) KV_F16_PICK_Q32(32, 1)
+        KV_F16_PICK_Q32(16, 4) KV_F16_PICK_Q32(16, 8) KV_F16_PICK_Q32(16, 2) KV_F16_PICK_Q32(16, 1)
+        KV_F16_PICK_Q32(8, 4) KV_F16_PICK_Q32(8, 8) KV_F16_PICK_Q32(8, 2) KV_F16_PICK_Q32(8, 1)
+#undef KV_F16_PICK_Q32
+        return nullptr;
+    }
     if (tu->f16_unroll == 8 && D == 128 && hpg == 4 && !pf) {
         *slot = 0;
         *unroll = 8;
@@ -155,18 +178,18 @@ static f16_kernel f16_pick(int D, int hpg, int *slot, int *unroll)
 #undef KV_F16_PICK_PF
     return nullptr;
 }
-#define KV_F16_SLOTS 34
+#define KV_F16_SLOTS 57
 
 /* Tokens per split and split count: about f16_waves waves of resident
  * blocks (from the occupancy of the instance, cached), a whole number of
  * block steps. */
-static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *tps_out,
+static cudaError_t f16_plan(const kv_cuda_attn_dims *d, bool qf32, f16_kernel *kern, int *tps_out,
                             int *nsplit_out)
 {
     static thread_local int occ[KV_F16_SLOTS] = {0};
     int slot = 0, unroll = KV_F16_UNROLL;
     const int hpg = f16_hpg(d->n_heads / d->kv_heads), nqg = d->n_heads / hpg;
-    f16_kernel k = f16_pick(d->head_dim, hpg, &slot, &unroll);
+    f16_kernel k = f16_pick(d->head_dim, hpg, qf32, &slot, &unroll);
     KV_CHECK_ARGS(k != nullptr);
     if (!occ[slot]) {
         int per_sm = 0;
@@ -185,12 +208,39 @@ static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *t
     return cudaSuccess;
 }
 
-extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
+static size_t f16_workspace(const kv_cuda_attn_dims *d, bool qf32)
 {
     f16_kernel k;
     int tps, nsplit;
-    if (!f16_dims_ok(d) || f16_plan(d, &k, &tps, &nsplit) != cudaSuccess) return 0;
+    if (!f16_dims_ok(d) || f16_plan(d, qf32, &k, &tps, &nsplit) != cudaSuccess) return 0;
     return (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float);
+}
+
+/* After the launcher's argument check (which names the launcher). */
+static cudaError_t f16_attend(const kv_cuda_attn_dims *d, bool qf32, const void *q,
+                              const uint16_t *k, const uint16_t *v, float *out, void *ws,
+                              cudaStream_t stream)
+{
+    f16_kernel kern;
+    int tps, nsplit;
+    CUDA_CHECK(f16_plan(d, qf32, &kern, &tps, &nsplit));
+    const int group = d->n_heads / d->kv_heads, hpg = f16_hpg(group);
+    float *part = static_cast<float *>(ws);
+    CUDA_CHECK(kv_launch(2, kern, dim3(d->n_heads / hpg, nsplit), dim3(KV_F16_THREADS), 0, stream,
+                         q, reinterpret_cast<const __half *>(k),
+                         reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
+                         d->scale * KV_LOG2E, group));
+    return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
+}
+
+extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
+{
+    return f16_workspace(d, false);
+}
+
+extern "C" size_t kv_cuda_attn_f16_q32_workspace(const kv_cuda_attn_dims *d)
+{
+    return f16_workspace(d, true);
 }
 
 extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q,
@@ -198,15 +248,15 @@ extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16
                                         void *ws, size_t ws_bytes, cudaStream_t stream)
 {
     KV_CHECK_ARGS(f16_dims_ok(d) && q && k && v && out && ws &&
-                  ws_bytes >= kv_cuda_attn_f16_workspace(d));
-    f16_kernel kern;
-    int tps, nsplit;
-    CUDA_CHECK(f16_plan(d, &kern, &tps, &nsplit));
-    const int group = d->n_heads / d->kv_heads, hpg = f16_hpg(group);
-    float *part = static_cast<float *>(ws);
-    CUDA_CHECK(kv_launch(2, kern, dim3(d->n_heads / hpg, nsplit), dim3(KV_F16_THREADS), 0, stream,
-                         reinterpret_cast<const __half *>(q), reinterpret_cast<const __half *>(k),
-                         reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
-                         d->scale * KV_LOG2E, group));
-    return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
+                  ws_bytes >= f16_workspace(d, false));
+    return f16_attend(d, false, q, k, v, out, ws, stream);
+}
+
+extern "C" cudaError_t kv_cuda_attn_f16_q32(const kv_cuda_attn_dims *d, const float *q,
+                                            const uint16_t *k, const uint16_t *v, float *out,
+                                            void *ws, size_t ws_bytes, cudaStream_t stream)
+{
+    KV_CHECK_ARGS(f16_dims_ok(d) && q && k && v && out && ws &&
+                  ws_bytes >= f16_workspace(d, true));
+    return f16_attend(d, true, q, k, v, out, ws, stream);
 }

@@ -92,6 +92,13 @@ cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q, cons
                              const uint16_t *v, float *out, void *ws, size_t ws_bytes,
                              cudaStream_t stream);
 
+/* The same kernel with a float32 query q (n_heads, head_dim), and its
+ * workspace (the GPU engine's query where it is not fp16). */
+size_t kv_cuda_attn_f16_q32_workspace(const kv_cuda_attn_dims *d);
+cudaError_t kv_cuda_attn_f16_q32(const kv_cuda_attn_dims *d, const float *q, const uint16_t *k,
+                                 const uint16_t *v, float *out, void *ws, size_t ws_bytes,
+                                 cudaStream_t stream);
+
 /* Device pointers to one packed KIVI layer (shapes as in lib/common/kv_layout.h). */
 typedef struct {
     const uint8_t *codes;  /* (kv_heads, nq, head_dim*bits/8) */

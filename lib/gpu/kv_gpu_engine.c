@@ -138,13 +138,21 @@ kv_status gl_ensure_ws(kv_gpu_engine *e, size_t bytes)
 }
 
 /* The one fp16 attention (kernels/attn_f16.cu) serves every geometry the
- * engine accepts (head_dim a power of two 8..256, query groups up to 8). */
+ * engine accepts (head_dim a power of two 8..256, query groups up to 8),
+ * with the fp16 query at head_dim 64 and 128 and groups of 1, 2, 4, 8 (the
+ * measured decode path) and the float32 one elsewhere (e->q_f32), as the
+ * engine's former second attention kernel took it there. */
 kv_status gl_attend_dense(kv_gpu_engine *e, const uint16_t *K, const uint16_t *V,
                           size_t head_stride, int n, cudaStream_t s)
 {
     kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, n, (long long)head_stride, e->scale};
-    TRY(gl_ensure_ws(e, kv_cuda_attn_f16_workspace(&d)));
-    CK(kv_cuda_attn_f16(&d, e->q16, K, V, e->att, e->ws, e->ws_bytes, s));
+    if (e->q_f32) {
+        TRY(gl_ensure_ws(e, kv_cuda_attn_f16_q32_workspace(&d)));
+        CK(kv_cuda_attn_f16_q32(&d, e->qkv, K, V, e->att, e->ws, e->ws_bytes, s));
+    } else {
+        TRY(gl_ensure_ws(e, kv_cuda_attn_f16_workspace(&d)));
+        CK(kv_cuda_attn_f16(&d, e->q16, K, V, e->att, e->ws, e->ws_bytes, s));
+    }
     return KV_OK;
 }
 
@@ -449,6 +457,8 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
     e->ld_hid = gl_pad8(e->hidden);
     e->eps = c->norm_eps;
     e->scale = 1.0f / sqrtf((float)e->hd);
+    const int g = e->nqh / (e->nkv > 0 ? e->nkv : 1);
+    e->q_f32 = !((e->hd == 64 || e->hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8));
     e->w = calloc((size_t)e->L, sizeof *e->w);
     e->lay = calloc((size_t)e->L, sizeof *e->lay);
     e->off.list = calloc((size_t)e->L, sizeof(int));

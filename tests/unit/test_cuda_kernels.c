@@ -215,31 +215,38 @@ static void test_kivi_unpack_equals_cpu_dequantization(void)
 
 // --- fp16 attention -------------------------------------------------------------------
 
-/* GPU fp16 attention vs kv_attn_decode_f16; stride >= T*D tokens per head on the GPU. */
+/* GPU fp16 attention vs kv_attn_decode_f16 (fp16 query q), or with a float32
+ * query qf (q unused) vs kv_attn_decode_f32 over the same fp16 K/V; stride
+ * >= T*D tokens per head on the GPU. */
 static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv_half *q,
-                       const kv_half *k, const kv_half *v, char *why, size_t nwhy)
+                       const float *qf, const kv_half *k, const kv_half *v, char *why, size_t nwhy)
 {
     kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
     kv_cuda_attn_dims gd = {nh, nkv, D, T, stride, cd.scale};
-    size_t nq = (size_t)nh * D;
+    size_t nq = (size_t)nh * D, n = (size_t)nkv * T * D;
     float *ref = malloc(nq * 4), *got = malloc(nq * 4);
+    float *kf = qf ? malloc(n * 4) : NULL, *vf = qf ? malloc(n * 4) : NULL;
+    for (size_t i = 0; qf && i < n; i++) kf[i] = kv_half_to_f32(k[i]), vf[i] = kv_half_to_f32(v[i]);
     kv_half *ks = calloc((size_t)nkv * stride, 2), *vs = calloc((size_t)nkv * stride, 2);
     for (int h = 0; h < nkv; h++) {
         memcpy(ks + h * stride, k + (size_t)h * T * D, (size_t)T * D * 2);
         memcpy(vs + h * stride, v + (size_t)h * T * D, (size_t)T * D * 2);
     }
-    size_t wsb = kv_cuda_attn_f16_workspace(&gd);
-    uint16_t *dq = dup_to_device(q, nq * 2), *dk = dup_to_device(ks, (size_t)nkv * stride * 2),
+    size_t wsb = qf ? kv_cuda_attn_f16_q32_workspace(&gd) : kv_cuda_attn_f16_workspace(&gd);
+    void *dq = qf ? (void *)dup_to_device(qf, nq * 4) : (void *)dup_to_device(q, nq * 2);
+    uint16_t *dk = dup_to_device(ks, (size_t)nkv * stride * 2),
              *dv = dup_to_device(vs, (size_t)nkv * stride * 2);
     float *dout = dalloc(nq * 4);
     void *ws = dalloc(wsb);
     double e = NAN;
-    if (kv_attn_decode_f16(&cd, q, k, v, ref) != KV_OK) {
+    kv_status rs = qf ? kv_attn_decode_f32(&cd, qf, kf, vf, ref) : kv_attn_decode_f16(&cd, q, k, v, ref);
+    if (rs != KV_OK) {
         snprintf(why, nwhy, "CPU reference: %s", kv_errdetail());
     } else if (!wsb || !dq || !dk || !dv || !dout || !ws) {
         snprintf(why, nwhy, "allocation or workspace size failed");
     } else if (cudaMemset(dout, 0xFF, nq * 4) != cudaSuccess ||
-               kv_cuda_attn_f16(&gd, dq, dk, dv, dout, ws, wsb, 0) != cudaSuccess ||
+               (qf ? kv_cuda_attn_f16_q32(&gd, dq, dk, dv, dout, ws, wsb, 0)
+                   : kv_cuda_attn_f16(&gd, dq, dk, dv, dout, ws, wsb, 0)) != cudaSuccess ||
                from_device(got, dout, nq * 4)) {
         snprintf(why, nwhy, "GPU: %s / %s", kv_cuda_last_error(), cudaGetErrorString(cudaGetLastError()));
     } else {
@@ -247,7 +254,7 @@ static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv
         snprintf(why, nwhy, "normalized error %.3g", e);
     }
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(ws);
-    free(ref), free(got), free(ks), free(vs);
+    free(ref), free(got), free(ks), free(vs), free(kf), free(vf);
     return e;
 }
 
@@ -260,7 +267,7 @@ static const struct { int nh, nkv, D, T, pad; } f16_cases[] = {
     {16, 2, 256, 300, 1},  {10, 2, 128, 513, 0}, {14, 2, 16, 90, 0},
 };
 
-static void check_f16_cases(const char *variant, size_t ncases)
+static void check_f16_cases(const char *variant, size_t ncases, int q_f32)
 {
     char why[256];
     for (size_t i = 0; i < ncases; i++) {
@@ -268,19 +275,24 @@ static void check_f16_cases(const char *variant, size_t ncases)
         size_t nkvs = (size_t)nkv * T * D;
         kv_half *q = malloc((size_t)nh * D * 2), *k = malloc(nkvs * 2), *v = malloc(nkvs * 2);
         float *tmp = malloc((nkvs > (size_t)nh * D ? nkvs : (size_t)nh * D) * 4);
+        float *qf = q_f32 ? malloc((size_t)nh * D * 4) : NULL;
         rand_half((size_t)nh * D, D, q, tmp);
+        for (size_t j = 0; qf && j < (size_t)nh * D; j++) qf[j] = tmp[j] + 1e-3f * (float)(j % 7);
         rand_half(nkvs, D, k, tmp);
         rand_half(nkvs, D, v, tmp);
-        double e = f16_case(nh, nkv, D, T, (long long)(T + f16_cases[i].pad) * D, q, k, v, why,
+        double e = f16_case(nh, nkv, D, T, (long long)(T + f16_cases[i].pad) * D, q, qf, k, v, why,
                             sizeof why);
-        KT_CHECK(e <= TOL_F16, "%s: %d/%d heads D %d T %d: %s", variant, nh, nkv, D, T, why);
+        free(qf);
+        KT_CHECK(e <= TOL_F16, "%s%s: %d/%d heads D %d T %d: %s", variant,
+                 q_f32 ? ", f32 query" : "", nh, nkv, D, T, why);
         free(q), free(k), free(v), free(tmp);
     }
 }
 
 static void test_attn_f16_matches_cpu_on_random_data(void)
 {
-    check_f16_cases("default", sizeof f16_cases / sizeof f16_cases[0]);
+    check_f16_cases("default", sizeof f16_cases / sizeof f16_cases[0], 0);
+    check_f16_cases("default", sizeof f16_cases / sizeof f16_cases[0], 1);
 }
 
 /* The measurement variants (kv_cuda_tuning) compute the same attention. */
@@ -293,7 +305,7 @@ static void test_attn_f16_variants_match_cpu(void)
         if (v == 1) t.f16_unroll = 8;
         if (v == 2) t.f16_waves = 2;
         kv_cuda_set_tuning(&t);
-        check_f16_cases(v == 0 ? "prefetch" : v == 1 ? "unroll 8" : "2 waves", 8);
+        check_f16_cases(v == 0 ? "prefetch" : v == 1 ? "unroll 8" : "2 waves", 8, 0);
     }
     kv_cuda_set_tuning(&keep);
 }
@@ -307,8 +319,8 @@ static void test_attn_f16_matches_cpu_on_real_data(void)
     for (size_t i = 0; i < nq; i++) q[i] = kv_f32_to_half(r.q[i]);
     for (size_t i = 0; i < nkv; i++) k[i] = kv_f32_to_half(r.k[i]), v[i] = kv_f32_to_half(r.v[i]);
     char why[256];
-    double e = f16_case(r.n_heads, r.kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q, k,
-                        v, why, sizeof why);
+    double e = f16_case(r.n_heads, r.kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q,
+                        NULL, k, v, why, sizeof why);
     KT_CHECK(e <= TOL_F16, "niah4k layer 0, T %d: %s", r.T, why);
     printf("# fp16 attention on niah4k layer 0: %s\n", why);
     free(q), free(k), free(v);

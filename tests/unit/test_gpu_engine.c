@@ -214,19 +214,28 @@ static void test_gemv_matches_float64(void)
     check_gemv(1, 4096, 14336);
 }
 
-/* The engine's fp16 attention (kernels/attn_f16.cu, fp16 query as the
- * engine passes it) over rows [0, n) of K/V with ld rows per head. */
-static void check_attend(int nqh, int nkv, int hd, int n, int ld)
+/* The fp16 attention (kernels/attn_f16.cu) over rows [0, n) of K/V with ld
+ * rows per head, with the query the engine passes at this geometry: fp16 at
+ * head_dim 64/128 and groups 1, 2, 4, 8, float32 elsewhere (or the other one
+ * with flip). */
+static void check_attend_q(int nqh, int nkv, int hd, int n, int ld, int flip)
 {
+    const int g = nqh / nkv;
+    int q_f32 = !((hd == 64 || hd == 128) && (g == 1 || g == 2 || g == 4 || g == 8));
+    if (flip) q_f32 = !q_f32;
     size_t kvn = (size_t)nkv * ld * hd;
     uint16_t *K = malloc(kvn * 2), *V = malloc(kvn * 2), *q16 = malloc((size_t)nqh * hd * 2);
-    float *out = malloc((size_t)nqh * hd * 4);
+    float *out = malloc((size_t)nqh * hd * 4), *q = malloc((size_t)nqh * hd * 4);
     double *ref = calloc((size_t)nqh * hd, sizeof(double));
     for (size_t i = 0; i < kvn; i++) {
         K[i] = kv_f32_to_half(kt_randn(&seed));
         V[i] = kv_f32_to_half(kt_randn(&seed));
     }
-    for (int i = 0; i < nqh * hd; i++) q16[i] = kv_f32_to_half(kt_randn(&seed));
+    for (int i = 0; i < nqh * hd; i++) {
+        q[i] = kt_randn(&seed);
+        q16[i] = kv_f32_to_half(q[i]);
+        if (!q_f32) q[i] = kv_half_to_f32(q16[i]);
+    }
     double sc = 1.0 / sqrt((double)hd);
     double *p = malloc((size_t)n * sizeof(double));
     for (int h = 0; h < nqh; h++) {
@@ -235,8 +244,7 @@ static void check_attend(int nqh, int nkv, int hd, int n, int ld)
         for (int t = 0; t < n; t++) {
             double d = 0;
             for (int c = 0; c < hd; c++)
-                d += (double)kv_half_to_f32(q16[h * hd + c]) *
-                     kv_half_to_f32(K[((size_t)kh * ld + t) * hd + c]);
+                d += (double)q[h * hd + c] * kv_half_to_f32(K[((size_t)kh * ld + t) * hd + c]);
             p[t] = d * sc;
             if (p[t] > mx) mx = p[t];
         }
@@ -246,19 +254,22 @@ static void check_attend(int nqh, int nkv, int hd, int n, int ld)
                 ref[h * hd + c] += p[t] / sum * kv_half_to_f32(V[((size_t)kh * ld + t) * hd + c]);
     }
     kv_cuda_attn_dims d = {nqh, nkv, hd, n, (long long)ld * hd, (float)sc};
-    size_t wsb = kv_cuda_attn_f16_workspace(&d);
+    size_t wsb = q_f32 ? kv_cuda_attn_f16_q32_workspace(&d) : kv_cuda_attn_f16_workspace(&d);
     KT_REQUIRE(wsb > 0, "attention %d/%d heads hd %d: no workspace (unsupported)", nqh, nkv, hd);
-    void *dK = dput(K, kvn * 2), *dV = dput(V, kvn * 2), *dq = dput(q16, (size_t)nqh * hd * 2);
+    void *dK = dput(K, kvn * 2), *dV = dput(V, kvn * 2);
+    void *dq = q_f32 ? dput(q, (size_t)nqh * hd * 4) : dput(q16, (size_t)nqh * hd * 2);
     float *dout = NULL;
     void *ws = NULL;
     cudaMalloc((void **)&dout, (size_t)nqh * hd * 4);
     cudaMalloc(&ws, wsb);
     KT_REQUIRE(dK && dV && dq && dout && ws, "alloc");
     CU(cudaMemset(dout, 0xff, (size_t)nqh * hd * 4)); /* poison: every output must be written */
-    CU(kv_cuda_attn_f16(&d, dq, dK, dV, dout, ws, wsb, 0));
+    if (q_f32) CU(kv_cuda_attn_f16_q32(&d, dq, dK, dV, dout, ws, wsb, 0));
+    else CU(kv_cuda_attn_f16(&d, dq, dK, dV, dout, ws, wsb, 0));
     CU(cudaMemcpy(out, dout, (size_t)nqh * hd * 4, cudaMemcpyDeviceToHost));
     double e = nerr(out, ref, (size_t)nqh * hd);
-    KT_CHECK(e < 1e-4, "attend %d/%d heads hd %d n %d: normalized error %g", nqh, nkv, hd, n, e);
+    KT_CHECK(e < 1e-4, "attend %d/%d heads hd %d n %d, %s query: normalized error %g", nqh, nkv,
+             hd, n, q_f32 ? "f32" : "f16", e);
     cudaFree(dK);
     cudaFree(dV);
     cudaFree(dq);
@@ -267,9 +278,15 @@ static void check_attend(int nqh, int nkv, int hd, int n, int ld)
     free(K);
     free(V);
     free(q16);
+    free(q);
     free(out);
     free(ref);
     free(p);
+}
+
+static void check_attend(int nqh, int nkv, int hd, int n, int ld)
+{
+    check_attend_q(nqh, nkv, hd, n, ld, 0);
 }
 
 static void test_attend_matches_float64(void)
@@ -279,8 +296,17 @@ static void test_attend_matches_float64(void)
     check_attend(4, 2, 64, 1, 1);
     check_attend(8, 1, 16, 700, 700);
     check_attend(16, 2, 256, 300, 301);
-    check_attend(6, 2, 32, 333, 340); /* query group 3: one head per block */
-    check_attend(12, 2, 64, 1000, 1000); /* group 6: two heads per block */
+    /* more geometries, and each with the other query type; the seed is put
+     * back after them so that the later tests' random prompts are the ones
+     * their bounds were measured on */
+    unsigned long long keep = seed;
+    check_attend(6, 2, 32, 333, 340);     /* query group 3: one head per block */
+    check_attend(12, 2, 64, 1000, 1000);  /* group 6: two heads per block */
+    check_attend_q(8, 4, 8, 37, 40, 1);
+    check_attend_q(32, 8, 128, 999, 1003, 1);
+    check_attend_q(16, 2, 256, 300, 301, 1);
+    check_attend_q(6, 2, 32, 333, 340, 1);
+    seed = keep;
 }
 
 /* Top-k of random scores with planted ties, against a sort here. */
