@@ -61,6 +61,51 @@ bool kv_utf8_valid(const char *s, size_t n)
     return true;
 }
 
+/* How many bytes from s[i] form the longest prefix of a well-formed
+ * sequence (at least 1): the "maximal subpart" replaced by one U+FFFD. */
+static size_t maximal_subpart(const unsigned char *s, size_t n, size_t i)
+{
+    unsigned b = s[i];
+    int need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 1;
+    else if (b == 0xE0) need = 2, lo = 0xA0;
+    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) need = 2;
+    else if (b == 0xED) need = 2, hi = 0x9F;
+    else if (b == 0xF0) need = 3, lo = 0x90;
+    else if (b >= 0xF1 && b <= 0xF3) need = 3;
+    else if (b == 0xF4) need = 3, hi = 0x8F;
+    else return 1;
+    size_t k = 1;
+    for (int q = 0; q < need && i + k < n; q++, k++) {
+        unsigned x = s[i + k];
+        if (x < (q == 0 ? lo : 0x80) || x > (q == 0 ? hi : 0xBF)) break;
+    }
+    return k;
+}
+
+kv_status kv_utf8_sanitize(const char *s, size_t n, char **out, size_t *len)
+{
+    char *b = malloc(3 * n + 1);
+    if (!b) return kv_fail(KV_E_NOMEM, "text of %zu bytes", n);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        size_t at = i;
+        if (utf8_next(u, n, &i) >= 0) {
+            memcpy(b + k, s + at, i - at);
+            k += i - at;
+        } else {
+            i = at + maximal_subpart(u, n, at);
+            k += (size_t)kv_utf8_put(0xFFFD, b + k);
+        }
+    }
+    b[k] = 0;
+    *out = b;
+    if (len) *len = k;
+    return KV_OK;
+}
+
 int kv_utf8_put(uint32_t c, char *buf)
 {
     unsigned char *b = (unsigned char *)buf;

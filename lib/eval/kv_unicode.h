@@ -52,6 +52,10 @@ kv_status kv_utf8_decode(const char *s, size_t n, kv_ustr *out);
 bool kv_utf8_valid(const char *s, size_t n);
 /* Encode n code points; *out malloc'd and NUL-terminated, *len bytes. */
 kv_status kv_utf8_encode(const uint32_t *c, size_t n, char **out, size_t *len);
+/* s (n bytes) as valid UTF-8, every ill-formed subsequence replaced by
+ * U+FFFD as Python's bytes.decode('utf-8', 'replace') does (one U+FFFD per
+ * maximal subpart); *out malloc'd and NUL-terminated. */
+kv_status kv_utf8_sanitize(const char *s, size_t n, char **out, size_t *len);
 /* Bytes of one code point (1..4) written to buf. */
 int kv_utf8_put(uint32_t c, char *buf);
 void kv_ustr_free(kv_ustr *s);
