@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/kv_chart.h"
+#include "format/kvc.h"
 #include "policy/kv_deploy.h"
 
 void bench_batch_init(bench_batch *b)
@@ -29,6 +31,7 @@ bool bench_batch_option(bench_batch *b, int id, const char *arg)
     case BB_RESUME: b->resume = true; return true;
     case BB_STRICT: b->strict = true; return true;
     case BB_PRED_DIR: b->pred_dir = arg; return true;
+    case BB_SVG: b->svg = arg; return true;
     case BB_SHARD:
         if (kv_batch_parse_shard(arg, &b->shard_i, &b->shard_n)) kv_cli_usage_error("%s", kv_errdetail());
         return true;
@@ -157,4 +160,15 @@ int bench_batch_open(const bench_batch *b, cJSON *header, const kv_batch_policy 
     if (st) return kv_report(st, "resume");
     if (prior) kv_note(0 + 1, "%s: %d records already there; resuming", b->output, prior);
     return 0;
+}
+
+int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records)
+{
+    kv_outfile o;
+    kv_status st = kv_outfile_open(&o, path);
+    if (st) return kv_report(st, "--svg %s", path);
+    st = kv_chart_report(o.fp, headers, records);
+    if (st) kv_outfile_abort(&o);
+    else st = kv_outfile_commit(&o);
+    return st ? kv_report(st, "--svg %s", path) : 0;
 }

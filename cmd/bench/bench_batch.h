@@ -22,6 +22,7 @@ enum {
     BB_SHARD,
     BB_STRICT,
     BB_PRED_DIR,
+    BB_SVG,
 };
 
 #define BENCH_BATCH_OPTIONS                                                                     \
@@ -31,7 +32,8 @@ enum {
     {BB_RESUME, 0, "resume", NULL, "continue --output FILE, skipping samples already in it"},      \
     {BB_SHARD, 0, "shard", "I/N", "run shard I of N (1-based; split by sample id)"},               \
     {BB_STRICT, 0, "strict", NULL, "a malformed or over-long sample is fatal (exit 65)"},          \
-    {BB_PRED_DIR, 0, "pred-dir", "DIR", "write prediction files DIR/<policy>/<name>.jsonl"}
+    {BB_PRED_DIR, 0, "pred-dir", "DIR", "write prediction files DIR/<policy>/<name>.jsonl"},    \
+    {BB_SVG, 0, "svg", "FILE", "also draw the charts of kv-bench report into FILE"}
 
 typedef struct {
     struct {
@@ -39,7 +41,7 @@ typedef struct {
         const char *arg;
     } pol[64];
     int npol;
-    const char *output, *pred_dir;
+    const char *output, *pred_dir, *svg;
     bool resume, strict;
     int shard_i, shard_n;
 } bench_batch;
@@ -56,6 +58,8 @@ int bench_batch_precheck(const bench_batch *b);
 int bench_batch_policies(const bench_batch *b, int n_layers, bool sketch, kv_batch_policy **pols,
                          kv_policy_params **params, int *np);
 void bench_batch_policies_free(kv_batch_policy *pols, kv_policy_params *params, int np);
+/* --svg: the report's charts of records; 0 or an exit code. */
+int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records);
 /* Hooks printing progress (kv_progress) and skip warnings (kv_warn). */
 void bench_batch_hooks(kv_batch_hooks *h);
 /* The header's "policies" and "shard"; then open --output (resume: the

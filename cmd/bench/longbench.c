@@ -207,6 +207,7 @@ int kv_bench_longbench_main(int argc, char **argv)
         rc = kv_report(st, "--pred-dir %s", bb.pred_dir);
         goto out;
     }
+    if (bb.svg && (rc = bench_batch_svg(bb.svg, headers, records))) goto out;
     if ((st = kv_lb_summary(stdout, kv_want_json(stdout, json), headers, records, per)))
         rc = kv_report(st, "summary");
     else if (fflush(stdout) || ferror(stdout))

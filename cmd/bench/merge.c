@@ -12,17 +12,20 @@
 
 #include "kv_cli.h"
 #include "eval/kv_batch.h"
+#include "eval/kv_chart.h"
 #include "eval/kv_longbench.h"
 #include "eval/kv_ruler.h"
+#include "format/kvc.h"
 
 int kv_bench_merge_main(int argc, char **argv);
 
-enum { O_JSON = 256, O_PERTASK, O_PRED_DIR };
+enum { O_JSON = 256, O_PERTASK, O_PRED_DIR, O_SVG };
 
 static const kv_option opts[] = {
     {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
     {O_PERTASK, 0, "per-task", NULL, "include every sample's prediction in the JSON"},
     {O_PRED_DIR, 0, "pred-dir", "DIR", "also write the prediction files DIR/<policy>/<name>.jsonl"},
+    {O_SVG, 0, "svg", "FILE", "also draw the charts of kv-bench report into FILE"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -35,7 +38,7 @@ static const kv_cli_spec spec = {
 int kv_bench_merge_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    const char *a, *pred_dir = NULL;
+    const char *a, *pred_dir = NULL, *svg = NULL;
     bool json = false, per = false;
     int oi;
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -43,6 +46,7 @@ int kv_bench_merge_main(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_PERTASK: per = true; break;
         case O_PRED_DIR: pred_dir = a; break;
+        case O_SVG: svg = a; break;
         }
     }
     if (oi >= argc) kv_cli_usage_error("no results logs");
@@ -63,6 +67,14 @@ int kv_bench_merge_main(int argc, char **argv)
         if (!st) st = kv_lb_summary(stdout, want_json, headers, records, per);
     } else {
         st = kv_fail(KV_E_DATA, "logs of an unknown benchmark \"%s\"", bench);
+    }
+    if (!st && svg) {
+        kv_outfile o;
+        if (!(st = kv_outfile_open(&o, svg))) {
+            st = kv_chart_report(o.fp, headers, records);
+            if (st) kv_outfile_abort(&o);
+            else st = kv_outfile_commit(&o);
+        }
     }
     if (st) rc = kv_report(st, "merge");
     else if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");

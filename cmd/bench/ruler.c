@@ -181,6 +181,7 @@ int kv_bench_ruler_main(int argc, char **argv)
         rc = kv_report(st, "--pred-dir %s", bb.pred_dir);
         goto out;
     }
+    if (bb.svg && (rc = bench_batch_svg(bb.svg, headers, records))) goto out;
     if ((st = kv_ruler_summary(stdout, kv_want_json(stdout, json), headers, records, per_task)))
         rc = kv_report(st, "summary");
     else if (fflush(stdout) || ferror(stdout))
