@@ -158,6 +158,7 @@ static kv_status load_ruler(const kv_score_input *in, kv_ruler_preds *p)
     for (int k = 1; k < in->n_paths && !st; k++) {
         kv_ruler_preds more;
         if ((st = kv_ruler_preds_load(in->paths[k], &more))) break;
+        if (more.n == 0) continue;
         kv_ruler_pred *nv = realloc(p->v, ((size_t)p->n + (size_t)more.n + 1) * sizeof *nv);
         if (!nv) {
             kv_ruler_preds_free(&more);

@@ -433,7 +433,7 @@ static kv_status parse_table(kv_jieba *j, lit *p, int kind)
                 }
                 st = lit_next(p, &idone);
             }
-            if (kind == 2 && !st) {
+            if (kind == 2 && !st && j->n_emit[s] > 1) {
                 qsort(j->emit[s], j->n_emit[s], sizeof *j->emit[s], cmp_emit);
                 for (size_t k = 1; k < j->n_emit[s]; k++)
                     if (j->emit[s][k].ch == j->emit[s][k - 1].ch)

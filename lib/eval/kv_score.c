@@ -557,7 +557,7 @@ static kv_status add_dir(inputs *in, const char *dir, bool ruler_chunks, int *sh
         n++;
     }
     closedir(d);
-    if (!st) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    if (!st && n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str);
     char path[4096], task[1024];
     /* chunks first, so that the plain file of a chunked task is skipped */
     inputs chunks = {0};
