@@ -191,6 +191,10 @@ static kv_status parse_log(const char *path, const char *text, size_t len, cJSON
                                path, it.line, v, KV_BATCH_LOG_VERSION);
             }
             cJSON_AddItemToArray(headers, j);
+        } else if (!cJSON_GetArraySize(headers)) {
+            cJSON_Delete(j);
+            return kv_fail(KV_E_DATA, "%s:%d: not a kv-bench results log (no header line before it)",
+                           path, it.line);
         } else if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "task"))) {
             cJSON_Delete(j);
             return kv_fail(KV_E_DATA, "%s:%d: a record without \"task\"", path, it.line);

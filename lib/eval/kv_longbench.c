@@ -583,6 +583,7 @@ kv_status kv_lb_batch(kv_runner *e, const kv_tokenizer *tok, const kv_jieba *jb,
             st = kv_batch_skip("longbench", f->stem, id, fi, f->path, f->bad[b].line, -1,
                                f->bad[b].why, o->strict, log, records, hooks);
         }
+        int no_split = 0, ran = 0;
         for (int i = 0; i < f->n && !st && (!o->limit || i < o->limit); i++) {
             const kv_lb_sample *s = &f->v[i];
             if (!kv_batch_in_shard(f->stem, s->id, o->shard_i, o->shard_n)) continue;
@@ -607,6 +608,8 @@ kv_status kv_lb_batch(kv_runner *e, const kv_tokenizer *tok, const kv_jieba *jb,
                 m.done += todo;
                 continue;
             }
+            ran++;
+            no_split += o->mode == KV_NIAH_QUESTION && pr.mode == KV_NIAH_PREFILL;
             for (int pi = 0; pi < np && !st; pi++) {
                 if (done && kv_batch_done_has(done, f->stem, s->id, pols[pi].label, s->length)) continue;
                 kv_batch_meter_tick(&m, pols[pi].label, f->stem);
@@ -616,6 +619,9 @@ kv_status kv_lb_batch(kv_runner *e, const kv_tokenizer *tok, const kv_jieba *jb,
             }
             free(pr.ids);
         }
+        if (!st && no_split)
+            kv_batch_warn(hooks, "%s: %d of %d sample(s) have no end of {context} to split at (the template "
+                          "has none, or the truncation cut it): they ran in prefill mode", f->path, no_split, ran);
     }
     return st;
 }

@@ -155,6 +155,7 @@ kv_status kv_ruler_batch(kv_runner *e, const kv_tokenizer *tok, const kv_ruler_f
                                f->set.bad[b].why, o->strict, log, records, hooks);
         }
         kv_niah_opts no = {o->mode, f->gen, f->metric};
+        int no_split = 0, ran = 0;
         for (int ti = 0; ti < f->set.n && !st; ti++) {
             const kv_niah_task *t = &f->set.tasks[ti];
             if (!selected(f, ti, o) || !kv_batch_in_shard(f->task, t->id, o->shard_i, o->shard_n))
@@ -179,6 +180,8 @@ kv_status kv_ruler_batch(kv_runner *e, const kv_tokenizer *tok, const kv_ruler_f
                 free(ids);
                 continue;
             }
+            ran++;
+            no_split += o->mode == KV_NIAH_QUESTION && used == KV_NIAH_PREFILL;
             for (int pi = 0; pi < np && !st; pi++) {
                 if (done && kv_batch_done_has(done, f->task, t->id, pols[pi].label, t->length)) continue;
                 kv_batch_meter_tick(&m, pols[pi].label, f->task);
@@ -188,6 +191,10 @@ kv_status kv_ruler_batch(kv_runner *e, const kv_tokenizer *tok, const kv_ruler_f
             }
             free(ids);
         }
+        if (!st && no_split)
+            kv_batch_warn(hooks, "%s: %d of %d task(s) have no question to split at (no \"\\nQuestion:\", "
+                          "and not RULER's layout with an answer_prefix): they ran in prefill mode",
+                          f->path, no_split, ran);
     }
     return st;
 }
