@@ -123,3 +123,15 @@ print("same")' "$BATS_TEST_TMPDIR/ours.json" "$PRED/expected-eval-e.json"
     run --separate-stderr kv-bench score --longbench --jieba "$BATS_TEST_TMPDIR/nojieba" "$PRED/hotpotqa.jsonl"
     [ "$status" -eq 0 ]
 }
+
+@test "kv-bench's man page documents the batch subcommands' options and its dispatcher lists them" {
+    for sub in longbench score merge report ruler; do
+        run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-bench.1" kv-bench "$sub"
+        assert_success
+    done
+    run --separate-stderr kv-bench --help
+    for sub in longbench score merge report; do
+        [[ "$output" == *"  $sub "* ]] || { echo "kv-bench --help lacks $sub"; return 1; }
+        [[ "$output" != *"$sub"*"(not built)"* ]]
+    done
+}
