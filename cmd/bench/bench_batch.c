@@ -158,7 +158,7 @@ int bench_batch_open(const bench_batch *b, cJSON *header, const kv_batch_policy 
         st = kv_batch_done_add(*done, kv_rec_str(r, "task", ""), kv_rec_str(r, "id", ""),
                                kv_rec_str(r, "policy", NULL), (long long)kv_rec_num(r, "length", -1));
     if (st) return kv_report(st, "resume");
-    if (prior) kv_note(0 + 1, "%s: %d records already there; resuming", b->output, prior);
+    if (prior) kv_note(1, "%s: %d records already there; resuming", b->output, prior);
     return 0;
 }
 

@@ -294,7 +294,9 @@ print(json.dumps({"index": 1, "input": "word " * 900 + "\nQuestion: What?", "out
 @test "kv-bench ruler --resume runs only the policies a log lacks" {
     out="$BATS_TEST_TMPDIR/log.jsonl"
     args=(--tasks "$RULERDATA/qa_1/validation.jsonl" --tasks "$RULERDATA/vt/validation.jsonl" --gen 3)
-    run --separate-stderr sruler "${args[@]}" -p full -o "$out"
+    # --resume on a log that is not there yet starts it (one command line for
+    # the first start and every requeue)
+    run --separate-stderr sruler "${args[@]}" -p full -o "$out" --resume
     [ "$status" -eq 0 ]
     [ "$(grep -c '"policy"' "$out")" -eq 2 ]
     run --separate-stderr sruler "${args[@]}" -p full -p streaming:sink=4,window=8 -o "$out" --resume
