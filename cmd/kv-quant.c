@@ -112,10 +112,10 @@ int main(int argc, char **argv)
         }
         kv_deploy_quant_mask(&dep, g->n_layers, sel);
         o.layers = sel;
-        o.kivi = (kv_kivi_params){dep.bits, dep.group, dep.residual};
-        if (!method && dep.quant_kind == KV_POL_DSQ) o.method = KV_ENC_DSQ;
-        dsq_window = dep.dsq_window;
-        dsq_salient = dep.dsq_salient;
+        o.kivi = (kv_kivi_params){dep.quant.bits, dep.quant.group, dep.quant.residual};
+        if (!method && dep.quant.kind == KV_POL_DSQ) o.method = KV_ENC_DSQ;
+        dsq_window = dep.quant.dsq_window;
+        dsq_salient = dep.quant.dsq_salient;
     } else if (layers) {
         if ((st = kv_layer_list_parse(layers, g->n_layers, sel)))
             kv_cli_usage_error("--layers: %s", kv_errdetail());

@@ -211,7 +211,7 @@ static cJSON *report_json(const kv_model *m, kv_engine *e, kv_gpu_engine *g,
         }
         const kv_policy_params *lp = g ? &prm[l] : kv_engine_params(e, l);
         char desc[256];
-        kv_engine_policy_desc(lp, desc, sizeof desc);
+        kv_policy_desc(lp, desc, sizeof desc);
         cJSON *lo = cJSON_CreateObject();
         cJSON_AddNumberToObject(lo, "layer", l);
         cJSON_AddStringToObject(lo, "policy", kv_policy_kind_name(lp->kind));
@@ -297,11 +297,11 @@ static void parse_opts(int argc, char **argv, run_opts *o)
        asked for alongside would silently not be written. */
     if (o->score && (o->report || o->dump))
         kv_cli_usage_error("--score-file writes its JSON to stdout; drop --report and --dump-kv");
-    if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto"))
-        kv_cli_usage_error("--device must be cpu, cuda or auto");
     if (o->select && strcmp(o->select, "policy") && strcmp(o->select, "sketch"))
         kv_cli_usage_error("--select must be policy or sketch");
-    if (o->device && !strcmp(o->device, "cuda") && (o->score || o->dump))
+    kv_device dev = KV_DEVICE_CPU;
+    if (o->device) dev = kv_cli_device(o->device, NULL);
+    if (dev == KV_DEVICE_CUDA && (o->score || o->dump))
         kv_cli_usage_error("--score-file and --dump-kv run on the CPU: use --device cpu");
     if (o->prompt_file && o->tokens && !strcmp(o->prompt_file, "-") && !strcmp(o->tokens, "-"))
         kv_cli_usage_error("stdin can only be read once");
@@ -424,12 +424,19 @@ int main(int argc, char **argv)
         rc = kv_report(st, o.profile ? "bad --profile %s" : "bad --policy", o.profile);
         goto out;
     }
+    /* --kv-dtype and --select: defaults for the keys the spec leaves out */
+    kv_policy_defaults def = {0};
     kv_store_dtype dump_dt = KV_STORE_F32;
     if (o.kv_dtype) {
         kv_store_dtype_parse(o.kv_dtype, &dump_dt); /* checked in parse_opts */
-        for (int l = 0; l < c->n_layers; l++) prm[l].dtype = dump_dt;
+        def.given |= KV_KEY_DTYPE;
+        def.dtype = dump_dt;
     }
-    if (o.select && !strcmp(o.select, "sketch")) kv_policy_set_select(prm, c->n_layers, KV_SELECT_SKETCH);
+    if (o.select && !strcmp(o.select, "sketch")) {
+        def.given |= KV_KEY_SELECT;
+        def.select = KV_SELECT_SKETCH;
+    }
+    kv_policy_defaults_apply(&def, prm, c->n_layers);
     int ctx = o.ctx ? o.ctx : c->seq_len;
     if (!o.ctx && !o.score && n_prompt + o.steps > ctx) ctx = n_prompt + o.steps; /* beyond training length */
     /* --compare: the same text under the reference (--policy/--profile, by
@@ -439,11 +446,13 @@ int main(int argc, char **argv)
         kv_compare_opts co;
         kv_compare_opts_default(&co);
         co.prefix = o.prefix;
-        if (o.device) kv_device_parse(o.device, &co.device); /* checked in parse_opts */
+        if (o.device) kv_device_parse(o.device, &co.device, &co.ordinal); /* checked in parse_opts */
         kv_compare_result res = {0};
         if (!pol) st = kv_fail(KV_E_NOMEM, "out of memory");
-        else if (!(st = kv_policy_parse(o.compare, c->n_layers, pol)))
+        else if (!(st = kv_policy_parse(o.compare, c->n_layers, pol))) {
+            kv_policy_defaults_apply(&def, pol, c->n_layers);
             st = kv_compare_run(m, prompt, n_prompt, prm, pol, &co, &res);
+        }
         if (st) {
             rc = kv_report(st, "--compare %s", o.compare);
         } else {
@@ -463,8 +472,10 @@ int main(int argc, char **argv)
     if (o.device && strcmp(o.device, "cpu") && !o.score && !o.dump) {
         kv_gpu_engine_opts go;
         kv_gpu_engine_opts_default(&go);
+        kv_device dev;
+        kv_device_parse(o.device, &dev, &go.device); /* checked in parse_opts */
         st = kv_gpu_engine_new(m, prm, ctx, &go, &g);
-        if (st && !strcmp(o.device, "cuda")) {
+        if (st && dev == KV_DEVICE_CUDA) {
             rc = kv_report(st, "--device cuda");
             goto out;
         }

@@ -74,7 +74,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         case O_DEVICE:
-            if (kv_device_parse(a, &co.device)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            co.device = kv_cli_device(a, &co.ordinal);
             break;
         }
     }

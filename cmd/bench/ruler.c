@@ -62,7 +62,8 @@ int kv_bench_ruler_main(int argc, char **argv)
     const char *model = NULL, *tokp = NULL, *tasks = NULL, *a;
     const char *pols[64];
     int npol = 0, lens[16], nlen = 0, limit = 0, oi;
-    bool json = false, per_task = false, sketch = false;
+    bool json = false, per_task = false;
+    kv_policy_defaults def = {0}; /* --select */
     kv_device dev = KV_DEVICE_CPU;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
@@ -92,10 +93,10 @@ int kv_bench_ruler_main(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         case O_DEVICE:
-            if (kv_device_parse(a, &dev)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            dev = kv_cli_device(a, &go.device);
             break;
         case O_SELECT:
-            if (!strcmp(a, "sketch")) sketch = true;
+            if (!strcmp(a, "sketch")) def = (kv_policy_defaults){.given = KV_KEY_SELECT, .select = KV_SELECT_SKETCH};
             else if (strcmp(a, "policy")) kv_cli_usage_error("--select must be policy or sketch");
             break;
         }
@@ -163,7 +164,7 @@ int kv_bench_ruler_main(int argc, char **argv)
             rc = kv_report(st, "--policy %s", pols[pi]);
             goto out;
         }
-        if (sketch) kv_policy_set_select(prm, L, KV_SELECT_SKETCH);
+        kv_policy_defaults_apply(&def, prm, L);
         for (int li = 0; li < nlen; li++) {
             row *r = &rows[nrows++];
             r->policy = pols[pi];

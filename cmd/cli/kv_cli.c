@@ -263,6 +263,14 @@ double kv_cli_double(const char *opt, const char *s, double lo, double hi)
     return v;
 }
 
+kv_device kv_cli_device(const char *s, int *ordinal)
+{
+    kv_device d;
+    if (kv_device_parse(s, &d, ordinal))
+        kv_cli_usage_error("--device must be cpu, cuda or auto (or cuda:N, N for a CUDA device), got '%s'", s);
+    return d;
+}
+
 bool kv_is_tty(FILE *f) { return isatty(fileno(f)) == 1; }
 
 bool kv_color_ok(FILE *f)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdnoreturn.h>
 
+#include "common/kv_device.h"
 #include "common/kv_status.h"
 
 #define KV_VERSION "0.1.0"
@@ -63,6 +64,9 @@ int kv_report(kv_status st, const char *fmt, ...) __attribute__((format(printf, 
 /* Numeric option parsing; a bad value is a usage error (exit 64). */
 long kv_cli_long(const char *opt, const char *s, long lo, long hi);
 double kv_cli_double(const char *opt, const char *s, double lo, double hi);
+/* --device: cpu, cuda, auto, cuda:N or N (kv_device_parse); *ordinal (may
+ * be NULL) gets the CUDA device, 0 unless named. */
+kv_device kv_cli_device(const char *s, int *ordinal);
 
 bool kv_is_tty(FILE *f);
 bool kv_color_ok(FILE *f); /* tty and NO_COLOR unset */

@@ -671,29 +671,3 @@ kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll)
     return st;
 }
 
-void kv_engine_policy_desc(const kv_policy_params *p, char *buf, size_t n)
-{
-    const char *dt = p->dtype == KV_STORE_F16 ? "f16" : p->dtype == KV_STORE_BF16 ? "bf16" : "f32";
-    switch (p->kind) {
-    case KV_POL_QUANT:
-        snprintf(buf, n, "quant bits=%d group=%d residual=%d dtype=%s", p->bits, p->group, p->residual, dt);
-        break;
-    case KV_POL_SPARSE:
-        if (p->topk)
-            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk=%d dtype=%s", p->sink, p->window,
-                     p->channels, p->topk, dt);
-        else
-            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk_frac=%g dtype=%s", p->sink,
-                     p->window, p->channels, p->topk_frac, dt);
-        break;
-    case KV_POL_STREAMING:
-        snprintf(buf, n, "streaming sink=%d window=%d dtype=%s", p->sink, p->window, dt);
-        break;
-    case KV_POL_DSQ:
-        snprintf(buf, n, "dsq window=%d salient=%g hcap_channel=%g hcap_token_keep=%g", p->dsq_window,
-                 p->dsq_salient, p->hcap_channel_thresh, p->hcap_token_keep);
-        break;
-    default:
-        snprintf(buf, n, "%s dtype=%s", kv_policy_kind_name(p->kind), dt);
-    }
-}

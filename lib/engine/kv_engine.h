@@ -107,9 +107,6 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_st
  */
 kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll);
 
-/* One line describing a layer's policy ("sparse sink=4 window=32 ..."). */
-void kv_engine_policy_desc(const kv_policy_params *p, char *buf, size_t n);
-
 /* Threads for the matmuls (0 = OpenMP default). Process-wide. */
 void kv_engine_set_threads(int n);
 

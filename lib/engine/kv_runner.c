@@ -15,25 +15,6 @@ struct kv_runner {
     kv_gpu_engine *gpu;
 };
 
-kv_status kv_device_parse(const char *s, kv_device *out)
-{
-    if (!strcmp(s, "cpu")) *out = KV_DEVICE_CPU;
-    else if (!strcmp(s, "cuda")) *out = KV_DEVICE_CUDA;
-    else if (!strcmp(s, "auto")) *out = KV_DEVICE_AUTO;
-    else return kv_fail(KV_E_USAGE, "unknown device '%s': must be cpu, cuda or auto", s);
-    return KV_OK;
-}
-
-const char *kv_device_name(kv_device dev)
-{
-    switch (dev) {
-    case KV_DEVICE_CPU: return "cpu";
-    case KV_DEVICE_CUDA: return "cuda";
-    case KV_DEVICE_AUTO: return "auto";
-    }
-    return "?";
-}
-
 kv_status kv_runner_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
                         kv_device dev, const kv_gpu_engine_opts *gpu_opts, kv_runner **out)
 {

@@ -21,21 +21,11 @@
 
 #include <stdbool.h>
 
+#include "common/kv_device.h"
 #include "gpu/kv_gpu_engine.h"
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
 #include "common/kv_status.h"
-
-typedef enum {
-    KV_DEVICE_CPU = 0, /* lib/kv_engine */
-    KV_DEVICE_CUDA,    /* lib/kv_gpu_engine; failing that is an error */
-    KV_DEVICE_AUTO     /* the GPU engine when it can be built, else the CPU engine */
-} kv_device;
-
-/* "cpu", "cuda" or "auto"; anything else is KV_E_USAGE. */
-kv_status kv_device_parse(const char *s, kv_device *out);
-/* The inverse: "cpu", "cuda" or "auto". */
-const char *kv_device_name(kv_device dev);
 
 typedef struct kv_runner kv_runner;
 

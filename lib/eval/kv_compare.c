@@ -18,6 +18,7 @@ void kv_compare_opts_default(kv_compare_opts *o)
 {
     o->prefix = 0;
     o->device = KV_DEVICE_CPU;
+    o->ordinal = 0;
 }
 
 void kv_compare_result_free(kv_compare_result *r)
@@ -67,8 +68,11 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
     /* The reference picks the device (AUTO resolves there); the policies
      * follow it, so that every number compares runs of one device. */
     kv_device dev = o ? o->device : KV_DEVICE_CPU;
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
+    go.device = o ? o->ordinal : 0;
     for (int e = 0; e < E && st == KV_OK; e++) {
-        st = kv_runner_new(m, e == 0 ? ref : pols[e - 1], n, dev, NULL, &eng[e]);
+        st = kv_runner_new(m, e == 0 ? ref : pols[e - 1], n, dev, &go, &eng[e]);
         if (st) kv_errcontext("%s engine", e == 0 ? "reference" : "policy");
         if (st == KV_OK && e == 0) dev = kv_runner_is_gpu(eng[0]) ? KV_DEVICE_CUDA : KV_DEVICE_CPU;
     }

@@ -27,6 +27,7 @@ typedef struct {
     int prefix;       /* tokens prefilled densely; 0 = half of the sequence (at least 1) */
     kv_device device; /* where the reference and every policy run (default CPU); AUTO
                          picks the reference's device and holds the policies to it */
+    int ordinal;      /* the CUDA device on the GPU (0) */
 } kv_compare_opts;
 
 typedef struct {

@@ -484,6 +484,9 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
         gl_layer *y = &e->lay[l];
         if (per_layer) y->prm = per_layer[l];
         const kv_policy_params *p = &y->prm;
+        const kv_policy_geom lg = {l, e->nqh, e->nkv, e->hd, e->ctx};
+        kv_status vst = kv_policy_check(p, &lg, KV_DEVICE_CUDA);
+        if (vst) return vst;
         switch (p->kind) {
         case KV_POL_FULL:
             y->kind = p->offload ? L_OFFLOAD : L_FULL;
@@ -491,11 +494,6 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
         case KV_POL_QUANT: {
             kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
             kv_kivi_params kp = {p->bits, p->group, p->residual};
-            kv_status qst = kv_kivi_check(&kp, e->hd);
-            if (qst) {
-                kv_errcontext("layer %d", l);
-                return qst;
-            }
             /* D's packed attention where it applies; elsewhere the same
              * packed bytes, expanded to fp16 each step (L_QDQ) */
             y->kind = kv_cuda_attn_kivi_supported(&d, &kp) &&
@@ -517,30 +515,13 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
             kv_dsq_params_default(&y->dp);
             y->dp.window = p->dsq_window;
             y->dp.salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
-            kv_status dst = kv_dsq_check(&y->dp, e->hd);
-            if (dst) {
-                kv_errcontext("layer %d", l);
-                return dst;
-            }
-            if (p->hcap_token_keep < 1.0 || p->hcap_channel_thresh > 0.0)
-                return kv_fail(KV_E_UNSUPPORTED, "layer %d: dsq with HCAP (keep < 1 or chan > 0) "
-                               "is not on the GPU engine; use --device cpu", l);
             break;
         }
         case KV_POL_STREAMING:
             y->kind = L_STREAM;
-            if (p->sink < 0 || p->window < 1)
-                return kv_fail(KV_E_USAGE, "layer %d: streaming needs sink >= 0 and window >= 1 "
-                               "(got %d, %d)", l, p->sink, p->window);
             break;
         case KV_POL_SPARSE:
             y->kind = L_SPARSE;
-            if (p->sink < 0 || p->window < 0 || p->channels < 1 || p->channels > e->hd ||
-                p->topk < 0 || !(p->topk_frac >= 0.0 && p->topk_frac <= 1.0))
-                return kv_fail(KV_E_USAGE, "layer %d: bad sparse parameters", l);
-            if (e->nqh / e->nkv > 8 || (e->hd & 7))
-                return kv_fail(KV_E_UNSUPPORTED, "layer %d: sparse on the GPU needs a query "
-                               "group of at most 8 and head_dim a multiple of 8", l);
             break;
         default:
             return kv_fail(KV_E_UNSUPPORTED, "layer %d: policy %s is not available on the GPU "

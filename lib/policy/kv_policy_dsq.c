@@ -297,12 +297,8 @@ kv_status kv_policy_dsq_create(const kv_policy_geom *g, const kv_policy_params *
     kv_dsq_params dp;
     kv_dsq_params_default(&dp);
     dp.window = prm->dsq_window;
-    dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient);
-    kv_status st = kv_dsq_check(&dp, g->head_dim);
-    if (st) return st;
-    if (!(prm->hcap_token_keep > 0.0 && prm->hcap_token_keep <= 1.0) ||
-        !(prm->hcap_channel_thresh >= 0.0 && prm->hcap_channel_thresh < 1.0))
-        return kv_fail(KV_E_USAGE, "dsq: keep must be in (0, 1] and chan in [0, 1)");
+    dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient); /* checked by kv_policy_create */
+    kv_status st;
     dsq_policy *d = calloc(1, sizeof *d);
     if (!d) return kv_fail(KV_E_NOMEM, "dsq policy");
     d->base.ops = &dsq_ops;

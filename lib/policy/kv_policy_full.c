@@ -99,9 +99,6 @@ static const kv_policy_ops full_ops = {
 kv_status kv_policy_full_create(const kv_policy_geom *g, const kv_policy_params *prm,
                                 kv_policy **out)
 {
-    if (prm->offload)
-        return kv_fail(KV_E_UNSUPPORTED,
-                       "full: offload=on is a GPU engine placement (the CPU keeps every layer in host memory)");
     full_policy *f = calloc(1, sizeof *f);
     if (!f) return kv_fail(KV_E_NOMEM, "full policy");
     kv_status st = kv_store_init(&f->k, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);

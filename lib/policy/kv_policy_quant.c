@@ -208,9 +208,7 @@ kv_status kv_policy_quant_create(const kv_policy_geom *g, const kv_policy_params
                                  kv_policy **out)
 {
     *out = NULL;
-    kv_kivi_params kp = {prm->bits, prm->group, prm->residual};
-    kv_status st = kv_kivi_check(&kp, g->head_dim);
-    if (st) return st;
+    kv_kivi_params kp = {prm->bits, prm->group, prm->residual}; /* checked by kv_policy_create */
     quant_policy *q = calloc(1, sizeof *q);
     if (!q) return kv_fail(KV_E_NOMEM, "quant policy");
     q->base.ops = &quant_ops;

@@ -328,13 +328,7 @@ kv_status kv_policy_sparse_create(const kv_policy_geom *g, const kv_policy_param
                                   kv_policy **out)
 {
     *out = NULL;
-    if (prm->sink < 0 || prm->window < 0 || prm->channels < 1 || prm->topk < 0 ||
-        !(prm->topk_frac >= 0.0 && prm->topk_frac <= 1.0))
-        return kv_fail(KV_E_USAGE, "sparse: bad parameters (sink %d, window %d, channels %d, k %d, frac %g)",
-                       prm->sink, prm->window, prm->channels, prm->topk, prm->topk_frac);
-    if (g->head_dim > 1024) return kv_fail(KV_E_UNSUPPORTED, "sparse: head dim %d > 1024", g->head_dim);
-    if (prm->select == KV_SELECT_SKETCH)
-        return kv_fail(KV_E_UNSUPPORTED, "sparse: select=sketch runs on the GPU engine only (--device cuda)");
+    /* parameters checked by kv_policy_create */
     sparse_policy *s = calloc(1, sizeof *s);
     if (!s) return kv_fail(KV_E_NOMEM, "sparse policy");
     kv_status st = kv_store_init(&s->k, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);

@@ -120,9 +120,7 @@ kv_status kv_policy_streaming_create(const kv_policy_geom *g, const kv_policy_pa
                                      kv_policy **out)
 {
     *out = NULL;
-    if (prm->sink < 0 || prm->window < 1)
-        return kv_fail(KV_E_USAGE, "streaming needs sink >= 0 and window >= 1 (got %d, %d)",
-                       prm->sink, prm->window);
+    /* parameters checked by kv_policy_create */
     stream_policy *s = calloc(1, sizeof *s);
     if (!s) return kv_fail(KV_E_NOMEM, "streaming policy");
     s->S = prm->sink;

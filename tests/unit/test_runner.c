@@ -43,14 +43,14 @@ static void test_device_parse(void)
     const kv_device want[] = {KV_DEVICE_CPU, KV_DEVICE_CUDA, KV_DEVICE_AUTO};
     for (int i = 0; i < 3; i++) {
         kv_device d = (kv_device)-1;
-        KT_CHECK(kv_device_parse(good[i], &d) == KV_OK && d == want[i], "%s -> %d", good[i], (int)d);
+        KT_CHECK(kv_device_parse(good[i], &d, NULL) == KV_OK && d == want[i], "%s -> %d", good[i], (int)d);
         KT_CHECK(!strcmp(kv_device_name(want[i]), good[i]), "name of %d: %s", (int)want[i],
                  kv_device_name(want[i]));
     }
     const char *bad[] = {"", "gpu", "CPU", "cuda0", "auto "};
     for (int i = 0; i < 5; i++) {
         kv_device d = KV_DEVICE_CPU;
-        KT_CHECK(kv_device_parse(bad[i], &d) == KV_E_USAGE, "'%s' accepted", bad[i]);
+        KT_CHECK(kv_device_parse(bad[i], &d, NULL) == KV_E_USAGE, "'%s' accepted", bad[i]);
         KT_CHECK(strstr(kv_errdetail(), "cpu, cuda or auto") && !strchr(kv_errdetail(), '\n'),
                  "message: %s", kv_errdetail());
         KT_CHECK(d == KV_DEVICE_CPU, "'%s' wrote the output", bad[i]);
