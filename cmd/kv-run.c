@@ -537,7 +537,7 @@ int main(int argc, char **argv)
     }
     double prefill_ms = now_ms() - t0;
     kv_note(1, "prefill: %d tokens in %.1f ms", n_prompt, prefill_ms);
-    if (o.dump && (st = kv_engine_dump_kvc(e, prompt, n_prompt, dump_dt, o.dump))) {
+    if (o.dump && (st = kv_engine_dump_kvc(e, prompt, n_prompt, dump_dt, o.dump, 0))) {
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }

@@ -591,7 +591,7 @@ static kv_status add_tensor(kvc_writer *w, const char *name, kv_store_dtype dt, 
 }
 
 kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_store_dtype dt,
-                             const char *path)
+                             const char *path, int zstd_level)
 {
     const kv_model_config *c = &e->m->cfg;
     if (!e->pk[0] || e->prompt_T != n)
@@ -644,7 +644,7 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_st
                 goto done;
         }
     }
-    st = kvc_writer_write(w, path, 0);
+    st = kvc_writer_write(w, path, zstd_level);
 done:
     free(qbuf);
     kvc_writer_free(w);
@@ -670,4 +670,3 @@ kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll)
     free(lg);
     return st;
 }
-

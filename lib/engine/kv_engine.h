@@ -97,9 +97,10 @@ int kv_engine_queries(const kv_engine *e, int layer, float *out);
  * layers.{i}.k / .v (n_kv_heads, T, head_dim) and, when queries were kept,
  * layers.{i}.q (n_heads, nq, head_dim), all in dt, plus the geometry and
  * RoPE metadata.  Needs kv_engine_keep(e, nq, true) before the prefill.
+ * zstd_level > 0 writes a zstd-compressed file (kvc(5)).
  */
 kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_store_dtype dt,
-                             const char *path);
+                             const char *path, int zstd_level);
 
 /*
  * Teacher forcing through the policies: reset, prefill tokens[0], then step

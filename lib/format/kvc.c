@@ -1339,6 +1339,13 @@ void kv_outfile_abort(kv_outfile *o)
     outfile_reset(o);
 }
 
+kv_status kv_outfile_put(kv_outfile *o, const char *text)
+{
+    fputs(text, o->fp); /* an error shows in the commit's ferror */
+    fputc('\n', o->fp);
+    return kv_outfile_commit(o);
+}
+
 kv_status kv_outfile_commit(kv_outfile *o)
 {
     if (!o->path) return kv_fail(KV_E_INTERNAL, "commit of an output that is not open");

@@ -151,6 +151,8 @@ typedef struct {
 } kv_outfile;
 kv_status kv_outfile_open(kv_outfile *o, const char *path);
 kv_status kv_outfile_commit(kv_outfile *o);
+/* Write text and a newline, then commit (the outfile is closed either way). */
+kv_status kv_outfile_put(kv_outfile *o, const char *text);
 void kv_outfile_abort(kv_outfile *o);
 /* Unlink every temp file still open through kv_outfile_open (or the
  * writer).  Async-signal-safe: a front end may call it from a SIGINT/SIGTERM
