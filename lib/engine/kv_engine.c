@@ -651,22 +651,4 @@ done:
     return st;
 }
 
-kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll)
-{
-    if (n < 2) return kv_fail(KV_E_DATA, "scoring needs at least two tokens (the text is empty?)");
-    int V = e->m->cfg.vocab_size;
-    float *lg = malloc((size_t)V * sizeof(float));
-    if (!lg) return kv_fail(KV_E_NOMEM, "out of memory");
-    kv_status st = kv_engine_reset(e, NULL);
-    if (!st) st = kv_engine_prefill(e, tokens, 1, lg);
-    for (int i = 1; i < n && !st; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V) {
-            st = kv_fail(KV_E_DATA, "token %d at position %d is outside the vocabulary", tokens[i], i);
-            break;
-        }
-        nll[i - 1] = kv_nll(lg, V, tokens[i]);
-        if (i + 1 < n) st = kv_engine_step(e, tokens[i], lg);
-    }
-    free(lg);
-    return st;
-}
+

@@ -102,12 +102,6 @@ int kv_engine_queries(const kv_engine *e, int layer, float *out);
 kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_store_dtype dt,
                              const char *path, int zstd_level);
 
-/*
- * Teacher forcing through the policies: reset, prefill tokens[0], then step
- * through tokens[1..n).  nll (n-1): -log p(tokens[i] | tokens[<i]).
- */
-kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll);
-
 /* Threads for the matmuls (0 = OpenMP default). Process-wide. */
 void kv_engine_set_threads(int n);
 
