@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 #include "policy/kv_deploy.h"
 #include "eval/kv_profile.h"
 #include "format/kvc.h"

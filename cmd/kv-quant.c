@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 #include "policy/kv_deploy.h"
 #include "quant/kv_quant.h"
 #include "format/kvc.h"

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 #include "common/kv_file.h"
 #include "common/kv_stats.h"
 #include "engine/kv_engine.h"

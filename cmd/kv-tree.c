@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 #include "common/kv_file.h"
 #include "model/kv_tokenizer.h"
 #include "tree/kv_tree.h"

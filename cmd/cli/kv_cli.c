@@ -4,6 +4,7 @@
  * detection, and a progress line that appears only on a terminal.
  */
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 
 #include <errno.h>
 #include <getopt.h>

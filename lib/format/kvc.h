@@ -4,7 +4,9 @@
  * JSON header (padded with spaces), then raw little-endian C-order tensor
  * data.  Model geometry, encodings and per-tensor CRC-32C checksums live in
  * the string-to-string "__metadata__" object.  This module is the only code
- * in kvtools that touches .kvc files.
+ * in kvtools that touches .kvc files: kvc_file.c opens and maps them,
+ * kvc_parse.c validates them, kvc_write.c writes them (through the atomic
+ * lib/common/kv_outfile, with lib/common/kv_crc checksums).
  */
 #ifndef KVC_H
 #define KVC_H
@@ -14,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/kv_dtype.h"
 #include "common/kv_layout.h"
 #include "common/kv_status.h"
 
@@ -21,22 +24,6 @@
 #define KVC_MAX_DIMS 4
 #define KVC_NAME_MAX 128
 #define KVC_DATA_ALIGN 64 /* the data section starts at a multiple of this */
-
-typedef enum {
-    KV_DT_F32 = 0,
-    KV_DT_F16,
-    KV_DT_BF16,
-    KV_DT_I32,
-    KV_DT_U8,
-    KV_DT_I8,
-    KV_DT_I64,
-    KV_DT_U32,
-    KV_DT_COUNT
-} kv_dtype;
-
-size_t kv_dtype_size(kv_dtype dt);
-const char *kv_dtype_name(kv_dtype dt); /* safetensors spelling: "F32" ... */
-kv_status kv_dtype_parse(const char *s, kv_dtype *out);
 
 typedef struct {
     char name[KVC_NAME_MAX];
@@ -140,29 +127,5 @@ void kvc_writer_free(kvc_writer *w);
 
 /* Defaults for a geometry (theta 10000, keys roped, interleaved). */
 void kv_geom_defaults(kv_geom *g);
-
-/* Generic atomic file output used by every tool that writes files (JSON
- * reports, SVG): open a temp file beside path (or stdout for "-"), then
- * commit (fsync + rename) or abort (unlink). */
-typedef struct {
-    FILE *fp;
-    char *path;
-    char *tmp; /* NULL for stdout */
-} kv_outfile;
-kv_status kv_outfile_open(kv_outfile *o, const char *path);
-kv_status kv_outfile_commit(kv_outfile *o);
-/* Write text and a newline, then commit (the outfile is closed either way). */
-kv_status kv_outfile_put(kv_outfile *o, const char *text);
-void kv_outfile_abort(kv_outfile *o);
-/* Unlink every temp file still open through kv_outfile_open (or the
- * writer).  Async-signal-safe: a front end may call it from a SIGINT/SIGTERM
- * handler before re-raising, so an interrupted write leaves nothing behind. */
-void kv_outfile_cleanup_all(void);
-
-/* CRC-32C (Castagnoli) of a buffer, continuing from crc (start with 0). */
-uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t n);
-/* The portable table-driven path kv_crc32c falls back to without SSE4.2
- * (exposed so tests can check both paths). */
-uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t n);
 
 #endif

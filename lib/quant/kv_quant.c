@@ -37,7 +37,7 @@ static void stamp_add(kv_quant_report *r, stamp t0)
 }
 
 /* Layer of a "layers.{i}.k..." / "layers.{i}.v..." name (i in canonical
- * decimal, as kvc.c spells layer numbers), or -1. */
+ * decimal, as the .kvc reader spells layer numbers), or -1. */
 static int kv_name_layer(const char *name)
 {
     if (strncmp(name, "layers.", 7)) return -1;

@@ -1,5 +1,6 @@
 /*
- * Unit tests of lib/format/kvc.c: CRC-32C, writer/reader round trips of every
+ * Unit tests of the .kvc reader and writer (lib/format/kvc_*.c, with
+ * lib/common/kv_crc and kv_outfile): CRC-32C, writer/reader round trips of every
  * dtype and of the metadata, geometry derived from shapes alone, zstd, the
  * atomic writer under failure, and the reader against truncation, bit flips
  * and a table of hand-made corrupt headers.
@@ -18,6 +19,8 @@
 #include <unistd.h>
 
 #include "kt.h"
+#include "common/kv_crc.h"
+#include "common/kv_outfile.h"
 #include "common/kv_half.h"
 #include "format/kvc.h"
 

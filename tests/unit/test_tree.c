@@ -1,5 +1,5 @@
 /*
- * Unit tests of lib/tree/kv_tree.c: the radix tree against a brute-force
+ * Unit tests of lib/tree: the radix tree against a brute-force
  * longest-common-prefix oracle on thousands of random insert/match cases,
  * node splitting, token importance on a hand-computed case (attention and
  * the key-norm proxy), and the index round trip with its rejections.
