@@ -215,37 +215,27 @@ static int run_score(kv_runner *r, const int *ids, int n)
 {
     double *nll = malloc((size_t)(n > 1 ? n - 1 : 1) * sizeof *nll), t0 = kv_now_ms();
     char *json = NULL;
-    kv_outfile so;
     kv_status st = nll ? kv_runner_score(r, ids, n, nll) : kv_fail(KV_E_NOMEM, "out of memory");
     if (st) {
         free(nll);
         return kv_report(st, "scoring failed");
     }
-    if (!(st = kv_score_report(nll, n, kv_now_ms() - t0, &json)) && !(st = kv_outfile_open(&so, "-")))
-        st = kv_outfile_put(&so, json);
+    if (!(st = kv_score_report(nll, n, kv_now_ms() - t0, &json))) st = kv_outfile_write("-", json);
     free(json);
     free(nll);
     return st ? kv_report(st, "cannot write the scores") : 0;
 }
 
 typedef struct {
-    const kv_tokenizer *tok;
-    int prev;
-    bool print;
+    kv_token_writer w;
+    bool print; /* stdout is free for the text */
     int total;
 } printer;
 
 static void on_token(void *user, int t, int i)
 {
     printer *p = user;
-    if (p->print) {
-        size_t l = 0;
-        const char *s = p->tok ? kv_token_piece(p->tok, p->prev, t, &l) : NULL;
-        if (p->tok) fwrite(s, 1, l, stdout);
-        else printf("%d ", t);
-        fflush(stdout);
-    }
-    p->prev = t;
+    if (p->print) kv_token_write(&p->w, t), fflush(stdout);
     kv_progress("%d/%d tokens", i + 1, p->total);
 }
 
@@ -330,7 +320,7 @@ int main(int argc, char **argv)
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }
-    printer pr = {tok, prompt[n_prompt - 1], !is_stdout(o.report) && !is_stdout(o.dump), o.steps};
+    printer pr = {{tok, prompt[n_prompt - 1], stdout}, !is_stdout(o.report) && !is_stdout(o.dump), o.steps};
     kv_generate_opts gopt = {o.steps, {tok ? kv_tokenizer_bos(tok) : 1, tok ? kv_tokenizer_eos(tok) : 2}, on_token, &pr};
     st = kv_runner_generate(r, &smp, logits, &gopt, &gen);
     kv_progress_done();

@@ -6,6 +6,7 @@
 #include "kv_cli.h"
 #include "common/kv_outfile.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -264,6 +265,27 @@ double kv_cli_double(const char *opt, const char *s, double lo, double hi)
     return v;
 }
 
+uint64_t kv_cli_bytes(const char *opt, const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-') kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
+    unsigned sh = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': sh = 10; break;
+    case 'M': sh = 20; break;
+    case 'G': sh = 30; break;
+    case 'T': sh = 40; break;
+    default: kv_cli_usage_error("%s expects a byte count (suffix K, M, G, T), got '%s'", opt, s);
+    }
+    if (*end && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))
+        kv_cli_usage_error("%s expects a byte count (suffix K, M, G, T), got '%s'", opt, s);
+    if (sh && v > (~0ull >> sh)) kv_cli_usage_error("%s: '%s' is too large", opt, s);
+    return (uint64_t)v << sh;
+}
+
 kv_device kv_cli_device(const char *s, int *ordinal)
 {
     kv_device d;
@@ -315,4 +337,71 @@ void kv_progress_done(void)
     if (!progress_shown) return;
     fputs("\r\033[K", stderr);
     progress_shown = false;
+}
+
+int64_t kv_cli_clock(const char *env)
+{
+    const char *e = getenv(env);
+    if (e && *e) return (int64_t)kv_cli_long(env, e, 0, 1L << 40);
+    return (int64_t)time(NULL);
+}
+
+const char *kv_cli_operand(int argc, char **argv, int *i, const char *what)
+{
+    if (*i >= argc) kv_cli_usage_error("missing %s", what);
+    return argv[(*i)++];
+}
+
+void kv_cli_no_more(int argc, char **argv, int i)
+{
+    if (i < argc) kv_cli_usage_error("unexpected argument '%s'", argv[i]);
+}
+
+static void sub_usage_short(const kv_cli_spec *top)
+{
+    fprintf(stderr, "usage: %s %s\nTry '%s --help' for more information.\n", top->name, top->synopsis, top->name);
+}
+
+int kv_cli_subcommands(const kv_cli_spec *top, const kv_cli_spec *subs, const kv_cli_sub_fn *fns, int n,
+                       const char *version_extra, int argc, char **argv)
+{
+    kv_cli_init(top, argc, argv);
+    if (argc < 2) {
+        fprintf(stderr, "%s: missing subcommand\n", top->name);
+        sub_usage_short(top);
+        return KV_EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "-h") || !strcmp(sub, "--help")) {
+        printf("usage: %s %s\n%s\n\nSubcommands:\n", top->name, top->synopsis, top->summary);
+        for (int i = 0; i < n; i++) printf("  %s %s\n      %s\n", subs[i].name, subs[i].synopsis, subs[i].summary);
+        printf("\nRun '%s SUBCOMMAND --help' for its options.  %s\n"
+               "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 69 unavailable,\n"
+               "70 internal, 73 cannot create output, 74 I/O error.\n",
+               top->name, top->epilog ? top->epilog : "");
+        return KV_EXIT_OK;
+    }
+    if (!strcmp(sub, "-V") || !strcmp(sub, "--version")) {
+        kv_cli_version_extra = version_extra;
+        const char *a;
+        int oi;
+        char *vargv[] = {argv[0], (char *)"--version", NULL};
+        kv_cli_next(2, vargv, &a, &oi); /* prints and exits */
+        return KV_EXIT_OK;
+    }
+    size_t tl = strlen(top->name);
+    for (int i = 0; i < n; i++) {
+        if (strncmp(subs[i].name, top->name, tl) || subs[i].name[tl] != ' ' || strcmp(sub, subs[i].name + tl + 1))
+            continue;
+        kv_cli_init(&subs[i], argc - 1, argv + 1);
+        int rc = fns[i](argc - 1, argv + 1);
+        if (!rc && (fflush(stdout) != 0 || ferror(stdout))) {
+            kv_warn("write error on stdout");
+            rc = KV_EXIT_IOERR;
+        }
+        return rc;
+    }
+    fprintf(stderr, "%s: unknown subcommand '%s'\n", top->name, sub);
+    sub_usage_short(top);
+    return KV_EXIT_USAGE;
 }

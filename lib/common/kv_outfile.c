@@ -137,6 +137,13 @@ kv_status kv_outfile_put(kv_outfile *o, const char *text)
     return kv_outfile_commit(o);
 }
 
+kv_status kv_outfile_write(const char *path, const char *text)
+{
+    kv_outfile o;
+    kv_status st = kv_outfile_open(&o, path);
+    return st ? st : kv_outfile_put(&o, text);
+}
+
 kv_status kv_outfile_commit(kv_outfile *o)
 {
     if (!o->path) return kv_fail(KV_E_INTERNAL, "commit of an output that is not open");

@@ -22,6 +22,8 @@ kv_status kv_outfile_commit(kv_outfile *o);
 void kv_outfile_abort(kv_outfile *o);
 /* Write text and a newline, then commit (the outfile is closed either way). */
 kv_status kv_outfile_put(kv_outfile *o, const char *text);
+/* open + put: write text and a newline to path ("-": stdout) atomically. */
+kv_status kv_outfile_write(const char *path, const char *text);
 /* Unlink every temp file still open through kv_outfile_open.
  * Async-signal-safe: a front end may call it from a SIGINT/SIGTERM handler
  * before re-raising, so an interrupted write leaves nothing behind. */

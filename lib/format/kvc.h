@@ -98,6 +98,14 @@ uint64_t kvc_layer_bytes(const kvc_file *f, int layer, bool kv_only);
 /* Tensors whose stored checksum was verified (kvc_has_checksums: all). */
 int kvc_n_checksums(const kvc_file *f);
 
+/* The token ids of a cache: its "tokens" tensor (I32 [T]) copied into
+ * *ids (malloc'd); KV_E_DATA when there is none. */
+kv_status kvc_tokens(const kvc_file *f, int32_t **ids, int *n);
+/* A request's token ids from exactly one of: a token list file (ids_path,
+ * "-" for stdin: kv_tokens_parse) or the tokens tensor of the .kvc at
+ * kvc_path.  The detail names the file (or "stdin"). */
+kv_status kvc_tokens_read(const char *ids_path, const char *kvc_path, int32_t **ids, int *n);
+
 /* Convert an F32/F16/BF16 tensor to float (n = element count). */
 kv_status kvc_tensor_to_f32(const kvc_tensor *t, float *out);
 int64_t kvc_tensor_numel(const kvc_tensor *t);

@@ -16,7 +16,9 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "common/kv_file.h"
 #include "common/kv_half.h"
+#include "common/kv_tokens.h"
 
 // --- the open file ----------------------------------------------------------
 
@@ -94,6 +96,41 @@ uint64_t kvc_layer_bytes(const kvc_file *f, int layer, bool kv_only)
 {
     if (!f || layer < 0 || layer >= f->g.n_layers) return 0;
     return kv_only ? f->li[layer].kv_bytes : f->li[layer].bytes;
+}
+
+kv_status kvc_tokens(const kvc_file *f, int32_t **ids, int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    const kvc_tensor *t = kvc_find(f, "tokens");
+    if (!t || t->dtype != KV_DT_I32 || t->ndim != 1) return kv_fail(KV_E_DATA, "no tokens tensor (I32 [T])");
+    *ids = malloc((size_t)t->shape[0] * sizeof **ids + 1);
+    if (!*ids) return kv_fail(KV_E_NOMEM, "out of memory");
+    memcpy(*ids, t->data, (size_t)t->shape[0] * sizeof **ids);
+    *n = (int)t->shape[0];
+    return KV_OK;
+}
+
+kv_status kvc_tokens_read(const char *ids_path, const char *kvc_path, int32_t **ids, int *n)
+{
+    kv_status st;
+    *ids = NULL;
+    *n = 0;
+    if (kvc_path) {
+        kvc_file *f = NULL;
+        if (!(st = kvc_open(kvc_path, &f))) st = kvc_tokens(f, ids, n);
+        kvc_free(f);
+        if (st) kv_errcontext("%s", kvc_path);
+        return st;
+    }
+    char *buf;
+    size_t len;
+    if (!(st = kv_file_slurp(ids_path, 0, "token list", &buf, &len))) {
+        st = kv_tokens_parse(buf, len, ids, n);
+        free(buf);
+    }
+    if (st) kv_errcontext("%s", strcmp(ids_path, "-") ? ids_path : "stdin");
+    return st;
 }
 
 int64_t kvc_tensor_numel(const kvc_tensor *t)

@@ -67,6 +67,18 @@ const char *kv_token_piece(const kv_tokenizer *t, int prev, int tok, size_t *len
     return s;
 }
 
+void kv_token_write(kv_token_writer *w, int token)
+{
+    if (w->tok) {
+        size_t l;
+        const char *s = kv_token_piece(w->tok, w->prev, token, &l);
+        fwrite(s, 1, l, w->out);
+    } else {
+        fprintf(w->out, "%d ", token);
+    }
+    w->prev = token;
+}
+
 kv_status kv_tokens_text(const kv_tokenizer *t, int prev, const int *ids, int n, char **text)
 {
     size_t cap = 64, len = 0;

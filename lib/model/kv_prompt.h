@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/kv_status.h"
 #include "model/kv_model.h"
@@ -38,6 +39,16 @@ kv_status kv_tokenizer_for_model(const kv_model *m, const char *model_path, cons
  */
 const char *kv_token_piece(const kv_tokenizer *t, int prev, int tok, size_t *len);
 kv_status kv_tokens_text(const kv_tokenizer *t, int prev, const int *ids, int n, char **text);
+
+/* Writes generated tokens as they come to a stream the caller gives: each
+ * token's piece (kv_token_piece), or its id and a space without a
+ * tokenizer.  prev: the token before the first (the prompt's last). */
+typedef struct {
+    const kv_tokenizer *tok; /* may be NULL */
+    int prev;
+    FILE *out;
+} kv_token_writer;
+void kv_token_write(kv_token_writer *w, int token);
 
 /* Where a prompt comes from: at most one of the three is set; none is a
  * prompt of BOS alone. */
