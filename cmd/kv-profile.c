@@ -27,13 +27,13 @@ static const kv_option opts[] = {
     {OPT_NQ, 0, "nq", "N", "use the last N stored queries (32; 0 = all)"},
     {OPT_BUDGET, 0, "budget", "K", "top-K tokens for sparse layers: a count, or a fraction < 1 (128)"},
     {OPT_CHANNELS, 0, "channels", "C", "critical channels for sparse selection (8)"},
-    {OPT_BITS, 0, "bits", "B", "bits for quantized layers in the deploy config: 1, 2 or 4 (1)"},
+    {OPT_BITS, 'b', "bits", "B", "bits for quantized layers in the deploy config: 1, 2 or 4 (1)"},
     {OPT_GROUP, 0, "group", "G", "KIVI group size (64)"},
     {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
     {OPT_SINK, 0, "sink", "S", "sink tokens always kept by sparse layers (8)"},
     {OPT_WINDOW, 0, "window", "W", "recent tokens always kept by sparse layers (56)"},
     {OPT_SVG, 0, "svg", "FILE", "write a heatmap of the scores (SVG)"},
-    {OPT_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {OPT_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 

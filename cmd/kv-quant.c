@@ -21,7 +21,7 @@ enum {
 
 static const kv_option opts[] = {
     {OPT_METHOD, 0, "method", "M", "kivi (default) or dsq"},
-    {OPT_BITS, 0, "bits", "B", "bits per code: 1, 2 or 4 (kivi default 1, dsq non-salient 2)"},
+    {OPT_BITS, 'b', "bits", "B", "bits per code: 1, 2 or 4 (kivi default 1, dsq non-salient 2)"},
     {OPT_GROUP, 0, "group", "G", "KIVI group size (64); DSQ channels per group (32)"},
     {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
     {OPT_WINDOW, 0, "window", "W", "DSQ tokens per window (64)"},

@@ -44,11 +44,12 @@ static const kv_option opts[] = {
     {O_TOKENS, 0, "tokens", "FILE", "prompt as token ids (whitespace or JSON array), FILE or -"},
     {O_RANDOM_PROMPT, 0, "random-prompt", "N", "prompt of N seeded random token ids (benchmarks)"},
     {O_STEPS, 'n', "steps", "N", "tokens to generate (default 128; 0: prefill only)"},
-    {O_TEMP, 't', "temp", "T", "temperature; 0 is greedy (default 0)"},
+    {O_TEMP, 0, "temp", "T", "temperature; 0 is greedy (default 0)"},
+    {O_TEMP, 't', NULL, "T", NULL}, /* deprecated: -t is --tokens elsewhere */
     {O_TOPP, 0, "top-p", "P", "nucleus sampling mass, 0 or 1 disables (default 0.9)"},
     {O_SEED, 's', "seed", "N", "random seed for sampling and --synthetic (default 42)"},
     {O_CTX, 'c', "ctx", "N", "context capacity in tokens (default: the model's)"},
-    {O_POLICY, 0, "policy", "SPEC", "KV policy per layer, e.g. full, quant:bits=2, 0-1=full;*=sparse"},
+    {O_POLICY, 'P', "policy", "SPEC", "KV policy per layer, e.g. full, quant:bits=2, 0-1=full;*=sparse"},
     {O_PROFILE, 0, "profile", "FILE", "per-layer policies from a kv-profile JSON"},
     {O_KVDTYPE, 0, "kv-dtype", "T", "full-precision KV storage f32|f16|bf16 (default f32)"},
     {O_REPORT, 0, "report", "FILE", "write a JSON report (timings, KV bytes) to FILE or -"},
@@ -58,7 +59,7 @@ static const kv_option opts[] = {
     {O_COMPARE, 0, "compare", "SPEC", "run the text under full and under SPEC; report KL, top-1, perplexity"},
     {O_PREFIX, 0, "prefix", "N", "with --compare: tokens prefilled densely (default: half the text)"},
     {O_THREADS, 'T', "threads", "N", "worker threads (default: all cores)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };

@@ -29,7 +29,7 @@ static const kv_option opts[] = {
     {O_REPS, 0, "reps", "N", "timings per path; the median is reported (default 7)"},
     {O_CHECK, 0, "check", NULL, "also compare each path with its CPU reference"},
     {O_CHECKMAX, 0, "check-max", "T", "with --check, only contexts up to T (default 32768)"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 

@@ -31,7 +31,8 @@ static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
     {O_WTYPE, 0, "wtype", "T", "weight type: bf16 (default) or f16"},
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 32768,131072)"},
-    {O_TOKENS, 'n', "tokens", "N", "decoded tokens timed per policy (default 64)"},
+    {O_TOKENS, 'n', "steps", "N", "decoded tokens timed per policy (default 64)"},
+    {O_TOKENS, 0, "tokens", "N", NULL}, /* deprecated: --tokens is a token-id file elsewhere */
     {O_WARMUP, 0, "warmup", "N", "untimed tokens first (default 4)"},
     {O_OFFTOK, 0, "offload-tokens", "N", "timed tokens for offload, which is slow (default 16)"},
     {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse fetching off (default 16)"},
@@ -42,9 +43,9 @@ static const kv_option opts[] = {
     {O_CHANNELS, 0, "channels", "C", "hybrid: critical channels (default 8)"},
     {O_SINK, 0, "sink", "S", "hybrid: sink tokens (default 8)"},
     {O_WINDOW, 0, "window", "W", "hybrid: recent tokens (default 56)"},
-    {O_SEED, 0, "seed", "N", "seed of weights and context (default 1)"},
-    {O_DEVICE, 0, "device", "N", "CUDA device (default 0)"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_SEED, 's', "seed", "N", "seed of weights and context (default 1)"},
+    {O_DEVICE, 0, "device", "DEV", "CUDA device: cuda, cuda:N or N (default 0)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -129,7 +130,7 @@ int kv_bench_decode_main(int argc, char **argv)
             if (!nctx) kv_cli_usage_error("--contexts needs at least one length");
             break;
         }
-        case O_TOKENS: tokens = (int)kv_cli_long("--tokens", a, 1, 4096); break;
+        case O_TOKENS: tokens = (int)kv_cli_long("--steps", a, 1, 4096); break;
         case O_WARMUP: warmup = (int)kv_cli_long("--warmup", a, 0, 1024); break;
         case O_OFFTOK: offtok = (int)kv_cli_long("--offload-tokens", a, 1, 4096); break;
         case O_NOFETCH: nofetch = (int)kv_cli_long("--nofetch-tokens", a, 0, 4096); break;
@@ -152,7 +153,9 @@ int kv_bench_decode_main(int argc, char **argv)
         case O_SINK: sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
         case O_WINDOW: window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
         case O_SEED: seed = (unsigned long long)kv_cli_long("--seed", a, 0, 1L << 62); break;
-        case O_DEVICE: device = (int)kv_cli_long("--device", a, 0, 64); break;
+        case O_DEVICE:
+            if (kv_cli_device(a, &device) == KV_DEVICE_CPU) kv_cli_usage_error("kv-bench decode runs on the GPU: --device cuda[:N]");
+            break;
         case O_JSON: json = true; break;
         }
     }

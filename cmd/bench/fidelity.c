@@ -27,22 +27,24 @@ enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_TEXT = 256, O_TOKENS, O_PRE
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
-    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 0, "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 't', NULL, "FILE", NULL}, /* deprecated: -t is --tokens elsewhere */
     {O_TEXT, 0, "text", "FILE|-", "text to score (encoded after BOS)"},
     {O_TOKENS, 0, "tokens", "FILE|-", "token ids instead of text (whitespace or JSON array)"},
-    {O_POLICY, 'p', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
+    {O_POLICY, 'P', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
+    {O_POLICY, 'p', NULL, "SPEC", NULL}, /* deprecated: -p is --prompt elsewhere */
     {O_REF, 0, "reference", "SPEC", "reference policy (default: full; f32 on the CPU, fp16 on the GPU)"},
     {O_PREFIX, 0, "prefix", "N", "tokens prefilled densely (default: half of the sequence)"},
     {O_MAXTOK, 0, "max-tokens", "N", "use the first N tokens (default: the model's context)"},
     {O_PERPOS, 0, "per-position", NULL, "add each position's KL and top-1 agreement to the JSON"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
-    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
-    "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -p SPEC...",
+    "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -P SPEC...",
     "KL divergence, top-1 agreement and perplexity of KV policies against full.", opts,
     "KL(reference || policy) in nats per position, over the positions predicted by\n"
     "decode steps after the prefix.  On the GPU (--device cuda) the reference and\n"

@@ -31,7 +31,7 @@ static const kv_option opts[] = {
     {O_REPS, 0, "reps", "N", "timings; the median is reported (default 5)"},
     {O_CPUT, 0, "cpu-context", "T", "tokens of the CPU measurement (default 8192)"},
     {O_NOGPU, 0, "cpu-only", NULL, "skip the GPU measurements"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 

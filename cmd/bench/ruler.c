@@ -26,23 +26,25 @@ enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_LENGTH = 'l', O_TASKS = 256
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
-    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 0, "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 't', NULL, "FILE", NULL}, /* deprecated: -t is --tokens elsewhere */
     {O_TASKS, 0, "tasks", "FILE|-", "RULER JSONL tasks (index, input, outputs, length)"},
-    {O_POLICY, 'p', "policy", "SPEC", "KV policy spec, repeatable (default: full)"},
+    {O_POLICY, 'P', "policy", "SPEC", "KV policy spec, repeatable (default: full)"},
+    {O_POLICY, 'p', NULL, "SPEC", NULL}, /* deprecated: -p is --prompt elsewhere */
     {O_LENGTH, 'l', "length", "N", "only tasks of this length, repeatable (default: all)"},
     {O_LIMIT, 0, "limit", "N", "at most N tasks per length (default: all)"},
     {O_MODE, 0, "mode", "MODE", "question (haystack dense, question decoded; default) or prefill"},
     {O_GEN, 0, "gen", "N", "tokens generated per task (default 7)"},
     {O_PERTASK, 0, "per-task", NULL, "include every task's prediction in the JSON"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
-    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
-    "kv-bench ruler", "--model FILE [--tokenizer FILE] --tasks FILE [-p SPEC]...",
+    "kv-bench ruler", "--model FILE [--tokenizer FILE] --tasks FILE [-P SPEC]...",
     "Needle accuracy and KV bytes of each policy on RULER JSONL tasks.", opts,
     "Modes: 'question' prefills the haystack up to the last \"\\nQuestion:\" densely and\n"
     "decodes the question and answer through the policy; 'prefill' prefills the whole\n"

@@ -75,6 +75,7 @@ void kv_cli_init(const kv_cli_spec *spec, int argc, char **argv)
 static void print_opts(FILE *f, const kv_option *o)
 {
     for (; o->id; o++) {
+        if (!o->help) continue; /* a deprecated spelling: works, not shown */
         char left[96];
         int n = 0;
         if (o->short_name)
@@ -122,9 +123,34 @@ static void print_version(void)
 
 #define MAX_OPTS 96
 
+/* "-t is deprecated here: use --temp" (the entry of the same id that has
+ * help names the current spelling), once per old spelling.  alias is a
+ * short-only or a long-only entry without help. */
+static void deprecated(const kv_option *alias)
+{
+    static const kv_option *said[MAX_OPTS];
+    static int n_said;
+    for (int i = 0; i < n_said; i++)
+        if (said[i] == alias) return;
+    if (n_said < MAX_OPTS) said[n_said++] = alias;
+    char old[64];
+    if (alias->long_name) snprintf(old, sizeof old, "--%s", alias->long_name);
+    else snprintf(old, sizeof old, "-%c", alias->short_name);
+    const kv_option *now = NULL;
+    for (const kv_option *o = the_spec->opts; o && o->id; o++)
+        if (o->id == alias->id && o->help && o->long_name) now = o;
+    if (now && now->short_name)
+        kv_warn("%s is deprecated here: use -%c or --%s", old, now->short_name, now->long_name);
+    else if (now)
+        kv_warn("%s is deprecated here: use --%s", old, now->long_name);
+    else
+        kv_warn("%s is deprecated", old);
+}
+
 int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
 {
     static struct option longs[MAX_OPTS];
+    static const kv_option *long_of[MAX_OPTS]; /* the entry of each longs[] */
     static char shorts[MAX_OPTS * 2 + 2];
     static bool built = false;
     if (!built) {
@@ -133,10 +159,12 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
         const kv_option *tables[2] = {the_spec->opts, common_opts};
         for (int t = 0; t < 2; t++) {
             for (const kv_option *o = tables[t]; o && o->id; o++) {
-                if (o->long_name && nl < MAX_OPTS - 1)
+                if (o->long_name && nl < MAX_OPTS - 1) {
+                    long_of[nl] = o;
                     longs[nl++] = (struct option){o->long_name,
                                                   o->arg ? required_argument : no_argument,
                                                   NULL, o->id};
+                }
                 if (o->short_name && ns < (int)sizeof shorts - 3) {
                     shorts[ns++] = o->short_name;
                     if (o->arg) shorts[ns++] = ':';
@@ -149,8 +177,8 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
         built = true;
     }
     for (;;) {
-        int prev = optind;
-        int c = getopt_long(argc, argv, shorts, longs, NULL);
+        int prev = optind, li = -1;
+        int c = getopt_long(argc, argv, shorts, longs, &li);
         *arg = optarg;
         *optind_out = optind;
         if (c == -1) return -1;
@@ -166,9 +194,12 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
             exit(KV_EXIT_USAGE);
         }
         /* getopt returns the character for a short option: map it to the
-         * id of the table entry that declares it. */
-        for (const kv_option *o = the_spec->opts; o && o->id; o++)
-            if (o->short_name && c == (unsigned char)o->short_name && o->id != c) {
+         * id of the table entry that declares it; an entry without help is
+         * an old spelling kept for scripts, which says so once. */
+        if (li >= 0 && !long_of[li]->help) deprecated(long_of[li]);
+        for (const kv_option *o = the_spec->opts; li < 0 && o && o->id; o++)
+            if (o->short_name && c == (unsigned char)o->short_name) {
+                if (!o->help) deprecated(o);
                 c = o->id;
                 break;
             }

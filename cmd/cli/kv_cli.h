@@ -27,7 +27,9 @@ typedef struct {
     char short_name;       /* 0 if none */
     const char *long_name; /* NULL if none */
     const char *arg;       /* metavar if the option takes an argument, else NULL */
-    const char *help;      /* one line */
+    const char *help;      /* one line; NULL: a deprecated spelling, short-only
+                              or long-only (no --help line; using it warns once,
+                              naming the entry of the same id that has help) */
 } kv_option;
 
 typedef struct {

@@ -145,7 +145,7 @@ no_gpu_or_skip() {
 
 @test "kv-bench fidelity --device cuda without a usable GPU exits 69 with one line" {
     no_gpu_or_skip
-    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --device cuda
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -P full --device cuda
     assert_fails_with 69 "--device cuda"
     [ "${#stderr_lines[@]}" -eq 1 ]
     [ -z "$output" ]
@@ -209,4 +209,30 @@ no_gpu_or_skip() {
         tr -d '\r' >"$BATS_TEST_TMPDIR/r"
     [ "$(head -n 1 "$BATS_TEST_TMPDIR/r")" = "device: cpu" ]
     grep -q 'resident KiB' "$BATS_TEST_TMPDIR/r"
+}
+
+@test "kv-bench ruler and fidelity take -P for --policy; the old -p and -t still work with one deprecation note each" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P full --json
+    assert_success
+    [ -z "$stderr" ]
+    want=$(json_get 'j["results"][0]["accuracy"]')
+    run --separate-stderr kv-bench ruler -T 1 -m "$NIAH/niah4k.bin" -t "$NIAH/tok259.bin" --tasks "$NIAH/tasks-dev.jsonl" \
+        -l 1024 --limit 1 -p full -p full --json
+    assert_success
+    [ "$(json_get 'j["results"][0]["accuracy"]')" == "$want" ]
+    [ "$(grep -c -- '-p is deprecated here: use -P or --policy' <<<"$stderr")" -eq 1 ]
+    [ "$(grep -c -- '-t is deprecated here: use --tokenizer' <<<"$stderr")" -eq 1 ]
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --max-tokens 24 -j
+    assert_success
+    [[ "$stderr" == *"-p is deprecated here: use -P or --policy"* ]]
+}
+
+@test "kv-bench ruler and fidelity take a CUDA ordinal in --device" {
+    no_gpu_or_skip
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 --device cuda:0
+    assert_fails_with 69 "--device cuda"
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -P full --device 0
+    assert_fails_with 69 "--device cuda"
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -P full --device cuda:x
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
 }

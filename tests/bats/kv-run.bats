@@ -395,3 +395,25 @@ JSON
     run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/m/stories260K.bin" --tokens <(echo 1 403 407) -n 2
     assert_success
 }
+
+@test "kv-run takes -P for --policy; the old -t for --temp still works with one deprecation note" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 --policy quant:bits=2 --temp 0
+    assert_success
+    want="$output"
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 -P quant:bits=2 -t 0
+    assert_success
+    [ "$output" == "$want" ]
+    [ "$stderr" == "kv-run: -t is deprecated here: use --temp" ]
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 -q -P quant:bits=2 -t 0
+    [ -z "$stderr" ]
+}
+
+@test "kv-run --device takes cuda:N and a bare ordinal; without a GPU both exit 69" {
+    bash -c 'kv-run --synthetic tiny --random-prompt 4 -n 1 --device cuda' >/dev/null 2>&1 && skip "a usable GPU is present"
+    run --separate-stderr kv-run -m "$MODEL" -n 2 --device cuda:0
+    assert_fails_with 69 "--device cuda"
+    run --separate-stderr kv-run -m "$MODEL" -n 2 --device 1
+    assert_fails_with 69 "--device cuda"
+    run --separate-stderr kv-run -m "$MODEL" -n 2 --device cuda:
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
+}
