@@ -16,7 +16,7 @@
 
 enum {
     OPT_METHOD = 256, OPT_BITS, OPT_GROUP, OPT_RESIDUAL, OPT_WINDOW, OPT_SALIENT, OPT_PROFILE,
-    OPT_LAYERS, OPT_REPORT, OPT_DECODE = 'd', OPT_OUT = 'o'
+    OPT_LAYERS, OPT_REPORT, OPT_ZSTD, OPT_DECODE = 'd', OPT_OUT = 'o'
 };
 
 static const kv_option opts[] = {
@@ -30,6 +30,7 @@ static const kv_option opts[] = {
     {OPT_LAYERS, 0, "layers", "LIST", "quantize only these layers, e.g. 0,2,4-7"},
     {OPT_DECODE, 'd', "decode", NULL, "decode every layer to a plain F16 .kvc"},
     {OPT_OUT, 'o', "output", "FILE", "write the .kvc to FILE (default stdout)"},
+    {OPT_ZSTD, 0, "zstd", "N", "compress the output .kvc with zstd at level N (1-19)"},
     {OPT_REPORT, 0, "report", "FILE|-", "write a JSON report (bytes, ratio, errors)"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -47,7 +48,7 @@ int main(int argc, char **argv)
     long bits = -1, group = -1, residual = -1, window = -1; /* -1: not given */
     double salient = -1;
     bool decode = false;
-    int c, optind_;
+    int c, optind_, zstd_level = 0;
     while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
         switch (c) {
         case OPT_METHOD:
@@ -55,6 +56,7 @@ int main(int argc, char **argv)
                 kv_cli_usage_error("--method must be kivi or dsq, not '%s'", arg);
             method = arg;
             break;
+        case OPT_ZSTD: zstd_level = (int)kv_cli_long("--zstd", arg, 1, 19); break;
         case OPT_BITS:
             bits = kv_cli_long("--bits", arg, 1, 4);
             if (bits == 3) kv_cli_usage_error("--bits must be 1, 2 or 4");
@@ -170,7 +172,7 @@ int main(int argc, char **argv)
             goto done;
         }
     }
-    if ((st = kvc_writer_write(w, out_path, 0))) {
+    if ((st = kvc_writer_write(w, out_path, zstd_level))) {
         rc = kv_report(st, "%s", strcmp(out_path, "-") ? out_path : "stdout");
         goto done;
     }

@@ -31,7 +31,7 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT, O_COMPARE, O_PREFIX
+    O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD
 };
 
 static const kv_option opts[] = {
@@ -55,6 +55,7 @@ static const kv_option opts[] = {
     {O_REPORT, 0, "report", "FILE", "write a JSON report (timings, KV bytes) to FILE or -"},
     {O_DUMP, 0, "dump-kv", "FILE", "write the prompt's KV cache as .kvc to FILE or -"},
     {O_NQ, 0, "nq", "N", "queries per layer kept in --dump-kv (default 32)"},
+    {O_ZSTD, 0, "zstd", "N", "compress the --dump-kv file with zstd at level N (1-19)"},
     {O_SCORE, 0, "score-file", "FILE", "score FILE's text by teacher forcing; JSON to stdout"},
     {O_COMPARE, 0, "compare", "SPEC", "run the text under full and under SPEC; report KL, top-1, perplexity"},
     {O_PREFIX, 0, "prefix", "N", "with --compare: tokens prefilled densely (default: half the text)"},
@@ -74,7 +75,7 @@ typedef struct {
     const char *policy, *profile, *kv_dtype, *report, *dump, *score, *select, *compare;
     kv_device dev;
     kv_wtype wt; /* --weights */
-    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt;
+    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd;
     bool nq_given;
     double temp, top_p;
     unsigned long seed;
@@ -109,6 +110,7 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_DUMP: o->dump = arg; break;
         case O_NQ: o->nq = (int)kv_cli_long("--nq", arg, 1, 1 << 16), o->nq_given = true; break;
         case O_SCORE: o->score = arg; break;
+        case O_ZSTD: o->zstd = (int)kv_cli_long("--zstd", arg, 1, 19); break;
         case O_THREADS: o->threads = (int)kv_cli_long("--threads", arg, 1, 4096); break;
         case O_DEVICE: o->dev = kv_cli_device(arg, &o->device_ordinal); break;
         case O_SELECT: o->select = arg; break;
@@ -133,7 +135,7 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--compare takes a text (--prompt, --prompt-file or --tokens) and no "
                            "--score-file, --dump-kv, --report or --random-prompt");
     if (o->prefix && !o->compare) kv_cli_usage_error("--prefix goes with --compare");
-    if (o->nq_given && !o->dump) kv_cli_usage_error("--nq goes with --dump-kv (the queries kept in the dump)");
+    if (!o->dump && (o->nq_given || o->zstd)) kv_cli_usage_error("%s goes with --dump-kv", o->nq_given ? "--nq" : "--zstd");
     /* Scoring prints its own JSON and runs no decode: a report or a dump
        asked for alongside would silently not be written. */
     if (o->score && (o->report || o->dump))
@@ -317,7 +319,7 @@ int main(int argc, char **argv)
     }
     double prefill_ms = kv_now_ms() - t0;
     kv_note(1, "prefill: %d tokens in %.1f ms", n_prompt, prefill_ms);
-    if (o.dump && (st = kv_runner_dump_kvc(r, prompt, n_prompt, def.dtype, o.dump, 0))) {
+    if (o.dump && (st = kv_runner_dump_kvc(r, prompt, n_prompt, def.dtype, o.dump, o.zstd))) {
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }

@@ -417,3 +417,16 @@ JSON
     run --separate-stderr kv-run -m "$MODEL" -n 2 --device cuda:
     assert_fails_with 64 "--device must be cpu, cuda or auto"
 }
+
+@test "kv-run --dump-kv --zstd writes a zstd .kvc; --zstd alone is a usage error (64)" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 0 --dump-kv "$BATS_TEST_TMPDIR/z.kvc" --zstd 3
+    assert_success
+    [ "$(head -c 4 "$BATS_TEST_TMPDIR/z.kvc" | od -An -tx1 | tr -d ' ')" == "28b52ffd" ]
+    kv-run -m "$MODEL" -p "Once upon a time" -n 0 --dump-kv "$BATS_TEST_TMPDIR/p.kvc"
+    run --separate-stderr kv-info --json "$BATS_TEST_TMPDIR/z.kvc"
+    assert_success
+    [ "$(json_get 'j["zstd"], j["n_tokens"]')" == "(True, 5)" ]
+    [ "$(zstd -dc "$BATS_TEST_TMPDIR/z.kvc" | cmp - "$BATS_TEST_TMPDIR/p.kvc" && echo same)" == "same" ]
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --zstd 3
+    assert_fails_with 64 "--zstd goes with --dump-kv"
+}
