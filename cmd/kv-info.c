@@ -233,7 +233,7 @@ int main(int argc, char **argv)
             if (i > optind_) printf("\n");
             print_table(path, f);
         }
-        kvc_free(f);
+        kvc_close(f);
     }
     if (all) {
         char *s = cJSON_Print(all);

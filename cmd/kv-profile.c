@@ -120,10 +120,10 @@ int main(int argc, char **argv)
         kv_progress("profiling %s (%d of %d)", argv[i], i - optind_ + 1, argc - optind_);
         if ((st = kvc_open(argv[i], &f)) || (st = kv_profile_add(&acc, f, &p))) {
             rc = kv_report(st, "%s", argv[i]);
-            kvc_free(f);
+            kvc_close(f);
             goto done;
         }
-        kvc_free(f);
+        kvc_close(f);
     }
     kv_progress_done();
     kv_profile_finish(&acc);
@@ -145,6 +145,6 @@ int main(int argc, char **argv)
 done:
     if (svg_open) kv_outfile_abort(&svg_out);
     kv_deploy_clear(&dep);
-    kv_profile_free(&acc);
+    kv_profile_clear(&acc);
     return rc;
 }

@@ -186,10 +186,10 @@ int main(int argc, char **argv)
     }
 done:
     if (rep_open) kv_outfile_abort(&rep_out);
-    kv_quant_report_free(&rep);
+    kv_quant_report_clear(&rep);
     kv_deploy_clear(&dep);
     kvc_writer_free(w);
     free(sel);
-    kvc_free(in);
+    kvc_close(in);
     return rc;
 }

@@ -1,14 +1,10 @@
 /*
- * kv-run: run a Llama-family model on the CPU or a CUDA GPU (--device) with
- * a chosen KV cache policy per layer.  Prefill the prompt, then decode; the
- * generated text goes to stdout.  Optionally dump the prompt's cache as
- * .kvc (--dump-kv), write a JSON report of timings and KV bytes per tier
- * (--report), score a text by teacher forcing (--score-file) or compare two
- * policies on it (--compare).  This file parses, calls lib/ (kv_prompt for
- * the tokenizer and the prompt, kv_runner for every run on either engine,
- * kv_compare), and prints.
- */
-#include <errno.h>
+ * kv-run: run a Llama-family model on the CPU or a CUDA GPU (--device) with a
+ * KV cache policy per layer: generate text (stdout), dump the prompt's cache
+ * (--dump-kv), report timings and KV bytes (--report), score a text
+ * (--score-file) or compare two policies on it (--compare).  It parses, calls
+ * lib/ (kv_prompt, kv_runner on either engine, kv_compare) and prints.
+ */#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +16,6 @@
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
 #include "eval/kv_compare.h"
-#include "format/kvc.h"
 #include "model/kv_matmul.h"
 #include "model/kv_model.h"
 #include "model/kv_prompt.h"
@@ -72,9 +67,10 @@ static const kv_cli_spec spec = {
 
 typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
-    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *select, *compare;
+    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *compare;
+    kv_policy_defaults def; /* --kv-dtype, --select */
     kv_device dev;
-    kv_wtype wt; /* --weights */
+    kv_dtype wt; /* --weights */
     int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd;
     bool nq_given;
     double temp, top_p;
@@ -105,7 +101,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_CTX: o->ctx = (int)kv_cli_long("--ctx", arg, 1, 1 << 24); break;
         case O_POLICY: o->policy = arg; break;
         case O_PROFILE: o->profile = arg; break;
-        case O_KVDTYPE: o->kv_dtype = arg; break;
+        case O_KVDTYPE:
+            if (kv_float_dtype_parse(arg, &o->def.dtype)) kv_cli_usage_error("--kv-dtype must be f32, f16 or bf16");
+            o->kv_dtype = arg, o->def.given |= KV_KEY_DTYPE;
+            break;
         case O_REPORT: o->report = arg; break;
         case O_DUMP: o->dump = arg; break;
         case O_NQ: o->nq = (int)kv_cli_long("--nq", arg, 1, 1 << 16), o->nq_given = true; break;
@@ -113,7 +112,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_ZSTD: o->zstd = (int)kv_cli_long("--zstd", arg, 1, 19); break;
         case O_THREADS: o->threads = (int)kv_cli_long("--threads", arg, 1, 4096); break;
         case O_DEVICE: o->dev = kv_cli_device(arg, &o->device_ordinal); break;
-        case O_SELECT: o->select = arg; break;
+        case O_SELECT: /* policy: the spec's own select=; sketch: a default */
+            if (strcmp(arg, "policy") && strcmp(arg, "sketch")) kv_cli_usage_error("--select must be policy or sketch");
+            if (!strcmp(arg, "sketch")) o->def.given |= KV_KEY_SELECT, o->def.select = KV_SELECT_SKETCH;
+            break;
         case O_COMPARE: o->compare = arg; break;
         case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
         }
@@ -123,12 +125,8 @@ static void parse_opts(int argc, char **argv, run_opts *o)
     if (!!o->prompt + !!o->prompt_file + !!o->tokens + !!o->random_prompt + !!o->score > 1)
         kv_cli_usage_error("give at most one of --prompt, --prompt-file, --tokens, --random-prompt, --score-file");
     if (o->policy && o->profile) kv_cli_usage_error("--policy and --profile are exclusive");
-    kv_store_dtype dt;
-    if (o->kv_dtype && kv_store_dtype_parse(o->kv_dtype, &dt))
-        kv_cli_usage_error("--kv-dtype must be f32, f16 or bf16");
-    o->wt = o->synth && !strcmp(o->synth, "tiny") ? KV_W_F32 : KV_W_BF16;
-    if (o->weights && kv_store_dtype_parse(o->weights, &dt)) kv_cli_usage_error("--weights must be f32, f16 or bf16");
-    if (o->weights) o->wt = dt == KV_STORE_F32 ? KV_W_F32 : dt == KV_STORE_F16 ? KV_W_F16 : KV_W_BF16;
+    o->wt = o->synth && !strcmp(o->synth, "tiny") ? KV_DT_F32 : KV_DT_BF16;
+    if (o->weights && kv_float_dtype_parse(o->weights, &o->wt)) kv_cli_usage_error("--weights must be f32, f16 or bf16");
     if (is_stdout(o->report) + is_stdout(o->dump) + !!o->score > 1)
         kv_cli_usage_error("only one of --report -, --dump-kv - and --score-file can use stdout");
     if (o->compare && (o->score || o->dump || o->report || o->random_prompt))
@@ -140,9 +138,7 @@ static void parse_opts(int argc, char **argv, run_opts *o)
        asked for alongside would silently not be written. */
     if (o->score && (o->report || o->dump))
         kv_cli_usage_error("--score-file writes its JSON to stdout; drop --report and --dump-kv");
-    if (o->select && strcmp(o->select, "policy") && strcmp(o->select, "sketch"))
-        kv_cli_usage_error("--select must be policy or sketch");
-    if (o->select && !strcmp(o->select, "sketch") && o->dev == KV_DEVICE_CPU)
+    if ((o->def.given & KV_KEY_SELECT) && o->dev == KV_DEVICE_CPU)
         kv_cli_usage_error("--select sketch is a GPU engine selection: add --device cuda (or auto)");
     if (o->dev == KV_DEVICE_CUDA && (o->score || o->dump))
         kv_cli_usage_error("--score-file and --dump-kv run on the CPU: use --device cpu");
@@ -154,7 +150,7 @@ static void parse_opts(int argc, char **argv, run_opts *o)
  * prompt's token ids. */
 static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int **prompt, int *n_prompt)
 {
-    kv_status st = o->synth ? kv_model_synthetic(o->synth, o->seed, o->wt, m) : kv_model_load(o->model, m);
+    kv_status st = o->synth ? kv_model_synthetic(o->synth, o->seed, o->wt, m) : kv_model_open(o->model, m);
     if (st) return kv_report(st, "cannot load model");
     const kv_model_config *c = &(*m)->cfg;
     kv_note(1, "model %s (%s): dim %d, %d layers, %d/%d heads, vocab %d, kernels %s", c->name, c->format,
@@ -181,20 +177,16 @@ static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int 
 
 /* The policies of every layer: --policy or --profile, then the defaults
  * --kv-dtype and --select give for the keys they leave out. */
-static int load_policies(const run_opts *o, int L, kv_policy_defaults *def, kv_policy_params **prm)
+static int load_policies(const run_opts *o, int L, kv_policy_params **prm)
 {
-    *def = (kv_policy_defaults){0};
-    if (o->kv_dtype && !kv_store_dtype_parse(o->kv_dtype, &def->dtype)) def->given |= KV_KEY_DTYPE;
-    if (o->select && !strcmp(o->select, "sketch")) def->given |= KV_KEY_SELECT, def->select = KV_SELECT_SKETCH;
-    kv_status st = (*prm = calloc((size_t)L, sizeof **prm)) ? kv_policies_load(o->policy, o->profile, def, L, *prm)
+    kv_status st = (*prm = calloc((size_t)L, sizeof **prm)) ? kv_policies_load(o->policy, o->profile, &o->def, L, *prm)
                                                              : kv_fail(KV_E_NOMEM, "out of memory");
     return st ? kv_report(st, o->profile ? "bad --profile %s" : "bad --policy", o->profile) : 0;
 }
 
 /* --compare: the same text under the reference (--policy/--profile, by
  * default full) and under SPEC, both on --device's engine. */
-static int run_compare(const run_opts *o, const kv_model *m, const int *ids, int n, const kv_policy_params *ref,
-                       const kv_policy_defaults *def)
+static int run_compare(const run_opts *o, const kv_model *m, const int *ids, int n, const kv_policy_params *ref)
 {
     const int L = m->cfg.n_layers;
     kv_policy_params *pol = calloc((size_t)L, sizeof *pol);
@@ -202,14 +194,14 @@ static int run_compare(const run_opts *o, const kv_model *m, const int *ids, int
     kv_compare_opts_default(&co);
     co.prefix = o->prefix, co.device = o->dev, co.ordinal = o->device_ordinal;
     kv_compare_result res = {0};
-    kv_status st = pol ? kv_policies_load(o->compare, NULL, def, L, pol) : kv_fail(KV_E_NOMEM, "out of memory");
+    kv_status st = pol ? kv_policies_load(o->compare, NULL, &o->def, L, pol) : kv_fail(KV_E_NOMEM, "out of memory");
     if (!st) st = kv_compare_run(m, ids, n, ref, pol, &co, &res);
     int rc = 0;
     if (st) rc = kv_report(st, "--compare %s", o->compare);
     const char *names[1] = {o->compare}, *rname = o->profile ? o->profile : o->policy ? o->policy : "full";
     if (!st && (st = kv_compare_print(stdout, kv_want_json(stdout, false), m->cfg.name, rname, names, &res, 1, L, false)))
         rc = kv_report(st, "stdout");
-    kv_compare_result_free(&res);
+    kv_compare_result_clear(&res);
     free(pol);
     return rc;
 }
@@ -253,7 +245,6 @@ int main(int argc, char **argv)
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     kv_policy_params *prm = NULL;
-    kv_policy_defaults def;
     kv_runner *r = NULL;
     float *logits = NULL;
     kv_sampler smp = {0};
@@ -271,9 +262,9 @@ int main(int argc, char **argv)
     }
     rep_open = o.report != NULL;
     if ((rc = load_inputs(&o, &m, &tok, &prompt, &n_prompt))) goto out;
-    if ((rc = load_policies(&o, m->cfg.n_layers, &def, &prm))) goto out;
+    if ((rc = load_policies(&o, m->cfg.n_layers, &prm))) goto out;
     if (o.compare) {
-        rc = run_compare(&o, m, prompt, n_prompt, prm, &def);
+        rc = run_compare(&o, m, prompt, n_prompt, prm);
         goto out;
     }
     bool grown;
@@ -319,7 +310,7 @@ int main(int argc, char **argv)
     }
     double prefill_ms = kv_now_ms() - t0;
     kv_note(1, "prefill: %d tokens in %.1f ms", n_prompt, prefill_ms);
-    if (o.dump && (st = kv_runner_dump_kvc(r, prompt, n_prompt, def.dtype, o.dump, o.zstd))) {
+    if (o.dump && (st = kv_runner_dump_kvc(r, prompt, n_prompt, o.def.dtype, o.dump, o.zstd))) {
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }
@@ -358,6 +349,6 @@ out:
     free(prm);
     free(prompt);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    kv_model_close(m);
     return rc;
 }

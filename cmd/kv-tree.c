@@ -128,7 +128,7 @@ static int cmd_init(int argc, char **argv)
     int oi = 0;
     while (kv_cli_next(argc, argv, &arg, &oi) != -1) {}
     const char *dir = store_operand(argc, argv, oi);
-    kv_status st = kv_tree_store_init(dir);
+    kv_status st = kv_tree_store_create(dir);
     if (st) return kv_report(st, "%s", dir);
     kv_note(1, "created store %s", dir);
     return 0;
@@ -167,7 +167,7 @@ static int cmd_put(int argc, char **argv)
     rc = put_json(stdout, kv_put_report_json(&r));
 out:
     kv_tree_store_close(s);
-    kvc_free(f);
+    kvc_close(f);
     return rc;
 }
 
@@ -334,7 +334,7 @@ static int cmd_check(int argc, char **argv)
         rc = put_json(stdout, kv_check_report_json(&r));
         if (!rc && r.n_problems) rc = KV_EXIT_DATAERR;
     }
-    kv_check_report_free(&r);
+    kv_check_report_clear(&r);
     kv_tree_store_close(s);
     return rc;
 }

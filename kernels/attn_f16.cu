@@ -84,11 +84,11 @@ cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, f
 
 // --- split choice and dispatch ---------------------------------------------------
 
-static bool f16_dims_ok(const kv_cuda_attn_dims *d)
+static bool f16_dims_ok(const kv_attn_dims *d)
 {
-    if (!d || d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads || d->T < 1)
+    if (!d || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1)
         return false;
-    int hpg = d->n_heads / d->kv_heads;
+    int hpg = d->n_heads / d->n_kv_heads;
     if (hpg != 1 && hpg != 2 && hpg != 4 && hpg != 8) return false;
     if (d->head_dim != 64 && d->head_dim != 128) return false;
     return d->head_stride >= (long long)d->T * d->head_dim;
@@ -144,12 +144,12 @@ static f16_kernel f16_pick(int D, int hpg, bool pf, int *slot)
 
 /* Tokens per split and split count: about one wave of resident blocks (from
  * the occupancy of the instance, cached), a whole number of block steps. */
-static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *tps_out,
+static cudaError_t f16_plan(const kv_attn_dims *d, f16_kernel *kern, int *tps_out,
                             int *nsplit_out)
 {
     static thread_local int occ[17] = {0};
     int slot = 0;
-    f16_kernel k = f16_pick(d->head_dim, d->n_heads / d->kv_heads, f16_prefetch(), &slot);
+    f16_kernel k = f16_pick(d->head_dim, d->n_heads / d->n_kv_heads, f16_prefetch(), &slot);
     if (!k) return cudaErrorInvalidValue;
     if (!occ[slot]) {
         int per_sm = 0;
@@ -160,7 +160,7 @@ static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *t
     if (waves < 0) waves = f16_env("KV_F16_WAVES", 1) < 1 ? 1 : f16_env("KV_F16_WAVES", 1);
     int step = kv_f16_block_step(d->head_dim, slot == 16 ? 8 : KV_F16_UNROLL);
     int target_blocks = occ[slot] * kv_cuda_sm_count() * waves;
-    int nsplit = (target_blocks + d->kv_heads - 1) / d->kv_heads;
+    int nsplit = (target_blocks + d->n_kv_heads - 1) / d->n_kv_heads;
     int tps = (d->T + nsplit - 1) / nsplit;
     tps = (tps + step - 1) / step * step;
     if (tps < step) tps = step;
@@ -170,7 +170,7 @@ static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *t
     return cudaSuccess;
 }
 
-extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
+extern "C" size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d)
 {
     f16_kernel k;
     int tps, nsplit;
@@ -178,7 +178,7 @@ extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
     return (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q,
+extern "C" cudaError_t kv_cuda_attn_f16(const kv_attn_dims *d, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, float *out,
                                         void *ws, size_t ws_bytes, cudaStream_t stream)
 {
@@ -192,7 +192,7 @@ extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16
     int tps, nsplit;
     CUDA_CHECK(f16_plan(d, &kern, &tps, &nsplit));
     float *part = static_cast<float *>(ws);
-    CUDA_CHECK(kv_launch(2, kern, dim3(d->kv_heads, nsplit), dim3(KV_F16_THREADS), 0, stream,
+    CUDA_CHECK(kv_launch(2, kern, dim3(d->n_kv_heads, nsplit), dim3(KV_F16_THREADS), 0, stream,
                          reinterpret_cast<const __half *>(q), reinterpret_cast<const __half *>(k),
                          reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
                          d->scale * KV_LOG2E));

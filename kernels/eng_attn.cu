@@ -216,11 +216,11 @@ static cudaError_t launch_hd(const float *q, const void *K, const void *V, int g
     return launch_split<HD, 8>(q, K, V, g, nkv, n, ld, scale, chunk, nsplit, po, pml, s);
 }
 
-extern "C" cudaError_t eng_attend(const float *q, const void *K, const void *V, eng_dtype t,
+extern "C" cudaError_t eng_attend(const float *q, const void *K, const void *V, kv_dtype t,
                                   int nq_heads, int nkv, int hd, int n, size_t ld, float scale,
                                   float *scratch, float *out, cudaStream_t s)
 {
-    if (t != ENG_F16 || n <= 0 || nkv <= 0 || nq_heads % nkv || nq_heads / nkv > 8)
+    if (t != KV_DT_F16 || n <= 0 || nkv <= 0 || nq_heads % nkv || nq_heads / nkv > 8)
         return cudaErrorInvalidValue;
     int g = nq_heads / nkv, chunk = att_chunk(nkv, n), nsplit = (n + chunk - 1) / chunk;
     float *po = scratch, *pml = scratch + (size_t)nq_heads * nsplit * hd;

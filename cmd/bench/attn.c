@@ -85,7 +85,7 @@ int kv_bench_attn_main(int argc, char **argv)
             break;
         }
         case O_HEADS: cfg.n_heads = (int)kv_cli_long("--heads", a, 1, 1024); break;
-        case O_KVH: cfg.kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
+        case O_KVH: cfg.n_kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
         case O_DIM: cfg.head_dim = (int)kv_cli_long("--head-dim", a, 1, 1024); break;
         case O_GROUP: cfg.group = (int)kv_cli_long("--group", a, 1, 65536); break;
         case O_RESID: cfg.residual = (int)kv_cli_long("--residual", a, 0, 1 << 24); break;
@@ -97,8 +97,8 @@ int kv_bench_attn_main(int argc, char **argv)
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
-    if (cfg.n_heads % cfg.kv_heads)
-        kv_cli_usage_error("%d query heads are not a multiple of %d KV heads", cfg.n_heads, cfg.kv_heads);
+    if (cfg.n_heads % cfg.n_kv_heads)
+        kv_cli_usage_error("%d query heads are not a multiple of %d KV heads", cfg.n_heads, cfg.n_kv_heads);
 
     kv_bench_device dev;
     kv_status st = kv_cuda_bench_device(&dev);
@@ -125,7 +125,7 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("  \"device\": {\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"driver\": %d, "
                "\"runtime\": %d},\n", dev.name, dev.sms, dev.l2_bytes, dev.driver, dev.runtime);
         printf("  \"geometry\": {\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"group\": %d, "
-               "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.kv_heads,
+               "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.n_kv_heads,
                cfg.head_dim, cfg.group, cfg.residual);
         printf("  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n  \"contexts\": [\n",
                cfg.iters, cfg.reps, copy);
@@ -147,7 +147,7 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("%s (%d SMs, L2 %zu MiB), driver %d, runtime %d, %s\n", dev.name, dev.sms,
                dev.l2_bytes >> 20, dev.driver, dev.runtime, date);
         printf("%d/%d heads, head dim %d, KIVI group %d residual %d; copy bandwidth %.0f GB/s\n",
-               cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
+               cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
         printf("%8s  %-6s %10s %10s %8s %8s %10s\n", "context", "path", "time us", "GB/s",
                "of copy", "speedup", "err");
         for (int i = 0; i < nctx; i++) {

@@ -81,7 +81,7 @@ static kv_status make_policy(int p, int L, int qbits, int qlayers, int topk, int
     kv_status st = kv_policy_parse(spec_s, L, pp);
     if (st) return st;
     for (int l = 0; l < L; l++) {
-        pp[l].dtype = KV_STORE_F16;
+        pp[l].dtype = KV_DT_F16;
         pp[l].offload = p == P_OFFLOAD;
     }
     if (p == P_SKETCH) kv_policy_set_select(pp, L, KV_SELECT_SKETCH);
@@ -104,7 +104,7 @@ int kv_bench_decode_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
     const char *synth = "llama-3.1-8b";
-    kv_wtype wt = KV_W_BF16;
+    kv_dtype wt = KV_DT_BF16;
     int ctx[MAXC] = {32768, 131072}, nctx = 2, tokens = 64, warmup = 4, offtok = 16, nofetch = 16;
     int qbits = 2, qlayers = 2, topk = 1024, channels = 8, sink = 8, window = 56, device = 0;
     unsigned long long seed = 1;
@@ -115,8 +115,8 @@ int kv_bench_decode_main(int argc, char **argv)
         switch (c) {
         case O_SYNTH: synth = a; break;
         case O_WTYPE:
-            if (!strcmp(a, "bf16")) wt = KV_W_BF16;
-            else if (!strcmp(a, "f16")) wt = KV_W_F16;
+            if (!strcmp(a, "bf16")) wt = KV_DT_BF16;
+            else if (!strcmp(a, "f16")) wt = KV_DT_F16;
             else kv_cli_usage_error("--wtype must be bf16 or f16");
             break;
         case O_CTX: {
@@ -175,7 +175,7 @@ int kv_bench_decode_main(int argc, char **argv)
     char devname[400] = "";
     uint64_t wread = 0, wstore = 0;
     if (!pp || !runs) {
-        kv_model_free(m);
+        kv_model_close(m);
         return kv_report(KV_E_NOMEM, "out of memory");
     }
     int rc = KV_EXIT_OK;
@@ -220,7 +220,7 @@ int kv_bench_decode_main(int argc, char **argv)
     if (rc != KV_EXIT_OK) {
         free(runs);
         free(pp);
-        kv_model_free(m);
+        kv_model_close(m);
         return rc;
     }
 
@@ -232,7 +232,7 @@ int kv_bench_decode_main(int argc, char **argv)
     if (kv_want_json(stdout, json)) {
         printf("{\n  \"bench\": \"decode\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n", date, devname);
         printf("  \"model\": \"%s\",\n  \"weights\": \"%s\",\n  \"weight_bytes_read_per_token\": %llu,\n"
-               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16",
+               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16",
                (unsigned long long)wread, (unsigned long long)wstore);
         printf("  \"context_source\": \"synthesized on the device (seeded), no prefill\",\n");
         printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
@@ -311,7 +311,7 @@ int kv_bench_decode_main(int argc, char **argv)
         printf("  }\n}\n");
     } else {
         printf("%s, %s\n%s %s weights (%.2f GB read per token); context synthesized on the device\n",
-               devname, date, m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16", (double)wread / 1e9);
+               devname, date, m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16", (double)wread / 1e9);
         printf("bandwidth GB/s: h2d %.1f, d2h %.1f, device copy %.0f, zero-copy read %.1f, "
                "gather 512B rows: zero-copy %.1f vs memcpy %.2f\n",
                bw.h2d / 1e9, bw.d2h / 1e9, bw.d2d / 1e9, bw.zc_read / 1e9, bw.zc_gather / 1e9,
@@ -349,6 +349,6 @@ int kv_bench_decode_main(int argc, char **argv)
     }
     free(runs);
     free(pp);
-    kv_model_free(m);
+    kv_model_close(m);
     return KV_EXIT_OK;
 }

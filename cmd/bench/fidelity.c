@@ -112,7 +112,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
         st = kv_compare_open_model(model, tokp, &m, &tok);
         if (st == KV_OK) st = kv_tokenizer_encode(tok, buf, len, true, false, &ids, &n);
     } else {
-        st = kv_model_load(model, &m);
+        st = kv_model_open(model, &m);
         if (st == KV_OK) st = kv_tokens_parse(buf, len, &ids, &n);
         for (int i = 0; st == KV_OK && i < n; i++)
             if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
@@ -156,7 +156,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
                                refspec ? refspec : "full", pols, res, npol, L, per_pos)))
         rc = kv_report(st, "stdout");
 out:
-    for (int i = 0; res && i < npol; i++) kv_compare_result_free(&res[i]);
+    for (int i = 0; res && i < npol; i++) kv_compare_result_clear(&res[i]);
     free(res);
     free(pp);
     free(all);
@@ -164,6 +164,6 @@ out:
     free(ids);
     free(buf);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    kv_model_close(m);
     return rc;
 }

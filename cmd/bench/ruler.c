@@ -261,7 +261,7 @@ out:
     free(prm);
     kv_runner_free(e);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
-    kv_niah_free(&set);
+    kv_model_close(m);
+    kv_niah_clear(&set);
     return rc;
 }

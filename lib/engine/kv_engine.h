@@ -99,7 +99,7 @@ int kv_engine_queries(const kv_engine *e, int layer, float *out);
  * RoPE metadata.  Needs kv_engine_keep(e, nq, true) before the prefill.
  * zstd_level > 0 writes a zstd-compressed file (kvc(5)).
  */
-kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_store_dtype dt,
+kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level);
 
 /* Threads for the matmuls (0 = OpenMP default). Process-wide. */

@@ -165,7 +165,7 @@ kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv)
     return kv_engine_keep(r->cpu, nq, prompt_kv);
 }
 
-kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_store_dtype dt,
+kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level)
 {
     if (r->gpu)

@@ -93,7 +93,7 @@ int kv_runner_layer_tokens(const kv_runner *r, int layer);
 kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv);
 /* The prompt's cache as .kvc (kv_engine_dump_kvc); zstd_level > 0
  * compresses.  KV_E_UNSUPPORTED on the GPU engine. */
-kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_store_dtype dt,
+kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level);
 
 // --- whole runs --------------------------------------------------------------

@@ -21,7 +21,7 @@ void kv_compare_opts_default(kv_compare_opts *o)
     o->ordinal = 0;
 }
 
-void kv_compare_result_free(kv_compare_result *r)
+void kv_compare_result_clear(kv_compare_result *r)
 {
     free(r->kl);
     free(r->agree);
@@ -118,7 +118,7 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
             snprintf(r->device, sizeof r->device, "%s", kv_runner_device(eng[0]));
         }
     if (st)
-        for (int i = 0; i < n_pol; i++) kv_compare_result_free(&res[i]);
+        for (int i = 0; i < n_pol; i++) kv_compare_result_clear(&res[i]);
     for (int e = E - 1; eng && e >= 0; e--) kv_runner_free(eng[e]);
     free(lpol);
     free(lref);
@@ -140,7 +140,7 @@ kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_mod
 {
     *m = NULL;
     *tok = NULL;
-    kv_status st = kv_model_load(model, m);
+    kv_status st = kv_model_open(model, m);
     if (st) return st;
     if (tokenizer) {
         st = kv_tokenizer_load_llama2c(tokenizer, (*m)->cfg.vocab_size, tok);
@@ -150,7 +150,7 @@ kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_mod
         st = kv_fail(KV_E_USAGE, "%s is a llama2.c checkpoint: give its tokenizer (--tokenizer)", model);
     }
     if (st) {
-        kv_model_free(*m);
+        kv_model_close(*m);
         *m = NULL;
     }
     return st;

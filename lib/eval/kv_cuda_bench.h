@@ -30,7 +30,7 @@ kv_status kv_cuda_bench_device(kv_bench_device *dev);
 kv_status kv_cuda_bench_copy(size_t bytes, int iters, int reps, double *bytes_per_s);
 
 typedef struct {
-    int n_heads, kv_heads, head_dim, T;
+    int n_heads, n_kv_heads, head_dim, T;
     int group, residual;   /* KIVI geometry of the packed paths */
     int iters, reps;       /* launches per timing, timings (median reported) */
     int check;             /* also compare each path with its CPU reference */
@@ -52,7 +52,7 @@ typedef struct {
 kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
 
 typedef struct {
-    int kv_heads, head_dim, T, bits, group, residual, iters, reps;
+    int n_kv_heads, head_dim, T, bits, group, residual, iters, reps;
 } kv_bench_pack_cfg;
 
 typedef struct {

@@ -23,7 +23,7 @@ static void task_free(kv_niah_task *t)
     free(t->outputs);
 }
 
-void kv_niah_free(kv_niah_set *s)
+void kv_niah_clear(kv_niah_set *s)
 {
     for (int i = 0; i < s->n; i++) task_free(&s->tasks[i]);
     free(s->tasks);
@@ -102,14 +102,14 @@ kv_status kv_niah_parse(const char *text, size_t len, const char *name, kv_niah_
         pos = end + 1;
         if (a == b) continue;
         if (memchr(text + a, 0, b - a)) {
-            kv_niah_free(out);
+            kv_niah_clear(out);
             return kv_fail(KV_E_DATA, "%s:%d: NUL byte in a JSON line", name, lineno);
         }
         if (out->n == cap) {
             int nc = cap ? cap * 2 : 64;
             kv_niah_task *nt = realloc(out->tasks, (size_t)nc * sizeof *nt);
             if (!nt) {
-                kv_niah_free(out);
+                kv_niah_clear(out);
                 return kv_fail(KV_E_NOMEM, "%s", name);
             }
             out->tasks = nt;
@@ -117,7 +117,7 @@ kv_status kv_niah_parse(const char *text, size_t len, const char *name, kv_niah_
         }
         kv_status st = parse_line(text + a, b - a, name, lineno, out->n, &out->tasks[out->n]);
         if (st) {
-            kv_niah_free(out);
+            kv_niah_clear(out);
             return st;
         }
         out->n++;
@@ -177,7 +177,7 @@ void kv_niah_opts_default(kv_niah_opts *o)
     o->gen = 7;
 }
 
-void kv_niah_result_free(kv_niah_result *r)
+void kv_niah_result_clear(kv_niah_result *r)
 {
     free(r->pred);
     r->pred = NULL;

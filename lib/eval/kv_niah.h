@@ -47,7 +47,7 @@ typedef struct {
 kv_status kv_niah_parse(const char *text, size_t len, const char *name, kv_niah_set *out);
 /* kv_file_slurp + kv_niah_parse; a missing file is KV_E_NOINPUT. */
 kv_status kv_niah_load(const char *path, kv_niah_set *out);
-void kv_niah_free(kv_niah_set *s);
+void kv_niah_clear(kv_niah_set *s);
 
 /* RULER string_match_all for one task: in [0, 1]. */
 double kv_niah_score(const kv_niah_task *t, const char *pred);
@@ -81,12 +81,12 @@ void kv_niah_opts_default(kv_niah_opts *o);
  * Run one task on e (the CPU or the GPU engine): reset e with per_layer
  * (NULL keeps the runner's), encode BOS + input with tok, prefill and
  * decode per o->mode, generate o->gen tokens greedily (fewer if the context
- * fills up), score.  r->pred is malloc'd: free it with kv_niah_result_free.
+ * fills up), score.  r->pred is malloc'd: free it with kv_niah_result_clear.
  * On the GPU r->bytes.resident counts GPU bytes; r->full_bytes is the same
  * fp16 figure on either device.
  */
 kv_status kv_niah_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_params *per_layer,
                       const kv_niah_task *t, const kv_niah_opts *o, kv_niah_result *r);
-void kv_niah_result_free(kv_niah_result *r);
+void kv_niah_result_clear(kv_niah_result *r);
 
 #endif

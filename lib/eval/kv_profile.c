@@ -136,7 +136,7 @@ static kv_status alloc_acc(kv_profile *a, int L, int NH, int H, int D)
     return KV_OK;
 }
 
-void kv_profile_free(kv_profile *a)
+void kv_profile_clear(kv_profile *a)
 {
     free(a->score);
     free(a->err_q1);
@@ -249,13 +249,13 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
             kv_kivi_packed pk, pv;
             if ((st = kv_kivi_pack(k, KV_KIVI_KEYS, &kp, H, T, D, &pk))) break;
             if ((st = kv_kivi_pack(v, KV_KIVI_VALUES, &kp, H, T, D, &pv))) {
-                kv_kivi_free(&pk);
+                kv_kivi_clear(&pk);
                 break;
             }
             kv_kivi_unpack(&pk, k2);
             kv_kivi_unpack(&pv, v2);
-            kv_kivi_free(&pk);
-            kv_kivi_free(&pv);
+            kv_kivi_clear(&pk);
+            kv_kivi_clear(&pv);
             kv_attn_rel_error(q, NH, nq, k, v, k2, v2, H, T, D, eh);
             for (int qh = 0; qh < NH; qh++) dst[qh] += eh[qh];
         }

@@ -49,7 +49,7 @@ typedef struct {
  * zeroed; later files must have the same layers and heads). */
 kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_params *p);
 void kv_profile_finish(kv_profile *acc);
-void kv_profile_free(kv_profile *acc);
+void kv_profile_clear(kv_profile *acc);
 
 /* Classify: layer_score > tau -> quant_layers, else sparse_layers. */
 kv_status kv_profile_deploy(const kv_profile *acc, const kv_profile_params *p, kv_deploy *d);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "common/kv_dtype.h"
+#include "common/kv_geom.h"
 #include "common/kv_layout.h"
 #include "common/kv_status.h"
 
@@ -38,25 +39,6 @@ typedef struct {
     bool has_crc;
 } kvc_tensor;
 
-typedef enum { KV_ROPE_INTERLEAVED = 0, KV_ROPE_HALVES = 1 } kv_rope_layout;
-typedef enum { KV_ROPE_SCALING_NONE = 0, KV_ROPE_SCALING_LLAMA3 = 1 } kv_rope_scaling;
-
-/* Model and cache geometry, from metadata or derived from tensor shapes. */
-typedef struct {
-    int n_layers;
-    int n_heads;    /* query heads (0 if unknown: no q tensors and no metadata) */
-    int n_kv_heads;
-    int head_dim;
-    int n_tokens;   /* tokens in the cache */
-    int n_q;        /* query samples per layer (0 if none) */
-    double rope_theta;               /* default 10000 */
-    kv_rope_scaling rope_scaling;    /* default none */
-    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-    int rope_orig_ctx;
-    bool keys_roped;                 /* default true */
-    kv_rope_layout rope_layout;      /* default interleaved */
-    char model[64];                  /* free-form model name, may be "" */
-} kv_geom;
 
 typedef struct kvc_file kvc_file;
 
@@ -67,7 +49,7 @@ typedef struct kvc_file kvc_file;
 kv_status kvc_open(const char *path, kvc_file **out);
 /* Same, from a buffer (copied; used by the fuzzer and tests). */
 kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out);
-void kvc_free(kvc_file *f);
+void kvc_close(kvc_file *f);
 
 const kv_geom *kvc_geom(const kvc_file *f);
 int kvc_n_tensors(const kvc_file *f);
@@ -133,7 +115,5 @@ kv_status kvc_writer_add_copy(kvc_writer *w, const char *name, kv_dtype dt, int 
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level);
 void kvc_writer_free(kvc_writer *w);
 
-/* Defaults for a geometry (theta 10000, keys roped, interleaved). */
-void kv_geom_defaults(kv_geom *g);
 
 #endif

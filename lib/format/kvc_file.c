@@ -119,7 +119,7 @@ kv_status kvc_tokens_read(const char *ids_path, const char *kvc_path, int32_t **
     if (kvc_path) {
         kvc_file *f = NULL;
         if (!(st = kvc_open(kvc_path, &f))) st = kvc_tokens(f, ids, n);
-        kvc_free(f);
+        kvc_close(f);
         if (st) kv_errcontext("%s", kvc_path);
         return st;
     }
@@ -168,7 +168,7 @@ kv_status kvc_tensor_to_f32(const kvc_tensor *t, float *out)
     }
 }
 
-void kvc_free(kvc_file *f)
+void kvc_close(kvc_file *f)
 {
     if (!f) return;
     for (int i = 0; i < f->nm; i++) {
@@ -187,14 +187,6 @@ void kvc_free(kvc_file *f)
 }
 
 
-void kv_geom_defaults(kv_geom *g)
-{
-    memset(g, 0, sizeof *g);
-    g->rope_theta = 10000.0;
-    g->rope_scaling = KV_ROPE_SCALING_NONE;
-    g->keys_roped = true;
-    g->rope_layout = KV_ROPE_INTERLEAVED;
-}
 
 // --- input: mmap, stdin, zstd ---------------------------------------------
 
@@ -295,7 +287,7 @@ static kv_status finish_open(kvc_file *f, kvc_file **out)
         size_t n = 0;
         kv_status st = inflate_zstd(f->bytes, f->len, &raw, &n);
         if (st) {
-            kvc_free(f);
+            kvc_close(f);
             return st;
         }
         if (f->map) munmap(f->map, f->map_len);
@@ -308,7 +300,7 @@ static kv_status finish_open(kvc_file *f, kvc_file **out)
     }
     kv_status st = kvc_parse(f);
     if (st) {
-        kvc_free(f);
+        kvc_close(f);
         return st;
     }
     *out = f;
@@ -374,7 +366,7 @@ kv_status kvc_open(const char *path, kvc_file **out)
     }
     if (!is_stdin) close(fd);
     if (st) {
-        kvc_free(f);
+        kvc_close(f);
         return st;
     }
     f->file_bytes = f->len;

@@ -24,7 +24,7 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->device = 0;
-    o->wtype = KV_GPU_W_AUTO;
+    o->wtype = KV_DT_AUTO;
 }
 
 #ifdef KV_HAVE_CUDA
@@ -193,7 +193,7 @@ struct kv_gpu_engine {
     bool own_attn;       /* KV_GPU_OWN_ATTN: eng_attend for every layer */
     unsigned sel_skip;   /* KV_GPU_SEL_SKIP (measurement only): selection steps left out,
                             1 scores, 2 softmax/combine, 4 top-K, 8 gather, 16 query GEMV */
-    eng_dtype wt;
+    kv_dtype wt;
     gw_layer *w;         /* (L) */
     void *embd, *outw;   /* (vocab, ld_dim) */
     float *out_norm;     /* (dim) */
@@ -325,8 +325,8 @@ static kv_status upload_matrix(kv_gpu_engine *e, const kv_weight *const *parts, 
                 while (rs >= (size_t)parts[part]->rows) rs -= (size_t)parts[part++]->rows;
             }
             const kv_weight *w = parts[part];
-            bool same = (w->type == KV_W_F16 && e->wt == ENG_F16) ||
-                        (w->type == KV_W_BF16 && e->wt == ENG_BF16);
+            bool same = (w->type == KV_DT_F16 && e->wt == KV_DT_F16) ||
+                        (w->type == KV_DT_BF16 && e->wt == KV_DT_BF16);
             uint16_t *o = stage + (size_t)r * ld;
             if (same) {
                 memcpy(o, (const uint8_t *)w->data + rs * (size_t)cols * 2, (size_t)cols * 2);
@@ -339,7 +339,7 @@ static kv_status upload_matrix(kv_gpu_engine *e, const kv_weight *const *parts, 
                 }
                 kv_weight_row(w, (int)rs, f);
                 for (int c = 0; c < cols; c++)
-                    o[c] = e->wt == ENG_BF16 ? kv_f32_to_bf16(f[c]) : kv_f32_to_half(f[c]);
+                    o[c] = e->wt == KV_DT_BF16 ? kv_f32_to_bf16(f[c]) : kv_f32_to_half(f[c]);
                 free(f);
             }
             for (int c = cols; c < ld; c++) o[c] = 0;
@@ -492,7 +492,7 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
             y->kind = p->offload ? L_OFFLOAD : L_FULL;
             break;
         case KV_POL_QUANT: {
-            kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
+            kv_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
             kv_kivi_params kp = {p->bits, p->group, p->residual};
             /* D's packed attention where it applies; elsewhere the same
              * packed bytes, expanded to fp16 each step (L_QDQ) */
@@ -1045,7 +1045,7 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
         y->cap = y->tail_base + (e->ctx - y->cend0);
         size_t rowsz = (size_t)T * nkv * 2 * hd * 2;
         TRY(halloc(&y->rows_h, &y->rows_d, rowsz, "sparse K/V rows"));
-        CK(eng_to_row_layout(K, V, nkv, T, ld, hd, ENG_F16, tmp, s));
+        CK(eng_to_row_layout(K, V, nkv, T, ld, hd, KV_DT_F16, tmp, s));
         CK(cudaMemcpyAsync(y->rows_h, tmp, rowsz, cudaMemcpyDeviceToHost, s));
         if (y->cs0 > 0) {
             size_t sz = (size_t)y->cs0 * nkv * 2 * hd * 2;
@@ -1055,18 +1055,18 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
         TRY(dalloc(&y->chmax, (size_t)nkv * hd * 4, "key channel maxima"));
         TRY(dalloc(&y->kmean, (size_t)nkv * hd * 4, "key channel means"));
         TRY(dalloc(&y->kmad, (size_t)nkv * hd * 4, "key channel deviations"));
-        CK(eng_key_stats(K, nkv, T, ld, hd, ENG_F16, y->chmax, y->kmean, y->kmad, s));
+        CK(eng_key_stats(K, nkv, T, ld, hd, KV_DT_F16, y->chmax, y->kmean, y->kmad, s));
         if (channels) {
             y->ldc = pad8(T);
             size_t cmsz = (size_t)nkv * hd * y->ldc * 2;
             TRY(halloc(&y->kcm_h, &y->kcm_d, cmsz, "channel-major keys"));
             CK(cudaMemsetAsync(tmp, 0, cmsz, s));
-            CK(eng_to_channel_major(K, nkv, T, ld, hd, ENG_F16, tmp, y->ldc, s));
+            CK(eng_to_channel_major(K, nkv, T, ld, hd, KV_DT_F16, tmp, y->ldc, s));
             CK(cudaMemcpyAsync(y->kcm_h, tmp, cmsz, cudaMemcpyDeviceToHost, s));
         }
         if (sketch) {
             TRY(dalloc(&y->sketch, (size_t)nkv * T * (hd / 8), "key sketch"));
-            CK(eng_sketch_build(K, nkv, T, ld, hd, ENG_F16, y->kmean, y->sketch, s));
+            CK(eng_sketch_build(K, nkv, T, ld, hd, KV_DT_F16, y->kmean, y->sketch, s));
         }
         size_t asz = (size_t)nkv * y->cap * hd * 2;
         TRY(dalloc(&y->ak, asz, "sparse resident K"));
@@ -1111,7 +1111,7 @@ static kv_status attend_dense(kv_gpu_engine *e, const uint16_t *K, const uint16_
                               size_t head_stride, int n, cudaStream_t s)
 {
     if (use_kernels_f16(e)) {
-        kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, n, (long long)head_stride, e->scale};
+        kv_attn_dims d = {e->nqh, e->nkv, e->hd, n, (long long)head_stride, e->scale};
         TRY(ensure_ws(e, kv_cuda_attn_f16_workspace(&d)));
         CK(kv_cuda_attn_f16(&d, e->q16, K, V, e->att, e->ws, e->ws_bytes, s));
         return KV_OK;
@@ -1124,7 +1124,7 @@ static kv_status attend_dense(kv_gpu_engine *e, const uint16_t *K, const uint16_
         TRY(dalloc(&e->att_part, need * sizeof(float), "attention partials"));
         e->att_part_n = need;
     }
-    CK(eng_attend(e->qkv, K, V, ENG_F16, e->nqh, e->nkv, e->hd, n, head_stride / (size_t)e->hd,
+    CK(eng_attend(e->qkv, K, V, KV_DT_F16, e->nqh, e->nkv, e->hd, n, head_stride / (size_t)e->hd,
                   e->scale, e->att_part, e->att, s));
     return KV_OK;
 }
@@ -1175,14 +1175,14 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
             } else if (p->select == KV_SELECT_EXACT) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
                 g0_done = true;
-                CK(eng_score_exact(q, y->rows_d, ENG_F16, e->nqh, nkv, hd, cs, cend, e->score, s));
+                CK(eng_score_exact(q, y->rows_d, KV_DT_F16, e->nqh, nkv, hd, cs, cend, e->score, s));
                 fetched += (uint64_t)ncand * nkv * hd * 2;
             } else {
                 int C = p->channels;
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
                 g0_done = true;
                 CK(eng_select_channels(q, y->chmax, e->nqh, nkv, hd, C, e->chans, e->qscale, s));
-                CK(eng_score_channels(q, e->chans, e->qscale, y->kcm_d, ENG_F16, y->ldc, e->nqh,
+                CK(eng_score_channels(q, e->chans, e->qscale, y->kcm_d, KV_DT_F16, y->ldc, e->nqh,
                                       nkv, hd, C, cs, cend, e->score, s));
                 /* host reads are whole 16-byte runs of 8 tokens */
                 int n8 = (cend - (cs & ~7) + 7) / 8 * 8;
@@ -1203,7 +1203,7 @@ static kv_status sparse_select(kv_gpu_engine *e, int l, const float *q, cudaStre
     size_t off = (size_t)y->start * hd;
     if (e->o.profile && !g0_done) CK(cudaEventRecord(e->ev_g0[l], sg));
     if (!(e->sel_skip & 8))
-        CK(eng_gather_rows(y->rows_d, nkv, hd, ENG_F16, sel, kk, y->sink, cs, y->ak + off,
+        CK(eng_gather_rows(y->rows_d, nkv, hd, KV_DT_F16, sel, kk, y->sink, cs, y->ak + off,
                            y->av + off, (size_t)y->cap, sg));
     if (e->o.profile) CK(cudaEventRecord(e->ev_g1[l], sg));
     y->fetched_last = fetched;
@@ -1316,7 +1316,7 @@ static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y)
         CK(cudaMemcpy2DAsync(e->dres_v, (size_t)y->nres * rb, y->rv[y->cur], (size_t)y->rc * rb,
                              (size_t)y->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
     }
-    kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
+    kv_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
     kv_cuda_kivi_view kv = {y->kc, y->ks, y->kz, e->dres_k};
     kv_cuda_kivi_view vv = {y->vc, y->vs, y->vz, e->dres_v};
     TRY(ensure_ws(e, kv_cuda_attn_kivi_workspace(&d, &y->kp)));
@@ -1560,10 +1560,10 @@ static kv_status engine_init(kv_gpu_engine *e)
         CK(cudaEventCreate(&e->ev_g1[l]));
     }
     /* weights */
-    kv_wtype src = e->m->layers[0].wq.type;
-    e->wt = e->o.wtype == KV_GPU_W_BF16 ? ENG_BF16
-          : e->o.wtype == KV_GPU_W_F16  ? ENG_F16
-          : src == KV_W_BF16            ? ENG_BF16 : ENG_F16;
+    kv_dtype src = e->m->layers[0].wq.type;
+    e->wt = e->o.wtype == KV_DT_BF16 ? KV_DT_BF16
+          : e->o.wtype == KV_DT_F16  ? KV_DT_F16
+          : src == KV_DT_BF16            ? KV_DT_BF16 : KV_DT_F16;
     TRY(load_weights(e));
     float *f = malloc((size_t)e->hd / 2 * sizeof(float));
     if (!f) return kv_fail(KV_E_NOMEM, "out of memory");
@@ -1911,8 +1911,8 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
         st = dalloc(&tmp, (need > cm ? need : cm) * 2, "ingest scratch");
     }
     for (int l = 0; l < e->L && !st; l++) {
-        cudaError_t ce = eng_fill_random(K, ENG_F16, n, seed * 1315423911u + 2u * l, scale, e->hd, 1, e->s_main);
-        if (ce == cudaSuccess) ce = eng_fill_random(V, ENG_F16, n, seed * 1315423911u + 2u * l + 1, NULL, 1, 1, e->s_main);
+        cudaError_t ce = eng_fill_random(K, KV_DT_F16, n, seed * 1315423911u + 2u * l, scale, e->hd, 1, e->s_main);
+        if (ce == cudaSuccess) ce = eng_fill_random(V, KV_DT_F16, n, seed * 1315423911u + 2u * l + 1, NULL, 1, 1, e->s_main);
         if (ce != cudaSuccess) st = cuda_fail(ce, "synthetic fill", __LINE__);
         if (!st) st = ingest(e, l, K, V, T, T, tmp);
     }

@@ -9,6 +9,7 @@
 #ifndef KV_MATMUL_H
 #define KV_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "model/kv_model.h"
@@ -43,5 +44,9 @@ void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, i
 
 /* Which inner kernels were chosen: "avx2" or "portable". */
 const char *kv_matmul_isa(void);
+/* Use the portable kernels even where AVX2 is available (to test that path;
+ * the front ends set it from KV_PORTABLE).  Process-wide; takes effect only
+ * before the first matmul. */
+void kv_matmul_set_portable(bool portable);
 
 #endif

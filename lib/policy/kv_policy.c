@@ -11,18 +11,18 @@
 
 // --- construction -------------------------------------------------------
 
-kv_status kv_policy_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_new(const kv_policy_geom *g, const kv_policy_params *prm,
                            kv_policy **out)
 {
     *out = NULL;
     kv_status st = kv_policy_check(prm, g, KV_DEVICE_CPU);
     if (st) return st;
     switch (prm->kind) {
-    case KV_POL_FULL: st = kv_policy_full_create(g, prm, out); break;
-    case KV_POL_QUANT: st = kv_policy_quant_create(g, prm, out); break;
-    case KV_POL_SPARSE: st = kv_policy_sparse_create(g, prm, out); break;
-    case KV_POL_STREAMING: st = kv_policy_streaming_create(g, prm, out); break;
-    case KV_POL_DSQ: st = kv_policy_dsq_create(g, prm, out); break;
+    case KV_POL_FULL: st = kv_policy_full_new(g, prm, out); break;
+    case KV_POL_QUANT: st = kv_policy_quant_new(g, prm, out); break;
+    case KV_POL_SPARSE: st = kv_policy_sparse_new(g, prm, out); break;
+    case KV_POL_STREAMING: st = kv_policy_streaming_new(g, prm, out); break;
+    case KV_POL_DSQ: st = kv_policy_dsq_new(g, prm, out); break;
     default: return kv_fail(KV_E_USAGE, "unknown policy kind %d", (int)prm->kind);
     }
     if (st) {

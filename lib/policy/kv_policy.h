@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "common/kv_device.h"
+#include "common/kv_dtype.h"
 #include "common/kv_status.h"
 
 typedef enum {
@@ -27,8 +28,6 @@ typedef enum {
     KV_POL_DSQ,
     KV_POL_COUNT
 } kv_policy_kind;
-
-typedef enum { KV_STORE_F32 = 0, KV_STORE_F16, KV_STORE_BF16 } kv_store_dtype;
 
 /* sparse, grouped-query attention: how the query heads sharing one KV head
  * combine their token scores before the top-K (each head's scores are first
@@ -54,7 +53,8 @@ enum { KV_KEY_DTYPE = 1u << 0, KV_KEY_SELECT = 1u << 1, KV_KEY_OFFLOAD = 1u << 2
  */
 typedef struct {
     kv_policy_kind kind;
-    kv_store_dtype dtype; /* full precision storage (full, residuals, sparse host copy) */
+    kv_dtype dtype; /* full precision storage: f32, f16 or bf16 (full, residuals,
+                             sparse host copy) */
     /* quant (KIVI) */
     int bits, group, residual;
     /* sparse / streaming */
@@ -78,9 +78,6 @@ typedef struct {
 void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind);
 const char *kv_policy_kind_name(kv_policy_kind k);
 kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out);
-/* "f32", "f16", "bf16". */
-const char *kv_store_dtype_name(kv_store_dtype d);
-kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out);
 /* "channels", "exact", "sketch" ("approx" parses as channels). */
 const char *kv_select_mode_name(kv_select_mode m);
 kv_status kv_select_mode_parse(const char *s, kv_select_mode *out);
@@ -132,7 +129,7 @@ struct kv_policy {
 
 /*
  * Check one layer's parameters against its geometry for the engine that
- * will run it: the one validation both engines use (kv_policy_create calls
+ * will run it: the one validation both engines use (kv_policy_new calls
  * it for the CPU; the GPU engine before it places a layer).  dev:
  *   KV_DEVICE_CPU  also refuses the GPU placements (select=sketch,
  *                  offload=on): KV_E_USAGE, they mean nothing without a GPU;
@@ -145,7 +142,7 @@ struct kv_policy {
 kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv_device dev);
 
 /* Build one layer's CPU policy (kv_policy_check(prm, g, KV_DEVICE_CPU) first). */
-kv_status kv_policy_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_new(const kv_policy_geom *g, const kv_policy_params *prm,
                            kv_policy **out);
 void kv_policy_free(kv_policy *p);
 
@@ -177,7 +174,7 @@ kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_
  */
 typedef struct {
     unsigned given; /* KV_KEY_* */
-    kv_store_dtype dtype;
+    kv_dtype dtype;
     kv_select_mode select;
     bool offload;
 } kv_policy_defaults;

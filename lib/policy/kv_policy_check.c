@@ -1,6 +1,6 @@
 /*
  * kv_policy_check: the one validation of a layer's parameters.  Both
- * engines call it (the CPU through kv_policy_create, the GPU engine before
+ * engines call it (the CPU through kv_policy_new, the GPU engine before
  * it places a layer), so a bad spec fails with the same message whichever
  * device runs it, and a setting only one engine runs is refused by name.
  */
@@ -22,7 +22,7 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
         g->n_heads % g->n_kv_heads)
         return kv_fail(KV_E_USAGE, "layer %d: bad attention geometry (%d heads, %d KV heads, dim %d, %d tokens)",
                        g->layer, g->n_heads, g->n_kv_heads, g->head_dim, g->max_tokens);
-    if (p->kind != KV_POL_QUANT && p->kind != KV_POL_DSQ && (unsigned)p->dtype > KV_STORE_BF16)
+    if (p->kind != KV_POL_QUANT && p->kind != KV_POL_DSQ && (unsigned)p->dtype > KV_DT_BF16)
         BAD(KV_E_USAGE, "dtype %d is not f32, f16 or bf16", (int)p->dtype);
     const bool cpu = dev == KV_DEVICE_CPU, gpu = dev == KV_DEVICE_CUDA;
     kv_status st;

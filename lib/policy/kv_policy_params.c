@@ -21,7 +21,7 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
 {
     memset(p, 0, sizeof *p);
     p->kind = kind;
-    p->dtype = KV_STORE_F32;
+    p->dtype = KV_DT_F32;
     p->bits = KV_KIVI_DEFAULT_BITS;
     p->group = 64;
     p->residual = 128;
@@ -102,20 +102,6 @@ kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out)
     return kv_fail(KV_E_USAGE, "unknown policy '%s' (full, quant, sparse, streaming, dsq)", s);
 }
 
-const char *kv_store_dtype_name(kv_store_dtype d)
-{
-    return d == KV_STORE_F16 ? "f16" : d == KV_STORE_BF16 ? "bf16" : "f32";
-}
-
-kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out)
-{
-    if (!strcmp(s, "f32")) *out = KV_STORE_F32;
-    else if (!strcmp(s, "f16")) *out = KV_STORE_F16;
-    else if (!strcmp(s, "bf16")) *out = KV_STORE_BF16;
-    else return kv_fail(KV_E_USAGE, "unknown KV dtype '%s' (f32, f16, bf16)", s);
-    return KV_OK;
-}
-
 // --- spec parser --------------------------------------------------------
 
 /* Which kinds accept a key: bit (1 << kind). */
@@ -185,7 +171,7 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
 #define IS(name, kinds) (!strcmp(key, name) && ((kinds) & me))
     if (IS("dtype", K_(KV_POL_FULL) | SS)) {
         p->given |= KV_KEY_DTYPE;
-        return kv_store_dtype_parse(val, &p->dtype);
+        return kv_float_dtype_parse(val, &p->dtype);
     }
     if (IS("bits", K_(KV_POL_QUANT))) {
         kv_status st = parse_int(key, val, 1, 4, &p->bits);
@@ -360,7 +346,7 @@ kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_
 
 void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n)
 {
-    const char *dt = kv_store_dtype_name(p->dtype);
+    const char *dt = kv_float_dtype_name(p->dtype);
     switch (p->kind) {
     case KV_POL_QUANT:
         snprintf(buf, n, "quant bits=%d group=%d residual=%d dtype=%s", p->bits, p->group, p->residual, dt);

@@ -124,7 +124,7 @@ typedef struct kv_tree_store kv_tree_store;
 
 /* Create a store directory (its parent must exist); KV_E_CANTCREATE if it
  * already holds an index. */
-kv_status kv_tree_store_init(const char *dir);
+kv_status kv_tree_store_create(const char *dir);
 /* Open a store; write = take the lock exclusively (else shared). */
 kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out);
 void kv_tree_store_close(kv_tree_store *s);
@@ -202,7 +202,7 @@ typedef struct {
 /* Verify every chunk against the index.  Returns KV_OK even when problems
  * are found (they are in the report); other statuses mean it could not run. */
 kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r);
-void kv_check_report_free(kv_check_report *r);
+void kv_check_report_clear(kv_check_report *r);
 
 // --- reports as JSON (man/kv-tree.1 REPORTS; malloc'd, no newline; NULL: no memory)
 

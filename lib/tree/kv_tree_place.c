@@ -35,7 +35,7 @@ static kv_status chunk_recompress(kv_tree_store *s, int i, int zstd_level)
     kv_status st = tree_chunk_open(s, i, &f);
     if (st) return st;
     st = tree_chunk_rewrite_range(s, i, f, 0, s->t->nodes[i].n, zstd_level, true);
-    kvc_free(f);
+    kvc_close(f);
     return st;
 }
 
@@ -269,13 +269,13 @@ kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r)
                 problem(r, "chunk %s: importance summary disagrees with the index", nd->file), ok = false;
             free(imp);
         }
-        kvc_free(f);
+        kvc_close(f);
         r->chunks_ok += ok;
     }
     return remove_orphans(s, &r->orphans, true);
 }
 
-void kv_check_report_free(kv_check_report *r)
+void kv_check_report_clear(kv_check_report *r)
 {
     tree_list_free(r->problems, r->n_problems);
     r->problems = NULL;

@@ -149,7 +149,7 @@ static kv_status write_text(const char *path, const char *text)
     return kv_outfile_commit(&o);
 }
 
-kv_status kv_tree_store_init(const char *dir)
+kv_status kv_tree_store_create(const char *dir)
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return kv_fail(errno == ENOENT ? KV_E_NOINPUT : KV_E_CANTCREATE, "cannot create %s: %s", dir, strerror(errno));
@@ -440,7 +440,7 @@ kv_status tree_chunk_open(const kv_tree_store *s, int i, kvc_file **out)
             }
         }
     if (st) {
-        kvc_free(f);
+        kvc_close(f);
         return st;
     }
     *out = f;
@@ -501,7 +501,7 @@ kv_status tree_store_split(kv_tree_store *s, int i, int off, int zstd_level, uin
     if ((st = tree_chunk_rewrite_range(s, i, f, off, n - off, zstd_level, true))) goto out;
     *written += s->t->nodes[*head].bytes + s->t->nodes[i].bytes;
 out:
-    kvc_free(f);
+    kvc_close(f);
     return st;
 }
 
@@ -721,7 +721,7 @@ out:
     kvc_writer_free(w);
     free(kv);
     if (cf)
-        for (int p = 0; p < np; p++) kvc_free(cf[p]);
+        for (int p = 0; p < np; p++) kvc_close(cf[p]);
     if (sel)
         for (int p = 0; p < np; p++) free(sel[p]);
     free(cf);

@@ -44,6 +44,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* the validated geometry matches every plain layer */
     }
     (void)sink;
-    kvc_free(f);
+    kvc_close(f);
     return 0;
 }

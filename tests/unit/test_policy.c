@@ -62,7 +62,7 @@ static kv_policy *mkpol(const fixture *f, const char *spec, int cap)
     }
     kv_policy_geom g = {0, f->nh, f->nkv, f->D, cap};
     kv_policy *p;
-    st = kv_policy_create(&g, &prm, &p);
+    st = kv_policy_new(&g, &prm, &p);
     if (st) {
         printf("# create %s: %s\n", spec, kv_errdetail());
         return NULL;
@@ -135,7 +135,7 @@ static void test_parse_single(void)
     REQ_OK(kv_policy_parse("quant:bits=2,group=32,residual=64", 1, p), "%s", kv_errdetail());
     KT_CHECK(p[0].bits == 2 && p[0].group == 32 && p[0].residual == 64, "quant keys");
     REQ_OK(kv_policy_parse("full:dtype=bf16", 1, p), "%s", kv_errdetail());
-    KT_CHECK(p[0].dtype == KV_STORE_BF16, "dtype");
+    KT_CHECK(p[0].dtype == KV_DT_BF16, "dtype");
     REQ_OK(kv_policy_parse("sparse:frac=0.05", 1, p), "%s", kv_errdetail());
     KT_CHECK(p[0].topk == 0 && fabs(p[0].topk_frac - 0.05) < 1e-12, "frac");
     kv_policy_params d;
@@ -184,12 +184,12 @@ static void test_defaults_fill_what_the_spec_leaves_out(void)
 {
     kv_policy_params p[3];
     REQ_OK(kv_policy_parse("0=full;1=sparse:select=exact,dtype=f16;2=sparse", 3, p), "%s", kv_errdetail());
-    kv_policy_defaults d = {.given = KV_KEY_DTYPE | KV_KEY_SELECT, .dtype = KV_STORE_BF16,
+    kv_policy_defaults d = {.given = KV_KEY_DTYPE | KV_KEY_SELECT, .dtype = KV_DT_BF16,
                             .select = KV_SELECT_SKETCH};
     kv_policy_defaults_apply(&d, p, 3);
-    KT_CHECK(p[0].dtype == KV_STORE_BF16 && p[0].select == KV_SELECT_CHANNELS, "full layer: dtype only");
-    KT_CHECK(p[1].dtype == KV_STORE_F16 && p[1].select == KV_SELECT_EXACT, "spec keys win");
-    KT_CHECK(p[2].dtype == KV_STORE_BF16 && p[2].select == KV_SELECT_SKETCH, "defaults fill");
+    KT_CHECK(p[0].dtype == KV_DT_BF16 && p[0].select == KV_SELECT_CHANNELS, "full layer: dtype only");
+    KT_CHECK(p[1].dtype == KV_DT_F16 && p[1].select == KV_SELECT_EXACT, "spec keys win");
+    KT_CHECK(p[2].dtype == KV_DT_BF16 && p[2].select == KV_SELECT_SKETCH, "defaults fill");
     kv_policy_defaults none = {0};
     kv_policy_params q = p[2];
     kv_policy_defaults_apply(&none, &q, 1);
@@ -236,11 +236,11 @@ static void test_check_per_device(void)
     const kv_policy_geom bad = {0, 6, 4, 64, 1024};
     kv_policy_params_default(&p, KV_POL_FULL);
     KT_CHECK(kv_policy_check(&p, &bad, KV_DEVICE_AUTO) == KV_E_USAGE, "6 heads over 4 KV heads");
-    /* kv_policy_create checks for the CPU */
+    /* kv_policy_new checks for the CPU */
     kv_policy *pol = NULL;
     kv_policy_params_default(&p, KV_POL_SPARSE);
     p.select = KV_SELECT_SKETCH;
-    KT_CHECK(kv_policy_create(&g, &p, &pol) == KV_E_USAGE && !pol, "CPU sketch policy built");
+    KT_CHECK(kv_policy_new(&g, &p, &pol) == KV_E_USAGE && !pol, "CPU sketch policy built");
 }
 
 static void test_dense_matches_naive(void)
@@ -608,7 +608,7 @@ static void test_quant_accuracy(void)
     REQ_OK(kv_policy_parse("quant:group=48", 1, &prm), "parse");
     kv_policy_geom g = {0, 4, 2, 64, 100};
     kv_policy *bad = NULL;
-    KT_CHECK(kv_policy_create(&g, &prm, &bad) == KV_E_USAGE && !bad, "group 48 with dim 64 accepted");
+    KT_CHECK(kv_policy_new(&g, &prm, &bad) == KV_E_USAGE && !bad, "group 48 with dim 64 accepted");
     free(q);
     freefix(&f);
 }

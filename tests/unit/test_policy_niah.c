@@ -23,7 +23,7 @@ static void test_parse_good(void)
     KT_CHECK(s.tasks[0].n_outputs == 2 && !strcmp(s.tasks[0].outputs[1], "ab"), "outputs");
     KT_CHECK(s.tasks[1].index == 1 && s.tasks[1].length == 0 && s.tasks[1].line == 4, "defaults, line %d",
              s.tasks[1].line);
-    kv_niah_free(&s);
+    kv_niah_clear(&s);
 }
 
 static void test_parse_bad_names_line(void)

@@ -111,8 +111,8 @@ static void test_scores_on_uniform_and_one_hot_attention(void)
     kv_deploy_clear(&back);
     free(buf);
     kv_deploy_clear(&d);
-    kv_profile_free(&a);
-    kvc_free(f);
+    kv_profile_clear(&a);
+    kvc_close(f);
     unlink(path);
 }
 
@@ -138,8 +138,8 @@ static void test_profile_needs_queries(void)
     kv_profile a;
     memset(&a, 0, sizeof a);
     KT_CHECK(kv_profile_add(&a, f, &p) == KV_E_DATA, "no queries accepted");
-    kv_profile_free(&a);
-    kvc_free(f);
+    kv_profile_clear(&a);
+    kvc_close(f);
     unlink(path);
 }
 

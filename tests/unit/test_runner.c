@@ -273,7 +273,7 @@ int main(void)
 {
     char name[256];
     have_gpu = kv_gpu_probe(name, sizeof name) > 0;
-    if (kv_model_load(S260 "stories260K.bin", &m)) {
+    if (kv_model_open(S260 "stories260K.bin", &m)) {
         printf("# stories260K: %s\n", kv_errdetail());
         return 1;
     }
@@ -290,6 +290,6 @@ int main(void)
     KT_RUN(test_layers_and_keep);
     if (have_gpu) KT_SKIP(test_cuda_without_gpu_is_unavailable, "a usable GPU is present");
     else KT_RUN(test_cuda_without_gpu_is_unavailable);
-    kv_model_free(m);
+    kv_model_close(m);
     return kt_done();
 }
