@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include "gpu/kv_gpu.h"
-#include "model/kv_matmul.h"
 #include "format/kvc.h"
 
 int kv_verbosity = 0;
@@ -66,8 +65,6 @@ void kv_cli_init(const kv_cli_spec *spec, int argc, char **argv)
     }
     the_spec = spec;
     progname = spec->name;
-    const char *portable = getenv("KV_PORTABLE"); /* test the portable matmul kernels */
-    if (portable && *portable) kv_matmul_set_portable(true);
     if (argv && argv[0]) {
         const char *slash = strrchr(argv[0], '/');
         const char *base = slash ? slash + 1 : argv[0];

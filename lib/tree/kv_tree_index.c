@@ -303,17 +303,7 @@ kv_status kv_tree_index_format(const kv_tree *t, char **out)
         cJSON_AddNumberToObject(o, "start", nd->start);
         cJSON *tk = cJSON_AddArrayToObject(o, "tokens");
         for (int i = 0; i < nd->n; i++) cJSON_AddItemToArray(tk, cJSON_CreateNumber(nd->tokens[i]));
-        cJSON_AddStringToObject(o, "file", nd->file);
-        cJSON_AddNumberToObject(o, "bytes", (double)nd->bytes);
-        cJSON_AddNumberToObject(o, "kv_bytes", (double)nd->kv_bytes);
-        cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
-        cJSON_AddNumberToObject(o, "hits", (double)nd->hits);
-        cJSON_AddNumberToObject(o, "last_use", (double)nd->last_use);
-        cJSON *im = cJSON_AddObjectToObject(o, "importance");
-        cJSON_AddNumberToObject(im, "mean", nd->imp_mean);
-        cJSON_AddNumberToObject(im, "min", nd->imp_min);
-        cJSON_AddNumberToObject(im, "max", nd->imp_max);
-        cJSON_AddStringToObject(im, "source", nd->imp_attention ? "attention" : "key-norm");
+        tree_node_json(o, nd);
     }
     *out = cJSON_PrintUnformatted(j);
     if (!*out) st = kv_fail(KV_E_NOMEM, "cannot print the index");

@@ -33,6 +33,10 @@ kv_status tree_chunk_open(const kv_tree_store *s, int i, kvc_file **out);
 kv_status tree_chunk_rewrite_range(kv_tree_store *s, int i, const kvc_file *f, int a, int n, int zstd_level,
                                    bool retire_old);
 int tree_cmp_str(const void *a, const void *b);
+/* A node's file, sizes, tier, use and importance summary, added to the
+ * JSON object o (index.json and kv-tree ls write them alike). */
+struct cJSON;
+void tree_node_json(struct cJSON *o, const kv_tree_node *nd);
 int tree_find_child(const kv_tree *t, int i, int32_t tok);
 void tree_imp_summary(kv_tree_node *nd, const float *imp, int n);
 uint64_t tree_kv_bytes_of(const kv_tree *t, int n);

@@ -99,6 +99,21 @@ void kv_tree_totals(const kv_tree *t, kv_tree_total *tot)
     }
 }
 
+void tree_node_json(struct cJSON *o, const kv_tree_node *nd)
+{
+    cJSON_AddStringToObject(o, "file", nd->file);
+    cJSON_AddNumberToObject(o, "bytes", (double)nd->bytes);
+    cJSON_AddNumberToObject(o, "kv_bytes", (double)nd->kv_bytes);
+    cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
+    cJSON_AddNumberToObject(o, "hits", (double)nd->hits);
+    cJSON_AddNumberToObject(o, "last_use", (double)nd->last_use);
+    cJSON *im = cJSON_AddObjectToObject(o, "importance");
+    cJSON_AddNumberToObject(im, "mean", nd->imp_mean);
+    cJSON_AddNumberToObject(im, "min", nd->imp_min);
+    cJSON_AddNumberToObject(im, "max", nd->imp_max);
+    cJSON_AddStringToObject(im, "source", nd->imp_attention ? "attention" : "key-norm");
+}
+
 static cJSON *node_json(const kv_tree *t, int i, int64_t now, double half_life)
 {
     const kv_tree_node *nd = &t->nodes[i];
@@ -109,18 +124,8 @@ static cJSON *node_json(const kv_tree *t, int i, int64_t now, double half_life)
     cJSON_AddNumberToObject(o, "tokens", nd->n);
     cJSON_AddNumberToObject(o, "first_token", nd->tokens[0]);
     cJSON_AddNumberToObject(o, "children", nd->n_child);
-    cJSON_AddStringToObject(o, "file", nd->file);
-    cJSON_AddNumberToObject(o, "bytes", (double)nd->bytes);
-    cJSON_AddNumberToObject(o, "kv_bytes", (double)nd->kv_bytes);
-    cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
-    cJSON_AddNumberToObject(o, "hits", (double)nd->hits);
-    cJSON_AddNumberToObject(o, "last_use", (double)nd->last_use);
     cJSON_AddNumberToObject(o, "score", kv_tree_score(nd, now, half_life));
-    cJSON *im = cJSON_AddObjectToObject(o, "importance");
-    cJSON_AddNumberToObject(im, "mean", nd->imp_mean);
-    cJSON_AddNumberToObject(im, "min", nd->imp_min);
-    cJSON_AddNumberToObject(im, "max", nd->imp_max);
-    cJSON_AddStringToObject(im, "source", nd->imp_attention ? "attention" : "key-norm");
+    tree_node_json(o, nd);
     return o;
 }
 

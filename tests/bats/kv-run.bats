@@ -430,11 +430,3 @@ JSON
     run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --zstd 3
     assert_fails_with 64 "--zstd goes with --dump-kv"
 }
-
-@test "kv-run with KV_PORTABLE=1 runs the portable matmuls and still matches the reference" {
-    KV_PORTABLE=1 run --separate-stderr kv-run -m "$MODEL" -n 200
-    assert_success
-    [ "$output" = "$(cat "$S260/reference/greedy_bos_200.txt")" ]
-    KV_PORTABLE=1 run --separate-stderr kv-run -m "$MODEL" -n 4 --report -
-    [ "$(json_get 'j["isa"]')" == "portable" ]
-}
