@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_policy_params pl[32];
     kv_deploy_apply(&d, n_layers, pl);
     for (int i = 0; i < d.n_quant; i++)
-        if (pl[d.quant_layers[i]].kind != d.quant_kind) abort();
+        if (pl[d.quant_layers[i]].kind != d.quant.kind) abort();
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
