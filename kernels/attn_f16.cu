@@ -100,11 +100,11 @@ cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, f
 
 // --- split choice and dispatch ---------------------------------------------------
 
-static bool f16_dims_ok(const kv_cuda_attn_dims *d)
+static bool f16_dims_ok(const kv_attn_dims *d)
 {
-    if (!d || d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads || d->T < 1)
+    if (!d || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1)
         return false;
-    if (d->n_heads / d->kv_heads > 8) return false;
+    if (d->n_heads / d->n_kv_heads > 8) return false;
     int D = d->head_dim;
     if (D != 8 && D != 16 && D != 32 && D != 64 && D != 128 && D != 256) return false;
     return d->head_stride >= (long long)d->T * d->head_dim;
@@ -183,12 +183,12 @@ static f16_kernel f16_pick(int D, int hpg, bool qf32, int *slot, int *unroll)
 /* Tokens per split and split count: about f16_waves waves of resident
  * blocks (from the occupancy of the instance, cached), a whole number of
  * block steps. */
-static cudaError_t f16_plan(const kv_cuda_attn_dims *d, bool qf32, f16_kernel *kern, int *tps_out,
+static cudaError_t f16_plan(const kv_attn_dims *d, bool qf32, f16_kernel *kern, int *tps_out,
                             int *nsplit_out)
 {
     static thread_local int occ[KV_F16_SLOTS] = {0};
     int slot = 0, unroll = KV_F16_UNROLL;
-    const int hpg = f16_hpg(d->n_heads / d->kv_heads), nqg = d->n_heads / hpg;
+    const int hpg = f16_hpg(d->n_heads / d->n_kv_heads), nqg = d->n_heads / hpg;
     f16_kernel k = f16_pick(d->head_dim, hpg, qf32, &slot, &unroll);
     KV_CHECK_ARGS(k != nullptr);
     if (!occ[slot]) {
@@ -208,7 +208,7 @@ static cudaError_t f16_plan(const kv_cuda_attn_dims *d, bool qf32, f16_kernel *k
     return cudaSuccess;
 }
 
-static size_t f16_workspace(const kv_cuda_attn_dims *d, bool qf32)
+static size_t f16_workspace(const kv_attn_dims *d, bool qf32)
 {
     f16_kernel k;
     int tps, nsplit;
@@ -217,14 +217,14 @@ static size_t f16_workspace(const kv_cuda_attn_dims *d, bool qf32)
 }
 
 /* After the launcher's argument check (which names the launcher). */
-static cudaError_t f16_attend(const kv_cuda_attn_dims *d, bool qf32, const void *q,
+static cudaError_t f16_attend(const kv_attn_dims *d, bool qf32, const void *q,
                               const uint16_t *k, const uint16_t *v, float *out, void *ws,
                               cudaStream_t stream)
 {
     f16_kernel kern;
     int tps, nsplit;
     CUDA_CHECK(f16_plan(d, qf32, &kern, &tps, &nsplit));
-    const int group = d->n_heads / d->kv_heads, hpg = f16_hpg(group);
+    const int group = d->n_heads / d->n_kv_heads, hpg = f16_hpg(group);
     float *part = static_cast<float *>(ws);
     CUDA_CHECK(kv_launch(2, kern, dim3(d->n_heads / hpg, nsplit), dim3(KV_F16_THREADS), 0, stream,
                          q, reinterpret_cast<const __half *>(k),
@@ -233,17 +233,17 @@ static cudaError_t f16_attend(const kv_cuda_attn_dims *d, bool qf32, const void 
     return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
 }
 
-extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
+extern "C" size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d)
 {
     return f16_workspace(d, false);
 }
 
-extern "C" size_t kv_cuda_attn_f16_q32_workspace(const kv_cuda_attn_dims *d)
+extern "C" size_t kv_cuda_attn_f16_q32_workspace(const kv_attn_dims *d)
 {
     return f16_workspace(d, true);
 }
 
-extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q,
+extern "C" cudaError_t kv_cuda_attn_f16(const kv_attn_dims *d, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, float *out,
                                         void *ws, size_t ws_bytes, cudaStream_t stream)
 {
@@ -252,7 +252,7 @@ extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16
     return f16_attend(d, false, q, k, v, out, ws, stream);
 }
 
-extern "C" cudaError_t kv_cuda_attn_f16_q32(const kv_cuda_attn_dims *d, const float *q,
+extern "C" cudaError_t kv_cuda_attn_f16_q32(const kv_attn_dims *d, const float *q,
                                             const uint16_t *k, const uint16_t *v, float *out,
                                             void *ws, size_t ws_bytes, cudaStream_t stream)
 {

@@ -867,22 +867,22 @@ static cudaError_t kivi_occupancy(kivi_kernel k, int *per_sm)
     return cudaSuccess;
 }
 
-extern "C" int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
+extern "C" int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
-    if (!d || !prm || d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads || d->T < 1 ||
+    if (!d || !prm || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1 ||
         d->head_dim != KV_KIVI_D || prm->residual < 0)
         return 0;
-    return kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads) != nullptr;
+    return kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads) != nullptr;
 }
 
 struct kivi_plan {
     int nq, ng, nres, gps, nsplit_p, nsplit_r, res_tps;
 };
 
-static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *prm,
                                   kivi_plan *p)
 {
-    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
+    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads);
     int per_sm = 0;
     CUDA_CHECK(kivi_occupancy(k, &per_sm));
     p->nq = kv_kivi_nquant(d->T, prm->group, prm->residual);
@@ -890,8 +890,8 @@ static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_para
     p->nres = d->T - p->nq;
     p->res_tps = kv_f16_block_step(KV_KIVI_D);
     p->nsplit_r = (p->nres + p->res_tps - 1) / p->res_tps;
-    int target = per_sm * kv_cuda_sm_count() - d->kv_heads * p->nsplit_r;
-    int want = target / d->kv_heads;
+    int target = per_sm * kv_cuda_sm_count() - d->n_kv_heads * p->nsplit_r;
+    int want = target / d->n_kv_heads;
     if (want < 1) want = 1;
     if (p->ng > 0) {
         int gps = (p->ng + want - 1) / want;
@@ -904,14 +904,14 @@ static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_para
     return cudaSuccess;
 }
 
-extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
+extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
     kivi_plan p;
     if (!kv_cuda_attn_kivi_supported(d, prm) || kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
     return (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_params *prm,
                                          const uint16_t *q, const kv_cuda_kivi_view *K,
                                          const kv_cuda_kivi_view *V, float *out, void *ws,
                                          size_t ws_bytes, cudaStream_t stream)
@@ -940,8 +940,8 @@ extern "C" cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_ki
     a.nsplit = nsplit;
     a.res_tps = p.res_tps;
     a.qscale = d->scale * KV_LOG2E;
-    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
-    CUDA_CHECK(kv_launch(KV_PDL_NONE, k, dim3(d->kv_heads, nsplit), dim3(KV_KIVI_THREADS), 0,
+    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, k, dim3(d->n_kv_heads, nsplit), dim3(KV_KIVI_THREADS), 0,
                          stream, a));
     return kv_attn_combine(a.part, d->n_heads, d->head_dim, nsplit, out, stream);
 }

@@ -174,13 +174,13 @@ __global__ void fill_random_kernel(typename TT::T *x, size_t n, uint64_t seed, c
     }
 }
 
-extern "C" cudaError_t eng_fill_random(void *x, eng_dtype t, size_t n, uint64_t seed,
+extern "C" cudaError_t eng_fill_random(void *x, kv_dtype t, size_t n, uint64_t seed,
                                        const float *scale, int nscale, size_t stride,
                                        cudaStream_t s)
 {
     if (stride == 0) stride = 1;
     if (nscale <= 0) nscale = 1;
-    if (t == ENG_BF16)
+    if (t == KV_DT_BF16)
         CUDA_CHECK(kv_launch(KV_PDL_NONE, fill_random_kernel<eng_bf16>, dim3(1024), dim3(256), 0, s,
                              (__nv_bfloat16 *)x, n, seed, scale, nscale, stride));
     else
@@ -222,7 +222,7 @@ __global__ void to_rows_kernel(const uint16_t *k, const uint16_t *v, int nkv, in
 }
 
 extern "C" cudaError_t eng_to_row_layout(const void *k, const void *v, int nkv, int T, int ld,
-                                         int hd, eng_dtype t, void *rows, cudaStream_t s)
+                                         int hd, kv_dtype t, void *rows, cudaStream_t s)
 {
     (void)t;
     CUDA_CHECK(kv_launch(KV_PDL_NONE, to_rows_kernel, dim3(2048), dim3(256), 0, s,
@@ -251,7 +251,7 @@ __global__ void to_cm_kernel(const uint16_t *k, int T, int ld, int hd, uint16_t 
 }
 
 extern "C" cudaError_t eng_to_channel_major(const void *k, int nkv, int T, int ld, int hd,
-                                            eng_dtype t, void *kcm, int ldc, cudaStream_t s)
+                                            kv_dtype t, void *kcm, int ldc, cudaStream_t s)
 {
     (void)t;
     dim3 grid((unsigned)((T + 31) / 32), (unsigned)((hd + 31) / 32), (unsigned)nkv);
@@ -288,11 +288,11 @@ __global__ void key_stats_kernel(const typename TT::T *k, int T, int ld, int hd,
     }
 }
 
-extern "C" cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+extern "C" cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                                      float *chmax, float *mean, float *mad, cudaStream_t s)
 {
     dim3 grid((unsigned)hd, (unsigned)nkv);
-    if (t == ENG_BF16)
+    if (t == KV_DT_BF16)
         CUDA_CHECK(kv_launch(KV_PDL_NONE, key_stats_kernel<eng_bf16>, grid, dim3(512), 0, s,
                              (const __nv_bfloat16 *)k, T, ld, hd, chmax, mean, mad));
     else
@@ -321,11 +321,11 @@ __global__ void sketch_build_kernel(const typename TT::T *k, int nkv, int T, int
     }
 }
 
-extern "C" cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+extern "C" cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                                         const float *mean, uint8_t *bits, cudaStream_t s)
 {
     KV_CHECK_ARGS((hd & 7) == 0);
-    if (t == ENG_BF16)
+    if (t == KV_DT_BF16)
         CUDA_CHECK(kv_launch(KV_PDL_NONE, sketch_build_kernel<eng_bf16>, dim3(2048), dim3(256), 0,
                              s, (const __nv_bfloat16 *)k, nkv, T, ld, hd, mean, bits));
     else

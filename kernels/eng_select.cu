@@ -119,11 +119,11 @@ __global__ void score_channels_kernel(const float *q, const int *chans, const fl
 }
 
 extern "C" cudaError_t eng_score_channels(const float *q, const int *chans, const float *qscale,
-                                          const void *kcm, eng_dtype t, int ldc, int nq_heads,
+                                          const void *kcm, kv_dtype t, int ldc, int nq_heads,
                                           int nkv, int hd, int C, int cs, int cend, float *score,
                                           cudaStream_t s)
 {
-    KV_CHECK_ARGS(t == ENG_F16 && (ldc & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
+    KV_CHECK_ARGS(t == KV_DT_F16 && (ldc & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
     if (cend <= cs) return cudaSuccess;
     int g = nq_heads / nkv, base = cs & ~7;
     int threads8 = (cend - base + 7) / 8;
@@ -164,11 +164,11 @@ __global__ void score_exact_kernel(const float *q, const uint4 *rows, int g, int
         if (h < g) score[(size_t)(kh * g + h) * n + i] = acc[h] * sc;
 }
 
-extern "C" cudaError_t eng_score_exact(const float *q, const void *rows, eng_dtype t, int nq_heads,
+extern "C" cudaError_t eng_score_exact(const float *q, const void *rows, kv_dtype t, int nq_heads,
                                        int nkv, int hd, int cs, int cend, float *score,
                                        cudaStream_t s)
 {
-    KV_CHECK_ARGS(t == ENG_F16 && (hd & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
+    KV_CHECK_ARGS(t == KV_DT_F16 && (hd & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
     if (cend <= cs) return cudaSuccess;
     dim3 grid((unsigned)((cend - cs + 127) / 128), (unsigned)nkv);
     CUDA_CHECK(kv_launch(KV_PDL_NONE, score_exact_kernel, grid, dim3(128), 0, s, q,
@@ -780,11 +780,11 @@ __global__ void gather_kernel(const uint4 *rows, int nkv, int hd, const int *sel
     }
 }
 
-extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, eng_dtype t,
+extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dtype t,
                                        const int *sel, int k, const void *sink, int nsink,
                                        void *kdst, void *vdst, size_t ld, cudaStream_t s)
 {
-    KV_CHECK_ARGS(t == ENG_F16 && (hd & 7) == 0);
+    KV_CHECK_ARGS(t == KV_DT_F16 && (hd & 7) == 0);
     if (k + nsink <= 0) return cudaSuccess;
     const int per_block = 8 * GATHER_ROWS; /* 8 warps */
     dim3 grid((unsigned)((k + nsink + per_block - 1) / per_block), (unsigned)nkv);

@@ -65,17 +65,8 @@ const kv_cuda_tuning *kv_cuda_get_tuning(void);
 
 // --- decode attention ---------------------------------------------------------
 
-typedef struct {
-    int n_heads;           /* query heads */
-    int kv_heads;          /* KV heads; n_heads / kv_heads at most 8 */
-    int head_dim;          /* fp16: 8, 16, 32, 64, 128 or 256; packed: 128 */
-    int T;                 /* tokens attended to */
-    long long head_stride; /* fp16 path: elements between KV heads in k and v (>= T*head_dim) */
-    float scale;           /* softmax scale, usually 1/sqrt(head_dim) */
-} kv_cuda_attn_dims;
-
 /* Bytes of scratch the fp16 attention needs for these dimensions. */
-size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d);
+size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d);
 
 /*
  * Flash-decoding fp16 attention, the one fp16 decode attention of kvtools
@@ -88,14 +79,14 @@ size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d);
  *   out: (n_heads, head_dim) float
  *   ws:  kv_cuda_attn_f16_workspace(d) bytes
  */
-cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q, const uint16_t *k,
+cudaError_t kv_cuda_attn_f16(const kv_attn_dims *d, const uint16_t *q, const uint16_t *k,
                              const uint16_t *v, float *out, void *ws, size_t ws_bytes,
                              cudaStream_t stream);
 
 /* The same kernel with a float32 query q (n_heads, head_dim), and its
  * workspace (the GPU engine's query where it is not fp16). */
-size_t kv_cuda_attn_f16_q32_workspace(const kv_cuda_attn_dims *d);
-cudaError_t kv_cuda_attn_f16_q32(const kv_cuda_attn_dims *d, const float *q, const uint16_t *k,
+size_t kv_cuda_attn_f16_q32_workspace(const kv_attn_dims *d);
+cudaError_t kv_cuda_attn_f16_q32(const kv_attn_dims *d, const float *q, const uint16_t *k,
                                  const uint16_t *v, float *out, void *ws, size_t ws_bytes,
                                  cudaStream_t stream);
 
@@ -110,8 +101,8 @@ typedef struct {
 /* Is this packed geometry supported by kv_cuda_attn_kivi (bits 1 or 2,
  * head_dim 128, group 32 or 64, n_heads/kv_heads 1, 2 or 4)?  The kernel
  * also needs an sm_80 or newer GPU (tensor-core mma.m16n8k16, cp.async). */
-int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
-size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
+int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_params *prm);
+size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm);
 
 /*
  * Decode attention straight from KIVI-packed keys and values, with the key
@@ -120,7 +111,7 @@ size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_par
  *   q: (n_heads, head_dim) fp16; out: (n_heads, head_dim) float
  *   d->head_stride is ignored (packed parts are dense as in kv_layout.h)
  */
-cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_params *prm,
                               const uint16_t *q, const kv_cuda_kivi_view *K,
                               const kv_cuda_kivi_view *V, float *out, void *ws, size_t ws_bytes,
                               cudaStream_t stream);

@@ -35,7 +35,7 @@ static const kv_option opts[] = {
     {O_F16WAVES, 0, "f16-waves", "N", "variant: fp16 grid of N waves of blocks (default 1)"},
     {O_KIVI2VAR, 0, "kivi2-variant", "N", "variant of the packed kernel: 0 (default), 1, 2, 3, 7, 71; "
                                          "8, 16, 32 time stages and compute wrong results"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -91,7 +91,7 @@ int kv_bench_attn_main(int argc, char **argv)
             break;
         }
         case O_HEADS: cfg.n_heads = (int)kv_cli_long("--heads", a, 1, 1024); break;
-        case O_KVH: cfg.kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
+        case O_KVH: cfg.n_kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
         case O_DIM: cfg.head_dim = (int)kv_cli_long("--head-dim", a, 1, 1024); break;
         case O_GROUP: cfg.group = (int)kv_cli_long("--group", a, 1, 65536); break;
         case O_RESID: cfg.residual = (int)kv_cli_long("--residual", a, 0, 1 << 24); break;
@@ -119,8 +119,8 @@ int kv_bench_attn_main(int argc, char **argv)
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
-    if (cfg.n_heads % cfg.kv_heads)
-        kv_cli_usage_error("%d query heads are not a multiple of %d KV heads", cfg.n_heads, cfg.kv_heads);
+    if (cfg.n_heads % cfg.n_kv_heads)
+        kv_cli_usage_error("%d query heads are not a multiple of %d KV heads", cfg.n_heads, cfg.n_kv_heads);
 
     kv_bench_device dev;
     kv_status st = kv_cuda_bench_device(&dev);
@@ -147,7 +147,7 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("  \"device\": {\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"driver\": %d, "
                "\"runtime\": %d},\n", dev.name, dev.sms, dev.l2_bytes, dev.driver, dev.runtime);
         printf("  \"geometry\": {\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"group\": %d, "
-               "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.kv_heads,
+               "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.n_kv_heads,
                cfg.head_dim, cfg.group, cfg.residual);
         printf("  \"variant\": {\"f16_prefetch\": %d, \"f16_unroll\": %d, \"f16_waves\": %d, "
                "\"kivi2_variant\": %d},\n", cfg.variant.f16_prefetch,
@@ -173,7 +173,7 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("%s (%d SMs, L2 %zu MiB), driver %d, runtime %d, %s\n", dev.name, dev.sms,
                dev.l2_bytes >> 20, dev.driver, dev.runtime, date);
         printf("%d/%d heads, head dim %d, KIVI group %d residual %d; copy bandwidth %.0f GB/s\n",
-               cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
+               cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
         printf("%8s  %-6s %10s %10s %8s %8s %10s\n", "context", "path", "time us", "GB/s",
                "of copy", "speedup", "err");
         for (int i = 0; i < nctx; i++) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kv_outfile.h"
 #include "eval/kv_chart.h"
 #include "format/kvc.h"
 #include "policy/kv_deploy.h"

@@ -26,7 +26,8 @@ enum {
 };
 
 #define BENCH_BATCH_OPTIONS                                                                     \
-    {BB_POLICY, 'p', "policy", "SPEC", "KV policy spec (per-layer lists too), repeatable (default: full)"}, \
+    {BB_POLICY, 'P', "policy", "SPEC", "KV policy spec (per-layer lists too), repeatable (default: full)"}, \
+    {BB_POLICY, 'p', NULL, "SPEC", NULL}, /* deprecated: -p is --prompt elsewhere */             \
     {BB_PROFILE, 0, "profile", "FILE", "per-layer policies from a kv-profile JSON, repeatable"},    \
     {BB_OUTPUT, 'o', "output", "FILE.jsonl", "append every finished sample to FILE (fsynced)"},    \
     {BB_RESUME, 0, "resume", NULL, "continue --output FILE, skipping samples already in it"},      \

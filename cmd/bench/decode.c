@@ -31,7 +31,8 @@ static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
     {O_WTYPE, 0, "wtype", "T", "weight type: bf16 (default) or f16"},
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 32768,131072)"},
-    {O_TOKENS, 'n', "tokens", "N", "decoded tokens timed per policy (default 64)"},
+    {O_TOKENS, 'n', "steps", "N", "decoded tokens timed per policy (default 64)"},
+    {O_TOKENS, 0, "tokens", "N", NULL}, /* deprecated: --tokens is a token-id file elsewhere */
     {O_WARMUP, 0, "warmup", "N", "untimed tokens first (default 4)"},
     {O_OFFTOK, 0, "offload-tokens", "N", "timed tokens for offload, which is slow (default 16)"},
     {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse fetching off (default 16)"},
@@ -42,12 +43,12 @@ static const kv_option opts[] = {
     {O_CHANNELS, 0, "channels", "C", "hybrid: critical channels (default 8)"},
     {O_SINK, 0, "sink", "S", "hybrid: sink tokens (default 8)"},
     {O_WINDOW, 0, "window", "W", "hybrid: recent tokens (default 56)"},
-    {O_SEED, 0, "seed", "N", "seed of weights and context (default 1)"},
-    {O_DEVICE, 0, "device", "N", "CUDA device (default 0)"},
+    {O_SEED, 's', "seed", "N", "seed of weights and context (default 1)"},
+    {O_DEVICE, 0, "device", "DEV", "CUDA device: cuda, cuda:N or N (default 0)"},
     {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0, 1 or 2 (default 2 on Hopper)"},
     {O_SELSKIP, 0, "sel-skip", "MASK", "measurement only: leave out selection steps (1 scores, "
                                       "2 softmax, 4 top-K, 8 gather, 16 query GEMV)"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -70,7 +71,7 @@ int kv_bench_decode_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
     const char *synth = "llama-3.1-8b";
-    kv_wtype wt = KV_W_BF16;
+    kv_dtype wt = KV_DT_BF16;
     int ctx[MAXC] = {32768, 131072}, nctx = 2, tokens = 64, warmup = 4, offtok = 16, nofetch = 16;
     kv_decode_layers bc = {2, 2, 1024, 8, 8, 56};
     int device = 0, pdl = KV_GPU_PDL_AUTO;
@@ -83,8 +84,8 @@ int kv_bench_decode_main(int argc, char **argv)
         switch (c) {
         case O_SYNTH: synth = a; break;
         case O_WTYPE:
-            if (!strcmp(a, "bf16")) wt = KV_W_BF16;
-            else if (!strcmp(a, "f16")) wt = KV_W_F16;
+            if (!strcmp(a, "bf16")) wt = KV_DT_BF16;
+            else if (!strcmp(a, "f16")) wt = KV_DT_F16;
             else kv_cli_usage_error("--wtype must be bf16 or f16");
             break;
         case O_CTX: {
@@ -98,7 +99,7 @@ int kv_bench_decode_main(int argc, char **argv)
             if (!nctx) kv_cli_usage_error("--contexts needs at least one length");
             break;
         }
-        case O_TOKENS: tokens = (int)kv_cli_long("--tokens", a, 1, 4096); break;
+        case O_TOKENS: tokens = (int)kv_cli_long("--steps", a, 1, 4096); break;
         case O_WARMUP: warmup = (int)kv_cli_long("--warmup", a, 0, 1024); break;
         case O_OFFTOK: offtok = (int)kv_cli_long("--offload-tokens", a, 1, 4096); break;
         case O_NOFETCH: nofetch = (int)kv_cli_long("--nofetch-tokens", a, 0, 4096); break;
@@ -121,7 +122,9 @@ int kv_bench_decode_main(int argc, char **argv)
         case O_SINK: bc.sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
         case O_WINDOW: bc.window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
         case O_SEED: seed = (unsigned long long)kv_cli_long("--seed", a, 0, 1L << 62); break;
-        case O_DEVICE: device = (int)kv_cli_long("--device", a, 0, 64); break;
+        case O_DEVICE:
+            if (kv_cli_device(a, &device) == KV_DEVICE_CPU) kv_cli_usage_error("kv-bench decode runs on the GPU: --device cuda[:N]");
+            break;
         case O_PDL: pdl = (int)kv_cli_long("--pdl", a, 0, 2); break;
         case O_SELSKIP: sel_skip = (unsigned)kv_cli_long("--sel-skip", a, 0, 31); break;
         case O_JSON: json = true; break;
@@ -144,7 +147,7 @@ int kv_bench_decode_main(int argc, char **argv)
     char devname[400] = "";
     uint64_t wread = 0, wstore = 0;
     if (!pp || !runs) {
-        kv_model_free(m);
+        kv_model_close(m);
         return kv_report(KV_E_NOMEM, "out of memory");
     }
     int rc = KV_EXIT_OK;
@@ -193,7 +196,7 @@ int kv_bench_decode_main(int argc, char **argv)
     if (rc != KV_EXIT_OK) {
         free(runs);
         free(pp);
-        kv_model_free(m);
+        kv_model_close(m);
         return rc;
     }
 
@@ -205,7 +208,7 @@ int kv_bench_decode_main(int argc, char **argv)
     if (kv_want_json(stdout, json)) {
         printf("{\n  \"bench\": \"decode\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n", date, devname);
         printf("  \"model\": \"%s\",\n  \"weights\": \"%s\",\n  \"weight_bytes_read_per_token\": %llu,\n"
-               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16",
+               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16",
                (unsigned long long)wread, (unsigned long long)wstore);
         printf("  \"context_source\": \"synthesized on the device (seeded), no prefill\",\n");
         printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
@@ -288,7 +291,7 @@ int kv_bench_decode_main(int argc, char **argv)
         printf("  }\n}\n");
     } else {
         printf("%s, %s\n%s %s weights (%.2f GB read per token); context synthesized on the device\n",
-               devname, date, m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16", (double)wread / 1e9);
+               devname, date, m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16", (double)wread / 1e9);
         printf("bandwidth GB/s: h2d %.1f, d2h %.1f, device copy %.0f, zero-copy read %.1f, "
                "gather 512B rows: zero-copy %.1f vs memcpy %.2f\n",
                bw.h2d / 1e9, bw.d2h / 1e9, bw.d2d / 1e9, bw.zc_read / 1e9, bw.zc_gather / 1e9,
@@ -326,6 +329,6 @@ int kv_bench_decode_main(int argc, char **argv)
     }
     free(runs);
     free(pp);
-    kv_model_free(m);
+    kv_model_close(m);
     return KV_EXIT_OK;
 }

@@ -25,7 +25,8 @@ enum { O_MODEL = 'm', O_TOK = 't', O_PROMPTS = 256, O_MAXLEN, O_MAXLENGTH, O_MAX
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
-    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 0, "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 't', NULL, "FILE", NULL}, /* deprecated: -t is --tokens elsewhere */
     {O_PROMPTS, 0, "prompts", "FILE", "prompt templates (LongBench's dataset2prompt.json format)"},
     {O_MAXLEN, 0, "maxlen", "FILE", "generation lengths (LongBench's dataset2maxlen.json format)"},
     BENCH_BATCH_OPTIONS,
@@ -38,16 +39,16 @@ static const kv_option opts[] = {
     {O_JIEBA, 0, "jieba", "DIR", "jieba's data for the Chinese metrics (default " KV_JIEBA_DEFAULT_DIR ")"},
     {O_JIEBA_DICT, 0, "jieba-dict", "FILE", "another jieba dictionary instead of DIR/dict.txt"},
     {O_PERSAMPLE, 0, "per-sample", NULL, "include every sample's score and prediction in the JSON"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
-    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
     "kv-bench longbench",
-    "--model FILE [--tokenizer FILE] --prompts FILE --maxlen FILE [-p SPEC]... DATA.jsonl...",
+    "--model FILE [--tokenizer FILE] --prompts FILE --maxlen FILE [-P SPEC]... DATA.jsonl...",
     "LongBench / LongBench-E predictions and official scores under each KV policy.", opts,
     "DATA files are LongBench's own, named <dataset>.jsonl (<dataset>_e.jsonl for\n"
     "LongBench-E).  As pred.py: prompt = template.format(**sample), cut in the middle to\n"
@@ -63,6 +64,8 @@ int kv_bench_longbench_main(int argc, char **argv)
     const char *jdir = NULL, *jdict = NULL, *a;
     bool json = false, per = false, sketch = false, all_e = false;
     kv_device dev = KV_DEVICE_CPU;
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
     kv_lb_opts lo = {0, 0, NULL, KV_NIAH_QUESTION, 0, 1, 1, false};
     bench_batch bb;
     bench_batch_init(&bb);
@@ -93,7 +96,7 @@ int kv_bench_longbench_main(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         case O_DEVICE:
-            if (kv_device_parse(a, &dev)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            dev = kv_cli_device(a, &go.device);
             break;
         case O_SELECT:
             if (!strcmp(a, "sketch")) sketch = true;
@@ -174,7 +177,7 @@ int kv_bench_longbench_main(int argc, char **argv)
         goto out;
     }
     if ((rc = bench_batch_policies(&bb, m->cfg.n_layers, sketch, &pols, &prm, &np))) goto out;
-    if ((st = kv_runner_new(m, NULL, 0, dev, NULL, &e))) {
+    if ((st = kv_runner_new(m, NULL, 0, dev, &go, &e))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "engine");
         goto out;
     }
@@ -221,7 +224,7 @@ out:
     bench_batch_policies_free(pols, prm, np);
     kv_runner_free(e);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    kv_model_close(m);
     kv_jieba_free(jb);
     kv_lb_table_free(&prompts);
     kv_lb_table_free(&maxlen);

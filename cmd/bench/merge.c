@@ -12,6 +12,7 @@
 
 #include "kv_cli.h"
 #include "eval/kv_batch.h"
+#include "common/kv_outfile.h"
 #include "eval/kv_chart.h"
 #include "eval/kv_longbench.h"
 #include "eval/kv_ruler.h"

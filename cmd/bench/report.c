@@ -11,6 +11,7 @@
 
 #include "kv_cli.h"
 #include "eval/kv_batch.h"
+#include "common/kv_outfile.h"
 #include "eval/kv_chart.h"
 #include "format/kvc.h"
 

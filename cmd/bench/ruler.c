@@ -28,7 +28,8 @@ enum { O_MODEL = 'm', O_TOK = 't', O_LENGTH = 'l', O_TASKS = 256, O_LIMIT, O_MOD
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
-    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 0, "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 't', NULL, "FILE", NULL}, /* deprecated: -t is --tokens elsewhere */
     {O_TASKS, 0, "tasks", "FILE|-", "RULER JSONL tasks, repeatable (one file per task)"},
     BENCH_BATCH_OPTIONS,
     {O_LENGTH, 'l', "length", "N", "only tasks of this length, repeatable (default: all)"},
@@ -37,15 +38,15 @@ static const kv_option opts[] = {
     {O_GEN, 0, "gen", "N", "tokens generated per task (default: RULER's per task, else 7)"},
     {O_METRIC, 0, "metric", "M", "all or part for every file (default: by task name)"},
     {O_PERTASK, 0, "per-task", NULL, "include every task's prediction in the JSON"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
-    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
-    "kv-bench ruler", "--model FILE [--tokenizer FILE] --tasks FILE... [-p SPEC]...",
+    "kv-bench ruler", "--model FILE [--tokenizer FILE] --tasks FILE... [-P SPEC]...",
     "Needle/RULER accuracy and KV bytes of each policy on RULER JSONL tasks.", opts,
     "The prompt is input + answer_prefix, as RULER sends it.  Modes: 'question' prefills\n"
     "the haystack densely and decodes the question and answer through the policy (the\n"
@@ -66,6 +67,8 @@ int kv_bench_ruler_main(int argc, char **argv)
     kv_ruler_metric metric = KV_RULER_MATCH_ALL;
     kv_niah_mode mode = KV_NIAH_QUESTION;
     kv_device dev = KV_DEVICE_CPU;
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
     bench_batch bb;
     bench_batch_init(&bb);
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -96,7 +99,7 @@ int kv_bench_ruler_main(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         case O_DEVICE:
-            if (kv_device_parse(a, &dev)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            dev = kv_cli_device(a, &go.device);
             break;
         case O_SELECT:
             if (!strcmp(a, "sketch")) sketch = true;
@@ -147,7 +150,7 @@ int kv_bench_ruler_main(int argc, char **argv)
         goto out;
     }
     if ((rc = bench_batch_policies(&bb, m->cfg.n_layers, sketch, &pols, &prm, &np))) goto out;
-    if ((st = kv_runner_new(m, NULL, 0, dev, NULL, &e))) {
+    if ((st = kv_runner_new(m, NULL, 0, dev, &go, &e))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "engine");
         goto out;
     }
@@ -195,7 +198,7 @@ out:
     bench_batch_policies_free(pols, prm, np);
     kv_runner_free(e);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    kv_model_close(m);
     for (int i = 0; i < nf; i++) kv_ruler_file_close(&files[i]);
     free(files);
     return rc;

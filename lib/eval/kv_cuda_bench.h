@@ -39,7 +39,7 @@ typedef struct {
 } kv_bench_variant;
 
 typedef struct {
-    int n_heads, kv_heads, head_dim, T;
+    int n_heads, n_kv_heads, head_dim, T;
     int group, residual;   /* KIVI geometry of the packed paths */
     int iters, reps;       /* launches per timing, timings (median reported) */
     int check;             /* also compare each path with its CPU reference */
@@ -62,7 +62,7 @@ typedef struct {
 kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
 
 typedef struct {
-    int kv_heads, head_dim, T, bits, group, residual, iters, reps;
+    int n_kv_heads, head_dim, T, bits, group, residual, iters, reps;
 } kv_bench_pack_cfg;
 
 typedef struct {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/kv_file.h"
+#include "common/kv_outfile.h"
 #include "common/kv_json.h"
 #include "eval/kv_gen.h"
 #include "eval/kv_jsonl.h"

@@ -25,7 +25,7 @@ static void task_free(kv_niah_task *t)
     t->n_outputs = 0;
 }
 
-void kv_niah_free(kv_niah_set *s)
+void kv_niah_clear(kv_niah_set *s)
 {
     for (int i = 0; i < s->n; i++) task_free(&s->tasks[i]);
     for (int i = 0; i < s->n_bad; i++) free(s->bad[i].why);
@@ -144,7 +144,7 @@ static kv_status parse_all(const char *text, size_t len, const char *name, bool 
     }
     if (!st && out->n == 0 && out->n_bad == 0) st = kv_fail(KV_E_DATA, "%s: no tasks", name);
     if (st) {
-        kv_niah_free(out);
+        kv_niah_clear(out);
         return st;
     }
     assign_ids(out);
@@ -252,7 +252,7 @@ void kv_niah_opts_default(kv_niah_opts *o)
     o->metric = KV_RULER_MATCH_ALL;
 }
 
-void kv_niah_result_free(kv_niah_result *r)
+void kv_niah_result_clear(kv_niah_result *r)
 {
     free(r->pred);
     r->pred = NULL;

@@ -71,7 +71,7 @@ kv_status kv_niah_parse_lenient(const char *text, size_t len, const char *name,
 /* kv_file_slurp + kv_niah_parse; a missing file is KV_E_NOINPUT. */
 kv_status kv_niah_load(const char *path, kv_niah_set *out);
 kv_status kv_niah_load_lenient(const char *path, kv_niah_set *out);
-void kv_niah_free(kv_niah_set *s);
+void kv_niah_clear(kv_niah_set *s);
 
 /* The task name of a file: its base name without ".jsonl"; RULER's
  * data/<task>/validation.jsonl (or test.jsonl) is named by the folder. */
@@ -127,7 +127,7 @@ kv_status kv_niah_prepare(const kv_tokenizer *tok, const kv_niah_task *t, kv_nia
  * (NULL keeps the runner's), prefill and decode per o->mode, generate
  * o->gen tokens greedily (fewer at EOS or if the context fills up), score.
  * A prompt longer than the context is KV_E_DATA.  r->pred is malloc'd: free
- * it with kv_niah_result_free.  On the GPU r->bytes.resident counts GPU
+ * it with kv_niah_result_clear.  On the GPU r->bytes.resident counts GPU
  * bytes; r->full_bytes is the same fp16 figure on either device.
  */
 kv_status kv_niah_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_params *per_layer,
@@ -137,6 +137,6 @@ kv_status kv_niah_run_prepared(kv_runner *e, const kv_tokenizer *tok,
                                const kv_policy_params *per_layer, const kv_niah_task *t,
                                const kv_niah_opts *o, const int *ids, int n, int split,
                                kv_niah_mode mode_used, kv_niah_result *r);
-void kv_niah_result_free(kv_niah_result *r);
+void kv_niah_result_clear(kv_niah_result *r);
 
 #endif

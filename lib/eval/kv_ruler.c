@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/kv_json.h"
+#include "common/kv_outfile.h"
 #include "eval/kv_jsonl.h"
 #include "eval/kv_score.h"
 #include "format/kvc.h"
@@ -27,7 +28,7 @@ kv_status kv_ruler_file_open(const char *path, const kv_ruler_metric *metric, in
     return KV_OK;
 }
 
-void kv_ruler_file_close(kv_ruler_file *f) { kv_niah_free(&f->set); }
+void kv_ruler_file_close(kv_ruler_file *f) { kv_niah_clear(&f->set); }
 
 cJSON *kv_ruler_header(const char *model, const char *tokenizer, const char *device_kind,
                        const char *device_name, const kv_ruler_file *files, int nf,
@@ -101,7 +102,7 @@ static kv_status run_one(kv_runner *e, const kv_tokenizer *tok, const kv_ruler_f
     if (!r || !outs) {
         cJSON_Delete(r);
         cJSON_Delete(outs);
-        kv_niah_result_free(&res);
+        kv_niah_result_clear(&res);
         return kv_fail(KV_E_NOMEM, "record");
     }
     cJSON_AddNumberToObject(r, "index", t->index);
@@ -120,7 +121,7 @@ static kv_status run_one(kv_runner *e, const kv_tokenizer *tok, const kv_ruler_f
     cJSON_AddNumberToObject(r, "ms", res.ms);
     cJSON_AddNumberToObject(r, "prefill_ms", res.prefill_ms);
     cJSON_AddNumberToObject(r, "decode_ms", res.decode_ms);
-    kv_niah_result_free(&res);
+    kv_niah_result_clear(&res);
     return kv_batch_keep(log, records, r);
 }
 

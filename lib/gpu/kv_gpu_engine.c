@@ -29,7 +29,7 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->device = 0;
-    o->wtype = KV_GPU_W_AUTO;
+    o->wtype = KV_DT_AUTO;
     o->pdl = KV_GPU_PDL_AUTO;
 }
 
@@ -145,7 +145,7 @@ kv_status gl_ensure_ws(kv_gpu_engine *e, size_t bytes)
 kv_status gl_attend_dense(kv_gpu_engine *e, const uint16_t *K, const uint16_t *V,
                           size_t head_stride, int n, cudaStream_t s)
 {
-    kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, n, (long long)head_stride, e->scale};
+    kv_attn_dims d = {e->nqh, e->nkv, e->hd, n, (long long)head_stride, e->scale};
     if (e->q_f32) {
         TRY(gl_ensure_ws(e, kv_cuda_attn_f16_q32_workspace(&d)));
         CK(kv_cuda_attn_f16_q32(&d, e->qkv, K, V, e->att, e->ws, e->ws_bytes, s));
@@ -210,6 +210,8 @@ static kv_status set_policies(kv_gpu_engine *e, const kv_policy_params *per_laye
         gl_layer *y = &e->lay[l];
         if (per_layer) y->prm = per_layer[l];
         y->l = l;
+        const kv_policy_geom lg = {l, e->nqh, e->nkv, e->hd, e->ctx};
+        TRY(kv_policy_check(&y->prm, &lg, KV_DEVICE_CUDA)); /* the one check, as the CPU's */
         y->pl = gl_placement_for(y->prm.kind);
         if (!y->pl)
             return kv_fail(KV_E_UNSUPPORTED, "layer %d: policy %s is not available on the GPU "
@@ -396,10 +398,10 @@ static kv_status engine_init(kv_gpu_engine *e)
         CK(cudaEventCreate(&e->ev_g1[l]));
     }
     /* weights */
-    kv_wtype src = e->m->layers[0].wq.type;
-    e->wt = e->o.wtype == KV_GPU_W_BF16 ? ENG_BF16
-          : e->o.wtype == KV_GPU_W_F16  ? ENG_F16
-          : src == KV_W_BF16            ? ENG_BF16 : ENG_F16;
+    kv_dtype src = e->m->layers[0].wq.type;
+    e->wt = e->o.wtype == KV_DT_BF16 ? KV_DT_BF16
+          : e->o.wtype == KV_DT_F16  ? KV_DT_F16
+          : src == KV_DT_BF16            ? KV_DT_BF16 : KV_DT_F16;
     TRY(gl_weights_load(e));
     float *f = malloc((size_t)e->hd / 2 * sizeof(float));
     if (!f) return kv_fail(KV_E_NOMEM, "out of memory");
@@ -719,8 +721,8 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
     uint16_t *tmp = NULL;
     if (!st) st = gl_dalloc(&tmp, ingest_scratch(e, T) * 2, "ingest scratch");
     for (int l = 0; l < e->L && !st; l++) {
-        cudaError_t ce = eng_fill_random(K, ENG_F16, n, seed * 1315423911u + 2u * l, scale, e->hd, 1, e->s_main);
-        if (ce == cudaSuccess) ce = eng_fill_random(V, ENG_F16, n, seed * 1315423911u + 2u * l + 1, NULL, 1, 1, e->s_main);
+        cudaError_t ce = eng_fill_random(K, KV_DT_F16, n, seed * 1315423911u + 2u * l, scale, e->hd, 1, e->s_main);
+        if (ce == cudaSuccess) ce = eng_fill_random(V, KV_DT_F16, n, seed * 1315423911u + 2u * l + 1, NULL, 1, 1, e->s_main);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "synthetic fill", __FILE__, __LINE__);
         if (!st) st = ingest(e, l, K, V, T, T, tmp);
     }

@@ -52,8 +52,6 @@
 
 typedef struct kv_gpu_engine kv_gpu_engine;
 
-typedef enum { KV_GPU_W_AUTO = 0, KV_GPU_W_F16, KV_GPU_W_BF16 } kv_gpu_wtype;
-
 /* opts.pdl: programmatic dependent launch level (kernels/kv_kernels.h). */
 #define KV_GPU_PDL_AUTO (-1) /* 2 on compute capability 9.0 and later, else 0 */
 
@@ -69,7 +67,7 @@ enum {
 
 typedef struct {
     int device;           /* CUDA device ordinal */
-    kv_gpu_wtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
+    kv_dtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
     bool no_fetch;        /* measurement only: skip sparse selection and gathering (the
                              attention then reads stale rows) to time the fetch-free step */
     bool profile;         /* time the side streams per layer (kv_gpu_engine_timing) */

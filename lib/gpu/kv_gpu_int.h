@@ -163,7 +163,7 @@ struct kv_gpu_engine {
     float eps, scale;
     int cc_major;        /* compute capability of the device */
     int q_f32;           /* fp16 attention takes the float32 query (gl_attend_dense) */
-    eng_dtype wt;
+    kv_dtype wt;
     gw_layer *w;         /* (L) */
     void *embd, *outw;   /* (vocab, ld_dim) */
     float *out_norm;     /* (dim) */

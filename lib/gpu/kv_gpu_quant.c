@@ -59,13 +59,8 @@ typedef struct {
 static kv_status quant_configure(kv_gpu_engine *e, gl_layer *y)
 {
     const kv_policy_params *p = &y->prm;
-    kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
-    kv_kivi_params kp = {p->bits, p->group, p->residual};
-    kv_status qst = kv_kivi_check(&kp, e->hd);
-    if (qst) {
-        kv_errcontext("layer %d", y->l);
-        return qst;
-    }
+    kv_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
+    kv_kivi_params kp = {p->bits, p->group, p->residual}; /* checked by kv_policy_check */
     /* the packed attention where it applies; elsewhere the same packed
      * bytes, expanded to fp16 each step */
     y->pl = kv_cuda_attn_kivi_supported(&d, &kp) &&
@@ -249,7 +244,7 @@ static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y, int pos, const floa
         CK(cudaMemcpy2DAsync(e->dres.v, (size_t)q->nres * rb, q->rv[q->cur], (size_t)q->rc * rb,
                              (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
     }
-    kv_cuda_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
+    kv_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
     kv_cuda_kivi_view kv = {q->p.kc, q->p.ks, q->p.kz, e->dres.k};
     kv_cuda_kivi_view vv = {q->p.vc, q->p.vs, q->p.vz, e->dres.v};
     TRY(gl_ensure_ws(e, kv_cuda_attn_kivi_workspace(&d, &q->kp)));

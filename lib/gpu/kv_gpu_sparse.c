@@ -56,13 +56,7 @@ static void cand_range(const kv_policy_params *p, int Tp, int T, int *cs, int *c
 
 static kv_status sparse_configure(kv_gpu_engine *e, gl_layer *y)
 {
-    const kv_policy_params *p = &y->prm;
-    if (p->sink < 0 || p->window < 0 || p->channels < 1 || p->channels > e->hd || p->topk < 0 ||
-        !(p->topk_frac >= 0.0 && p->topk_frac <= 1.0))
-        return kv_fail(KV_E_USAGE, "layer %d: bad sparse parameters", y->l);
-    if (e->nqh / e->nkv > 8 || (e->hd & 7))
-        return kv_fail(KV_E_UNSUPPORTED, "layer %d: sparse on the GPU needs a query "
-                       "group of at most 8 and head_dim a multiple of 8", y->l);
+    (void)e, (void)y; /* kv_policy_check (set_policies) checked the parameters and geometry */
     return KV_OK;
 }
 
@@ -92,7 +86,7 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     sp->cap = sp->tail_base + (e->ctx - sp->cend0);
     size_t rowsz = (size_t)T * nkv * 2 * hd * 2;
     TRY(gl_halloc(&sp->rows_h, &sp->rows_d, rowsz, "sparse K/V rows"));
-    CK(eng_to_row_layout(K, V, nkv, T, ld, hd, ENG_F16, tmp, s));
+    CK(eng_to_row_layout(K, V, nkv, T, ld, hd, KV_DT_F16, tmp, s));
     CK(cudaMemcpyAsync(sp->rows_h, tmp, rowsz, cudaMemcpyDeviceToHost, s));
     if (sp->cs0 > 0) {
         size_t sz = (size_t)sp->cs0 * nkv * 2 * hd * 2;
@@ -102,18 +96,18 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     TRY(gl_dalloc(&sp->chmax, (size_t)nkv * hd * 4, "key channel maxima"));
     TRY(gl_dalloc(&sp->kmean, (size_t)nkv * hd * 4, "key channel means"));
     TRY(gl_dalloc(&sp->kmad, (size_t)nkv * hd * 4, "key channel deviations"));
-    CK(eng_key_stats(K, nkv, T, ld, hd, ENG_F16, sp->chmax, sp->kmean, sp->kmad, s));
+    CK(eng_key_stats(K, nkv, T, ld, hd, KV_DT_F16, sp->chmax, sp->kmean, sp->kmad, s));
     if (channels) {
         sp->ldc = gl_pad8(T);
         size_t cmsz = (size_t)nkv * hd * sp->ldc * 2;
         TRY(gl_halloc(&sp->kcm_h, &sp->kcm_d, cmsz, "channel-major keys"));
         CK(cudaMemsetAsync(tmp, 0, cmsz, s));
-        CK(eng_to_channel_major(K, nkv, T, ld, hd, ENG_F16, tmp, sp->ldc, s));
+        CK(eng_to_channel_major(K, nkv, T, ld, hd, KV_DT_F16, tmp, sp->ldc, s));
         CK(cudaMemcpyAsync(sp->kcm_h, tmp, cmsz, cudaMemcpyDeviceToHost, s));
     }
     if (sketch) {
         TRY(gl_dalloc(&sp->sketch, (size_t)nkv * T * (hd / 8), "key sketch"));
-        CK(eng_sketch_build(K, nkv, T, ld, hd, ENG_F16, sp->kmean, sp->sketch, s));
+        CK(eng_sketch_build(K, nkv, T, ld, hd, KV_DT_F16, sp->kmean, sp->sketch, s));
     }
     size_t asz = (size_t)nkv * sp->cap * hd * 2;
     TRY(gl_dalloc(&sp->ak, asz, "sparse resident K"));
@@ -196,7 +190,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
             } else if (p->select == KV_SELECT_EXACT) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
                 g0_done = true;
-                CK(eng_score_exact(q, sp->rows_d, ENG_F16, e->nqh, nkv, hd, cs, cend,
+                CK(eng_score_exact(q, sp->rows_d, KV_DT_F16, e->nqh, nkv, hd, cs, cend,
                                    e->sel.score, s));
                 fetched += (uint64_t)ncand * nkv * hd * 2;
             } else {
@@ -205,7 +199,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                 g0_done = true;
                 CK(eng_select_channels(q, sp->chmax, e->nqh, nkv, hd, C, e->sel.chans,
                                        e->sel.qscale, s));
-                CK(eng_score_channels(q, e->sel.chans, e->sel.qscale, sp->kcm_d, ENG_F16, sp->ldc,
+                CK(eng_score_channels(q, e->sel.chans, e->sel.qscale, sp->kcm_d, KV_DT_F16, sp->ldc,
                                       e->nqh, nkv, hd, C, cs, cend, e->sel.score, s));
                 /* host reads are whole 16-byte runs of 8 tokens */
                 int n8 = (cend - (cs & ~7) + 7) / 8 * 8;
@@ -227,7 +221,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
     size_t off = (size_t)sp->start * hd;
     if (e->o.profile && !g0_done) CK(cudaEventRecord(e->ev_g0[l], sg));
     if (!(skip & KV_GPU_SKIP_GATHER))
-        CK(eng_gather_rows(sp->rows_d, nkv, hd, ENG_F16, sel, kk, sp->sink, cs, sp->ak + off,
+        CK(eng_gather_rows(sp->rows_d, nkv, hd, KV_DT_F16, sel, kk, sp->sink, cs, sp->ak + off,
                            sp->av + off, (size_t)sp->cap, sg));
     if (e->o.profile) CK(cudaEventRecord(e->ev_g1[l], sg));
     y->fetched_last = fetched;

@@ -55,8 +55,8 @@ static kv_status upload_matrix(kv_gpu_engine *e, const kv_weight *const *parts, 
                 while (rs >= (size_t)parts[part]->rows) rs -= (size_t)parts[part++]->rows;
             }
             const kv_weight *w = parts[part];
-            bool same = (w->type == KV_W_F16 && e->wt == ENG_F16) ||
-                        (w->type == KV_W_BF16 && e->wt == ENG_BF16);
+            bool same = (w->type == KV_DT_F16 && e->wt == KV_DT_F16) ||
+                        (w->type == KV_DT_BF16 && e->wt == KV_DT_BF16);
             uint16_t *o = stage + (size_t)r * ld;
             if (same) {
                 memcpy(o, (const uint8_t *)w->data + rs * (size_t)cols * 2, (size_t)cols * 2);
@@ -69,7 +69,7 @@ static kv_status upload_matrix(kv_gpu_engine *e, const kv_weight *const *parts, 
                 }
                 kv_weight_row(w, (int)rs, f);
                 for (int c = 0; c < cols; c++)
-                    o[c] = e->wt == ENG_BF16 ? kv_f32_to_bf16(f[c]) : kv_f32_to_half(f[c]);
+                    o[c] = e->wt == KV_DT_BF16 ? kv_f32_to_bf16(f[c]) : kv_f32_to_half(f[c]);
                 free(f);
             }
             for (int c = cols; c < ld; c++) o[c] = 0;

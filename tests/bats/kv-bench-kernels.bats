@@ -122,3 +122,10 @@ load helper
     run --separate-stderr kv-bench ruler -m "$DATA/niah4k/niah4k.bin" -t "$DATA/niah4k/tok259.bin" --tasks "$BATS_TEST_TMPDIR"
     assert_fails_with 66 "is a directory"
 }
+
+@test "kv-bench decode takes --device as every tool spells it and refuses cpu (64)" {
+    run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny --device cpu
+    assert_fails_with 64 "runs on the GPU"
+    run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny --device gpu
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
+}

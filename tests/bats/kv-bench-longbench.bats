@@ -71,7 +71,7 @@ print(json.dumps({"scores": j["scores"], "skipped": j["skipped"],
 }
 
 @test "kv-bench longbench runs English datasets end to end on stories260K and scores them as eval.py" {
-    run --separate-stderr lb -p full -p streaming:sink=4,window=32 --per-sample --pred-dir "$BATS_TEST_TMPDIR/pred" $EN
+    run --separate-stderr lb -P full -P streaming:sink=4,window=32 --per-sample --pred-dir "$BATS_TEST_TMPDIR/pred" $EN
     [ "$status" -eq 0 ]
     printf '%s' "$output" >"$BATS_TEST_TMPDIR/run.json"
     [ "$(json_get 'len(j["results"])')" -eq 12 ]
@@ -108,7 +108,7 @@ print("same")' "$BATS_TEST_TMPDIR/score.json" "$BATS_TEST_TMPDIR/run.json" "$pol
 
 @test "kv-bench longbench scores Chinese datasets with jieba" {
     need_jieba
-    run --separate-stderr lb -p full --per-sample "$LB/data/multifieldqa_zh.jsonl"
+    run --separate-stderr lb -P full --per-sample "$LB/data/multifieldqa_zh.jsonl"
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["results"][0]["metric"]')" = qa_f1_zh_score ]
     [ "$(json_get 'j["results"][0]["n"]')" -eq 2 ]
@@ -120,7 +120,7 @@ print("same")' "$BATS_TEST_TMPDIR/score.json" "$BATS_TEST_TMPDIR/run.json" "$pol
 @test "kv-bench longbench runs on niah4k with its byte tokenizer" {
     run --separate-stderr kv-bench longbench --threads 1 --model "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" \
         --prompts "$LB/dataset2prompt.json" --maxlen "$LB/dataset2maxlen.json" --max-gen 4 --limit 2 \
-        -p full -p sparse:k=16,s=4,w=16 "$LB/data/hotpotqa.jsonl"
+        -P full -P sparse:k=16,s=4,w=16 "$LB/data/hotpotqa.jsonl"
     [ "$status" -eq 0 ]
     [ "$(json_get '[r["n"] for r in j["results"]]')" = "[2, 2]" ]
     [ "$(json_get 'j["results"][1]["host_bytes"] > 0')" = True ]
@@ -150,7 +150,7 @@ print("same")' "$BATS_TEST_TMPDIR/score.json" "$BATS_TEST_TMPDIR/run.json" "$pol
     nlb() {
         kv-bench longbench --threads 1 --model "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" \
             --prompts "$LB/dataset2prompt.json" --maxlen "$LB/dataset2maxlen.json" --max-gen 3 \
-            -p full -p streaming:sink=4,window=32 "$@" "$LB/data/hotpotqa.jsonl" "$LB/data/trec.jsonl"
+            -P full -P streaming:sink=4,window=32 "$@" "$LB/data/hotpotqa.jsonl" "$LB/data/trec.jsonl"
     }
     run --separate-stderr nlb
     [ "$status" -eq 0 ]
@@ -158,7 +158,7 @@ print("same")' "$BATS_TEST_TMPDIR/score.json" "$BATS_TEST_TMPDIR/run.json" "$pol
     # exec: $! must be kv-bench itself, not a subshell that kill -9 would orphan it from
     (exec kv-bench longbench --threads 1 --model "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" \
         --prompts "$LB/dataset2prompt.json" --maxlen "$LB/dataset2maxlen.json" --max-gen 3 \
-        -p full -p streaming:sink=4,window=32 -o "$out" "$LB/data/hotpotqa.jsonl" "$LB/data/trec.jsonl" \
+        -P full -P streaming:sink=4,window=32 -o "$out" "$LB/data/hotpotqa.jsonl" "$LB/data/trec.jsonl" \
         >/dev/null 2>&1) &
     pid=$!
     n=0
@@ -192,11 +192,11 @@ print("ok")' "$out"
 }
 
 @test "kv-bench longbench: three shards merged give the single run's scores byte for byte" {
-    run --separate-stderr lb -p full -p quant:bits=2,residual=16 --per-sample --pred-dir "$BATS_TEST_TMPDIR/one" $EN
+    run --separate-stderr lb -P full -P quant:bits=2,residual=16 --per-sample --pred-dir "$BATS_TEST_TMPDIR/one" $EN
     [ "$status" -eq 0 ]
     printf '%s' "$output" >"$BATS_TEST_TMPDIR/one.json"
     for i in 1 2 3; do
-        run --separate-stderr lb -p full -p quant:bits=2,residual=16 --shard $i/3 -o "$BATS_TEST_TMPDIR/s$i.jsonl" $EN
+        run --separate-stderr lb -P full -P quant:bits=2,residual=16 --shard $i/3 -o "$BATS_TEST_TMPDIR/s$i.jsonl" $EN
         [ "$status" -eq 0 ]
     done
     # each sample ran in exactly one shard
@@ -219,7 +219,7 @@ print("ok")' "$BATS_TEST_TMPDIR"/s[123].jsonl
 }
 
 @test "kv-bench longbench --svg and kv-bench report draw the three charts" {
-    run --separate-stderr lb -p full -p streaming:sink=4,window=32 -o "$BATS_TEST_TMPDIR/log.jsonl" \
+    run --separate-stderr lb -P full -P streaming:sink=4,window=32 -o "$BATS_TEST_TMPDIR/log.jsonl" \
         --svg "$BATS_TEST_TMPDIR/run.svg" "$LB/data/qasper_e.jsonl" "$LB/data/hotpotqa.jsonl"
     [ "$status" -eq 0 ]
     run --separate-stderr kv-bench report -o "$BATS_TEST_TMPDIR/report.svg" "$BATS_TEST_TMPDIR/log.jsonl"

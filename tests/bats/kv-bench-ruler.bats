@@ -28,7 +28,7 @@ fidelity() {
 }
 
 @test "kv-bench ruler rejects an unknown policy with exit 64 before loading anything" {
-    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -p sparce
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -P sparce
     assert_fails_with 64 "unknown policy"
 }
 
@@ -53,7 +53,7 @@ fidelity() {
 
 @test "kv-bench ruler: full and sparse find 1k needles, streaming loses them" {
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 2 \
-        -p full -p sparse -p streaming --per-task
+        -P full -P sparse -P streaming --per-task
     [ "$status" -eq 0 ]
     [ "$(json_get 'len(j["results"])')" -eq 3 ]
     [ "$(json_get 'j["mode"]')" = question ]
@@ -72,7 +72,7 @@ fidelity() {
 }
 
 @test "kv-bench fidelity: full against full is exactly zero" {
-    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --prefix 40
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -P full --prefix 40
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["prefix"]')" -eq 40 ]
     [ "$(json_get 'j["n_scored"] == j["n_tokens"] - 41')" = True ]
@@ -84,7 +84,7 @@ fidelity() {
 
 @test "kv-bench fidelity shows that 1-bit keys destroy stories260K and 4-bit does not" {
     run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" \
-        -p quant:bits=1,residual=16 -p quant:bits=4,residual=16 -p streaming:sink=4,window=16
+        -P quant:bits=1,residual=16 -P quant:bits=4,residual=16 -P streaming:sink=4,window=16
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["results"][0]["kl_mean"] > 1')" = True ]
     [ "$(json_get 'j["results"][1]["kl_mean"] < 0.01')" = True ]
@@ -96,7 +96,7 @@ fidelity() {
 @test "kv-bench fidelity takes token ids with --tokens" {
     echo "1 403 407 261 378 432 383 286 261 376 298 315 421 395 317 426" >"$BATS_TEST_TMPDIR/ids"
     run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" \
-        --tokens "$BATS_TEST_TMPDIR/ids" -p sparse:k=2,s=1,w=2 --json
+        --tokens "$BATS_TEST_TMPDIR/ids" -P sparse:k=2,s=1,w=2 --json
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["n_tokens"]')" -eq 16 ]
     [ "$(json_get 'j["results"][0]["host_bytes"] > 0')" = True ]
@@ -105,21 +105,21 @@ fidelity() {
 @test "kv-bench fidelity rejects a token id outside the vocabulary with exit 65" {
     echo "1 403 99999 5" >"$BATS_TEST_TMPDIR/ids"
     run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" \
-        --tokens "$BATS_TEST_TMPDIR/ids" -p full
+        --tokens "$BATS_TEST_TMPDIR/ids" -P full
     assert_fails_with 65 "99999"
 }
 
 @test "kv-bench fidelity needs --text or --tokens (64) and a tokenizer for text (64)" {
-    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" -p full
+    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" -P full
     assert_fails_with 64 "--text"
-    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" -p full \
+    run --separate-stderr kv-bench fidelity --threads 1 --model "$STORIES/stories260K.bin" -P full \
         --text "$STORIES/reference/greedy_bos_200.txt"
     assert_fails_with 64 "tokenizer"
 }
 
 @test "kv-bench fidelity --per-position lists each position's KL and agreement" {
     run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --prefix 100 \
-        -p quant:bits=2,residual=8,group=8 --per-position
+        -P quant:bits=2,residual=8,group=8 --per-position
     [ "$status" -eq 0 ]
     [ "$(json_get 'len(j["results"][0]["kl"]) == j["n_scored"] == len(j["results"][0]["agree"])')" = True ]
     [ "$(json_get 'abs(sum(j["results"][0]["kl"]) / j["n_scored"] - j["results"][0]["kl_mean"]) < 1e-5')" = True ]
@@ -146,7 +146,7 @@ no_gpu_or_skip() {
 
 @test "kv-bench fidelity --device cuda without a usable GPU exits 69 with one line" {
     no_gpu_or_skip
-    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --device cuda
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -P full --device cuda
     assert_fails_with 69 "--device cuda"
     [ "${#stderr_lines[@]}" -eq 1 ]
     [ -z "$output" ]
@@ -155,7 +155,7 @@ no_gpu_or_skip() {
 @test "kv-bench ruler and fidelity reject an unknown --device with exit 64" {
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --device bogus
     assert_fails_with 64 "--device must be cpu, cuda or auto"
-    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -p full --device gpu
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" -P full --device gpu
     assert_fails_with 64 "--device must be cpu, cuda or auto"
 }
 
@@ -166,11 +166,11 @@ no_gpu_or_skip() {
 
 @test "kv-bench ruler --device auto without a GPU is the CPU run, device \"cpu\"" {
     no_gpu_or_skip
-    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -p sparse --per-task
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P sparse --per-task
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["device"]')" = cpu ]
     cpu="$output"
-    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -p sparse --per-task \
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P sparse --per-task \
         --device auto
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["device"]')" = cpu ]
@@ -184,13 +184,13 @@ no_gpu_or_skip() {
 @test "kv-bench fidelity --device auto without a GPU is the CPU run, device \"cpu\"" {
     no_gpu_or_skip
     run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --max-tokens 64 \
-        -p quant:bits=2,residual=8,group=8 --per-position --device cpu
+        -P quant:bits=2,residual=8,group=8 --per-position --device cpu
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["device"]')" = cpu ]
     [ "$(json_get 'j["results"][0]["kl_mean"] > 0')" = True ]
     cpu="$output"
     run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --max-tokens 64 \
-        -p quant:bits=2,residual=8,group=8 --per-position --device auto
+        -P quant:bits=2,residual=8,group=8 --per-position --device auto
     [ "$status" -eq 0 ]
     [ "$(json_get 'j["device"]')" = cpu ]
     [ "$(json_get 'j["n_tokens"]')" -eq 64 ]
@@ -202,7 +202,7 @@ no_gpu_or_skip() {
     # stdout on a terminal: the table; stderr (progress) dropped
     script -qec "$BIN/kv-bench fidelity --threads 1 --model $STORIES/stories260K.bin \
         --tokenizer $STORIES/tok512.bin --text $STORIES/reference/greedy_bos_200.txt \
-        --max-tokens 32 -p full 2>/dev/null" /dev/null | tr -d '\r' >"$BATS_TEST_TMPDIR/t"
+        --max-tokens 32 -P full 2>/dev/null" /dev/null | tr -d '\r' >"$BATS_TEST_TMPDIR/t"
     [ "$(head -n 1 "$BATS_TEST_TMPDIR/t")" = "device: cpu" ]
     grep -q 'KL mean' "$BATS_TEST_TMPDIR/t"
     script -qec "$BIN/kv-bench ruler --threads 1 --model $NIAH/niah4k.bin --tokenizer $NIAH/tok259.bin \
@@ -296,26 +296,26 @@ print(json.dumps({"index": 1, "input": "word " * 900 + "\nQuestion: What?", "out
     args=(--tasks "$RULERDATA/qa_1/validation.jsonl" --tasks "$RULERDATA/vt/validation.jsonl" --gen 3)
     # --resume on a log that is not there yet starts it (one command line for
     # the first start and every requeue)
-    run --separate-stderr sruler "${args[@]}" -p full -o "$out" --resume
+    run --separate-stderr sruler "${args[@]}" -P full -o "$out" --resume
     [ "$status" -eq 0 ]
     [ "$(grep -c '"policy"' "$out")" -eq 2 ]
-    run --separate-stderr sruler "${args[@]}" -p full -p streaming:sink=4,window=8 -o "$out" --resume
+    run --separate-stderr sruler "${args[@]}" -P full -P streaming:sink=4,window=8 -o "$out" --resume
     [ "$status" -eq 0 ]
     [ "$(grep -c '"policy"' "$out")" -eq 4 ]
     [ "$(grep -c '"policy":"full"' "$out")" -eq 2 ]
     [ "$(json_get '[r["policy"] for r in j["results"]]')" = "['full', 'full', 'streaming:sink=4,window=8', 'streaming:sink=4,window=8']" ]
     # nothing left: a third run adds no record
-    run --separate-stderr sruler "${args[@]}" -p full -p streaming:sink=4,window=8 -o "$out" --resume
+    run --separate-stderr sruler "${args[@]}" -P full -P streaming:sink=4,window=8 -o "$out" --resume
     [ "$status" -eq 0 ]
     [ "$(grep -c '"policy"' "$out")" -eq 4 ]
 }
 
 @test "kv-bench ruler: three shards merged equal one run in every score" {
-    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 3 -p full -p streaming --per-task
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 3 -P full -P streaming --per-task
     [ "$status" -eq 0 ]
     one="$output"
     for i in 1 2 3; do
-        run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 3 -p full -p streaming \
+        run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 3 -P full -P streaming \
             --shard $i/3 -o "$BATS_TEST_TMPDIR/s$i.jsonl"
         [ "$status" -eq 0 ]
     done
@@ -342,7 +342,7 @@ print(json.dumps({"index": 1, "input": "word " * 900 + "\nQuestion: What?", "out
 
 @test "kv-bench ruler --pred-dir writes RULER's prediction files, which kv-bench score reads" {
     run --separate-stderr sruler --tasks "$RULERDATA/qa_1/validation.jsonl" --tasks "$RULERDATA/niah_single_1/validation.jsonl" \
-        --gen 4 -p full --pred-dir "$BATS_TEST_TMPDIR/pred"
+        --gen 4 -P full --pred-dir "$BATS_TEST_TMPDIR/pred"
     [ "$status" -eq 0 ]
     run_json="$output"
     [ -f "$BATS_TEST_TMPDIR/pred/full/qa_1.jsonl" ]
@@ -360,7 +360,7 @@ print("ok")' "$BATS_TEST_TMPDIR/pred/full/niah_single_1.jsonl"
 
 @test "kv-bench report draws a RULER log, and refuses bad input" {
     run --separate-stderr sruler --tasks "$RULERDATA/qa_1/validation.jsonl" --tasks "$RULERDATA/vt/validation.jsonl" \
-        --gen 2 -p full -p streaming:sink=4,window=8 -o "$BATS_TEST_TMPDIR/log.jsonl"
+        --gen 2 -P full -P streaming:sink=4,window=8 -o "$BATS_TEST_TMPDIR/log.jsonl"
     [ "$status" -eq 0 ]
     run --separate-stderr kv-bench report "$BATS_TEST_TMPDIR/log.jsonl"
     [ "$status" -eq 0 ]

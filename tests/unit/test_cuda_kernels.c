@@ -121,7 +121,7 @@ static int pack_case(kv_kivi_axis axis, int bits, int G, int R, int H, int T, in
     }
     cudaFree(dx), cudaFree(o.codes), cudaFree(o.scale), cudaFree(o.zero), cudaFree(o.resid);
     free(gc), free(gs), free(gz), free(gr);
-    kv_kivi_free(&cpu);
+    kv_kivi_clear(&cpu);
     return rc;
 }
 
@@ -160,7 +160,7 @@ static void test_kivi_pack_is_byte_identical_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(1024, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    size_t n = (size_t)r.kv_heads * r.T * r.head_dim;
+    size_t n = (size_t)r.n_kv_heads * r.T * r.head_dim;
     kv_half *kh = malloc(n * 2), *vh = malloc(n * 2);
     for (size_t i = 0; i < n; i++) {
         kh[i] = kv_f32_to_half(r.k[i]), r.k[i] = kv_half_to_f32(kh[i]);
@@ -168,9 +168,9 @@ static void test_kivi_pack_is_byte_identical_on_real_data(void)
     }
     char why[256];
     for (int bits = 1; bits <= 4; bits *= 2) {
-        KT_CHECK(pack_case(KV_KIVI_KEYS, bits, 64, 128, r.kv_heads, r.T, r.head_dim, kh, r.k, why,
+        KT_CHECK(pack_case(KV_KIVI_KEYS, bits, 64, 128, r.n_kv_heads, r.T, r.head_dim, kh, r.k, why,
                            sizeof why) == 0, "keys %d bits: %s", bits, why);
-        KT_CHECK(pack_case(KV_KIVI_VALUES, bits, 64, 128, r.kv_heads, r.T, r.head_dim, vh, r.v,
+        KT_CHECK(pack_case(KV_KIVI_VALUES, bits, 64, 128, r.n_kv_heads, r.T, r.head_dim, vh, r.v,
                            why, sizeof why) == 0, "values %d bits: %s", bits, why);
     }
     free(kh), free(vh);
@@ -208,7 +208,7 @@ static void test_kivi_unpack_equals_cpu_dequantization(void)
                      bits, bad, n);
             cudaFree((void *)v.codes), cudaFree((void *)v.scale), cudaFree((void *)v.zero);
             cudaFree((void *)v.resid), cudaFree(dout);
-            kv_kivi_free(&p);
+            kv_kivi_clear(&p);
         }
     free(xh), free(gout), free(xf), free(cpu);
 }
@@ -221,8 +221,8 @@ static void test_kivi_unpack_equals_cpu_dequantization(void)
 static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv_half *q,
                        const float *qf, const kv_half *k, const kv_half *v, char *why, size_t nwhy)
 {
-    kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
-    kv_cuda_attn_dims gd = {nh, nkv, D, T, stride, cd.scale};
+    kv_attn_dims cd = {nh, nkv, D, T, 0, 1.0f / sqrtf((float)D)};
+    kv_attn_dims gd = {nh, nkv, D, T, stride, cd.scale};
     size_t nq = (size_t)nh * D, n = (size_t)nkv * T * D;
     float *ref = malloc(nq * 4), *got = malloc(nq * 4);
     float *kf = qf ? malloc(n * 4) : NULL, *vf = qf ? malloc(n * 4) : NULL;
@@ -314,12 +314,12 @@ static void test_attn_f16_matches_cpu_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    size_t nq = (size_t)r.n_heads * r.head_dim, nkv = (size_t)r.kv_heads * r.T * r.head_dim;
+    size_t nq = (size_t)r.n_heads * r.head_dim, nkv = (size_t)r.n_kv_heads * r.T * r.head_dim;
     kv_half *q = malloc(nq * 2), *k = malloc(nkv * 2), *v = malloc(nkv * 2);
     for (size_t i = 0; i < nq; i++) q[i] = kv_f32_to_half(r.q[i]);
     for (size_t i = 0; i < nkv; i++) k[i] = kv_f32_to_half(r.k[i]), v[i] = kv_f32_to_half(r.v[i]);
     char why[256];
-    double e = f16_case(r.n_heads, r.kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q,
+    double e = f16_case(r.n_heads, r.n_kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q,
                         NULL, k, v, why, sizeof why);
     KT_CHECK(e <= TOL_F16, "niah4k layer 0, T %d: %s", r.T, why);
     printf("# fp16 attention on niah4k layer 0: %s\n", why);
@@ -333,8 +333,8 @@ static double kivi_case(int nh, int nkv, int T, int bits, int G, int R, const kv
                         const kv_half *k, const kv_half *v, char *why, size_t nwhy)
 {
     const int D = 128;
-    kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
-    kv_cuda_attn_dims gd = {nh, nkv, D, T, (long long)T * D, cd.scale};
+    kv_attn_dims cd = {nh, nkv, D, T, 0, 1.0f / sqrtf((float)D)};
+    kv_attn_dims gd = {nh, nkv, D, T, (long long)T * D, cd.scale};
     kv_kivi_params prm = {bits, G, R};
     size_t nq = (size_t)nh * D, n = (size_t)nkv * T * D;
     float *kf = malloc(n * 4), *vf = malloc(n * 4), *ref = malloc(nq * 4), *got = malloc(nq * 4);
@@ -379,7 +379,7 @@ static double kivi_case(int nh, int nkv, int T, int bits, int G, int R, const kv
     cudaFree((void *)dK.codes), cudaFree((void *)dK.scale), cudaFree((void *)dK.zero), cudaFree((void *)dK.resid);
     cudaFree((void *)dV.codes), cudaFree((void *)dV.scale), cudaFree((void *)dV.zero), cudaFree((void *)dV.resid);
     cudaFree(dq), cudaFree(dout), cudaFree(ws);
-    kv_kivi_free(&K), kv_kivi_free(&V);
+    kv_kivi_clear(&K), kv_kivi_clear(&V);
     free(kf), free(vf), free(ref), free(got);
     return e;
 }
@@ -519,7 +519,7 @@ done:
     cudaFree(o.sscale), cudaFree(o.base), cudaFree(o.codes), cudaFree(o.scale), cudaFree(o.zero);
     cudaFree(o.resid);
     free(h), free(gout), free(cout);
-    kv_dsq_free(&cpu);
+    kv_dsq_clear(&cpu);
     return rc;
 }
 
@@ -562,7 +562,7 @@ static void test_dsq_pack_and_unpack_are_identical_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    const int H = r.kv_heads, T = r.T, D = r.head_dim;
+    const int H = r.n_kv_heads, T = r.T, D = r.head_dim;
     const size_t n = (size_t)H * T * D;
     kv_half *kh = malloc(n * 2), *vh = malloc(n * 2);
     float *kf = malloc(n * 4), *vf = malloc(n * 4), *imp = malloc((size_t)H * T * 4);
@@ -583,7 +583,7 @@ static void test_dsq_pack_and_unpack_are_identical_on_real_data(void)
 
 static void test_launchers_reject_bad_arguments(void)
 {
-    kv_cuda_attn_dims d = {32, 8, 96, 100, 9600, 0.1f};
+    kv_attn_dims d = {32, 8, 96, 100, 9600, 0.1f};
     KT_CHECK(kv_cuda_attn_f16_workspace(&d) == 0, "head dim 96 has a workspace");
     float *dout = dalloc(32 * 96 * 4);
     cudaError_t e = kv_cuda_attn_f16(&d, (const uint16_t *)dout, (const uint16_t *)dout,

@@ -16,17 +16,17 @@
 static unsigned long long seed = 0x6d61746d756cULL;
 
 /* y = W x with each path, against float64; returns the paths' difference. */
-static double check_matvec(kv_wtype t, int rows, int cols)
+static double check_matvec(kv_dtype t, int rows, int cols)
 {
     size_t n = (size_t)rows * cols;
-    void *data = malloc(n * (t == KV_W_F32 ? 4 : 2));
+    void *data = malloc(n * (t == KV_DT_F32 ? 4 : 2));
     float *x = malloc((size_t)cols * 4), *y0 = malloc((size_t)rows * 4), *y1 = malloc((size_t)rows * 4);
     double *ref = calloc((size_t)rows, sizeof(double));
     for (int c = 0; c < cols; c++) x[c] = kt_randn(&seed);
     for (size_t i = 0; i < n; i++) {
         float w = 0.05f * kt_randn(&seed), wq = w;
-        if (t == KV_W_F32) ((float *)data)[i] = w;
-        else if (t == KV_W_F16) wq = kv_half_to_f32(((uint16_t *)data)[i] = kv_f32_to_half(w));
+        if (t == KV_DT_F32) ((float *)data)[i] = w;
+        else if (t == KV_DT_F16) wq = kv_half_to_f32(((uint16_t *)data)[i] = kv_f32_to_half(w));
         else wq = kv_bf16_to_f32(((uint16_t *)data)[i] = kv_f32_to_bf16(w));
         ref[i / (size_t)cols] += (double)wq * x[i % (size_t)cols];
     }
@@ -54,9 +54,9 @@ static double check_matvec(kv_wtype t, int rows, int cols)
 static void test_portable_path_matches_the_chosen_one(void)
 {
     const char *chosen = kv_matmul_isa();
-    double d = check_matvec(KV_W_F32, 300, 1000);
-    d = fmax(d, check_matvec(KV_W_F16, 257, 777));
-    d = fmax(d, check_matvec(KV_W_BF16, 64, 4096));
+    double d = check_matvec(KV_DT_F32, 300, 1000);
+    d = fmax(d, check_matvec(KV_DT_F16, 257, 777));
+    d = fmax(d, check_matvec(KV_DT_BF16, 64, 4096));
     printf("# chosen path %s; largest difference to the portable path %.3g\n", chosen, d);
     KT_CHECK(!strcmp(kv_matmul_isa(), chosen), "isa '%s' after set_portable(false), was '%s'",
              kv_matmul_isa(), chosen);

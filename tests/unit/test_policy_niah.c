@@ -23,7 +23,7 @@ static void test_parse_good(void)
     KT_CHECK(s.tasks[0].n_outputs == 2 && !strcmp(s.tasks[0].outputs[1], "ab"), "outputs");
     KT_CHECK(s.tasks[1].index == 1 && s.tasks[1].length == 0 && s.tasks[1].line == 4, "defaults, line %d",
              s.tasks[1].line);
-    kv_niah_free(&s);
+    kv_niah_clear(&s);
 }
 
 static void test_parse_bad_names_line(void)
@@ -80,7 +80,7 @@ static void test_numbers_out_of_range_are_refused(void)
     KT_REQUIRE(kv_niah_parse(ok, strlen(ok), "t", &s) == KV_OK, "%s", kv_errdetail());
     KT_CHECK(s.tasks[0].index == -2147483647 - 1 && s.tasks[0].length == -1 && s.tasks[1].length == 2147483647,
              "limits");
-    kv_niah_free(&s);
+    kv_niah_clear(&s);
 }
 
 static void test_lenient_parse_and_ids(void)
@@ -95,7 +95,7 @@ static void test_lenient_parse_and_ids(void)
     KT_CHECK(strstr(s.bad[0].why, "index") != NULL, "why: %s", s.bad[0].why);
     KT_CHECK(!strcmp(s.tasks[0].id, "5") && !strcmp(s.tasks[1].id, "5#1"), "ids %s %s", s.tasks[0].id, s.tasks[1].id);
     KT_CHECK(s.tasks[1].answer_prefix && !strcmp(s.tasks[1].answer_prefix, " Answer:"), "answer_prefix");
-    kv_niah_free(&s);
+    kv_niah_clear(&s);
     kv_errclear();
     KT_CHECK(kv_niah_parse(txt, strlen(txt), "t", &s) == KV_E_DATA && strstr(kv_errdetail(), "t:2:"),
              "strict parse stops at line 2: %s", kv_errdetail());
