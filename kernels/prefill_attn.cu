@@ -129,7 +129,7 @@ static __device__ __forceinline__ void load_tile(unsigned tile, const uint16_t *
 
 // --- the kernel ------------------------------------------------------------------------
 
-template <typename Tr, int D, int NW, int WM, int BN>
+template <typename Tr, typename To, int D, int NW, int WM, int BN>
 __global__ void __launch_bounds__(NW * 32)
     pf_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k,
                    const uint16_t *__restrict__ v, uint16_t *__restrict__ o, long long ldq,
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(NW * 32)
                                                              (size_t)h * D + 2 * t4);
 #pragma unroll
                 for (int f = 0; f < OF; f++)
-                    dst[f * 4] = Tr::pack(acc[mt][f][2 * hf] * inv, acc[mt][f][2 * hf + 1] * inv);
+                    dst[f * 4] = To::pack(acc[mt][f][2 * hf] * inv, acc[mt][f][2 * hf + 1] * inv);
             }
         }
 }
@@ -339,7 +339,7 @@ typedef void (*pf_kernel_fn)(const uint16_t *, const uint16_t *, const uint16_t 
 struct pf_variant {
     const char *name;
     int nw, wm, bn;
-    pf_kernel_fn f[2][2]; /* [dtype][head_dim 64, 128] */
+    pf_kernel_fn f[3][2]; /* [f16, bf16, f16 in with bf16 out][head_dim 64, 128] */
 };
 
 #define PF_VARIANT(NW, WM, BN)                                                                 \
@@ -347,8 +347,9 @@ struct pf_variant {
      NW,                                                                                       \
      WM,                                                                                       \
      BN,                                                                                       \
-     {{pf_attn_kernel<pf_h, 64, NW, WM, BN>, pf_attn_kernel<pf_h, 128, NW, WM, BN>},           \
-      {pf_attn_kernel<pf_b, 64, NW, WM, BN>, pf_attn_kernel<pf_b, 128, NW, WM, BN>}}}
+     {{pf_attn_kernel<pf_h, pf_h, 64, NW, WM, BN>, pf_attn_kernel<pf_h, pf_h, 128, NW, WM, BN>}, \
+      {pf_attn_kernel<pf_b, pf_b, 64, NW, WM, BN>, pf_attn_kernel<pf_b, pf_b, 128, NW, WM, BN>}, \
+      {pf_attn_kernel<pf_h, pf_b, 64, NW, WM, BN>, pf_attn_kernel<pf_h, pf_b, 128, NW, WM, BN>}}}
 
 /* Entry 0 is the default; the others are there to be measured against it. */
 static const pf_variant variants[] = {
@@ -375,16 +376,19 @@ extern "C" int pf_attn_supported(const pf_attn_args *a)
     return a->n >= 0 && a->p0 >= 0;
 }
 
-extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, int variant, cudaStream_t s)
+extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, int variant,
+                               cudaStream_t s)
 {
     if (!pf_attn_supported(a) || variant < 0 || variant >= n_variants) return cudaErrorInvalidValue;
+    if (t == PF_BF16 && ot != PF_BF16) return cudaErrorInvalidValue;
     if (a->n == 0) return cudaSuccess;
     const pf_variant &pv = variants[variant];
-    pf_kernel_fn f = pv.f[t == PF_BF16][a->head_dim == 128];
+    const int ti = t == PF_BF16 ? 1 : ot == PF_BF16 ? 2 : 0;
+    pf_kernel_fn f = pv.f[ti][a->head_dim == 128];
     const int BM = pv.nw * pv.wm * 16;
     const size_t smem = (size_t)(BM + 2 * pv.bn) * a->head_dim * 2;
-    static thread_local bool raised[8][2][2];
-    bool &r = raised[variant][t == PF_BF16][a->head_dim == 128];
+    static thread_local bool raised[8][3][2];
+    bool &r = raised[variant][ti][a->head_dim == 128];
     if (!r) {
         CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         r = true;

@@ -36,8 +36,9 @@ typedef enum { PF_F16 = 0, PF_BF16 = 1 } pf_dtype;
  *   q: (n, ldq) 16-bit, head h of token i at q + i*ldq + h*head_dim
  *   k, v: (kv_heads, kv_stride) 16-bit, token t of head g at g*kv_stride + t*head_dim
  *   o: (n, ldo) 16-bit, laid out as q
- * All of q, k, v, o share one dtype; pointers and strides keep 16-byte
- * alignment (head_dim 64 or 128, strides multiples of 8 elements).
+ * q, k and v share the dtype t; o is of dtype ot (t, or bf16 for fp16
+ * inputs: the engine's fp16 cache feeding a bf16 model's projection).
+ * Pointers and strides keep 16-byte alignment (strides multiples of 8).
  */
 typedef struct {
     const void *q;
@@ -61,7 +62,8 @@ int pf_attn_supported(const pf_attn_args *a);
 int pf_attn_variants(void);
 const char *pf_attn_variant_name(int variant);
 
-cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, int variant, cudaStream_t s);
+cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, int variant,
+                    cudaStream_t s);
 
 // --- row-wise kernels over a chunk (prefill_elem.cu) ----------------------------
 
