@@ -16,6 +16,7 @@ int kv_bench_pack_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_ruler_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_fidelity_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_decode_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_prefill_main(int argc, char **argv) __attribute__((weak));
 
 static const struct {
     const char *name;
@@ -26,6 +27,7 @@ static const struct {
     {"ruler", "needle/RULER JSONL accuracy per KV policy"},
     {"fidelity", "KL divergence and top-1 agreement of each policy vs full"},
     {"decode", "end-to-end decode ms/token per policy (GPU runtime)"},
+    {"prefill", "dense causal prefill tokens/s and attention TFLOP/s on the GPU"},
 };
 
 static bench_fn lookup(const char *name)
@@ -35,6 +37,7 @@ static bench_fn lookup(const char *name)
     if (!strcmp(name, "ruler")) return kv_bench_ruler_main;
     if (!strcmp(name, "fidelity")) return kv_bench_fidelity_main;
     if (!strcmp(name, "decode")) return kv_bench_decode_main;
+    if (!strcmp(name, "prefill")) return kv_bench_prefill_main;
     return NULL;
 }
 

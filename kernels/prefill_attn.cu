@@ -112,25 +112,31 @@ static __device__ __forceinline__ unsigned swz(int r, int c)
 }
 
 /* Load rows [r0, r0 + R) of a (rows, ld) matrix into a swizzled R x D tile;
- * rows at or past rmax are zero-filled. */
+ * rows at or past rmax are zero-filled.  NT is a multiple of D/8, so each
+ * thread keeps one chunk column and steps NT/(D/8) rows at a time. */
 template <int D, int R, int NT>
 static __device__ __forceinline__ void load_tile(unsigned tile, const uint16_t *g, long long ld,
                                                  int r0, int rmax, int tid)
 {
-    constexpr int CH = D / 8;
+    constexpr int CH = D / 8, STEP = NT / CH;
+    static_assert(NT % CH == 0, "threads must cover whole rows");
+    const int c = tid % CH, rt = tid / CH;
+    const uint16_t *src = g + (size_t)(r0 + rt) * (size_t)ld + (size_t)c * 8;
 #pragma unroll
-    for (int i = tid; i < R * CH; i += NT) {
-        int r = i / CH, c = i % CH;
-        bool ok = r0 + r < rmax;
-        const uint16_t *src = g + (ok ? (size_t)(r0 + r) * (size_t)ld + (size_t)c * 8 : 0);
-        cp16(tile + swz<D>(r, c), src, ok);
+    for (int i = 0; i < (R + STEP - 1) / STEP; i++) {
+        const int r = rt + i * STEP;
+        if (R % STEP == 0 || r < R) {
+            const bool ok = r0 + r < rmax;
+            cp16(tile + swz<D>(r, c), ok ? src : g, ok);
+        }
+        src += (size_t)STEP * (size_t)ld;
     }
 }
 
 // --- the kernel ------------------------------------------------------------------------
 
-template <typename Tr, typename To, int D, int NW, int WM, int BN>
-__global__ void __launch_bounds__(NW * 32)
+template <typename Tr, typename To, int D, int NW, int WM, int BN, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB)
     pf_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k,
                    const uint16_t *__restrict__ v, uint16_t *__restrict__ o, long long ldq,
                    long long ldo, long long kv_stride, int n_heads, int kv_heads, int p0, int n,
@@ -342,19 +348,20 @@ struct pf_variant {
     pf_kernel_fn f[3][2]; /* [f16, bf16, f16 in with bf16 out][head_dim 64, 128] */
 };
 
-#define PF_VARIANT(NW, WM, BN)                                                                 \
-    {"w" #NW "m" #WM "n" #BN,                                                                  \
+#define PF_VARIANT(NW, WM, BN, MB)                                                             \
+    {"w" #NW "m" #WM "n" #BN "b" #MB,                                                          \
      NW,                                                                                       \
      WM,                                                                                       \
      BN,                                                                                       \
-     {{pf_attn_kernel<pf_h, pf_h, 64, NW, WM, BN>, pf_attn_kernel<pf_h, pf_h, 128, NW, WM, BN>}, \
-      {pf_attn_kernel<pf_b, pf_b, 64, NW, WM, BN>, pf_attn_kernel<pf_b, pf_b, 128, NW, WM, BN>}, \
-      {pf_attn_kernel<pf_h, pf_b, 64, NW, WM, BN>, pf_attn_kernel<pf_h, pf_b, 128, NW, WM, BN>}}}
+     {{pf_attn_kernel<pf_h, pf_h, 64, NW, WM, BN, MB>, pf_attn_kernel<pf_h, pf_h, 128, NW, WM, BN, MB>}, \
+      {pf_attn_kernel<pf_b, pf_b, 64, NW, WM, BN, MB>, pf_attn_kernel<pf_b, pf_b, 128, NW, WM, BN, MB>}, \
+      {pf_attn_kernel<pf_h, pf_b, 64, NW, WM, BN, MB>, pf_attn_kernel<pf_h, pf_b, 128, NW, WM, BN, MB>}}}
 
 /* Entry 0 is the default; the others are there to be measured against it. */
 static const pf_variant variants[] = {
-    PF_VARIANT(4, 2, 64), /* FlashAttention-2's tile for head_dim 128 */
-    PF_VARIANT(4, 1, 64), PF_VARIANT(8, 1, 64), PF_VARIANT(4, 2, 32), PF_VARIANT(8, 1, 128),
+    PF_VARIANT(4, 2, 64, 1), /* FlashAttention-2's tile for head_dim 128 */
+    PF_VARIANT(4, 1, 64, 1), PF_VARIANT(4, 1, 64, 3), PF_VARIANT(8, 1, 64, 1),
+    PF_VARIANT(4, 2, 32, 1), PF_VARIANT(8, 1, 128, 1),
 };
 static const int n_variants = (int)(sizeof variants / sizeof variants[0]);
 
@@ -387,7 +394,7 @@ extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, i
     pf_kernel_fn f = pv.f[ti][a->head_dim == 128];
     const int BM = pv.nw * pv.wm * 16;
     const size_t smem = (size_t)(BM + 2 * pv.bn) * a->head_dim * 2;
-    static thread_local bool raised[8][3][2];
+    static thread_local bool raised[16][3][2];
     bool &r = raised[variant][ti][a->head_dim == 128];
     if (!r) {
         CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -5,6 +5,7 @@
  */
 #include "gpu/kv_gpu_prefill.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim)
@@ -86,7 +87,8 @@ void kv_gpu_prefill_ws_free(kv_pf_ws *ws)
 
 kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
                                const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,
-                               long long kv_stride, const float *inv_freq, void *stream)
+                               long long kv_stride, const float *inv_freq, void *stream,
+                               kv_pf_events *ev)
 {
     if (n < 1 || n > ws->C) return kv_fail(KV_E_USAGE, "prefill chunk of %d rows (workspace %d)", n, ws->C);
     cudaStream_t s = (cudaStream_t)stream;
@@ -109,7 +111,13 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
         if (!pf_attn_supported(&a))
             return kv_fail(KV_E_UNSUPPORTED, "prefill attention: head_dim %d with %d/%d heads is "
                            "not supported", hd, g->n_heads, g->kv_heads);
-        st = pf_cuda(pf_attn(&a, kt, wt, g->attn_variant, s), "prefill attention");
+        bool timed = ev && ev->n < ev->cap;
+        if (timed) st = pf_cuda(cudaEventRecord((cudaEvent_t)ev->start[ev->n], s), "event");
+        if (!st) st = pf_cuda(pf_attn(&a, kt, wt, g->attn_variant, s), "prefill attention");
+        if (!st && timed) {
+            st = pf_cuda(cudaEventRecord((cudaEvent_t)ev->stop[ev->n], s), "event");
+            ev->n++;
+        }
     }
     if (!st)
         st = kv_cublas_gemm(cb, s, n, g->dim, qd, w->o, g->ld_qd, ws->att, g->ld_qd, gt, X,
@@ -140,7 +148,8 @@ void kv_gpu_prefill_ws_free(kv_pf_ws *ws) { memset(ws, 0, sizeof *ws); }
 
 kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
                                const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,
-                               long long kv_stride, const float *inv_freq, void *stream)
+                               long long kv_stride, const float *inv_freq, void *stream,
+                               kv_pf_events *ev)
 {
     return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
 }

@@ -61,15 +61,24 @@ size_t kv_gpu_prefill_ws_bytes(const kv_pf_geom *g, int C);
 kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws);
 void kv_gpu_prefill_ws_free(kv_pf_ws *ws);
 
+/* Measurement: event pairs (cudaEvent_t) recorded around each attention
+ * launch, n used of cap (recording stops when full). */
+typedef struct {
+    void **start, **stop; /* (cap) */
+    int cap, n;
+} kv_pf_events;
+
 /*
  * Run layer w over rows X (n, ld_dim) float32 at positions [p0, p0 + n),
  * n <= ws->C.  kc, vc: the layer's dense cache (kv_heads, kv_stride) of the
  * cache type, rows [0, p0) already filled; rows [p0, p0 + n) are written.
- * inv_freq (hd/2) device.  stream: a cudaStream_t.
+ * inv_freq (hd/2) device.  stream: a cudaStream_t.  ev: NULL, or events to
+ * time the attention with.
  */
 kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
                                const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,
-                               long long kv_stride, const float *inv_freq, void *stream);
+                               long long kv_stride, const float *inv_freq, void *stream,
+                               kv_pf_events *ev);
 
 /* FLOPs of the causal attention of a T-token prompt (all chunks): 4*T^2*H*D/2. */
 double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim);

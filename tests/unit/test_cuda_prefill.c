@@ -197,9 +197,13 @@ static void test_prefill_attention_matches_cpu(void)
     };
     char why[256];
     double worst[3] = {0, 0, 0};
+    /* KV_TEST_SHORT (under the sanitizers): the default variant and three cases */
+    const int short_run = getenv("KV_TEST_SHORT") != NULL;
+    const int nvar = short_run ? 1 : pf_attn_variants();
+    const size_t ncase = short_run ? 3 : sizeof cases / sizeof cases[0];
     for (int dt = 0; dt < 3; dt++)
-        for (int vi = 0; vi < pf_attn_variants(); vi++)
-            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int vi = 0; vi < nvar; vi++)
+            for (size_t c = 0; c < ncase; c++) {
                 const int *p = cases[c];
                 double e = attn_case(dt, vi, p[0], p[1], p[2], p[3], p[4], why, sizeof why);
                 double tol = dt == 0 ? TOL_ATT_F16 : TOL_ATT_BF16;
@@ -487,7 +491,7 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
             for (int p0 = 0; p0 < T && !st; p0 += C) {
                 int nc = T - p0 < C ? T - p0 : C;
                 st = kv_gpu_prefill_layer(cb, &g, &lw, &ws, dX + (size_t)p0 * ldd, p0, nc, dk, dv,
-                                          kvs, dinv, NULL);
+                                          kvs, dinv, NULL, NULL);
             }
             KT_CHECK(st == KV_OK, "layer: %s", kv_errdetail());
             KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());

@@ -1,0 +1,82 @@
+#!/bin/sh
+# Run on the GPU machine (device `run` tool) from the repository root:
+#   sh tools/device/prefill.sh [DIR]
+# The chunked-prefill kernels' checks and benchmark (issue 9), with binaries
+# built on the development machine and carried in DIR (default
+# build-dev-F): DIR/kv-bench, DIR/test_cuda_prefill, DIR/lib (libcjson,
+# libzstd) and DIR/prefill_peer.py.  Steps (each under a timeout, STEPS
+# selects: t tests, s sanitizers, b kv-bench prefill, p PyTorch peer,
+# a SASS opcode counts): the unit test; compute-sanitizer memcheck and
+# racecheck on its short form; kv-bench prefill (every attention variant
+# alone, then the prefill at each context); the peer.  Logs in $OUT (at most
+# 8 files): summary.txt tests.tap sanitizer.log prefill.json prefill.err
+# peer.json peer.err sass.txt
+set -u
+D=${1:-build-dev-F}
+OUT=${OUT:-/tmp/kv-out}
+STEPS=${STEPS:-tsbpa}
+CTX=${CTX:-8192,32768,131072}
+mkdir -p "$OUT"
+export PATH="$PATH:/usr/local/cuda/bin"
+export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv;
+  nvcc --version | tail -1; ls /usr/local/cuda/lib64/libcublas.so* 2>&1 | head -2; } 2>&1 | tee -a "$OUT/summary.txt"
+if has t; then
+    log "test_cuda_prefill"
+    timeout 300 "$D/test_cuda_prefill" > "$OUT/tests.tap" 2>&1; log "rc=$?"
+    grep -v '^ok' "$OUT/tests.tap" | head -40 | tee -a "$OUT/summary.txt"
+    log "$(grep -c '^ok' "$OUT/tests.tap") ok, $(grep -c '^not ok' "$OUT/tests.tap") not ok"
+fi
+if has s; then
+    log "memcheck (short)"
+    KV_TEST_SHORT=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$D/test_cuda_prefill" > "$OUT/sanitizer.log" 2>&1; log "memcheck rc=$?"
+    grep -E '^(ok|not ok)|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 8 | tee -a "$OUT/summary.txt"
+    log "racecheck (short, attention)"
+    KV_TEST_SHORT=1 KV_TEST_FILTER=attention timeout 240 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 "$D/test_cuda_prefill" >> "$OUT/sanitizer.log" 2>&1; log "racecheck rc=$?"
+    grep -E '^(ok|not ok)|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -n 6 | tee -a "$OUT/summary.txt"
+fi
+if has b; then
+    log "kv-bench prefill -c $CTX ${BENCH_ARGS:-}"
+    timeout ${BENCH_TIMEOUT:-400} "$D/kv-bench" prefill --json -c "$CTX" --variants ${BENCH_ARGS:-} \
+        > "$OUT/prefill.json" 2> "$OUT/prefill.err"; log "rc=$?"
+    tail -n 3 "$OUT/prefill.err"
+    python3 - "$OUT/prefill.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print("no JSON:", e); sys.exit(0)
+print("gemm", d["gemm_tflops"], "TF/s; cublas", d["cublas"])
+for c in d["contexts"]:
+    if "error" in c: print(c["T"], "ERROR", c["error"]); continue
+    print("%7d prefill %9.1f ms %8.0f tok/s attn %8.1f ms %6.1f TF/s alone %6.1f TF/s other %6.1f TF/s gpu %.1f GB" % (
+        c["T"], c["prefill_ms"], c["tokens_per_s"], c["attn_ms"], c["attn_tflops"], c.get("attn_alone_tflops", 0),
+        c["gemm_part_tflops"], c["gpu_bytes"] / 1e9))
+    print("        variants:", {k: v["tflops"] for k, v in c.get("variants", {}).items()})
+PY
+fi
+if has p; then
+    log "prefill_peer.py -c $CTX"
+    PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$D/prefill_peer.py" --contexts "$CTX" \
+        > "$OUT/peer.json" 2> "$OUT/peer.err"; log "rc=$?"
+    tail -n 3 "$OUT/peer.err"
+    python3 - "$OUT/peer.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print("no JSON:", e); sys.exit(0)
+print("torch", d["torch"], "gemm", round(d["gemm_tflops"], 1), "TF/s")
+for c in d["contexts"]:
+    if "error" in c: print(c["T"], "ERROR", c["error"]); continue
+    print("%7d prefill %9.1f ms %8.0f tok/s sdpa %6.1f TF/s finite %s peak %.1f GB" % (
+        c["T"], c["prefill_ms"], c["tokens_per_s"], c["sdpa_tflops"], c["finite"], c["peak_bytes"] / 1e9))
+PY
+fi
+if has a; then
+    cuobjdump --dump-sass "$D/kv-bench" 2>/dev/null | awk '
+        /Function :/ { f = ($0 ~ /pf_attn_kernel/) ? $0 : "" }
+        f != "" && /HMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR/ { split($0, a, /[ ;]+/); for (i in a) if (a[i] ~ /^(HMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR)/) { sub(/\..*/, "", a[i]); n[f, a[i]]++ } }
+        END { for (k in n) { split(k, p, SUBSEP); print substr(p[1], 1, 120), p[2], n[k] } }' | sort > "$OUT/sass.txt"
+    log "SASS (pf_attn_kernel, static counts): $(wc -l < "$OUT/sass.txt") lines"; grep -c LDL "$OUT/sass.txt" | sed 's/^/functions with LDL: /'
+fi
