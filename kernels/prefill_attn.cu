@@ -24,6 +24,7 @@
 
 #include "common.cuh"
 #include "prefill_ops.h"
+#include "prefill_attn_sm90a.h"
 
 namespace {
 
@@ -357,7 +358,7 @@ struct pf_variant {
       {pf_attn_kernel<pf_b, pf_b, 64, NW, WM, BN, MB>, pf_attn_kernel<pf_b, pf_b, 128, NW, WM, BN, MB>}, \
       {pf_attn_kernel<pf_h, pf_b, 64, NW, WM, BN, MB>, pf_attn_kernel<pf_h, pf_b, 128, NW, WM, BN, MB>}}}
 
-/* Entry 0 is the default; the others are there to be measured against it. */
+/* The mma.sync tiles, measured against each other and the wgmma ones. */
 static const pf_variant variants[] = {
     PF_VARIANT(4, 2, 64, 1), /* FlashAttention-2's tile for head_dim 128 */
     PF_VARIANT(4, 1, 64, 1), PF_VARIANT(4, 1, 64, 3), PF_VARIANT(8, 1, 64, 1),
@@ -367,12 +368,20 @@ static const int n_variants = (int)(sizeof variants / sizeof variants[0]);
 
 } // namespace
 
-extern "C" int pf_attn_variants(void) { return n_variants; }
+/* Variant numbers: 0 the default for the device, then the mma.sync tiles,
+ * then the wgmma tiles (kernels/prefill_attn_sm90a.cu). */
+static int best_variant(void) { return pf_attn_wg_available() ? 1 + n_variants + PF_WG_DEFAULT : 1; }
+
+extern "C" int pf_attn_variants(void) { return 1 + n_variants + pf_attn_wg_variants(); }
 
 extern "C" const char *pf_attn_variant_name(int v)
 {
-    return v >= 0 && v < n_variants ? variants[v].name : "?";
+    if (v == 0) return "auto";
+    if (v >= 1 && v <= n_variants) return variants[v - 1].name;
+    return pf_attn_wg_name(v - 1 - n_variants);
 }
+
+extern "C" int pf_attn_default_variant(void) { return best_variant(); }
 
 extern "C" int pf_attn_supported(const pf_attn_args *a)
 {
@@ -386,11 +395,14 @@ extern "C" int pf_attn_supported(const pf_attn_args *a)
 extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, int variant,
                                cudaStream_t s)
 {
-    if (!pf_attn_supported(a) || variant < 0 || variant >= n_variants) return cudaErrorInvalidValue;
+    if (!pf_attn_supported(a) || variant < 0 || variant >= pf_attn_variants())
+        return cudaErrorInvalidValue;
     if (t == PF_BF16 && ot != PF_BF16) return cudaErrorInvalidValue;
     if (a->n == 0) return cudaSuccess;
-    const pf_variant &pv = variants[variant];
+    if (variant == 0) variant = best_variant();
     const int ti = t == PF_BF16 ? 1 : ot == PF_BF16 ? 2 : 0;
+    if (variant > n_variants) return pf_attn_wg(a, ti, variant - 1 - n_variants, s);
+    const pf_variant &pv = variants[variant - 1];
     pf_kernel_fn f = pv.f[ti][a->head_dim == 128];
     const int BM = pv.nw * pv.wm * 16;
     const size_t smem = (size_t)(BM + 2 * pv.bn) * a->head_dim * 2;

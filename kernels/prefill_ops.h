@@ -55,12 +55,15 @@ typedef struct {
 int pf_attn_supported(const pf_attn_args *a);
 
 /*
- * Tile configurations (measurement): 0 = the default for the geometry; 1..
- * pf_attn_variants() - 1 pick another (pf_attn_variant_name says which).
- * Every variant computes the same function.
+ * Tile configurations (measurement): 0 = the default for the device (the
+ * wgmma kernel on compute capability 9.0, else mma.sync), then the mma.sync
+ * tiles, then the wgmma tiles (sm_90a; refused with cudaErrorNotSupported
+ * elsewhere); pf_attn_variant_name says which.  Every variant computes the
+ * same function; pf_attn_default_variant is the one 0 stands for here.
  */
 int pf_attn_variants(void);
 const char *pf_attn_variant_name(int variant);
+int pf_attn_default_variant(void);
 
 cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, int variant,
                     cudaStream_t s);

@@ -9,8 +9,8 @@
 # a SASS opcode counts): the unit test; compute-sanitizer memcheck and
 # racecheck on its short form; kv-bench prefill (every attention variant
 # alone, then the prefill at each context); the peer.  Logs in $OUT (at most
-# 8 files): summary.txt tests.tap sanitizer.log prefill.json prefill.err
-# peer.json peer.err sass.txt
+# 8 files): summary.txt tests.tap sanitizer.log variants.json prefill.json
+# prefill.err peer.json sass.txt (peer's stderr into prefill.err)
 set -u
 D=${1:-build-dev-F}
 OUT=${OUT:-/tmp/kv-out}
@@ -40,28 +40,41 @@ if has s; then
     grep -E '^(ok|not ok)|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has b; then
-    log "kv-bench prefill -c $CTX ${BENCH_ARGS:-}"
-    timeout ${BENCH_TIMEOUT:-400} "$D/kv-bench" prefill --json -c "$CTX" --variants ${BENCH_ARGS:-} \
-        > "$OUT/prefill.json" 2> "$OUT/prefill.err"; log "rc=$?"
+    # every attention variant alone at 32k (one layer's prefill alongside), the best one kept
+    log "kv-bench prefill --variants at 32768"
+    timeout 200 "$D/kv-bench" prefill --json -c 32768 --layers 1 --reps 1 --gemm 0 --variants \
+        > "$OUT/variants.json" 2> "$OUT/prefill.err"; log "rc=$?"
+    BEST=$(python3 - "$OUT/variants.json" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))["contexts"][0]["variants"]
+    names = list(v)
+    print(max(range(1, len(names)), key=lambda i: v[names[i]]["tflops"]))
+except Exception:
+    print(0)
+PY
+)
+    python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['contexts'][0]['variants']; print('variants at 32k, TFLOP/s:', {k: x['tflops'] for k, x in v.items()})" "$OUT/variants.json" 2>&1 | tee -a "$OUT/summary.txt"
+    log "kv-bench prefill -c $CTX --variant ${VARIANT:-$BEST} ${BENCH_ARGS:-}"
+    timeout ${BENCH_TIMEOUT:-400} "$D/kv-bench" prefill --json -c "$CTX" --variant ${VARIANT:-$BEST} ${BENCH_ARGS:-} \
+        > "$OUT/prefill.json" 2>> "$OUT/prefill.err"; log "rc=$?"
     tail -n 3 "$OUT/prefill.err"
     python3 - "$OUT/prefill.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try: d = json.load(open(sys.argv[1]))
 except Exception as e: print("no JSON:", e); sys.exit(0)
-print("gemm", d["gemm_tflops"], "TF/s; cublas", d["cublas"])
+print("gemm", d["gemm_tflops"], "TF/s; cublas", d["cublas"], "; attention variant", d["attn_variant"])
 for c in d["contexts"]:
     if "error" in c: print(c["T"], "ERROR", c["error"]); continue
     print("%7d prefill %9.1f ms %8.0f tok/s attn %8.1f ms %6.1f TF/s alone %6.1f TF/s other %6.1f TF/s gpu %.1f GB" % (
         c["T"], c["prefill_ms"], c["tokens_per_s"], c["attn_ms"], c["attn_tflops"], c.get("attn_alone_tflops", 0),
         c["gemm_part_tflops"], c["gpu_bytes"] / 1e9))
-    print("        variants:", {k: v["tflops"] for k, v in c.get("variants", {}).items()})
 PY
 fi
 if has p; then
     log "prefill_peer.py -c $CTX"
     PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$D/prefill_peer.py" --contexts "$CTX" \
-        > "$OUT/peer.json" 2> "$OUT/peer.err"; log "rc=$?"
-    tail -n 3 "$OUT/peer.err"
+        > "$OUT/peer.json" 2>> "$OUT/prefill.err"; log "rc=$?"
     python3 - "$OUT/peer.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try: d = json.load(open(sys.argv[1]))
@@ -75,8 +88,8 @@ PY
 fi
 if has a; then
     cuobjdump --dump-sass "$D/kv-bench" 2>/dev/null | awk '
-        /Function :/ { f = ($0 ~ /pf_attn_kernel/) ? $0 : "" }
-        f != "" && /HMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR/ { split($0, a, /[ ;]+/); for (i in a) if (a[i] ~ /^(HMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR)/) { sub(/\..*/, "", a[i]); n[f, a[i]]++ } }
+        /Function :/ { f = ($0 ~ /pf_attn_kernel|pf_wg_kernel/) ? $0 : "" }
+        f != "" && /HMMA|HGMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR/ { split($0, a, /[ ;]+/); for (i in a) if (a[i] ~ /^(HMMA|HGMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR)/) { sub(/\..*/, "", a[i]); n[f, a[i]]++ } }
         END { for (k in n) { split(k, p, SUBSEP); print substr(p[1], 1, 120), p[2], n[k] } }' | sort > "$OUT/sass.txt"
     log "SASS (pf_attn_kernel, static counts): $(wc -l < "$OUT/sass.txt") lines"; grep -c LDL "$OUT/sass.txt" | sed 's/^/functions with LDL: /'
 fi
