@@ -73,7 +73,7 @@ PY
 fi
 if has p; then
     log "prefill_peer.py -c $CTX"
-    PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$D/prefill_peer.py" --contexts "$CTX" \
+    PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$D/prefill_peer.py" --contexts "$CTX" ${PEER_ARGS:-} \
         > "$OUT/peer.json" 2>> "$OUT/prefill.err"; log "rc=$?"
     python3 - "$OUT/peer.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
