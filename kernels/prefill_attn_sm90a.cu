@@ -352,25 +352,223 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #endif
 }
 
+
+/*
+ * The same attention with the softmax overlapped with the tensor cores
+ * (FlashAttention-3's intra-warpgroup pipelining): in iteration j a
+ * warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
+ * S_j only, and computes the softmax of S_j while the second product runs;
+ * O is rescaled once that product is done.  K and V are double-buffered,
+ * so the loads of K_{j+1} and V_j have a whole iteration to land.  The
+ * operand fences keep the compiler from moving register reads and writes
+ * across the wgmma waits (the registers of an in-flight wgmma).
+ */
+template <int N>
+static __device__ __forceinline__ void fence_f(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+static __device__ __forceinline__ void fence_u(uint32_t (&r)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+static __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+template <int BF, int OBF, int D, int NWG, int BN>
+__global__ void __launch_bounds__(NWG * 128, 1)
+    pf_wgp_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k,
+                  const uint16_t *__restrict__ v, uint16_t *__restrict__ o, long long ldq,
+                  long long ldo, long long kv_stride, int n_heads, int kv_heads, int p0, int n,
+                  float scale_log2)
+{
+#if PF_WGMMA
+    constexpr int BM = NWG * 64;
+    constexpr int NT = NWG * 128;
+    constexpr int NF = BN / 8, OF = D / 8;
+    constexpr unsigned TB = BN * D * 2; /* bytes of one K or V tile */
+    extern __shared__ uint8_t smem_raw[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const unsigned sQ = base, sK0 = sQ + BM * D * 2, sV0 = sK0 + 2 * TB;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int grp = n_heads / kv_heads;
+    const int nqb = (n + BM - 1) / BM;
+    int b = blockIdx.x;
+    const int hg = b % grp;
+    b /= grp;
+    const int kvh = b % kv_heads;
+    const int qb = nqb - 1 - b / kv_heads;
+    const int h = kvh * grp + hg;
+    const int q0 = qb * BM;
+    const int rows = min(BM, n - q0);
+    const int Tk = p0 + n;
+    const int ntiles = (p0 + q0 + rows + BN - 1) / BN;
+    const uint16_t *Q = q + (size_t)q0 * ldq + (size_t)h * D;
+    const uint16_t *K = k + (size_t)kvh * kv_stride;
+    const uint16_t *V = v + (size_t)kvh * kv_stride;
+
+    load_tile<D, BM, NT>(sQ, Q, ldq, 0, rows, tid);
+    load_tile<D, BN, NT>(sK0, K, D, 0, Tk, tid);
+    /* the product of iteration 0 with "tile -1" multiplies zero
+     * probabilities by V buffer 1: zero it so that 0 * garbage is no NaN */
+    load_tile<D, BN, NT>(sV0 + TB, V, D, 0, 0, tid);
+    cp_commit();
+
+    const int wpos0 = p0 + q0 + wg * 64 + wq * 16;
+    float acc[OF * 4];
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < OF * 4; i++) acc[i] = 0.0f;
+    uint32_t pp[BN / 16][4]; /* P of the previous tile, read by its in-flight product */
+#pragma unroll
+    for (int i = 0; i < BN / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = 0u;
+    const unsigned qbase = sQ + wg * 64 * 128;
+    cp_wait_all();
+    fence_async_smem();
+    __syncthreads();
+
+    for (int j = 0; j < ntiles; j++) {
+        const int kb = j * BN;
+        const unsigned sK = sK0 + (j & 1) * TB;
+        float s[NF * 4];
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const unsigned off = (ks & 3) << 5;
+            uint64_t da = desc(qbase + (ks >> 2) * BM * 128 + off, 16, 1024);
+            uint64_t db = desc(sK + (ks >> 2) * BN * 128 + off, 16, 1024);
+            mma_ss<BF, BN>(s, da, db, ks > 0);
+        }
+        wg_commit();
+        {   /* no branch around a wgmma (C7520): in iteration 0 this adds 0 */
+            const unsigned sV = sV0 + ((j - 1) & 1) * TB;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                mma_rs<BF, D>(acc, pp[kk], desc(sV + kk * 2048, BN * 128, 1024));
+            wg_commit();
+        }
+        /* V_j and K_{j+1} into the buffers the products of iteration j-1 read */
+        load_tile<D, BN, NT>(sV0 + (j & 1) * TB, V, D, kb, Tk, tid);
+        if (j + 1 < ntiles) load_tile<D, BN, NT>(sK0 + ((j + 1) & 1) * TB, K, D, kb + BN, Tk, tid);
+        cp_commit();
+        wg_wait1(); /* S_j done; the second product may still run */
+        fence_f(s);
+        if (kb + BN - 1 > wpos0 || kb + BN > Tk) {
+#pragma unroll
+            for (int f = 0; f < NF; f++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = kb + f * 8 + 2 * t4 + (e & 1);
+                    int pos = wpos0 + g + ((e >> 1) << 3);
+                    if (key > pos || key >= Tk) s[f * 4 + e] = -INFINITY;
+                }
+        }
+        float corr[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = mrow[hf];
+#pragma unroll
+            for (int f = 0; f < NF; f++) mx = fmaxf(mx, fmaxf(s[f * 4 + 2 * hf], s[f * 4 + 2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 2));
+            const float base2 = mx == -INFINITY ? 0.0f : mx * scale_log2;
+            corr[hf] = fast_exp2(mrow[hf] * scale_log2 - base2);
+            mrow[hf] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int f = 0; f < NF; f++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = fast_exp2(fmaf(s[f * 4 + 2 * hf + e], scale_log2, -base2));
+                    s[f * 4 + 2 * hf + e] = p;
+                    sum += p;
+                }
+            lrow[hf] = lrow[hf] * corr[hf] + sum;
+        }
+        uint32_t pn[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pn[kk][0] = wt<BF>::pack(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+            pn[kk][1] = wt<BF>::pack(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+            pn[kk][2] = wt<BF>::pack(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+            pn[kk][3] = wt<BF>::pack(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+        }
+        wg_wait0(); /* O += P_{j-1} V_{j-1} done: O and P_{j-1}'s registers are free */
+        fence_f(acc);
+        fence_u(pp);
+#pragma unroll
+        for (int f = 0; f < OF; f++) {
+            acc[f * 4 + 0] *= corr[0];
+            acc[f * 4 + 1] *= corr[0];
+            acc[f * 4 + 2] *= corr[1];
+            acc[f * 4 + 3] *= corr[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pp[kk][e] = pn[kk][e];
+        cp_wait_all();
+        fence_async_smem();
+        __syncthreads(); /* V_j, K_{j+1} landed; every warpgroup is past iteration j's products */
+    }
+    {
+        const unsigned sV = sV0 + ((ntiles - 1) & 1) * TB;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            mma_rs<BF, D>(acc, pp[kk], desc(sV + kk * 2048, BN * 128, 1024));
+        wg_commit();
+        wg_wait0();
+        fence_f(acc);
+    }
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = lrow[hf];
+        l += __shfl_xor_sync(KV_FULL_MASK, l, 1);
+        l += __shfl_xor_sync(KV_FULL_MASK, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = wg * 64 + wq * 16 + g + hf * 8;
+        if (r < rows) {
+            uint32_t *dst = reinterpret_cast<uint32_t *>(o + (size_t)(q0 + r) * ldo + (size_t)h * D + 2 * t4);
+#pragma unroll
+            for (int f = 0; f < OF; f++)
+                dst[f * 4] = wt<OBF>::pack(acc[f * 4 + 2 * hf] * inv, acc[f * 4 + 2 * hf + 1] * inv);
+        }
+    }
+#endif
+}
+
 typedef void (*pf_wg_fn)(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *,
                          long long, long long, long long, int, int, int, int, float);
 
 struct pf_wg_variant {
     const char *name;
-    int nwg, bn;
+    int nwg, bn, pipelined;
     pf_wg_fn f[3][2]; /* [f16, bf16, f16 in bf16 out][head_dim 64, 128] */
 };
 
-#define PF_WG(NWG, BN)                                                                          \
-    {"wg" #NWG "n" #BN,                                                                         \
+#define PF_WGK(KER, NAME, PIPE, NWG, BN)                                                        \
+    {NAME #NWG "n" #BN,                                                                         \
      NWG,                                                                                       \
      BN,                                                                                        \
-     {{pf_wg_kernel<0, 0, 64, NWG, BN>, pf_wg_kernel<0, 0, 128, NWG, BN>},                      \
-      {pf_wg_kernel<1, 1, 64, NWG, BN>, pf_wg_kernel<1, 1, 128, NWG, BN>},                      \
-      {pf_wg_kernel<0, 1, 64, NWG, BN>, pf_wg_kernel<0, 1, 128, NWG, BN>}}}
+     PIPE,                                                                                      \
+     {{KER<0, 0, 64, NWG, BN>, KER<0, 0, 128, NWG, BN>},                                        \
+      {KER<1, 1, 64, NWG, BN>, KER<1, 1, 128, NWG, BN>},                                        \
+      {KER<0, 1, 64, NWG, BN>, KER<0, 1, 128, NWG, BN>}}}
+#define PF_WG(NWG, BN) PF_WGK(pf_wg_kernel, "wg", 0, NWG, BN)
+#define PF_WGP(NWG, BN) PF_WGK(pf_wgp_kernel, "wgp", 1, NWG, BN)
 
 static const pf_wg_variant wg_variants[] = {
     PF_WG(2, 128), PF_WG(2, 64), PF_WG(1, 128), PF_WG(1, 64), PF_WG(3, 64),
+    PF_WGP(2, 128), PF_WGP(1, 128), PF_WGP(2, 64), PF_WGP(3, 64),
 };
 static const int n_wg = (int)(sizeof wg_variants / sizeof wg_variants[0]);
 
@@ -404,8 +602,8 @@ cudaError_t pf_attn_wg(const pf_attn_args *a, int ti, int variant, cudaStream_t 
     const pf_wg_variant &pv = wg_variants[variant];
     pf_wg_fn f = pv.f[ti][a->head_dim == 128];
     const int BM = pv.nwg * 64;
-    const size_t smem = (size_t)(BM + 2 * pv.bn) * a->head_dim * 2 + 1024;
-    static thread_local bool raised[8][3][2];
+    const size_t smem = (size_t)(BM + (pv.pipelined ? 4 : 2) * pv.bn) * a->head_dim * 2 + 1024;
+    static thread_local bool raised[16][3][2];
     bool &r = raised[variant][ti][a->head_dim == 128];
     if (!r) {
         CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

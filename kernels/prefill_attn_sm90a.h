@@ -9,7 +9,7 @@
 #include "prefill_ops.h"
 
 /* The wgmma tile pf_attn's variant 0 uses on Hopper (index into these). */
-#define PF_WG_DEFAULT 0
+#define PF_WG_DEFAULT 5
 
 int pf_attn_wg_variants(void);
 const char *pf_attn_wg_name(int variant);

@@ -53,7 +53,7 @@ static const kv_cli_spec spec = {
 typedef struct {
     kv_prefill_bench_result r;
     double alone_ms, alone_tflops;
-    double var_ms[16], var_tflops[16];
+    double var_ms[32], var_tflops[32];
     char err[256];
     int ok;
 } crow;
@@ -90,7 +90,7 @@ int kv_bench_prefill_main(int argc, char **argv)
         case O_CHUNK: po.chunk = (int)kv_cli_long("--chunk", a, 16, 1 << 20); break;
         case O_LAYERS: po.layers = (int)kv_cli_long("--layers", a, 1, 1024); break;
         case O_REPS: po.reps = (int)kv_cli_long("--reps", a, 1, 64); break;
-        case O_VARIANT: po.variant = (int)kv_cli_long("--variant", a, 0, 15); break;
+        case O_VARIANT: po.variant = (int)kv_cli_long("--variant", a, 0, 31); break;
         case O_VARIANTS: variants = true; break;
         case O_GEMM: gemm_n = (int)kv_cli_long("--gemm", a, 0, 32768); break;
         case O_NOALONE: alone = false; break;
@@ -129,7 +129,7 @@ int kv_bench_prefill_main(int argc, char **argv)
         if (!st && alone)
             st = kv_prefill_bench_attn(&cfg, ctx[ci], po.variant, po.kvbf16, 5, po.device,
                                        &w->alone_ms, &w->alone_tflops);
-        for (int v = 0; variants && !st && v < kv_prefill_attn_variants() && v < 16; v++)
+        for (int v = 0; variants && !st && v < kv_prefill_attn_variants() && v < 32; v++)
             st = kv_prefill_bench_attn(&cfg, ctx[ci], v, po.kvbf16, 3, po.device, &w->var_ms[v],
                                        &w->var_tflops[v]);
         w->ok = !st;
@@ -175,7 +175,7 @@ int kv_bench_prefill_main(int argc, char **argv)
                        gemm_tflops > 0 ? w->alone_tflops / gemm_tflops : 0);
             if (variants) {
                 printf(", \"variants\": {");
-                for (int v = 0; v < 16 && w->var_ms[v] > 0; v++)
+                for (int v = 0; v < 32 && w->var_ms[v] > 0; v++)
                     printf("%s\"%s\": {\"ms\": %.3f, \"tflops\": %.1f}", v ? ", " : "",
                            kv_prefill_attn_variant_name(v), w->var_ms[v], w->var_tflops[v]);
                 printf("}");

@@ -9,8 +9,8 @@
 # a SASS opcode counts): the unit test; compute-sanitizer memcheck and
 # racecheck on its short form; kv-bench prefill (every attention variant
 # alone, then the prefill at each context); the peer.  Logs in $OUT (at most
-# 8 files): summary.txt tests.tap sanitizer.log variants.json prefill.json
-# prefill.err peer.json sass.txt (peer's stderr into prefill.err)
+# 8 files): summary.txt tests.tap sanitizer.log variants.json sweep.txt
+# prefill.json prefill.err peer.json (the peer's stderr into prefill.err)
 set -u
 D=${1:-build-dev-F}
 OUT=${OUT:-/tmp/kv-out}
@@ -55,8 +55,19 @@ except Exception:
 PY
 )
     python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['contexts'][0]['variants']; print('variants at 32k, TFLOP/s:', {k: x['tflops'] for k, x in v.items()})" "$OUT/variants.json" 2>&1 | tee -a "$OUT/summary.txt"
-    log "kv-bench prefill -c $CTX --variant ${VARIANT:-$BEST} ${BENCH_ARGS:-}"
-    timeout ${BENCH_TIMEOUT:-400} "$D/kv-bench" prefill --json -c "$CTX" --variant ${VARIANT:-$BEST} ${BENCH_ARGS:-} \
+    # chunk sizes at 128k on 4 layers, the fastest kept
+    BC=4096; BMS=
+    for c in ${CHUNKS:-4096 8192 16384}; do
+        timeout 100 "$D/kv-bench" prefill --json -c 131072 --layers 4 --reps 1 --gemm 0 --no-alone \
+            --variant ${VARIANT:-$BEST} --chunk $c > "$OUT/chunk.json" 2>> "$OUT/prefill.err"
+        ms=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['contexts'][0]['prefill_ms'])" "$OUT/chunk.json" 2>/dev/null)
+        echo "chunk $c: 4 layers at 131072 in $ms ms" | tee -a "$OUT/summary.txt"
+        cat "$OUT/chunk.json" >> "$OUT/sweep.txt"
+        if [ -n "$ms" ] && { [ -z "$BMS" ] || python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)" "$ms" "$BMS"; }; then BC=$c; BMS=$ms; fi
+    done
+    rm -f "$OUT/chunk.json"
+    log "kv-bench prefill -c $CTX --variant ${VARIANT:-$BEST} --chunk ${CHUNK:-$BC} ${BENCH_ARGS:-}"
+    timeout ${BENCH_TIMEOUT:-400} "$D/kv-bench" prefill --json -c "$CTX" --variant ${VARIANT:-$BEST} --chunk ${CHUNK:-$BC} ${BENCH_ARGS:-} \
         > "$OUT/prefill.json" 2>> "$OUT/prefill.err"; log "rc=$?"
     tail -n 3 "$OUT/prefill.err"
     python3 - "$OUT/prefill.json" <<'PY' | tee -a "$OUT/summary.txt"
@@ -88,8 +99,10 @@ PY
 fi
 if has a; then
     cuobjdump --dump-sass "$D/kv-bench" 2>/dev/null | awk '
-        /Function :/ { f = ($0 ~ /pf_attn_kernel|pf_wg_kernel/) ? $0 : "" }
+        /Function :/ { f = ($0 ~ /pf_attn_kernel|pf_wgp?_kernel/) ? $0 : "" }
         f != "" && /HMMA|HGMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR/ { split($0, a, /[ ;]+/); for (i in a) if (a[i] ~ /^(HMMA|HGMMA|LDSM|LDL|STL|MUFU|LDGSTS|BAR)/) { sub(/\..*/, "", a[i]); n[f, a[i]]++ } }
-        END { for (k in n) { split(k, p, SUBSEP); print substr(p[1], 1, 120), p[2], n[k] } }' | sort > "$OUT/sass.txt"
-    log "SASS (pf_attn_kernel, static counts): $(wc -l < "$OUT/sass.txt") lines"; grep -c LDL "$OUT/sass.txt" | sed 's/^/functions with LDL: /'
+        END { for (k in n) { split(k, p, SUBSEP); print substr(p[1], 1, 120), p[2], n[k] } }' | sort > /tmp/sass.txt
+    log "SASS (attention kernels, static counts): $(wc -l < /tmp/sass.txt) lines"
+    grep -E "LDL|STL" /tmp/sass.txt | sed 's/^/  local memory: /' | tee -a "$OUT/summary.txt"
+    grep -E "wgp_kernelILi0ELi0ELi128" /tmp/sass.txt | tee -a "$OUT/summary.txt"
 fi
