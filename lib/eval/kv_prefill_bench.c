@@ -180,17 +180,17 @@ kv_status kv_prefill_bench_run(const kv_model_config *c, const kv_prefill_bench_
         free(hinv);
         free(htok);
     }
-    kv_pf_layer lw = {wb, wb + nqkv, wb + nqkv + no, wb + nqkv + no + ngu, norms, norms + dim};
+    /* every layer reads the same weights (see kv_prefill_bench.h) */
+    kv_pf_layer *lws = calloc((size_t)L, sizeof *lws);
+    if (!lws && !st) st = kv_fail(KV_E_NOMEM, "out of memory");
+    for (int l = 0; lws && l < L; l++)
+        lws[l] = (kv_pf_layer){wb, wb + nqkv, wb + nqkv + no, wb + nqkv + no + ngu, norms, norms + dim};
     for (int rep = -1; rep < reps && !st; rep++) {
         ev.n = 0;
         BCK(cudaEventRecord(e0, s));
-        BCK(pf_embed_rows(emb, o->wbf16 ? PF_BF16 : PF_F16, g.ld_dim, dim, tok, T, X, g.ld_dim, s));
-        for (int l = 0; l < L && !st; l++)
-            for (int p0 = 0; p0 < T && !st; p0 += C) {
-                int n = T - p0 < C ? T - p0 : C;
-                st = kv_gpu_prefill_layer(cb, &g, &lw, &ws, X + (size_t)p0 * g.ld_dim, p0, n, kc[l],
-                                          vc[l], kvs, inv, s, &ev);
-            }
+        if (!st)
+            st = kv_gpu_prefill_model(cb, &g, lws, L, emb, g.ld_dim, tok, T, &ws, X, kc, vc, kvs, inv,
+                                      NULL, s, &ev);
         BCK(cudaEventRecord(e1, s));
         BCK(cudaEventSynchronize(e1));
         if (st || rep < 0) continue;
@@ -238,7 +238,7 @@ kv_status kv_prefill_bench_run(const kv_model_config *c, const kv_prefill_bench_
     if (e1) cudaEventDestroy(e1);
     if (s) cudaStreamDestroy(s);
     kv_cublas_close(cb);
-    free(kc), free(vc), free(ev.start), free(ev.stop), free(ms), free(ams);
+    free(kc), free(vc), free(ev.start), free(ev.stop), free(ms), free(ams), free(lws);
     return st;
 }
 

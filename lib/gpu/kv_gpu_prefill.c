@@ -136,7 +136,43 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
     return st;
 }
 
+kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
+                               long long kv_stride, const float *inv_freq,
+                               const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
+{
+    if (T < 1 || L < 1) return kv_fail(KV_E_USAGE, "prefill of %d tokens through %d layers", T, L);
+    if (kv_stride < (long long)T * g->head_dim)
+        return kv_fail(KV_E_USAGE, "prefill cache of %lld values per head holds fewer than %d tokens",
+                       kv_stride, T);
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok, T,
+                                         X, g->ld_dim, s), "embedding");
+    const int qd = g->n_heads * g->head_dim;
+    for (int l = 0; l < L && !st; l++) {
+        for (int p0 = 0; p0 < T && !st; p0 += ws->C) {
+            int n = T - p0 < ws->C ? T - p0 : ws->C;
+            st = kv_gpu_prefill_layer(cb, g, &w[l], ws, X + (size_t)p0 * g->ld_dim, p0, n, kc[l], vc[l],
+                                      kv_stride, inv_freq, stream, ev);
+            if (!st && hooks && hooks->chunk) st = hooks->chunk(hooks->ctx, l, p0, n, ws->q, qd, stream);
+        }
+        if (!st && hooks && hooks->layer) st = hooks->layer(hooks->ctx, l, stream);
+        if (st) kv_errcontext("prefill, layer %d", l);
+    }
+    return st;
+}
+
 #else
+
+kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
+                               long long kv_stride, const float *inv_freq,
+                               const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
+{
+    return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
+}
 
 kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
 {

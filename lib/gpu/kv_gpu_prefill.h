@@ -80,6 +80,43 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
                                long long kv_stride, const float *inv_freq, void *stream,
                                kv_pf_events *ev);
 
+/*
+ * Where a placement takes its prompt from (the GPU engine's hooks): chunk
+ * runs after layer l's rows [p0, p0 + n) are in its cache, with the chunk's
+ * rotated queries q (n, ldq) of the cache type (DSQ's last queries, the
+ * profile's); layer runs after layer l's whole prompt is in its cache (so a
+ * placement can pack it or copy it out before the cache is reused).  Either
+ * may be NULL.  Both are enqueued work on stream; they must not keep q.
+ */
+typedef struct {
+    kv_status (*chunk)(void *ctx, int layer, int p0, int n, const void *q, int ldq, void *stream);
+    kv_status (*layer)(void *ctx, int layer, void *stream);
+    void *ctx;
+} kv_pf_hooks;
+
+/*
+ * The dense causal prefill of T tokens dtok (device ids) through L layers,
+ * layer by layer in chunks of ws->C rows, as lib/engine/kv_engine.c orders
+ * it: X (T, ld_dim) float32 = embedding rows of embd (vocab, ld_embd) of the
+ * weight type, then each layer over each chunk (kv_gpu_prefill_layer).  kc[l],
+ * vc[l]: layer l's dense cache (kv_heads, kv_stride) rows [0, T) — distinct
+ * per layer, or one scratch shared by all when hooks->layer moves each
+ * layer's K/V into its placement.  On return X holds the final residual
+ * stream (the caller applies the output norm and the classifier to the
+ * rows it wants).
+ *
+ * Peak device memory of a prefill through this path: the weights, the
+ * placements' KV, X (T * ld_dim * 4 bytes), the dense caches passed here
+ * (2 * kv_heads * T * hd * 2 bytes each: a full layer's own cache, or one
+ * shared scratch), and the chunk workspace (kv_gpu_prefill_ws_bytes(C)):
+ * linear in T, never T^2.
+ */
+kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
+                               long long kv_stride, const float *inv_freq,
+                               const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev);
+
 /* FLOPs of the causal attention of a T-token prompt (all chunks): 4*T^2*H*D/2. */
 double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim);
 

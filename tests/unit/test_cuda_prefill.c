@@ -7,7 +7,9 @@
  * keys) against kv_attn_prefill; the row kernels (RMSNorm, RoPE with Llama-3
  * frequency scaling and the cache store, SwiGLU) against the CPU engine's
  * formulas; cuBLAS products against a plain loop; and one whole layer
- * (kv_gpu_prefill_layer) run in several chunks against a float32 CPU layer.
+ * (kv_gpu_prefill_layer) run in several chunks against a float32 CPU layer,
+ * and the whole chunked prefill of niah4k (kv_gpu_prefill_model) against the
+ * CPU engine's (last logits, every layer's K/V, the greedy token).
  * Outputs are poisoned before each launch so that an unwritten element
  * fails.  The first test (the CPU reference against a float64 one) runs
  * everywhere; the rest are TAP skips without a usable GPU.
@@ -22,6 +24,8 @@
 #include "common/kv_half.h"
 #include "gpu/kv_gpu.h"
 #include "model/kv_model.h"
+#include "model/kv_matmul.h"
+#include "engine/kv_engine.h"
 
 static unsigned long long seed;
 
@@ -570,6 +574,140 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
     free(wqkv), free(wo), free(wgu), free(wdn), free(an), free(fn), free(X), free(Xg);
     kv_cublas_close(cb);
 }
+/* Weight rows as fp16 (the GPU engine's type for float32 models), rows of
+ * several matrices one after another (or two interleaved), zero-padded to
+ * ld: the layout of lib/gpu/kv_gpu_engine.c's upload_matrix. */
+static uint16_t *rows16(const kv_weight *const *parts, int np, int ld, int interleave, size_t *nrows)
+{
+    size_t rows = 0;
+    for (int i = 0; i < np; i++) rows += (size_t)parts[i]->rows;
+    uint16_t *h = calloc(rows * (size_t)ld, 2);
+    float *f = malloc((size_t)parts[0]->cols * sizeof(float));
+    for (size_t r = 0; h && f && r < rows; r++) {
+        int part = 0;
+        size_t rs = r;
+        if (interleave) part = (int)(r % 2), rs = r / 2;
+        else
+            while (rs >= (size_t)parts[part]->rows) rs -= (size_t)parts[part++]->rows;
+        kv_weight_row(parts[part], (int)rs, f);
+        for (int c = 0; c < parts[part]->cols; c++) h[r * (size_t)ld + c] = kv_f32_to_half(f[c]);
+    }
+    free(f);
+    *nrows = rows;
+    return h;
+}
+
+static void *up16(const uint16_t *h, size_t n)
+{
+    void *d = dalloc(n * 2);
+    if (d && upload(d, h, n * 2) != cudaSuccess) cudaFree(d), d = NULL;
+    return d;
+}
+
+/* The whole chunked prefill (kv_gpu_prefill_model, chunks of 128) on niah4k
+ * against the CPU engine's prefill of the same prompt: the last position's
+ * logits (output norm and classifier applied on the CPU to the GPU's final
+ * residual row) and every layer's K/V, by normalized error; greedy tokens
+ * agree.  fp16 weights and cache on the GPU, float32 on the CPU. */
+static void test_prefill_model_matches_cpu_engine_on_niah4k(void)
+{
+    kv_model *m = NULL;
+    KT_REQUIRE(kv_model_load("tests/data/niah4k/niah4k.bin", &m) == KV_OK, "%s", kv_errdetail());
+    const kv_model_config *c = &m->cfg;
+    const int T = 700, C = 128, L = c->n_layers, hd = c->head_dim, nkv = c->n_kv_heads;
+    const int qd = c->n_heads * hd, kvd = nkv * hd;
+    kv_pf_geom g = {c->dim, c->hidden_dim, c->n_heads, nkv, hd, (c->dim + 7) & ~7, (qd + 7) & ~7,
+                    (c->hidden_dim + 7) & ~7, c->norm_eps, 1.0f / sqrtf((float)hd), 0, 0, 0};
+    int *tok = malloc(T * sizeof(int));
+    for (int t = 0; t < T; t++) tok[t] = 3 + (int)(kt_rand(&seed) * (c->vocab_size - 3));
+    /* the CPU engine, full cache, keeping the prompt K/V */
+    kv_engine *e = NULL;
+    float *logits = malloc((size_t)c->vocab_size * sizeof(float));
+    KT_REQUIRE(kv_engine_new(m, NULL, T + 8, &e) == KV_OK, "%s", kv_errdetail());
+    KT_REQUIRE(kv_engine_keep(e, 0, true) == KV_OK, "%s", kv_errdetail());
+    KT_REQUIRE(kv_engine_prefill(e, tok, T, logits) == KV_OK, "%s", kv_errdetail());
+    /* the GPU: weights in the engine's layout */
+    kv_pf_layer *lw = calloc((size_t)L, sizeof *lw);
+    void **dev = calloc((size_t)L * 6 + 8, sizeof(void *));
+    int nd = 0;
+    for (int l = 0; l < L; l++) {
+        const kv_layer_weights *w = &m->layers[l];
+        const kv_weight *qkv[3] = {&w->wq, &w->wk, &w->wv}, *o[1] = {&w->wo};
+        const kv_weight *gu[2] = {&w->w_gate, &w->w_up}, *dn[1] = {&w->w_down};
+        size_t r;
+        uint16_t *h;
+        h = rows16(qkv, 3, g.ld_dim, 0, &r), lw[l].qkv = dev[nd++] = up16(h, r * g.ld_dim), free(h);
+        h = rows16(o, 1, g.ld_qd, 0, &r), lw[l].o = dev[nd++] = up16(h, r * g.ld_qd), free(h);
+        h = rows16(gu, 2, g.ld_dim, 1, &r), lw[l].gu = dev[nd++] = up16(h, r * g.ld_dim), free(h);
+        h = rows16(dn, 1, g.ld_hid, 0, &r), lw[l].down = dev[nd++] = up16(h, r * g.ld_hid), free(h);
+        float *an = dalloc(c->dim * 4), *fn = dalloc(c->dim * 4);
+        upload(an, w->attn_norm, c->dim * 4), upload(fn, w->ffn_norm, c->dim * 4);
+        lw[l].attn_norm = dev[nd++] = an, lw[l].ffn_norm = dev[nd++] = fn;
+    }
+    const kv_weight *em[1] = {&m->tok_embd};
+    size_t er;
+    uint16_t *eh = rows16(em, 1, g.ld_dim, 0, &er);
+    void *demb = dev[nd++] = up16(eh, er * g.ld_dim);
+    free(eh);
+    float inv[128];
+    kv_model_rope_freqs(c, inv);
+    float *dinv = dev[nd++] = dalloc(sizeof inv);
+    upload(dinv, inv, (size_t)hd / 2 * 4);
+    int *dtok = dev[nd++] = dalloc(T * sizeof(int));
+    upload(dtok, tok, T * sizeof(int));
+    float *dX = dev[nd++] = dalloc((size_t)T * g.ld_dim * 4);
+    const long long kvs = (long long)T * hd;
+    void **kc = calloc((size_t)L, sizeof(void *)), **vc = calloc((size_t)L, sizeof(void *));
+    for (int l = 0; l < L; l++) kc[l] = dalloc((size_t)nkv * kvs * 2), vc[l] = dalloc((size_t)nkv * kvs * 2);
+    kv_cublas *cb = NULL;
+    KT_REQUIRE(kv_cublas_open(&cb) == KV_OK, "%s", kv_errdetail());
+    kv_pf_ws ws;
+    KT_REQUIRE(kv_gpu_prefill_ws_alloc(&g, C, &ws) == KV_OK, "%s", kv_errdetail());
+    kv_status st = kv_gpu_prefill_model(cb, &g, lw, L, demb, g.ld_dim, dtok, T, &ws, dX, kc, vc, kvs,
+                                        dinv, NULL, NULL, NULL);
+    KT_CHECK(st == KV_OK, "prefill: %s", kv_errdetail());
+    KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());
+    /* logits of the last position from the GPU's residual row */
+    float *xl = malloc((size_t)g.ld_dim * 4), *xn = malloc((size_t)c->dim * 4);
+    float *gl = malloc((size_t)c->vocab_size * sizeof(float));
+    cudaMemcpy(xl, dX + (size_t)(T - 1) * g.ld_dim, (size_t)g.ld_dim * 4, cudaMemcpyDeviceToHost);
+    cpu_rmsnorm(xn, xl, m->output_norm, c->dim, c->norm_eps);
+    kv_matmul(&m->output, xn, 1, gl);
+    double el = nerr(gl, logits, (size_t)c->vocab_size);
+    int a1 = 0, a2 = 0;
+    for (int i = 1; i < c->vocab_size; i++) {
+        if (logits[i] > logits[a1]) a1 = i;
+        if (gl[i] > gl[a2]) a2 = i;
+    }
+    KT_CHECK(el < 1e-2, "last logits: normalized error %.3g", el);
+    KT_CHECK(a1 == a2, "greedy token %d on the CPU, %d on the GPU", a1, a2);
+    /* every layer's cache */
+    double worst = 0;
+    uint16_t *hk = malloc((size_t)nkv * kvs * 2);
+    float *fk = malloc((size_t)nkv * kvs * 4);
+    for (int l = 0; l < L; l++)
+        for (int which = 0; which < 2; which++) {
+            int Tc = 0;
+            const float *ref = kv_engine_prompt_kv(e, l, which ? 'v' : 'k', &Tc);
+            KT_REQUIRE(ref && Tc == T, "CPU prompt K/V of layer %d", l);
+            cudaMemcpy(hk, which ? vc[l] : kc[l], (size_t)nkv * kvs * 2, cudaMemcpyDeviceToHost);
+            for (size_t i = 0; i < (size_t)nkv * kvs; i++) fk[i] = kv_half_to_f32(hk[i]);
+            double ek = nerr(fk, ref, (size_t)nkv * kvs);
+            if (ek > worst) worst = ek;
+            KT_CHECK(ek < 1e-2, "layer %d %c: normalized error %.3g", l, which ? 'v' : 'k', ek);
+        }
+    printf("# niah4k, %d tokens in chunks of %d: last logits error %.3g, worst K/V error %.3g, "
+           "greedy %d/%d\n", T, C, el, worst, a1, a2);
+    (void)qd, (void)kvd;
+    kv_gpu_prefill_ws_free(&ws);
+    kv_cublas_close(cb);
+    for (int l = 0; l < L; l++) cudaFree(kc[l]), cudaFree(vc[l]);
+    for (int i = 0; i < nd; i++) cudaFree(dev[i]);
+    free(kc), free(vc), free(dev), free(lw), free(xl), free(xn), free(gl), free(hk), free(fk);
+    free(logits), free(tok);
+    kv_engine_free(e);
+    kv_model_free(m);
+}
 #endif
 
 #define GPU_TESTS(X)                                                   \
@@ -577,7 +715,8 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
     X(test_prefill_attention_chunks_agree_and_bad_arguments_fail)      \
     X(test_prefill_row_kernels_match_cpu)                              \
     X(test_cublas_products_match_cpu)                                  \
-    X(test_prefill_layer_in_chunks_matches_cpu)
+    X(test_prefill_layer_in_chunks_matches_cpu)                        \
+    X(test_prefill_model_matches_cpu_engine_on_niah4k)
 
 int main(void)
 {
