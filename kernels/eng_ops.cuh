@@ -1,10 +1,12 @@
 /*
  * eng_ops: the C launchers of the GPU engine's own kernels (kernels/eng_*.cu),
- * callable from lib/gpu/kv_gpu_engine.c.  Plain C declarations (extern "C" under
- * C++), so this header is included by both nvcc and the C compiler, and only
- * in CUDA builds (KV_HAVE_CUDA).  Every launcher enqueues on the given stream
- * and returns the launch status (cudaGetLastError after the launch); none
- * synchronises.
+ * callable from lib/gpu (the engine's core and placements).  Plain C
+ * declarations (extern "C" under C++), so this header is included by both
+ * nvcc and the C compiler, and only in CUDA builds (KV_HAVE_CUDA).  Every
+ * launcher enqueues on the given stream and returns the status of its
+ * launch, having recorded any failure (kv_cuda_last_error names the
+ * statement, file, line and device); none synchronises.  The engine's fp16
+ * attention is kv_cuda_attn_f16 (kv_kernels.h).
  *
  * Conventions: activations are float32 on the device; weights and KV are
  * fp16 or bf16 (eng_dtype); "ld" is a row pitch in elements; shapes are in
@@ -98,21 +100,6 @@ cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, eng_dty
  * k[t][c] > mean[c] (hd a multiple of 8). */
 cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
                              const float *mean, uint8_t *bits, cudaStream_t s);
-
-// --- attention (eng_attn.cu) ----------------------------------------------
-
-/* Scratch floats eng_attend needs for n tokens (partials of every split). */
-size_t eng_attend_scratch(int nq_heads, int hd, int n);
-
-/*
- * Decode attention over n tokens: q (nq_heads, hd) float32, K/V (nkv, ld, hd)
- * fp16/bf16, rows [0, n) of each head; out (nq_heads, hd).  Split along the
- * tokens (flash-decoding) then combined.  hd in {8,16,32,64,128,256}; the
- * group nq_heads/nkv at most 8.
- */
-cudaError_t eng_attend(const float *q, const void *K, const void *V, eng_dtype t, int nq_heads,
-                       int nkv, int hd, int n, size_t ld, float scale, float *scratch,
-                       float *out, cudaStream_t s);
 
 // --- sparse selection (eng_select.cu) -------------------------------------
 

@@ -104,24 +104,10 @@ kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pa
 #ifdef KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kv_kernels.h"
+#include "gpu/kv_gpu_cuda.h"
 
-#define CK(x)                                                                            \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            st = kv_fail(KV_E_INTERNAL, "%s: %s", #x, cudaGetErrorString(e_));           \
-            goto done;                                                                   \
-        }                                                                                \
-    } while (0)
-/* Launchers record their own failing statement. */
-#define CKL(x)                                                                           \
-    do {                                                                                 \
-        if ((x) != cudaSuccess) {                                                        \
-            st = kv_fail(KV_E_INTERNAL, "%s", kv_cuda_last_error());                     \
-            goto done;                                                                   \
-        }                                                                                \
-    } while (0)
+/* A failed CUDA call or launcher: st names the statement (kv_cuda_fail), then cleanup. */
+#define CK(x) KV_CUDA_CK_GOTO(x, st, done)
 
 kv_status kv_cuda_bench_device(kv_bench_device *dev)
 {
@@ -153,11 +139,11 @@ static kv_status time_launches(launch_fn fn, void *ctx, int iters, int reps, dou
     if (!t) return kv_fail(KV_E_NOMEM, "timing buffer");
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++) CKL(fn(ctx, i));
+    for (int i = 0; i < 3; i++) CK(fn(ctx, i));
     CK(cudaDeviceSynchronize());
     for (int r = 0; r < reps; r++) {
         CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < iters; i++) CKL(fn(ctx, i));
+        for (int i = 0; i < iters; i++) CK(fn(ctx, i));
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float ms = 0;
@@ -293,8 +279,8 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
         CK(cudaMalloc((void **)&vo.resid, 2 * nr + 2));
         a.V[i].resid = vo.resid;
         int src = i % f16->copies;
-        CKL(kv_cuda_kivi_pack(KV_KIVI_KEYS, &a.prm, H, T, D, f16->k[src], &ko, 0));
-        CKL(kv_cuda_kivi_pack(KV_KIVI_VALUES, &a.prm, H, T, D, f16->v[src], &vo, 0));
+        CK(kv_cuda_kivi_pack(KV_KIVI_KEYS, &a.prm, H, T, D, f16->k[src], &ko, 0));
+        CK(kv_cuda_kivi_pack(KV_KIVI_VALUES, &a.prm, H, T, D, f16->v[src], &vo, 0));
     }
     a.wsb = kv_cuda_attn_kivi_workspace(&a.d, &a.prm);
     CK(cudaMalloc(&a.ws, a.wsb));
@@ -317,7 +303,7 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
             (st = kv_attn_decode_kivi(&cd, hq, &K, &V, ref)))
             goto done;
         CK(cudaMemset(a.out, 0xff, nq * 4));
-        CKL(kivi_launch(&a, 0));
+        CK(kivi_launch(&a, 0));
         CK(cudaMemcpy(got, a.out, nq * 4, cudaMemcpyDeviceToHost));
         out->err = nerr(got, ref, nq);
     }
@@ -335,7 +321,23 @@ done:
     return st;
 }
 
+static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
+
 kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
+{
+    kv_cuda_tuning keep = *kv_cuda_get_tuning(), t;
+    kv_cuda_tuning_default(&t);
+    t.f16_prefetch = c->variant.f16_prefetch;
+    if (c->variant.f16_unroll) t.f16_unroll = c->variant.f16_unroll;
+    if (c->variant.f16_waves) t.f16_waves = c->variant.f16_waves;
+    t.kivi2_var = c->variant.kivi2_var;
+    kv_cuda_set_tuning(&t);
+    kv_status st = bench_attn(c, r);
+    kv_cuda_set_tuning(&keep);
+    return st;
+}
+
+static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
 {
     kv_status st = KV_OK;
     kv_bench_device dev;
@@ -355,7 +357,8 @@ kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r
     }
     a.wsb = kv_cuda_attn_f16_workspace(&a.d);
     if (!a.wsb) {
-        st = kv_fail(KV_E_UNSUPPORTED, "fp16 attention does not support %d/%d heads of dim %d",
+        st = kv_fail(KV_E_UNSUPPORTED, "fp16 attention does not support %d/%d heads of dim %d "
+                     "(head dim 8..256, a power of two; at most 8 query heads per KV head)",
                      c->n_heads, c->kv_heads, c->head_dim);
         goto done;
     }
@@ -387,7 +390,7 @@ kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r
         }
         if ((st = kv_attn_decode_f16(&cd, hq, hk, hv, ref))) goto done;
         CK(cudaMemset(a.out, 0xff, nq * 4));
-        CKL(f16_launch(&a, 0));
+        CK(f16_launch(&a, 0));
         CK(cudaMemcpy(got, a.out, nq * 4, cudaMemcpyDeviceToHost));
         r->f16.err = nerr(got, ref, nq);
     }

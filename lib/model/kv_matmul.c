@@ -307,9 +307,12 @@ static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
 static void row_f32(const void *row, float *out, int n) { memcpy(out, row, (size_t)n * 4); }
 
-static void k_init(void)
+static bool force_portable; /* kv_matmul_set_portable */
+
+/* Choose the inner kernels: AVX2+FMA where the CPU has them, unless the
+ * portable ones are asked for. */
+static void k_choose(void)
 {
-    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
     K.dot[KV_W_F32] = dot_w_f32_port;
     K.dot[KV_W_F16] = dot_f16_port;
     K.dot[KV_W_BF16] = dot_bf16_port;
@@ -323,9 +326,8 @@ static void k_init(void)
     K.tile = tile_2x4_port;
     K.isa = "portable";
 #ifdef KV_X86
-    const char *env = getenv("KV_PORTABLE"); /* for testing the portable path */
     __builtin_cpu_init();
-    if ((!env || !*env) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         K.dot[KV_W_F32] = dot_w_f32_avx2;
         K.dot[KV_W_F16] = dot_f16_avx2;
         K.dot[KV_W_BF16] = dot_bf16_avx2;
@@ -339,7 +341,20 @@ static void k_init(void)
 #endif
 }
 
+static void k_init(void)
+{
+    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
+    k_choose();
+}
+
 static inline void k_ready(void) { pthread_once(&k_once, k_init); }
+
+void kv_matmul_set_portable(bool on)
+{
+    k_ready();
+    force_portable = on;
+    k_choose();
+}
 
 const char *kv_matmul_isa(void)
 {
