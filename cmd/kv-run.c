@@ -37,7 +37,7 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT, O_COMPARE, O_PREFIX
+    O_SELECT, O_COMPARE, O_PREFIX, O_PREFILL_CHUNK
 };
 
 static const kv_option opts[] = {
@@ -66,6 +66,7 @@ static const kv_option opts[] = {
     {O_THREADS, 'T', "threads", "N", "worker threads (default: all cores)"},
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
+    {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -77,7 +78,7 @@ static const kv_cli_spec spec = {
 typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
     const char *policy, *profile, *kv_dtype, *report, *dump, *score, *device, *select, *compare;
-    int prefix;
+    int prefix, prefill_chunk;
     int steps, ctx, nq, threads, random_prompt;
     double temp, top_p;
     unsigned long seed;
@@ -275,6 +276,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_SELECT: o->select = arg; break;
         case O_COMPARE: o->compare = arg; break;
         case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
+        case O_PREFILL_CHUNK:
+            o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
+            if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
+            break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -463,6 +468,7 @@ int main(int argc, char **argv)
     if (o.device && strcmp(o.device, "cpu") && !o.score && !o.dump) {
         kv_gpu_engine_opts go;
         kv_gpu_engine_opts_default(&go);
+        go.prefill_chunk = o.prefill_chunk;
         st = kv_gpu_engine_new(m, prm, ctx, &go, &g);
         if (st && !strcmp(o.device, "cuda")) {
             rc = kv_report(st, "--device cuda");

@@ -395,9 +395,8 @@ extern "C" int pf_attn_supported(const pf_attn_args *a)
 extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, int variant,
                                cudaStream_t s)
 {
-    if (!pf_attn_supported(a) || variant < 0 || variant >= pf_attn_variants())
-        return cudaErrorInvalidValue;
-    if (t == PF_BF16 && ot != PF_BF16) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(pf_attn_supported(a) && variant >= 0 && variant < pf_attn_variants());
+    KV_CHECK_ARGS(t != PF_BF16 || ot == PF_BF16);
     if (a->n == 0) return cudaSuccess;
     if (variant == 0) variant = best_variant();
     const int ti = t == PF_BF16 ? 1 : ot == PF_BF16 ? 2 : 0;
@@ -414,9 +413,9 @@ extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, i
     }
     const unsigned nqb = (unsigned)((a->n + BM - 1) / BM);
     const float scale_log2 = a->scale * KV_LOG2E;
-    f<<<nqb * (unsigned)a->n_heads, pv.nw * 32, smem, s>>>(
-        (const uint16_t *)a->q, (const uint16_t *)a->k, (const uint16_t *)a->v, (uint16_t *)a->o,
-        a->ldq, a->ldo, a->kv_stride, a->n_heads, a->kv_heads, a->p0, a->n, scale_log2);
-    CUDA_CHECK_KERNEL("pf_attn_kernel");
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, f, dim3(nqb * (unsigned)a->n_heads), dim3(pv.nw * 32), smem, s,
+                         (const uint16_t *)a->q, (const uint16_t *)a->k, (const uint16_t *)a->v,
+                         (uint16_t *)a->o, a->ldq, a->ldo, a->kv_stride, a->n_heads, a->kv_heads,
+                         a->p0, a->n, scale_log2));
     return cudaSuccess;
 }

@@ -610,9 +610,9 @@ cudaError_t pf_attn_wg(const pf_attn_args *a, int ti, int variant, cudaStream_t 
         r = true;
     }
     const unsigned nqb = (unsigned)((a->n + BM - 1) / BM);
-    f<<<nqb * (unsigned)a->n_heads, pv.nwg * 128, smem, s>>>(
-        (const uint16_t *)a->q, (const uint16_t *)a->k, (const uint16_t *)a->v, (uint16_t *)a->o,
-        a->ldq, a->ldo, a->kv_stride, a->n_heads, a->kv_heads, a->p0, a->n, a->scale * KV_LOG2E);
-    CUDA_CHECK_KERNEL("pf_wg_kernel");
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, f, dim3(nqb * (unsigned)a->n_heads), dim3(pv.nwg * 128), smem,
+                         s, (const uint16_t *)a->q, (const uint16_t *)a->k, (const uint16_t *)a->v,
+                         (uint16_t *)a->o, a->ldq, a->ldo, a->kv_stride, a->n_heads, a->kv_heads,
+                         a->p0, a->n, a->scale * KV_LOG2E));
     return cudaSuccess;
 }

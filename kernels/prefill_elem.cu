@@ -133,6 +133,15 @@ __global__ void swiglu_rows_kernel(const float *gu, int ldgu, int hidden, typena
     }
 }
 
+template <int BF>
+__global__ void rows_to_f32_kernel(const typename cv<BF>::T *x, int ldx, int cols, float *out,
+                                   int ldo)
+{
+    const int i = blockIdx.y;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+        out[(size_t)i * ldo + c] = cv<BF>::to(x[(size_t)i * ldx + c]);
+}
+
 } // namespace
 
 // --- launchers ------------------------------------------------------------------------------
@@ -142,10 +151,9 @@ extern "C" cudaError_t pf_embed_rows(const void *W, pf_dtype t, int ldw, int dim
 {
     if (n <= 0) return cudaSuccess;
     if (t == PF_BF16)
-        embed_kernel<1><<<n, 256, 0, s>>>((const __nv_bfloat16 *)W, ldw, dim, tok, x, ldx);
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, embed_kernel<1>, dim3(n), dim3(256), 0, s, (const __nv_bfloat16 *)W, ldw, dim, tok, x, ldx));
     else
-        embed_kernel<0><<<n, 256, 0, s>>>((const __half *)W, ldw, dim, tok, x, ldx);
-    CUDA_CHECK_KERNEL("embed_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, embed_kernel<0>, dim3(n), dim3(256), 0, s, (const __half *)W, ldw, dim, tok, x, ldx));
     return cudaSuccess;
 }
 
@@ -154,10 +162,9 @@ extern "C" cudaError_t pf_rmsnorm_rows(const float *x, int ldx, const float *w, 
 {
     if (n <= 0) return cudaSuccess;
     if (t == PF_BF16)
-        rmsnorm_rows_kernel<1><<<n, 256, 0, s>>>(x, ldx, w, dim, eps, (__nv_bfloat16 *)out, ldo);
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rmsnorm_rows_kernel<1>, dim3(n), dim3(256), 0, s, x, ldx, w, dim, eps, (__nv_bfloat16 *)out, ldo));
     else
-        rmsnorm_rows_kernel<0><<<n, 256, 0, s>>>(x, ldx, w, dim, eps, (__half *)out, ldo);
-    CUDA_CHECK_KERNEL("rmsnorm_rows_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rmsnorm_rows_kernel<0>, dim3(n), dim3(256), 0, s, x, ldx, w, dim, eps, (__half *)out, ldo));
     return cudaSuccess;
 }
 
@@ -167,18 +174,17 @@ extern "C" cudaError_t pf_rope_rows(const float *qkv, int ldqkv, int n_heads, in
                                     cudaStream_t s)
 {
     if (n <= 0) return cudaSuccess;
-    if ((hd & 1) || (ldqkv & 1)) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(!(hd & 1) && !(ldqkv & 1));
     const int nall = (n_heads + 2 * kv_heads) * hd / 2;
     dim3 grid((unsigned)((nall + 255) / 256), (unsigned)n);
     if (t == PF_BF16)
-        rope_rows_kernel<1><<<grid, 256, 0, s>>>(qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0,
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rope_rows_kernel<1>, dim3(grid), dim3(256), 0, s, qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0,
                                                  (__nv_bfloat16 *)qout, ldq, (__nv_bfloat16 *)kc,
-                                                 (__nv_bfloat16 *)vc, kv_stride);
+                                                 (__nv_bfloat16 *)vc, kv_stride));
     else
-        rope_rows_kernel<0><<<grid, 256, 0, s>>>(qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0,
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rope_rows_kernel<0>, dim3(grid), dim3(256), 0, s, qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0,
                                                  (__half *)qout, ldq, (__half *)kc, (__half *)vc,
-                                                 kv_stride);
-    CUDA_CHECK_KERNEL("rope_rows_kernel");
+                                                 kv_stride));
     return cudaSuccess;
 }
 
@@ -186,12 +192,23 @@ extern "C" cudaError_t pf_swiglu_rows(const float *gu, int ldgu, int hidden, int
                                       pf_dtype t, int ldh, cudaStream_t s)
 {
     if (n <= 0) return cudaSuccess;
-    if (ldgu & 1) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(!(ldgu & 1));
     dim3 grid((unsigned)((hidden + 255) / 256), (unsigned)n);
     if (t == PF_BF16)
-        swiglu_rows_kernel<1><<<grid, 256, 0, s>>>(gu, ldgu, hidden, (__nv_bfloat16 *)h, ldh);
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, swiglu_rows_kernel<1>, dim3(grid), dim3(256), 0, s, gu, ldgu, hidden, (__nv_bfloat16 *)h, ldh));
     else
-        swiglu_rows_kernel<0><<<grid, 256, 0, s>>>(gu, ldgu, hidden, (__half *)h, ldh);
-    CUDA_CHECK_KERNEL("swiglu_rows_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, swiglu_rows_kernel<0>, dim3(grid), dim3(256), 0, s, gu, ldgu, hidden, (__half *)h, ldh));
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t pf_rows_to_f32(const void *x, pf_dtype t, int ldx, int cols, int n, float *out,
+                                      int ldo, cudaStream_t s)
+{
+    if (n <= 0) return cudaSuccess;
+    dim3 grid((unsigned)((cols + 255) / 256), (unsigned)n);
+    if (t == PF_BF16)
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rows_to_f32_kernel<1>, dim3(grid), dim3(256), 0, s, (const __nv_bfloat16 *)x, ldx, cols, out, ldo));
+    else
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rows_to_f32_kernel<0>, dim3(grid), dim3(256), 0, s, (const __half *)x, ldx, cols, out, ldo));
     return cudaSuccess;
 }

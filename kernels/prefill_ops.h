@@ -97,6 +97,11 @@ cudaError_t pf_rope_rows(const float *qkv, int ldqkv, int n_heads, int kv_heads,
 cudaError_t pf_swiglu_rows(const float *gu, int ldgu, int hidden, int n, void *h, pf_dtype t,
                            int ldh, cudaStream_t s);
 
+/* out (n, ldo) float32 = the first cols values of each row of x (n, ldx),
+ * 16-bit (a chunk's rotated queries for the placements that observe them). */
+cudaError_t pf_rows_to_f32(const void *x, pf_dtype t, int ldx, int cols, int n, float *out,
+                           int ldo, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

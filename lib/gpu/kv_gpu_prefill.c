@@ -32,18 +32,15 @@ size_t kv_gpu_prefill_ws_bytes(const kv_pf_geom *g, int C)
 
 #include <cuda_runtime_api.h>
 
+#include "gpu/kv_gpu_cuda.h"
 #include "prefill_ops.h"
-#include "kv_kernels.h"
 
-static kv_status pf_cuda(cudaError_t e, const char *what)
+/* A failed CUDA call or launcher as a kv_status (lib/gpu/kv_gpu_cuda.h's convention). */
+static kv_status pf_cuda_at(cudaError_t e, const char *what, int line)
 {
-    if (e == cudaSuccess) return KV_OK;
-    (void)cudaGetLastError();
-    const char *d = kv_cuda_last_error();
-    return kv_fail(e == cudaErrorMemoryAllocation ? KV_E_NOMEM : KV_E_INTERNAL,
-                   "CUDA error in %s: %s%s%s", what, cudaGetErrorString(e), d && *d ? "; " : "",
-                   d ? d : "");
+    return e == cudaSuccess ? KV_OK : kv_cuda_fail(e, what, __FILE__, line);
 }
+#define pf_cuda(call, what) pf_cuda_at((call), (what), __LINE__)
 
 kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
 {
