@@ -5,16 +5,16 @@
 # built on the development machine and carried in DIR (default
 # build-dev-F): DIR/kv-bench, DIR/test_cuda_prefill, DIR/lib (libcjson,
 # libzstd) and DIR/prefill_peer.py.  Steps (each under a timeout, STEPS
-# selects: t tests, s sanitizers, b kv-bench prefill, p PyTorch peer,
-# a SASS opcode counts): the unit test; compute-sanitizer memcheck and
+# selects: t tests, e the engine test (DIR/test_gpu_engine, when carried),
+# s sanitizers, b kv-bench prefill, p PyTorch peer, a SASS opcode counts): the unit test; compute-sanitizer memcheck and
 # racecheck on its short form; kv-bench prefill (every attention variant
 # alone, then the prefill at each context); the peer.  Logs in $OUT (at most
-# 8 files): summary.txt tests.tap sanitizer.log variants.json sweep.txt
-# prefill.json prefill.err peer.json (the peer's stderr into prefill.err)
+# 8 files): summary.txt tests.tap engine.tap sanitizer.log variants.json
+# sweep.txt prefill.json peer.json (the benches' stderr in summary.txt's tail)
 set -u
 D=${1:-build-dev-F}
 OUT=${OUT:-/tmp/kv-out}
-STEPS=${STEPS:-tsbpa}
+STEPS=${STEPS:-tesbpa}
 CTX=${CTX:-8192,32768,131072}
 mkdir -p "$OUT"
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -28,6 +28,13 @@ if has t; then
     timeout 300 "$D/test_cuda_prefill" > "$OUT/tests.tap" 2>&1; log "rc=$?"
     grep -v '^ok' "$OUT/tests.tap" | head -40 | tee -a "$OUT/summary.txt"
     log "$(grep -c '^ok' "$OUT/tests.tap") ok, $(grep -c '^not ok' "$OUT/tests.tap") not ok"
+fi
+if has e && [ -x "$D/test_gpu_engine" ]; then
+    # the GPU engine against the CPU engine, now prefilling in chunks
+    log "test_gpu_engine (chunked prefill)"
+    timeout 300 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "rc=$?"
+    grep -v '^ok' "$OUT/engine.tap" | head -30 | tee -a "$OUT/summary.txt"
+    log "$(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"
 fi
 if has s; then
     log "memcheck (short)"
@@ -43,7 +50,7 @@ if has b; then
     # every attention variant alone at 32k (one layer's prefill alongside), the best one kept
     log "kv-bench prefill --variants at 32768"
     timeout 200 "$D/kv-bench" prefill --json -c 32768 --layers 1 --reps 1 --gemm 0 --variants \
-        > "$OUT/variants.json" 2> "$OUT/prefill.err"; log "rc=$?"
+        > "$OUT/variants.json" 2> /tmp/prefill.err; log "rc=$?"
     BEST=$(python3 - "$OUT/variants.json" <<'PY'
 import json, sys
 try:
@@ -59,7 +66,7 @@ PY
     BC=4096; BMS=
     for c in ${CHUNKS:-4096 8192 16384}; do
         timeout 100 "$D/kv-bench" prefill --json -c 131072 --layers 4 --reps 1 --gemm 0 --no-alone \
-            --variant ${VARIANT:-$BEST} --chunk $c > "$OUT/chunk.json" 2>> "$OUT/prefill.err"
+            --variant ${VARIANT:-$BEST} --chunk $c > "$OUT/chunk.json" 2>> /tmp/prefill.err
         ms=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['contexts'][0]['prefill_ms'])" "$OUT/chunk.json" 2>/dev/null)
         echo "chunk $c: 4 layers at 131072 in $ms ms" | tee -a "$OUT/summary.txt"
         cat "$OUT/chunk.json" >> "$OUT/sweep.txt"
@@ -68,8 +75,8 @@ PY
     rm -f "$OUT/chunk.json"
     log "kv-bench prefill -c $CTX --variant ${VARIANT:-$BEST} --chunk ${CHUNK:-$BC} ${BENCH_ARGS:-}"
     timeout ${BENCH_TIMEOUT:-400} "$D/kv-bench" prefill --json -c "$CTX" --variant ${VARIANT:-$BEST} --chunk ${CHUNK:-$BC} ${BENCH_ARGS:-} \
-        > "$OUT/prefill.json" 2>> "$OUT/prefill.err"; log "rc=$?"
-    tail -n 3 "$OUT/prefill.err"
+        > "$OUT/prefill.json" 2>> /tmp/prefill.err; log "rc=$?"
+    tail -n 3 /tmp/prefill.err | tee -a "$OUT/summary.txt"
     python3 - "$OUT/prefill.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try: d = json.load(open(sys.argv[1]))
@@ -85,7 +92,7 @@ fi
 if has p; then
     log "prefill_peer.py -c $CTX"
     PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$D/prefill_peer.py" --contexts "$CTX" ${PEER_ARGS:-} \
-        > "$OUT/peer.json" 2>> "$OUT/prefill.err"; log "rc=$?"
+        > "$OUT/peer.json" 2>> /tmp/prefill.err; log "rc=$?"
     python3 - "$OUT/peer.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try: d = json.load(open(sys.argv[1]))
