@@ -17,6 +17,8 @@ OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tesbpa}
 CTX=${CTX:-8192,32768,131072}
 mkdir -p "$OUT"
+# binaries may travel gzipped (the carried tree is limited to 64 MiB)
+for z in "$D"/*.gz; do [ -e "$z" ] && gunzip -f "$z" && chmod +x "${z%.gz}"; done
 export PATH="$PATH:/usr/local/cuda/bin"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
