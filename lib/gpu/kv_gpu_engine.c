@@ -658,9 +658,25 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     }
     pf_hook_ctx hc = {e, K, V, tmp, n};
     kv_pf_hooks hooks = {pf_on_chunk, pf_on_layer, &hc};
+    /* measurement: an event pair around every chunk's attention */
+    kv_pf_events ev = {NULL, NULL, 0, 0};
+    e->pf_attn_ms = 0;
+    if (!st && e->o.time_prefill) {
+        int cap = e->L * ((n + C - 1) / C);
+        ev.start = calloc((size_t)cap, sizeof(void *));
+        ev.stop = calloc((size_t)cap, sizeof(void *));
+        if (!ev.start || !ev.stop) st = kv_fail(KV_E_NOMEM, "out of memory");
+        for (int i = 0; !st && i < cap; i++) {
+            cudaError_t ce = cudaEventCreate((cudaEvent_t *)&ev.start[i]);
+            if (ce == cudaSuccess) ce = cudaEventCreate((cudaEvent_t *)&ev.stop[i]);
+            if (ce != cudaSuccess) st = kv_cuda_fail(ce, "cudaEventCreate", __FILE__, __LINE__);
+            ev.cap = i + 1;
+        }
+    }
     if (!st)
         st = kv_gpu_prefill_model(e->cb, &g, lw, e->L, e->embd, e->ld_dim, dt, n, &ws, X, kc, vc,
-                                  (long long)n * e->hd, e->inv_freq, &hooks, e->s_main, NULL);
+                                  (long long)n * e->hd, e->inv_freq, &hooks, e->s_main,
+                                  e->o.time_prefill ? &ev : NULL);
     if (!st && want_logits) {
         cudaError_t ce = cudaMemcpyAsync(e->x, X + (size_t)(n - 1) * e->ld_dim, (size_t)e->dim * 4,
                                          cudaMemcpyDeviceToDevice, e->s_main);
@@ -670,6 +686,16 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prefill logits", __FILE__, __LINE__);
     }
     cudaDeviceSynchronize();
+    for (int i = 0; i < ev.cap; i++) {
+        float ms = 0;
+        if (!st && i < ev.n && cudaEventElapsedTime(&ms, (cudaEvent_t)ev.start[i],
+                                                   (cudaEvent_t)ev.stop[i]) == cudaSuccess)
+            e->pf_attn_ms += ms;
+        if (ev.start[i]) cudaEventDestroy((cudaEvent_t)ev.start[i]);
+        if (ev.stop[i]) cudaEventDestroy((cudaEvent_t)ev.stop[i]);
+    }
+    free(ev.start);
+    free(ev.stop);
     kv_gpu_prefill_ws_free(&ws);
     gl_dfree(&tmp);
     gl_dfree(&V);
@@ -891,6 +917,8 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
         total->attends += b.attends;
     }
 }
+
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return e->pf_attn_ms; }
 
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
 {

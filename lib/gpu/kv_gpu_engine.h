@@ -79,6 +79,8 @@ typedef struct {
     int prefill_chunk;    /* prompt rows per prefill chunk (tensor cores, lib/gpu/kv_gpu_prefill.c):
                              0 = KV_GPU_PREFILL_CHUNK; < 0 = one token at a time (the former
                              path, also taken for head_dim outside 64/128 or without cuBLAS) */
+    bool time_prefill;    /* time the chunked prefill's attention launches with events
+                             (kv_gpu_engine_prefill_attn_ms) */
 } kv_gpu_engine_opts;
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
@@ -160,5 +162,9 @@ typedef struct {
     double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
+
+/* The attention kernels' GPU time in the last prefill (ms), when it ran in
+ * chunks with opts.time_prefill; 0 otherwise. */
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e);
 
 #endif

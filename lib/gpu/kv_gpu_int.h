@@ -217,6 +217,7 @@ struct kv_gpu_engine {
     gl_layer *lay;       /* (L) */
     struct kv_cublas *cb; /* cuBLAS for the chunked prefill, opened at its first use */
     bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */
+    double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
 };
 
 // --- helpers of the core for the placements -----------------------------------------

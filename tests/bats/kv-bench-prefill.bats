@@ -51,3 +51,15 @@ load helper
     assert_success
     [[ "$output" == *"prefill"* ]]
 }
+
+@test "kv-bench decode rejects an unknown --context with exit 64" {
+    run --separate-stderr kv-bench decode --context sometimes
+    assert_fails_with 64 "context"
+}
+
+@test "kv-bench decode --help offers a real prefill as the context" {
+    run --separate-stderr kv-bench decode --help
+    assert_success
+    [[ "$output" == *"--context"* ]]
+    [[ "$output" == *"prefill"* ]]
+}
