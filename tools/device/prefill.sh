@@ -6,15 +6,16 @@
 # build-dev-F): DIR/kv-bench, DIR/test_cuda_prefill, DIR/lib (libcjson,
 # libzstd) and DIR/prefill_peer.py.  Steps (each under a timeout, STEPS
 # selects: t tests, e the engine test (DIR/test_gpu_engine, when carried),
-# s sanitizers, b kv-bench prefill, p PyTorch peer, a SASS opcode counts): the unit test; compute-sanitizer memcheck and
+# s sanitizers, b kv-bench prefill, d kv-bench decode --context both,
+# p PyTorch peer, a SASS opcode counts): the unit test; compute-sanitizer memcheck and
 # racecheck on its short form; kv-bench prefill (every attention variant
 # alone, then the prefill at each context); the peer.  Logs in $OUT (at most
 # 8 files): summary.txt tests.tap engine.tap sanitizer.log variants.json
-# sweep.txt prefill.json peer.json (the benches' stderr in summary.txt's tail)
+# prefill.json decode.json peer.json (the benches' stderr in summary.txt's tail)
 set -u
 D=${1:-build-dev-F}
 OUT=${OUT:-/tmp/kv-out}
-STEPS=${STEPS:-tesbpa}
+STEPS=${STEPS:-tesbdpa}
 CTX=${CTX:-8192,32768,131072}
 mkdir -p "$OUT"
 # binaries may travel gzipped (the carried tree is limited to 64 MiB)
@@ -71,7 +72,6 @@ PY
             --variant ${VARIANT:-$BEST} --chunk $c > "$OUT/chunk.json" 2>> /tmp/prefill.err
         ms=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['contexts'][0]['prefill_ms'])" "$OUT/chunk.json" 2>/dev/null)
         echo "chunk $c: 4 layers at 131072 in $ms ms" | tee -a "$OUT/summary.txt"
-        cat "$OUT/chunk.json" >> "$OUT/sweep.txt"
         if [ -n "$ms" ] && { [ -z "$BMS" ] || python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)" "$ms" "$BMS"; }; then BC=$c; BMS=$ms; fi
     done
     rm -f "$OUT/chunk.json"
@@ -104,6 +104,27 @@ for c in d["contexts"]:
     if "error" in c: print(c["T"], "ERROR", c["error"]); continue
     print("%7d prefill %9.1f ms %8.0f tok/s sdpa %6.1f TF/s finite %s peak %.1f GB" % (
         c["T"], c["prefill_ms"], c["tokens_per_s"], c["sdpa_tflops"], c["finite"], c["peak_bytes"] / 1e9))
+PY
+fi
+if has d; then
+    # decode after a real (chunked) prefill against a synthesized context, per placement
+    log "kv-bench decode --context both ${DECODE_ARGS:--c 32768,131072 -n 32 --offload-tokens 8}"
+    timeout ${DECODE_TIMEOUT:-400} "$D/kv-bench" decode --json --context both \
+        ${DECODE_ARGS:--c 32768,131072 -n 32 --offload-tokens 8} > "$OUT/decode.json" 2>> /tmp/prefill.err
+    log "rc=$?"
+    python3 - "$OUT/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print("no JSON:", e); sys.exit(0)
+for c in d["contexts"]:
+    for p, r in c["policies"].items():
+        if "error" in r: print(c["T"], p, "ERROR", r["error"]); continue
+        pf = r.get("prefill", {})
+        print("%7d %-14s synth %8.3f ms/tok, after prefill %8.3f (%.4fx); prefill %9.1f ms %8.0f tok/s attn %6.1f TF/s" % (
+            c["T"], p, r["ms_per_token"], pf.get("ms_per_token", 0), pf.get("over_synthesized", 0),
+            pf.get("prefill_ms", 0), pf.get("tokens_per_s", 0), pf.get("attn_tflops", 0)))
+for k, v in d.get("targets", {}).items():
+    if "prefill" in k: print(k, v)
 PY
 fi
 if has a; then
