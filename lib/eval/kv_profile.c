@@ -34,9 +34,14 @@ void kv_profile_params_default(kv_profile_params *p)
     p->window = d.window;
 }
 
+/* Selection order everywhere in this file: descending, NaN ranked as -inf
+ * (qsort needs a consistent order; with NaN compared as a number it has
+ * none, and glibc's qsort may then read outside the array). */
+static inline float rank_of(float x) { return isnan(x) ? -INFINITY : x; }
+
 static int cmp_desc(const void *a, const void *b)
 {
-    float x = *(const float *)a, y = *(const float *)b;
+    float x = rank_of(*(const float *)a), y = rank_of(*(const float *)b);
     return (x < y) - (x > y);
 }
 
@@ -63,7 +68,8 @@ typedef struct {
 static int cmp_scored(const void *a, const void *b)
 {
     const scored *x = a, *y = b;
-    if (x->val != y->val) return x->val > y->val ? -1 : 1;
+    float u = rank_of(x->val), v = rank_of(y->val);
+    if (u != v) return u > v ? -1 : 1;
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 

@@ -324,6 +324,133 @@ static void test_topk_selects_largest_with_ties_to_lower_index(void)
     check_topk(1, 20000, 5000); /* k beyond the sample path: radix kernel */
 }
 
+/* The CPU's selection order (kv_policy_sparse.c): NaN as -inf, -0 as +0. */
+static float rank_of(float x) { return isnan(x) ? -INFINITY : x == 0.0f ? 0.0f : x; }
+
+/* Top-k over scores full of NaN (both signs), infinities and signed zeros
+ * against the CPU's order; channel selection with NaN channel scores picks
+ * exactly C channels (a NaN ranked 0 against everything, so more than C were
+ * chosen and written past the head's slots); the softmax-combine of a head
+ * with one NaN score keeps the other candidates' probabilities. */
+static void test_selection_ranks_nan_and_inf_as_the_cpu_does(void)
+{
+    const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f};
+    const int shapes[][3] = {{2, 3000, 50}, {1, 40000, 200}, {1, 20000, 5000}};
+    for (int sh = 0; sh < 3; sh++) {
+        const int nkv = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+        float *x = malloc((size_t)nkv * n * 4);
+        for (int i = 0; i < nkv * n; i++) {
+            x[i] = (float)(int)(kt_rand(&seed) * 50) / 50.0f;
+            if (kt_rand(&seed) < 0.2) x[i] = specials[(int)(kt_rand(&seed) * 6) % 6];
+        }
+        float *dx = dput(x, (size_t)nkv * n * 4);
+        int *dsel = NULL, *sel = malloc((size_t)nkv * k * 4);
+        cudaMalloc((void **)&dsel, (size_t)nkv * k * 4);
+        KT_REQUIRE(dx && dsel, "alloc");
+        CU(eng_topk(dx, nkv, n, k, 0, dsel, 0));
+        CU(cudaMemcpy(sel, dsel, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
+        for (int h = 0; h < nkv; h++) {
+            const float *r = x + (size_t)h * n;
+            /* reference: the first k of indices stably sorted by rank_of, descending */
+            int *ord = malloc((size_t)n * 4);
+            char *want = calloc((size_t)n, 1);
+            for (int i = 0; i < n; i++) ord[i] = i;
+            for (int i = 0; i < k; i++) { /* partial stable selection */
+                int b = i;
+                for (int j = i + 1; j < n; j++)
+                    if (rank_of(r[ord[j]]) > rank_of(r[ord[b]]) ||
+                        (rank_of(r[ord[j]]) == rank_of(r[ord[b]]) && ord[j] < ord[b]))
+                        b = j;
+                int t = ord[i];
+                ord[i] = ord[b];
+                ord[b] = t;
+                want[ord[i]] = 1;
+            }
+            int bad = 0, prev = -1;
+            for (int i = 0; i < k; i++) {
+                int id = sel[h * k + i];
+                if (id < 0 || id >= n || !want[id] || id <= prev) bad++;
+                else prev = id;
+            }
+            KT_CHECK(bad == 0, "n %d k %d head %d: %d of %d ids differ from the CPU's order", n, k, h, bad, k);
+            free(ord);
+            free(want);
+        }
+        cudaFree(dx);
+        cudaFree(dsel);
+        free(x);
+        free(sel);
+    }
+    /* channels: q with NaN and inf entries; C chosen, ascending, the CPU's set */
+    {
+        const int nqh = 4, nkv = 2, hd = 64, C = 8, g = nqh / nkv;
+        float q[4 * 64], chmax[2 * 64];
+        for (int i = 0; i < nqh * hd; i++) q[i] = kt_randn(&seed);
+        for (int i = 0; i < nkv * hd; i++) chmax[i] = fabsf(kt_randn(&seed));
+        for (int c = 0; c < hd; c += 5) q[c] = NAN;      /* head 0: NaN channel scores */
+        q[2 * hd + 7] = INFINITY;                        /* head 1: one infinite score */
+        chmax[hd + 9] = 0.0f;
+        q[2 * hd + 9] = INFINITY;                        /* inf * 0: NaN */
+        float *dq = dput(q, sizeof q), *dm = dput(chmax, sizeof chmax), *qscale = NULL;
+        int *dch = NULL, ch[2 * 8];
+        cudaMalloc((void **)&dch, sizeof ch + 64 * 4); /* room to see a write past the slots */
+        cudaMalloc((void **)&qscale, nqh * 4);
+        KT_REQUIRE(dq && dm && dch && qscale, "alloc");
+        int guard[64];
+        for (int i = 0; i < 64; i++) guard[i] = -7;
+        CU(cudaMemcpy(dch + nkv * C, guard, sizeof guard, cudaMemcpyHostToDevice));
+        CU(eng_select_channels(dq, dm, nqh, nkv, hd, C, dch, qscale, 0));
+        int after[64];
+        CU(cudaMemcpy(ch, dch, sizeof ch, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(after, dch + nkv * C, sizeof after, cudaMemcpyDeviceToHost));
+        KT_CHECK(!memcmp(guard, after, sizeof guard), "channel ids written past the %d slots", nkv * C);
+        for (int kv = 0; kv < nkv; kv++) {
+            float cs[64];
+            for (int c = 0; c < hd; c++) {
+                float a = 0.0f;
+                for (int h = 0; h < g; h++) a += fabsf(q[(kv * g + h) * hd + c]);
+                cs[c] = rank_of(a * chmax[kv * hd + c]);
+            }
+            int m = 0, same = 1;
+            for (int c = 0; c < hd; c++) {
+                int rank = 0;
+                for (int j = 0; j < hd; j++) rank += cs[j] > cs[c] || (cs[j] == cs[c] && j < c);
+                if (rank < C) same &= m < C && ch[kv * C + m++] == c;
+            }
+            KT_CHECK(same && m == C, "kv head %d: channels differ from the CPU's order", kv);
+        }
+        cudaFree(dq);
+        cudaFree(dm);
+        cudaFree(dch);
+        cudaFree(qscale);
+    }
+    /* softmax-combine: a NaN score of one head leaves the others' mass intact */
+    {
+        const int nqh = 2, nkv = 1, n = 300;
+        float sc[2 * 300], comb[300];
+        for (int i = 0; i < nqh * n; i++) sc[i] = kt_randn(&seed);
+        sc[17] = NAN;
+        float *dsc = dput(sc, sizeof sc), *dcomb = NULL, *tmp = NULL;
+        cudaMalloc((void **)&dcomb, sizeof comb);
+        cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4);
+        KT_REQUIRE(dsc && dcomb && tmp, "alloc");
+        CU(eng_softmax_combine(dsc, nqh, nkv, n, 0, tmp, dcomb, 0));
+        CU(cudaMemcpy(comb, dcomb, sizeof comb, cudaMemcpyDeviceToHost));
+        double sum = 0;
+        int finite = 0;
+        for (int i = 0; i < n; i++)
+            if (i != 17) {
+                sum += comb[i];
+                finite += isfinite(comb[i]) != 0;
+            }
+        KT_CHECK(finite == n - 1, "%d of %d finite candidates kept a probability", finite, n - 1);
+        KT_CHECK(sum > 1.5 && sum < 2.0 + 1e-3, "the two heads' mass without the NaN: %g", sum);
+        cudaFree(dsc);
+        cudaFree(dcomb);
+        cudaFree(tmp);
+    }
+}
+
 static void test_rmsnorm_swiglu_rope_match_float64(void)
 {
     const int n = 4100, nqh = 4, nkv = 2, hd = 64;
@@ -1088,6 +1215,7 @@ int main(void)
         KT_SKIP(test_gemv_matches_float64, why);
         KT_SKIP(test_attend_matches_float64, why);
         KT_SKIP(test_topk_selects_largest_with_ties_to_lower_index, why);
+        KT_SKIP(test_selection_ranks_nan_and_inf_as_the_cpu_does, why);
         KT_SKIP(test_rmsnorm_swiglu_rope_match_float64, why);
         KT_SKIP(test_selection_kernels_match_float64, why);
         KT_SKIP(test_kivi_expand_matches_cpu_unpack, why);
@@ -1112,6 +1240,7 @@ int main(void)
     KT_RUN(test_gemv_matches_float64);
     KT_RUN(test_attend_matches_float64);
     KT_RUN(test_topk_selects_largest_with_ties_to_lower_index);
+    KT_RUN(test_selection_ranks_nan_and_inf_as_the_cpu_does);
     KT_RUN(test_rmsnorm_swiglu_rope_match_float64);
     KT_RUN(test_selection_kernels_match_float64);
     KT_RUN(test_kivi_expand_matches_cpu_unpack);
