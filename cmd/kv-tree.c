@@ -116,12 +116,15 @@ static int64_t now_s(void)
     return (int64_t)time(NULL);
 }
 
+/* A byte count up to KV_TREE_BYTES_MAX (what the index holds exactly).  It
+ * starts with a digit: strtoull skips blanks and takes "-1" as 2^64-1. */
 static uint64_t parse_bytes(const char *opt, const char *s)
 {
     char *end;
     errno = 0;
+    if (!isdigit((unsigned char)*s)) kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-') kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
+    if (errno || end == s) kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
     unsigned sh = 0;
     switch (toupper((unsigned char)*end)) {
     case 0: break;
@@ -133,7 +136,8 @@ static uint64_t parse_bytes(const char *opt, const char *s)
     }
     if (*end && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))
         kv_cli_usage_error("%s expects a byte count (suffix K, M, G, T), got '%s'", opt, s);
-    if (sh && v > (~0ull >> sh)) kv_cli_usage_error("%s: '%s' is too large", opt, s);
+    if (v > (KV_TREE_BYTES_MAX >> sh))
+        kv_cli_usage_error("%s: '%s' is more than 2^53 bytes (8192T)", opt, s);
     return (uint64_t)v << sh;
 }
 
@@ -446,8 +450,11 @@ static int cmd_place(int argc, char **argv)
             cJSON_AddNumberToObject(e, "nodes", r.nodes[t]);
             cJSON_AddNumberToObject(e, "kv_bytes", (double)r.kv_bytes[t]);
         }
-        cJSON_AddNumberToObject(cJSON_GetObjectItem(o, "gpu"), "budget", (double)gpu);
-        cJSON_AddNumberToObject(cJSON_GetObjectItem(o, "host"), "budget", (double)host);
+        char b[2][32]; /* exact: cJSON rounds numbers past 15 digits */
+        snprintf(b[0], sizeof b[0], "%llu", (unsigned long long)gpu);
+        snprintf(b[1], sizeof b[1], "%llu", (unsigned long long)host);
+        cJSON_AddRawToObject(cJSON_GetObjectItem(o, "gpu"), "budget", b[0]);
+        cJSON_AddRawToObject(cJSON_GetObjectItem(o, "host"), "budget", b[1]);
         rc = print_json(stdout, o);
         cJSON_Delete(o);
     }

@@ -283,7 +283,7 @@ static const char *get_str(const cJSON *o, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-#define U53 9007199254740992.0
+#define U53 ((double)KV_TREE_BYTES_MAX)
 
 /* A chunk name must stay inside STORE/chunks/: "chunks/" + [A-Za-z0-9._-]+
  * not starting with '.' (temp files start with '.'). */
@@ -474,6 +474,23 @@ kv_status kv_tree_index_parse(const char *text, size_t len, kv_tree **out)
     return KV_OK;
 }
 
+/* 64-bit counts as exact decimal text: cJSON prints numbers with 15
+ * significant digits when that reads back within an epsilon, so a budget
+ * of 2^53 came back as 9007199254740990. */
+static void add_u64(cJSON *o, const char *key, uint64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, key, b);
+}
+
+static void add_i64(cJSON *o, const char *key, int64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    cJSON_AddRawToObject(o, key, b);
+}
+
 static cJSON *geom_json(const kv_tree_geom *tg)
 {
     const kv_geom *g = &tg->g;
@@ -522,13 +539,13 @@ kv_status kv_tree_index_format(const kv_tree *t, char **out)
     }
     cJSON_AddStringToObject(j, "format", "kv-tree");
     cJSON_AddNumberToObject(j, "version", KV_TREE_INDEX_VERSION);
-    cJSON_AddNumberToObject(j, "generation", (double)t->generation);
+    add_u64(j, "generation", t->generation);
     if (t->has_geom) cJSON_AddItemToObject(j, "geometry", geom_json(&t->geom));
     else cJSON_AddNullToObject(j, "geometry");
     if (t->has_budgets) {
         cJSON *b = cJSON_AddObjectToObject(j, "budgets");
-        cJSON_AddNumberToObject(b, "gpu", (double)t->gpu_budget);
-        cJSON_AddNumberToObject(b, "host", (double)t->host_budget);
+        add_u64(b, "gpu", t->gpu_budget);
+        add_u64(b, "host", t->host_budget);
     } else
         cJSON_AddNullToObject(j, "budgets");
     cJSON *arr = cJSON_AddArrayToObject(j, "nodes");
@@ -542,11 +559,11 @@ kv_status kv_tree_index_format(const kv_tree *t, char **out)
         cJSON *tk = cJSON_AddArrayToObject(o, "tokens");
         for (int i = 0; i < nd->n; i++) cJSON_AddItemToArray(tk, cJSON_CreateNumber(nd->tokens[i]));
         cJSON_AddStringToObject(o, "file", nd->file);
-        cJSON_AddNumberToObject(o, "bytes", (double)nd->bytes);
-        cJSON_AddNumberToObject(o, "kv_bytes", (double)nd->kv_bytes);
+        add_u64(o, "bytes", nd->bytes);
+        add_u64(o, "kv_bytes", nd->kv_bytes);
         cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
-        cJSON_AddNumberToObject(o, "hits", (double)nd->hits);
-        cJSON_AddNumberToObject(o, "last_use", (double)nd->last_use);
+        add_u64(o, "hits", nd->hits);
+        add_i64(o, "last_use", nd->last_use);
         cJSON *im = cJSON_AddObjectToObject(o, "importance");
         cJSON_AddNumberToObject(im, "mean", nd->imp_mean);
         cJSON_AddNumberToObject(im, "min", nd->imp_min);
@@ -1305,6 +1322,9 @@ kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t hos
                          int zstd_level, int64_t now, kv_place_report *r)
 {
     memset(r, 0, sizeof *r);
+    if (gpu_bytes > KV_TREE_BYTES_MAX || host_bytes > KV_TREE_BYTES_MAX)
+        return kv_fail(KV_E_USAGE, "a tier budget of %llu bytes is beyond the index's 2^53",
+                       (unsigned long long)(gpu_bytes > host_bytes ? gpu_bytes : host_bytes));
     kv_tree *t = s->t;
     int n = t->n_nodes;
     int *nt = malloc((size_t)n * sizeof *nt);

@@ -25,6 +25,10 @@
 
 #define KV_TREE_INDEX_VERSION 1
 #define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvc" */
+/* The largest byte count (budget, size) the index holds: JSON numbers are
+ * doubles, exact up to 2^53.  Writers refuse more, the reader accepts up to
+ * it, so every store that is written can be read back. */
+#define KV_TREE_BYTES_MAX (UINT64_C(1) << 53)
 
 typedef enum { KV_TIER_GPU = 0, KV_TIER_HOST = 1, KV_TIER_DISK = 2, KV_TIER_COUNT } kv_tier;
 
@@ -171,8 +175,9 @@ typedef struct {
 
 /* Score of a node at time now (man/kv-tree.1, PLACEMENT). */
 double kv_tree_score(const kv_tree_node *nd, int64_t now, double half_life);
-/* Assign tiers under the budgets (bytes of uncompressed K/V) and rewrite the
- * chunks whose compression changes. */
+/* Assign tiers under the budgets (bytes of uncompressed K/V, at most
+ * KV_TREE_BYTES_MAX each, else KV_E_USAGE) and rewrite the chunks whose
+ * compression changes. */
 kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t host_bytes, double half_life,
                          int zstd_level, int64_t now, kv_place_report *r);
 

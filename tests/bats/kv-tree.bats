@@ -238,6 +238,23 @@ two_puts() {
     [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(True, 3)" ]
 }
 
+@test "kv-tree place refuses budgets the index cannot hold, or negative, with exit 64" {
+    two_puts
+    for b in 8193T ' -1' -1 '+5' 9007199254740993 18446744073709551615; do
+        run --separate-stderr kv-tree place "$S" --gpu-bytes "$b" --host-bytes 0
+        assert_fails_with 64 "--gpu-bytes"
+        run --separate-stderr kv-tree place "$S" --gpu-bytes 0 --host-bytes "$b"
+        assert_fails_with 64 "--host-bytes"
+    done
+    # the largest accepted budget is written and read back
+    run --separate-stderr kv-tree place "$S" --gpu-bytes 8192T --host-bytes 0
+    assert_success
+    [ "$(json_get 'j["gpu"]["budget"]')" = 9007199254740992 ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["ok"]')" = True ]
+}
+
 @test "kv-tree place puts the more used suffix on the faster tier" {
     two_puts
     for i in 1 2 3; do kv-tree get "$S" --kvc "$B" -o /dev/null 2>/dev/null; done
