@@ -328,7 +328,13 @@ static kv_status inflate_zstd(const uint8_t *in, size_t n, uint8_t **out, size_t
         st = kv_fail(KV_E_NOMEM, "cannot allocate %zu bytes for zstd output", cap);
         goto out;
     }
+    /* Done when a frame has ended (ret 0) with all input consumed; that
+     * can coincide with a full output buffer (a 65536 * 2^k byte file of
+     * unknown size), so it is not "output left over".  Truncated when the
+     * input is gone, the frame is not, and there was room to write more. */
+    bool frame_done = false, stuck = false;
     for (;;) {
+        if (ib.pos == ib.size && (frame_done || stuck)) break;
         if (len == cap) {
             if ((uint64_t)cap * 2 > KVC_ZSTD_MAX) {
                 st = kv_fail(KV_E_DATA, "zstd input inflates past %llu bytes",
@@ -350,7 +356,8 @@ static kv_status inflate_zstd(const uint8_t *in, size_t n, uint8_t **out, size_t
             st = kv_fail(KV_E_DATA, "corrupt zstd stream: %s", ZSTD_getErrorName(ret));
             goto out;
         }
-        if (ib.pos == ib.size && ob.pos < ob.size) break; /* all input consumed and flushed */
+        frame_done = ret == 0;
+        stuck = ob.pos < ob.size;
     }
     if (ret != 0) {
         st = kv_fail(KV_E_DATA, "truncated zstd stream");

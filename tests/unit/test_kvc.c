@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zstd.h>
+
 #include "kt.h"
 #include "common/kv_half.h"
 #include "format/kvc.h"
@@ -380,6 +382,62 @@ static void test_zstd_roundtrip(void)
     /* A truncated compressed stream is bad data, not a crash. */
     KT_CHECK(kvc_open_mem(b, len - 3, &f) == KV_E_DATA, "truncated zstd: %s", kv_errdetail());
     free(b);
+}
+
+/* A raw .kvc of exactly `total` bytes (a multiple of 4): one layer's K and V
+ * as F32 [1, m, 1] after a header padded with spaces. */
+static uint8_t *exact_file(size_t total, size_t *hlen)
+{
+    char hdr[256];
+    size_t h = (total - 8 - 192) % 8 ? 196 : 192, m = (total - 8 - h) / 8;
+    int n = snprintf(hdr, sizeof hdr,
+                     "{\"layers.0.k\":{\"dtype\":\"F32\",\"shape\":[1,%zu,1],\"data_offsets\":[0,%zu]},"
+                     "\"layers.0.v\":{\"dtype\":\"F32\",\"shape\":[1,%zu,1],\"data_offsets\":[%zu,%zu]}}",
+                     m, 4 * m, m, 4 * m, 8 * m);
+    if (n < 0 || (size_t)n > h) return NULL;
+    memset(hdr + n, ' ', h - (size_t)n);
+    hdr[h] = 0;
+    float *data = malloc(8 * m);
+    for (size_t i = 0; i < 2 * m; i++) data[i] = (float)(i % 1000);
+    size_t len;
+    uint8_t *b = raw_file(hdr, data, 8 * m, &len);
+    free(data);
+    *hlen = h;
+    if (len != total) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* zstd streams without a recorded size, as `cat x.kvc | zstd` writes them,
+ * of files whose size is the decoder's buffer doubled k times: the frame
+ * ends exactly when the buffer is full (they were taken for truncated). */
+static void test_zstd_without_content_size_at_buffer_sizes(void)
+{
+    for (size_t total = 65536 / 2; total <= 65536 * 8; total *= 2)
+        for (int d = -1; d <= 1; d++) {
+            size_t sz = total + (size_t)(4 * d);
+            size_t h;
+            uint8_t *raw = exact_file(sz, &h);
+            KT_REQUIRE(raw, "raw file of %zu bytes", sz);
+            ZSTD_CCtx *z = ZSTD_createCCtx();
+            ZSTD_CCtx_setParameter(z, ZSTD_c_contentSizeFlag, 0);
+            ZSTD_CCtx_setParameter(z, ZSTD_c_checksumFlag, 1);
+            size_t cap = ZSTD_compressBound(sz);
+            uint8_t *zb = malloc(cap);
+            size_t zn = ZSTD_compress2(z, zb, cap, raw, sz);
+            ZSTD_freeCCtx(z);
+            KT_REQUIRE(!ZSTD_isError(zn), "compress");
+            KT_REQUIRE(ZSTD_getFrameContentSize(zb, zn) == ZSTD_CONTENTSIZE_UNKNOWN, "size recorded");
+            kvc_file *f = NULL;
+            kv_status st = kvc_open_mem(zb, zn, &f);
+            KT_CHECK(st == KV_OK, "%zu bytes: %s", sz, kv_errdetail());
+            if (!st) KT_CHECK(kvc_was_zstd(f) && kvc_find(f, "layers.0.v")->nbytes == (sz - 8 - h) / 2, "content");
+            kvc_free(f);
+            free(zb);
+            free(raw);
+        }
 }
 
 // --- atomic output ---------------------------------------------------------
@@ -775,6 +833,7 @@ int main(int argc, char **argv)
     KT_RUN(test_roundtrip_metadata_and_geometry);
     KT_RUN(test_geometry_derived_without_metadata);
     KT_RUN(test_zstd_roundtrip);
+    KT_RUN(test_zstd_without_content_size_at_buffer_sizes);
     KT_RUN(test_atomic_write_leaves_nothing_on_failure);
     KT_RUN(test_outfile_commit_and_abort);
     KT_RUN(test_open_missing_file_is_noinput);
