@@ -74,10 +74,15 @@ typedef struct {
 typedef struct kvc_file kvc_file;
 
 /* Open a .kvc from a path, or "-" for stdin.  Regular files are mmapped;
- * stdin and zstd-compressed input (detected by magic) are read into memory.
+ * stdin and zstd-compressed input (detected by magic) are read into memory,
+ * never more than the file's own header describes (a pipe that runs on, a
+ * decompression bomb: KV_E_DATA once past it).
  * Validates the header, every tensor, the geometry and (when present) every
  * checksum; any problem is KV_E_DATA with a specific kv_errdetail(). */
 kv_status kvc_open(const char *path, kvc_file **out);
+/* Same, from an open descriptor (not closed; a caller that must check what
+ * it opens, such as the kv-tree store, opens it itself). */
+kv_status kvc_open_fd(int fd, kvc_file **out);
 /* Same, from a buffer (copied; used by the fuzzer and tests). */
 kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out);
 void kvc_free(kvc_file *f);
