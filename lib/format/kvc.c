@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "common/kv_file.h"
 #include "common/kv_half.h"
 
 #define KVC_HEADER_MAX (100u << 20)        /* safetensors' own limit */
@@ -1388,7 +1389,9 @@ static void outfile_reset(kv_outfile *o)
     o->tmp = NULL;
 }
 
-kv_status kv_outfile_open(kv_outfile *o, const char *path)
+kv_status kv_outfile_open(kv_outfile *o, const char *path) { return kv_outfile_open_ex(o, path, 0); }
+
+kv_status kv_outfile_open_ex(kv_outfile *o, const char *path, unsigned flags)
 {
     memset(o, 0, sizeof *o);
     if (!path || !*path) return kv_fail(KV_E_USAGE, "empty output path");
@@ -1398,9 +1401,15 @@ kv_status kv_outfile_open(kv_outfile *o, const char *path)
         o->fp = stdout;
         return KV_OK;
     }
-    /* Writing through a symlink replaces its target, not the link. */
     struct stat sb;
-    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+    if ((flags & KV_OUT_NOFOLLOW) && lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        kv_status st = kv_fail(KV_E_DATA, "refusing to write %s: it is %s, not a regular file", path,
+                               kv_file_kind(sb.st_mode));
+        outfile_reset(o);
+        return st;
+    }
+    /* Writing through a symlink replaces its target, not the link. */
+    if (!(flags & KV_OUT_NOFOLLOW) && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
         char *real = realpath(path, NULL);
         if (real) {
             free(o->path);
@@ -1410,7 +1419,7 @@ kv_status kv_outfile_open(kv_outfile *o, const char *path)
     }
     /* A device or FIFO (/dev/null, a pipe) cannot be replaced by rename:
      * write to it directly. */
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    if (!(flags & KV_OUT_NOFOLLOW) && stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
         if (S_ISDIR(sb.st_mode)) {
             outfile_reset(o);
             return kv_fail(KV_E_CANTCREATE, "cannot create %s: is a directory", path);
@@ -1781,6 +1790,11 @@ static int cmp_wsize(const void *a, const void *b)
 
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level)
 {
+    return kvc_writer_write_ex(w, path, zstd_level, 0);
+}
+
+kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags)
+{
     kv_status st = KV_OK;
     wtensor **ord = malloc(((size_t)w->nt + 1) * sizeof *ord);
     sbuf h = {0};
@@ -1832,7 +1846,7 @@ kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level)
         goto out;
     }
 
-    if ((st = kv_outfile_open(&o, path))) goto out;
+    if ((st = kv_outfile_open_ex(&o, path, flags))) goto out;
     opened = true;
     k.fp = o.fp;
     if (zstd_level > 0) {

@@ -141,6 +141,8 @@ kv_status kvc_writer_add_copy(kvc_writer *w, const char *name, kv_dtype dt, int 
  * the same directory, fsync, rename; on failure nothing is left behind.
  * If zstd_level > 0 the output is zstd-compressed. */
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level);
+/* Same, with kv_outfile_open_ex flags (KV_OUT_NOFOLLOW). */
+kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags);
 void kvc_writer_free(kvc_writer *w);
 
 /* Defaults for a geometry (theta 10000, keys roped, interleaved). */
@@ -155,6 +157,12 @@ typedef struct {
     char *tmp; /* NULL for stdout */
 } kv_outfile;
 kv_status kv_outfile_open(kv_outfile *o, const char *path);
+/* KV_OUT_NOFOLLOW: a file inside a directory the caller owns (a kv-tree
+ * store).  kv_outfile_open writes through a symlink to its target and
+ * straight into a FIFO or device; with this flag an existing path that is
+ * not a regular file is refused (KV_E_DATA) and never followed. */
+#define KV_OUT_NOFOLLOW 1u
+kv_status kv_outfile_open_ex(kv_outfile *o, const char *path, unsigned flags);
 kv_status kv_outfile_commit(kv_outfile *o);
 void kv_outfile_abort(kv_outfile *o);
 /* Unlink every temp file still open through kv_outfile_open (or the

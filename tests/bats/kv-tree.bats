@@ -311,6 +311,60 @@ two_puts() {
     assert_success
 }
 
+# next_chunk: the chunk file name the next put will write
+next_chunk() {
+    "$PY" -c 'import json,sys; print("chunks/c%d.kvc" % (json.load(open(sys.argv[1]))["generation"] + 1))' "$S/index.json"
+}
+
+@test "kv-tree put refuses a symlink at the next chunk name and leaves its target alone" {
+    kv-tree init "$S"
+    kv-tree put "$S" "$A" >/dev/null
+    echo precious >"$BATS_TEST_TMPDIR/victim"
+    ln -s "$BATS_TEST_TMPDIR/victim" "$S/$(next_chunk)"
+    run --separate-stderr kv-tree put "$S" "$B"
+    assert_fails_with 65 "symbolic link"
+    [ "$(cat "$BATS_TEST_TMPDIR/victim")" = precious ]
+    [ -L "$S/$(next_chunk)" ]
+}
+
+@test "kv-tree refuses a store whose index.json or lock is a symlink, creating nothing" {
+    two_puts
+    mv "$S/index.json" "$BATS_TEST_TMPDIR/real.json"
+    cp "$BATS_TEST_TMPDIR/real.json" "$BATS_TEST_TMPDIR/orig.json"
+    ln -s "$BATS_TEST_TMPDIR/real.json" "$S/index.json"
+    for sub in ls check; do
+        run --separate-stderr kv-tree $sub "$S"
+        assert_fails_with 65 "index.json is a symbolic link"
+    done
+    run --separate-stderr kv-tree put "$S" "$B"
+    assert_fails_with 65 "index.json is a symbolic link"
+    run --separate-stderr kv-tree gc "$S" --max-bytes 0
+    assert_fails_with 65 "index.json is a symbolic link"
+    cmp "$BATS_TEST_TMPDIR/real.json" "$BATS_TEST_TMPDIR/orig.json"
+    rm "$S/index.json" && mv "$BATS_TEST_TMPDIR/real.json" "$S/index.json"
+    rm -f "$S/lock"
+    ln -s "$BATS_TEST_TMPDIR/nowhere" "$S/lock"
+    run --separate-stderr kv-tree ls "$S"
+    assert_fails_with 65 "lock is a symbolic link"
+    [ ! -e "$BATS_TEST_TMPDIR/nowhere" ]
+    rm "$S/lock"
+    ln -s "$BATS_TEST_TMPDIR" "$S/chunks.x" && mv "$S/chunks" "$BATS_TEST_TMPDIR/chunks" && mv "$S/chunks.x" "$S/chunks"
+    run --separate-stderr kv-tree put "$S" "$A"
+    assert_fails_with 65 "chunks is a symbolic link"
+}
+
+@test "kv-tree check reports a chunk replaced by a symlink to a good copy" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    cp "$S/$f" "$BATS_TEST_TMPDIR/copy.kvc"
+    rm "$S/$f" && ln -s "$BATS_TEST_TMPDIR/copy.kvc" "$S/$f"
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "symbolic link"
+    [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(False, 2)" ]
+    run --separate-stderr kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "symbolic link"
+}
+
 @test "kv-tree check finds a damaged chunk and exits 65" {
     two_puts
     f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
