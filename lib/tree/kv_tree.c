@@ -703,14 +703,15 @@ static void list_free(char **list, int n)
 /*
  * Open a file of the store.  The store holds only regular files that it
  * wrote itself, so a symbolic link (followed, it made put overwrite files
- * outside the store) or anything but a regular file is damage: refused
- * with KV_E_DATA, never followed.  rel names the file in
+ * outside the store), a FIFO (a get blocked forever holding the lock) or a
+ * device (/dev/zero was read until memory ran out) is damage: refused with
+ * KV_E_DATA, never followed and never waited on.  rel names the file in
  * messages; *size gets its length.
  */
 static kv_status store_file_open(const char *path, const char *rel, int flags, int *fd_out, uint64_t *size)
 {
     *fd_out = -1;
-    int fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0666);
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
     if (fd < 0) {
         int e = errno;
         struct stat lb;
@@ -1058,7 +1059,11 @@ static kv_status chunk_open(const kv_tree_store *s, int i, kvc_file **out)
     uint64_t size;
     kv_status st = store_file_open(path, nd->file, O_RDONLY, &fd, &size);
     free(path);
-    (void)size;
+    /* the index knows each chunk's size: a file that is not that size is
+     * not read at all (it could be any size) */
+    if (!st && size != nd->bytes)
+        st = kv_fail(KV_E_DATA, "chunk %s is %llu bytes, the index says %llu", nd->file,
+                     (unsigned long long)size, (unsigned long long)nd->bytes);
     if (!st) {
         st = kvc_open_fd(fd, &f);
         if (st) kv_errcontext("chunk %s", nd->file);

@@ -365,6 +365,30 @@ next_chunk() {
     assert_fails_with 65 "symbolic link"
 }
 
+@test "kv-tree never blocks on a chunk that is a FIFO and never reads a device" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    rm "$S/$f" && mkfifo "$S/$f"
+    run --separate-stderr timeout 20 kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "a FIFO"
+    run --separate-stderr timeout 20 kv-tree check "$S"
+    assert_fails_with 65 "a FIFO"
+    # the exclusive lock was released: a writer gets through at once
+    run --separate-stderr timeout 20 kv-tree rm "$S" --kvc "$A"
+    [ "$status" -ne 124 ]
+    rm -f "$S/$f" && ln -s /dev/zero "$S/$f"
+    run --separate-stderr timeout 20 kv-tree check "$S"
+    assert_fails_with 65 "symbolic link"
+}
+
+@test "kv-tree reads no chunk whose size differs from the index" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    head -c 100000 /dev/zero >>"$S/$f"
+    run --separate-stderr kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "the index says"
+}
+
 @test "kv-tree check finds a damaged chunk and exits 65" {
     two_puts
     f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
