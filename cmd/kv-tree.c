@@ -468,6 +468,7 @@ static int evict_json(const kv_evict_report *r)
     cJSON_AddNumberToObject(o, "nodes_removed", r->nodes_removed);
     cJSON_AddNumberToObject(o, "bytes_freed", (double)r->bytes_freed);
     cJSON_AddNumberToObject(o, "orphans_removed", r->orphans_removed);
+    cJSON_AddNumberToObject(o, "temp_files_removed", r->temps_removed);
     cJSON_AddNumberToObject(o, "bytes_after", (double)r->bytes_after);
     int rc = print_json(stdout, o);
     cJSON_Delete(o);
@@ -548,6 +549,10 @@ static int cmd_check(int argc, char **argv)
         cJSON_AddNumberToObject(o, "nodes", r.nodes);
         cJSON_AddNumberToObject(o, "chunks_ok", r.chunks_ok);
         cJSON_AddNumberToObject(o, "orphans", r.orphans);
+        cJSON_AddNumberToObject(o, "temp_files", r.temp_files);
+        if (r.temp_files)
+            kv_note(0, "%s: %d leftover index temp file%s of an interrupted write (gc removes them)", dir,
+                    r.temp_files, r.temp_files == 1 ? "" : "s");
         cJSON *p = cJSON_AddArrayToObject(o, "problems");
         for (int i = 0; i < r.n_problems; i++) cJSON_AddItemToArray(p, cJSON_CreateString(r.problems[i]));
         rc = print_json(stdout, o);

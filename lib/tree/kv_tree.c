@@ -1525,6 +1525,35 @@ kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict
 
 /* Delete chunk files (and temp files of interrupted writes) that no live
  * node names.  Only safe under the exclusive lock, after the index is saved. */
+/* Temp files of index writes that never committed (a writer killed between
+ * creating ".index.json.XXXXXX" and renaming it).  Only a lock holder
+ * writes the index, so under the lock every such file is a leftover. */
+static bool index_temp_name(const char *name)
+{
+    static const char pre[] = "." INDEX_NAME ".";
+    return strncmp(name, pre, sizeof pre - 1) == 0 && strlen(name) == sizeof pre - 1 + 6;
+}
+
+static kv_status remove_index_temps(kv_tree_store *s, int *count, bool dry)
+{
+    *count = 0;
+    DIR *d = opendir(s->dir);
+    if (!d) return kv_fail(KV_E_IO, "cannot read %s: %s", s->dir, strerror(errno));
+    kv_status st = KV_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) && !st) {
+        if (!index_temp_name(e->d_name)) continue;
+        (*count)++;
+        if (dry) continue;
+        char *p = path_join(s->dir, e->d_name);
+        if (!p) st = kv_fail(KV_E_NOMEM, "cannot allocate a path");
+        else unlink(p); /* a failure leaves it for the next gc */
+        free(p);
+    }
+    closedir(d);
+    return st;
+}
+
 static kv_status remove_orphans(kv_tree_store *s, int *count, bool dry)
 {
     *count = 0;
@@ -1592,6 +1621,7 @@ kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_lif
     r->bytes_after = live_bytes(t);
     if (!st) st = kv_tree_store_save(s);
     if (!st) st = remove_orphans(s, &r->orphans_removed, false);
+    if (!st) st = remove_index_temps(s, &r->temps_removed, false);
     return st;
 }
 
@@ -1647,7 +1677,8 @@ kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r)
         kvc_free(f);
         r->chunks_ok += ok;
     }
-    return remove_orphans(s, &r->orphans, true);
+    kv_status st = remove_orphans(s, &r->orphans, true);
+    return st ? st : remove_index_temps(s, &r->temp_files, true);
 }
 
 void kv_check_report_free(kv_check_report *r)

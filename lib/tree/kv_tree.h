@@ -185,6 +185,7 @@ typedef struct {
     int nodes_removed;
     uint64_t bytes_freed;
     int orphans_removed;      /* chunk files the index did not name */
+    int temps_removed;        /* leftover index temp files (.index.json.XXXXXX) */
     uint64_t bytes_after;
 } kv_evict_report;
 
@@ -192,7 +193,7 @@ typedef struct {
 kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict_report *r);
 /* Evict lowest-score leaves until chunk files total <= max_bytes, commit
  * the index (gc saves by itself: orphans may only be deleted after the
- * commit), then delete orphaned chunk files. */
+ * commit), then delete orphaned chunk files and leftover index temp files. */
 kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_life, int64_t now,
                       kv_evict_report *r);
 
@@ -201,6 +202,7 @@ typedef struct {
     int n_problems;
     char **problems;          /* (n_problems) one line each */
     int orphans;              /* chunk files not in the index (not damage) */
+    int temp_files;           /* leftover index temp files of interrupted writes (not damage; gc removes them) */
 } kv_check_report;
 
 /* Verify every chunk against the index.  Returns KV_OK even when problems

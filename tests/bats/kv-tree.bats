@@ -296,6 +296,23 @@ two_puts() {
     [ ! -e "$S/chunks/c999.kvc" ]
 }
 
+@test "kv-tree check reports leftover index temp files and gc removes them" {
+    two_puts
+    # what a writer killed between writing the new index and renaming it leaves
+    echo '{"partial' >"$S/.index.json.Ab3xYz"
+    echo keep >"$S/.index.json.notatemp"
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["ok"], j["temp_files"]')" = "(True, 1)" ]
+    [[ "$stderr" == *"leftover index temp file"* ]]
+    run --separate-stderr kv-tree gc "$S" --max-bytes 1G
+    assert_success
+    [ "$(json_get 'j["temp_files_removed"], j["nodes_removed"]')" = "(1, 0)" ]
+    [ ! -e "$S/.index.json.Ab3xYz" ] && [ -e "$S/.index.json.notatemp" ]
+    run --separate-stderr kv-tree check "$S"
+    [ "$(json_get 'j["temp_files"]')" = 0 ]
+}
+
 @test "kv-tree rm drops what follows a prefix and keeps the prefix" {
     two_puts
     m=$("$PY" "$KVT" lcp "$A" "$B")
