@@ -604,7 +604,7 @@ int main(int argc, char **argv)
             return rc;
         }
     }
-    fprintf(stderr, "kv-tree: unknown subcommand '%s'\n", sub);
+    kv_warn("unknown subcommand '%s'", sub); /* escaped: argv may hold anything */
     top_usage_short();
     return KV_EXIT_USAGE;
 }

@@ -333,6 +333,10 @@ def corrupt(case, raw):
         data = _repack(hdr, data)
     elif case == "version":
         meta["kvc.version"] = "2"
+    elif case == "escape-key":      # a key that would re-title a terminal, with a bad value
+        meta["\x1b]0;pwned\x07\x9b31m"] = 5
+    elif case == "escape-model":    # valid, but the model name holds escape sequences
+        meta["kvc.model"] = "\x1b]0;pwned\x07\x1b[31mred"
     else:
         raise SystemExit(64)
     return _join(hdr, data)
@@ -357,7 +361,8 @@ def _repack(hdr, data):
 
 CORRUPT = ["truncated", "header-past-eof", "header-absurd", "bad-json", "not-object",
            "meta-not-string", "unknown-dtype", "negative-dim", "size-mismatch", "offsets-reversed",
-           "overlap", "hole", "checksum", "geometry", "missing-layer", "version"]
+           "overlap", "hole", "checksum", "geometry", "missing-layer", "version", "escape-key",
+           "escape-model"]
 
 
 def summary(path):
