@@ -865,6 +865,21 @@ static kv_status check_crcs(kvc_file *f)
         t->has_crc = true;
         f->n_crc++;
     }
+    /* A writer that checksums every tensor says so (kvc.checksums = the
+     * tensor count): a flipped byte that renames one crc32c key must not
+     * quietly turn that tensor into an unchecked one. */
+    const char *all = kvc_meta(f, "kvc.checksums");
+    if (all) {
+        char *end;
+        errno = 0;
+        long n = strtol(all, &end, 10);
+        if (errno || end == all || *end || n != f->nt)
+            return kv_fail(KV_E_DATA, "metadata kvc.checksums='%.16s' is not the tensor count %d", all, f->nt);
+        for (int i = 0; i < f->nt; i++)
+            if (!f->t[i].has_crc)
+                return kv_fail(KV_E_DATA, "tensor %s has no checksum, but the writer checksummed all %d "
+                                          "tensors (a crc32c key lost or renamed)", f->t[i].name, f->nt);
+    }
     return KV_OK;
 }
 
@@ -1557,7 +1572,7 @@ void kvc_writer_free(kvc_writer *w)
 kv_status kvc_writer_meta(kvc_writer *w, const char *key, const char *value)
 {
     if (!key || !*key || !value) return kv_fail(KV_E_INTERNAL, "metadata key or value missing");
-    if (!strncmp(key, "crc32c.", 7)) return KV_OK;
+    if (!strncmp(key, "crc32c.", 7) || !strcmp(key, "kvc.checksums")) return KV_OK; /* written by write */
     for (int i = 0; i < w->nm; i++) {
         if (!strcmp(w->mkey[i], key)) {
             char *v = strdup(value);
@@ -1825,6 +1840,7 @@ kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, u
         sb_str(&h, key);
         sb_fmt(&h, ":\"%08x\"", ord[i]->crc);
     }
+    sb_fmt(&h, "%s\"kvc.checksums\":\"%d\"", w->nm || w->nt ? "," : "", w->nt);
     sb_put(&h, "}", 1);
     for (int i = 0; i < w->nt; i++) {
         wtensor *t = ord[i];

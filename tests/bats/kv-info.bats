@@ -196,6 +196,22 @@ no_raw_control() {
 @test "kv-info rejects metadata that disagrees with the shapes with exit 65" { corrupt_case geometry "kvc.n_kv_heads=3 but the tensors have 2"; }
 @test "kv-info rejects a layer without values with exit 65" { corrupt_case missing-layer "layer 0 has no values"; }
 @test "kv-info rejects a newer format version with exit 65" { corrupt_case version "kvc version 2"; }
+@test "kv-info rejects a kvtools file whose crc32c key was renamed with exit 65" { corrupt_case crc-key-renamed "tensor layers.0.k has no checksum, but the writer checksummed all"; }
+
+@test "kv-info reports partial checksums in a file whose writer did not claim them all" {
+    "$PY" "$KVPY" corrupt crc-key-renamed "$S" "$BATS_TEST_TMPDIR/p.kvc"
+    "$PY" - "$BATS_TEST_TMPDIR/p.kvc" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], 'rb').read()
+(n,) = struct.unpack('<Q', raw[:8])
+h = json.loads(raw[8:8 + n]); h['__metadata__'].pop('kvc.checksums')
+t = json.dumps(h, separators=(',', ':')).encode(); t += b' ' * ((-(8 + len(t))) % 64)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(t)) + t + raw[8 + n:])
+EOF
+    run --separate-stderr kv-info "$BATS_TEST_TMPDIR/p.kvc"
+    assert_success
+    [ "$(json_get 'j["checksums"]')" = partial ]
+}
 
 @test "kv-info's man page documents every option its --help lists and every exit status" {
     run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-info.1" kv-info

@@ -109,6 +109,12 @@ def read_kvc(path):
             _, _, begin, end, _ = tensors[name]
             if f"{crc32c(data[begin:end]):08x}" != val:
                 raise KvcError(f"checksum mismatch in {name}")
+    if "kvc.checksums" in meta:  # the writer checksummed every tensor
+        if meta["kvc.checksums"] != str(len(tensors)):
+            raise KvcError("kvc.checksums is not the tensor count")
+        missing = [t for t in tensors if "crc32c." + t not in meta]
+        if missing:
+            raise KvcError(f"tensor {missing[0]} has no checksum")
     return n, meta, tensors
 
 
@@ -169,6 +175,7 @@ def check_sample(path):
     for name, (dt, _, begin, _, _) in t.items():
         check(begin % DTYPES[dt][1] == 0, f"{name} offset aligned to its element size")
         check(meta.get("crc32c." + name, "") != "", f"{name} has a checksum")
+    check(meta.get("kvc.checksums") == str(len(t)), "kvc.checksums is the tensor count")
     want = {"format": "kvc", "kvc.version": "1", "kvc.n_layers": "3", "kvc.n_heads": "4",
             "kvc.n_kv_heads": "2", "kvc.head_dim": "4", "kvc.n_tokens": "5", "kvc.n_q": "2",
             "kvc.rope_theta": "500000", "kvc.rope_scaling": "llama3", "kvc.rope_factor": "8",
@@ -330,9 +337,13 @@ def corrupt(case, raw):
         hdr.pop("layers.0.v")
         for k in [k for k in meta if k.startswith("crc32c.") or k.startswith("layers.0.v.")]:
             meta.pop(k)
+        meta.pop("kvc.checksums", None)
         data = _repack(hdr, data)
     elif case == "version":
         meta["kvc.version"] = "2"
+    elif case == "crc-key-renamed":  # one flipped byte in a crc32c key's prefix
+        k = "crc32c.layers.0.k"
+        meta["crc32d.layers.0.k"] = meta.pop(k)
     elif case == "escape-key":      # a key that would re-title a terminal, with a bad value
         meta["\x1b]0;pwned\x07\x9b31m"] = 5
     elif case == "escape-model":    # valid, but the model name holds escape sequences
@@ -362,7 +373,7 @@ def _repack(hdr, data):
 CORRUPT = ["truncated", "header-past-eof", "header-absurd", "bad-json", "not-object",
            "meta-not-string", "unknown-dtype", "negative-dim", "size-mismatch", "offsets-reversed",
            "overlap", "hole", "checksum", "geometry", "missing-layer", "version", "escape-key",
-           "escape-model"]
+           "escape-model", "crc-key-renamed"]
 
 
 def summary(path):
