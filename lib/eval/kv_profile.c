@@ -8,10 +8,12 @@
 #include "eval/kv_profile.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn/kv_attn.h"
+#include "common/kv_finite.h"
 #include "common/kv_json.h"
 #include "quant/kv_quant.h"
 
@@ -229,6 +231,14 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
     for (int l = 0; l < L && !st; l++) {
         if ((st = load_queries(f, l, NH, nq_s, nq, D, q)) || (st = kv_layer_decode(f, l, 'k', k)) ||
             (st = kv_layer_decode(f, l, 'v', v)))
+            break;
+        char nm[3][32];
+        snprintf(nm[0], sizeof nm[0], "layers.%d.q", l);
+        snprintf(nm[1], sizeof nm[1], "layers.%d.k", l);
+        snprintf(nm[2], sizeof nm[2], "layers.%d.v", l);
+        if ((st = kv_check_finite3(nm[0], q, NH, nq, D, "profiling")) ||
+            (st = kv_check_finite3(nm[1], k, H, T, D, "profiling")) ||
+            (st = kv_check_finite3(nm[2], v, H, T, D, "profiling")))
             break;
         double *row = acc->score + (size_t)l * NH;
         for (int qh = 0; qh < NH; qh++) {

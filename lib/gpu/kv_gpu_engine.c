@@ -32,6 +32,7 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 #include <cuda_runtime_api.h>
 
 #include "eng_ops.cuh"
+#include "common/kv_finite.h"
 #include "common/kv_half.h"
 #include "kv_kernels.h"
 #include "quant/kv_dsq.h"
@@ -1825,6 +1826,11 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
                                          cudaMemcpyDeviceToHost, e->s_main);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
         if (ce != cudaSuccess) st = cuda_fail(ce, "logits download", __LINE__);
+        /* NaN/inf weights or overflow: refused as on the CPU (the logits are
+         * the one place the host sees; the selection kernels rank NaN as -inf
+         * meanwhile, so nothing before this point misbehaves) */
+        else if (kv_first_nonfinite(logits_last, (size_t)e->vocab) != SIZE_MAX)
+            st = kv_model_nonfinite_fail(e->m, "logits", n - 1);
     }
     cudaDeviceSynchronize();
     for (int l = 0; pf.k && l < e->L; l++) dfree(&pf.k[l]);
@@ -1850,6 +1856,8 @@ kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
         CK(cudaMemcpyAsync(logits, e->logits, (size_t)e->vocab * 4, cudaMemcpyDeviceToHost, e->s_main));
     }
     CK(cudaStreamSynchronize(e->s_main));
+    if (logits && kv_first_nonfinite(logits, (size_t)e->vocab) != SIZE_MAX)
+        return kv_model_nonfinite_fail(e->m, "logits", e->pos - 1);
     return KV_OK;
 }
 

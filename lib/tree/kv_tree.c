@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "common/kv_file.h"
+#include "common/kv_finite.h"
 
 #define INDEX_NAME "index.json"
 #define MAX_INDEX_BYTES (1u << 30)
@@ -611,7 +612,12 @@ kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention)
             st = kv_fail(KV_E_UNSUPPORTED, "layer %d keys are not a plain F32/F16/BF16 tensor", l);
             goto out;
         }
-        if ((st = kvc_tensor_to_f32(kt, k))) goto out;
+        char nm[32];
+        snprintf(nm, sizeof nm, "layers.%d.k", l);
+        /* NaN keys would make the importance (and the index's summary of it,
+         * which JSON cannot hold) NaN: the store keeps finite keys only */
+        if ((st = kvc_tensor_to_f32(kt, k)) || (st = kv_check_finite3(nm, k, Hkv, T, D, "the store's importance")))
+            goto out;
         if (!*attention) {
             for (int h = 0; h < Hkv; h++)
                 for (int t = 0; t < T; t++) {
@@ -627,7 +633,9 @@ kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention)
             st = kv_fail(KV_E_UNSUPPORTED, "layer %d queries are not a plain F32/F16/BF16 tensor", l);
             goto out;
         }
-        if ((st = kvc_tensor_to_f32(qt, q))) goto out;
+        snprintf(nm, sizeof nm, "layers.%d.q", l);
+        if ((st = kvc_tensor_to_f32(qt, q)) || (st = kv_check_finite3(nm, q, H, Q, D, "the store's importance")))
+            goto out;
         int group = H / Hkv;
         for (int h = 0; h < H; h++) {
             const float *kh = k + (size_t)(h / group) * T * D;

@@ -11,6 +11,9 @@ here read by kv-info.
     kvc_py.py write-full FILE       full metadata, queries, tokens and CRC-32C checksums
     kvc_py.py corrupt CASE IN OUT   write a corrupt variant of IN (cases: see CORRUPT)
     kvc_py.py summary FILE          print geometry and checksum status as JSON
+    kvc_py.py poison IN OUT TENSOR INDEX VALUE
+                                    set element INDEX of a plain F32/F16/BF16 tensor to VALUE
+                                    (nan, inf, -inf or a number), its checksum kept valid
 
 Exit status: 0 ok, 1 check failed, 64 usage.
 """
@@ -376,6 +379,36 @@ CORRUPT = ["truncated", "header-past-eof", "header-absurd", "bad-json", "not-obj
            "escape-model", "crc-key-renamed"]
 
 
+def poison(src, dst, tensor, index, value):
+    """A valid file whose one element is non-finite: bytes patched, CRC redone."""
+    raw = open(src, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    hdr = json.loads(raw[8:8 + n])
+    e = hdr[tensor]
+    size = DTYPES[e["dtype"]][1]
+    v = np.array([float(value)], dtype=np.float32)
+    if e["dtype"] == "F32":
+        b = v.tobytes()
+    elif e["dtype"] == "F16":
+        b = v.astype(np.float16).tobytes()
+    elif e["dtype"] == "BF16":
+        b = (v.view(np.uint32) >> 16).astype("<u2").tobytes()
+    else:
+        raise KvcError(f"{tensor} is {e['dtype']}, not a float tensor")
+    data = bytearray(raw[8 + n:])
+    begin, end = e["data_offsets"]
+    at = begin + int(index) * size
+    if at + size > end:
+        raise KvcError(f"{tensor} has no element {index}")
+    data[at:at + size] = b
+    meta = hdr.get("__metadata__", {})
+    if "crc32c." + tensor in meta:
+        meta["crc32c." + tensor] = f"{crc32c(bytes(data[begin:end])):08x}"
+    text = json.dumps(hdr, separators=(",", ":")).encode()
+    text += b" " * ((-(8 + len(text))) % ALIGN)
+    open(dst, "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
+
+
 def summary(path):
     n, meta, t = read_kvc(path)
     k0 = t["layers.0.k"][1] if "layers.0.k" in t else [int(meta[f"kvc.{k}"]) for k in ("n_kv_heads", "n_tokens", "head_dim")]
@@ -393,6 +426,8 @@ def main(argv):
         write_full(argv[2])
     elif len(argv) == 3 and argv[1] == "summary":
         summary(argv[2])
+    elif len(argv) == 7 and argv[1] == "poison":
+        poison(*argv[2:])
     elif len(argv) == 5 and argv[1] == "corrupt" and argv[2] in CORRUPT:
         with open(argv[3], "rb") as f:
             raw = f.read()
