@@ -1900,7 +1900,10 @@ out:
         char msg[512];
         snprintf(msg, sizeof msg, "%s", kv_errdetail());
         kv_outfile_abort(&o);
+        /* a full disk said only "write error: No space left on device" */
         kv_fail(keep, "%s", msg);
+        if (!strcmp(path, "-")) kv_errcontext("stdout");
+        else kv_errcontext("cannot write %s", path);
     }
     ZSTD_freeCCtx(k.z);
     free(k.zbuf);
