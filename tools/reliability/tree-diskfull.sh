@@ -40,12 +40,26 @@ for i in $(seq 1 30); do
     "$BIN/kv-tree" get "$S" --kvc "$WORK/d1.kvc" -o /dev/null 2>/dev/null || { bad=$((bad + 1)); echo "get failed on a full disk" >&2; }
 done
 used=$(df -k "$M" | awk 'NR == 2 { print $3 }')
+# the last bytes taken by a filler: commands that only rewrite the index
+# (a get counting its hit, place, rm) now fail at the index write
+head -c 10M /dev/zero >"$M/filler" 2>/dev/null
+idx=""
+"$BIN/kv-tree" get "$S" --kvc "$WORK/d2.kvc" -o /dev/null 2>"$WORK/get.err"; idx="$idx get:$?"
+"$BIN/kv-tree" place "$S" --gpu-bytes 1K --host-bytes 0 >/dev/null 2>>"$WORK/get.err"; idx="$idx place:$?"
+"$BIN/kv-tree" rm "$S" --kvc "$WORK/d3.kvc" >/dev/null 2>>"$WORK/get.err"; idx="$idx rm:$?"
+check_ok "$S" || { bad=$((bad + 1)); echo "after the index writes: $(cat "$WORK/check.err")" >&2; }
+if find "$S" -name '.index.json.*' -o -name '.c*.kvc.*' | grep -q .; then
+    bad=$((bad + 1)); echo "temp files left by the index writes" >&2
+fi
+imsg=$(head -n 1 "$WORK/get.err")
+rm -f "$M/filler"
 "$BIN/kv-tree" gc "$S" --max-bytes 0 >/dev/null || bad=$((bad + 1))
 "$BIN/kv-tree" put "$S" "$WORK/d30.kvc" --tier host >/dev/null 2>&1 && after=yes || after=no
 check_ok "$S" || bad=$((bad + 1))
 umount "$M"
 echo "full disk ($SIZE tmpfs): $ok puts fitted, $full failed (exit codes:$codes; first message: ${msg:-none})," \
      "${used} KiB used when full; after each failure the store checked ok and served a get;" \
+     "with the last bytes filled, index-only writes exit${idx} (first message: ${imsg:-none}), store checks ok;" \
      "after gc a put succeeds: $after; failures: $bad"
 rm -rf "$WORK"
 [ "$bad" -eq 0 ] && [ "$after" = yes ]

@@ -9,22 +9,39 @@
 set -u
 . "$(dirname "$0")/tree-common.sh"
 N=${1:-150}
-make_dumps 8
+make_dumps 8 300 # 300 more words: a put writes ~0.4 MB and compresses it
+head_tokens 8
 S=$WORK/store
 "$BIN/kv-tree" init "$S"
 "$BIN/kv-tree" put "$S" "$WORK/d1.kvc" >/dev/null
-# how long a put takes here (ms), to aim the kills inside it
+for i in 2 3 4 5 6 7 8; do "$BIN/kv-tree" put "$S" "$WORK/d$i.kvc" --zstd 19 >/dev/null; done
+# how long a put of a removed suffix takes here (ms), to aim the kills inside it
+put_ms=0
+for i in 2 5 8; do
+    "$BIN/kv-tree" rm "$S" --tokens "$WORK/h$i.txt" >/dev/null
+    t0=$(date +%s%N)
+    "$BIN/kv-tree" put "$S" "$WORK/d$i.kvc" --zstd 19 >/dev/null
+    put_ms=$((put_ms + ($(date +%s%N) - t0) / 3000000))
+done
+put_ms=$((put_ms + 1))
+# and of a put that only touches the index (everything already cached)
 t0=$(date +%s%N)
-for i in 2 3 4; do "$BIN/kv-tree" put "$S" "$WORK/d$i.kvc" --zstd 19 >/dev/null; done
-put_ms=$(( ($(date +%s%N) - t0) / 3000000 + 1 ))
+for i in 2 5 8; do "$BIN/kv-tree" put "$S" "$WORK/d$i.kvc" >/dev/null; done
+touch_ms=$(( ($(date +%s%N) - t0) / 3000000 + 1 ))
 killed=0 finished=0 bad=0 orphans=0 temps=0
 for k in $(seq 1 "$N"); do
-    d=$WORK/d$((1 + RANDOM % 8)).kvc
-    # a fresh suffix each time: remove what this dump added, sometimes
-    [ $((k % 3)) -eq 0 ] && "$BIN/kv-tree" rm "$S" --kvc "$d" >/dev/null 2>&1
+    j=$((1 + RANDOM % 8))
+    d=$WORK/d$j.kvc
+    # odd kills: remove what follows this dump's first own token, so the put
+    # writes a chunk and the index; even ones: a put that rewrites the index only
+    ms=$touch_ms
+    if [ $((k % 2)) -eq 1 ]; then
+        "$BIN/kv-tree" rm "$S" --tokens "$WORK/h$j.txt" >/dev/null 2>&1
+        ms=$put_ms
+    fi
     "$BIN/kv-tree" put "$S" "$d" --zstd 19 >/dev/null 2>&1 &
     pid=$!
-    sleep "$(awk -v r=$RANDOM -v m="$put_ms" 'BEGIN { printf "%.4f", r / 32768 * m / 1000 }')"
+    sleep "$(awk -v r=$RANDOM -v m="$ms" 'BEGIN { printf "%.4f", r / 32768 * m / 1000 }')"
     if kill -9 "$pid" 2>/dev/null; then killed=$((killed + 1)); else finished=$((finished + 1)); fi
     wait "$pid" 2>/dev/null
     if ! check_ok "$S"; then
@@ -44,7 +61,8 @@ done
 "$BIN/kv-tree" gc "$S" --max-bytes 1G >"$WORK/gc.json" || bad=$((bad + 1))
 check_ok "$S" || bad=$((bad + 1))
 left=$(/usr/bin/python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["orphans"], j.get("temp_files", 0))' "$WORK/check.json")
-echo "kill -9 during put: $N puts (a put takes ~${put_ms} ms here), $killed killed mid-run, $finished had finished;" \
+echo "kill -9 during put: $N puts (a put takes ~${put_ms} ms here, one that only rewrites the index ~${touch_ms} ms)," \
+     "$killed killed mid-run, $finished had finished;" \
      "inconsistent stores: $bad; checks that reported orphan chunks: $orphans, index temp files: $temps (not damage: gc removes them);" \
      "after the final gc: $left (orphans, temp files)"
 rm -rf "$WORK"
