@@ -19,13 +19,6 @@
 #include "common/kv_layout.h"
 #include "common/kv_status.h"
 
-typedef struct {
-    int n_heads;  /* query heads */
-    int kv_heads; /* KV heads; n_heads % kv_heads == 0 */
-    int head_dim; /* D */
-    int T;        /* cached tokens attended to (the new token's K/V included) */
-    float scale;  /* softmax scale, usually 1/sqrt(D) */
-} kv_attn_dims;
 
 /* Check a geometry (KV_E_USAGE with a message when it is not valid). */
 kv_status kv_attn_check(const kv_attn_dims *d);

@@ -38,6 +38,38 @@ typedef struct {
 
 kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us);
 
+/* The placements `kv-bench decode` compares, every layer one way or the
+ * hybrid's two: full (fp16 on the GPU), quant (KIVI on the GPU), hybrid
+ * (the first layers quant, the rest sparse with channel selection),
+ * hybrid-sketch (the same with the 1-bit key sketch), offload (full with
+ * offload=on). */
+typedef enum {
+    KV_DEC_FULL = 0,
+    KV_DEC_QUANT,
+    KV_DEC_HYBRID,
+    KV_DEC_SKETCH,
+    KV_DEC_OFFLOAD,
+    KV_DEC_COUNT
+} kv_decode_placement;
+
+/* "full", "quant", "hybrid", "hybrid-sketch", "offload". */
+const char *kv_decode_placement_name(kv_decode_placement p);
+
+typedef struct {
+    int qbits;    /* bits of the quantized layers (quant, the hybrid's first layers) */
+    int qlayers;  /* hybrid: layers [0, qlayers) quantized */
+    int topk, channels, sink, window; /* hybrid: the sparse layers */
+} kv_decode_layers;
+
+/* Fill per_layer (n_layers) with placement p's parameters, fp16 storage
+ * (KV_E_USAGE when qlayers exceeds the layers of a hybrid). */
+kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c, int n_layers,
+                                kv_policy_params *per_layer);
+
+/* Share of the PCIe time (bytes at h2d bytes/s) that does not show in the
+ * step time ms against ms_ref, clamped to [0, 1]. */
+double kv_gpu_bench_hidden(double ms, double ms_ref, uint64_t bytes, double h2d);
+
 typedef struct {
     double ms_median, ms_p90, ms_min; /* per decoded token */
     double ms_nofetch;    /* median with sparse selection/gather switched off (0 if n/a) */

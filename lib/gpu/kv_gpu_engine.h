@@ -29,8 +29,10 @@
  *
  * Without CUDA in the build, or without a usable device, kv_gpu_engine_new
  * fails with KV_E_UNAVAILABLE and a one-line reason; nothing else may be
- * called then.  Every CUDA failure comes back as a status with the call and
- * the CUDA error text (GPU out of memory is KV_E_NOMEM).
+ * called then.  Every CUDA failure comes back as a status naming the failed
+ * statement, file, line and device and the CUDA error text (GPU out of
+ * memory is KV_E_NOMEM).  The code: lib/gpu/kv_gpu_engine.c (core) and one
+ * file per placement (lib/gpu/kv_gpu_int.h lists them).
  *
  * Typical use mirrors kv_engine.h:
  *   kv_gpu_engine *g; kv_gpu_engine_new(model, per_layer, ctx, NULL, &g);
@@ -50,14 +52,28 @@
 
 typedef struct kv_gpu_engine kv_gpu_engine;
 
-typedef enum { KV_GPU_W_AUTO = 0, KV_GPU_W_F16, KV_GPU_W_BF16 } kv_gpu_wtype;
+/* opts.pdl: programmatic dependent launch level (kernels/kv_kernels.h). */
+#define KV_GPU_PDL_AUTO (-1) /* 2 on compute capability 9.0 and later, else 0 */
+
+/* opts.sel_skip bits (measurement only: the attention then reads stale rows
+ * or scores): steps of a sparse layer's selection left out. */
+enum {
+    KV_GPU_SKIP_SCORES = 1,  /* token scores (sketch) */
+    KV_GPU_SKIP_SOFTMAX = 2, /* softmax and the GQA combine */
+    KV_GPU_SKIP_TOPK = 4,    /* top-K */
+    KV_GPU_SKIP_GATHER = 8,  /* the gather of the chosen rows */
+    KV_GPU_SKIP_QUERY = 16   /* the predicted query's GEMV */
+};
 
 typedef struct {
     int device;           /* CUDA device ordinal */
-    kv_gpu_wtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
+    kv_dtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
     bool no_fetch;        /* measurement only: skip sparse selection and gathering (the
                              attention then reads stale rows) to time the fetch-free step */
     bool profile;         /* time the side streams per layer (kv_gpu_engine_timing) */
+    int pdl;              /* KV_GPU_PDL_AUTO, or 0, 1, 2 to lower it, for measurement; for
+                             the whole process (kv_cuda_set_pdl), applied at new and reset */
+    unsigned sel_skip;    /* KV_GPU_SKIP_* bits, measurement only (0) */
 } kv_gpu_engine_opts;
 
 void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o);

@@ -296,8 +296,8 @@ static void tile_2x4_port(const float *w0, const float *w1, const float *x, size
 
 static struct {
     tile_fn tile;
-    dot_w_fn dot[KV_W_COUNT];
-    row_fn row[KV_W_COUNT];
+    dot_w_fn dot[KV_DT_ALL];
+    row_fn row[KV_DT_ALL];
     float (*dot_f32)(const float *, const float *, int);
     void (*axpy)(float, const float *, float *, int);
     const char *isa;
@@ -307,30 +307,32 @@ static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
 static void row_f32(const void *row, float *out, int n) { memcpy(out, row, (size_t)n * 4); }
 
-static void k_init(void)
+static bool force_portable; /* kv_matmul_set_portable */
+
+/* Choose the inner kernels: AVX2+FMA where the CPU has them, unless the
+ * portable ones are asked for. */
+static void k_choose(void)
 {
-    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
-    K.dot[KV_W_F32] = dot_w_f32_port;
-    K.dot[KV_W_F16] = dot_f16_port;
-    K.dot[KV_W_BF16] = dot_bf16_port;
-    K.dot[KV_W_Q8_0] = dot_q8_port;
-    K.row[KV_W_F32] = row_f32;
-    K.row[KV_W_F16] = row_f16_port;
-    K.row[KV_W_BF16] = row_bf16_port;
-    K.row[KV_W_Q8_0] = row_q8_port;
+    K.dot[KV_DT_F32] = dot_w_f32_port;
+    K.dot[KV_DT_F16] = dot_f16_port;
+    K.dot[KV_DT_BF16] = dot_bf16_port;
+    K.dot[KV_DT_Q8_0] = dot_q8_port;
+    K.row[KV_DT_F32] = row_f32;
+    K.row[KV_DT_F16] = row_f16_port;
+    K.row[KV_DT_BF16] = row_bf16_port;
+    K.row[KV_DT_Q8_0] = row_q8_port;
     K.dot_f32 = dot_f32_port;
     K.axpy = axpy_port;
     K.tile = tile_2x4_port;
     K.isa = "portable";
 #ifdef KV_X86
-    const char *env = getenv("KV_PORTABLE"); /* for testing the portable path */
     __builtin_cpu_init();
-    if ((!env || !*env) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        K.dot[KV_W_F32] = dot_w_f32_avx2;
-        K.dot[KV_W_F16] = dot_f16_avx2;
-        K.dot[KV_W_BF16] = dot_bf16_avx2;
-        K.dot[KV_W_Q8_0] = dot_q8_avx2;
-        K.row[KV_W_F16] = row_f16_avx2;
+    if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        K.dot[KV_DT_F32] = dot_w_f32_avx2;
+        K.dot[KV_DT_F16] = dot_f16_avx2;
+        K.dot[KV_DT_BF16] = dot_bf16_avx2;
+        K.dot[KV_DT_Q8_0] = dot_q8_avx2;
+        K.row[KV_DT_F16] = row_f16_avx2;
         K.dot_f32 = dot_f32_avx2;
         K.axpy = axpy_avx2;
         K.tile = tile_2x4_avx2;
@@ -339,7 +341,20 @@ static void k_init(void)
 #endif
 }
 
+static void k_init(void)
+{
+    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
+    k_choose();
+}
+
 static inline void k_ready(void) { pthread_once(&k_once, k_init); }
+
+void kv_matmul_set_portable(bool on)
+{
+    k_ready();
+    force_portable = on;
+    k_choose();
+}
 
 const char *kv_matmul_isa(void)
 {
@@ -362,7 +377,7 @@ void kv_axpy_f32(float a, const float *x, float *y, int n)
 void kv_weight_row(const kv_weight *w, int r, float *out)
 {
     k_ready();
-    size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     K.row[w->type]((const uint8_t *)w->data + (size_t)r * rb, out, w->cols);
 }
 
@@ -370,7 +385,7 @@ void kv_matvec(const kv_weight *w, const float *x, float *y)
 {
     k_ready();
     const dot_w_fn dot = K.dot[w->type];
-    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     const uint8_t *base = w->data;
     const int rows = w->rows, cols = w->cols;
     /* Below ~256k multiply-adds (a few microseconds of AVX2) waking the
@@ -395,7 +410,7 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
         int i = 0;
         while (r >= start[i + 1]) i++;
         const kv_weight *wi = w[i];
-        size_t rb = kv_wtype_row_bytes(wi->type, wi->cols);
+        size_t rb = kv_dtype_row_bytes(wi->type, wi->cols);
         y[i][r - start[i]] = K.dot[wi->type]((const uint8_t *)wi->data + (size_t)(r - start[i]) * rb, x, wi->cols);
     }
 }
@@ -405,10 +420,10 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
 void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
 {
     k_ready();
-    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     const uint8_t *base = w->data;
     const int rows = w->rows, cols = w->cols;
-    const bool is_f32 = w->type == KV_W_F32;
+    const bool is_f32 = w->type == KV_DT_F32;
     for (int t0 = 0; t0 < n; t0 += KV_MM_TOKENS) {
         int t1 = t0 + KV_MM_TOKENS < n ? t0 + KV_MM_TOKENS : n;
         int npair = (rows + 1) / 2;

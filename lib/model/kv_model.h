@@ -14,32 +14,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_dtype.h"
+#include "common/kv_geom.h"
 #include "common/kv_status.h"
-
-/* Storage type of a weight matrix. */
-typedef enum {
-    KV_W_F32 = 0,
-    KV_W_F16,
-    KV_W_BF16,
-    KV_W_Q8_0, /* ggml blocks of 32: fp16 scale + 32 int8, 34 bytes */
-    KV_W_COUNT
-} kv_wtype;
-
-#define KV_Q8_0_BLOCK 32
-#define KV_Q8_0_BYTES 34
-
-const char *kv_wtype_name(kv_wtype t);
-/* Bytes of one row of `cols` values (cols must be a multiple of 32 for Q8_0). */
-size_t kv_wtype_row_bytes(kv_wtype t, int64_t cols);
 
 /* A row-major weight matrix: y = W x with W (rows, cols). */
 typedef struct {
-    kv_wtype type;
+    kv_dtype type; /* F32, F16, BF16 or Q8_0 */
     int rows, cols;
     const void *data; /* (rows, cols) in `type`; borrowed from the mapping */
 } kv_weight;
-
-typedef enum { KV_ROPE_SCALE_NONE = 0, KV_ROPE_SCALE_LLAMA3 = 1 } kv_rope_scale_kind;
 
 typedef struct {
     int dim;          /* model width */
@@ -53,7 +37,7 @@ typedef struct {
     float norm_eps;   /* RMSNorm epsilon */
     double rope_theta;
     int rope_dim;     /* rotated dims per head (== head_dim here) */
-    kv_rope_scale_kind rope_scaling;
+    kv_rope_scaling rope_scaling;
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_ctx;
     const float *rope_freq_factors; /* (head_dim/2) divisors of each pair's
@@ -93,16 +77,16 @@ typedef struct kv_model {
 
 /* Load a model file: llama2.c (legacy or v1) or GGUF v3, detected by magic.
  * A missing file is KV_E_NOINPUT. */
-kv_status kv_model_load(const char *path, kv_model **out);
+kv_status kv_model_open(const char *path, kv_model **out);
 /* Same from a memory buffer (copied; for fuzzing and tests). */
-kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out);
+kv_status kv_model_open_mem(const void *buf, size_t len, kv_model **out);
 /* Seeded random weights for "llama-3.1-8b", "llama-2-7b" or "tiny", big
  * matrices stored as wt.  To keep memory and start-up time sane, every layer
  * shares one random set of layer weights (compute and bytes read per layer
  * are those of the real geometry); the embedding and classifier are
  * distinct.  The 8B geometry in BF16 takes about 2.5 GB. */
-kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_model **out);
-void kv_model_free(kv_model *m);
+kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_model **out);
+void kv_model_close(kv_model *m);
 
 /* The GGUF metadata of a GGUF model (for the vocabulary), else NULL. */
 const struct kv_gguf *kv_model_gguf(const kv_model *m);
@@ -117,6 +101,8 @@ bool kv_model_first_nonfinite(const kv_model *m, char *where, size_t n);
  * NaN or infinite at position pos, naming the weight they came from or
  * saying that finite weights overflowed; both engines use it. */
 kv_status kv_model_nonfinite_fail(const kv_model *m, const char *what, int pos);
+/* The cache geometry of the model (no tokens yet; keys roped, interleaved). */
+void kv_model_geom(const kv_model *m, kv_geom *g);
 
 /* Total bytes of weights (for reports and the bandwidth bound). */
 uint64_t kv_model_weight_bytes(const kv_model *m);

@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "common/kv_status.h"
+#include "common/kv_tokens.h" /* kv_tokens_parse, for the tokenizer's callers */
 
 struct kv_gguf;
 typedef struct kv_tokenizer kv_tokenizer;
@@ -43,8 +44,5 @@ int kv_tokenizer_bos(const kv_tokenizer *t);
 int kv_tokenizer_eos(const kv_tokenizer *t);
 const char *kv_tokenizer_kind(const kv_tokenizer *t); /* "llama2c", "spm", "gpt2", ... */
 
-/* Token ids from text: whitespace-separated integers or a JSON array of
- * integers.  *ids malloc'd. */
-kv_status kv_tokens_parse(const char *text, size_t len, int **ids, int *n);
 
 #endif

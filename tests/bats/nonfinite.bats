@@ -82,3 +82,20 @@ W_DOWN3=$((28 + 4 * (512*64 + 5*64 + 5*4096 + 2*5*2048 + 5*4096 + 5*64 + 5*11008
     run --separate-stderr kv-tree put "$S" "$A"
     assert_success
 }
+
+@test "kv-tree refuses a chunk whose importance was made NaN, checksum and size intact, with exit 65" {
+    S="$BATS_TEST_TMPDIR/store"
+    kv-tree init "$S"
+    kv-tree put "$S" "$A" >/dev/null
+    # the GPU tier keeps chunks uncompressed: a patched one keeps its size
+    kv-tree place "$S" --gpu-bytes 1G --host-bytes 1G >/dev/null
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    "$PY" "$KVPY" poison "$S/$f" "$BATS_TEST_TMPDIR/p.kvc" importance 3 nan
+    [ "$(stat -c %s "$BATS_TEST_TMPDIR/p.kvc")" = "$(stat -c %s "$S/$f")" ]
+    cp "$BATS_TEST_TMPDIR/p.kvc" "$S/$f"
+    run --separate-stderr kv-tree get "$S" --kvc "$A" --important 0.5 -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "importance 3 is NaN"
+    [ ! -e "$BATS_TEST_TMPDIR/g.kvc" ]
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "importance 3 is NaN"
+}

@@ -121,7 +121,7 @@ static void test_nonfinite_weights_are_refused_by_every_policy(void)
             memcpy(buf, orig, len);
             memcpy(buf + off, &val, 4);
             kv_model *m = NULL;
-            kv_status st = kv_model_load_mem(buf, len, &m);
+            kv_status st = kv_model_open_mem(buf, len, &m);
             KT_REQUIRE(st == KV_OK, "load: %s", kv_errdetail());
             char want[48];
             if (fam[fi].layered) snprintf(want, sizeof want, "layer %d %s ", l, fam[fi].name);
@@ -143,7 +143,7 @@ static void test_nonfinite_weights_are_refused_by_every_policy(void)
                                st, st ? -1 : (int)fin, kv_errdetail());
                 }
             }
-            kv_model_free(m);
+            kv_model_close(m);
         }
     printf("# %d runs over %d poisoned weights x %d policies: %d refused naming the tensor\n", runs,
            runs / N_POL, N_POL, refused);
@@ -181,7 +181,7 @@ static void test_policies_survive_nonfinite_kv(void)
                 kv_policy_geom g = {0, nh, nkv, D, 256};
                 kv_policy *pol = NULL;
                 kv_status st = kv_policy_parse(policies[p], 1, &prm);
-                if (!st) st = kv_policy_create(&g, &prm, &pol);
+                if (!st) st = kv_policy_new(&g, &prm, &pol);
                 KT_REQUIRE(!st, "%s: %s", policies[p], kv_errdetail());
                 /* ingest (nkv, T0, D), then append rows one by one */
                 float *kp = malloc((size_t)nkv * T0 * D * sizeof *kp), *vp = malloc((size_t)nkv * T0 * D * sizeof *vp);

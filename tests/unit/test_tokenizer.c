@@ -94,13 +94,13 @@ static void test_spm_reproduces_every_llama_cpp_vector(void)
     kv_tokenizer_free(t);
     kv_gguf_free(g);
     free(buf);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_spm_decodes_with_spaces_and_bytes(void)
 {
     kv_model *m;
-    OK(kv_model_load("tests/data/gguf/llama-2-tiny-random.gguf", &m));
+    OK(kv_model_open("tests/data/gguf/llama-2-tiny-random.gguf", &m));
     kv_tokenizer *t;
     OK(kv_tokenizer_from_gguf(kv_model_gguf(m), &t));
     const char *text = "Hello world, Cửa Việt";
@@ -119,7 +119,7 @@ static void test_spm_decodes_with_spaces_and_bytes(void)
     KT_CHECK(!strcmp(out, text), "decoded '%s'", out);
     free(ids);
     kv_tokenizer_free(t);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_llama2c_round_trips_the_reference_prompt(void)
