@@ -61,16 +61,14 @@ done
 if ls tests/bats/*.bats >/dev/null 2>&1; then
     run_suite bats bats --tap tests/bats
 fi
-# The tools themselves under ASan+UBSan: every bats file but the RULER
-# benchmark's (model runs that take minutes under ASan; its reader is
-# fuzzed below), about 1.5 minutes on two cores.
+# The tools themselves under ASan+UBSan: every bats file, but not the tests
+# tagged slow (`# bats test_tags=slow`: end-to-end benchmark runs of a model,
+# tens of seconds each under ASan, whose readers are fuzzed below and
+# exercised by the untagged tests of the same files; they run against the
+# plain tools above).  About 3 minutes on two cores.
 if [ -x "$B/asan/bin/kv-run" ] && ls tests/bats/*.bats >/dev/null 2>&1; then
-    set --
-    for f in tests/bats/*.bats; do
-        case $f in *kv-bench-ruler.bats) ;; *) set -- "$@" "$f" ;; esac
-    done
     # shellcheck disable=SC2086
-    run_suite bats-asan env $SAN_ENV KV_BIN="$(pwd)/$B/asan/bin" bats --tap "$@"
+    run_suite bats-asan env $SAN_ENV KV_BIN="$(pwd)/$B/asan/bin" bats --tap --filter-tags '!slow' tests/bats
     san_reports bats-asan
 fi
 # The canaries: a planted float-to-int overflow and a heap overflow must kill

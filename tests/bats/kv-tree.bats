@@ -245,6 +245,8 @@ two_puts() {
         assert_fails_with 64 "--gpu-bytes"
         run --separate-stderr kv-tree place "$S" --gpu-bytes 0 --host-bytes "$b"
         assert_fails_with 64 "--host-bytes"
+        run --separate-stderr kv-tree gc "$S" --max-bytes "$b"
+        assert_fails_with 64 "--max-bytes"
     done
     # the largest accepted budget is written and read back
     run --separate-stderr kv-tree place "$S" --gpu-bytes 8192T --host-bytes 0
