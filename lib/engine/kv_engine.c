@@ -20,6 +20,7 @@
 #include <omp.h>
 #endif
 
+#include "common/kv_finite.h"
 #include "common/kv_half.h"
 #include "model/kv_matmul.h"
 #include "model/kv_sampler.h"
@@ -94,6 +95,23 @@ static void swiglu(float *hb, const float *hb2, int n)
         hb[i] = g * hb2[i];
     }
 }
+
+/*
+ * NaN or infinity in a layer's queries, keys or values (or in the logits,
+ * layer < 0): no policy can rank, quantize or attend over them, and the
+ * sampler cannot draw from them, so the engine stops with KV_E_DATA and
+ * names the weight they came from (the first non-finite one, in the order
+ * the forward pass reads them), or says that finite weights overflowed.
+ */
+static kv_status nonfinite(const kv_engine *e, int layer, int pos, const char *what)
+{
+    char at[96];
+    if (layer >= 0) snprintf(at, sizeof at, "layer %d: %s", layer, what);
+    else snprintf(at, sizeof at, "%s", what);
+    return kv_model_nonfinite_fail(e->m, at, pos);
+}
+
+static bool finite_all(const float *x, size_t n) { return kv_first_nonfinite(x, n) == SIZE_MAX; }
 
 void kv_engine_set_threads(int n)
 {
@@ -383,6 +401,11 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
             kv_matmul(&w->wq, XB, nc, Qc);
             kv_matmul(&w->wk, XB, nc, Kc);
             kv_matmul(&w->wv, XB, nc, Vc);
+            if (!finite_all(Qc, (size_t)nc * qd) || !finite_all(Kc, (size_t)nc * kvd) ||
+                !finite_all(Vc, (size_t)nc * kvd)) {
+                st = nonfinite(e, l, t0, "queries, keys or values of the prompt chunk");
+                goto done;
+            }
             for (int i = 0; i < nc; i++) {
                 const float *tcs = cs + (size_t)(t0 + i) * hd;
                 rope_apply(Qc + (size_t)i * qd, c->n_heads, hd, tcs);
@@ -434,6 +457,10 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
             for (int i = 0; i < nc; i++)
                 rmsnorm(XB + (size_t)i * D, X + (size_t)(t + i) * D, m->output_norm, D, c->norm_eps);
             kv_matmul(&m->output, XB, nc, logits + (size_t)(t - first) * c->vocab_size);
+            if (!finite_all(logits + (size_t)(t - first) * c->vocab_size, (size_t)nc * c->vocab_size)) {
+                st = nonfinite(e, -1, t, "logits of the prompt chunk");
+                goto done;
+            }
         }
     }
 done:
@@ -507,6 +534,11 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
         }
         rope_apply(e->q, c->n_heads, hd, e->rope_cs);
         rope_apply(e->k, c->n_kv_heads, hd, e->rope_cs);
+        {
+            const size_t qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
+            if (!finite_all(e->q, qd) || !finite_all(e->k, kvd) || !finite_all(e->v, kvd))
+                return nonfinite(e, l, pos, "queries, keys or values");
+        }
         capture_q(e, l, e->q_seen, e->q);
         /* layer 0 has no previous layer: its "prediction" is the query itself */
         if (l == 0 && p->wants_prediction && p->ops->predict) p->ops->predict(p, e->q);
@@ -533,6 +565,7 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
     if (logits) {
         rmsnorm(e->xb, e->x, m->output_norm, D, c->norm_eps);
         kv_matvec(&m->output, e->xb, logits);
+        if (!finite_all(logits, (size_t)c->vocab_size)) return nonfinite(e, -1, pos, "logits");
     }
     return KV_OK;
 }

@@ -35,6 +35,7 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 
 #ifdef KV_HAVE_CUDA
 
+#include "common/kv_finite.h"
 #include "gpu/kv_gpu_int.h"
 #include "gpu/kv_cublas.h"
 #include "gpu/kv_gpu_prefill.h"
@@ -765,6 +766,11 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
                                          cudaMemcpyDeviceToHost, e->s_main);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "logits download", __FILE__, __LINE__);
+        /* NaN/inf weights or overflow: refused as on the CPU (the logits are
+         * the one place the host sees; the selection kernels rank NaN as -inf
+         * meanwhile, so nothing before this point misbehaves) */
+        else if (kv_first_nonfinite(logits_last, (size_t)e->vocab) != SIZE_MAX)
+            st = kv_model_nonfinite_fail(e->m, "logits", n - 1);
     }
     cudaDeviceSynchronize();
     for (int l = 0; pf.k && l < e->L; l++) gl_dfree(&pf.k[l]);
@@ -790,6 +796,8 @@ kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
         CK(cudaMemcpyAsync(logits, e->logits, (size_t)e->vocab * 4, cudaMemcpyDeviceToHost, e->s_main));
     }
     CK(cudaStreamSynchronize(e->s_main));
+    if (logits && kv_first_nonfinite(logits, (size_t)e->vocab) != SIZE_MAX)
+        return kv_model_nonfinite_fail(e->m, "logits", e->pos - 1);
     return KV_OK;
 }
 

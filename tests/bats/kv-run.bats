@@ -114,6 +114,15 @@ MODEL="$S260/stories260K.bin"
     [ "$output" == "$(cat "$S260/reference/sample_t1_p095_s42_200.txt")" ]
 }
 
+@test "kv-run at a temperature of 1e-38 samples the greedy text instead of reading outside its buffers" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8
+    assert_success
+    greedy=$output
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 --temp 1e-38
+    assert_success
+    [ "$output" == "$greedy" ]
+}
+
 @test "kv-run --report - writes JSON with timings, bytes and one entry per layer" {
     run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 16 --report -
     assert_success

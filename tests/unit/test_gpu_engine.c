@@ -361,6 +361,133 @@ static void test_topk_selects_largest_with_ties_to_lower_index(void)
     check_topk(1, 20000, 5000); /* k beyond the sample path: radix kernel */
 }
 
+/* The CPU's selection order (kv_policy_sparse.c): NaN as -inf, -0 as +0. */
+static float rank_of(float x) { return isnan(x) ? -INFINITY : x == 0.0f ? 0.0f : x; }
+
+/* Top-k over scores full of NaN (both signs), infinities and signed zeros
+ * against the CPU's order; channel selection with NaN channel scores picks
+ * exactly C channels (a NaN ranked 0 against everything, so more than C were
+ * chosen and written past the head's slots); the softmax-combine of a head
+ * with one NaN score keeps the other candidates' probabilities. */
+static void test_selection_ranks_nan_and_inf_as_the_cpu_does(void)
+{
+    const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f};
+    const int shapes[][3] = {{2, 3000, 50}, {1, 40000, 200}, {1, 20000, 5000}};
+    for (int sh = 0; sh < 3; sh++) {
+        const int nkv = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+        float *x = malloc((size_t)nkv * n * 4);
+        for (int i = 0; i < nkv * n; i++) {
+            x[i] = (float)(int)(kt_rand(&seed) * 50) / 50.0f;
+            if (kt_rand(&seed) < 0.2) x[i] = specials[(int)(kt_rand(&seed) * 6) % 6];
+        }
+        float *dx = dput(x, (size_t)nkv * n * 4);
+        int *dsel = NULL, *sel = malloc((size_t)nkv * k * 4);
+        cudaMalloc((void **)&dsel, (size_t)nkv * k * 4);
+        KT_REQUIRE(dx && dsel, "alloc");
+        CU(eng_topk(dx, nkv, n, k, 0, dsel, 0));
+        CU(cudaMemcpy(sel, dsel, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
+        for (int h = 0; h < nkv; h++) {
+            const float *r = x + (size_t)h * n;
+            /* reference: the first k of indices stably sorted by rank_of, descending */
+            int *ord = malloc((size_t)n * 4);
+            char *want = calloc((size_t)n, 1);
+            for (int i = 0; i < n; i++) ord[i] = i;
+            for (int i = 0; i < k; i++) { /* partial stable selection */
+                int b = i;
+                for (int j = i + 1; j < n; j++)
+                    if (rank_of(r[ord[j]]) > rank_of(r[ord[b]]) ||
+                        (rank_of(r[ord[j]]) == rank_of(r[ord[b]]) && ord[j] < ord[b]))
+                        b = j;
+                int t = ord[i];
+                ord[i] = ord[b];
+                ord[b] = t;
+                want[ord[i]] = 1;
+            }
+            int bad = 0, prev = -1;
+            for (int i = 0; i < k; i++) {
+                int id = sel[h * k + i];
+                if (id < 0 || id >= n || !want[id] || id <= prev) bad++;
+                else prev = id;
+            }
+            KT_CHECK(bad == 0, "n %d k %d head %d: %d of %d ids differ from the CPU's order", n, k, h, bad, k);
+            free(ord);
+            free(want);
+        }
+        cudaFree(dx);
+        cudaFree(dsel);
+        free(x);
+        free(sel);
+    }
+    /* channels: q with NaN and inf entries; C chosen, ascending, the CPU's set */
+    {
+        const int nqh = 4, nkv = 2, hd = 64, C = 8, g = nqh / nkv;
+        float q[4 * 64], chmax[2 * 64];
+        for (int i = 0; i < nqh * hd; i++) q[i] = kt_randn(&seed);
+        for (int i = 0; i < nkv * hd; i++) chmax[i] = fabsf(kt_randn(&seed));
+        for (int c = 0; c < hd; c += 5) q[c] = NAN;      /* head 0: NaN channel scores */
+        q[2 * hd + 7] = INFINITY;                        /* head 1: one infinite score */
+        chmax[hd + 9] = 0.0f;
+        q[2 * hd + 9] = INFINITY;                        /* inf * 0: NaN */
+        float *dq = dput(q, sizeof q), *dm = dput(chmax, sizeof chmax), *qscale = NULL;
+        int *dch = NULL, ch[2 * 8];
+        cudaMalloc((void **)&dch, sizeof ch + 64 * 4); /* room to see a write past the slots */
+        cudaMalloc((void **)&qscale, nqh * 4);
+        KT_REQUIRE(dq && dm && dch && qscale, "alloc");
+        int guard[64];
+        for (int i = 0; i < 64; i++) guard[i] = -7;
+        CU(cudaMemcpy(dch + nkv * C, guard, sizeof guard, cudaMemcpyHostToDevice));
+        CU(eng_select_channels(dq, dm, nqh, nkv, hd, C, dch, qscale, 0));
+        int after[64];
+        CU(cudaMemcpy(ch, dch, sizeof ch, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(after, dch + nkv * C, sizeof after, cudaMemcpyDeviceToHost));
+        KT_CHECK(!memcmp(guard, after, sizeof guard), "channel ids written past the %d slots", nkv * C);
+        for (int kv = 0; kv < nkv; kv++) {
+            float cs[64];
+            for (int c = 0; c < hd; c++) {
+                float a = 0.0f;
+                for (int h = 0; h < g; h++) a += fabsf(q[(kv * g + h) * hd + c]);
+                cs[c] = rank_of(a * chmax[kv * hd + c]);
+            }
+            int m = 0, same = 1;
+            for (int c = 0; c < hd; c++) {
+                int rank = 0;
+                for (int j = 0; j < hd; j++) rank += cs[j] > cs[c] || (cs[j] == cs[c] && j < c);
+                if (rank < C) same &= m < C && ch[kv * C + m++] == c;
+            }
+            KT_CHECK(same && m == C, "kv head %d: channels differ from the CPU's order", kv);
+        }
+        cudaFree(dq);
+        cudaFree(dm);
+        cudaFree(dch);
+        cudaFree(qscale);
+    }
+    /* softmax-combine: a NaN score of one head leaves the others' mass intact */
+    {
+        const int nqh = 2, nkv = 1, n = 300;
+        float sc[2 * 300], comb[300];
+        for (int i = 0; i < nqh * n; i++) sc[i] = kt_randn(&seed);
+        sc[17] = NAN;
+        float *dsc = dput(sc, sizeof sc), *dcomb = NULL, *tmp = NULL;
+        cudaMalloc((void **)&dcomb, sizeof comb);
+        cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4);
+        KT_REQUIRE(dsc && dcomb && tmp, "alloc");
+        CU(eng_softmax_combine(dsc, nqh, nkv, n, 0, tmp, dcomb, 0));
+        CU(cudaMemcpy(comb, dcomb, sizeof comb, cudaMemcpyDeviceToHost));
+        double sum = 0;
+        int finite = 0;
+        for (int i = 0; i < n; i++)
+            if (i != 17) {
+                sum += comb[i];
+                finite += isfinite(comb[i]) != 0;
+            }
+        KT_CHECK(finite == n - 1, "%d of %d finite candidates kept a probability", finite, n - 1);
+        KT_CHECK(sum > 1.5 && sum < 2.0 + 1e-3, "the two heads' mass without the NaN: %g", sum);
+        cudaFree(dsc);
+        cudaFree(dcomb);
+        cudaFree(tmp);
+    }
+}
+
 static void test_rmsnorm_swiglu_rope_match_float64(void)
 {
     const int n = 4100, nqh = 4, nkv = 2, hd = 64;
@@ -1066,6 +1193,101 @@ static void test_niah4k_dsq_matches_cpu(void)
     run_niah("0=full;*=dsq", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
+/*
+ * NaN/inf sweep on the GPU engine: one float of niah4k (legacy llama2.c,
+ * f32) set to NaN, +inf or -inf, in a different tensor family of each layer
+ * and in the embedding and final norm; every policy the GPU runs (full,
+ * offload, quant, sparse by channels, exactly and by sketch, streaming,
+ * dsq) must stop with KV_E_DATA naming that layer and tensor (the logits
+ * come back non-finite and the host names the weight), or keep finite
+ * logits; no CUDA error may follow (a later engine still works).
+ */
+static void test_nonfinite_weights_on_every_gpu_policy(void)
+{
+    FILE *f = fopen(NIAH "niah4k.bin", "rb");
+    KT_REQUIRE(f, "niah4k");
+    fseek(f, 0, SEEK_END);
+    size_t len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *orig = malloc(len), *buf = malloc(len);
+    KT_REQUIRE(orig && buf && fread(orig, 1, len, f) == len, "read");
+    fclose(f);
+    int32_t h[7];
+    memcpy(h, orig, sizeof h);
+    const size_t D = (size_t)h[0], H = (size_t)h[1], L = (size_t)h[2], kvd = D / (size_t)h[3] * (size_t)h[4];
+    const size_t V = (size_t)(h[5] < 0 ? -h[5] : h[5]);
+    const size_t sizes[11] = {V * D, D, D * D, D * kvd, D * kvd, D * D, D, H * D, D * H, H * D, D};
+    const char *names[11] = {"tok_embd", "attn_norm", "wq", "wk", "wv", "wo", "ffn_norm",
+                             "w_gate", "w_down", "w_up", "output_norm"};
+    size_t base[11], off = 0;
+    for (int i = 0; i < 11; i++) {
+        base[i] = off;
+        off += sizes[i] * (i > 0 && i < 10 ? L : 1);
+    }
+    static const char *specs[] = {"full", "full:offload=on", "quant:bits=2", "sparse:k=16,sink=4,window=16",
+                                  "sparse:k=16,sink=4,window=16,select=exact",
+                                  "sparse:k=16,sink=4,window=16,select=sketch", "streaming:sink=4,window=32",
+                                  "dsq:window=32"};
+    const int np = (int)(sizeof specs / sizeof specs[0]);
+    const float vals[3] = {NAN, INFINITY, -INFINITY};
+    int prompt[200];
+    prompt[0] = 1;
+    for (int i = 1; i < 200; i++) prompt[i] = 35 + (i * 13) % 90;
+    int runs = 0, refused = 0, bad = 0;
+    for (int c = 0; c < (int)L + 2; c++) { /* c < L: layer c; then the embedding, the final norm */
+        int fam = c < (int)L ? 1 + c % 9 : c == (int)L ? 0 : 10, l = c < (int)L ? c : 0;
+        size_t idx = (size_t)(kt_rand(&seed) * (double)sizes[fam]);
+        if (fam == 0) idx = (size_t)prompt[1 + c % 5] * D + idx % D; /* a row the prompt uses */
+        size_t at = 28 + 4 * (base[fam] + (size_t)l * sizes[fam] + idx);
+        float val = vals[c % 3];
+        memcpy(buf, orig, len);
+        memcpy(buf + at, &val, 4);
+        kv_model *m = NULL;
+        OK(kv_model_open_mem(buf, len, &m));
+        char want[48];
+        if (fam > 0 && fam < 10) snprintf(want, sizeof want, "layer %d %s ", l, names[fam]);
+        else snprintf(want, sizeof want, "%s", names[fam]);
+        for (int p = 0; p < np; p++) {
+            kv_policy_params *pp = calloc((size_t)m->cfg.n_layers, sizeof *pp);
+            OK(kv_policy_parse(specs[p], m->cfg.n_layers, pp));
+            kv_gpu_engine *g = NULL;
+            float *lg = malloc((size_t)m->cfg.vocab_size * 4);
+            kv_errclear();
+            kv_status st = kv_gpu_engine_new(m, pp, 256, NULL, &g);
+            if (!st) st = kv_gpu_engine_prefill(g, prompt, 200, lg);
+            for (int s = 0; s < 4 && !st; s++) st = kv_gpu_engine_step(g, prompt[1 + s], lg);
+            bool fin = true;
+            for (int i = 0; !st && i < m->cfg.vocab_size; i++) fin &= isfinite(lg[i]) != 0;
+            runs++;
+            if (st == KV_E_DATA && strstr(kv_errdetail(), want)) refused++;
+            else if (!(st == KV_OK && fin)) {
+                bad++;
+                printf("#   %s = %g, %s: status %d: %s\n", want, (double)val, specs[p], st, kv_errdetail());
+            }
+            kv_gpu_engine_free(g);
+            free(lg);
+            free(pp);
+        }
+        kv_model_close(m);
+    }
+    printf("# GPU: %d runs over %d poisoned weights x %d policies: %d refused naming the tensor\n", runs,
+           runs / np, np, refused);
+    KT_CHECK(bad == 0, "%d runs neither refused with the tensor's name nor kept finite logits", bad);
+    KT_CHECK(refused > runs * 9 / 10, "only %d of %d refused", refused, runs);
+    /* the device is still sound: a clean model runs */
+    kv_model *m = NULL;
+    OK(kv_model_open_mem(orig, len, &m));
+    kv_gpu_engine *g = NULL;
+    float *lg = malloc((size_t)m->cfg.vocab_size * 4);
+    OK(kv_gpu_engine_new(m, NULL, 256, NULL, &g));
+    OK(kv_gpu_engine_prefill(g, prompt, 200, lg));
+    kv_gpu_engine_free(g);
+    free(lg);
+    kv_model_close(m);
+    free(orig);
+    free(buf);
+}
+
 static void test_hybrid_bytes_follow_the_layout(void)
 {
     kv_model *m = NULL;
@@ -1153,6 +1375,7 @@ int main(void)
         KT_SKIP(test_gemv_matches_float64, why);
         KT_SKIP(test_attend_matches_float64, why);
         KT_SKIP(test_topk_selects_largest_with_ties_to_lower_index, why);
+        KT_SKIP(test_selection_ranks_nan_and_inf_as_the_cpu_does, why);
         KT_SKIP(test_rmsnorm_swiglu_rope_match_float64, why);
         KT_SKIP(test_selection_kernels_match_float64, why);
         KT_SKIP(test_kivi_expand_matches_cpu_unpack, why);
@@ -1170,6 +1393,7 @@ int main(void)
         KT_SKIP(test_niah4k_streaming_matches_cpu, why);
         KT_SKIP(test_niah4k_dsq_matches_cpu, why);
         KT_SKIP(test_hybrid_bytes_follow_the_layout, why);
+        KT_SKIP(test_nonfinite_weights_on_every_gpu_policy, why);
         KT_SKIP(test_bad_requests_fail_cleanly, why);
         return kt_done();
     }
@@ -1178,6 +1402,7 @@ int main(void)
     KT_RUN(test_gemv_matches_float64);
     KT_RUN(test_attend_matches_float64);
     KT_RUN(test_topk_selects_largest_with_ties_to_lower_index);
+    KT_RUN(test_selection_ranks_nan_and_inf_as_the_cpu_does);
     KT_RUN(test_rmsnorm_swiglu_rope_match_float64);
     KT_RUN(test_selection_kernels_match_float64);
     KT_RUN(test_kivi_expand_matches_cpu_unpack);
@@ -1195,6 +1420,7 @@ int main(void)
     KT_RUN(test_niah4k_streaming_matches_cpu);
     KT_RUN(test_niah4k_dsq_matches_cpu);
     KT_RUN(test_hybrid_bytes_follow_the_layout);
+    KT_RUN(test_nonfinite_weights_on_every_gpu_policy);
     KT_RUN(test_bad_requests_fail_cleanly);
 #endif
     return kt_done();
