@@ -737,7 +737,9 @@ static kv_status pf_on_layer(void *ctx, int l, void *stream)
 {
     pf_hook_ctx *c = ctx;
     kv_status st = cap_layer_kv(c->e, l, c->K, c->V, c->T, c->T);
-    if (!st) st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp, false);
+    /* opts.prefill_copy_sync measures the former path: copies on the main
+     * stream at the layer's end, the host waiting for each layer */
+    if (!st) st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp, c->e->o.prefill_copy_sync);
     if (st) kv_errcontext("layer %d ingest", l);
     return st;
 }

@@ -17,9 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kt.h"
 #include "engine/kv_engine.h"
+#include "engine/kv_runner.h"
+#include "format/kvc.h"
 #include "gpu/kv_gpu.h"
 #include "gpu/kv_gpu_engine.h"
 #include "common/kv_half.h"
@@ -1066,6 +1069,175 @@ static void test_niah4k_dsq_matches_cpu(void)
     run_niah("0=full;*=dsq", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
+/* A niah4k-like prompt of n tokens: BOS, then printable bytes. */
+static int *niah_prompt(int n)
+{
+    int *p = malloc((size_t)n * sizeof *p);
+    p[0] = 1;
+    for (int i = 1; i < n; i++) p[i] = 3 + 32 + (int)(kt_rand(&seed) * 90);
+    return p;
+}
+
+/* Two .kvc dumps of one prompt, the GPU engine's (g) against the CPU
+ * engine's (c): the same metadata, tensors, shapes and tokens; K, V and q
+ * within fp16 tolerance by normalized error. */
+static void compare_dumps(const char *gpath, const char *cpath, const char *what, double tol)
+{
+    kvc_file *g = NULL, *c = NULL;
+    OK(kvc_open(gpath, &g));
+    OK(kvc_open(cpath, &c));
+    int nm = kvc_n_meta(c), meta_bad = 0;
+    for (int i = 0; i < nm; i++) {
+        const char *k, *v;
+        kvc_meta_at(c, i, &k, &v);
+        const char *gv = kvc_meta(g, k);
+        meta_bad += !gv || strcmp(gv, v);
+    }
+    KT_CHECK(kvc_n_meta(g) == nm && meta_bad == 0, "%s: metadata %d vs %d keys, %d differ", what,
+             kvc_n_meta(g), nm, meta_bad);
+    KT_CHECK(kvc_n_tensors(g) == kvc_n_tensors(c), "%s: %d tensors vs %d", what, kvc_n_tensors(g),
+             kvc_n_tensors(c));
+    double wkv = 0, wq = 0;
+    int nkv = 0, nq = 0, shape_bad = 0, tokens_same = 0;
+    for (int i = 0; i < kvc_n_tensors(c); i++) {
+        const kvc_tensor *t = kvc_tensor_at(c, i), *u = kvc_find(g, t->name);
+        if (!u || u->dtype != t->dtype || u->ndim != t->ndim ||
+            memcmp(u->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0])) {
+            shape_bad++;
+            continue;
+        }
+        if (!strcmp(t->name, "tokens")) {
+            tokens_same = u->nbytes == t->nbytes && !memcmp(u->data, t->data, t->nbytes);
+            continue;
+        }
+        size_t n = (size_t)kvc_tensor_numel(t);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        KT_REQUIRE(a && b, "alloc");
+        OK(kvc_tensor_to_f32(u, a));
+        OK(kvc_tensor_to_f32(t, b));
+        double e = nerr_f(a, b, n);
+        size_t len = strlen(t->name);
+        if (t->name[len - 1] == 'q') wq = e > wq ? e : wq, nq++;
+        else wkv = e > wkv ? e : wkv, nkv++;
+        free(a);
+        free(b);
+    }
+    printf("# %s: %d K/V tensors (worst normalized error %.3g), %d q tensors (worst %.3g), "
+           "tokens %s, %d metadata keys equal\n", what, nkv, wkv, nq, wq,
+           tokens_same ? "equal" : "DIFFER", nm - meta_bad);
+    KT_CHECK(shape_bad == 0, "%s: %d tensors missing or of another type or shape", what, shape_bad);
+    KT_CHECK(tokens_same, "%s: the token ids differ", what);
+    KT_CHECK(nkv == 2 * kvc_geom(c)->n_layers && nq == kvc_geom(c)->n_layers, "%s: %d K/V, %d q",
+             what, nkv, nq);
+    KT_CHECK(wkv < tol && wq < tol, "%s: K/V error %g, q error %g (bound %g)", what, wkv, wq, tol);
+    kvc_close(g);
+    kvc_close(c);
+}
+
+/* kv-run --dump-kv on the GPU: the runner's capture of a GPU prefill (in
+ * chunks of `chunk` rows, or one token at a time with chunk < 0) written
+ * through the one writer, against the CPU engine's dump of the same prompt. */
+static void dump_matches_cpu(const char *spec, int n, int nq, int chunk)
+{
+    kv_model *m = NULL;
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    const int L = m->cfg.n_layers;
+    int *prompt = niah_prompt(n);
+    kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
+    OK(kv_policy_parse(spec, L, pp));
+    kv_gpu_engine_opts o;
+    kv_gpu_engine_opts_default(&o);
+    o.prefill_chunk = chunk;
+    kv_runner *rc = NULL, *rg = NULL;
+    OK(kv_runner_new(m, pp, n + 8, KV_DEVICE_CPU, NULL, &rc));
+    OK(kv_runner_new(m, pp, n + 8, KV_DEVICE_CUDA, &o, &rg));
+    kv_prefill_info pi;
+    kv_runner_prefill_info(rg, &pi);
+    KT_CHECK(!strcmp(pi.device, "cuda") && pi.chunked == (chunk > 0) && (chunk <= 0 || pi.chunk == chunk),
+             "prefill info: %s %d %d (%s)", pi.device, pi.chunked, pi.chunk, pi.why);
+    OK(kv_runner_keep(rc, nq, true));
+    OK(kv_runner_keep(rg, nq, true));
+    OK(kv_runner_prefill(rc, prompt, n, NULL));
+    OK(kv_runner_prefill(rg, prompt, n, NULL));
+    char gpath[96], cpath[96], what[160];
+    snprintf(gpath, sizeof gpath, "/tmp/kv-test-gpudump-%d-g.kvc", (int)getpid());
+    snprintf(cpath, sizeof cpath, "/tmp/kv-test-gpudump-%d-c.kvc", (int)getpid());
+    OK(kv_runner_dump_kvc(rg, prompt, n, KV_DT_F32, gpath, 0));
+    OK(kv_runner_dump_kvc(rc, prompt, n, KV_DT_F32, cpath, 0));
+    snprintf(what, sizeof what, "niah4k dump, %s, %d tokens, nq %d, %s", spec, n, nq,
+             chunk > 0 ? "GPU prefill in chunks" : "GPU prefill token by token");
+    if (chunk > 0) snprintf(what + strlen(what), sizeof what - strlen(what), " of %d", chunk);
+    compare_dumps(gpath, cpath, what, 3e-3);
+    /* f16 on both: the same writer's conversion, the same bound */
+    OK(kv_runner_dump_kvc(rg, prompt, n, KV_DT_F16, gpath, 3));
+    OK(kv_runner_dump_kvc(rc, prompt, n, KV_DT_F16, cpath, 3));
+    snprintf(what + strlen(what), sizeof what - strlen(what), ", f16 zstd");
+    compare_dumps(gpath, cpath, what, 3e-3);
+    remove(gpath);
+    remove(cpath);
+    kv_runner_free(rg);
+    kv_runner_free(rc);
+    free(pp);
+    free(prompt);
+    kv_model_close(m);
+}
+
+static void test_niah4k_gpu_dump_matches_cpu_dump(void)
+{
+    /* 700 tokens in chunks of 128: the 100 queries span two chunks; sparse
+     * layers stream their rows out chunk by chunk while the dump is taken */
+    dump_matches_cpu("0=full;*=sparse:k=64,sink=8,window=32", short_run() ? 300 : 700, 100, 128);
+    dump_matches_cpu("full", short_run() ? 60 : 200, 32, -1);
+}
+
+/* Sparse layers copy their prompt to host memory chunk by chunk on the copy
+ * stream (sparse_chunk) or, with opts.prefill_copy_sync, at the layer's end:
+ * the same bytes, so the same logits bit for bit and the same greedy ids. */
+static void test_sparse_chunk_copies_equal_the_layer_copy(void)
+{
+    kv_model *m = NULL;
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    const int L = m->cfg.n_layers, V = m->cfg.vocab_size, n = short_run() ? 300 : 900, steps = 24;
+    int *prompt = niah_prompt(n);
+    const char *specs[2] = {"0=full;*=sparse:k=64,sink=8,window=32,channels=16",
+                            "0=full;*=sparse:k=64,sink=8,window=32,select=exact"};
+    kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
+    for (int sidx = 0; sidx < 2; sidx++) {
+        OK(kv_policy_parse(specs[sidx], L, pp));
+        float *lg[2];
+        int ids[2][24];
+        kv_bytes b[2];
+        for (int k = 0; k < 2; k++) {
+            kv_gpu_engine_opts o;
+            kv_gpu_engine_opts_default(&o);
+            o.prefill_chunk = 128;
+            o.prefill_copy_sync = k == 1;
+            kv_gpu_engine *g = NULL;
+            OK(kv_gpu_engine_new(m, pp, n + steps + 8, &o, &g));
+            lg[k] = malloc((size_t)V * sizeof(float));
+            OK(kv_gpu_engine_prefill(g, prompt, n, lg[k]));
+            OK(kv_gpu_engine_generate(g, argmax(lg[k], V), steps, ids[k], NULL));
+            kv_gpu_engine_bytes(g, &b[k]);
+            kv_gpu_engine_free(g);
+        }
+        int same_ids = !memcmp(ids[0], ids[1], sizeof ids[0]);
+        int same_logits = !memcmp(lg[0], lg[1], (size_t)V * sizeof(float));
+        printf("# %s, %d tokens in chunks of 128: streamed vs per-layer copy: logits %s, %d greedy "
+               "ids %s, host bytes %llu vs %llu\n", specs[sidx], n, same_logits ? "equal" : "DIFFER",
+               steps, same_ids ? "equal" : "DIFFER", (unsigned long long)b[0].host,
+               (unsigned long long)b[1].host);
+        KT_CHECK(same_logits && same_ids, "%s: streamed copies change the result", specs[sidx]);
+        KT_CHECK(b[0].host == b[1].host && b[0].resident == b[1].resident &&
+                     b[0].fetched_total == b[1].fetched_total,
+                 "%s: bytes differ", specs[sidx]);
+        free(lg[0]);
+        free(lg[1]);
+    }
+    free(pp);
+    free(prompt);
+    kv_model_close(m);
+}
+
 static void test_hybrid_bytes_follow_the_layout(void)
 {
     kv_model *m = NULL;
@@ -1169,6 +1341,8 @@ int main(void)
         KT_SKIP(test_niah4k_quant_matches_cpu, why);
         KT_SKIP(test_niah4k_streaming_matches_cpu, why);
         KT_SKIP(test_niah4k_dsq_matches_cpu, why);
+        KT_SKIP(test_niah4k_gpu_dump_matches_cpu_dump, why);
+        KT_SKIP(test_sparse_chunk_copies_equal_the_layer_copy, why);
         KT_SKIP(test_hybrid_bytes_follow_the_layout, why);
         KT_SKIP(test_bad_requests_fail_cleanly, why);
         return kt_done();
@@ -1194,6 +1368,8 @@ int main(void)
     KT_RUN(test_niah4k_quant_matches_cpu);
     KT_RUN(test_niah4k_streaming_matches_cpu);
     KT_RUN(test_niah4k_dsq_matches_cpu);
+    KT_RUN(test_niah4k_gpu_dump_matches_cpu_dump);
+    KT_RUN(test_sparse_chunk_copies_equal_the_layer_copy);
     KT_RUN(test_hybrid_bytes_follow_the_layout);
     KT_RUN(test_bad_requests_fail_cleanly);
 #endif
