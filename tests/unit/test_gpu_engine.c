@@ -28,7 +28,10 @@
 #include "common/kv_half.h"
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
+#include "quant/kv_dsq.h"
 #include "quant/kv_quant.h"
+#include "eval/kv_niah.h"
+#include "model/kv_tokenizer.h"
 
 #ifdef KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -1190,6 +1193,175 @@ static void test_niah4k_gpu_dump_matches_cpu_dump(void)
     dump_matches_cpu("full", short_run() ? 60 : 200, 32, -1);
 }
 
+/*
+ * Why dsq's niah4k accuracy on the GPU is one task off the CPU's at 1k
+ * (docs/BENCHMARKS.md, issue 9).  A window's salient tokens are the top S
+ * of an importance: the causal attention of the prompt's last 32 queries,
+ * summed over heads (kv_dsq_importance, which both engines' dsq ingest
+ * calls).  Each engine's inputs to it are what its capture for --dump-kv
+ * holds (the prefill's queries and keys: f32 on the CPU, fp16 on the GPU),
+ * so the importance is recomputed here from the captures, exactly as each
+ * engine's ingest computes it.  Checked: the two importance vectors agree
+ * within fp16 tolerance, and every window whose salient set differs is a
+ * near-tie in the CPU's ranking (the tokens that swap are within 5% of
+ * each other); a different query set, scale or normalization would fail
+ * both.  Printed: per task the windows that differ and, unless short, each
+ * engine's dsq answer and score.
+ */
+typedef struct {
+    int windows, flipped;
+    double worst_err;       /* normalized error of the GPU importance, worst layer */
+    double worst_flip;      /* largest relative CPU margin between tokens that swapped */
+    double min_margin;      /* smallest relative gap at the salient boundary, any window */
+} dsq_cmp;
+
+/* Compare the salient choice of every complete window of one layer's
+ * importance (H, T): CPU c against GPU g.  Prints the first flips. */
+static void dsq_compare_layer(const float *c, const float *g, int H, int T, int W, int S,
+                              const char *tag, int layer, dsq_cmp *r, int *printed)
+{
+    uint8_t mc[512], mg[512];
+    float v[4096];
+    for (int h = 0; h < H; h++)
+        for (int w = 0; w < T / W; w++) {
+            const float *cw = c + (size_t)h * T + (size_t)w * W, *gw = g + (size_t)h * T + (size_t)w * W;
+            kv_dsq_select(cw, W, S, mc);
+            kv_dsq_select(gw, W, S, mg);
+            r->windows++;
+            /* the CPU's gap at the boundary: S-th largest against (S+1)-th */
+            memcpy(v, cw, (size_t)W * sizeof *v);
+            for (int i = 0; i <= S && i < W; i++)
+                for (int j = i + 1; j < W; j++)
+                    if (v[j] > v[i]) {
+                        float t = v[i];
+                        v[i] = v[j];
+                        v[j] = t;
+                    }
+            if (S > 0 && S < W && v[S - 1] > 0) {
+                double mg_ = (v[S - 1] - v[S]) / v[S - 1];
+                if (mg_ < r->min_margin) r->min_margin = mg_;
+            }
+            if (!memcmp(mc, mg, (size_t)W / 8)) continue;
+            r->flipped++;
+            int a = -1, b = -1; /* the strongest CPU-only token, the weakest GPU-only one */
+            for (int t = 0; t < W; t++) {
+                int inc = mc[t >> 3] >> (t & 7) & 1, ing = mg[t >> 3] >> (t & 7) & 1;
+                if (inc && !ing && (a < 0 || cw[t] > cw[a])) a = t;
+                if (ing && !inc && (b < 0 || cw[t] < cw[b])) b = t;
+            }
+            double m = a >= 0 && b >= 0 && cw[a] > 0 ? (cw[a] - cw[b]) / cw[a] : 1.0;
+            if (m > r->worst_flip) r->worst_flip = m;
+            if (a >= 0 && b >= 0 && (*printed)++ < 12)
+                printf("#   %s layer %d head %d window %d: CPU keeps token %d (%.6g; GPU %.6g), GPU "
+                       "token %d (%.6g; CPU %.6g): CPU margin %.2e, GPU margin %.2e\n", tag, layer, h,
+                       w, w * W + a, cw[a], gw[a], w * W + b, gw[b], cw[b], m,
+                       gw[b] > 0 ? (gw[b] - gw[a]) / gw[b] : 0.0);
+        }
+}
+
+static void test_niah4k_dsq_salient_choice_differs_only_at_near_ties(void)
+{
+    kv_model *m = NULL;
+    kv_tokenizer *tok = NULL;
+    kv_niah_set set = {0};
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    OK(kv_tokenizer_load_llama2c(NIAH "tok259.bin", m->cfg.vocab_size, &tok));
+    OK(kv_niah_load(NIAH "tasks-dev.jsonl", &set));
+    const int L = m->cfg.n_layers, H = m->cfg.n_kv_heads, NH = m->cfg.n_heads, hd = m->cfg.head_dim;
+    const int NOBS = 32; /* DSQ_OBSERVE of kv_gpu_dsq.c, PREFILL_OBSERVE of kv_engine.c */
+    kv_dsq_params dp;
+    kv_dsq_params_default(&dp);
+    const int W = dp.window, S = kv_dsq_salient_count(W, 0.2);
+    kv_policy_params *pd = calloc((size_t)L, sizeof *pd);
+    OK(kv_policy_parse("dsq", L, pd));
+    kv_engine *ce = NULL;
+    kv_gpu_engine *ge = NULL;
+    OK(kv_engine_new(m, NULL, 0, &ce));
+    OK(kv_gpu_engine_new(m, NULL, 0, NULL, &ge));
+    OK(kv_engine_keep(ce, NOBS, true));
+    OK(kv_gpu_engine_keep(ge, NOBS, true));
+    kv_runner *rc = NULL, *rg = NULL;
+    if (!short_run()) {
+        OK(kv_runner_new(m, pd, 0, KV_DEVICE_CPU, NULL, &rc));
+        OK(kv_runner_new(m, pd, 0, KV_DEVICE_CUDA, NULL, &rg));
+    }
+    const int ntask = short_run() ? 3 : 20;
+    dsq_cmp all = {0, 0, 0, 0, 1e30};
+    int printed = 0, done = 0, score_c = 0, score_g = 0;
+    for (int ti = 0; ti < set.n && done < ntask; ti++) {
+        const kv_niah_task *t = &set.tasks[ti];
+        if (t->length != 1024) continue;
+        int *ids = NULL, n = 0, split = 0;
+        kv_niah_mode used;
+        OK(kv_niah_prepare(tok, t, KV_NIAH_QUESTION, &ids, &n, &split, &used));
+        OK(kv_engine_reset(ce, NULL));
+        OK(kv_gpu_engine_reset(ge, NULL));
+        OK(kv_engine_prefill(ce, ids, split, NULL));
+        OK(kv_gpu_engine_prefill(ge, ids, split, NULL));
+        const size_t kn = (size_t)H * split * hd, qn = (size_t)NH * NOBS * hd;
+        float *kg = malloc(kn * 4), *qc = malloc(qn * 4), *qg = malloc(qn * 4);
+        float *ic = malloc((size_t)H * split * 4), *ig = malloc((size_t)H * split * 4);
+        uint16_t *q16 = malloc(qn * 2);
+        KT_REQUIRE(kg && qc && qg && ic && ig && q16, "alloc");
+        dsq_cmp r = {0, 0, 0, 0, 1e30};
+        char tag[32];
+        snprintf(tag, sizeof tag, "task %d", t->index);
+        for (int l = 0; l < L; l++) {
+            int Tc = 0, Tg = 0;
+            const float *kc = kv_engine_prompt_kv(ce, l, 'k', &Tc);
+            const uint16_t *k16 = kv_gpu_engine_prompt_kv(ge, l, 'k', &Tg);
+            int nc = kv_engine_queries(ce, l, qc), ng = kv_gpu_engine_queries(ge, l, q16);
+            KT_REQUIRE(kc && k16 && Tc == split && Tg == split && nc == NOBS && ng == NOBS,
+                       "captures: T %d %d, queries %d %d", Tc, Tg, nc, ng);
+            for (size_t i = 0; i < kn; i++) kg[i] = kv_half_to_f32(k16[i]);
+            for (size_t i = 0; i < qn; i++) qg[i] = kv_half_to_f32(q16[i]);
+            OK(kv_dsq_importance(qc, NH, NOBS, kc, H, split, hd, ic));
+            OK(kv_dsq_importance(qg, NH, NOBS, kg, H, split, hd, ig));
+            double e = nerr_f(ig, ic, (size_t)H * split);
+            if (e > r.worst_err) r.worst_err = e;
+            dsq_compare_layer(ic, ig, H, split, W, S, tag, l, &r, &printed);
+        }
+        char answers[256] = "";
+        if (rc) {
+            kv_niah_opts no;
+            kv_niah_opts_default(&no);
+            kv_niah_result a, b;
+            OK(kv_niah_run_prepared(rc, tok, NULL, t, &no, ids, n, split, used, &a));
+            OK(kv_niah_run_prepared(rg, tok, NULL, t, &no, ids, n, split, used, &b));
+            snprintf(answers, sizeof answers, "; dsq answers CPU '%s' (%.2f), GPU '%s' (%.2f)%s",
+                     a.pred, a.score, b.pred, b.score, a.score != b.score ? "  <- differs" : "");
+            score_c += a.score == 1.0;
+            score_g += b.score == 1.0;
+            kv_niah_result_clear(&a);
+            kv_niah_result_clear(&b);
+        }
+        printf("# niah4k %s, %d tokens ingested: %d of %d windows choose other salient tokens, "
+               "importance error %.2e, smallest boundary margin %.2e%s\n", tag, split, r.flipped,
+               r.windows, r.worst_err, r.min_margin, answers);
+        all.windows += r.windows;
+        all.flipped += r.flipped;
+        if (r.worst_err > all.worst_err) all.worst_err = r.worst_err;
+        if (r.worst_flip > all.worst_flip) all.worst_flip = r.worst_flip;
+        if (r.min_margin < all.min_margin) all.min_margin = r.min_margin;
+        free(kg), free(qc), free(qg), free(ic), free(ig), free(q16), free(ids);
+        done++;
+    }
+    printf("# niah4k dsq at 1k, %d tasks: %d of %d windows differ; importance error at most %.2e; "
+           "the tokens that swap are at most %.2e apart (relative); tasks right CPU %d, GPU %d\n",
+           done, all.flipped, all.windows, all.worst_err, all.worst_flip, score_c, score_g);
+    KT_CHECK(done == ntask, "%d tasks of length 1024", done);
+    KT_CHECK(all.worst_err < 2e-2, "GPU importance differs from the CPU's by %g", all.worst_err);
+    KT_CHECK(all.worst_flip < 5e-2, "a salient choice differs where the CPU's margin is %g", all.worst_flip);
+    kv_runner_free(rg);
+    kv_runner_free(rc);
+    kv_gpu_engine_free(ge);
+    kv_engine_free(ce);
+    free(pd);
+    kv_niah_clear(&set);
+    kv_tokenizer_free(tok);
+    kv_model_close(m);
+}
+
 /* Sparse layers copy their prompt to host memory chunk by chunk on the copy
  * stream (sparse_chunk) or, with opts.prefill_copy_sync, at the layer's end:
  * the same bytes, so the same logits bit for bit and the same greedy ids. */
@@ -1343,6 +1515,7 @@ int main(void)
         KT_SKIP(test_niah4k_dsq_matches_cpu, why);
         KT_SKIP(test_niah4k_gpu_dump_matches_cpu_dump, why);
         KT_SKIP(test_sparse_chunk_copies_equal_the_layer_copy, why);
+        KT_SKIP(test_niah4k_dsq_salient_choice_differs_only_at_near_ties, why);
         KT_SKIP(test_hybrid_bytes_follow_the_layout, why);
         KT_SKIP(test_bad_requests_fail_cleanly, why);
         return kt_done();
@@ -1370,6 +1543,7 @@ int main(void)
     KT_RUN(test_niah4k_dsq_matches_cpu);
     KT_RUN(test_niah4k_gpu_dump_matches_cpu_dump);
     KT_RUN(test_sparse_chunk_copies_equal_the_layer_copy);
+    KT_RUN(test_niah4k_dsq_salient_choice_differs_only_at_near_ties);
     KT_RUN(test_hybrid_bytes_follow_the_layout);
     KT_RUN(test_bad_requests_fail_cleanly);
 #endif
