@@ -201,7 +201,24 @@ no_gpu_or_skip() {
     [ "$output" = "$cpu" ]
 }
 
+<<<<<<< HEAD
 # bats test_tags=slow
+=======
+@test "kv-bench ruler and fidelity say in their JSON how the prompts were prefilled" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P full --device cpu
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["prefill"]["device"]')" = cpu ]
+    [ "$(json_get 'j["prefill"]["method"]')" = chunked ]
+    [ "$(json_get 'j["prefill"]["chunk"]')" = 128 ]
+    [ "$(json_get 'len(j["prefill"]["why"]) > 0')" = True ]
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --max-tokens 32 -P full
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["prefill"]["device"]')" = cpu ]
+    [ "$(json_get 'j["prefill"]["method"]')" = chunked ]
+    [ "$(json_get 'j["prefill"]["chunk"]')" = 128 ]
+}
+
+>>>>>>> wt-F2
 @test "kv-bench ruler and fidelity name the device in their table" {
     command -v script >/dev/null || skip "no script(1) to give a terminal"
     # stdout on a terminal: the table; stderr (progress) dropped
@@ -209,11 +226,13 @@ no_gpu_or_skip() {
         --tokenizer $STORIES/tok512.bin --text $STORIES/reference/greedy_bos_200.txt \
         --max-tokens 32 -P full 2>/dev/null" /dev/null | tr -d '\r' >"$BATS_TEST_TMPDIR/t"
     [ "$(head -n 1 "$BATS_TEST_TMPDIR/t")" = "device: cpu" ]
+    [ "$(sed -n 2p "$BATS_TEST_TMPDIR/t")" = "prefill: cpu, chunks of 128 rows (the CPU engine's float32 matrix-matrix products)" ]
     grep -q 'KL mean' "$BATS_TEST_TMPDIR/t"
     script -qec "$BIN/kv-bench ruler --threads 1 --model $NIAH/niah4k.bin --tokenizer $NIAH/tok259.bin \
         --tasks $NIAH/tasks-dev.jsonl -l 1024 --limit 1 --device cpu 2>/dev/null" /dev/null |
         tr -d '\r' >"$BATS_TEST_TMPDIR/r"
     [ "$(head -n 1 "$BATS_TEST_TMPDIR/r")" = "device: cpu" ]
+    grep -q '^prefill: cpu, in chunks' "$BATS_TEST_TMPDIR/r"
     grep -q 'resident KiB' "$BATS_TEST_TMPDIR/r"
 }
 
