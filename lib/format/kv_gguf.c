@@ -164,21 +164,16 @@ static kv_status ggml_nbytes(uint32_t type, const int64_t *ne, int nd, uint64_t 
             return kv_fail(KV_E_DATA, "GGUF tensor %s: too many elements", name);
         n *= (uint64_t)ne[i];
     }
-    switch (type) {
-    case KV_GGML_F32: *out = n * 4; return KV_OK;
-    case KV_GGML_F16:
-    case KV_GGML_BF16: *out = n * 2; return KV_OK;
-    case KV_GGML_Q8_0:
-        if (ne[0] % 32)
-            return kv_fail(KV_E_DATA, "GGUF tensor %s: Q8_0 row length %lld not a multiple of 32",
-                           name, (long long)ne[0]);
-        *out = n / 32 * 34;
-        return KV_OK;
-    default:
-        return kv_fail(KV_E_UNSUPPORTED,
-                       "GGUF tensor %s: ggml type %u not supported (F32, F16, BF16, Q8_0 are)",
-                       name, type);
-    }
+    char tb[16];
+    const kv_ggml_type_info *ti = kv_ggml_type_info_of(type);
+    if (!ti || !ti->bytes)
+        return kv_fail(KV_E_UNSUPPORTED, "GGUF tensor %s: ggml type %s is not supported", name,
+                       kv_ggml_type_name(type, tb));
+    if (ne[0] % ti->block)
+        return kv_fail(KV_E_DATA, "GGUF tensor %s: %s row length %lld is not a multiple of %d", name,
+                       ti->name, (long long)ne[0], ti->block);
+    *out = n / (uint64_t)ti->block * (uint64_t)ti->bytes;
+    return KV_OK;
 }
 
 kv_status kv_gguf_parse(const void *buf, size_t len, kv_gguf **out)

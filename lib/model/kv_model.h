@@ -1,10 +1,14 @@
 /*
  * kv_model: a Llama-family model's geometry and weights, loaded from a
  * llama2.c checkpoint (legacy 7-int header or v1 "ak42"), a GGUF v3 file of
- * llama architecture, or built in memory from a seeded random generator
- * (--synthetic).  Files are mmapped and the weight views point into the
- * mapping; nothing is converted except the small norm vectors, which are
- * always float32.  Every header field, offset and tensor shape is checked:
+ * architecture llama (Llama 1/2/3, Mistral-style files) or qwen2, or built
+ * in memory from a seeded random generator (--synthetic).  Files are
+ * mmapped and the weight views point into the mapping, packed types
+ * included (Q4_0 ... Q6_K: resident memory stays about the file's size);
+ * nothing is converted except the small norm and bias vectors, which are
+ * always float32.  qwen2's q/k projections are stored in the NEOX rotary
+ * order; their views carry a row permutation into the interleaved order
+ * the engines rotate, so the attention scores are those of NEOX RoPE.  Every header field, offset and tensor shape is checked:
  * a bad file is KV_E_DATA / KV_E_UNSUPPORTED with a one-line detail.
  */
 #ifndef KV_MODEL_H
@@ -16,12 +20,22 @@
 
 #include "common/kv_status.h"
 
-/* Storage type of a weight matrix. */
+/* Storage type of a weight matrix.  The block types are ggml's packed
+ * layouts (common/kv_ggml.h); kv_wtype_ggml() gives a type's ggml number. */
 typedef enum {
     KV_W_F32 = 0,
     KV_W_F16,
     KV_W_BF16,
     KV_W_Q8_0, /* ggml blocks of 32: fp16 scale + 32 int8, 34 bytes */
+    KV_W_Q4_0,
+    KV_W_Q4_1,
+    KV_W_Q5_0,
+    KV_W_Q5_1,
+    KV_W_Q2_K,
+    KV_W_Q3_K,
+    KV_W_Q4_K,
+    KV_W_Q5_K,
+    KV_W_Q6_K,
     KV_W_COUNT
 } kv_wtype;
 
@@ -29,14 +43,26 @@ typedef enum {
 #define KV_Q8_0_BYTES 34
 
 const char *kv_wtype_name(kv_wtype t);
-/* Bytes of one row of `cols` values (cols must be a multiple of 32 for Q8_0). */
+/* Bytes of one row of `cols` values (cols a multiple of the type's block:
+ * 32 for Q4_0..Q8_0, 256 for the K-quants). */
 size_t kv_wtype_row_bytes(kv_wtype t, int64_t cols);
+/* The ggml type number of t, and the kv_wtype of a ggml number (-1 when
+ * kv-run cannot compute with it). */
+uint32_t kv_wtype_ggml(kv_wtype t);
+int kv_wtype_from_ggml(uint32_t ggml_type);
+/* Is t a packed block type (its matvec quantizes the input vector)? */
+bool kv_wtype_is_block(kv_wtype t);
 
-/* A row-major weight matrix: y = W x with W (rows, cols). */
+/* A row-major weight matrix: y = W x (+ bias) with W (rows, cols).  perm,
+ * when set, reorders the stored rows: output row r is stored row perm[r]
+ * (used to turn NEOX-ordered q/k projections into the interleaved RoPE
+ * order the engines use, without copying the mapping). */
 typedef struct {
     kv_wtype type;
     int rows, cols;
-    const void *data; /* (rows, cols) in `type`; borrowed from the mapping */
+    const void *data;     /* (rows, cols) in `type`; borrowed from the mapping */
+    const float *bias;    /* (rows) added to W x, or NULL (qwen2's q/k/v) */
+    const int32_t *perm;  /* (rows) stored row of each output row, or NULL */
 } kv_weight;
 
 typedef enum { KV_ROPE_SCALE_NONE = 0, KV_ROPE_SCALE_LLAMA3 = 1 } kv_rope_scale_kind;
@@ -59,6 +85,7 @@ typedef struct {
     const float *rope_freq_factors; /* (head_dim/2) divisors of each pair's
                                        frequency (GGUF rope_freqs), or NULL */
     bool shared_classifier; /* output == token embedding */
+    char arch[16];    /* GGUF general.architecture ("llama", "qwen2"); "llama" otherwise */
     char name[64];    /* "stories260K", "llama-3.1-8b (synthetic)", ... */
     char format[16];  /* "llama2c", "gguf", "synthetic" */
 } kv_model_config;
@@ -87,7 +114,8 @@ typedef struct kv_model {
     void *map;                  /* mmapped file or NULL */
     size_t map_len;
     void *owned;                /* heap block holding owned data (buffer copy, synthetic) */
-    float *norm_store;          /* f32 copies of norm vectors when converted */
+    float *norm_store;          /* f32 copies of norm vectors (and biases) */
+    int32_t *perm_store;        /* (n_heads*head_dim) NEOX -> interleaved row order (qwen2) */
     struct kv_gguf *gguf;       /* parsed GGUF metadata (NULL for llama2.c) */
 } kv_model;
 
