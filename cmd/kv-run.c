@@ -29,6 +29,7 @@
 #include "model/kv_matmul.h"
 #include "model/kv_model.h"
 #include "model/kv_sampler.h"
+#include "model/kv_chat.h"
 #include "model/kv_tokenizer.h"
 #include "format/kvc.h"
 
@@ -37,18 +38,21 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT, O_COMPARE, O_PREFIX
+    O_SELECT, O_COMPARE, O_PREFIX, O_TOKENIZE, O_SPECIAL, O_CHAT
 };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
-    {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-2-7b, tiny"},
+    {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny"},
     {O_WEIGHTS, 0, "weights", "TYPE", "synthetic weight type f32|f16|bf16 (default bf16; tiny f32)"},
     {O_TOKENIZER, 0, "tokenizer", "FILE", "llama2.c tokenizer (default: tok*.bin beside the model)"},
     {O_PROMPT, 'p', "prompt", "TEXT", "prompt text (after BOS)"},
     {O_PROMPT_FILE, 0, "prompt-file", "FILE", "prompt text from FILE or - (stdin)"},
     {O_TOKENS, 0, "tokens", "FILE", "prompt as token ids (whitespace or JSON array), FILE or -"},
     {O_RANDOM_PROMPT, 0, "random-prompt", "N", "prompt of N seeded random token ids (benchmarks)"},
+    {O_TOKENIZE, 0, "tokenize", NULL, "print the prompt's token ids as a JSON array and exit"},
+    {O_SPECIAL, 0, "special", NULL, "recognise special tokens (<|eot_id|>, <s>) written in the prompt"},
+    {O_CHAT, 0, "chat", "TEMPLATE", "wrap the prompt as a user turn: llama3, chatml, auto or none"},
     {O_STEPS, 'n', "steps", "N", "tokens to generate (default 128; 0: prefill only)"},
     {O_TEMP, 't', "temp", "T", "temperature; 0 is greedy (default 0)"},
     {O_TOPP, 0, "top-p", "P", "nucleus sampling mass, 0 or 1 disables (default 0.9)"},
@@ -78,6 +82,8 @@ typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
     const char *policy, *profile, *kv_dtype, *report, *dump, *score, *device, *select, *compare;
     int prefix;
+    bool tokenize, special;
+    const char *chat;
     int steps, ctx, nq, threads, random_prompt;
     double temp, top_p;
     unsigned long seed;
@@ -126,6 +132,75 @@ static kv_status find_tokenizer(const char *model_path, int vocab, kv_tokenizer 
     snprintf(path, sizeof path, "%s/%s", dir, best);
     free(dup);
     return kv_tokenizer_load_llama2c(path, vocab, out);
+}
+
+/* The prompt's ids: a chat turn (--chat) or the text with BOS/EOS as the
+ * vocabulary's file says; --special lets the text name special tokens. */
+static kv_status encode_prompt(const kv_tokenizer *tok, const run_opts *o, const char *arch, const char *text,
+                               size_t len, int **ids, int *n)
+{
+    kv_chat_kind k = KV_CHAT_NONE;
+    if (o->chat) kv_chat_parse(o->chat, &k); /* checked in parse_opts */
+    if (k == KV_CHAT_AUTO) {
+        kv_status st = kv_chat_pick(tok, arch, &k);
+        if (st) return st;
+        kv_note(1, "chat template %s", kv_chat_name(k));
+    }
+    if (k != KV_CHAT_NONE) return kv_chat_encode(tok, k, NULL, text, len, o->special, ids, n);
+    kv_encode_opts eo = {kv_tokenizer_add_bos(tok), kv_tokenizer_add_eos(tok), o->special};
+    return kv_tokenizer_encode_ex(tok, text, len, &eo, ids, n);
+}
+
+/* --tokenize: ids of the prompt as one JSON array on stdout.  A GGUF needs
+ * only its vocabulary (a vocabulary-only file works); a llama2.c model is
+ * loaded for its vocabulary size. */
+static int tokenize_only(const run_opts *o)
+{
+    kv_status st;
+    kv_model *m = NULL;
+    kv_tokenizer *tok = NULL;
+    char *text = NULL;
+    size_t tlen = 0;
+    int *ids = NULL, n = 0, rc = 0;
+    if (!o->tokenizer && kv_gguf_is_file(o->model)) {
+        st = kv_tokenizer_load_gguf(o->model, &tok);
+    } else if (!(st = kv_model_load(o->model, &m))) {
+        st = o->tokenizer ? kv_tokenizer_load_llama2c(o->tokenizer, m->cfg.vocab_size, &tok)
+                          : find_tokenizer(o->model, m->cfg.vocab_size, &tok);
+    }
+    if (st) {
+        rc = kv_report(st, "cannot load the tokenizer");
+        goto out;
+    }
+    if (o->prompt) {
+        text = strdup(o->prompt);
+        tlen = strlen(o->prompt);
+    } else if (o->prompt_file && (st = kv_file_slurp(o->prompt_file, 0, "file", &text, &tlen))) {
+        rc = kv_report(st, "cannot read the prompt");
+        goto out;
+    }
+    if ((st = encode_prompt(tok, o, m ? m->cfg.arch : NULL, text ? text : "", tlen, &ids, &n))) {
+        rc = kv_report(st, "cannot tokenize the prompt");
+        goto out;
+    }
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    char *js = a ? cJSON_PrintUnformatted(a) : NULL;
+    cJSON_Delete(a);
+    if (!js) {
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "--tokenize");
+        goto out;
+    }
+    puts(js);
+    free(js);
+    if (fflush(stdout) || ferror(stdout))
+        rc = kv_report(kv_fail(KV_E_IO, "write error on stdout: %s", strerror(errno)), "cannot write to stdout");
+out:
+    free(ids);
+    free(text);
+    kv_tokenizer_free(tok);
+    kv_model_free(m);
+    return rc;
 }
 
 static void put_text(const kv_tokenizer *tok, int prev, int t, FILE *out)
@@ -275,6 +350,9 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_SELECT: o->select = arg; break;
         case O_COMPARE: o->compare = arg; break;
         case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
+        case O_TOKENIZE: o->tokenize = true; break;
+        case O_SPECIAL: o->special = true; break;
+        case O_CHAT: o->chat = arg; break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -293,6 +371,12 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--compare takes a text (--prompt, --prompt-file or --tokens) and no "
                            "--score-file, --dump-kv, --report or --random-prompt");
     if (o->prefix && !o->compare) kv_cli_usage_error("--prefix goes with --compare");
+    kv_chat_kind ck;
+    if (o->chat && kv_chat_parse(o->chat, &ck)) kv_cli_usage_error("--chat must be llama3, chatml, auto or none");
+    if ((o->chat || o->special) && (o->tokens || o->random_prompt))
+        kv_cli_usage_error("--chat and --special apply to text: not with --tokens or --random-prompt");
+    if (o->tokenize && (o->tokens || o->random_prompt || o->score || o->compare || o->dump || o->report || o->synth))
+        kv_cli_usage_error("--tokenize takes a model or vocabulary and a text (--prompt or --prompt-file) only");
     /* Scoring prints its own JSON and runs no decode: a report or a dump
        asked for alongside would silently not be written. */
     if (o->score && (o->report || o->dump))
@@ -312,6 +396,7 @@ int main(int argc, char **argv)
     kv_cli_init(&spec, argc, argv);
     run_opts o;
     parse_opts(argc, argv, &o);
+    if (o.tokenize) return tokenize_only(&o);
     if (o.threads) kv_engine_set_threads(o.threads);
     if (o.dump && !strcmp(o.dump, "-")) kv_refuse_binary_tty(stdout, "a .kvc file");
     int rc = 0;
@@ -400,7 +485,7 @@ int main(int argc, char **argv)
         else if (!kv_tokenizer_can_encode(tok, &why))
             st = kv_fail(KV_E_UNSUPPORTED,
                          "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens", why);
-        else st = kv_tokenizer_encode(tok, text, tlen, true, false, &prompt, &n_prompt);
+        else st = encode_prompt(tok, &o, c->arch, text, tlen, &prompt, &n_prompt);
     } else {
         prompt = malloc(sizeof *prompt);
         if (prompt) prompt[0] = tok ? kv_tokenizer_bos(tok) : 1;
@@ -534,7 +619,7 @@ int main(int argc, char **argv)
     int bos = tok ? kv_tokenizer_bos(tok) : 1, eos = tok ? kv_tokenizer_eos(tok) : 2;
     while (n_gen < o.steps) {
         int next = kv_sampler_next(&smp, logits);
-        if (next == bos || next == eos) break;
+        if (next == bos || next == eos || (tok && kv_tokenizer_is_eog(tok, next))) break;
         gen[n_gen++] = next;
         if (text_to_stdout) {
             put_text(tok, prev, next, stdout);

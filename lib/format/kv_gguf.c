@@ -8,6 +8,7 @@
 #include "format/kv_gguf.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -422,4 +423,14 @@ double kv_gguf_arr_num(const kv_gguf_kv *kv, uint64_t i)
         kv->arr_type == KV_GGUF_STRING || kv->arr_type == KV_GGUF_ARRAY)
         return NAN;
     return scalar_at(kv->arr_type, kv->arr_data + i * scalar_size[kv->arr_type]);
+}
+
+bool kv_gguf_is_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char m[4];
+    bool yes = fread(m, 1, 4, f) == 4 && !memcmp(m, "GGUF", 4);
+    fclose(f);
+    return yes;
 }

@@ -60,6 +60,9 @@ typedef struct kv_gguf {
     uint64_t data_offset;    /* start of the data section in the buffer */
 } kv_gguf;
 
+/* Does the file at path start with the GGUF magic?  (false if unreadable) */
+bool kv_gguf_is_file(const char *path);
+
 /* Parse buf (len bytes, borrowed). */
 kv_status kv_gguf_parse(const void *buf, size_t len, kv_gguf **out);
 void kv_gguf_free(kv_gguf *g);

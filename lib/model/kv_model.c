@@ -576,6 +576,12 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
         c.rope_scaling = KV_ROPE_SCALE_LLAMA3;
         c.rope_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
         c.rope_orig_ctx = 8192;
+    } else if (!strcmp(name, "llama-3.2-1b")) {
+        c.dim = 2048, c.hidden_dim = 8192, c.n_layers = 16, c.n_heads = 32, c.n_kv_heads = 8;
+        c.vocab_size = 128256, c.seq_len = 131072, c.rope_theta = 500000;
+        c.rope_scaling = KV_ROPE_SCALE_LLAMA3;
+        c.rope_factor = 32, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
+        c.rope_orig_ctx = 8192;
     } else if (!strcmp(name, "llama-2-7b")) {
         c.dim = 4096, c.hidden_dim = 11008, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 32;
         c.vocab_size = 32000, c.seq_len = 4096;
@@ -583,7 +589,8 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
         c.dim = 128, c.hidden_dim = 344, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 4;
         c.vocab_size = 512, c.seq_len = 4096;
     } else {
-        return kv_fail(KV_E_USAGE, "unknown synthetic model '%s' (llama-3.1-8b, llama-2-7b, tiny)", name);
+        return kv_fail(KV_E_USAGE, "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny)",
+                       name);
     }
     if (wt != KV_W_F32 && wt != KV_W_F16 && wt != KV_W_BF16)
         return kv_fail(KV_E_USAGE, "synthetic weights must be F32, F16 or BF16");

@@ -1,0 +1,180 @@
+/*
+ * kv_chat: Llama-3 and ChatML prompts as token ids (see kv_chat.h).
+ *
+ *   llama3: <|start_header_id|>ROLE<|end_header_id|>\n\nTEXT<|eot_id|> per
+ *           message (TEXT trimmed of surrounding whitespace), then
+ *           <|start_header_id|>assistant<|end_header_id|>\n\n
+ *   chatml: <|im_start|>ROLE\nTEXT<|im_end|>\n per message, then
+ *           <|im_start|>assistant\n
+ *
+ * A prompt is built as a list of pieces, each either a special token or
+ * raw text; adjacent raw pieces are joined and tokenized together.
+ */
+#include "model/kv_chat.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+kv_status kv_chat_parse(const char *name, kv_chat_kind *out)
+{
+    static const char *const names[] = {"none", "llama3", "chatml", "auto"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, names[i])) {
+            *out = (kv_chat_kind)i;
+            return KV_OK;
+        }
+    return kv_fail(KV_E_USAGE, "unknown chat template '%s' (llama3, chatml, auto, none)", name);
+}
+
+const char *kv_chat_name(kv_chat_kind k)
+{
+    static const char *const names[] = {"none", "llama3", "chatml", "auto"};
+    return (unsigned)k < 4 ? names[k] : "?";
+}
+
+kv_status kv_chat_pick(const kv_tokenizer *t, const char *arch, kv_chat_kind *out)
+{
+    const char *tpl = kv_tokenizer_chat_template(t);
+    if (!arch || !*arch) arch = kv_tokenizer_arch(t);
+    if (tpl && strstr(tpl, "<|start_header_id|>")) *out = KV_CHAT_LLAMA3;
+    else if (tpl && strstr(tpl, "<|im_start|>")) *out = KV_CHAT_CHATML;
+    else if (kv_tokenizer_find(t, "<|start_header_id|>") >= 0) *out = KV_CHAT_LLAMA3;
+    else if (kv_tokenizer_find(t, "<|im_start|>") >= 0 || (arch && !strcmp(arch, "qwen2"))) *out = KV_CHAT_CHATML;
+    else
+        return kv_fail(KV_E_UNSUPPORTED,
+                       "no known chat format for this model (its template is %s, its vocabulary has no header "
+                       "tokens): give --chat llama3 or --chat chatml",
+                       tpl ? "not Llama-3 or ChatML" : "absent");
+    return KV_OK;
+}
+
+typedef struct {
+    const char *s;
+    size_t n;
+    int tok; /* -1: raw text */
+} piece;
+
+typedef struct {
+    piece *p;
+    size_t n, cap;
+} pieces;
+
+static bool add(pieces *v, const char *s, size_t n, int tok)
+{
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? 2 * v->cap : 16;
+        piece *np = realloc(v->p, nc * sizeof *np);
+        if (!np) return false;
+        v->p = np, v->cap = nc;
+    }
+    v->p[v->n++] = (piece){s, n, tok};
+    return true;
+}
+
+static bool add_text(pieces *v, const char *s) { return add(v, s, strlen(s), -1); }
+
+static void trim(const char **s, size_t *n)
+{
+    while (*n && isspace((unsigned char)**s)) (*s)++, (*n)--;
+    while (*n && isspace((unsigned char)(*s)[*n - 1])) (*n)--;
+}
+
+kv_status kv_chat_encode(const kv_tokenizer *t, kv_chat_kind k, const char *system, const char *user,
+                         size_t user_len, bool special, int **ids, int *n_out)
+{
+    *ids = NULL;
+    *n_out = 0;
+    if (k == KV_CHAT_AUTO) {
+        kv_status st = kv_chat_pick(t, NULL, &k);
+        if (st) return st;
+    }
+    if (k != KV_CHAT_LLAMA3 && k != KV_CHAT_CHATML)
+        return kv_fail(KV_E_USAGE, "no chat template to apply");
+    const char *need[3] = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    const char *needc[2] = {"<|im_start|>", "<|im_end|>"};
+    int tk[3];
+    int nneed = k == KV_CHAT_LLAMA3 ? 3 : 2;
+    for (int i = 0; i < nneed; i++) {
+        const char *name = k == KV_CHAT_LLAMA3 ? need[i] : needc[i];
+        if ((tk[i] = kv_tokenizer_find(t, name)) < 0)
+            return kv_fail(KV_E_UNSUPPORTED, "the %s chat format needs the token %s, which this vocabulary lacks",
+                           kv_chat_name(k), name);
+    }
+    pieces v = {0};
+    bool ok = true;
+    const char *roles[2] = {"system", "user"};
+    const char *texts[2] = {system, user};
+    size_t lens[2] = {system ? strlen(system) : 0, user_len};
+    for (int m = system ? 0 : 1; m < 2 && ok; m++) {
+        const char *s = texts[m];
+        size_t n = lens[m];
+        if (k == KV_CHAT_LLAMA3) {
+            trim(&s, &n);
+            ok = add(&v, NULL, 0, tk[0]) && add_text(&v, roles[m]) && add(&v, NULL, 0, tk[1]) &&
+                 add_text(&v, "\n\n") && add(&v, s, n, -1) && add(&v, NULL, 0, tk[2]);
+        } else {
+            ok = add(&v, NULL, 0, tk[0]) && add_text(&v, roles[m]) && add_text(&v, "\n") && add(&v, s, n, -1) &&
+                 add(&v, NULL, 0, tk[1]) && add_text(&v, "\n");
+        }
+    }
+    if (ok && k == KV_CHAT_LLAMA3)
+        ok = add(&v, NULL, 0, tk[0]) && add_text(&v, "assistant") && add(&v, NULL, 0, tk[1]) && add_text(&v, "\n\n");
+    else if (ok)
+        ok = add(&v, NULL, 0, tk[0]) && add_text(&v, "assistant") && add_text(&v, "\n");
+    kv_status st = ok ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
+    /* tokenize: join raw runs, place template tokens as ids */
+    int *out = NULL;
+    size_t nout = 0, cap = 0;
+    char *buf = NULL;
+    size_t blen = 0, bcap = 0;
+    bool bos = kv_tokenizer_add_bos(t);
+    for (size_t i = 0; i <= v.n && !st; i++) {
+        if (i < v.n && v.p[i].tok < 0) { /* collect raw text */
+            if (blen + v.p[i].n + 1 > bcap) {
+                bcap = 2 * (blen + v.p[i].n) + 64;
+                char *nb = realloc(buf, bcap);
+                if (!nb) {
+                    st = kv_fail(KV_E_NOMEM, "out of memory");
+                    break;
+                }
+                buf = nb;
+            }
+            if (v.p[i].n) memcpy(buf + blen, v.p[i].s, v.p[i].n);
+            blen += v.p[i].n;
+            continue;
+        }
+        int *part = NULL, np = 0;
+        if (blen || bos) {
+            kv_encode_opts eo = {bos, false, special};
+            st = kv_tokenizer_encode_ex(t, buf ? buf : "", blen, &eo, &part, &np);
+            bos = false;
+            blen = 0;
+        }
+        if (st) break;
+        size_t want = nout + (size_t)np + 1;
+        if (want > cap) {
+            cap = 2 * want + 16;
+            int *no = realloc(out, cap * sizeof *no);
+            if (!no) {
+                free(part);
+                st = kv_fail(KV_E_NOMEM, "out of memory");
+                break;
+            }
+            out = no;
+        }
+        if (np) memcpy(out + nout, part, (size_t)np * sizeof *out);
+        nout += (size_t)np;
+        free(part);
+        if (i < v.n) out[nout++] = v.p[i].tok;
+    }
+    free(buf);
+    free(v.p);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *ids = out;
+    *n_out = (int)nout;
+    return KV_OK;
+}
