@@ -38,7 +38,7 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT, O_COMPARE, O_PREFIX, O_TOKENIZE, O_SPECIAL, O_CHAT
+    O_SELECT, O_COMPARE, O_PREFIX, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS, O_PRINT_IDS
 };
 
 static const kv_option opts[] = {
@@ -53,6 +53,8 @@ static const kv_option opts[] = {
     {O_TOKENIZE, 0, "tokenize", NULL, "print the prompt's token ids as a JSON array and exit"},
     {O_SPECIAL, 0, "special", NULL, "recognise special tokens (<|eot_id|>, <s>) written in the prompt"},
     {O_CHAT, 0, "chat", "TEMPLATE", "wrap the prompt as a user turn: llama3, chatml, auto or none"},
+    {O_PROBS, 0, "probs", "K", "print each prompt position's top-K next-token probabilities (JSON) and exit"},
+    {O_PRINT_IDS, 0, "print-ids", NULL, "write the generated token ids instead of their text"},
     {O_STEPS, 'n', "steps", "N", "tokens to generate (default 128; 0: prefill only)"},
     {O_TEMP, 't', "temp", "T", "temperature; 0 is greedy (default 0)"},
     {O_TOPP, 0, "top-p", "P", "nucleus sampling mass, 0 or 1 disables (default 0.9)"},
@@ -82,7 +84,8 @@ typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
     const char *policy, *profile, *kv_dtype, *report, *dump, *score, *device, *select, *compare;
     int prefix;
-    bool tokenize, special;
+    bool tokenize, special, print_ids;
+    int probs;
     const char *chat;
     int steps, ctx, nq, threads, random_prompt;
     double temp, top_p;
@@ -200,6 +203,45 @@ out:
     free(text);
     kv_tokenizer_free(tok);
     kv_model_free(m);
+    return rc;
+}
+
+/* --probs: the top-k next-token probabilities after every prompt position,
+ * [{"pos": i, "token": id, "top": [[id, p], ...]}, ...] on stdout. */
+static int print_probs(kv_engine *e, int vocab, const int *prompt, int n, int k)
+{
+    float *lg = malloc((size_t)n * (size_t)vocab * sizeof *lg);
+    int *ids = malloc((size_t)k * sizeof *ids);
+    double *p = malloc((size_t)k * sizeof *p);
+    kv_status st = !lg || !ids || !p ? kv_fail(KV_E_NOMEM, "out of memory for %d x %d logits", n, vocab)
+                                     : kv_engine_prefill_all(e, prompt, n, lg);
+    int rc = 0;
+    if (st) {
+        rc = kv_report(st, "--probs");
+    } else {
+        cJSON *a = cJSON_CreateArray();
+        for (int i = 0; a && i < n; i++) {
+            int m = kv_top_probs(lg + (size_t)i * vocab, vocab, k, ids, p);
+            cJSON *o = cJSON_CreateObject(), *top = cJSON_AddArrayToObject(o, "top");
+            cJSON_AddNumberToObject(o, "pos", i);
+            cJSON_AddNumberToObject(o, "token", prompt[i]);
+            for (int j = 0; j < m; j++) {
+                cJSON *pair = cJSON_CreateArray();
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(ids[j]));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(p[j]));
+                cJSON_AddItemToArray(top, pair);
+            }
+            cJSON_AddItemToArray(a, o);
+        }
+        char *js = a ? cJSON_PrintUnformatted(a) : NULL;
+        cJSON_Delete(a);
+        if (!js) rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "--probs");
+        else puts(js);
+        free(js);
+    }
+    free(lg);
+    free(ids);
+    free(p);
     return rc;
 }
 
@@ -353,6 +395,8 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         case O_TOKENIZE: o->tokenize = true; break;
         case O_SPECIAL: o->special = true; break;
         case O_CHAT: o->chat = arg; break;
+        case O_PROBS: o->probs = (int)kv_cli_long("--probs", arg, 1, 1 << 20); break;
+        case O_PRINT_IDS: o->print_ids = true; break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -377,6 +421,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--chat and --special apply to text: not with --tokens or --random-prompt");
     if (o->tokenize && (o->tokens || o->random_prompt || o->score || o->compare || o->dump || o->report || o->synth))
         kv_cli_usage_error("--tokenize takes a model or vocabulary and a text (--prompt or --prompt-file) only");
+    if (o->probs && (o->score || o->compare || o->dump || o->report || o->tokenize ||
+                     (o->device && strcmp(o->device, "cpu"))))
+        kv_cli_usage_error("--probs runs the prompt on the CPU and prints JSON: no --score-file, --compare, "
+                           "--dump-kv, --report, --tokenize or --device");
     /* Scoring prints its own JSON and runs no decode: a report or a dump
        asked for alongside would silently not be written. */
     if (o->score && (o->report || o->dump))
@@ -561,6 +609,11 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    if (o.probs) {
+        rc = print_probs(e, c->vocab_size, prompt, n_prompt, o.probs);
+        goto report;
+    }
+
     /* scoring mode */
     if (o.score) {
         nll = malloc((size_t)(n_prompt > 1 ? n_prompt - 1 : 1) * sizeof *nll);
@@ -622,7 +675,7 @@ int main(int argc, char **argv)
         if (next == bos || next == eos || (tok && kv_tokenizer_is_eog(tok, next))) break;
         gen[n_gen++] = next;
         if (text_to_stdout) {
-            put_text(tok, prev, next, stdout);
+            put_text(o.print_ids ? NULL : tok, prev, next, stdout);
             fflush(stdout);
         }
         prev = next;

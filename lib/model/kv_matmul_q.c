@@ -48,6 +48,23 @@ static inline float f16at(const uint8_t *p)
 
 // --- AVX2 ------------------------------------------------------------------------
 
+/* The 8 scales and 8 mins of a Q4_K/Q5_K block as bytes, by whole words
+ * (the bit placement of kv_ggml_k4_scale_min, four at a time). */
+static inline void k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
+{
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    uint32_t a = u0 & 0x3f3f3f3fu, b = (u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4;
+    uint32_t c = u1 & 0x3f3f3f3fu, d = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4;
+    memcpy(sc, &a, 4);
+    memcpy(sc + 4, &b, 4);
+    memcpy(mn, &c, 4);
+    memcpy(mn + 4, &d, 4);
+}
+
+
 #ifdef KV_X86
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -174,6 +191,28 @@ KV_AVX2 static inline __m256i scales2(int a, int b)
 
 KV_AVX2 static inline __m256i ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* sum over the 8 groups of 32 of m[k] * (bsums[2k] + bsums[2k+1]) */
+KV_AVX2 static inline int mins_dot(const int16_t *bsums, const uint8_t *mn)
+{
+    __m128i lo = _mm_loadu_si128((const __m128i *)bsums), hi = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    __m128i pairs = _mm_hadd_epi16(lo, hi); /* 8 sums of 32 values: |sum| <= 32 * 127 */
+    __m128i m = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+    __m128i p = _mm_madd_epi16(pairs, m);
+    p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 1));
+    return _mm_cvtsi128_si32(p);
+}
+
+/* sum over the 16 groups of 16 of sc[k] * bsums[k] (signed scales) */
+KV_AVX2 static inline int scales_dot16(const int16_t *bsums, __m256i sc16)
+{
+    __m256i p = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), sc16);
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 1));
+    return _mm_cvtsi128_si32(q);
+}
+
 KV_AVX2 static float avx2_q4_k(const void *row, const void *xq, int n)
 {
     const uint8_t *w = row;
@@ -182,11 +221,10 @@ KV_AVX2 static float avx2_q4_k(const void *row, const void *xq, int n)
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q4_k)) {
-        const uint8_t *sc = w + 4, *qs = w + 16;
-        int s[8], m[8];
-        for (int k = 0; k < 8; k++) kv_ggml_k4_scale_min(k, sc, &s[k], &m[k]);
-        int msum = 0;
-        for (int k = 0; k < 8; k++) msum += m[k] * (y[b].bsums[2 * k] + y[b].bsums[2 * k + 1]);
+        const uint8_t *qs = w + 16;
+        uint8_t s[8], m[8];
+        k4_scales(w + 4, s, m);
+        const int msum = mins_dot(y[b].bsums, m);
         __m256i isum = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
             __m256i q = ld(qs + 32 * p);
@@ -211,11 +249,10 @@ KV_AVX2 static float avx2_q5_k(const void *row, const void *xq, int n)
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q5_k)) {
-        const uint8_t *sc = w + 4, *qh = w + 16, *qs = w + 48;
-        int s[8], m[8];
-        for (int k = 0; k < 8; k++) kv_ggml_k4_scale_min(k, sc, &s[k], &m[k]);
-        int msum = 0;
-        for (int k = 0; k < 8; k++) msum += m[k] * (y[b].bsums[2 * k] + y[b].bsums[2 * k + 1]);
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        uint8_t s[8], m[8];
+        k4_scales(w + 4, s, m);
+        const int msum = mins_dot(y[b].bsums, m);
         const __m256i h = ld(qh);
         __m256i isum = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
@@ -245,8 +282,8 @@ KV_AVX2 static float avx2_q6_k(const void *row, const void *xq, int n)
     for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q6_k)) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
-        int corr = 0; /* the -32 of every code, through the group sums */
-        for (int k = 0; k < 16; k++) corr += sc[k] * y[b].bsums[k];
+        /* the -32 of every code, through the group sums */
+        const int corr = scales_dot16(y[b].bsums, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             __m256i l0 = ld(ql + 64 * h), l1 = ld(ql + 64 * h + 32), hb = ld(qh + 32 * h);
@@ -279,10 +316,20 @@ KV_AVX2 static float avx2_q3_k(const void *row, const void *xq, int n)
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q3_k)) {
         const uint8_t *hm = w, *qs = w + 32;
-        int sc[16];
-        kv_ggml_q3k_scales(w + 96, sc);
-        int corr = 0; /* codes are stored +4 (clear high bit = -4): undo through the sums */
-        for (int k = 0; k < 16; k++) corr += sc[k] * y[b].bsums[k];
+        /* the 16 6-bit scales by whole words (kv_ggml_q3k_scales' placement) */
+        uint32_t u0, u1, t, q4[4];
+        memcpy(&u0, w + 96, 4);
+        memcpy(&u1, w + 100, 4);
+        memcpy(&t, w + 104, 4);
+        q4[0] = (u0 & 0x0f0f0f0fu) | (t & 0x03030303u) << 4;
+        q4[1] = (u1 & 0x0f0f0f0fu) | ((t >> 2) & 0x03030303u) << 4;
+        q4[2] = ((u0 >> 4) & 0x0f0f0f0fu) | ((t >> 4) & 0x03030303u) << 4;
+        q4[3] = ((u1 >> 4) & 0x0f0f0f0fu) | ((t >> 6) & 0x03030303u) << 4;
+        int8_t sc[16];
+        __m128i sv = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)q4), _mm_set1_epi8(32));
+        _mm_storeu_si128((__m128i *)sc, sv);
+        /* codes are stored +4 (clear high bit = -4): undo through the sums */
+        const int corr = scales_dot16(y[b].bsums, _mm256_cvtepi8_epi16(sv));
         const __m256i hb = ld(hm);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
