@@ -33,20 +33,26 @@ const char *kv_chat_name(kv_chat_kind k)
     return (unsigned)k < 4 ? names[k] : "?";
 }
 
-kv_status kv_chat_pick(const kv_tokenizer *t, const char *arch, kv_chat_kind *out)
+kv_status kv_chat_pick_from(const char *tpl, const char *arch, bool has_llama3_tokens, bool has_chatml_tokens,
+                            kv_chat_kind *out)
 {
-    const char *tpl = kv_tokenizer_chat_template(t);
-    if (!arch || !*arch) arch = kv_tokenizer_arch(t);
     if (tpl && strstr(tpl, "<|start_header_id|>")) *out = KV_CHAT_LLAMA3;
     else if (tpl && strstr(tpl, "<|im_start|>")) *out = KV_CHAT_CHATML;
-    else if (kv_tokenizer_find(t, "<|start_header_id|>") >= 0) *out = KV_CHAT_LLAMA3;
-    else if (kv_tokenizer_find(t, "<|im_start|>") >= 0 || (arch && !strcmp(arch, "qwen2"))) *out = KV_CHAT_CHATML;
+    else if (has_llama3_tokens) *out = KV_CHAT_LLAMA3;
+    else if (has_chatml_tokens || (arch && !strcmp(arch, "qwen2"))) *out = KV_CHAT_CHATML;
     else
         return kv_fail(KV_E_UNSUPPORTED,
                        "no known chat format for this model (its template is %s, its vocabulary has no header "
                        "tokens): give --chat llama3 or --chat chatml",
                        tpl ? "not Llama-3 or ChatML" : "absent");
     return KV_OK;
+}
+
+kv_status kv_chat_pick(const kv_tokenizer *t, const char *arch, kv_chat_kind *out)
+{
+    if (!arch || !*arch) arch = kv_tokenizer_arch(t);
+    return kv_chat_pick_from(kv_tokenizer_chat_template(t), arch, kv_tokenizer_find(t, "<|start_header_id|>") >= 0,
+                             kv_tokenizer_find(t, "<|im_start|>") >= 0, out);
 }
 
 typedef struct {

@@ -29,6 +29,10 @@ const char *kv_chat_name(kv_chat_kind k);
  * tokenizer's file's general.architecture is used).  KV_E_UNSUPPORTED
  * with a message when none fits. */
 kv_status kv_chat_pick(const kv_tokenizer *t, const char *arch, kv_chat_kind *out);
+/* The same choice from its inputs: the template text (or NULL), the
+ * architecture (or NULL) and which header tokens the vocabulary has. */
+kv_status kv_chat_pick_from(const char *tpl, const char *arch, bool has_llama3_tokens, bool has_chatml_tokens,
+                            kv_chat_kind *out);
 
 /* Token ids of one user turn (after an optional system turn, system may be
  * NULL) followed by the assistant header, with BOS as the file says.
