@@ -337,7 +337,7 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     if (ai == sizeof gguf_archs / sizeof *gguf_archs)
         return kv_fail(KV_E_UNSUPPORTED, "GGUF architecture '%s' is not supported (llama, qwen2 are)", arch);
     const bool qwen2 = !strcmp(arch, "qwen2");
-    snprintf(c->arch, sizeof c->arch, "%s", arch);
+    snprintf(c->arch, sizeof c->arch, "%s", gguf_archs[ai]);
     kv_gguf_get_str(g, "general.name", c->name, sizeof c->name, NULL);
     if (!c->name[0]) snprintf(c->name, sizeof c->name, "gguf");
     c->n_kv_heads = 0;
