@@ -43,7 +43,7 @@ enum {
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
-    {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny"},
+    {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads"},
     {O_WEIGHTS, 0, "weights", "TYPE", "synthetic weight type f32|f16|bf16 (default bf16; tiny f32)"},
     {O_TOKENIZER, 0, "tokenizer", "FILE", "llama2.c tokenizer (default: tok*.bin beside the model)"},
     {O_PROMPT, 'p', "prompt", "TEXT", "prompt text (after BOS)"},

@@ -170,7 +170,8 @@ async function checkModel(label, gguf, promptText, steps) {
     for (let i = 0; i < Math.max(ids.length, ref.length); i++) if (ids[i] !== ref[i]) { firstDiff = i; break; }
     const ok = worst <= PROB_TOL && (same || firstDiff < 0);
     log(`model ${label}: ${prompt.length} positions, top-8 max |dp| ${worst.toExponential(2)} (${worstAt}), ` +
-        `median ${median.toExponential(1)}, ${within}/${prompt.length} positions within ${PROB_TOL}` +
+        `median ${median.toExponential(1)}, first 3 positions ${perPos.slice(0, 3).map((x) => x.toExponential(1)).join(' ')}, ` +
+        `${within}/${prompt.length} positions within ${PROB_TOL}` +
         `${firstOver >= 0 ? ' (first beyond: ' + firstOver + ')' : ''}; ` +
         `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff} ${ok ? 'ok' : ''}`);
     if (!ok) fail(`${label}: probabilities ${worst} > ${PROB_TOL} or greedy differs`);
@@ -255,6 +256,10 @@ for (const t of ['F16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q2_K', 'Q3_K', 
 await checkModel('stories260K qwen2 + q/k/v biases F32', convert('stories260K-qwen2-F32', [...st, '-t', 'F32', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
 await checkModel('stories260K qwen2 + biases Q8_0', convert('stories260K-qwen2-Q8_0', [...st, '-t', 'Q8_0', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
 await checkModel('niah4k qwen2 + biases Q4_K', convert('niah4k-qwen2-Q4_K', [...ni, '-t', 'Q4_K', '--arch', 'qwen2', '--qkv-bias', '7']), niahPrompt, 12);
+await checkModel('synthetic tiny-wide-heads (head_dim 64 x 4 heads on dim 128) F32',
+                 convert('tiny-wide-heads-F32', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '-t', 'F32']), storyPrompt, 40);
+await checkModel('synthetic tiny-wide-heads Q8_0',
+                 convert('tiny-wide-heads-Q8_0', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '-t', 'Q8_0']), storyPrompt, 40);
 await checkModel('stories260K Llama-3.1 rope_freqs F32', convert('stories260K-rope31-F32', [...st, '-t', 'F32', '--rope-freqs', 'llama3:8,1,4,512']), storyPrompt, 40);
 await checkModel('niah4k Llama-3.1 rope_freqs theta 5e5 Q6_K', convert('niah4k-rope31-Q6_K', [...ni, '-t', 'Q6_K', '--rope-theta', '500000', '--rope-freqs', 'llama3:8,1,4,1024']), niahPrompt, 12);
 

@@ -585,11 +585,16 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
     } else if (!strcmp(name, "llama-2-7b")) {
         c.dim = 4096, c.hidden_dim = 11008, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 32;
         c.vocab_size = 32000, c.seq_len = 4096;
+    } else if (!strcmp(name, "tiny-wide-heads")) {
+        /* Mistral-Nemo's shape in small: heads wider than dim / n_heads */
+        c.dim = 128, c.hidden_dim = 256, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64;
+        c.vocab_size = 512, c.seq_len = 1024;
     } else if (!strcmp(name, "tiny")) {
         c.dim = 128, c.hidden_dim = 344, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 4;
         c.vocab_size = 512, c.seq_len = 4096;
     } else {
-        return kv_fail(KV_E_USAGE, "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny)",
+        return kv_fail(KV_E_USAGE,
+                       "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads)",
                        name);
     }
     if (wt != KV_W_F32 && wt != KV_W_F16 && wt != KV_W_BF16)

@@ -124,7 +124,9 @@ typedef struct kv_model {
 kv_status kv_model_load(const char *path, kv_model **out);
 /* Same from a memory buffer (copied; for fuzzing and tests). */
 kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out);
-/* Seeded random weights for "llama-3.1-8b", "llama-3.2-1b", "llama-2-7b" or "tiny", big
+/* Seeded random weights for "llama-3.1-8b", "llama-3.2-1b", "llama-2-7b", "tiny" or
+ * "tiny-wide-heads" (4 heads of 64 on a width of 128, as Mistral-Nemo's heads are wider
+ * than dim / n_heads), big
  * matrices stored as wt.  To keep memory and start-up time sane, every layer
  * shares one random set of layer weights (compute and bytes read per layer
  * are those of the real geometry); the embedding and classifier are

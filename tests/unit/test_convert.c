@@ -297,6 +297,34 @@ static void test_qwen2_layout_and_llama31_rope(void)
     free(p2);
 }
 
+static void test_heads_wider_than_dim_over_heads(void)
+{
+    /* attention.key_length: 4 heads of 64 on a width of 128 (Mistral-Nemo's shape) */
+    kv_model *syn, *m;
+    kv_tokenizer *t;
+    OK(kv_model_synthetic("tiny-wide-heads", 3, KV_W_F32, &syn));
+    OK(kv_tokenizer_load_llama2c("tests/data/stories260K/tok512.bin", 512, &t));
+    kv_convert_opts o;
+    kv_convert_opts_default(&o);
+    o.wtype = KV_GGML_F32;
+    char *path = tmpname();
+    OK(kv_convert_model(syn, t, NULL, &o, path, NULL));
+    OK(kv_model_load(path, &m));
+    KT_CHECK(m->cfg.head_dim == 64 && m->cfg.dim == 128 && m->layers[0].wq.rows == 256, "head_dim %d dim %d",
+             m->cfg.head_dim, m->cfg.dim);
+    int toks[4] = {1, 403, 407, 261};
+    float *a = logits(syn, toks, 4), *b = logits(m, toks, 4);
+    double mag = 0;
+    KT_CHECK(a && b && max_diff(a, b, 4 * 512, &mag) == 0, "the GGUF computes the synthetic model's logits");
+    free(a);
+    free(b);
+    kv_model_free(m);
+    kv_model_free(syn);
+    kv_tokenizer_free(t);
+    unlink(path);
+    free(path);
+}
+
 static void test_bundled_fixtures_are_what_they_claim(void)
 {
     kv_model *m;
@@ -397,6 +425,7 @@ int main(void)
     KT_RUN(test_writer_round_trips_every_value_type);
     KT_RUN(test_every_type_computes_the_source_logits);
     KT_RUN(test_qwen2_layout_and_llama31_rope);
+    KT_RUN(test_heads_wider_than_dim_over_heads);
     KT_RUN(test_bundled_fixtures_are_what_they_claim);
     KT_RUN(test_refusals_name_the_architecture_and_type);
     KT_RUN(test_tokenizer_json_becomes_a_vocabulary);
