@@ -16,6 +16,11 @@ int kv_bench_pack_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_ruler_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_fidelity_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_decode_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_longbench_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_score_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_merge_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_report_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_prefill_main(int argc, char **argv) __attribute__((weak));
 
 static const struct {
     const char *name;
@@ -26,6 +31,11 @@ static const struct {
     {"ruler", "needle/RULER JSONL accuracy per KV policy"},
     {"fidelity", "KL divergence and top-1 agreement of each policy vs full"},
     {"decode", "end-to-end decode ms/token per policy (GPU runtime)"},
+    {"longbench", "LongBench / LongBench-E JSONL: predictions and official scores per policy"},
+    {"score", "score LongBench or RULER prediction files as the official scripts do"},
+    {"merge", "combine result files of shards into the summary one run gives"},
+    {"report", "SVG charts from result files (accuracy, KV bytes, ms/token)"},
+    {"prefill", "dense causal prefill tokens/s and attention TFLOP/s on the GPU"},
 };
 
 static bench_fn lookup(const char *name)
@@ -35,6 +45,11 @@ static bench_fn lookup(const char *name)
     if (!strcmp(name, "ruler")) return kv_bench_ruler_main;
     if (!strcmp(name, "fidelity")) return kv_bench_fidelity_main;
     if (!strcmp(name, "decode")) return kv_bench_decode_main;
+    if (!strcmp(name, "longbench")) return kv_bench_longbench_main;
+    if (!strcmp(name, "score")) return kv_bench_score_main;
+    if (!strcmp(name, "merge")) return kv_bench_merge_main;
+    if (!strcmp(name, "report")) return kv_bench_report_main;
+    if (!strcmp(name, "prefill")) return kv_bench_prefill_main;
     return NULL;
 }
 

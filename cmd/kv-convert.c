@@ -23,17 +23,17 @@
 #include "model/kv_tokenizer.h"
 
 enum {
-    O_MODEL = 'm', O_OUT = 'o', O_TYPE = 't', O_SYNTH = 256, O_SEED, O_TOKENIZER, O_VOCAB, O_HF, O_PRE,
+    O_MODEL = 'm', O_OUT = 'o', O_SEED = 's', O_TYPE = 256, O_SYNTH, O_TOKENIZER, O_VOCAB, O_HF, O_PRE,
     O_BOS, O_EOS, O_EMBD, O_ARCH, O_NAME, O_BIAS, O_THETA, O_ROPE, O_CHAT
 };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model to convert: llama2.c .bin or GGUF"},
     {O_SYNTH, 0, "synthetic", "NAME", "seeded random model instead (see kv-run --synthetic)"},
-    {O_SEED, 0, "seed", "N", "seed for --synthetic and --qkv-bias (default 42)"},
+    {O_SEED, 's', "seed", "N", "seed for --synthetic and --qkv-bias (default 42)"},
     {O_TOKENIZER, 0, "tokenizer", "FILE", "llama2.c tokenizer of a llama2.c model"},
     {O_VOCAB, 0, "vocab", "FILE", "copy the vocabulary of this GGUF (e.g. a vocabulary-only file)"},
-    {O_TYPE, 't', "type", "TYPE", "matrix type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K..Q6_K (default F16)"},
+    {O_TYPE, 0, "type", "TYPE", "matrix type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K..Q6_K (default F16)"},
     {O_EMBD, 0, "embd-type", "TYPE", "type of token_embd and output (default: --type)"},
     {O_ARCH, 0, "arch", "ARCH", "architecture to write: llama (default) or qwen2"},
     {O_NAME, 0, "name", "NAME", "general.name (default: the model's)"},
@@ -53,7 +53,7 @@ static const kv_cli_spec spec = {
     "kv-convert", "[OPTIONS] (--model FILE | --synthetic NAME | --hf-tokenizer FILE) -o FILE",
     "Write GGUF files: a model in one weight type, or a vocabulary from tokenizer.json.", opts,
     "Examples:\n"
-    "  kv-convert -m stories260K.bin --tokenizer tok512.bin -t Q8_0 -o stories260K-q8_0.gguf\n"
+    "  kv-convert -m stories260K.bin --tokenizer tok512.bin --type Q8_0 -o stories260K-q8_0.gguf\n"
     "  kv-convert --hf-tokenizer tokenizer.json --pre llama-bpe --bos '<|begin_of_text|>' \\\n"
     "             --eos '<|end_of_text|>' -o llama3-vocab.gguf"};
 
@@ -189,7 +189,7 @@ int main(int argc, char **argv)
         else kv_note(0, "wrote %s: vocabulary of %d tokens (pre-tokenizer %s)", o.out, n, o.pre ? o.pre : "default");
         goto out;
     }
-    st = o.synth ? kv_model_synthetic(o.synth, o.seed, KV_W_F32, &m) : kv_model_load(o.model, &m);
+    st = o.synth ? kv_model_synthetic(o.synth, o.seed, KV_DT_F32, &m) : kv_model_open(o.model, &m);
     if (st) {
         rc = kv_report(st, "cannot load model");
         goto out;
@@ -216,7 +216,7 @@ int main(int argc, char **argv)
 out:
     unmap_gguf(&vg);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    kv_model_close(m);
     free(chat);
     return rc;
 }

@@ -4,7 +4,7 @@
  * against the same K/V in F16, and whether checksums were verified.  A
  * table on a terminal, JSON when stdout is piped or with --json (one object
  * for one file, an array for several).  All reading and validation is
- * lib/format/kvc.c's; this file only formats.
+ * lib/format's (kvc_parse.c); this file only formats.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -233,7 +233,7 @@ int main(int argc, char **argv)
             if (i > optind_) printf("\n");
             print_table(path, f);
         }
-        kvc_free(f);
+        kvc_close(f);
     }
     if (all) {
         char *s = cJSON_Print(all);

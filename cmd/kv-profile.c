@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 #include "policy/kv_deploy.h"
 #include "eval/kv_profile.h"
 #include "format/kvc.h"
@@ -26,13 +27,13 @@ static const kv_option opts[] = {
     {OPT_NQ, 0, "nq", "N", "use the last N stored queries (32; 0 = all)"},
     {OPT_BUDGET, 0, "budget", "K", "top-K tokens for sparse layers: a count, or a fraction < 1 (128)"},
     {OPT_CHANNELS, 0, "channels", "C", "critical channels for sparse selection (8)"},
-    {OPT_BITS, 0, "bits", "B", "bits for quantized layers in the deploy config: 1, 2 or 4 (1)"},
+    {OPT_BITS, 'b', "bits", "B", "bits for quantized layers in the deploy config: 1, 2 or 4 (1)"},
     {OPT_GROUP, 0, "group", "G", "KIVI group size (64)"},
     {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
     {OPT_SINK, 0, "sink", "S", "sink tokens always kept by sparse layers (8)"},
     {OPT_WINDOW, 0, "window", "W", "recent tokens always kept by sparse layers (56)"},
     {OPT_SVG, 0, "svg", "FILE", "write a heatmap of the scores (SVG)"},
-    {OPT_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {OPT_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -51,10 +52,11 @@ static void print_table(const kv_profile *a, const kv_profile_params *p, const k
     for (int l = 0; l < a->n_layers; l++)
         printf("%5d  %6.3f  %9.4f  %9.4f  %10.4f  %s\n", l, a->layer_score[l], a->layer_q1[l],
                a->layer_q2[l], a->layer_sparse[l], a->layer_score[l] > p->tau ? "quant" : "sparse");
-    printf("\nquant layers (%d-bit, G %d, R %d):", d->bits, d->group, d->residual);
+    printf("\nquant layers (%d-bit, G %d, R %d):", d->quant.bits, d->quant.group, d->quant.residual);
     for (int i = 0; i < d->n_quant; i++) printf(" %d", d->quant_layers[i]);
     printf("\nsparse layers (budget %g, C %d, sink %d, window %d):",
-           d->budget ? (double)d->budget : d->budget_frac, d->channels, d->sink, d->window);
+           d->sparse.topk ? (double)d->sparse.topk : d->sparse.topk_frac, d->sparse.channels,
+           d->sparse.sink, d->sparse.window);
     for (int i = 0; i < d->n_sparse; i++) printf(" %d", d->sparse_layers[i]);
     printf("\n");
 }
@@ -75,22 +77,22 @@ int main(int argc, char **argv)
         case OPT_BUDGET: {
             double b = kv_cli_double("--budget", arg, 1e-9, 1 << 24);
             if (b < 1) {
-                p.budget = 0;
-                p.budget_frac = b;
+                p.sparse.topk = 0;
+                p.sparse.topk_frac = b;
             } else {
-                p.budget = (int)kv_cli_long("--budget", arg, 1, 1 << 24);
+                p.sparse.topk = (int)kv_cli_long("--budget", arg, 1, 1 << 24);
             }
             break;
         }
-        case OPT_CHANNELS: p.channels = (int)kv_cli_long("--channels", arg, 1, 65536); break;
+        case OPT_CHANNELS: p.sparse.channels = (int)kv_cli_long("--channels", arg, 1, 65536); break;
         case OPT_BITS:
-            p.bits = (int)kv_cli_long("--bits", arg, 1, 4);
-            if (p.bits == 3) kv_cli_usage_error("--bits must be 1, 2 or 4");
+            p.quant.bits = (int)kv_cli_long("--bits", arg, 1, 4);
+            if (p.quant.bits == 3) kv_cli_usage_error("--bits must be 1, 2 or 4");
             break;
-        case OPT_GROUP: p.group = (int)kv_cli_long("--group", arg, 1, 65536); break;
-        case OPT_RESIDUAL: p.residual = (int)kv_cli_long("--residual", arg, 0, 1L << 30); break;
-        case OPT_SINK: p.sink = (int)kv_cli_long("--sink", arg, 0, 1L << 24); break;
-        case OPT_WINDOW: p.window = (int)kv_cli_long("--window", arg, 0, 1L << 24); break;
+        case OPT_GROUP: p.quant.group = (int)kv_cli_long("--group", arg, 1, 65536); break;
+        case OPT_RESIDUAL: p.quant.residual = (int)kv_cli_long("--residual", arg, 0, 1L << 30); break;
+        case OPT_SINK: p.sparse.sink = (int)kv_cli_long("--sink", arg, 0, 1L << 24); break;
+        case OPT_WINDOW: p.sparse.window = (int)kv_cli_long("--window", arg, 0, 1L << 24); break;
         case OPT_SVG: svg = arg; break;
         case OPT_JSON: json = true; break;
         }
@@ -118,10 +120,10 @@ int main(int argc, char **argv)
         kv_progress("profiling %s (%d of %d)", argv[i], i - optind_ + 1, argc - optind_);
         if ((st = kvc_open(argv[i], &f)) || (st = kv_profile_add(&acc, f, &p))) {
             rc = kv_report(st, "%s", argv[i]);
-            kvc_free(f);
+            kvc_close(f);
             goto done;
         }
-        kvc_free(f);
+        kvc_close(f);
     }
     kv_progress_done();
     kv_profile_finish(&acc);
@@ -143,6 +145,6 @@ int main(int argc, char **argv)
 done:
     if (svg_open) kv_outfile_abort(&svg_out);
     kv_deploy_clear(&dep);
-    kv_profile_free(&acc);
+    kv_profile_clear(&acc);
     return rc;
 }

@@ -9,18 +9,19 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 #include "policy/kv_deploy.h"
 #include "quant/kv_quant.h"
 #include "format/kvc.h"
 
 enum {
     OPT_METHOD = 256, OPT_BITS, OPT_GROUP, OPT_RESIDUAL, OPT_WINDOW, OPT_SALIENT, OPT_PROFILE,
-    OPT_LAYERS, OPT_REPORT, OPT_DECODE = 'd', OPT_OUT = 'o'
+    OPT_LAYERS, OPT_REPORT, OPT_ZSTD, OPT_DECODE = 'd', OPT_OUT = 'o'
 };
 
 static const kv_option opts[] = {
     {OPT_METHOD, 0, "method", "M", "kivi (default) or dsq"},
-    {OPT_BITS, 0, "bits", "B", "bits per code: 1, 2 or 4 (kivi default 1, dsq non-salient 2)"},
+    {OPT_BITS, 'b', "bits", "B", "bits per code: 1, 2 or 4 (kivi default 1, dsq non-salient 2)"},
     {OPT_GROUP, 0, "group", "G", "KIVI group size (64); DSQ channels per group (32)"},
     {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
     {OPT_WINDOW, 0, "window", "W", "DSQ tokens per window (64)"},
@@ -29,6 +30,7 @@ static const kv_option opts[] = {
     {OPT_LAYERS, 0, "layers", "LIST", "quantize only these layers, e.g. 0,2,4-7"},
     {OPT_DECODE, 'd', "decode", NULL, "decode every layer to a plain F16 .kvc"},
     {OPT_OUT, 'o', "output", "FILE", "write the .kvc to FILE (default stdout)"},
+    {OPT_ZSTD, 0, "zstd", "N", "compress the output .kvc with zstd at level N (1-19)"},
     {OPT_REPORT, 0, "report", "FILE|-", "write a JSON report (bytes, ratio, errors)"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -46,7 +48,7 @@ int main(int argc, char **argv)
     long bits = -1, group = -1, residual = -1, window = -1; /* -1: not given */
     double salient = -1;
     bool decode = false;
-    int c, optind_;
+    int c, optind_, zstd_level = 0;
     while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
         switch (c) {
         case OPT_METHOD:
@@ -54,6 +56,7 @@ int main(int argc, char **argv)
                 kv_cli_usage_error("--method must be kivi or dsq, not '%s'", arg);
             method = arg;
             break;
+        case OPT_ZSTD: zstd_level = (int)kv_cli_long("--zstd", arg, 1, 19); break;
         case OPT_BITS:
             bits = kv_cli_long("--bits", arg, 1, 4);
             if (bits == 3) kv_cli_usage_error("--bits must be 1, 2 or 4");
@@ -112,10 +115,10 @@ int main(int argc, char **argv)
         }
         kv_deploy_quant_mask(&dep, g->n_layers, sel);
         o.layers = sel;
-        o.kivi = (kv_kivi_params){dep.bits, dep.group, dep.residual};
-        if (!method && dep.quant_kind == KV_POL_DSQ) o.method = KV_ENC_DSQ;
-        dsq_window = dep.dsq_window;
-        dsq_salient = dep.dsq_salient;
+        o.kivi = (kv_kivi_params){dep.quant.bits, dep.quant.group, dep.quant.residual};
+        if (!method && dep.quant.kind == KV_POL_DSQ) o.method = KV_ENC_DSQ;
+        dsq_window = dep.quant.dsq_window;
+        dsq_salient = dep.quant.dsq_salient;
     } else if (layers) {
         if ((st = kv_layer_list_parse(layers, g->n_layers, sel)))
             kv_cli_usage_error("--layers: %s", kv_errdetail());
@@ -169,7 +172,7 @@ int main(int argc, char **argv)
             goto done;
         }
     }
-    if ((st = kvc_writer_write(w, out_path, 0))) {
+    if ((st = kvc_writer_write(w, out_path, zstd_level))) {
         rc = kv_report(st, "%s", strcmp(out_path, "-") ? out_path : "stdout");
         goto done;
     }
@@ -183,10 +186,10 @@ int main(int argc, char **argv)
     }
 done:
     if (rep_open) kv_outfile_abort(&rep_out);
-    kv_quant_report_free(&rep);
+    kv_quant_report_clear(&rep);
     kv_deploy_clear(&dep);
     kvc_writer_free(w);
     free(sel);
-    kvc_free(in);
+    kvc_close(in);
     return rc;
 }

@@ -1,30 +1,39 @@
 /*
- * fp16 flash-decoding attention (see attn_f16.cuh): grid (kv_heads, nsplit),
- * every block a contiguous token range of one KV head; the split count is
- * chosen so that the grid is about one full wave of resident blocks, each
- * with several 16-byte K and V loads in flight per lane.
+ * fp16 flash-decoding attention (see attn_f16.cuh): grid (query-head
+ * groups, nsplit), every block a contiguous token range of one KV head for
+ * HPG of its query heads; the split count is chosen so that the grid is
+ * about one full wave of resident blocks, each with several 16-byte K and V
+ * loads in flight per lane.  HPG is the query group n_heads / kv_heads when
+ * that is 1, 2, 4 or 8 (K and V read once); for a group of 3, 5, 6 or 7 it
+ * is the largest of those dividing it, and the KV head's rows are read once
+ * per HPG heads.  Head dims 8 to 256 (powers of two): a token row is D/8
+ * lanes of 16 bytes.  The query is fp16 or float32 (TQ): only its load into
+ * shared memory differs.
  */
 #include "attn_f16.cuh"
 
-#include <stdlib.h>
+static __device__ __forceinline__ float kv_q_float(__half x) { return __half2float(x); }
+static __device__ __forceinline__ float kv_q_float(float x) { return x; }
 
-template <int D, int HPG, bool PF, int U = KV_F16_UNROLL>
+template <int D, int HPG, bool PF, int U = KV_F16_UNROLL, typename TQ = __half>
 __global__ void __launch_bounds__(KV_F16_THREADS)
-    attn_f16_split(const __half *__restrict__ q, const __half *__restrict__ k,
+    attn_f16_split(const void *__restrict__ qv, const __half *__restrict__ k,
                    const __half *__restrict__ v, float *__restrict__ part, int T,
-                   long long head_stride, int tokens_per_split, float qscale)
+                   long long head_stride, int tokens_per_split, float qscale, int group)
 {
+    const TQ *__restrict__ q = static_cast<const TQ *>(qv);
     __shared__ float qs[HPG * D];
     __shared__ float scratch[kv_f16_smem_floats(D, HPG)];
     kv_pdl_launch_next();
     kv_pdl_wait(); /* q and the newest K/V row come from the kernel before */
-    const int kvh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    /* blockIdx.x: the HPG query heads starting at blockIdx.x*HPG, of KV head kvh */
+    const int qg = blockIdx.x, kvh = qg * HPG / group, split = blockIdx.y, nsplit = gridDim.y;
     for (int i = threadIdx.x; i < HPG * D; i += KV_F16_THREADS)
-        qs[i] = __half2float(q[(size_t)kvh * HPG * D + i]) * qscale;
+        qs[i] = kv_q_float(q[(size_t)qg * HPG * D + i]) * qscale;
     __syncthreads();
     int t0 = split * tokens_per_split, t1 = min(T, t0 + tokens_per_split);
     kv_f16_block_partial<D, HPG, PF, U>(qs, k + (size_t)kvh * head_stride,
-                                     v + (size_t)kvh * head_stride, t0, t1, part, kvh, split, nsplit,
+                                     v + (size_t)kvh * head_stride, t0, t1, part, qg, split, nsplit,
                                      scratch);
 }
 
@@ -33,11 +42,12 @@ __global__ void __launch_bounds__(KV_F16_THREADS)
  * the warps are summed.  Every loop has independent loads, so a few hundred
  * splits cost a few memory latencies rather than one per split. */
 #define KV_COMBINE_THREADS 128
+template <int NJ> /* channels per lane: lane + 32j, j < NJ, so D <= 32 NJ */
 __global__ void __launch_bounds__(KV_COMBINE_THREADS)
     attn_combine(const float *__restrict__ part, int D, int nsplit, float *__restrict__ out)
 {
     __shared__ float red[KV_COMBINE_THREADS / 32];
-    __shared__ float acc_sm[KV_COMBINE_THREADS / 32][128];
+    __shared__ float acc_sm[KV_COMBINE_THREADS / 32][32 * NJ];
     kv_pdl_launch_next();
     kv_pdl_wait();
     const int qh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -54,18 +64,20 @@ __global__ void __launch_bounds__(KV_COMBINE_THREADS)
     __syncthreads();
 
     float L = 0.0f;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* channels lane + 32j, D <= 128 */
+    float acc[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) acc[j] = 0.0f;
 #pragma unroll 4
     for (int s = warp; s < nsplit; s += KV_COMBINE_THREADS / 32) {
         const float *r = rec + s * stride;
         float f = kv_exp2_diff(r[0], M);
         L += r[1] * f;
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
             if (lane + 32 * j < D) acc[j] += r[2 + lane + 32 * j] * f;
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < NJ; j++)
         if (lane + 32 * j < D) acc_sm[warp][lane + 32 * j] = acc[j];
     if (lane == 0) red[warp] = L;
     __syncthreads();
@@ -77,90 +89,116 @@ __global__ void __launch_bounds__(KV_COMBINE_THREADS)
 cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, float *out,
                             cudaStream_t stream)
 {
-    CUDA_CHECK(kv_launch(2, attn_combine, dim3(n_heads), dim3(KV_COMBINE_THREADS), 0, stream, part, D,
-                         nsplit, out));
+    if (D <= 128)
+        CUDA_CHECK(kv_launch(2, attn_combine<4>, dim3(n_heads), dim3(KV_COMBINE_THREADS), 0, stream,
+                             part, D, nsplit, out));
+    else
+        CUDA_CHECK(kv_launch(2, attn_combine<8>, dim3(n_heads), dim3(KV_COMBINE_THREADS), 0, stream,
+                             part, D, nsplit, out));
     return cudaSuccess;
 }
 
 // --- split choice and dispatch ---------------------------------------------------
 
-static bool f16_dims_ok(const kv_cuda_attn_dims *d)
+static bool f16_dims_ok(const kv_attn_dims *d)
 {
-    if (!d || d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads || d->T < 1)
+    if (!d || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1)
         return false;
-    int hpg = d->n_heads / d->kv_heads;
-    if (hpg != 1 && hpg != 2 && hpg != 4 && hpg != 8) return false;
-    if (d->head_dim != 64 && d->head_dim != 128) return false;
+    if (d->n_heads / d->n_kv_heads > 8) return false;
+    int D = d->head_dim;
+    if (D != 8 && D != 16 && D != 32 && D != 64 && D != 128 && D != 256) return false;
     return d->head_stride >= (long long)d->T * d->head_dim;
 }
 
-typedef void (*f16_kernel)(const __half *, const __half *, const __half *, float *, int,
-                           long long, int, float);
-
-/* The single-buffered loop is the default: on the H200 (2026-11-29) it ran
- * 164 us at 128k against 216 us for the prefetching loop, whose extra
- * registers cost a resident block per SM.  KV_F16_PREFETCH=1 in the
- * environment selects the prefetching loop (kept for measurement). */
-static bool f16_prefetch(void)
+/* Query heads per block: the largest of 8, 4, 2, 1 that divides the group. */
+static int f16_hpg(int group)
 {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KV_F16_PREFETCH");
-        v = e ? atoi(e) != 0 : 0;
+    return group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+}
+
+typedef void (*f16_kernel)(const void *, const __half *, const __half *, float *, int,
+                           long long, int, float, int);
+
+/* The instance for (D, HPG) and the tuning (kv_cuda_tuning: the defaults
+ * are the measured-faster loop, docs/BENCHMARKS.md, Kernels): the
+ * single-buffered loop (on the H200, 2026-11-29, 164 us at 128k against
+ * 216 us for the prefetching loop, whose extra registers cost a resident
+ * block per SM) with 4 rows in flight; f16_prefetch selects the
+ * prefetching loop (D 64 and 128), f16_unroll = 8 an instance of the Llama
+ * geometry (D 128, 4 heads) with 8 K and 8 V rows in flight per lane; a
+ * float32 query has the default loop only.  *slot: a small index of the
+ * instance, for the occupancy cache. */
+static f16_kernel f16_pick(int D, int hpg, bool qf32, int *slot, int *unroll)
+{
+    const kv_cuda_tuning *tu = kv_cuda_get_tuning();
+    const bool pf = tu->f16_prefetch != 0;
+    *unroll = KV_F16_UNROLL;
+    if (qf32) {
+        int i = 33;
+#define KV_F16_PICK_Q32(DD, HH)                                                     \
+    if (D == DD && hpg == HH) {                                                     \
+        *slot = i;                                                                  \
+        return attn_f16_split<DD, HH, false, KV_F16_UNROLL, float>;                 \
+    }                                                                               \
+    i++;
+        KV_F16_PICK_Q32(128, 4) KV_F16_PICK_Q32(128, 8) KV_F16_PICK_Q32(128, 2) KV_F16_PICK_Q32(128, 1)
+        KV_F16_PICK_Q32(64, 4) KV_F16_PICK_Q32(64, 8) KV_F16_PICK_Q32(64, 2) KV_F16_PICK_Q32(64, 1)
+        KV_F16_PICK_Q32(256, 4) KV_F16_PICK_Q32(256, 8) KV_F16_PICK_Q32(256, 2) KV_F16_PICK_Q32(256, 1)
+        KV_F16_PICK_Q32(32, 4) KV_F16_PICK_Q32(32, 8) KV_F16_PICK_Q32(32, 2) KV_F16_PICK_Q32(32, 1)
+        KV_F16_PICK_Q32(16, 4) KV_F16_PICK_Q32(16, 8) KV_F16_PICK_Q32(16, 2) KV_F16_PICK_Q32(16, 1)
+        KV_F16_PICK_Q32(8, 4) KV_F16_PICK_Q32(8, 8) KV_F16_PICK_Q32(8, 2) KV_F16_PICK_Q32(8, 1)
+#undef KV_F16_PICK_Q32
+        return nullptr;
     }
-    return v != 0;
-}
-
-/* Measurement knobs, read once: KV_F16_UNROLL=8 selects an instance of the
- * Llama geometry (D 128, 4 query heads per KV head) with 8 K and 8 V rows in
- * flight per lane instead of 4; KV_F16_WAVES=n sizes the grid for n waves of
- * resident blocks instead of one. */
-static int f16_env(const char *name, int dflt)
-{
-    const char *e = getenv(name);
-    return e ? atoi(e) : dflt;
-}
-
-static f16_kernel f16_pick(int D, int hpg, bool pf, int *slot)
-{
-    static int u8 = -1;
-    if (u8 < 0) u8 = f16_env("KV_F16_UNROLL", KV_F16_UNROLL) == 8;
-    if (u8 && D == 128 && hpg == 4 && !pf) {
-        *slot = 16;
+    if (tu->f16_unroll == 8 && D == 128 && hpg == 4 && !pf) {
+        *slot = 0;
+        *unroll = 8;
         return attn_f16_split<128, 4, false, 8>;
     }
-    int i = 0;
-#define KV_F16_PICK(DD, HH)                                                      \
-    if (D == DD && hpg == HH) {                                                  \
-        *slot = 2 * i + pf;                                                      \
-        return pf ? attn_f16_split<DD, HH, true> : attn_f16_split<DD, HH, false>; \
-    }                                                                            \
+    int i = 1;
+#define KV_F16_PICK_PF(DD, HH)                                                      \
+    if (D == DD && hpg == HH) {                                                     \
+        *slot = i + pf;                                                             \
+        return pf ? attn_f16_split<DD, HH, true> : attn_f16_split<DD, HH, false>;   \
+    }                                                                               \
+    i += 2;
+#define KV_F16_PICK(DD, HH)                                                         \
+    if (D == DD && hpg == HH) {                                                     \
+        *slot = i;                                                                  \
+        return attn_f16_split<DD, HH, false>;                                       \
+    }                                                                               \
     i++;
-    KV_F16_PICK(128, 4) KV_F16_PICK(128, 8) KV_F16_PICK(128, 2) KV_F16_PICK(128, 1)
-    KV_F16_PICK(64, 4) KV_F16_PICK(64, 8) KV_F16_PICK(64, 2) KV_F16_PICK(64, 1)
+    KV_F16_PICK_PF(128, 4) KV_F16_PICK_PF(128, 8) KV_F16_PICK_PF(128, 2) KV_F16_PICK_PF(128, 1)
+    KV_F16_PICK_PF(64, 4) KV_F16_PICK_PF(64, 8) KV_F16_PICK_PF(64, 2) KV_F16_PICK_PF(64, 1)
+    KV_F16_PICK(256, 4) KV_F16_PICK(256, 8) KV_F16_PICK(256, 2) KV_F16_PICK(256, 1)
+    KV_F16_PICK(32, 4) KV_F16_PICK(32, 8) KV_F16_PICK(32, 2) KV_F16_PICK(32, 1)
+    KV_F16_PICK(16, 4) KV_F16_PICK(16, 8) KV_F16_PICK(16, 2) KV_F16_PICK(16, 1)
+    KV_F16_PICK(8, 4) KV_F16_PICK(8, 8) KV_F16_PICK(8, 2) KV_F16_PICK(8, 1)
 #undef KV_F16_PICK
+#undef KV_F16_PICK_PF
     return nullptr;
 }
+#define KV_F16_SLOTS 57
 
-/* Tokens per split and split count: about one wave of resident blocks (from
- * the occupancy of the instance, cached), a whole number of block steps. */
-static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *tps_out,
+/* Tokens per split and split count: about f16_waves waves of resident
+ * blocks (from the occupancy of the instance, cached), a whole number of
+ * block steps. */
+static cudaError_t f16_plan(const kv_attn_dims *d, bool qf32, f16_kernel *kern, int *tps_out,
                             int *nsplit_out)
 {
-    static thread_local int occ[17] = {0};
-    int slot = 0;
-    f16_kernel k = f16_pick(d->head_dim, d->n_heads / d->kv_heads, f16_prefetch(), &slot);
-    if (!k) return cudaErrorInvalidValue;
+    static thread_local int occ[KV_F16_SLOTS] = {0};
+    int slot = 0, unroll = KV_F16_UNROLL;
+    const int hpg = f16_hpg(d->n_heads / d->n_kv_heads), nqg = d->n_heads / hpg;
+    f16_kernel k = f16_pick(d->head_dim, hpg, qf32, &slot, &unroll);
+    KV_CHECK_ARGS(k != nullptr);
     if (!occ[slot]) {
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, KV_F16_THREADS, 0));
         occ[slot] = per_sm < 1 ? 1 : per_sm;
     }
-    static int waves = -1;
-    if (waves < 0) waves = f16_env("KV_F16_WAVES", 1) < 1 ? 1 : f16_env("KV_F16_WAVES", 1);
-    int step = kv_f16_block_step(d->head_dim, slot == 16 ? 8 : KV_F16_UNROLL);
-    int target_blocks = occ[slot] * kv_cuda_sm_count() * waves;
-    int nsplit = (target_blocks + d->kv_heads - 1) / d->kv_heads;
+    int step = kv_f16_block_step(d->head_dim, unroll);
+    int target_blocks = occ[slot] * kv_cuda_sm_count() * kv_cuda_get_tuning()->f16_waves;
+    int nsplit = (target_blocks + nqg - 1) / nqg;
     int tps = (d->T + nsplit - 1) / nsplit;
     tps = (tps + step - 1) / step * step;
     if (tps < step) tps = step;
@@ -170,31 +208,55 @@ static cudaError_t f16_plan(const kv_cuda_attn_dims *d, f16_kernel *kern, int *t
     return cudaSuccess;
 }
 
-extern "C" size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d)
+static size_t f16_workspace(const kv_attn_dims *d, bool qf32)
 {
     f16_kernel k;
     int tps, nsplit;
-    if (!f16_dims_ok(d) || f16_plan(d, &k, &tps, &nsplit) != cudaSuccess) return 0;
+    if (!f16_dims_ok(d) || f16_plan(d, qf32, &k, &tps, &nsplit) != cudaSuccess) return 0;
     return (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q,
+/* After the launcher's argument check (which names the launcher). */
+static cudaError_t f16_attend(const kv_attn_dims *d, bool qf32, const void *q,
+                              const uint16_t *k, const uint16_t *v, float *out, void *ws,
+                              cudaStream_t stream)
+{
+    f16_kernel kern;
+    int tps, nsplit;
+    CUDA_CHECK(f16_plan(d, qf32, &kern, &tps, &nsplit));
+    const int group = d->n_heads / d->n_kv_heads, hpg = f16_hpg(group);
+    float *part = static_cast<float *>(ws);
+    CUDA_CHECK(kv_launch(2, kern, dim3(d->n_heads / hpg, nsplit), dim3(KV_F16_THREADS), 0, stream,
+                         q, reinterpret_cast<const __half *>(k),
+                         reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
+                         d->scale * KV_LOG2E, group));
+    return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
+}
+
+extern "C" size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d)
+{
+    return f16_workspace(d, false);
+}
+
+extern "C" size_t kv_cuda_attn_f16_q32_workspace(const kv_attn_dims *d)
+{
+    return f16_workspace(d, true);
+}
+
+extern "C" cudaError_t kv_cuda_attn_f16(const kv_attn_dims *d, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, float *out,
                                         void *ws, size_t ws_bytes, cudaStream_t stream)
 {
-    if (!f16_dims_ok(d) || !q || !k || !v || !out || !ws ||
-        ws_bytes < kv_cuda_attn_f16_workspace(d)) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_attn_f16 argument check", __FILE__,
-                       __LINE__);
-        return cudaErrorInvalidValue;
-    }
-    f16_kernel kern;
-    int tps, nsplit;
-    CUDA_CHECK(f16_plan(d, &kern, &tps, &nsplit));
-    float *part = static_cast<float *>(ws);
-    CUDA_CHECK(kv_launch(2, kern, dim3(d->kv_heads, nsplit), dim3(KV_F16_THREADS), 0, stream,
-                         reinterpret_cast<const __half *>(q), reinterpret_cast<const __half *>(k),
-                         reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,
-                         d->scale * KV_LOG2E));
-    return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
+    KV_CHECK_ARGS(f16_dims_ok(d) && q && k && v && out && ws &&
+                  ws_bytes >= f16_workspace(d, false));
+    return f16_attend(d, false, q, k, v, out, ws, stream);
+}
+
+extern "C" cudaError_t kv_cuda_attn_f16_q32(const kv_attn_dims *d, const float *q,
+                                            const uint16_t *k, const uint16_t *v, float *out,
+                                            void *ws, size_t ws_bytes, cudaStream_t stream)
+{
+    KV_CHECK_ARGS(f16_dims_ok(d) && q && k && v && out && ws &&
+                  ws_bytes >= f16_workspace(d, true));
+    return f16_attend(d, true, q, k, v, out, ws, stream);
 }

@@ -1,9 +1,10 @@
 /*
  * fp16 decode attention, flash-decoding style: the device function that one
  * block runs over a token range of one KV head (all of that head's query
- * heads at once, so K and V are read once), and the combine pass that merges
- * the blocks' partials.  The packed KIVI kernel reuses both for its fp16
- * residual tokens.
+ * heads at once, so K and V are read once), the merge of a block's warps
+ * into one partial record, and the combine pass that merges the blocks'
+ * partials.  The packed KIVI kernels reuse all three (the block partial for
+ * their fp16 residual tokens).
  *
  * Partial record per (query head, split): [max, sum, out[0..D-1]], in the
  * exp2 domain (the query is prescaled by scale*log2(e)), out unnormalized.
@@ -40,6 +41,43 @@ __device__ __forceinline__ void kv_softmax_merge(float &m, float &l, float (&acc
 #pragma unroll
     for (int i = 0; i < N; i++) acc[i] = acc[i] * ca + accb[i] * cb;
     m = mn;
+}
+
+/*
+ * The epilogue every split-K decode kernel here shares (the fp16 blocks and
+ * both packed KIVI kernels): merge the NW partial softmax states (m, l, acc)
+ * that the warps of a block left in shared memory into one record per query
+ * head, in the exp2 domain:
+ *   M = max_w m_w,  L = sum_w l_w 2^(m_w - M),  O = sum_w acc_w 2^(m_w - M).
+ * State w of head h: (m, l) at ml[(w*HPG + h)*2 + {0, 1}], acc (D) at
+ * o + w*o_stride + h*D.  Head h's record [M, L, O (D)] goes to
+ * part + ((head0 + h)*nsplit + split)*(D + 2).  All NT threads of the block
+ * call it after a __syncthreads.
+ */
+template <int D, int HPG, int NW, int NT>
+__device__ __forceinline__ void kv_softmax_merge_store(const float *ml, const float *o,
+                                                       int o_stride, float *__restrict__ part,
+                                                       int head0, int split, int nsplit)
+{
+    for (int idx = threadIdx.x; idx < HPG * D; idx += NT) {
+        int h = idx / D, c = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, ml[(w * HPG + h) * 2]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            float f = kv_exp2_diff(ml[(w * HPG + h) * 2], M);
+            L += ml[(w * HPG + h) * 2 + 1] * f;
+            O += o[w * o_stride + h * D + c] * f;
+        }
+        float *rec = part + ((size_t)(head0 + h) * nsplit + split) * (D + 2);
+        if (c == 0) {
+            rec[0] = M;
+            rec[1] = L;
+        }
+        rec[2 + c] = O;
+    }
 }
 
 /* Issue the U K and V row loads of one warp step starting at token base. */
@@ -198,26 +236,9 @@ __device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half 
         }
     }
     __syncthreads();
-    /* Merge the warps and write one record per query head. */
-    for (int idx = threadIdx.x; idx < HPG * D; idx += KV_F16_THREADS) {
-        int h = idx / D, c = idx % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < KV_F16_WARPS; w++) M = fmaxf(M, sm_ml[w][h][0]);
-        float L = 0.0f, O = 0.0f;
-#pragma unroll
-        for (int w = 0; w < KV_F16_WARPS; w++) {
-            float f = kv_exp2_diff(sm_ml[w][h][0], M);
-            L += sm_ml[w][h][1] * f;
-            O += sm_o[w][h][c] * f;
-        }
-        float *rec = part + ((size_t)(kvh * HPG + h) * nsplit + split) * (D + 2);
-        if (c == 0) {
-            rec[0] = M;
-            rec[1] = L;
-        }
-        rec[2 + c] = O;
-    }
+    kv_softmax_merge_store<D, HPG, KV_F16_WARPS, KV_F16_THREADS>(&sm_ml[0][0][0], &sm_o[0][0][0],
+                                                                HPG * D, part, kvh * HPG, split,
+                                                                nsplit);
 }
 
 /* Merge nsplit partial records per query head into out (n_heads, D). */

@@ -4,14 +4,12 @@
  * take a run of key groups (warps interleave groups), the rest attend the
  * fp16 residual tokens with the dense device code of attn_f16.cuh; every
  * block writes one partial record per query head and kv_attn_combine merges.
- * Two kernels: attn_kivi_split (v1, any group 32/64) and attn_kivi2_split
- * (v2, group 64, the default there: fewer instructions and half the value
- * MMAs; docs/bench/kernels.md has the measurements of both and of v2's
- * variants).
+ * Two kernels: attn_kivi_split (v1, group 32) and attn_kivi2_split (v2,
+ * group 64: fewer instructions and half the value MMAs; docs/BENCHMARKS.md,
+ * Kernels, has the measurements of both and of v2's variants).  Both end in
+ * kv_softmax_merge_store (attn_f16.cuh), the epilogue the fp16 blocks share.
  */
 #include "attn_kivi.cuh"
-
-#include <stdlib.h>
 
 #ifndef KV_KIVI2_MINB
 #define KV_KIVI2_MINB 4 /* resident blocks per SM the v2 instances are compiled for */
@@ -319,25 +317,9 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         ml_sm[warp][hh][1] = l_run;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < HPG * D; idx += KV_KIVI_THREADS) {
-        int h = idx / D, c = idx % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < KV_KIVI_WARPS; w++) M = fmaxf(M, ml_sm[w][h][0]);
-        float L = 0.0f, Oc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < KV_KIVI_WARPS; w++) {
-            float f = kv_exp2_diff(ml_sm[w][h][0], M);
-            L += ml_sm[w][h][1] * f;
-            Oc += reinterpret_cast<const float *>(stage[0][w])[h * D + c] * f;
-        }
-        float *rec = a.part + ((size_t)(kvh * HPG + h) * a.nsplit + split) * (D + 2);
-        if (c == 0) {
-            rec[0] = M;
-            rec[1] = L;
-        }
-        rec[2 + c] = Oc;
-    }
+    kv_softmax_merge_store<D, HPG, KV_KIVI_WARPS, KV_KIVI_THREADS>(
+        &ml_sm[0][0][0], reinterpret_cast<const float *>(&stage[0][0][0]), C::TOTAL * 4, a.part,
+        kvh * HPG, split, a.nsplit);
 }
 
 // --- v2: cheaper unpack and fold, values on the channel axis ----------------------------
@@ -816,25 +798,9 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         ml_sm[warp][hh][1] = l_run;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < HPG * D; idx += KV_KIVI_THREADS) {
-        int h = idx / D, c = idx % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < KV_KIVI_WARPS; w++) M = fmaxf(M, ml_sm[w][h][0]);
-        float L = 0.0f, Oc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < KV_KIVI_WARPS; w++) {
-            float f = kv_exp2_diff(ml_sm[w][h][0], M);
-            L += ml_sm[w][h][1] * f;
-            Oc += reinterpret_cast<const float *>(stage[0][w])[h * D + c] * f;
-        }
-        float *rec = a.part + ((size_t)(kvh * HPG + h) * a.nsplit + split) * (D + 2);
-        if (c == 0) {
-            rec[0] = M;
-            rec[1] = L;
-        }
-        rec[2 + c] = Oc;
-    }
+    kv_softmax_merge_store<D, HPG, KV_KIVI_WARPS, KV_KIVI_THREADS>(
+        &ml_sm[0][0][0], reinterpret_cast<const float *>(&stage[0][0][0]), C::TOTAL * 4, a.part,
+        kvh * HPG, split, a.nsplit);
 }
 
 // --- host side ---------------------------------------------------------------------
@@ -842,47 +808,17 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
 typedef void (*kivi_kernel)(kivi_args);
 
 /* Instances are compiled for four resident blocks per SM (a 128-register
- * cap, no spills at head_dim 128).  KV_KIVI_MINB=1 in the environment selects
- * uncapped instances of the Llama geometry (kept for measurement). */
-static int kivi_minb(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KV_KIVI_MINB");
-        v = e ? atoi(e) : 4;
-    }
-    return v;
-}
-
-/* v2 (attn_kivi2_split) serves group 64; KV_KIVI_V1=1 in the environment
- * selects the v1 kernel for it again (kept for measurement). */
-static int kivi_v1(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KV_KIVI_V1");
-        v = e && atoi(e) == 1;
-    }
-    return v;
-}
-
-/* KV_KIVI2_VAR=n selects a v2 variant (VAR bits above) where an instance
- * of it is compiled: 3 for every geometry, the diagnostics for 1 bit and
- * 4 query heads per KV head. */
-static int kivi2_var(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("KV_KIVI2_VAR");
-        v = e ? atoi(e) : 0;
-    }
-    return v;
-}
-
+ * cap, no spills at head_dim 128).  Group 64 is served by v2; a variant of
+ * it (kv_cuda_tuning.kivi2_var, VAR bits above) where an instance of it is
+ * compiled: 3 for every geometry, the diagnostics for 1 bit and 4 query
+ * heads per KV head.  v1 serves group 32 (v2 is written for two value
+ * groups of 64 channels); at group 64 it measured slower than v2
+ * (docs/BENCHMARKS.md, Kernels: 63.8 against 50.7 us, 1 bit at 128k) and is
+ * no longer compiled there. */
 static kivi_kernel kivi_pick(int bits, int G, int hpg)
 {
-    if (G == 64 && !kivi_v1() && kivi2_var() != 0) {
-        const int var = kivi2_var();
+    const int var = kv_cuda_get_tuning()->kivi2_var;
+    if (G == 64 && var != 0) {
 #define KV_KIVI2_PICKV(B, H, V) \
     if (bits == B && hpg == H && var == V) return attn_kivi2_split<B, H, KV_KIVI2_MINB, V>;
         KV_KIVI2_PICKV(1, 4, 3) KV_KIVI2_PICKV(2, 4, 3) KV_KIVI2_PICKV(1, 2, 3)
@@ -894,22 +830,17 @@ static kivi_kernel kivi_pick(int bits, int G, int hpg)
         if (bits == 1 && hpg == 4 && var == 71) return attn_kivi2_split<1, 4, 3, 7>; /* 3 blocks/SM */
 #undef KV_KIVI2_PICKV
     }
-    if (G == 64 && !kivi_v1()) {
+    if (G == 64) {
 #define KV_KIVI2_PICK(B, H) \
     if (bits == B && hpg == H) return attn_kivi2_split<B, H, KV_KIVI2_MINB>;
         KV_KIVI2_PICK(1, 4) KV_KIVI2_PICK(2, 4) KV_KIVI2_PICK(1, 2) KV_KIVI2_PICK(2, 2)
         KV_KIVI2_PICK(1, 1) KV_KIVI2_PICK(2, 1)
 #undef KV_KIVI2_PICK
     }
-    if (kivi_minb() == 1) {
-        if (bits == 1 && G == 64 && hpg == 4) return attn_kivi_split<1, 64, 4, 1>;
-        if (bits == 2 && G == 64 && hpg == 4) return attn_kivi_split<2, 64, 4, 1>;
-    }
-#define KV_KIVI_PICK(B, GG, H) \
-    if (bits == B && G == GG && hpg == H) return attn_kivi_split<B, GG, H, 4>;
-    KV_KIVI_PICK(1, 64, 4) KV_KIVI_PICK(2, 64, 4) KV_KIVI_PICK(1, 32, 4) KV_KIVI_PICK(2, 32, 4)
-    KV_KIVI_PICK(1, 64, 2) KV_KIVI_PICK(2, 64, 2) KV_KIVI_PICK(1, 32, 2) KV_KIVI_PICK(2, 32, 2)
-    KV_KIVI_PICK(1, 64, 1) KV_KIVI_PICK(2, 64, 1) KV_KIVI_PICK(1, 32, 1) KV_KIVI_PICK(2, 32, 1)
+#define KV_KIVI_PICK(B, H) \
+    if (bits == B && G == 32 && hpg == H) return attn_kivi_split<B, 32, H, 4>;
+    KV_KIVI_PICK(1, 4) KV_KIVI_PICK(2, 4) KV_KIVI_PICK(1, 2) KV_KIVI_PICK(2, 2)
+    KV_KIVI_PICK(1, 1) KV_KIVI_PICK(2, 1)
 #undef KV_KIVI_PICK
     return nullptr;
 }
@@ -936,22 +867,22 @@ static cudaError_t kivi_occupancy(kivi_kernel k, int *per_sm)
     return cudaSuccess;
 }
 
-extern "C" int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
+extern "C" int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
-    if (!d || !prm || d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads || d->T < 1 ||
+    if (!d || !prm || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1 ||
         d->head_dim != KV_KIVI_D || prm->residual < 0)
         return 0;
-    return kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads) != nullptr;
+    return kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads) != nullptr;
 }
 
 struct kivi_plan {
     int nq, ng, nres, gps, nsplit_p, nsplit_r, res_tps;
 };
 
-static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *prm,
                                   kivi_plan *p)
 {
-    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
+    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads);
     int per_sm = 0;
     CUDA_CHECK(kivi_occupancy(k, &per_sm));
     p->nq = kv_kivi_nquant(d->T, prm->group, prm->residual);
@@ -959,8 +890,8 @@ static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_para
     p->nres = d->T - p->nq;
     p->res_tps = kv_f16_block_step(KV_KIVI_D);
     p->nsplit_r = (p->nres + p->res_tps - 1) / p->res_tps;
-    int target = per_sm * kv_cuda_sm_count() - d->kv_heads * p->nsplit_r;
-    int want = target / d->kv_heads;
+    int target = per_sm * kv_cuda_sm_count() - d->n_kv_heads * p->nsplit_r;
+    int want = target / d->n_kv_heads;
     if (want < 1) want = 1;
     if (p->ng > 0) {
         int gps = (p->ng + want - 1) / want;
@@ -973,29 +904,23 @@ static cudaError_t kivi_make_plan(const kv_cuda_attn_dims *d, const kv_kivi_para
     return cudaSuccess;
 }
 
-extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm)
+extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
     kivi_plan p;
     if (!kv_cuda_attn_kivi_supported(d, prm) || kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
     return (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_params *prm,
                                          const uint16_t *q, const kv_cuda_kivi_view *K,
                                          const kv_cuda_kivi_view *V, float *out, void *ws,
                                          size_t ws_bytes, cudaStream_t stream)
 {
-    if (!kv_cuda_attn_kivi_supported(d, prm) || !q || !K || !V || !out || !ws) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_attn_kivi argument check", __FILE__, __LINE__);
-        return cudaErrorInvalidValue;
-    }
+    KV_CHECK_ARGS(kv_cuda_attn_kivi_supported(d, prm) && q && K && V && out && ws);
     kivi_plan p;
     CUDA_CHECK(kivi_make_plan(d, prm, &p));
     int nsplit = p.nsplit_p + p.nsplit_r;
-    if (ws_bytes < (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float)) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_attn_kivi workspace size", __FILE__, __LINE__);
-        return cudaErrorInvalidValue;
-    }
+    KV_CHECK_ARGS(ws_bytes >= (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float));
     kivi_args a;
     a.q = reinterpret_cast<const __half *>(q);
     a.kc = K->codes;
@@ -1015,8 +940,8 @@ extern "C" cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_ki
     a.nsplit = nsplit;
     a.res_tps = p.res_tps;
     a.qscale = d->scale * KV_LOG2E;
-    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->kv_heads);
-    k<<<dim3(d->kv_heads, nsplit), KV_KIVI_THREADS, 0, stream>>>(a);
-    CUDA_CHECK_KERNEL("attn_kivi_split");
+    kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, k, dim3(d->n_kv_heads, nsplit), dim3(KV_KIVI_THREADS), 0,
+                         stream, a));
     return kv_attn_combine(a.part, d->n_heads, d->head_dim, nsplit, out, stream);
 }

@@ -1,8 +1,8 @@
 /*
- * Shared by every kernel file: the error check that records which statement
- * failed (statement, file, line, device) so that host code can report it
- * through kv_cuda_last_error(), small fp16 helpers and the tensor-core MMA
- * wrapper.  Launchers never print: they return the cudaError_t.
+ * Shared by every kernel file: the launch and error convention (which
+ * records the failing statement, file, line and device so that host code
+ * can report it through kv_cuda_last_error()), the kernel tuning knobs,
+ * small fp16 helpers and the tensor-core MMA wrapper.
  */
 #ifndef KV_KERNELS_COMMON_CUH
 #define KV_KERNELS_COMMON_CUH
@@ -10,12 +10,24 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kv_kernels.h"
 
-/* Remember the failing statement (thread-local); defined in common.cu. */
-void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line);
-
+/*
+ * The one convention of kernels/ for reporting failures (lib/gpu follows it
+ * through kv_cuda_fail, lib/gpu/kv_gpu_cuda.h):
+ *   every runtime call     CUDA_CHECK(cudaMemcpy2DAsync(...));
+ *   every kernel launch    CUDA_CHECK(kv_launch(KV_PDL_NONE, kernel, grid, block, smem, s,
+ *                                           args...));
+ *   every argument check   KV_CHECK_ARGS(n > 0 && (ld & 7) == 0);
+ * A failure records the statement text, file, line and device
+ * (kv_cuda_record, read back with kv_cuda_last_error()) and returns the
+ * cudaError_t; no launcher prints or synchronises.  Launching through
+ * kv_launch (cudaLaunchKernelEx) rather than <<<>>> returns the launch's own
+ * status, so a bad configuration or a missing kernel image is reported at
+ * the launch, not at the next synchronisation.
+ */
 #define CUDA_CHECK(stmt)                                                    \
     do {                                                                    \
         cudaError_t kv_e_ = (stmt);                                         \
@@ -25,15 +37,21 @@ void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line)
         }                                                                   \
     } while (0)
 
-/* After every launch (name is a string literal): a bad configuration or a
- * missing kernel image shows up here, not at the next synchronisation. */
-#define CUDA_CHECK_KERNEL(name)                                             \
-    do {                                                                    \
-        cudaError_t kv_e_ = cudaGetLastError();                             \
-        if (kv_e_ != cudaSuccess) {                                         \
-            kv_cuda_record(kv_e_, "launch of " name, __FILE__, __LINE__);   \
-            return kv_e_;                                                   \
-        }                                                                   \
+/* The record of a failed argument check names the launcher and the condition. */
+static inline void kv_cuda_record_args(const char *func, const char *cond, const char *file,
+                                       int line)
+{
+    char what[320];
+    snprintf(what, sizeof what, "argument check of %s (%s)", func, cond);
+    kv_cuda_record(cudaErrorInvalidValue, what, file, line);
+}
+
+#define KV_CHECK_ARGS(cond)                                                  \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            kv_cuda_record_args(__func__, #cond, __FILE__, __LINE__);        \
+            return cudaErrorInvalidValue;                                    \
+        }                                                                    \
     } while (0)
 
 static constexpr float KV_LOG2E = 1.4426950408889634f;
@@ -65,7 +83,9 @@ static __device__ __forceinline__ void kv_pdl_launch_next()
 }
 
 /* Launch kernel f on stream s, with programmatic dependent launch when
- * kv_cuda_pdl() is at least level; returns the launch status. */
+ * kv_cuda_pdl() is at least level (KV_PDL_NONE: never, for kernels not
+ * written for it); returns the launch status. */
+#define KV_PDL_NONE 3
 template <typename... P, typename... A>
 static cudaError_t kv_launch(int level, void (*f)(P...), dim3 grid, dim3 block, size_t smem,
                              cudaStream_t s, A &&...args)

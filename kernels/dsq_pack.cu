@@ -171,24 +171,20 @@ extern "C" cudaError_t kv_cuda_dsq_pack(kv_kivi_axis axis, const kv_dsq_params *
                                         int D, const uint16_t *x, const float *imp,
                                         const kv_cuda_dsq_out *out, cudaStream_t stream)
 {
-    if (!dsq_args_ok(p, H, T, D) || !x || !imp || !out) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_dsq_pack argument check", __FILE__, __LINE__);
-        return cudaErrorInvalidValue;
-    }
+    KV_CHECK_ARGS(dsq_args_ok(p, H, T, D) && x && imp && out);
     const int nw = kv_dsq_nwindows(T, p->window), gd = kv_kivi_vgroup(p->group, D);
     const __half *xh = reinterpret_cast<const __half *>(x);
     if (nw > 0) {
         size_t smem = (size_t)(p->window - p->salient) * D * sizeof(float);
         CUDA_CHECK(cudaFuncSetAttribute(dsq_pack_window_kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        dsq_pack_window_kernel<<<dim3(nw, H), D, smem, stream>>>(axis, p->window, p->salient, p->bits,
-                                                                 gd, T, D, nw, xh, imp, *out);
-        CUDA_CHECK_KERNEL("dsq_pack_window_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_pack_window_kernel, dim3(nw, H), dim3(D), smem,
+                             stream, axis, p->window, p->salient, p->bits, gd, T, D, nw, xh, imp,
+                             *out));
     }
     if (T > nw * p->window) {
-        dsq_resid_kernel<<<256, 256, 0, stream>>>(H, T, D, nw * p->window, xh, out->resid, nullptr,
-                                                  nullptr);
-        CUDA_CHECK_KERNEL("dsq_resid_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_resid_kernel, dim3(256), dim3(256), 0, stream, H, T,
+                             D, nw * p->window, xh, out->resid, nullptr, nullptr));
     }
     return cudaSuccess;
 }
@@ -197,20 +193,15 @@ extern "C" cudaError_t kv_cuda_dsq_unpack(kv_kivi_axis axis, const kv_dsq_params
                                           int D, const kv_cuda_dsq_view *in, float *out,
                                           cudaStream_t stream)
 {
-    if (!dsq_args_ok(p, H, T, D) || !in || !out) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_dsq_unpack argument check", __FILE__, __LINE__);
-        return cudaErrorInvalidValue;
-    }
+    KV_CHECK_ARGS(dsq_args_ok(p, H, T, D) && in && out);
     const int nw = kv_dsq_nwindows(T, p->window), gd = kv_kivi_vgroup(p->group, D);
     if (nw > 0) {
-        dsq_unpack_window_kernel<<<dim3(nw, H), D, 0, stream>>>(axis, p->window, p->salient, p->bits,
-                                                                gd, T, D, nw, *in, out);
-        CUDA_CHECK_KERNEL("dsq_unpack_window_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_unpack_window_kernel, dim3(nw, H), dim3(D), 0, stream,
+                             axis, p->window, p->salient, p->bits, gd, T, D, nw, *in, out));
     }
     if (T > nw * p->window) {
-        dsq_resid_kernel<<<256, 256, 0, stream>>>(H, T, D, nw * p->window, nullptr, nullptr,
-                                                  in->resid, out);
-        CUDA_CHECK_KERNEL("dsq_resid_kernel");
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_resid_kernel, dim3(256), dim3(256), 0, stream, H, T,
+                             D, nw * p->window, nullptr, nullptr, in->resid, out));
     }
     return cudaSuccess;
 }

@@ -1,7 +1,8 @@
 /*
  * eng_common: device helpers shared by the engine's kernels (CUDA only):
- * fp16/bf16 loads as float, 16-byte vector dot products, warp reductions,
- * and the launch-status idiom every launcher ends with.
+ * fp16/bf16 loads as float, 16-byte vector dot products and warp
+ * reductions.  Launchers follow common.cuh's convention (CUDA_CHECK around
+ * every kv_launch and runtime call, KV_CHECK_ARGS for argument checks).
  */
 #ifndef ENG_COMMON_CUH
 #define ENG_COMMON_CUH
@@ -12,9 +13,6 @@
 
 #include "common.cuh"
 #include "eng_ops.cuh"
-
-/* Every launcher returns the status of its launch. */
-#define ENG_LAUNCHED() return cudaGetLastError()
 
 struct eng_f16 {
     typedef __half T;

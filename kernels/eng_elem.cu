@@ -24,8 +24,8 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int n, float eps,
 extern "C" cudaError_t eng_rmsnorm(const float *x, const float *w, int n, float eps, float *o,
                                    cudaStream_t s)
 {
-    rmsnorm_kernel<<<1, 1024, 0, s>>>(x, w, n, eps, o);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, rmsnorm_kernel, dim3(1), dim3(1024), 0, s, x, w, n, eps, o));
+    return cudaSuccess;
 }
 
 __global__ void swiglu_kernel(const float *gu, int n, float *h)
@@ -39,8 +39,9 @@ __global__ void swiglu_kernel(const float *gu, int n, float *h)
 
 extern "C" cudaError_t eng_swiglu(const float *gu, int n, float *h, cudaStream_t s)
 {
-    swiglu_kernel<<<(n + 255) / 256, 256, 0, s>>>(gu, n, h);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, swiglu_kernel, dim3((n + 255) / 256), dim3(256), 0, s, gu, n,
+                         h));
+    return cudaSuccess;
 }
 
 // --- RoPE and the K/V store --------------------------------------------------
@@ -86,8 +87,10 @@ extern "C" cudaError_t eng_rope_store(float *q, uint16_t *q16, int nq_heads, flo
 {
     int npairs = (nq_heads + nkv) * hd / 2;
     unsigned blocks = (unsigned)((npairs + 255) / 256);
-    return kv_launch(2, rope_store_kernel, dim3(blocks), dim3(256), 0, s, q, (__half *)q16, nq_heads,
-                     k, v, nkv, hd, inv_freq, pos, (__half *)kdst, (__half *)vdst, head_stride);
+    CUDA_CHECK(kv_launch(2, rope_store_kernel, dim3(blocks), dim3(256), 0, s, q, (__half *)q16,
+                         nq_heads, k, v, nkv, hd, inv_freq, pos, (__half *)kdst, (__half *)vdst,
+                         head_stride));
+    return cudaSuccess;
 }
 
 // --- argmax --------------------------------------------------------------------
@@ -135,8 +138,8 @@ __global__ void argmax_kernel(const float *x, int n, int *out)
 
 extern "C" cudaError_t eng_argmax(const float *x, int n, int *out, cudaStream_t s)
 {
-    argmax_kernel<<<1, 1024, 0, s>>>(x, n, out);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, argmax_kernel, dim3(1), dim3(1024), 0, s, x, n, out));
+    return cudaSuccess;
 }
 
 // --- seeded fills ----------------------------------------------------------------
@@ -171,19 +174,19 @@ __global__ void fill_random_kernel(typename TT::T *x, size_t n, uint64_t seed, c
     }
 }
 
-extern "C" cudaError_t eng_fill_random(void *x, eng_dtype t, size_t n, uint64_t seed,
+extern "C" cudaError_t eng_fill_random(void *x, kv_dtype t, size_t n, uint64_t seed,
                                        const float *scale, int nscale, size_t stride,
                                        cudaStream_t s)
 {
     if (stride == 0) stride = 1;
     if (nscale <= 0) nscale = 1;
-    if (t == ENG_BF16)
-        fill_random_kernel<eng_bf16><<<1024, 256, 0, s>>>((__nv_bfloat16 *)x, n, seed, scale,
-                                                          nscale, stride);
+    if (t == KV_DT_BF16)
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, fill_random_kernel<eng_bf16>, dim3(1024), dim3(256), 0, s,
+                             (__nv_bfloat16 *)x, n, seed, scale, nscale, stride));
     else
-        fill_random_kernel<eng_f16><<<1024, 256, 0, s>>>((__half *)x, n, seed, scale, nscale,
-                                                         stride);
-    ENG_LAUNCHED();
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, fill_random_kernel<eng_f16>, dim3(1024), dim3(256), 0, s,
+                             (__half *)x, n, seed, scale, nscale, stride));
+    return cudaSuccess;
 }
 
 __global__ void fill_f32_kernel(float *x, size_t n, float value)
@@ -195,8 +198,8 @@ __global__ void fill_f32_kernel(float *x, size_t n, float value)
 
 extern "C" cudaError_t eng_fill_f32(float *x, size_t n, float value, cudaStream_t s)
 {
-    fill_f32_kernel<<<256, 256, 0, s>>>(x, n, value);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, fill_f32_kernel, dim3(256), dim3(256), 0, s, x, n, value));
+    return cudaSuccess;
 }
 
 // --- layouts for sparse layers ----------------------------------------------------
@@ -219,12 +222,13 @@ __global__ void to_rows_kernel(const uint16_t *k, const uint16_t *v, int nkv, in
 }
 
 extern "C" cudaError_t eng_to_row_layout(const void *k, const void *v, int nkv, int T, int ld,
-                                         int hd, eng_dtype t, void *rows, cudaStream_t s)
+                                         int hd, kv_dtype t, void *rows, cudaStream_t s)
 {
     (void)t;
-    to_rows_kernel<<<2048, 256, 0, s>>>((const uint16_t *)k, (const uint16_t *)v, nkv, T, ld, hd,
-                                        (uint16_t *)rows);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, to_rows_kernel, dim3(2048), dim3(256), 0, s,
+                         (const uint16_t *)k, (const uint16_t *)v, nkv, T, ld, hd,
+                         (uint16_t *)rows));
+    return cudaSuccess;
 }
 
 /* kcm (nkv, hd, ldc) from K (nkv, ld, hd): a 32x32 tile transpose per head. */
@@ -247,12 +251,13 @@ __global__ void to_cm_kernel(const uint16_t *k, int T, int ld, int hd, uint16_t 
 }
 
 extern "C" cudaError_t eng_to_channel_major(const void *k, int nkv, int T, int ld, int hd,
-                                            eng_dtype t, void *kcm, int ldc, cudaStream_t s)
+                                            kv_dtype t, void *kcm, int ldc, cudaStream_t s)
 {
     (void)t;
     dim3 grid((unsigned)((T + 31) / 32), (unsigned)((hd + 31) / 32), (unsigned)nkv);
-    to_cm_kernel<<<grid, dim3(32, 8), 0, s>>>((const uint16_t *)k, T, ld, hd, (uint16_t *)kcm, ldc);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, to_cm_kernel, grid, dim3(32, 8), 0, s, (const uint16_t *)k, T,
+                         ld, hd, (uint16_t *)kcm, ldc));
+    return cudaSuccess;
 }
 
 /* One block per (head, channel): max |k|, mean, then mean |k - mean|. */
@@ -283,17 +288,17 @@ __global__ void key_stats_kernel(const typename TT::T *k, int T, int ld, int hd,
     }
 }
 
-extern "C" cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+extern "C" cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                                      float *chmax, float *mean, float *mad, cudaStream_t s)
 {
     dim3 grid((unsigned)hd, (unsigned)nkv);
-    if (t == ENG_BF16)
-        key_stats_kernel<eng_bf16><<<grid, 512, 0, s>>>((const __nv_bfloat16 *)k, T, ld, hd, chmax,
-                                                        mean, mad);
+    if (t == KV_DT_BF16)
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, key_stats_kernel<eng_bf16>, grid, dim3(512), 0, s,
+                             (const __nv_bfloat16 *)k, T, ld, hd, chmax, mean, mad));
     else
-        key_stats_kernel<eng_f16><<<grid, 512, 0, s>>>((const __half *)k, T, ld, hd, chmax, mean,
-                                                       mad);
-    ENG_LAUNCHED();
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, key_stats_kernel<eng_f16>, grid, dim3(512), 0, s,
+                             (const __half *)k, T, ld, hd, chmax, mean, mad));
+    return cudaSuccess;
 }
 
 template <typename TT>
@@ -316,17 +321,17 @@ __global__ void sketch_build_kernel(const typename TT::T *k, int nkv, int T, int
     }
 }
 
-extern "C" cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+extern "C" cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                                         const float *mean, uint8_t *bits, cudaStream_t s)
 {
-    if (hd & 7) return cudaErrorInvalidValue;
-    if (t == ENG_BF16)
-        sketch_build_kernel<eng_bf16><<<2048, 256, 0, s>>>((const __nv_bfloat16 *)k, nkv, T, ld, hd,
-                                                           mean, bits);
+    KV_CHECK_ARGS((hd & 7) == 0);
+    if (t == KV_DT_BF16)
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, sketch_build_kernel<eng_bf16>, dim3(2048), dim3(256), 0,
+                             s, (const __nv_bfloat16 *)k, nkv, T, ld, hd, mean, bits));
     else
-        sketch_build_kernel<eng_f16><<<2048, 256, 0, s>>>((const __half *)k, nkv, T, ld, hd, mean,
-                                                          bits);
-    ENG_LAUNCHED();
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, sketch_build_kernel<eng_f16>, dim3(2048), dim3(256), 0, s,
+                             (const __half *)k, nkv, T, ld, hd, mean, bits));
+    return cudaSuccess;
 }
 
 __global__ void read_probe_kernel(const uint4 *p, size_t nv, unsigned *sink)
@@ -342,6 +347,7 @@ __global__ void read_probe_kernel(const uint4 *p, size_t nv, unsigned *sink)
 
 extern "C" cudaError_t eng_read_probe(const void *src, size_t n, unsigned *sink, cudaStream_t s)
 {
-    read_probe_kernel<<<132 * 8, 512, 0, s>>>((const uint4 *)src, n / 16, sink);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, read_probe_kernel, dim3(132 * 8), dim3(512), 0, s,
+                         (const uint4 *)src, n / 16, sink));
+    return cudaSuccess;
 }

@@ -109,36 +109,37 @@ gemv_kernel(const uint4 *__restrict__ W, int rows_out, int nv, const float4 *__r
 }
 
 template <bool NORM, bool GLU>
-static void launch_gemv(const void *W, eng_dtype t, int rows_out, int ld, const float *x,
+static cudaError_t launch_gemv(const void *W, kv_dtype t, int rows_out, int ld, const float *x,
                         const float *nw, int n_x, float eps, float *y, int accumulate,
                         cudaStream_t s)
 {
     dim3 grid((unsigned)((rows_out + GEMV_WARPS - 1) / GEMV_WARPS));
     const dim3 block(GEMV_WARPS * 32);
-    if (t == ENG_BF16)
-        kv_launch(1, gemv_kernel<eng_bf16, NORM, GLU>, grid, block, 0, s, (const uint4 *)W, rows_out,
-                  ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y, accumulate);
+    if (t == KV_DT_BF16)
+        CUDA_CHECK(kv_launch(1, gemv_kernel<eng_bf16, NORM, GLU>, grid, block, 0, s,
+                             (const uint4 *)W, rows_out, ld / 8, (const float4 *)x,
+                             (const float4 *)nw, n_x, eps, y, accumulate));
     else
-        kv_launch(1, gemv_kernel<eng_f16, NORM, GLU>, grid, block, 0, s, (const uint4 *)W, rows_out,
-                  ld / 8, (const float4 *)x, (const float4 *)nw, n_x, eps, y, accumulate);
+        CUDA_CHECK(kv_launch(1, gemv_kernel<eng_f16, NORM, GLU>, grid, block, 0, s,
+                             (const uint4 *)W, rows_out, ld / 8, (const float4 *)x,
+                             (const float4 *)nw, n_x, eps, y, accumulate));
+    return cudaSuccess;
 }
 
-extern "C" cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *x,
+extern "C" cudaError_t eng_gemv(const void *W, kv_dtype t, int rows, int ld, const float *x,
                                 float *y, int accumulate, cudaStream_t s)
 {
-    if (rows <= 0 || ld <= 0 || (ld & 7)) return cudaErrorInvalidValue;
-    launch_gemv<false, false>(W, t, rows, ld, x, NULL, 0, 0.0f, y, accumulate, s);
-    ENG_LAUNCHED();
+    KV_CHECK_ARGS(rows > 0 && ld > 0 && (ld & 7) == 0);
+    return launch_gemv<false, false>(W, t, rows, ld, x, NULL, 0, 0.0f, y, accumulate, s);
 }
 
-extern "C" cudaError_t eng_gemv_norm(const void *W, eng_dtype t, int rows, int ld, const float *x,
+extern "C" cudaError_t eng_gemv_norm(const void *W, kv_dtype t, int rows, int ld, const float *x,
                                      const float *nw, int n_x, float eps, float *y, int glu,
                                      cudaStream_t s)
 {
-    if (rows <= 0 || ld <= 0 || (ld & 7) || n_x > ld) return cudaErrorInvalidValue;
-    if (glu) launch_gemv<true, true>(W, t, rows, ld, x, nw, n_x, eps, y, 0, s);
-    else launch_gemv<true, false>(W, t, rows, ld, x, nw, n_x, eps, y, 0, s);
-    ENG_LAUNCHED();
+    KV_CHECK_ARGS(rows > 0 && ld > 0 && (ld & 7) == 0 && n_x <= ld);
+    if (glu) return launch_gemv<true, true>(W, t, rows, ld, x, nw, n_x, eps, y, 0, s);
+    return launch_gemv<true, false>(W, t, rows, ld, x, nw, n_x, eps, y, 0, s);
 }
 
 template <typename TT>
@@ -149,13 +150,15 @@ __global__ void embed_kernel(const typename TT::T *W, int ld, int n, const int *
         out[i] = TT::load(row + i);
 }
 
-extern "C" cudaError_t eng_embed(const void *W, eng_dtype t, int ld, int n, const int *tok,
+extern "C" cudaError_t eng_embed(const void *W, kv_dtype t, int ld, int n, const int *tok,
                                  float *out, cudaStream_t s)
 {
     unsigned blocks = (unsigned)((n + 255) / 256);
-    if (t == ENG_BF16)
-        embed_kernel<eng_bf16><<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)W, ld, n, tok, out);
+    if (t == KV_DT_BF16)
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, embed_kernel<eng_bf16>, dim3(blocks), dim3(256), 0, s,
+                             (const __nv_bfloat16 *)W, ld, n, tok, out));
     else
-        embed_kernel<eng_f16><<<blocks, 256, 0, s>>>((const __half *)W, ld, n, tok, out);
-    ENG_LAUNCHED();
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, embed_kernel<eng_f16>, dim3(blocks), dim3(256), 0, s,
+                             (const __half *)W, ld, n, tok, out));
+    return cudaSuccess;
 }

@@ -55,8 +55,9 @@ extern "C" cudaError_t eng_kivi_expand(const eng_kivi_layer *y, int T, uint16_t 
     if (n == 0) return cudaSuccess;
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    kivi_expand_kernel<<<(unsigned)blocks, 256, 0, s>>>(*y, T, k, v, ld);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_expand_kernel, dim3((unsigned)blocks), dim3(256), 0, s,
+                         *y, T, k, v, ld));
+    return cudaSuccess;
 }
 
 // --- DSQ ---------------------------------------------------------------------
@@ -119,8 +120,9 @@ extern "C" cudaError_t eng_dsq_expand(const eng_dsq_layer *y, int T, uint16_t *k
     if (n == 0) return cudaSuccess;
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    dsq_expand_kernel<<<(unsigned)blocks, 256, 0, s>>>(*y, T, k, v, ld);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_expand_kernel, dim3((unsigned)blocks), dim3(256), 0, s,
+                         *y, T, k, v, ld));
+    return cudaSuccess;
 }
 
 /* One block per KV head; its query heads in order, as the CPU policy adds
@@ -162,7 +164,7 @@ extern "C" cudaError_t eng_attn_importance(const float *q, const uint16_t *K, in
                                            float *scratch, float *imp, size_t imp_ld,
                                            cudaStream_t s)
 {
-    attn_importance_kernel<<<nkv, 256, 0, s>>>(q, K, nq_heads / nkv, hd, T, ld, scale, scratch,
-                                               imp, imp_ld);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, attn_importance_kernel, dim3(nkv), dim3(256), 0, s, q, K,
+                         nq_heads / nkv, hd, T, ld, scale, scratch, imp, imp_ld));
+    return cudaSuccess;
 }

@@ -1,13 +1,15 @@
 /*
  * eng_ops: the C launchers of the GPU engine's own kernels (kernels/eng_*.cu),
- * callable from lib/gpu/kv_gpu_engine.c.  Plain C declarations (extern "C" under
- * C++), so this header is included by both nvcc and the C compiler, and only
- * in CUDA builds (KV_HAVE_CUDA).  Every launcher enqueues on the given stream
- * and returns the launch status (cudaGetLastError after the launch); none
- * synchronises.
+ * callable from lib/gpu (the engine's core and placements).  Plain C
+ * declarations (extern "C" under C++), so this header is included by both
+ * nvcc and the C compiler, and only in CUDA builds (KV_HAVE_CUDA).  Every
+ * launcher enqueues on the given stream and returns the status of its
+ * launch, having recorded any failure (kv_cuda_last_error names the
+ * statement, file, line and device); none synchronises.  The engine's fp16
+ * attention is kv_cuda_attn_f16 (kv_kernels.h).
  *
  * Conventions: activations are float32 on the device; weights and KV are
- * fp16 or bf16 (eng_dtype); "ld" is a row pitch in elements; shapes are in
+ * fp16 or bf16 (kv_dtype); "ld" is a row pitch in elements; shapes are in
  * the comments as (outer, ..., inner).
  */
 #ifndef ENG_OPS_CUH
@@ -15,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/kv_dtype.h" /* kv_dtype: KV_DT_F16, KV_DT_BF16 */
 
 #include <cuda_runtime_api.h>
 
@@ -22,14 +25,12 @@
 extern "C" {
 #endif
 
-typedef enum { ENG_F16 = 0, ENG_BF16 = 1 } eng_dtype;
-
 // --- dense layers (eng_gemv.cu) -------------------------------------------
 
 /* y (rows) = W (rows, ld) · x (ld), or y += W x when accumulate.  ld is a
  * multiple of 8 (rows are padded with zeros at load) and x has ld entries
  * whose padding is zero.  W is 16-byte aligned. */
-cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *x, float *y,
+cudaError_t eng_gemv(const void *W, kv_dtype t, int rows, int ld, const float *x, float *y,
                      int accumulate, cudaStream_t s);
 
 /*
@@ -38,11 +39,11 @@ cudaError_t eng_gemv(const void *W, eng_dtype t, int rows, int ld, const float *
  * 2*rows rows, gate and up interleaved (row 2o gate_o, row 2o+1 up_o), and
  * y (rows) = silu(gate) * up: the SwiGLU of the feed-forward, fused.
  */
-cudaError_t eng_gemv_norm(const void *W, eng_dtype t, int rows, int ld, const float *x,
+cudaError_t eng_gemv_norm(const void *W, kv_dtype t, int rows, int ld, const float *x,
                           const float *nw, int n_x, float eps, float *y, int glu, cudaStream_t s);
 
 /* out (n) = float(W row r) for an embedding lookup; r read from device *tok. */
-cudaError_t eng_embed(const void *W, eng_dtype t, int ld, int n, const int *tok, float *out,
+cudaError_t eng_embed(const void *W, kv_dtype t, int ld, int n, const int *tok, float *out,
                       cudaStream_t s);
 
 // --- small fused kernels (eng_elem.cu) ------------------------------------
@@ -70,7 +71,7 @@ cudaError_t eng_argmax(const float *x, int n, int *out, cudaStream_t s);
 
 /* x (n) = seeded pseudo-random values: per element, a Gaussian-like number
  * times scale[(i / stride) % nscale] (scale may be NULL: 1). */
-cudaError_t eng_fill_random(void *x, eng_dtype t, size_t n, uint64_t seed, const float *scale,
+cudaError_t eng_fill_random(void *x, kv_dtype t, size_t n, uint64_t seed, const float *scale,
                             int nscale, size_t stride, cudaStream_t s);
 
 /* Fill float x (n) with value. */
@@ -83,36 +84,21 @@ cudaError_t eng_fill_f32(float *x, size_t n, float value, cudaStream_t s);
  *   kcm:  (nkv, hd, ldc)  — keys channel-major (may be NULL).
  */
 cudaError_t eng_to_row_layout(const void *k, const void *v, int nkv, int T, int ld, int hd,
-                              eng_dtype t, void *rows, cudaStream_t s);
-cudaError_t eng_to_channel_major(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+                              kv_dtype t, void *rows, cudaStream_t s);
+cudaError_t eng_to_channel_major(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                                  void *kcm, int ldc, cudaStream_t s);
 
 /*
  * Per channel statistics of keys k (nkv, ld, hd), tokens [0, T):
  * chmax (nkv, hd) = max |k|; mean (nkv, hd); mad (nkv, hd) = mean |k - mean|.
  */
-cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+cudaError_t eng_key_stats(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                           float *chmax, float *mean, float *mad, cudaStream_t s);
 
 /* 1-bit key sketch: bits (nkv, T, hd/8), bit c%8 of byte c/8 set when
  * k[t][c] > mean[c] (hd a multiple of 8). */
-cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, eng_dtype t,
+cudaError_t eng_sketch_build(const void *k, int nkv, int T, int ld, int hd, kv_dtype t,
                              const float *mean, uint8_t *bits, cudaStream_t s);
-
-// --- attention (eng_attn.cu) ----------------------------------------------
-
-/* Scratch floats eng_attend needs for n tokens (partials of every split). */
-size_t eng_attend_scratch(int nq_heads, int hd, int n);
-
-/*
- * Decode attention over n tokens: q (nq_heads, hd) float32, K/V (nkv, ld, hd)
- * fp16/bf16, rows [0, n) of each head; out (nq_heads, hd).  Split along the
- * tokens (flash-decoding) then combined.  hd in {8,16,32,64,128,256}; the
- * group nq_heads/nkv at most 8.
- */
-cudaError_t eng_attend(const float *q, const void *K, const void *V, eng_dtype t, int nq_heads,
-                       int nkv, int hd, int n, size_t ld, float scale, float *scratch,
-                       float *out, cudaStream_t s);
 
 // --- sparse selection (eng_select.cu) -------------------------------------
 
@@ -132,12 +118,12 @@ cudaError_t eng_select_channels(const float *q, const float *chmax, int nq_heads
  * score (nq_heads, n) with n = cend - cs.
  */
 cudaError_t eng_score_channels(const float *q, const int *chans, const float *qscale,
-                               const void *kcm, eng_dtype t, int ldc, int nq_heads, int nkv,
+                               const void *kcm, kv_dtype t, int ldc, int nq_heads, int nkv,
                                int hd, int C, int cs, int cend, float *score, cudaStream_t s);
 
 /* Exact scores (select=exact) of candidates from the host row layout
  * rows (T, nkv, 2, hd) (zero-copy): score (nq_heads, n) = q·k / sqrt(hd). */
-cudaError_t eng_score_exact(const float *q, const void *rows, eng_dtype t, int nq_heads,
+cudaError_t eng_score_exact(const float *q, const void *rows, kv_dtype t, int nq_heads,
                             int nkv, int hd, int cs, int cend, float *score, cudaStream_t s);
 
 /*
@@ -180,7 +166,7 @@ cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int base, int *se
  * then the nsink resident rows sink (nsink, nkv, 2, hd) (device memory) go
  * to rows k .. k+nsink-1.
  */
-cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, eng_dtype t, const int *sel, int k,
+cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dtype t, const int *sel, int k,
                             const void *sink, int nsink, void *kdst, void *vdst, size_t ld,
                             cudaStream_t s);
 

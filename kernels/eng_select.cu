@@ -66,10 +66,11 @@ extern "C" cudaError_t eng_select_channels(const float *q, const float *chmax, i
                                            int nkv, int hd, int C, int *chans, float *qscale,
                                            cudaStream_t s)
 {
-    if (C > hd || C < 1) return cudaErrorInvalidValue;
-    select_channels_kernel<<<nkv, 128, (size_t)hd * sizeof(float), s>>>(q, chmax, nq_heads / nkv,
-                                                                        hd, C, chans, qscale);
-    ENG_LAUNCHED();
+    KV_CHECK_ARGS(C >= 1 && C <= hd);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, select_channels_kernel, dim3(nkv), dim3(128),
+                         (size_t)hd * sizeof(float), s, q, chmax, nq_heads / nkv, hd, C, chans,
+                         qscale));
+    return cudaSuccess;
 }
 
 // --- approximate scores from critical channels (zero-copy) ----------------------
@@ -118,18 +119,19 @@ __global__ void score_channels_kernel(const float *q, const int *chans, const fl
 }
 
 extern "C" cudaError_t eng_score_channels(const float *q, const int *chans, const float *qscale,
-                                          const void *kcm, eng_dtype t, int ldc, int nq_heads,
+                                          const void *kcm, kv_dtype t, int ldc, int nq_heads,
                                           int nkv, int hd, int C, int cs, int cend, float *score,
                                           cudaStream_t s)
 {
-    if (t != ENG_F16 || (ldc & 7) || nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(t == KV_DT_F16 && (ldc & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
     if (cend <= cs) return cudaSuccess;
     int g = nq_heads / nkv, base = cs & ~7;
     int threads8 = (cend - base + 7) / 8;
     dim3 grid((unsigned)((threads8 + 127) / 128), (unsigned)nkv);
-    score_channels_kernel<<<grid, 128, (size_t)g * C * sizeof(float), s>>>(
-        q, chans, qscale, (const uint4 *)kcm, ldc, g, hd, C, cs, cend, score);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, score_channels_kernel, grid, dim3(128),
+                         (size_t)g * C * sizeof(float), s, q, chans, qscale, (const uint4 *)kcm,
+                         ldc, g, hd, C, cs, cend, score));
+    return cudaSuccess;
 }
 
 // --- exact scores from the host rows (zero-copy) ----------------------------------
@@ -162,16 +164,16 @@ __global__ void score_exact_kernel(const float *q, const uint4 *rows, int g, int
         if (h < g) score[(size_t)(kh * g + h) * n + i] = acc[h] * sc;
 }
 
-extern "C" cudaError_t eng_score_exact(const float *q, const void *rows, eng_dtype t, int nq_heads,
+extern "C" cudaError_t eng_score_exact(const float *q, const void *rows, kv_dtype t, int nq_heads,
                                        int nkv, int hd, int cs, int cend, float *score,
                                        cudaStream_t s)
 {
-    if (t != ENG_F16 || (hd & 7) || nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(t == KV_DT_F16 && (hd & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
     if (cend <= cs) return cudaSuccess;
     dim3 grid((unsigned)((cend - cs + 127) / 128), (unsigned)nkv);
-    score_exact_kernel<<<grid, 128, 0, s>>>(q, (const uint4 *)rows, nq_heads / nkv, nkv, hd, cs,
-                                            cend, score);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, score_exact_kernel, grid, dim3(128), 0, s, q,
+                         (const uint4 *)rows, nq_heads / nkv, nkv, hd, cs, cend, score));
+    return cudaSuccess;
 }
 
 // --- scores from the resident 1-bit sketch --------------------------------------
@@ -305,22 +307,25 @@ static cudaError_t launch_sketch(const float *q, const uint8_t *bits, int ldb, c
                                  int nq_heads, int nkv, int hd, int cs, int cend, float *out,
                                  float *part, int reduce_max, cudaStream_t s)
 {
-    if ((hd & 7) || nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS((hd & 7) == 0 && nq_heads / nkv <= SEL_MAXG);
     int g = nq_heads / nkv;
     size_t smem = ((size_t)g * (hd / 4) * 16 + 3 * (size_t)g) * sizeof(float);
-    if (smem > 48 * 1024) return cudaErrorInvalidValue; /* hd 256 with g 8 at most: 33 KB */
+    KV_CHECK_ARGS(smem <= 48 * 1024); /* hd 256 with g 8 at most: 33 KB */
     /* at most SK_PARTS_MAX blocks per head: each builds its lookup table once
      * and scores many tokens with it */
     int nb = (cend - cs + 255) / 256;
     dim3 grid((unsigned)(nb < SK_PARTS_MAX ? nb : SK_PARTS_MAX), (unsigned)nkv);
     /* the group size as a template bound keeps the accumulators in registers */
     if (g <= 2)
-        score_sketch_kernel<2, MODE><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max);
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, score_sketch_kernel<2, MODE>, grid, dim3(256), smem, s, q,
+                             bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max));
     else if (g <= 4)
-        score_sketch_kernel<4, MODE><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max);
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, score_sketch_kernel<4, MODE>, grid, dim3(256), smem, s, q,
+                             bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max));
     else
-        score_sketch_kernel<8, MODE><<<grid, 256, smem, s>>>(q, bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max);
-    return cudaGetLastError();
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, score_sketch_kernel<8, MODE>, grid, dim3(256), smem, s, q,
+                             bits, ldb, mad, g, hd, cs, cend, out, part, reduce_max));
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t eng_score_sketch(const float *q, const uint8_t *bits, int ldb,
@@ -337,8 +342,7 @@ extern "C" cudaError_t eng_sketch_combine(const float *q, const uint8_t *bits, i
                                           cudaStream_t s)
 {
     if (cend <= cs) return cudaSuccess;
-    cudaError_t e = launch_sketch<1>(q, bits, ldb, mad, nq_heads, nkv, hd, cs, cend, NULL, tmp, 0, s);
-    if (e != cudaSuccess) return e;
+    CUDA_CHECK(launch_sketch<1>(q, bits, ldb, mad, nq_heads, nkv, hd, cs, cend, NULL, tmp, 0, s));
     return launch_sketch<2>(q, bits, ldb, mad, nq_heads, nkv, hd, cs, cend, comb, tmp, reduce_max, s);
 }
 
@@ -404,11 +408,13 @@ extern "C" cudaError_t eng_softmax_combine(const float *score, int nq_heads, int
                                            cudaStream_t s)
 {
     if (n <= 0) return cudaSuccess;
-    if (nq_heads / nkv > SEL_MAXG) return cudaErrorInvalidValue;
-    softmax_stats_kernel<<<dim3(SM_PARTS, (unsigned)nq_heads), 512, 0, s>>>(score, n, tmp);
+    KV_CHECK_ARGS(nq_heads / nkv <= SEL_MAXG);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, softmax_stats_kernel, dim3(SM_PARTS, (unsigned)nq_heads),
+                         dim3(512), 0, s, score, n, tmp));
     dim3 grid((unsigned)((n + 255) / 256), (unsigned)nkv);
-    combine_kernel<<<grid, 256, 0, s>>>(score, nq_heads / nkv, n, reduce_max, tmp, comb);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, combine_kernel, grid, dim3(256), 0, s, score, nq_heads / nkv,
+                         n, reduce_max, tmp, comb));
+    return cudaSuccess;
 }
 
 // --- top-K: radix select then an ordered compaction -------------------------------
@@ -716,21 +722,22 @@ extern "C" cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int ba
                                 cudaStream_t s)
 {
     if (k <= 0) return cudaSuccess;
-    if (k > n) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(k <= n);
     if (k > TOPK_CAP / 2) { /* the sample path is for k small against the candidates it keeps */
-        topk_radix_kernel<<<nkv, TOPK_THREADS, 0, s>>>(comb, n, k, base, sel);
-        ENG_LAUNCHED();
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, topk_radix_kernel, dim3(nkv), dim3(TOPK_THREADS), 0, s,
+                             comb, n, k, base, sel));
+        return cudaSuccess;
     }
     size_t smem = (size_t)2 * TOPK_CAP * sizeof(uint32_t);
     static int attr_set = -1; /* per process; the engine uses one device */
     if (attr_set < 0) {
-        cudaError_t e = cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess) return e;
+        CUDA_CHECK(cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
         attr_set = 1;
     }
-    topk_kernel<<<nkv, TOPK_THREADS, smem, s>>>(comb, n, k, base, sel);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, topk_kernel, dim3(nkv), dim3(TOPK_THREADS), smem, s, comb, n,
+                         k, base, sel));
+    return cudaSuccess;
 }
 
 // --- gather of selected rows (zero-copy) -------------------------------------------
@@ -773,15 +780,16 @@ __global__ void gather_kernel(const uint4 *rows, int nkv, int hd, const int *sel
     }
 }
 
-extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, eng_dtype t,
+extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dtype t,
                                        const int *sel, int k, const void *sink, int nsink,
                                        void *kdst, void *vdst, size_t ld, cudaStream_t s)
 {
-    if (t != ENG_F16 || (hd & 7)) return cudaErrorInvalidValue;
+    KV_CHECK_ARGS(t == KV_DT_F16 && (hd & 7) == 0);
     if (k + nsink <= 0) return cudaSuccess;
     const int per_block = 8 * GATHER_ROWS; /* 8 warps */
     dim3 grid((unsigned)((k + nsink + per_block - 1) / per_block), (unsigned)nkv);
-    gather_kernel<<<grid, 256, 0, s>>>((const uint4 *)rows, nkv, hd, sel, k, (const uint4 *)sink,
-                                       nsink, (uint4 *)kdst, (uint4 *)vdst, ld);
-    ENG_LAUNCHED();
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, gather_kernel, grid, dim3(256), 0, s, (const uint4 *)rows,
+                         nkv, hd, sel, k, (const uint4 *)sink, nsink, (uint4 *)kdst, (uint4 *)vdst,
+                         ld));
+    return cudaSuccess;
 }

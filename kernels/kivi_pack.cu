@@ -165,30 +165,27 @@ extern "C" cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params
                                          int T, int D, const uint16_t *x,
                                          const kv_cuda_kivi_out *out, cudaStream_t stream)
 {
-    if (!kv_cuda_kivi_pack_supported(axis, prm, D) || H < 1 || T < 0 || !x || !out) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_kivi_pack argument check", __FILE__, __LINE__);
-        return cudaErrorInvalidValue;
-    }
+    KV_CHECK_ARGS(kv_cuda_kivi_pack_supported(axis, prm, D) && H >= 1 && T >= 0 && x && out);
     const __half *xh = reinterpret_cast<const __half *>(x);
     __half *sc = reinterpret_cast<__half *>(out->scale), *ze = reinterpret_cast<__half *>(out->zero);
     const int G = prm->group, bits = prm->bits;
     const int nq = kv_kivi_nquant(T, G, prm->residual);
     if (nq > 0) {
         if (axis == KV_KIVI_KEYS) {
-            kivi_pack_keys<<<dim3(nq / G, H), KV_PACK_KEY_THREADS, 0, stream>>>(
-                xh, T, D, G, bits, nq, out->codes, sc, ze);
-            CUDA_CHECK_KERNEL("kivi_pack_keys");
+            CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_keys, dim3(nq / G, H),
+                                 dim3(KV_PACK_KEY_THREADS), 0, stream, xh, T, D, G, bits, nq,
+                                 out->codes, sc, ze));
         } else {
             int gv = G < D ? G : D;
             size_t threads = (size_t)H * nq * 32;
             unsigned blocks = (unsigned)((threads + 255) / 256);
 #define KV_PACK_V(DD, BB)                                                                    \
     if (D == DD && bits == BB)                                                               \
-        kivi_pack_values<DD, BB><<<blocks, 256, 0, stream>>>(xh, H, T, nq, gv, out->codes, sc, ze);
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values<DD, BB>, dim3(blocks), dim3(256), \
+                             0, stream, xh, H, T, nq, gv, out->codes, sc, ze));
             KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
             KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)
 #undef KV_PACK_V
-            CUDA_CHECK_KERNEL("kivi_pack_values");
         }
     }
     if (T > nq) { /* the residual: per head, the last T - nq rows */
@@ -204,16 +201,14 @@ extern "C" cudaError_t kv_cuda_kivi_unpack(kv_kivi_axis axis, const kv_kivi_para
                                            int T, int D, const kv_cuda_kivi_view *in,
                                            uint16_t *out, cudaStream_t stream)
 {
-    if (!kv_cuda_kivi_pack_supported(axis, prm, D) || H < 1 || T < 1 || !in || !out) {
-        kv_cuda_record(cudaErrorInvalidValue, "kv_cuda_kivi_unpack argument check", __FILE__, __LINE__);
-        return cudaErrorInvalidValue;
-    }
+    KV_CHECK_ARGS(kv_cuda_kivi_pack_supported(axis, prm, D) && H >= 1 && T >= 1 && in && out);
     const int nq = kv_kivi_nquant(T, prm->group, prm->residual);
     size_t n = (size_t)H * T * (D / 8);
-    kivi_unpack<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-        axis, H, T, D, prm->group, prm->bits, nq, in->codes,
-        reinterpret_cast<const __half *>(in->scale), reinterpret_cast<const __half *>(in->zero),
-        reinterpret_cast<const __half *>(in->resid), reinterpret_cast<__half *>(out));
-    CUDA_CHECK_KERNEL("kivi_unpack");
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_unpack, dim3((unsigned)((n + 255) / 256)), dim3(256), 0,
+                         stream, axis, H, T, D, prm->group, prm->bits, nq, in->codes,
+                         reinterpret_cast<const __half *>(in->scale),
+                         reinterpret_cast<const __half *>(in->zero),
+                         reinterpret_cast<const __half *>(in->resid),
+                         reinterpret_cast<__half *>(out)));
     return cudaSuccess;
 }

@@ -24,8 +24,13 @@
 extern "C" {
 #endif
 
-/* The statement, file, line and device of the last failure on this thread. */
+/* The statement, file, line and device of the last failure on this thread
+ * ("" when none was recorded since the last kv_cuda_clear_error). */
 const char *kv_cuda_last_error(void);
+void kv_cuda_clear_error(void);
+/* Record a failure (what every launcher does through CUDA_CHECK; C code in
+ * lib/gpu does it through kv_cuda_fail). */
+void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line);
 
 /* Programmatic dependent launch (sm_90 and later): level 1 launches the
  * engine's GEMVs with it, level 2 also RoPE, the fp16 attention and its
@@ -38,31 +43,52 @@ const char *kv_cuda_last_error(void);
 void kv_cuda_set_pdl(int level);
 int kv_cuda_pdl(void);
 
+/*
+ * Kernel variants kept for measurement (docs/BENCHMARKS.md, Kernels), for the
+ * whole process like the PDL level; the defaults are the measured-faster
+ * ones.  Set before the first launch (kernel choices and occupancies are
+ * cached per instance, not per setting, so changing them later is safe).
+ */
+typedef struct {
+    int f16_prefetch; /* fp16 attention: 1 = the loop that issues the next step's loads
+                         before this step's math (D 64/128 only; measured slower) */
+    int f16_unroll;   /* fp16 attention: K and V rows in flight per lane, 4 or 8 (8: D 128,
+                         4 query heads per KV head only) */
+    int f16_waves;    /* fp16 attention: grid sized for this many waves of resident blocks (1) */
+    int kivi2_var;    /* packed attention: v2 variant bits (attn_kivi.cu; 0 = the default;
+                         8, 16, 32 are timing diagnostics that compute wrong results) */
+} kv_cuda_tuning;
+
+void kv_cuda_tuning_default(kv_cuda_tuning *t);
+void kv_cuda_set_tuning(const kv_cuda_tuning *t);
+const kv_cuda_tuning *kv_cuda_get_tuning(void);
+
 // --- decode attention ---------------------------------------------------------
 
-typedef struct {
-    int n_heads;           /* query heads */
-    int kv_heads;          /* KV heads; n_heads / kv_heads in {1, 2, 4, 8} */
-    int head_dim;          /* 64 or 128 */
-    int T;                 /* tokens attended to */
-    long long head_stride; /* fp16 path: elements between KV heads in k and v (>= T*head_dim) */
-    float scale;           /* softmax scale, usually 1/sqrt(head_dim) */
-} kv_cuda_attn_dims;
-
 /* Bytes of scratch the fp16 attention needs for these dimensions. */
-size_t kv_cuda_attn_f16_workspace(const kv_cuda_attn_dims *d);
+size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d);
 
 /*
- * Flash-decoding fp16 attention: blocks split the sequence, each writes a
- * partial (max, sum, output) per query head, and a combine pass merges them.
+ * Flash-decoding fp16 attention, the one fp16 decode attention of kvtools
+ * (the GPU engine's every fp16 layer and `kv-bench attn`): blocks split the
+ * sequence, each writes a partial (max, sum, output) per query head, and a
+ * combine pass merges them.  Both kernels use programmatic dependent launch
+ * at level 2.
  *   q:   (n_heads, head_dim) fp16
  *   k,v: (kv_heads, head_stride) fp16, token t of head h at h*head_stride + t*head_dim
  *   out: (n_heads, head_dim) float
  *   ws:  kv_cuda_attn_f16_workspace(d) bytes
  */
-cudaError_t kv_cuda_attn_f16(const kv_cuda_attn_dims *d, const uint16_t *q, const uint16_t *k,
+cudaError_t kv_cuda_attn_f16(const kv_attn_dims *d, const uint16_t *q, const uint16_t *k,
                              const uint16_t *v, float *out, void *ws, size_t ws_bytes,
                              cudaStream_t stream);
+
+/* The same kernel with a float32 query q (n_heads, head_dim), and its
+ * workspace (the GPU engine's query where it is not fp16). */
+size_t kv_cuda_attn_f16_q32_workspace(const kv_attn_dims *d);
+cudaError_t kv_cuda_attn_f16_q32(const kv_attn_dims *d, const float *q, const uint16_t *k,
+                                 const uint16_t *v, float *out, void *ws, size_t ws_bytes,
+                                 cudaStream_t stream);
 
 /* Device pointers to one packed KIVI layer (shapes as in lib/common/kv_layout.h). */
 typedef struct {
@@ -75,8 +101,8 @@ typedef struct {
 /* Is this packed geometry supported by kv_cuda_attn_kivi (bits 1 or 2,
  * head_dim 128, group 32 or 64, n_heads/kv_heads 1, 2 or 4)?  The kernel
  * also needs an sm_80 or newer GPU (tensor-core mma.m16n8k16, cp.async). */
-int kv_cuda_attn_kivi_supported(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
-size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_params *prm);
+int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_params *prm);
+size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm);
 
 /*
  * Decode attention straight from KIVI-packed keys and values, with the key
@@ -85,7 +111,7 @@ size_t kv_cuda_attn_kivi_workspace(const kv_cuda_attn_dims *d, const kv_kivi_par
  *   q: (n_heads, head_dim) fp16; out: (n_heads, head_dim) float
  *   d->head_stride is ignored (packed parts are dense as in kv_layout.h)
  */
-cudaError_t kv_cuda_attn_kivi(const kv_cuda_attn_dims *d, const kv_kivi_params *prm,
+cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_params *prm,
                               const uint16_t *q, const kv_cuda_kivi_view *K,
                               const kv_cuda_kivi_view *V, float *out, void *ws, size_t ws_bytes,
                               cudaStream_t stream);

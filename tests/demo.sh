@@ -56,10 +56,10 @@ section "5. Run with the deployment profile (per-layer quant / sparse policies)"
 show 'kv-run -m $S/stories260K.bin --profile $WORK/profile.json --prompt "Once upon a time" -n 60'
 
 section "6. Fidelity of each policy against the full cache (KL, top-1, perplexity)"
-show 'kv-bench fidelity -m $S/stories260K.bin -t $S/tok512.bin --text $S/reference/greedy_bos_200.txt -p quant:bits=2 -p quant:bits=4 -p sparse:s=4,w=16,k=32 -p streaming:s=4,w=16 -p dsq --json'
+show 'kv-bench fidelity -m $S/stories260K.bin --tokenizer $S/tok512.bin --text $S/reference/greedy_bos_200.txt -P quant:bits=2 -P quant:bits=4 -P sparse:s=4,w=16,k=32 -P streaming:s=4,w=16 -P dsq --json'
 
 section "7. Needle retrieval at 1k tokens on niah4k: full vs streaming vs TailorKV sparse (3% budget)"
-show 'kv-bench ruler -m $N/niah4k.bin -t $N/tok259.bin --tasks $N/tasks-dev.jsonl -l 1024 --limit 5 -p full -p streaming -p sparse:frac=0.03 --json'
+show 'kv-bench ruler -m $N/niah4k.bin --tokenizer $N/tok259.bin --tasks $N/tasks-dev.jsonl -l 1024 --limit 5 -P full -P streaming -P sparse:frac=0.03 --json'
 
 section "8. Share prefixes across requests (kv-tree)"
 show 'kv-run -m $S/stories260K.bin --prompt "Once upon a time, there was a little girl named Lily" -n 0 --dump-kv $WORK/a.kvc'

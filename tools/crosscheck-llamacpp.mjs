@@ -248,27 +248,27 @@ await checkTokenizer('llama-spm (Llama-2)', spm,
 const storyPrompt = 'Once upon a time, there was a little girl named Lily. She loved to';
 const niahTask = JSON.parse(fs.readFileSync(path.join(DATA, 'niah4k', 'tasks-dev.jsonl'), 'utf8').split('\n')[0]);
 const niahPrompt = niahTask.input.slice(-700);
-await checkTokenizer('stories260K vocabulary', convert('stories260K-F32', [...st, '-t', 'F32']), EXTRA, SPECIAL);
+await checkTokenizer('stories260K vocabulary', convert('stories260K-F32', [...st, '--type', 'F32']), EXTRA, SPECIAL);
 for (const t of ['F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1'])
-    await checkModel(`stories260K ${t}`, convert(`stories260K-${t}`, [...st, '-t', t]), storyPrompt, 40);
+    await checkModel(`stories260K ${t}`, convert(`stories260K-${t}`, [...st, '--type', t]), storyPrompt, 40);
 for (const t of ['F16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q2_K', 'Q3_K', 'Q4_K', 'Q5_K', 'Q6_K'])
-    await checkModel(`niah4k ${t}`, convert(`niah4k-${t}`, [...ni, '-t', t]), niahPrompt, 12);
-await checkModel('stories260K qwen2 + q/k/v biases F32', convert('stories260K-qwen2-F32', [...st, '-t', 'F32', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
-await checkModel('stories260K qwen2 + biases Q8_0', convert('stories260K-qwen2-Q8_0', [...st, '-t', 'Q8_0', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
-await checkModel('niah4k qwen2 + biases Q4_K', convert('niah4k-qwen2-Q4_K', [...ni, '-t', 'Q4_K', '--arch', 'qwen2', '--qkv-bias', '7']), niahPrompt, 12);
+    await checkModel(`niah4k ${t}`, convert(`niah4k-${t}`, [...ni, '--type', t]), niahPrompt, 12);
+await checkModel('stories260K qwen2 + q/k/v biases F32', convert('stories260K-qwen2-F32', [...st, '--type', 'F32', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
+await checkModel('stories260K qwen2 + biases Q8_0', convert('stories260K-qwen2-Q8_0', [...st, '--type', 'Q8_0', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
+await checkModel('niah4k qwen2 + biases Q4_K', convert('niah4k-qwen2-Q4_K', [...ni, '--type', 'Q4_K', '--arch', 'qwen2', '--qkv-bias', '7']), niahPrompt, 12);
 await checkModel('synthetic tiny-wide-heads (head_dim 64 x 4 heads on dim 128) F32',
-                 convert('tiny-wide-heads-F32', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '-t', 'F32']), storyPrompt, 40);
+                 convert('tiny-wide-heads-F32', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '--type', 'F32']), storyPrompt, 40);
 await checkModel('synthetic tiny-wide-heads Q8_0',
-                 convert('tiny-wide-heads-Q8_0', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '-t', 'Q8_0']), storyPrompt, 40);
-await checkModel('stories260K Llama-3.1 rope_freqs F32', convert('stories260K-rope31-F32', [...st, '-t', 'F32', '--rope-freqs', 'llama3:8,1,4,512']), storyPrompt, 40);
-await checkModel('niah4k Llama-3.1 rope_freqs theta 5e5 Q6_K', convert('niah4k-rope31-Q6_K', [...ni, '-t', 'Q6_K', '--rope-theta', '500000', '--rope-freqs', 'llama3:8,1,4,1024']), niahPrompt, 12);
+                 convert('tiny-wide-heads-Q8_0', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '--type', 'Q8_0']), storyPrompt, 40);
+await checkModel('stories260K Llama-3.1 rope_freqs F32', convert('stories260K-rope31-F32', [...st, '--type', 'F32', '--rope-freqs', 'llama3:8,1,4,512']), storyPrompt, 40);
+await checkModel('niah4k Llama-3.1 rope_freqs theta 5e5 Q6_K', convert('niah4k-rope31-Q6_K', [...ni, '--type', 'Q6_K', '--rope-theta', '500000', '--rope-freqs', 'llama3:8,1,4,1024']), niahPrompt, 12);
 
 }
 
 if (flag('--bench') || flag('--bench-only')) {
-    await bench('niah4k Q4_K', convert('niah4k-Q4_K', [...ni, '-t', 'Q4_K']), 64, 5);
+    await bench('niah4k Q4_K', convert('niah4k-Q4_K', [...ni, '--type', 'Q4_K']), 64, 5);
     if (flag('--big')) {
-        const big = convert('synthetic-llama-3.2-1b-Q4_K', ['--synthetic', 'llama-3.2-1b', '--vocab', l3, '-t', 'Q4_K', '--embd-type', 'Q6_K']);
+        const big = convert('synthetic-llama-3.2-1b-Q4_K', ['--synthetic', 'llama-3.2-1b', '--vocab', l3, '--type', 'Q4_K', '--embd-type', 'Q6_K']);
         const r = await bench('synthetic Llama-3.2-1B geometry Q4_K (Q6_K embeddings)', big, 32, parseInt(opt('--reps', '3'), 10));
         if (r.rss > 1.1 * r.size) fail(`resident memory ${r.rss} is more than 110% of the file (${r.size})`);
     }

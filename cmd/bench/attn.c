@@ -1,8 +1,9 @@
 /*
  * kv-bench attn: decode-attention kernels on the GPU (fp16 flash-decoding,
  * 1- and 2-bit packed KIVI) at several context lengths, against the
- * device-to-device copy bandwidth measured in the same run.  A table on a
- * terminal, JSON when piped or with --json.  The measuring is in
+ * device-to-device copy bandwidth measured in the same run.  The variants
+ * measured in docs/BENCHMARKS.md (Kernels) are selected by options.  A table
+ * on a terminal, JSON when piped or with --json.  The measuring is in
  * lib/eval/kv_cuda_bench.c.
  */
 #include <stdio.h>
@@ -16,20 +17,25 @@
 int kv_bench_attn_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_HEADS = 256, O_KVH, O_DIM, O_GROUP, O_RESID, O_ITERS, O_REPS, O_CHECK,
-       O_CHECKMAX, O_JSON };
+       O_CHECKMAX, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_JSON };
 
 static const kv_option opts[] = {
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 8192,32768,131072)"},
     {O_HEADS, 0, "heads", "N", "query heads (default 32)"},
     {O_KVH, 0, "kv-heads", "N", "KV heads (default 8)"},
-    {O_DIM, 0, "head-dim", "N", "head dimension, 64 or 128 (default 128)"},
+    {O_DIM, 0, "head-dim", "N", "head dimension, a power of two 8..256 (default 128)"},
     {O_GROUP, 0, "group", "G", "KIVI group of the packed paths (default 64)"},
     {O_RESID, 0, "residual", "R", "KIVI fp16 residual tokens (default 128)"},
     {O_ITERS, 0, "iters", "N", "launches per timing (default 200)"},
     {O_REPS, 0, "reps", "N", "timings per path; the median is reported (default 7)"},
     {O_CHECK, 0, "check", NULL, "also compare each path with its CPU reference"},
     {O_CHECKMAX, 0, "check-max", "T", "with --check, only contexts up to T (default 32768)"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_F16PF, 0, "f16-prefetch", NULL, "variant: the fp16 loop that prefetches the next rows"},
+    {O_F16UNROLL, 0, "f16-unroll", "N", "variant: fp16 rows in flight per lane, 4 (default) or 8"},
+    {O_F16WAVES, 0, "f16-waves", "N", "variant: fp16 grid of N waves of blocks (default 1)"},
+    {O_KIVI2VAR, 0, "kivi2-variant", "N", "variant of the packed kernel: 0 (default), 1, 2, 3, 7, 71; "
+                                         "8, 16, 32 time stages and compute wrong results"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -67,7 +73,7 @@ static void target_json(const char *name, double value, double target, int last)
 int kv_bench_attn_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0};
+    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0}};
     int ctx[MAXC] = {8192, 32768, 131072}, nctx = 3, oi, check = 0, check_max = 32768;
     bool json = false;
     const char *a;
@@ -85,7 +91,7 @@ int kv_bench_attn_main(int argc, char **argv)
             break;
         }
         case O_HEADS: cfg.n_heads = (int)kv_cli_long("--heads", a, 1, 1024); break;
-        case O_KVH: cfg.kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
+        case O_KVH: cfg.n_kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
         case O_DIM: cfg.head_dim = (int)kv_cli_long("--head-dim", a, 1, 1024); break;
         case O_GROUP: cfg.group = (int)kv_cli_long("--group", a, 1, 65536); break;
         case O_RESID: cfg.residual = (int)kv_cli_long("--residual", a, 0, 1 << 24); break;
@@ -93,12 +99,28 @@ int kv_bench_attn_main(int argc, char **argv)
         case O_REPS: cfg.reps = (int)kv_cli_long("--reps", a, 1, 1000); break;
         case O_CHECK: check = 1; break;
         case O_CHECKMAX: check_max = (int)kv_cli_long("--check-max", a, 1, 1 << 24); break;
+        case O_F16PF: cfg.variant.f16_prefetch = 1; break;
+        case O_F16UNROLL:
+            cfg.variant.f16_unroll = (int)kv_cli_long("--f16-unroll", a, 4, 8);
+            if (cfg.variant.f16_unroll != 4 && cfg.variant.f16_unroll != 8)
+                kv_cli_usage_error("--f16-unroll must be 4 or 8");
+            break;
+        case O_F16WAVES: cfg.variant.f16_waves = (int)kv_cli_long("--f16-waves", a, 1, 16); break;
+        case O_KIVI2VAR: {
+            static const int known[] = {0, 1, 2, 3, 7, 71, 8, 16, 32};
+            long v = kv_cli_long("--kivi2-variant", a, 0, 71);
+            bool ok = false;
+            for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= v == known[i];
+            if (!ok) kv_cli_usage_error("--kivi2-variant %ld: one of 0, 1, 2, 3, 7, 71, 8, 16, 32", v);
+            cfg.variant.kivi2_var = (int)v;
+            break;
+        }
         case O_JSON: json = true; break;
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
-    if (cfg.n_heads % cfg.kv_heads)
-        kv_cli_usage_error("%d query heads are not a multiple of %d KV heads", cfg.n_heads, cfg.kv_heads);
+    if (cfg.n_heads % cfg.n_kv_heads)
+        kv_cli_usage_error("%d query heads are not a multiple of %d KV heads", cfg.n_heads, cfg.n_kv_heads);
 
     kv_bench_device dev;
     kv_status st = kv_cuda_bench_device(&dev);
@@ -125,8 +147,12 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("  \"device\": {\"name\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"driver\": %d, "
                "\"runtime\": %d},\n", dev.name, dev.sms, dev.l2_bytes, dev.driver, dev.runtime);
         printf("  \"geometry\": {\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"group\": %d, "
-               "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.kv_heads,
+               "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.n_kv_heads,
                cfg.head_dim, cfg.group, cfg.residual);
+        printf("  \"variant\": {\"f16_prefetch\": %d, \"f16_unroll\": %d, \"f16_waves\": %d, "
+               "\"kivi2_variant\": %d},\n", cfg.variant.f16_prefetch,
+               cfg.variant.f16_unroll ? cfg.variant.f16_unroll : 4,
+               cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var);
         printf("  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n  \"contexts\": [\n",
                cfg.iters, cfg.reps, copy);
         for (int i = 0; i < nctx; i++) {
@@ -147,7 +173,7 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("%s (%d SMs, L2 %zu MiB), driver %d, runtime %d, %s\n", dev.name, dev.sms,
                dev.l2_bytes >> 20, dev.driver, dev.runtime, date);
         printf("%d/%d heads, head dim %d, KIVI group %d residual %d; copy bandwidth %.0f GB/s\n",
-               cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
+               cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
         printf("%8s  %-6s %10s %10s %8s %8s %10s\n", "context", "path", "time us", "GB/s",
                "of copy", "speedup", "err");
         for (int i = 0; i < nctx; i++) {

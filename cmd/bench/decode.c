@@ -6,7 +6,9 @@
  * (the same with the resident 1-bit key sketch), offload (all K/V in host
  * memory, every layer copied in per step) — on synthetic weights at long
  * contexts, with the machine's transfer ceilings measured in the same run.
- * The context is synthesized on the device (seeded), not prefilled.  A table
+ * The context is synthesized on the device (seeded) by default; with
+ * --context prefill (or both) a seeded random prompt is prefilled for real
+ * (the chunked GPU prefill) and the decode runs from that cache.  A table
  * on a terminal, JSON when piped or with --json.  The measuring is in
  * lib/eval/kv_gpu_bench.c.
  */
@@ -25,13 +27,14 @@ int kv_bench_decode_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_JSON };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_JSON };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
     {O_WTYPE, 0, "wtype", "T", "weight type: bf16 (default) or f16"},
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 32768,131072)"},
-    {O_TOKENS, 'n', "tokens", "N", "decoded tokens timed per policy (default 64)"},
+    {O_TOKENS, 'n', "steps", "N", "decoded tokens timed per policy (default 64)"},
+    {O_TOKENS, 0, "tokens", "N", NULL}, /* deprecated: --tokens is a token-id file elsewhere */
     {O_WARMUP, 0, "warmup", "N", "untimed tokens first (default 4)"},
     {O_OFFTOK, 0, "offload-tokens", "N", "timed tokens for offload, which is slow (default 16)"},
     {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse fetching off (default 16)"},
@@ -42,80 +45,56 @@ static const kv_option opts[] = {
     {O_CHANNELS, 0, "channels", "C", "hybrid: critical channels (default 8)"},
     {O_SINK, 0, "sink", "S", "hybrid: sink tokens (default 8)"},
     {O_WINDOW, 0, "window", "W", "hybrid: recent tokens (default 56)"},
-    {O_SEED, 0, "seed", "N", "seed of weights and context (default 1)"},
-    {O_DEVICE, 0, "device", "N", "CUDA device (default 0)"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_SEED, 's', "seed", "N", "seed of weights and context (default 1)"},
+    {O_DEVICE, 0, "device", "DEV", "CUDA device: cuda, cuda:N or N (default 0)"},
+    {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0, 1 or 2 (default 2 on Hopper)"},
+    {O_SELSKIP, 0, "sel-skip", "MASK", "measurement only: leave out selection steps (1 scores, "
+                                      "2 softmax, 4 top-K, 8 gather, 16 query GEMV)"},
+    {O_CONTEXT, 0, "context", "HOW", "synth (default: synthesized on the device), prefill (a random "
+                                     "prompt prefilled for real) or both"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
     "kv-bench decode", "[OPTIONS]",
     "Decode ms/token per KV placement on the GPU, with transfer ceilings.", opts,
-    "Batch 1; the context is synthesized on the device and in pinned host memory from a\n"
-    "seeded generator (no prefill); ms/token is the median of per-step GPU times.\n"
+    "Batch 1; by default the context is synthesized on the device and in pinned host memory\n"
+    "from a seeded generator (--context prefill: prefilled for real); ms/token is the median\n"
+    "of per-step GPU times.\n"
     "Exit 69 means no usable GPU or a build without CUDA."};
-
-enum { P_FULL, P_QUANT, P_HYBRID, P_SKETCH, P_OFFLOAD, P_COUNT };
-static const char *const pnames[P_COUNT] = {"full", "quant", "hybrid", "hybrid-sketch", "offload"};
 
 #define MAXC 8
 
 typedef struct {
-    bool ran;
-    kv_gpu_decode_result r;
+    bool ran, ran_pf;
+    kv_gpu_decode_result r;  /* after the synthesized context (or the prefill, --context prefill) */
+    kv_gpu_decode_result rp; /* after a real prefill (--context both) */
     char err[256];
 } prun;
 
-static kv_status make_policy(int p, int L, int qbits, int qlayers, int topk, int channels, int sink,
-                             int window, kv_policy_params *pp, kv_gpu_engine_opts *o)
-{
-    char spec_s[256];
-    if (p == P_FULL || p == P_OFFLOAD) snprintf(spec_s, sizeof spec_s, "*=full");
-    else if (p == P_QUANT) snprintf(spec_s, sizeof spec_s, "*=quant:bits=%d", qbits);
-    else if (qlayers > 0)
-        snprintf(spec_s, sizeof spec_s, "0-%d=quant:bits=%d;*=sparse:k=%d,c=%d,s=%d,w=%d",
-                 qlayers - 1, qbits, topk, channels, sink, window);
-    else
-        snprintf(spec_s, sizeof spec_s, "*=sparse:k=%d,c=%d,s=%d,w=%d", topk, channels, sink, window);
-    kv_status st = kv_policy_parse(spec_s, L, pp);
-    if (st) return st;
-    for (int l = 0; l < L; l++) {
-        pp[l].dtype = KV_STORE_F16;
-        pp[l].offload = p == P_OFFLOAD;
-    }
-    if (p == P_SKETCH) kv_policy_set_select(pp, L, KV_SELECT_SKETCH);
-    o->profile = p == P_HYBRID || p == P_SKETCH || p == P_OFFLOAD;
-    return KV_OK;
-}
-
-/* Share of the PCIe time (bytes at the measured h2d rate) not showing in the step time. */
-static double hidden_frac(double ms, double ms_ref, uint64_t bytes, double h2d)
-{
-    double t_pcie = (double)bytes / h2d * 1e3;
-    if (t_pcie <= 0) return 1.0;
-    double exposed = ms - ms_ref;
-    if (exposed < 0) exposed = 0;
-    double h = 1.0 - exposed / t_pcie;
-    return h < 0 ? 0 : h;
-}
+enum { CTX_SYNTH = 1, CTX_PREFILL = 2, CTX_BOTH = 3 };
 
 int kv_bench_decode_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
     const char *synth = "llama-3.1-8b";
-    kv_wtype wt = KV_W_BF16;
+    kv_dtype wt = KV_DT_BF16;
     int ctx[MAXC] = {32768, 131072}, nctx = 2, tokens = 64, warmup = 4, offtok = 16, nofetch = 16;
-    int qbits = 2, qlayers = 2, topk = 1024, channels = 8, sink = 8, window = 56, device = 0;
+    kv_decode_layers bc = {2, 2, 1024, 8, 8, 56};
+    int device = 0, pdl = KV_GPU_PDL_AUTO;
+    unsigned sel_skip = 0;
+    int cmode = CTX_SYNTH;
     unsigned long long seed = 1;
-    bool want[P_COUNT] = {true, true, true, true, true}, json = false;
+    bool want[KV_DEC_COUNT] = {true, true, true, true, true}, json = false;
     const char *a;
     int oi;
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
         switch (c) {
         case O_SYNTH: synth = a; break;
         case O_WTYPE:
-            if (!strcmp(a, "bf16")) wt = KV_W_BF16;
-            else if (!strcmp(a, "f16")) wt = KV_W_F16;
+            if (!strcmp(a, "bf16")) wt = KV_DT_BF16;
+            else if (!strcmp(a, "f16")) wt = KV_DT_F16;
             else kv_cli_usage_error("--wtype must be bf16 or f16");
             break;
         case O_CTX: {
@@ -129,7 +108,7 @@ int kv_bench_decode_main(int argc, char **argv)
             if (!nctx) kv_cli_usage_error("--contexts needs at least one length");
             break;
         }
-        case O_TOKENS: tokens = (int)kv_cli_long("--tokens", a, 1, 4096); break;
+        case O_TOKENS: tokens = (int)kv_cli_long("--steps", a, 1, 4096); break;
         case O_WARMUP: warmup = (int)kv_cli_long("--warmup", a, 0, 1024); break;
         case O_OFFTOK: offtok = (int)kv_cli_long("--offload-tokens", a, 1, 4096); break;
         case O_NOFETCH: nofetch = (int)kv_cli_long("--nofetch-tokens", a, 0, 4096); break;
@@ -138,21 +117,31 @@ int kv_bench_decode_main(int argc, char **argv)
             char *dup = strdup(a), *save = NULL;
             for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 int p = 0;
-                while (p < P_COUNT && strcmp(pnames[p], t)) p++;
-                if (p == P_COUNT) kv_cli_usage_error("unknown policy '%s'", t);
+                while (p < KV_DEC_COUNT && strcmp(kv_decode_placement_name((kv_decode_placement)p), t)) p++;
+                if (p == KV_DEC_COUNT) kv_cli_usage_error("unknown policy '%s'", t);
                 want[p] = true;
             }
             free(dup);
             break;
         }
-        case O_QBITS: qbits = (int)kv_cli_long("--quant-bits", a, 1, 2); break;
-        case O_QLAYERS: qlayers = (int)kv_cli_long("--quant-layers", a, 0, 1024); break;
-        case O_TOPK: topk = (int)kv_cli_long("--topk", a, 1, 1 << 22); break;
-        case O_CHANNELS: channels = (int)kv_cli_long("--channels", a, 1, 256); break;
-        case O_SINK: sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
-        case O_WINDOW: window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
+        case O_QBITS: bc.qbits = (int)kv_cli_long("--quant-bits", a, 1, 2); break;
+        case O_QLAYERS: bc.qlayers = (int)kv_cli_long("--quant-layers", a, 0, 1024); break;
+        case O_TOPK: bc.topk = (int)kv_cli_long("--topk", a, 1, 1 << 22); break;
+        case O_CHANNELS: bc.channels = (int)kv_cli_long("--channels", a, 1, 256); break;
+        case O_SINK: bc.sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
+        case O_WINDOW: bc.window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
         case O_SEED: seed = (unsigned long long)kv_cli_long("--seed", a, 0, 1L << 62); break;
-        case O_DEVICE: device = (int)kv_cli_long("--device", a, 0, 64); break;
+        case O_DEVICE:
+            if (kv_cli_device(a, &device) == KV_DEVICE_CPU) kv_cli_usage_error("kv-bench decode runs on the GPU: --device cuda[:N]");
+            break;
+        case O_PDL: pdl = (int)kv_cli_long("--pdl", a, 0, 2); break;
+        case O_SELSKIP: sel_skip = (unsigned)kv_cli_long("--sel-skip", a, 0, 31); break;
+        case O_CONTEXT:
+            if (!strcmp(a, "synth")) cmode = CTX_SYNTH;
+            else if (!strcmp(a, "prefill")) cmode = CTX_PREFILL;
+            else if (!strcmp(a, "both")) cmode = CTX_BOTH;
+            else kv_cli_usage_error("--context must be synth, prefill or both");
+            break;
         case O_JSON: json = true; break;
         }
     }
@@ -162,17 +151,18 @@ int kv_bench_decode_main(int argc, char **argv)
     kv_status st = kv_gpu_bw_measure(device, &bw);
     if (st) return kv_report(st, "bandwidth");
     kv_gpu_select_us sel_us;
-    if ((st = kv_gpu_bench_select(device, ctx[nctx - 1], topk, &sel_us))) return kv_report(st, "selection kernels");
+    if ((st = kv_gpu_bench_select(device, ctx[nctx - 1], bc.topk, &sel_us)))
+        return kv_report(st, "selection kernels");
     kv_model *m = NULL;
     kv_progress("building synthetic %s", synth);
     if ((st = kv_model_synthetic(synth, seed, wt, &m))) return kv_report(st, "synthetic %s", synth);
     const int L = m->cfg.n_layers;
     kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
-    prun (*runs)[P_COUNT] = calloc((size_t)nctx, sizeof *runs);
+    prun (*runs)[KV_DEC_COUNT] = calloc((size_t)nctx, sizeof *runs);
     char devname[400] = "";
     uint64_t wread = 0, wstore = 0;
     if (!pp || !runs) {
-        kv_model_free(m);
+        kv_model_close(m);
         return kv_report(KV_E_NOMEM, "out of memory");
     }
     int rc = KV_EXIT_OK;
@@ -182,6 +172,7 @@ int kv_bench_decode_main(int argc, char **argv)
         kv_gpu_engine_opts o;
         kv_gpu_engine_opts_default(&o);
         o.device = device;
+        o.pdl = pdl;
         kv_gpu_engine *e = NULL;
         kv_progress("context %d: loading weights", T);
         if ((st = kv_gpu_engine_new(m, NULL, T + extra, &o, &e))) {
@@ -191,22 +182,32 @@ int kv_bench_decode_main(int argc, char **argv)
         snprintf(devname, sizeof devname, "%s", kv_gpu_engine_device(e));
         wread = kv_gpu_engine_weight_read_bytes(e);
         wstore = kv_gpu_engine_weight_bytes(e);
-        for (int p = 0; p < P_COUNT; p++) {
+        for (int p = 0; p < KV_DEC_COUNT; p++) {
             if (!want[p]) continue;
-            kv_progress("context %d: %s", T, pnames[p]);
+            kv_progress("context %d: %s", T, kv_decode_placement_name(p));
             prun *r = &runs[ci][p];
             kv_gpu_engine_opts_default(&o);
             o.device = device;
-            st = make_policy(p, L, qbits, qlayers, topk, channels, sink, window, pp, &o);
+            st = kv_decode_layers_fill((kv_decode_placement)p, &bc, L, pp);
+            o.profile = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH || p == KV_DEC_OFFLOAD;
+            o.pdl = pdl;
+            o.sel_skip = sel_skip;
+            const int ntok = p == KV_DEC_OFFLOAD ? offtok : tokens;
+            const int nnf = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH ? nofetch : 0;
             if (!st)
-                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, warmup,
-                                         p == P_OFFLOAD ? offtok : tokens,
-                                         p == P_HYBRID || p == P_SKETCH ? nofetch : 0, &r->r);
+                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, cmode == CTX_PREFILL,
+                                         warmup, ntok, nnf, &r->r);
+            if (!st && cmode == CTX_BOTH) {
+                kv_progress("context %d: %s after a real prefill", T, kv_decode_placement_name(p));
+                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, true, warmup, ntok, nnf,
+                                         &r->rp);
+                r->ran_pf = !st;
+            }
             r->ran = true;
             if (st) {
                 snprintf(r->err, sizeof r->err, "%s: %s", kv_strerror(st), kv_errdetail());
                 kv_progress_done();
-                kv_warn("context %d, %s: %s", T, pnames[p], r->err);
+                kv_warn("context %d, %s: %s", T, kv_decode_placement_name(p), r->err);
                 r->ran = false;
                 if (st == KV_E_UNAVAILABLE) rc = kv_status_exit(st);
             }
@@ -217,7 +218,7 @@ int kv_bench_decode_main(int argc, char **argv)
     if (rc != KV_EXIT_OK) {
         free(runs);
         free(pp);
-        kv_model_free(m);
+        kv_model_close(m);
         return rc;
     }
 
@@ -225,15 +226,22 @@ int kv_bench_decode_main(int argc, char **argv)
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const prun *last = runs[nctx - 1];
-    const prun *F = &last[P_FULL], *H = &last[P_HYBRID], *S = &last[P_SKETCH], *O = &last[P_OFFLOAD];
+    const prun *F = &last[KV_DEC_FULL], *H = &last[KV_DEC_HYBRID], *S = &last[KV_DEC_SKETCH], *O = &last[KV_DEC_OFFLOAD];
     if (kv_want_json(stdout, json)) {
         printf("{\n  \"bench\": \"decode\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n", date, devname);
         printf("  \"model\": \"%s\",\n  \"weights\": \"%s\",\n  \"weight_bytes_read_per_token\": %llu,\n"
-               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16",
+               "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16",
                (unsigned long long)wread, (unsigned long long)wstore);
-        printf("  \"context_source\": \"synthesized on the device (seeded), no prefill\",\n");
+        printf("  \"context_source\": \"%s\",\n",
+               cmode == CTX_SYNTH     ? "synthesized on the device (seeded), no prefill"
+               : cmode == CTX_PREFILL ? "a seeded random prompt prefilled on the GPU"
+                                      : "both: synthesized, then a seeded random prompt prefilled on the GPU");
         printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
-               "\"sink\": %d, \"window\": %d},\n", qlayers, qbits, topk, channels, sink, window);
+               "\"sink\": %d, \"window\": %d},\n", bc.qlayers, bc.qbits, bc.topk, bc.channels, bc.sink,
+               bc.window);
+        if (pdl == KV_GPU_PDL_AUTO) printf("  \"pdl\": \"auto\",\n");
+        else printf("  \"pdl\": %d,\n", pdl);
+        printf("  \"sel_skip\": %u,\n", sel_skip);
         printf("  \"bandwidth\": {\"h2d\": %.4e, \"d2h\": %.4e, \"d2d_copy\": %.4e, \"zero_copy_read\": %.4e, "
                "\"zero_copy_gather_512B\": %.4e, \"memcpy_gather_512B\": %.4e},\n",
                bw.h2d, bw.d2h, bw.d2d, bw.zc_read, bw.zc_gather, bw.memcpy_gather);
@@ -246,10 +254,10 @@ int kv_bench_decode_main(int argc, char **argv)
         for (int ci = 0; ci < nctx; ci++) {
             printf("    {\"T\": %d, \"policies\": {\n", ctx[ci]);
             int first = 1;
-            for (int p = 0; p < P_COUNT; p++) {
+            for (int p = 0; p < KV_DEC_COUNT; p++) {
                 const prun *r = &runs[ci][p];
                 if (!want[p]) continue;
-                printf("%s      \"%s\": ", first ? "" : ",\n", pnames[p]);
+                printf("%s      \"%s\": ", first ? "" : ",\n", kv_decode_placement_name(p));
                 first = 0;
                 if (!r->ran) {
                     printf("{\"error\": \"%s\"}", r->err);
@@ -266,12 +274,26 @@ int kv_bench_decode_main(int argc, char **argv)
                                      (double)x->pcie_token / (side * 1e-3) / 1e9);
                 if (x->ms_nofetch > 0)
                     printf(", \"ms_no_fetch\": %.4f, \"pcie_hidden\": %.4f", x->ms_nofetch,
-                           hidden_frac(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d));
-                if (p == P_OFFLOAD && runs[ci][P_FULL].ran)
+                           kv_gpu_bench_hidden(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d));
+                if (p == KV_DEC_OFFLOAD && runs[ci][KV_DEC_FULL].ran)
                     printf(", \"pcie_hidden\": %.4f",
-                           hidden_frac(x->ms_median, runs[ci][P_FULL].r.ms_median, x->pcie_token, bw.h2d));
-                if (p == P_FULL)
+                           kv_gpu_bench_hidden(x->ms_median, runs[ci][KV_DEC_FULL].r.ms_median, x->pcie_token, bw.h2d));
+                if (p == KV_DEC_FULL)
                     printf(", \"bound_ms\": %.4f", (double)(wread + x->gpu_kv) / bw.d2d * 1e3);
+                /* the real prefill: its time, tokens/s and attention rate, and
+                 * (both) the decode from its cache against the synthesized one */
+                const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
+                if (xp) {
+                    double af = 4.0 * ctx[ci] * (double)ctx[ci] * m->cfg.n_heads * m->cfg.head_dim / 2 * L;
+                    printf(", \"prefill\": {\"prefill_ms\": %.2f, \"tokens_per_s\": %.1f, \"attn_ms\": %.2f, "
+                           "\"attn_tflops\": %.1f", xp->prefill_ms, ctx[ci] / (xp->prefill_ms * 1e-3),
+                           xp->prefill_attn_ms,
+                           xp->prefill_attn_ms > 0 ? af / (xp->prefill_attn_ms * 1e-3) / 1e12 : 0.0);
+                    if (xp != x)
+                        printf(", \"ms_per_token\": %.4f, \"over_synthesized\": %.4f", xp->ms_median,
+                               xp->ms_median / x->ms_median);
+                    printf("}");
+                }
                 printf("}");
             }
             printf("\n    }}%s\n", ci + 1 < nctx ? "," : "");
@@ -293,11 +315,17 @@ int kv_bench_decode_main(int argc, char **argv)
                        kv, kv <= 0.10 ? "true" : "false");
             }
             if (h->r.ms_nofetch > 0) {
-                double hid = hidden_frac(h->r.ms_median, h->r.ms_nofetch, h->r.pcie_token, bw.h2d);
+                double hid = kv_gpu_bench_hidden(h->r.ms_median, h->r.ms_nofetch, h->r.pcie_token, bw.h2d);
                 printf("    \"%s_pcie_hidden\": {\"value\": %.3f, \"target\": 0.70, \"met\": %s},\n", hn[i], hid,
                        hid >= 0.70 ? "true" : "false");
             }
         }
+        for (int p = 0; p < KV_DEC_COUNT; p++)
+            if (last[p].ran_pf) {
+                double q = last[p].rp.ms_median / last[p].r.ms_median;
+                printf("    \"%s_decode_after_prefill_over_synthesized\": {\"value\": %.4f, \"target\": 1.02, "
+                       "\"met\": %s},\n", kv_decode_placement_name(p), q, q <= 1.02 ? "true" : "false");
+            }
         if (F->ran) {
             double bound = (double)(wread + F->r.gpu_kv) / bw.d2d * 1e3;
             printf("    \"full_over_bound\": {\"value\": %.3f, \"target\": 1.25, \"met\": %s}\n",
@@ -308,7 +336,7 @@ int kv_bench_decode_main(int argc, char **argv)
         printf("  }\n}\n");
     } else {
         printf("%s, %s\n%s %s weights (%.2f GB read per token); context synthesized on the device\n",
-               devname, date, m->cfg.name, wt == KV_W_BF16 ? "bf16" : "f16", (double)wread / 1e9);
+               devname, date, m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16", (double)wread / 1e9);
         printf("bandwidth GB/s: h2d %.1f, d2h %.1f, device copy %.0f, zero-copy read %.1f, "
                "gather 512B rows: zero-copy %.1f vs memcpy %.2f\n",
                bw.h2d / 1e9, bw.d2h / 1e9, bw.d2d / 1e9, bw.zc_read / 1e9, bw.zc_gather / 1e9,
@@ -320,25 +348,33 @@ int kv_bench_decode_main(int argc, char **argv)
         printf("%8s  %-14s %9s %11s %11s %11s %9s %8s\n", "context", "policy", "ms/token", "GPU KV MB",
                "host KV MB", "PCIe MB/tok", "PCIe GB/s", "hidden");
         for (int ci = 0; ci < nctx; ci++)
-            for (int p = 0; p < P_COUNT; p++) {
+            for (int p = 0; p < KV_DEC_COUNT; p++) {
                 const prun *r = &runs[ci][p];
                 if (!want[p]) continue;
                 if (!r->ran) {
-                    printf("%8d  %-14s failed: %s\n", ctx[ci], pnames[p], r->err);
+                    printf("%8d  %-14s failed: %s\n", ctx[ci], kv_decode_placement_name(p), r->err);
                     continue;
                 }
                 const kv_gpu_decode_result *x = &r->r;
                 double side = x->fetch_ms;
                 double hid = -1;
-                if (x->ms_nofetch > 0) hid = hidden_frac(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
-                if (p == P_OFFLOAD && runs[ci][P_FULL].ran)
-                    hid = hidden_frac(x->ms_median, runs[ci][P_FULL].r.ms_median, x->pcie_token, bw.h2d);
-                printf("%8d  %-14s %9.3f %11.1f %11.1f %11.2f ", ctx[ci], pnames[p], x->ms_median,
+                if (x->ms_nofetch > 0) hid = kv_gpu_bench_hidden(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
+                if (p == KV_DEC_OFFLOAD && runs[ci][KV_DEC_FULL].ran)
+                    hid = kv_gpu_bench_hidden(x->ms_median, runs[ci][KV_DEC_FULL].r.ms_median, x->pcie_token, bw.h2d);
+                printf("%8d  %-14s %9.3f %11.1f %11.1f %11.2f ", ctx[ci], kv_decode_placement_name(p), x->ms_median,
                        (double)x->gpu_kv / 1e6, (double)x->host_kv / 1e6, (double)x->pcie_token / 1e6);
                 if (side > 0) printf("%9.1f ", (double)x->pcie_token / (side * 1e-3) / 1e9);
                 else printf("%9s ", "-");
                 if (hid >= 0) printf("%7.0f%%\n", 100 * hid);
                 else printf("%8s\n", "-");
+                const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
+                if (xp)
+                    printf("%8s  %-14s prefill %.1f ms (%.0f tokens/s, attention %.1f ms)%s", "", "",
+                           xp->prefill_ms, ctx[ci] / (xp->prefill_ms * 1e-3), xp->prefill_attn_ms,
+                           xp == x ? "\n" : "");
+                if (xp && xp != x)
+                    printf(", then %.3f ms/token (%.3fx the synthesized context)\n", xp->ms_median,
+                           xp->ms_median / x->ms_median);
             }
         if (F->ran)
             printf("full bound (weights + KV at copy bandwidth): %.3f ms\n",
@@ -346,6 +382,6 @@ int kv_bench_decode_main(int argc, char **argv)
     }
     free(runs);
     free(pp);
-    kv_model_free(m);
+    kv_model_close(m);
     return KV_EXIT_OK;
 }

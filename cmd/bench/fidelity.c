@@ -27,22 +27,24 @@ enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_TEXT = 256, O_TOKENS, O_PRE
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
-    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 0, "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 't', NULL, "FILE", NULL}, /* deprecated: -t is --tokens elsewhere */
     {O_TEXT, 0, "text", "FILE|-", "text to score (encoded after BOS)"},
     {O_TOKENS, 0, "tokens", "FILE|-", "token ids instead of text (whitespace or JSON array)"},
-    {O_POLICY, 'p', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
+    {O_POLICY, 'P', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
+    {O_POLICY, 'p', NULL, "SPEC", NULL}, /* deprecated: -p is --prompt elsewhere */
     {O_REF, 0, "reference", "SPEC", "reference policy (default: full; f32 on the CPU, fp16 on the GPU)"},
     {O_PREFIX, 0, "prefix", "N", "tokens prefilled densely (default: half of the sequence)"},
     {O_MAXTOK, 0, "max-tokens", "N", "use the first N tokens (default: the model's context)"},
     {O_PERPOS, 0, "per-position", NULL, "add each position's KL and top-1 agreement to the JSON"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
-    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
-    "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -p SPEC...",
+    "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -P SPEC...",
     "KL divergence, top-1 agreement and perplexity of KV policies against full.", opts,
     "KL(reference || policy) in nats per position, over the positions predicted by\n"
     "decode steps after the prefix.  On the GPU (--device cuda) the reference and\n"
@@ -74,7 +76,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         case O_DEVICE:
-            if (kv_device_parse(a, &co.device)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            co.device = kv_cli_device(a, &co.ordinal);
             break;
         }
     }
@@ -110,7 +112,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
         st = kv_compare_open_model(model, tokp, &m, &tok);
         if (st == KV_OK) st = kv_tokenizer_encode(tok, buf, len, true, false, &ids, &n);
     } else {
-        st = kv_model_load(model, &m);
+        st = kv_model_open(model, &m);
         if (st == KV_OK) st = kv_tokens_parse(buf, len, &ids, &n);
         for (int i = 0; st == KV_OK && i < n; i++)
             if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
@@ -154,7 +156,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
                                refspec ? refspec : "full", pols, res, npol, L, per_pos)))
         rc = kv_report(st, "stdout");
 out:
-    for (int i = 0; res && i < npol; i++) kv_compare_result_free(&res[i]);
+    for (int i = 0; res && i < npol; i++) kv_compare_result_clear(&res[i]);
     free(res);
     free(pp);
     free(all);
@@ -162,6 +164,6 @@ out:
     free(ids);
     free(buf);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
+    kv_model_close(m);
     return rc;
 }

@@ -31,7 +31,7 @@ static const kv_option opts[] = {
     {O_REPS, 0, "reps", "N", "timings; the median is reported (default 5)"},
     {O_CPUT, 0, "cpu-context", "T", "tokens of the CPU measurement (default 8192)"},
     {O_NOGPU, 0, "cpu-only", NULL, "skip the GPU measurements"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -65,7 +65,7 @@ int kv_bench_pack_main(int argc, char **argv)
             if (!nbits) kv_cli_usage_error("--bits: empty list");
             break;
         }
-        case O_KVH: cfg.kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
+        case O_KVH: cfg.n_kv_heads = (int)kv_cli_long("--kv-heads", a, 1, 1024); break;
         case O_DIM: cfg.head_dim = (int)kv_cli_long("--head-dim", a, 1, 1024); break;
         case O_GROUP: cfg.group = (int)kv_cli_long("--group", a, 1, 65536); break;
         case O_RESID: cfg.residual = (int)kv_cli_long("--residual", a, 0, 1 << 24); break;
@@ -118,7 +118,7 @@ int kv_bench_pack_main(int argc, char **argv)
                    dev.name, dev.sms, dev.driver, dev.runtime, copy);
         printf("  \"geometry\": {\"kv_heads\": %d, \"head_dim\": %d, \"group\": %d, \"residual\": %d, "
                "\"gpu_T\": %d, \"cpu_T\": %d, \"cpu_threads\": %d},\n  \"results\": [\n",
-               cfg.kv_heads, cfg.head_dim, cfg.group, cfg.residual, cfg.T, cpu_T, threads);
+               cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, cfg.T, cpu_T, threads);
         for (int i = 0; i < nbits; i++) {
             printf("    {\"bits\": %d", bits[i]);
             if (gpu) {
@@ -140,7 +140,7 @@ int kv_bench_pack_main(int argc, char **argv)
             printf("%s, driver %d, runtime %d, %s; copy bandwidth %.0f GB/s\n", dev.name, dev.driver,
                    dev.runtime, date, copy / 1e9);
         printf("%d KV heads, head dim %d, group %d, residual %d; GPU %d tokens, CPU %d tokens\n",
-               cfg.kv_heads, cfg.head_dim, cfg.group, cfg.residual, cfg.T, cpu_T);
+               cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, cfg.T, cpu_T);
         printf("%4s %10s %12s %8s %14s %16s\n", "bits", "GPU us", "GPU r+w GB/s", "of copy",
                "CPU 1 thr GB/s", "CPU all thr GB/s");
         for (int i = 0; i < nbits; i++) {

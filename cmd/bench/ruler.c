@@ -1,81 +1,84 @@
 /*
- * kv-bench ruler: needle-retrieval accuracy of KV policies on RULER JSONL
- * tasks (lib/kv_niah), per policy and per task length, with the bytes each
- * policy keeps resident, keeps in host memory and fetches per decode step,
- * on the CPU engine or the GPU engine (--device, through lib/kv_runner).
- * A table on a terminal, JSON when piped or with --json.
+ * kv-bench ruler: needle and RULER accuracy of KV policies on RULER JSONL
+ * task files (lib/eval/kv_niah, kv_ruler), per policy, task and length,
+ * with the bytes each policy keeps resident, keeps in host memory and
+ * fetches per decode step, on the CPU engine or the GPU engine (--device,
+ * through lib/engine/kv_runner).  A batch (bench_batch.h): --output,
+ * --resume, --shard, --strict, --pred-dir.  A table on a terminal, JSON
+ * when piped or with --json.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_batch.h"
 #include "kv_cli.h"
-#include "eval/kv_compare.h"
 #include "engine/kv_engine.h"
-#include "common/kv_json.h"
-#include "eval/kv_niah.h"
 #include "engine/kv_runner.h"
+#include "eval/kv_compare.h"
+#include "eval/kv_ruler.h"
 #include "model/kv_tokenizer.h"
 
 int kv_bench_ruler_main(int argc, char **argv);
 
 /* getopt returns the short letter for a short option: ids of options with
  * one are that letter */
-enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_LENGTH = 'l', O_TASKS = 256, O_LIMIT,
-       O_MODE, O_GEN, O_PERTASK, O_JSON, O_THREADS, O_DEVICE, O_SELECT };
+enum { O_MODEL = 'm', O_TOK = 't', O_LENGTH = 'l', O_TASKS = 256, O_LIMIT, O_MODE, O_GEN,
+       O_METRIC, O_PERTASK, O_JSON, O_THREADS, O_DEVICE, O_SELECT };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
-    {O_TOK, 't', "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
-    {O_TASKS, 0, "tasks", "FILE|-", "RULER JSONL tasks (index, input, outputs, length)"},
-    {O_POLICY, 'p', "policy", "SPEC", "KV policy spec, repeatable (default: full)"},
+    {O_TOK, 0, "tokenizer", "FILE", "llama2.c tokenizer.bin (GGUF models carry their own)"},
+    {O_TOK, 't', NULL, "FILE", NULL}, /* deprecated: -t is --tokens elsewhere */
+    {O_TASKS, 0, "tasks", "FILE|-", "RULER JSONL tasks, repeatable (one file per task)"},
+    BENCH_BATCH_OPTIONS,
     {O_LENGTH, 'l', "length", "N", "only tasks of this length, repeatable (default: all)"},
-    {O_LIMIT, 0, "limit", "N", "at most N tasks per length (default: all)"},
+    {O_LIMIT, 0, "limit", "N", "at most N tasks per length and file (default: all)"},
     {O_MODE, 0, "mode", "MODE", "question (haystack dense, question decoded; default) or prefill"},
-    {O_GEN, 0, "gen", "N", "tokens generated per task (default 7)"},
+    {O_GEN, 0, "gen", "N", "tokens generated per task (default: RULER's per task, else 7)"},
+    {O_METRIC, 0, "metric", "M", "all or part for every file (default: by task name)"},
     {O_PERTASK, 0, "per-task", NULL, "include every task's prediction in the JSON"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
-    {O_THREADS, 0, "threads", "N", "matmul threads (default: OpenMP's)"},
-    {O_DEVICE, 0, "device", "DEV", "cpu, cuda or auto (default cpu; auto: the GPU when usable)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
+    {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
+    {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {0, 0, NULL, NULL, NULL},
 };
 
 static const kv_cli_spec spec = {
-    "kv-bench ruler", "--model FILE [--tokenizer FILE] --tasks FILE [-p SPEC]...",
-    "Needle accuracy and KV bytes of each policy on RULER JSONL tasks.", opts,
-    "Modes: 'question' prefills the haystack up to the last \"\\nQuestion:\" densely and\n"
-    "decodes the question and answer through the policy; 'prefill' prefills the whole\n"
-    "prompt densely (the first answer token then comes from dense attention).\n"
+    "kv-bench ruler", "--model FILE [--tokenizer FILE] --tasks FILE... [-P SPEC]...",
+    "Needle/RULER accuracy and KV bytes of each policy on RULER JSONL tasks.", opts,
+    "The prompt is input + answer_prefix, as RULER sends it.  Modes: 'question' prefills\n"
+    "the haystack densely and decodes the question and answer through the policy (the\n"
+    "question starts at the last \"\\nQuestion:\", or in RULER's own files at the input's\n"
+    "last line; a task without one runs in prefill mode, counted in \"modes\");\n"
+    "'prefill' prefills the whole prompt densely.  Each file is a task named by its base\n"
+    "name (data/<task>/validation.jsonl by its folder) and scored with RULER's metric:\n"
+    "string_match_part for qa_*, string_match_all for the rest.  Malformed lines and\n"
+    "prompts longer than the context are skipped with a warning (--strict: exit 65).\n"
     "On the GPU (--device cuda) every policy runs on the GPU engine (fp16 weights and KV)."};
-
-typedef struct {
-    const char *policy;
-    int length, n;
-    double acc, resident, host, fetched, full, ms;
-    int first, count; /* rows of tasks in the per-task arrays */
-} row;
 
 int kv_bench_ruler_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    const char *model = NULL, *tokp = NULL, *tasks = NULL, *a;
-    const char *pols[64];
-    int npol = 0, lens[16], nlen = 0, limit = 0, oi;
-    bool json = false, per_task = false, sketch = false;
+    const char *model = NULL, *tokp = NULL, *tasks[64], *a;
+    int ntasks = 0, lens[16], nlen = 0, limit = 0, gen = 0, oi;
+    bool json = false, per_task = false, sketch = false, have_metric = false;
+    kv_ruler_metric metric = KV_RULER_MATCH_ALL;
+    kv_niah_mode mode = KV_NIAH_QUESTION;
     kv_device dev = KV_DEVICE_CPU;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
-    kv_niah_opts no;
-    kv_niah_opts_default(&no);
+    bench_batch bb;
+    bench_batch_init(&bb);
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
+        if (bench_batch_option(&bb, c, a)) continue;
         switch (c) {
         case O_MODEL: model = a; break;
         case O_TOK: tokp = a; break;
-        case O_TASKS: tasks = a; break;
-        case O_POLICY:
-            if (npol == 64) kv_cli_usage_error("at most 64 policies");
-            pols[npol++] = a;
+        case O_TASKS:
+            if (ntasks == 64) kv_cli_usage_error("at most 64 task files");
+            tasks[ntasks++] = a;
             break;
         case O_LENGTH:
             if (nlen == 16) kv_cli_usage_error("at most 16 lengths");
@@ -83,16 +86,20 @@ int kv_bench_ruler_main(int argc, char **argv)
             break;
         case O_LIMIT: limit = (int)kv_cli_long("--limit", a, 1, 1 << 30); break;
         case O_MODE:
-            if (!strcmp(a, "question")) no.mode = KV_NIAH_QUESTION;
-            else if (!strcmp(a, "prefill")) no.mode = KV_NIAH_PREFILL;
+            if (!strcmp(a, "question")) mode = KV_NIAH_QUESTION;
+            else if (!strcmp(a, "prefill")) mode = KV_NIAH_PREFILL;
             else kv_cli_usage_error("--mode: '%s' (question or prefill)", a);
             break;
-        case O_GEN: no.gen = (int)kv_cli_long("--gen", a, 1, 4096); break;
+        case O_GEN: gen = (int)kv_cli_long("--gen", a, 1, 4096); break;
+        case O_METRIC:
+            if (kv_ruler_metric_parse(a, &metric)) kv_cli_usage_error("--metric must be all or part");
+            have_metric = true;
+            break;
         case O_PERTASK: per_task = true; break;
         case O_JSON: json = true; break;
         case O_THREADS: kv_engine_set_threads((int)kv_cli_long("--threads", a, 1, 1024)); break;
         case O_DEVICE:
-            if (kv_device_parse(a, &dev)) kv_cli_usage_error("--device must be cpu, cuda or auto");
+            dev = kv_cli_device(a, &go.device);
             break;
         case O_SELECT:
             if (!strcmp(a, "sketch")) sketch = true;
@@ -102,163 +109,97 @@ int kv_bench_ruler_main(int argc, char **argv)
     }
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
     if (!model) kv_cli_usage_error("--model is required");
-    if (!tasks) kv_cli_usage_error("--tasks is required");
-    if (npol == 0) pols[npol++] = "full";
+    if (!ntasks) kv_cli_usage_error("--tasks is required");
+    bench_batch_check(&bb);
 
-    int rc = KV_EXIT_OK;
+    int rc = KV_EXIT_OK, np = 0, nf = 0;
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     kv_runner *e = NULL;
-    kv_niah_set set = {0};
+    kv_ruler_file *files = calloc((size_t)ntasks, sizeof *files);
+    kv_batch_policy *pols = NULL;
     kv_policy_params *prm = NULL;
-    row *rows = NULL;
-    char **preds = NULL;
-    double *scores = NULL;
-    int *tidx = NULL, nrows = 0, npred = 0;
-    kv_status st = kv_niah_load(tasks, &set);
-    if (st) {
-        rc = kv_report(st, "%s", tasks);
+    kv_batch_log *log = NULL;
+    kv_batch_done *done = NULL;
+    cJSON *header = NULL, *records = NULL, *headers = NULL;
+    kv_batch_hooks hooks;
+    bench_batch_hooks(&hooks);
+    kv_status st;
+    if (!files) {
+        rc = kv_report(KV_E_NOMEM, "tasks");
         goto out;
     }
-    /* policy specs are checked before the model loads: a typo costs nothing */
-    for (int i = 0; i < npol; i++) {
-        kv_policy_params tmp[1];
-        if ((st = kv_policy_parse(pols[i], 1, tmp))) {
-            rc = kv_report(st, "--policy %s", pols[i]);
+    for (; nf < ntasks; nf++)
+        if ((st = kv_ruler_file_open(tasks[nf], have_metric ? &metric : NULL, gen, &files[nf]))) {
+            rc = kv_report(st, "%s", tasks[nf]);
             goto out;
         }
-    }
+    /* nothing to run at all is an error, named by the first bad line */
+    int valid = 0;
+    for (int i = 0; i < nf; i++) valid += files[i].set.n;
+    for (int i = 0; i < nf && !valid; i++)
+        if (files[i].set.n_bad) {
+            rc = kv_report(kv_fail(KV_E_DATA, "%s:%d: %s", tasks[i], files[i].set.bad[0].line,
+                                   files[i].set.bad[0].why), "no usable task");
+            goto out;
+        }
+    /* policy specs are checked before the model loads: a typo costs nothing */
+    if ((rc = bench_batch_precheck(&bb))) goto out;
     if ((st = kv_compare_open_model(model, tokp, &m, &tok))) {
         rc = kv_report(st, "%s", model);
         goto out;
     }
-    const int L = m->cfg.n_layers;
-    prm = calloc((size_t)L, sizeof *prm);
-    if (!prm) {
-        rc = kv_report(KV_E_NOMEM, "engine");
-        goto out;
-    }
+    if ((rc = bench_batch_policies(&bb, m->cfg.n_layers, sketch, &pols, &prm, &np))) goto out;
     if ((st = kv_runner_new(m, NULL, 0, dev, &go, &e))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "engine");
         goto out;
     }
     kv_note(1, "running on %s", kv_runner_device(e));
-    /* the lengths to run: given, or every distinct length in file order */
-    if (nlen == 0)
-        for (int i = 0; i < set.n && nlen < 16; i++) {
-            bool seen = false;
-            for (int j = 0; j < nlen; j++) seen |= lens[j] == set.tasks[i].length;
-            if (!seen) lens[nlen++] = set.tasks[i].length;
-        }
-    rows = calloc((size_t)npol * (size_t)nlen, sizeof *rows);
-    preds = calloc((size_t)npol * (size_t)set.n + 1, sizeof *preds);
-    scores = calloc((size_t)npol * (size_t)set.n + 1, sizeof *scores);
-    tidx = calloc((size_t)npol * (size_t)set.n + 1, sizeof *tidx);
-    if (!rows || !preds || !scores || !tidx) {
-        rc = kv_report(KV_E_NOMEM, "results");
+    kv_ruler_opts ro = {mode, lens, nlen, limit, bb.shard_i, bb.shard_n, bb.strict};
+    header = kv_ruler_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
+                             files, nf, &ro);
+    if (!header) {
+        rc = kv_report(KV_E_NOMEM, "header");
         goto out;
     }
-    for (int pi = 0; pi < npol; pi++) {
-        if ((st = kv_policy_parse(pols[pi], L, prm))) {
-            rc = kv_report(st, "--policy %s", pols[pi]);
-            goto out;
-        }
-        if (sketch) kv_policy_set_select(prm, L, KV_SELECT_SKETCH);
-        for (int li = 0; li < nlen; li++) {
-            row *r = &rows[nrows++];
-            r->policy = pols[pi];
-            r->length = lens[li];
-            r->first = npred;
-            for (int ti = 0; ti < set.n; ti++) {
-                const kv_niah_task *t = &set.tasks[ti];
-                if (t->length != lens[li] || (limit && r->n >= limit)) continue;
-                kv_niah_result res;
-                kv_progress("%s: length %d, task %d", pols[pi], lens[li], t->index);
-                if ((st = kv_niah_run(e, tok, prm, t, &no, &res))) {
-                    kv_progress_done();
-                    rc = kv_report(st, "task %d (line %d)", t->index, t->line);
-                    goto out;
-                }
-                kv_note(1, "%s len %d task %d: %.0f \"%s\"", pols[pi], lens[li], t->index,
-                        res.score, res.pred);
-                r->n++;
-                r->acc += res.score;
-                r->resident += (double)res.bytes.resident;
-                r->host += (double)res.bytes.host;
-                r->fetched += res.fetched_per_step;
-                r->full += res.full_bytes;
-                r->ms += res.ms;
-                preds[npred] = res.pred;
-                scores[npred] = res.score;
-                tidx[npred++] = t->index;
-            }
-            r->count = npred - r->first;
-            if (r->n) {
-                r->acc /= r->n;
-                r->resident /= r->n;
-                r->host /= r->n;
-                r->fetched /= r->n;
-                r->full /= r->n;
-                r->ms /= r->n;
-            }
-        }
-    }
+    if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
+    st = kv_ruler_batch(e, tok, files, nf, pols, np, &ro, log, done, records, &hooks);
     kv_progress_done();
-
-    if (kv_want_json(stdout, json)) {
-        printf("{\"tool\": \"kv-bench ruler\", \"model\": ");
-        kv_json_string(stdout, model);
-        printf(", \"tasks\": ");
-        kv_json_string(stdout, tasks);
-        printf(", \"device\": ");
-        kv_json_string(stdout, kv_runner_device(e));
-        printf(", \"mode\": \"%s\", \"gen\": %d, \"results\": [",
-               no.mode == KV_NIAH_QUESTION ? "question" : "prefill", no.gen);
-        for (int i = 0; i < nrows; i++) {
-            const row *r = &rows[i];
-            printf("%s\n  {\"policy\": ", i ? "," : "");
-            kv_json_string(stdout, r->policy);
-            printf(", \"length\": %d, \"n\": %d, \"accuracy\": ", r->length, r->n);
-            kv_json_number(stdout, r->acc);
-            printf(", \"resident_bytes\": %.0f, \"host_bytes\": %.0f, \"fetched_bytes_per_step\": %.0f, "
-                   "\"full_f16_bytes\": %.0f, \"ms_per_task\": ",
-                   r->resident, r->host, r->fetched, r->full);
-            kv_json_number(stdout, r->ms);
-            if (per_task) {
-                printf(", \"tasks\": [");
-                for (int k = 0; k < r->count; k++) {
-                    printf("%s{\"index\": %d, \"score\": ", k ? ", " : "", tidx[r->first + k]);
-                    kv_json_number(stdout, scores[r->first + k]);
-                    printf(", \"prediction\": ");
-                    kv_json_string(stdout, preds[r->first + k]);
-                    printf("}");
-                }
-                printf("]");
-            }
-            printf("}");
-        }
-        printf("\n]}\n");
-    } else {
-        printf("device: %s\n", kv_runner_device(e));
-        printf("%-40s %6s %4s %6s %12s %12s %14s %9s\n", "policy", "length", "n", "acc",
-               "resident KiB", "host KiB", "fetched KiB/t", "ms/task");
-        for (int i = 0; i < nrows; i++) {
-            const row *r = &rows[i];
-            printf("%-40s %6d %4d %6.3f %12.1f %12.1f %14.1f %9.0f\n", r->policy, r->length, r->n,
-                   r->acc, r->resident / 1024, r->host / 1024, r->fetched / 1024, r->ms);
-        }
+    if (st) {
+        rc = kv_report(st, "ruler");
+        goto out;
     }
-    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+    if ((st = kv_batch_close(log))) {
+        log = NULL;
+        rc = kv_report(st, "%s", bb.output);
+        goto out;
+    }
+    log = NULL;
+    if (!(headers = cJSON_CreateArray())) {
+        rc = kv_report(KV_E_NOMEM, "summary");
+        goto out;
+    }
+    cJSON_AddItemReferenceToArray(headers, header);
+    if (bb.pred_dir && (st = kv_ruler_write_preds(bb.pred_dir, headers, records, files, nf))) {
+        rc = kv_report(st, "--pred-dir %s", bb.pred_dir);
+        goto out;
+    }
+    if (bb.svg && (rc = bench_batch_svg(bb.svg, headers, records))) goto out;
+    if ((st = kv_ruler_summary(stdout, kv_want_json(stdout, json), headers, records, per_task)))
+        rc = kv_report(st, "summary");
+    else if (fflush(stdout) || ferror(stdout))
+        rc = kv_report(KV_E_IO, "stdout");
 out:
-    for (int i = 0; preds && i < npred; i++) free(preds[i]);
-    free(tidx);
-    free(scores);
-    free(preds);
-    free(rows);
-    free(prm);
+    kv_batch_close(log);
+    cJSON_Delete(headers);
+    cJSON_Delete(header);
+    cJSON_Delete(records);
+    kv_batch_done_free(done);
+    bench_batch_policies_free(pols, prm, np);
     kv_runner_free(e);
     kv_tokenizer_free(tok);
-    kv_model_free(m);
-    kv_niah_free(&set);
+    kv_model_close(m);
+    for (int i = 0; i < nf; i++) kv_ruler_file_close(&files[i]);
+    free(files);
     return rc;
 }

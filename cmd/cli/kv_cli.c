@@ -4,7 +4,9 @@
  * detection, and a progress line that appears only on a terminal.
  */
 #include "kv_cli.h"
+#include "common/kv_outfile.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -73,6 +75,7 @@ void kv_cli_init(const kv_cli_spec *spec, int argc, char **argv)
 static void print_opts(FILE *f, const kv_option *o)
 {
     for (; o->id; o++) {
+        if (!o->help) continue; /* a deprecated spelling: works, not shown */
         char left[96];
         int n = 0;
         if (o->short_name)
@@ -120,9 +123,34 @@ static void print_version(void)
 
 #define MAX_OPTS 96
 
+/* "-t is deprecated here: use --temp" (the entry of the same id that has
+ * help names the current spelling), once per old spelling.  alias is a
+ * short-only or a long-only entry without help. */
+static void deprecated(const kv_option *alias)
+{
+    static const kv_option *said[MAX_OPTS];
+    static int n_said;
+    for (int i = 0; i < n_said; i++)
+        if (said[i] == alias) return;
+    if (n_said < MAX_OPTS) said[n_said++] = alias;
+    char old[64];
+    if (alias->long_name) snprintf(old, sizeof old, "--%s", alias->long_name);
+    else snprintf(old, sizeof old, "-%c", alias->short_name);
+    const kv_option *now = NULL;
+    for (const kv_option *o = the_spec->opts; o && o->id; o++)
+        if (o->id == alias->id && o->help && o->long_name) now = o;
+    if (now && now->short_name)
+        kv_warn("%s is deprecated here: use -%c or --%s", old, now->short_name, now->long_name);
+    else if (now)
+        kv_warn("%s is deprecated here: use --%s", old, now->long_name);
+    else
+        kv_warn("%s is deprecated", old);
+}
+
 int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
 {
     static struct option longs[MAX_OPTS];
+    static const kv_option *long_of[MAX_OPTS]; /* the entry of each longs[] */
     static char shorts[MAX_OPTS * 2 + 2];
     static bool built = false;
     if (!built) {
@@ -131,10 +159,12 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
         const kv_option *tables[2] = {the_spec->opts, common_opts};
         for (int t = 0; t < 2; t++) {
             for (const kv_option *o = tables[t]; o && o->id; o++) {
-                if (o->long_name && nl < MAX_OPTS - 1)
+                if (o->long_name && nl < MAX_OPTS - 1) {
+                    long_of[nl] = o;
                     longs[nl++] = (struct option){o->long_name,
                                                   o->arg ? required_argument : no_argument,
                                                   NULL, o->id};
+                }
                 if (o->short_name && ns < (int)sizeof shorts - 3) {
                     shorts[ns++] = o->short_name;
                     if (o->arg) shorts[ns++] = ':';
@@ -147,8 +177,8 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
         built = true;
     }
     for (;;) {
-        int prev = optind;
-        int c = getopt_long(argc, argv, shorts, longs, NULL);
+        int prev = optind, li = -1;
+        int c = getopt_long(argc, argv, shorts, longs, &li);
         *arg = optarg;
         *optind_out = optind;
         if (c == -1) return -1;
@@ -164,9 +194,12 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
             exit(KV_EXIT_USAGE);
         }
         /* getopt returns the character for a short option: map it to the
-         * id of the table entry that declares it. */
-        for (const kv_option *o = the_spec->opts; o && o->id; o++)
-            if (o->short_name && c == (unsigned char)o->short_name && o->id != c) {
+         * id of the table entry that declares it; an entry without help is
+         * an old spelling kept for scripts, which says so once. */
+        if (li >= 0 && !long_of[li]->help) deprecated(long_of[li]);
+        for (const kv_option *o = the_spec->opts; li < 0 && o && o->id; o++)
+            if (o->short_name && c == (unsigned char)o->short_name) {
+                if (!o->help) deprecated(o);
                 c = o->id;
                 break;
             }
@@ -263,6 +296,35 @@ double kv_cli_double(const char *opt, const char *s, double lo, double hi)
     return v;
 }
 
+uint64_t kv_cli_bytes(const char *opt, const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-') kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
+    unsigned sh = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': sh = 10; break;
+    case 'M': sh = 20; break;
+    case 'G': sh = 30; break;
+    case 'T': sh = 40; break;
+    default: kv_cli_usage_error("%s expects a byte count (suffix K, M, G, T), got '%s'", opt, s);
+    }
+    if (*end && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))
+        kv_cli_usage_error("%s expects a byte count (suffix K, M, G, T), got '%s'", opt, s);
+    if (sh && v > (~0ull >> sh)) kv_cli_usage_error("%s: '%s' is too large", opt, s);
+    return (uint64_t)v << sh;
+}
+
+kv_device kv_cli_device(const char *s, int *ordinal)
+{
+    kv_device d;
+    if (kv_device_parse(s, &d, ordinal))
+        kv_cli_usage_error("--device must be cpu, cuda or auto (or cuda:N, N for a CUDA device), got '%s'", s);
+    return d;
+}
+
 bool kv_is_tty(FILE *f) { return isatty(fileno(f)) == 1; }
 
 bool kv_color_ok(FILE *f)
@@ -306,4 +368,71 @@ void kv_progress_done(void)
     if (!progress_shown) return;
     fputs("\r\033[K", stderr);
     progress_shown = false;
+}
+
+int64_t kv_cli_clock(const char *env)
+{
+    const char *e = getenv(env);
+    if (e && *e) return (int64_t)kv_cli_long(env, e, 0, 1L << 40);
+    return (int64_t)time(NULL);
+}
+
+const char *kv_cli_operand(int argc, char **argv, int *i, const char *what)
+{
+    if (*i >= argc) kv_cli_usage_error("missing %s", what);
+    return argv[(*i)++];
+}
+
+void kv_cli_no_more(int argc, char **argv, int i)
+{
+    if (i < argc) kv_cli_usage_error("unexpected argument '%s'", argv[i]);
+}
+
+static void sub_usage_short(const kv_cli_spec *top)
+{
+    fprintf(stderr, "usage: %s %s\nTry '%s --help' for more information.\n", top->name, top->synopsis, top->name);
+}
+
+int kv_cli_subcommands(const kv_cli_spec *top, const kv_cli_spec *subs, const kv_cli_sub_fn *fns, int n,
+                       const char *version_extra, int argc, char **argv)
+{
+    kv_cli_init(top, argc, argv);
+    if (argc < 2) {
+        fprintf(stderr, "%s: missing subcommand\n", top->name);
+        sub_usage_short(top);
+        return KV_EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "-h") || !strcmp(sub, "--help")) {
+        printf("usage: %s %s\n%s\n\nSubcommands:\n", top->name, top->synopsis, top->summary);
+        for (int i = 0; i < n; i++) printf("  %s %s\n      %s\n", subs[i].name, subs[i].synopsis, subs[i].summary);
+        printf("\nRun '%s SUBCOMMAND --help' for its options.  %s\n"
+               "Exit status: 0 ok, 64 usage, 65 bad data, 66 no input, 69 unavailable,\n"
+               "70 internal, 73 cannot create output, 74 I/O error.\n",
+               top->name, top->epilog ? top->epilog : "");
+        return KV_EXIT_OK;
+    }
+    if (!strcmp(sub, "-V") || !strcmp(sub, "--version")) {
+        kv_cli_version_extra = version_extra;
+        const char *a;
+        int oi;
+        char *vargv[] = {argv[0], (char *)"--version", NULL};
+        kv_cli_next(2, vargv, &a, &oi); /* prints and exits */
+        return KV_EXIT_OK;
+    }
+    size_t tl = strlen(top->name);
+    for (int i = 0; i < n; i++) {
+        if (strncmp(subs[i].name, top->name, tl) || subs[i].name[tl] != ' ' || strcmp(sub, subs[i].name + tl + 1))
+            continue;
+        kv_cli_init(&subs[i], argc - 1, argv + 1);
+        int rc = fns[i](argc - 1, argv + 1);
+        if (!rc && (fflush(stdout) != 0 || ferror(stdout))) {
+            kv_warn("write error on stdout");
+            rc = KV_EXIT_IOERR;
+        }
+        return rc;
+    }
+    fprintf(stderr, "%s: unknown subcommand '%s'\n", top->name, sub);
+    sub_usage_short(top);
+    return KV_EXIT_USAGE;
 }

@@ -12,9 +12,11 @@
 #define KV_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdnoreturn.h>
 
+#include "common/kv_device.h"
 #include "common/kv_status.h"
 
 #define KV_VERSION "0.1.0"
@@ -25,7 +27,9 @@ typedef struct {
     char short_name;       /* 0 if none */
     const char *long_name; /* NULL if none */
     const char *arg;       /* metavar if the option takes an argument, else NULL */
-    const char *help;      /* one line */
+    const char *help;      /* one line; NULL: a deprecated spelling, short-only
+                              or long-only (no --help line; using it warns once,
+                              naming the entry of the same id that has help) */
 } kv_option;
 
 typedef struct {
@@ -63,6 +67,11 @@ int kv_report(kv_status st, const char *fmt, ...) __attribute__((format(printf, 
 /* Numeric option parsing; a bad value is a usage error (exit 64). */
 long kv_cli_long(const char *opt, const char *s, long lo, long hi);
 double kv_cli_double(const char *opt, const char *s, double lo, double hi);
+/* A byte count with an optional binary suffix: 512, 64K, 2MiB, 1G, 3TB. */
+uint64_t kv_cli_bytes(const char *opt, const char *s);
+/* --device: cpu, cuda, auto, cuda:N or N (kv_device_parse); *ordinal (may
+ * be NULL) gets the CUDA device, 0 unless named. */
+kv_device kv_cli_device(const char *s, int *ordinal);
 
 bool kv_is_tty(FILE *f);
 bool kv_color_ok(FILE *f); /* tty and NO_COLOR unset */
@@ -74,6 +83,27 @@ void kv_refuse_binary_tty(FILE *f, const char *what);
 /* Rate-limited progress line on stderr (at most ~4 updates/s, tty only). */
 void kv_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kv_progress_done(void);
+
+/* Seconds since the epoch, or the value of environment variable env when it
+ * is set (a fixed clock for reproducible tests; a bad value is a usage error). */
+int64_t kv_cli_clock(const char *env);
+
+/* Operands after the options: the next one (missing: a usage error naming
+ * what), and the check that none is left over. */
+const char *kv_cli_operand(int argc, char **argv, int *i, const char *what);
+void kv_cli_no_more(int argc, char **argv, int i);
+
+/*
+ * A tool made of subcommands (kv-tree): top names the tool (its synopsis
+ * and summary head --help); subs[i] is "TOOL SUB"'s spec and fns[i] runs it
+ * on argv shifted by one (after kv_cli_init with that spec).  A missing or
+ * unknown subcommand is a usage error (64, with the short usage); --help
+ * lists the subcommands and top->epilog on stdout; --version adds
+ * version_extra.  After a subcommand succeeds, a failed stdout is 74.
+ */
+typedef int (*kv_cli_sub_fn)(int argc, char **argv);
+int kv_cli_subcommands(const kv_cli_spec *top, const kv_cli_spec *subs, const kv_cli_sub_fn *fns, int n,
+                       const char *version_extra, int argc, char **argv);
 
 /* Extra --version line from the tool (e.g. format version); may be NULL. */
 extern const char *kv_cli_version_extra;

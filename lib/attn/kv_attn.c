@@ -11,12 +11,14 @@
 
 kv_status kv_attn_check(const kv_attn_dims *d)
 {
-    if (d->n_heads < 1 || d->kv_heads < 1 || d->n_heads % d->kv_heads)
+    if (d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads)
         return kv_fail(KV_E_USAGE, "%d query heads are not a multiple of %d KV heads",
-                       d->n_heads, d->kv_heads);
+                       d->n_heads, d->n_kv_heads);
     if (d->head_dim < 1 || d->head_dim > KV_QUANT_MAX_DIM)
         return kv_fail(KV_E_USAGE, "head dim %d outside 1..%d", d->head_dim, KV_QUANT_MAX_DIM);
     if (d->T < 1) return kv_fail(KV_E_USAGE, "attention over %d tokens", d->T);
+    if (d->head_stride && d->head_stride != (long long)d->T * d->head_dim)
+        return kv_fail(KV_E_USAGE, "head stride %lld: the CPU attention takes [kv_heads, T, head_dim]", d->head_stride);
     if (!(d->scale > 0.0f) || !isfinite(d->scale))
         return kv_fail(KV_E_USAGE, "softmax scale %g is not a positive number", (double)d->scale);
     return KV_OK;
@@ -40,7 +42,7 @@ float kv_softmax_unnormalized(float *s, int T)
 /* One layout-agnostic loop for both element types: get(p, i) reads element i. */
 #define DENSE_BODY(get)                                                              \
     do {                                                                             \
-        const int D = d->head_dim, T = d->T, rep = d->n_heads / d->kv_heads;         \
+        const int D = d->head_dim, T = d->T, rep = d->n_heads / d->n_kv_heads;         \
         float *s = malloc((size_t)T * sizeof(float));                                \
         if (!s) return kv_fail(KV_E_NOMEM, "attention scratch of %d tokens", T);     \
         for (int h = 0; h < d->n_heads; h++) {                                       \

@@ -1,7 +1,7 @@
 /*
  * kv_file: the one whole-file reader behind every small text or binary input
  * (see kv_file.h).  Large inputs (.kvc files, models) do not come here: they
- * are mmapped or streamed by kvc.c and kv_model.c.
+ * are mmapped or streamed by lib/format/kvc_file.c and lib/model/kv_model.c.
  */
 #include "common/kv_file.h"
 

@@ -39,6 +39,19 @@
 #include <assert.h> /* static_assert in C11 */
 #endif
 
+/* The shape of one decode-attention call, for the CPU references (lib/attn,
+ * lib/quant) and the CUDA kernels (kernels/kv_kernels.h) alike: query head h
+ * attends with KV head h / (n_heads / n_kv_heads). */
+typedef struct {
+    int n_heads;           /* query heads */
+    int n_kv_heads;        /* KV heads; n_heads % n_kv_heads == 0 (the kernels: ratio 1, 2, 4 or 8) */
+    int head_dim;          /* D (the kernels: 64 or 128) */
+    int T;                 /* cached tokens attended to (the new token's K/V included) */
+    long long head_stride; /* elements between KV heads in k and v: 0 means T * head_dim (the
+                              only layout the CPU references take; the fp16 kernel takes more) */
+    float scale;           /* softmax scale, usually 1/sqrt(D) */
+} kv_attn_dims;
+
 /* The largest head_dim any packed layout (and the CPU attention) accepts. */
 #define KV_QUANT_MAX_DIM 1024
 

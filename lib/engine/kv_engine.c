@@ -129,8 +129,8 @@ static kv_status make_policies(kv_engine *e)
     const kv_model_config *c = &e->m->cfg;
     for (int l = 0; l < e->L; l++) {
         kv_policy_geom g = {l, c->n_heads, c->n_kv_heads, c->head_dim, e->ctx};
-        kv_status st = kv_policy_create(&g, &e->prm[l], &e->pol[l]);
-        if (st) { /* kv_policy_create has named the layer and policy */
+        kv_status st = kv_policy_new(&g, &e->prm[l], &e->pol[l]);
+        if (st) { /* kv_policy_new has named the layer and policy */
             free_policies(e);
             return st;
         }
@@ -572,26 +572,21 @@ void kv_engine_bytes(const kv_engine *e, kv_bytes *total)
 
 // --- dumps, scoring, descriptions -------------------------------------------------
 
-static kv_dtype store_to_kvc(kv_store_dtype dt)
-{
-    return dt == KV_STORE_F16 ? KV_DT_F16 : dt == KV_STORE_BF16 ? KV_DT_BF16 : KV_DT_F32;
-}
-
 /* Add n floats as a tensor in dt (converted copy for f16/bf16). */
-static kv_status add_tensor(kvc_writer *w, const char *name, kv_store_dtype dt, int ndim,
+static kv_status add_tensor(kvc_writer *w, const char *name, kv_dtype dt, int ndim,
                             const int64_t *shape, const float *x, size_t n)
 {
-    if (dt == KV_STORE_F32) return kvc_writer_add_copy(w, name, KV_DT_F32, ndim, shape, x);
+    if (dt == KV_DT_F32) return kvc_writer_add_copy(w, name, KV_DT_F32, ndim, shape, x);
     uint16_t *h = malloc((n ? n : 1) * sizeof *h);
     if (!h) return kv_fail(KV_E_NOMEM, "out of memory converting %s", name);
-    for (size_t i = 0; i < n; i++) h[i] = dt == KV_STORE_F16 ? kv_f32_to_half(x[i]) : kv_f32_to_bf16(x[i]);
-    kv_status st = kvc_writer_add_copy(w, name, store_to_kvc(dt), ndim, shape, h);
+    for (size_t i = 0; i < n; i++) h[i] = dt == KV_DT_F16 ? kv_f32_to_half(x[i]) : kv_f32_to_bf16(x[i]);
+    kv_status st = kvc_writer_add_copy(w, name, dt, ndim, shape, h);
     free(h);
     return st;
 }
 
-kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_store_dtype dt,
-                             const char *path)
+kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dtype dt,
+                             const char *path, int zstd_level)
 {
     const kv_model_config *c = &e->m->cfg;
     if (!e->pk[0] || e->prompt_T != n)
@@ -600,24 +595,9 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_st
     kv_status st = kvc_writer_new(&w);
     if (st) return st;
     kv_geom g;
-    kv_geom_defaults(&g);
-    g.n_layers = e->L;
-    g.n_heads = c->n_heads;
-    g.n_kv_heads = c->n_kv_heads;
-    g.head_dim = c->head_dim;
+    kv_model_geom(e->m, &g);
     g.n_tokens = n;
     g.n_q = e->nq ? (int)(e->q_seen < e->nq ? e->q_seen : e->nq) : 0;
-    g.rope_theta = c->rope_theta;
-    if (c->rope_scaling == KV_ROPE_SCALE_LLAMA3) {
-        g.rope_scaling = KV_ROPE_SCALING_LLAMA3;
-        g.rope_factor = c->rope_factor;
-        g.rope_low_freq_factor = c->rope_low_freq_factor;
-        g.rope_high_freq_factor = c->rope_high_freq_factor;
-        g.rope_orig_ctx = c->rope_orig_ctx;
-    }
-    g.keys_roped = true;
-    g.rope_layout = KV_ROPE_INTERLEAVED;
-    snprintf(g.model, sizeof g.model, "%s", c->name);
     float *qbuf = NULL;
     if ((st = kvc_writer_geom(w, &g))) goto done;
     int64_t tshape[1] = {n};
@@ -644,56 +624,11 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_st
                 goto done;
         }
     }
-    st = kvc_writer_write(w, path, 0);
+    st = kvc_writer_write(w, path, zstd_level);
 done:
     free(qbuf);
     kvc_writer_free(w);
     return st;
 }
 
-kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll)
-{
-    if (n < 2) return kv_fail(KV_E_DATA, "scoring needs at least two tokens (the text is empty?)");
-    int V = e->m->cfg.vocab_size;
-    float *lg = malloc((size_t)V * sizeof(float));
-    if (!lg) return kv_fail(KV_E_NOMEM, "out of memory");
-    kv_status st = kv_engine_reset(e, NULL);
-    if (!st) st = kv_engine_prefill(e, tokens, 1, lg);
-    for (int i = 1; i < n && !st; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V) {
-            st = kv_fail(KV_E_DATA, "token %d at position %d is outside the vocabulary", tokens[i], i);
-            break;
-        }
-        nll[i - 1] = kv_nll(lg, V, tokens[i]);
-        if (i + 1 < n) st = kv_engine_step(e, tokens[i], lg);
-    }
-    free(lg);
-    return st;
-}
 
-void kv_engine_policy_desc(const kv_policy_params *p, char *buf, size_t n)
-{
-    const char *dt = p->dtype == KV_STORE_F16 ? "f16" : p->dtype == KV_STORE_BF16 ? "bf16" : "f32";
-    switch (p->kind) {
-    case KV_POL_QUANT:
-        snprintf(buf, n, "quant bits=%d group=%d residual=%d dtype=%s", p->bits, p->group, p->residual, dt);
-        break;
-    case KV_POL_SPARSE:
-        if (p->topk)
-            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk=%d dtype=%s", p->sink, p->window,
-                     p->channels, p->topk, dt);
-        else
-            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk_frac=%g dtype=%s", p->sink,
-                     p->window, p->channels, p->topk_frac, dt);
-        break;
-    case KV_POL_STREAMING:
-        snprintf(buf, n, "streaming sink=%d window=%d dtype=%s", p->sink, p->window, dt);
-        break;
-    case KV_POL_DSQ:
-        snprintf(buf, n, "dsq window=%d salient=%g hcap_channel=%g hcap_token_keep=%g", p->dsq_window,
-                 p->dsq_salient, p->hcap_channel_thresh, p->hcap_token_keep);
-        break;
-    default:
-        snprintf(buf, n, "%s dtype=%s", kv_policy_kind_name(p->kind), dt);
-    }
-}

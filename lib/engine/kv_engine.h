@@ -97,18 +97,10 @@ int kv_engine_queries(const kv_engine *e, int layer, float *out);
  * layers.{i}.k / .v (n_kv_heads, T, head_dim) and, when queries were kept,
  * layers.{i}.q (n_heads, nq, head_dim), all in dt, plus the geometry and
  * RoPE metadata.  Needs kv_engine_keep(e, nq, true) before the prefill.
+ * zstd_level > 0 writes a zstd-compressed file (kvc(5)).
  */
-kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_store_dtype dt,
-                             const char *path);
-
-/*
- * Teacher forcing through the policies: reset, prefill tokens[0], then step
- * through tokens[1..n).  nll (n-1): -log p(tokens[i] | tokens[<i]).
- */
-kv_status kv_engine_score(kv_engine *e, const int *tokens, int n, double *nll);
-
-/* One line describing a layer's policy ("sparse sink=4 window=32 ..."). */
-void kv_engine_policy_desc(const kv_policy_params *p, char *buf, size_t n);
+kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dtype dt,
+                             const char *path, int zstd_level);
 
 /* Threads for the matmuls (0 = OpenMP default). Process-wide. */
 void kv_engine_set_threads(int n);

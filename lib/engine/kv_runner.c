@@ -1,37 +1,46 @@
 /*
  * kv_runner: a switch over the two engines (see kv_runner.h).  Nothing here
  * computes; each call forwards to the engine the runner was built with.
+ * The whole-run drivers (generation, scoring, the report) are in
+ * kv_runner_run.c, written once over these calls.
  */
 #include "engine/kv_runner.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/kv_engine.h"
 
 struct kv_runner {
-    const kv_model *m; /* borrowed */
-    kv_engine *cpu;    /* exactly one of cpu and gpu is set */
+    const kv_model *m;     /* borrowed */
+    kv_engine *cpu;        /* exactly one of cpu and gpu is set */
     kv_gpu_engine *gpu;
+    kv_policy_params *prm; /* (n_layers) what each layer runs with */
+    char fallback[256];    /* AUTO on the CPU: the GPU engine's failure */
 };
 
-kv_status kv_device_parse(const char *s, kv_device *out)
+static void set_params(kv_runner *r, const kv_policy_params *per_layer)
 {
-    if (!strcmp(s, "cpu")) *out = KV_DEVICE_CPU;
-    else if (!strcmp(s, "cuda")) *out = KV_DEVICE_CUDA;
-    else if (!strcmp(s, "auto")) *out = KV_DEVICE_AUTO;
-    else return kv_fail(KV_E_USAGE, "unknown device '%s': must be cpu, cuda or auto", s);
-    return KV_OK;
+    for (int l = 0; l < r->m->cfg.n_layers; l++) {
+        if (per_layer) r->prm[l] = per_layer[l];
+        else kv_policy_params_default(&r->prm[l], KV_POL_FULL);
+    }
 }
 
-const char *kv_device_name(kv_device dev)
+/* AUTO without a GPU: a layer that only the GPU engine can run makes the
+ * request unavailable rather than a usage error of the CPU engine. */
+static kv_status cpu_can_run(const kv_runner *r, int ctx)
 {
-    switch (dev) {
-    case KV_DEVICE_CPU: return "cpu";
-    case KV_DEVICE_CUDA: return "cuda";
-    case KV_DEVICE_AUTO: return "auto";
+    const kv_model_config *c = &r->m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        kv_policy_geom g = {l, c->n_heads, c->n_kv_heads, c->head_dim, ctx > 0 ? ctx : c->seq_len};
+        if (kv_policy_check(&r->prm[l], &g, KV_DEVICE_CPU) == KV_OK) continue;
+        char cpu[512];
+        snprintf(cpu, sizeof cpu, "%s", kv_errdetail());
+        return kv_fail(KV_E_UNAVAILABLE, "%s, and the GPU engine is unavailable (%s)", cpu, r->fallback);
     }
-    return "?";
+    return KV_OK;
 }
 
 kv_status kv_runner_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
@@ -41,26 +50,30 @@ kv_status kv_runner_new(const kv_model *m, const kv_policy_params *per_layer, in
     if (dev != KV_DEVICE_CPU && dev != KV_DEVICE_CUDA && dev != KV_DEVICE_AUTO)
         return kv_fail(KV_E_USAGE, "unknown device %d", (int)dev);
     kv_runner *r = calloc(1, sizeof *r);
-    if (!r) return kv_fail(KV_E_NOMEM, "runner");
+    if (r) r->prm = malloc((size_t)m->cfg.n_layers * sizeof *r->prm + 1);
+    if (!r || !r->prm) {
+        free(r);
+        return kv_fail(KV_E_NOMEM, "runner");
+    }
     r->m = m;
-    kv_status st = KV_E_UNAVAILABLE;
+    set_params(r, per_layer);
+    kv_status st;
     if (dev != KV_DEVICE_CPU) {
         st = kv_gpu_engine_new(m, per_layer, ctx, gpu_opts, &r->gpu);
-        if (st && dev == KV_DEVICE_CUDA) {
-            free(r);
-            return st;
+        if (st && dev == KV_DEVICE_CUDA) goto fail;
+        if (st) { /* AUTO: the CPU engine instead, if it can run these layers */
+            r->gpu = NULL;
+            snprintf(r->fallback, sizeof r->fallback, "%s", kv_errdetail());
+            if ((st = cpu_can_run(r, ctx))) goto fail;
         }
     }
-    if (st) {
-        r->gpu = NULL;
-        st = kv_engine_new(m, per_layer, ctx, &r->cpu);
-        if (st) {
-            free(r);
-            return st;
-        }
-    }
+    if (!r->gpu && (st = kv_engine_new(m, per_layer, ctx, &r->cpu))) goto fail;
     *out = r;
     return KV_OK;
+fail:
+    free(r->prm);
+    free(r);
+    return st;
 }
 
 void kv_runner_free(kv_runner *r)
@@ -68,12 +81,15 @@ void kv_runner_free(kv_runner *r)
     if (!r) return;
     if (r->gpu) kv_gpu_engine_free(r->gpu);
     else kv_engine_free(r->cpu);
+    free(r->prm);
     free(r);
 }
 
 kv_status kv_runner_reset(kv_runner *r, const kv_policy_params *per_layer)
 {
-    return r->gpu ? kv_gpu_engine_reset(r->gpu, per_layer) : kv_engine_reset(r->cpu, per_layer);
+    kv_status st = r->gpu ? kv_gpu_engine_reset(r->gpu, per_layer) : kv_engine_reset(r->cpu, per_layer);
+    if (st == KV_OK && per_layer) set_params(r, per_layer);
+    return st;
 }
 
 kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logits_last)
@@ -115,4 +131,53 @@ bool kv_runner_is_gpu(const kv_runner *r) { return r->gpu != NULL; }
 const char *kv_runner_device(const kv_runner *r)
 {
     return r->gpu ? kv_gpu_engine_device(r->gpu) : "cpu";
+}
+
+const char *kv_runner_fallback(const kv_runner *r) { return r->fallback; }
+
+int kv_runner_n_layers(const kv_runner *r) { return r->m->cfg.n_layers; }
+
+const kv_policy_params *kv_runner_params(const kv_runner *r, int layer) { return &r->prm[layer]; }
+
+void kv_runner_layer_bytes(const kv_runner *r, int layer, kv_bytes *b)
+{
+    memset(b, 0, sizeof *b);
+    if (r->gpu) {
+        kv_gpu_engine_layer_bytes(r->gpu, layer, b);
+    } else {
+        kv_policy *p = kv_engine_policy(r->cpu, layer);
+        if (p) p->ops->bytes(p, b);
+    }
+}
+
+int kv_runner_layer_tokens(const kv_runner *r, int layer)
+{
+    if (r->gpu) return kv_gpu_engine_pos(r->gpu);
+    kv_policy *p = kv_engine_policy(r->cpu, layer);
+    return p ? p->n_tokens : 0;
+}
+
+kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv)
+{
+    if (r->gpu)
+        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's prefill keeps no dense prompt K/V to dump "
+                                         "(run the dump on the CPU engine)");
+    return kv_engine_keep(r->cpu, nq, prompt_kv);
+}
+
+kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
+                             const char *path, int zstd_level)
+{
+    if (r->gpu)
+        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's prefill keeps no dense prompt K/V to dump "
+                                         "(run the dump on the CPU engine)");
+    return kv_engine_dump_kvc(r->cpu, tokens, n, dt, path, zstd_level);
+}
+
+kv_status kv_runner_prefill_all(kv_runner *r, const int *tokens, int n, float *logits_all)
+{
+    if (r->gpu)
+        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's prefill gives the last position's logits only "
+                                         "(every position's runs on the CPU engine)");
+    return kv_engine_prefill_all(r->cpu, tokens, n, logits_all);
 }

@@ -10,6 +10,13 @@
  * fp16, so `full` there is not the CPU's f32 `full`: compare runners of the
  * same device with each other.
  *
+ * Above the two engines it drives whole runs the same way on either device:
+ * generation (kv_runner_generate), teacher-forced scoring
+ * (kv_runner_score) and the JSON report of a run (kv_runner_report).
+ * What only one engine can do yet (the dense prompt K/V of --dump-kv,
+ * kept by the CPU prefill) is KV_E_UNSUPPORTED on the other, with a
+ * message that says so.
+ *
  * Typical use:
  *   kv_runner *r; kv_runner_new(m, per_layer, 0, KV_DEVICE_AUTO, NULL, &r);
  *   kv_runner_prefill(r, toks, n, logits);          // logits (vocab)
@@ -20,22 +27,15 @@
 #define KV_RUNNER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
+#include "common/kv_device.h"
 #include "gpu/kv_gpu_engine.h"
 #include "model/kv_model.h"
+#include "model/kv_sampler.h"
+#include "model/kv_tokenizer.h"
 #include "policy/kv_policy.h"
 #include "common/kv_status.h"
-
-typedef enum {
-    KV_DEVICE_CPU = 0, /* lib/kv_engine */
-    KV_DEVICE_CUDA,    /* lib/kv_gpu_engine; failing that is an error */
-    KV_DEVICE_AUTO     /* the GPU engine when it can be built, else the CPU engine */
-} kv_device;
-
-/* "cpu", "cuda" or "auto"; anything else is KV_E_USAGE. */
-kv_status kv_device_parse(const char *s, kv_device *out);
-/* The inverse: "cpu", "cuda" or "auto". */
-const char *kv_device_name(kv_device dev);
 
 typedef struct kv_runner kv_runner;
 
@@ -46,7 +46,9 @@ typedef struct kv_runner kv_runner;
  * (ignored on the CPU).  KV_DEVICE_CUDA returns kv_gpu_engine_new's failure
  * as is (KV_E_UNAVAILABLE without a usable GPU, KV_E_UNSUPPORTED for a
  * policy the GPU engine lacks); KV_DEVICE_AUTO then builds the CPU engine
- * instead, without an error.
+ * instead, without an error (kv_runner_fallback says why), unless a layer
+ * asks for what only the GPU engine does (select=sketch, offload=on):
+ * that is KV_E_UNAVAILABLE, naming the layer and the GPU's failure.
  */
 kv_status kv_runner_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
                         kv_device dev, const kv_gpu_engine_opts *gpu_opts, kv_runner **out);
@@ -56,6 +58,9 @@ void kv_runner_free(kv_runner *r);
 kv_status kv_runner_reset(kv_runner *r, const kv_policy_params *per_layer);
 /* Dense prefill of tokens (n >= 1) from position 0; logits_last (vocab) or NULL. */
 kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logits_last);
+/* Dense prefill that keeps every position's logits (n, vocab): the CPU
+ * engine's kv_engine_prefill_all; KV_E_UNSUPPORTED on the GPU engine. */
+kv_status kv_runner_prefill_all(kv_runner *r, const int *tokens, int n, float *logits_all);
 /* One decode step at position kv_runner_pos(); logits (vocab) or NULL. */
 kv_status kv_runner_step(kv_runner *r, int token, float *logits);
 
@@ -69,5 +74,111 @@ void kv_runner_bytes(const kv_runner *r, kv_bytes *total);
 bool kv_runner_is_gpu(const kv_runner *r);
 /* "cpu", or the GPU engine's device ("NVIDIA H200 (sm_90, ...)"). */
 const char *kv_runner_device(const kv_runner *r);
+/* Why KV_DEVICE_AUTO runs on the CPU (the GPU engine's failure), or "". */
+const char *kv_runner_fallback(const kv_runner *r);
+
+// --- per layer ---------------------------------------------------------------
+
+int kv_runner_n_layers(const kv_runner *r);
+/* The parameters layer runs with (as given to new or the last reset). */
+const kv_policy_params *kv_runner_params(const kv_runner *r, int layer);
+/* One layer's kv_bytes (resident = GPU bytes on the GPU engine). */
+void kv_runner_layer_bytes(const kv_runner *r, int layer, kv_bytes *b);
+/* Tokens one layer's cache holds (logical context length). */
+int kv_runner_layer_tokens(const kv_runner *r, int layer);
+
+// --- capture -----------------------------------------------------------------
+
+/*
+ * Keep the last nq queries of each layer and the dense prompt K/V for
+ * kv_runner_dump_kvc (kv_engine_keep; call before the prefill).  The GPU
+ * engine's prefill keeps no prompt K/V: KV_E_UNSUPPORTED there.
+ */
+kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv);
+/* The prompt's cache as .kvc (kv_engine_dump_kvc); zstd_level > 0
+ * compresses.  KV_E_UNSUPPORTED on the GPU engine. */
+kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
+                             const char *path, int zstd_level);
+
+// --- whole runs --------------------------------------------------------------
+
+/*
+ * Teacher forcing through the policies: reset, prefill tokens[0], then step
+ * through tokens[1..n) (n >= 2).  nll (n-1): -log p(tokens[i] | tokens[<i]).
+ */
+kv_status kv_runner_score(kv_runner *r, const int *tokens, int n, double *nll);
+
+/*
+ * The k most probable next tokens after every prompt position (kv-run
+ * --probs, the llama.cpp cross-check): reset, kv_runner_prefill_all, then
+ * one JSON array [{"pos": i, "token": id, "top": [[id, p], ...]}, ...] in
+ * *json (malloc'd, one line).  CPU engine only (KV_E_UNSUPPORTED on the GPU).
+ */
+kv_status kv_runner_probs(kv_runner *r, const int *tokens, int n, int k, char **json);
+
+typedef struct {
+    int n;           /* tokens to generate (>= 0) */
+    int stop[2];     /* ids that end generation unemitted (BOS, EOS); -1: none */
+    /* called with each emitted token (i counts from 0); may be NULL */
+    void (*on_token)(void *user, int token, int i);
+    void *user;
+    /* when set, every id it calls end-of-generation (kv_tokenizer_is_eog:
+     * EOS, <|eot_id|>, <|im_end|>, ...) stops too, unemitted */
+    const kv_tokenizer *eog;
+} kv_generate_opts;
+
+typedef enum { KV_GEN_STEPS = 0, KV_GEN_STOP_TOKEN, KV_GEN_CTX_FULL } kv_gen_end;
+
+typedef struct {
+    int *tokens;     /* (n_gen) emitted ids, malloc'd */
+    int n_gen;
+    double *step_ms; /* (n_steps) wall time of each decode step, malloc'd */
+    int n_steps;     /* decode steps run: one fewer than n_gen (the first
+                        token comes from the prefill's logits), or as many
+                        when a stop token ended generation */
+    kv_gen_end end;  /* why generation ended */
+} kv_generation;
+
+/*
+ * Generate after a prefill: sample from logits (vocab; the prefill's last,
+ * overwritten), emit, step, until o->n tokens, a stop token, or a full
+ * context (end says which).  s: the sampler.  g is filled; free it with
+ * kv_generation_clear (also after a failure).
+ */
+kv_status kv_runner_generate(kv_runner *r, kv_sampler *s, float *logits, const kv_generate_opts *o,
+                             kv_generation *g);
+void kv_generation_clear(kv_generation *g);
+const char *kv_gen_end_name(kv_gen_end e); /* "steps", "stop_token", "ctx_full" */
+
+/*
+ * The context a run needs: asked (--ctx; 0 = none) must hold the prompt and
+ * the n_gen - 1 decode steps after it (else KV_E_USAGE naming both);
+ * without one, the model's trained length, grown to n_prompt + n_gen when
+ * that is longer (*grown: past what the model was trained on).
+ */
+kv_status kv_run_ctx(int asked, int trained, int n_prompt, int n_gen, int *ctx, bool *grown);
+
+/* The JSON of a teacher-forced score (kv-run --score-file): nll (n-1) of
+ * n tokens, their mean, the perplexity and the time taken.  *json malloc'd. */
+kv_status kv_score_report(const double *nll, int n, double ms, char **json);
+/* kv_runner_score timed, then kv_score_report of it. */
+kv_status kv_runner_score_json(kv_runner *r, const int *tokens, int n, char **json);
+
+/* What a run did, for its report. */
+typedef struct {
+    int n_prompt;
+    double prefill_ms;
+    const kv_generation *gen; /* NULL: prefill only */
+    const char *text;         /* the generated text as written, or NULL (no tokenizer) */
+    const char *kv_dtype;     /* the --kv-dtype name, NULL for "f32" */
+} kv_run_info;
+
+/*
+ * The JSON report of a run (kv-run --report; kv-run(1) REPORT lists the
+ * members): model, device, timings (median and p90 of the decode steps),
+ * KV bytes by tier, the generated token ids and text, and one object per
+ * layer.  *json is malloc'd text without a trailing newline.
+ */
+kv_status kv_runner_report(const kv_runner *r, const kv_run_info *info, char **json);
 
 #endif

@@ -13,14 +13,16 @@
 #include "common/kv_json.h"
 #include "engine/kv_runner.h"
 #include "model/kv_tokenizer.h"
+#include "policy/kv_deploy.h"
 
 void kv_compare_opts_default(kv_compare_opts *o)
 {
     o->prefix = 0;
     o->device = KV_DEVICE_CPU;
+    o->ordinal = 0;
 }
 
-void kv_compare_result_free(kv_compare_result *r)
+void kv_compare_result_clear(kv_compare_result *r)
 {
     free(r->kl);
     free(r->agree);
@@ -67,8 +69,11 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
     /* The reference picks the device (AUTO resolves there); the policies
      * follow it, so that every number compares runs of one device. */
     kv_device dev = o ? o->device : KV_DEVICE_CPU;
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
+    go.device = o ? o->ordinal : 0;
     for (int e = 0; e < E && st == KV_OK; e++) {
-        st = kv_runner_new(m, e == 0 ? ref : pols[e - 1], n, dev, NULL, &eng[e]);
+        st = kv_runner_new(m, e == 0 ? ref : pols[e - 1], n, dev, &go, &eng[e]);
         if (st) kv_errcontext("%s engine", e == 0 ? "reference" : "policy");
         if (st == KV_OK && e == 0) dev = kv_runner_is_gpu(eng[0]) ? KV_DEVICE_CUDA : KV_DEVICE_CPU;
     }
@@ -114,7 +119,7 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
             snprintf(r->device, sizeof r->device, "%s", kv_runner_device(eng[0]));
         }
     if (st)
-        for (int i = 0; i < n_pol; i++) kv_compare_result_free(&res[i]);
+        for (int i = 0; i < n_pol; i++) kv_compare_result_clear(&res[i]);
     for (int e = E - 1; eng && e >= 0; e--) kv_runner_free(eng[e]);
     free(lpol);
     free(lref);
@@ -131,12 +136,24 @@ kv_status kv_compare_run(const kv_model *m, const int *tokens, int n,
     return kv_compare_run_many(m, tokens, n, ref, pols, 1, o, res);
 }
 
+kv_status kv_compare_run_spec(const kv_model *m, const int *tokens, int n, const kv_policy_params *ref,
+                              const char *spec, const kv_policy_defaults *def, const kv_compare_opts *o,
+                              kv_compare_result *res)
+{
+    const int L = m->cfg.n_layers;
+    kv_policy_params *pol = calloc((size_t)L, sizeof *pol);
+    kv_status st = pol ? kv_policies_load(spec, NULL, def, L, pol) : kv_fail(KV_E_NOMEM, "out of memory");
+    if (!st) st = kv_compare_run(m, tokens, n, ref, pol, o, res);
+    free(pol);
+    return st;
+}
+
 kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_model **m,
                                 kv_tokenizer **tok)
 {
     *m = NULL;
     *tok = NULL;
-    kv_status st = kv_model_load(model, m);
+    kv_status st = kv_model_open(model, m);
     if (st) return st;
     if (tokenizer) {
         st = kv_tokenizer_load_llama2c(tokenizer, (*m)->cfg.vocab_size, tok);
@@ -146,7 +163,7 @@ kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_mod
         st = kv_fail(KV_E_USAGE, "%s is a llama2.c checkpoint: give its tokenizer (--tokenizer)", model);
     }
     if (st) {
-        kv_model_free(*m);
+        kv_model_close(*m);
         *m = NULL;
     }
     return st;

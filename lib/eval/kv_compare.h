@@ -27,6 +27,7 @@ typedef struct {
     int prefix;       /* tokens prefilled densely; 0 = half of the sequence (at least 1) */
     kv_device device; /* where the reference and every policy run (default CPU); AUTO
                          picks the reference's device and holds the policies to it */
+    int ordinal;      /* the CUDA device on the GPU (0) */
 } kv_compare_opts;
 
 typedef struct {
@@ -56,7 +57,7 @@ void kv_compare_opts_default(kv_compare_opts *o);
  *   ref:  (n_layers) reference parameters, NULL = `full` on every layer
  *         (f32 on the CPU, fp16 on the GPU)
  *   pols: (n_pol) pointers, each to (n_layers) parameters
- *   res:  (n_pol) results, filled; free each with kv_compare_result_free
+ *   res:  (n_pol) results, filled; free each with kv_compare_result_clear
  * One runner per policy plus one for the reference, each of context n,
  * advanced in lockstep (memory: n_pol + 1 caches; time: n_pol + 1 runs).
  */
@@ -69,7 +70,13 @@ kv_status kv_compare_run(const kv_model *m, const int *tokens, int n,
                          const kv_policy_params *ref, const kv_policy_params *pol,
                          const kv_compare_opts *o, kv_compare_result *res);
 
-void kv_compare_result_free(kv_compare_result *r);
+/* One policy given as a spec, filled in by def (kv_policies_load): what
+ * kv-run --compare SPEC calls. */
+kv_status kv_compare_run_spec(const kv_model *m, const int *tokens, int n, const kv_policy_params *ref,
+                              const char *spec, const kv_policy_defaults *def, const kv_compare_opts *o,
+                              kv_compare_result *res);
+
+void kv_compare_result_clear(kv_compare_result *r);
 
 /*
  * Print results (one per policy, names[i] its spec) as JSON or as a table:

@@ -61,7 +61,7 @@ kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pa
     kv_kivi_params prm = {c->bits, c->group, c->residual};
     kv_status st = kv_kivi_check(&prm, c->head_dim);
     if (st) return st;
-    size_t n = (size_t)c->kv_heads * c->T * c->head_dim;
+    size_t n = (size_t)c->n_kv_heads * c->T * c->head_dim;
     kv_half *h = malloc(n * sizeof(kv_half));
     float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
     double *t = calloc((size_t)c->reps + 1, sizeof(double));
@@ -80,17 +80,17 @@ kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pa
     (void)threads;
 #endif
     r->in_bytes = 2.0 * (double)n * sizeof(kv_half);
-    r->out_bytes = 2.0 * (double)kv_kivi_bytes(KV_KIVI_KEYS, &prm, c->kv_heads, c->T, c->head_dim);
+    r->out_bytes = 2.0 * (double)kv_kivi_bytes(KV_KIVI_KEYS, &prm, c->n_kv_heads, c->T, c->head_dim);
     for (int rep = -1; rep < c->reps && !st; rep++) { /* rep -1 warms up */
         kv_kivi_packed K, V;
         double t0 = now_s();
-        st = kv_kivi_pack(k, KV_KIVI_KEYS, &prm, c->kv_heads, c->T, c->head_dim, &K);
+        st = kv_kivi_pack(k, KV_KIVI_KEYS, &prm, c->n_kv_heads, c->T, c->head_dim, &K);
         if (st) break;
-        st = kv_kivi_pack(v, KV_KIVI_VALUES, &prm, c->kv_heads, c->T, c->head_dim, &V);
+        st = kv_kivi_pack(v, KV_KIVI_VALUES, &prm, c->n_kv_heads, c->T, c->head_dim, &V);
         double t1 = now_s();
-        kv_kivi_free(&K);
+        kv_kivi_clear(&K);
         if (st) break;
-        kv_kivi_free(&V);
+        kv_kivi_clear(&V);
         if (rep >= 0) t[rep] = t1 - t0;
     }
 #ifdef _OPENMP
@@ -104,24 +104,10 @@ kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pa
 #ifdef KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kv_kernels.h"
+#include "gpu/kv_gpu_cuda.h"
 
-#define CK(x)                                                                            \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            st = kv_fail(KV_E_INTERNAL, "%s: %s", #x, cudaGetErrorString(e_));           \
-            goto done;                                                                   \
-        }                                                                                \
-    } while (0)
-/* Launchers record their own failing statement. */
-#define CKL(x)                                                                           \
-    do {                                                                                 \
-        if ((x) != cudaSuccess) {                                                        \
-            st = kv_fail(KV_E_INTERNAL, "%s", kv_cuda_last_error());                     \
-            goto done;                                                                   \
-        }                                                                                \
-    } while (0)
+/* A failed CUDA call or launcher: st names the statement (kv_cuda_fail), then cleanup. */
+#define CK(x) KV_CUDA_CK_GOTO(x, st, done)
 
 kv_status kv_cuda_bench_device(kv_bench_device *dev)
 {
@@ -153,11 +139,11 @@ static kv_status time_launches(launch_fn fn, void *ctx, int iters, int reps, dou
     if (!t) return kv_fail(KV_E_NOMEM, "timing buffer");
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++) CKL(fn(ctx, i));
+    for (int i = 0; i < 3; i++) CK(fn(ctx, i));
     CK(cudaDeviceSynchronize());
     for (int r = 0; r < reps; r++) {
         CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < iters; i++) CKL(fn(ctx, i));
+        for (int i = 0; i < iters; i++) CK(fn(ctx, i));
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float ms = 0;
@@ -205,7 +191,7 @@ done:
 #define MAX_COPIES 64
 
 typedef struct {
-    kv_cuda_attn_dims d;
+    kv_attn_dims d;
     kv_kivi_params prm;
     const uint16_t *q;
     uint16_t *k[MAX_COPIES], *v[MAX_COPIES];
@@ -259,7 +245,7 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
     a.ws = NULL;
     memset(out, 0, sizeof *out);
     out->err = -1;
-    const int H = c->kv_heads, T = c->T, D = c->head_dim;
+    const int H = c->n_kv_heads, T = c->T, D = c->head_dim;
     float *got = NULL, *ref = NULL, *kf = NULL, *vf = NULL;
     kv_kivi_packed K = {0}, V = {0};
     if (!kv_cuda_attn_kivi_supported(&a.d, &a.prm) ||
@@ -293,8 +279,8 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
         CK(cudaMalloc((void **)&vo.resid, 2 * nr + 2));
         a.V[i].resid = vo.resid;
         int src = i % f16->copies;
-        CKL(kv_cuda_kivi_pack(KV_KIVI_KEYS, &a.prm, H, T, D, f16->k[src], &ko, 0));
-        CKL(kv_cuda_kivi_pack(KV_KIVI_VALUES, &a.prm, H, T, D, f16->v[src], &vo, 0));
+        CK(kv_cuda_kivi_pack(KV_KIVI_KEYS, &a.prm, H, T, D, f16->k[src], &ko, 0));
+        CK(kv_cuda_kivi_pack(KV_KIVI_VALUES, &a.prm, H, T, D, f16->v[src], &vo, 0));
     }
     a.wsb = kv_cuda_attn_kivi_workspace(&a.d, &a.prm);
     CK(cudaMalloc(&a.ws, a.wsb));
@@ -311,13 +297,13 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
             goto done;
         }
         for (size_t i = 0; i < n; i++) kf[i] = kv_half_to_f32(hk[i]), vf[i] = kv_half_to_f32(hv[i]);
-        kv_attn_dims cd = {c->n_heads, H, D, T, a.d.scale};
+        kv_attn_dims cd = {c->n_heads, H, D, T, 0, a.d.scale};
         if ((st = kv_kivi_pack(kf, KV_KIVI_KEYS, &a.prm, H, T, D, &K)) ||
             (st = kv_kivi_pack(vf, KV_KIVI_VALUES, &a.prm, H, T, D, &V)) ||
             (st = kv_attn_decode_kivi(&cd, hq, &K, &V, ref)))
             goto done;
         CK(cudaMemset(a.out, 0xff, nq * 4));
-        CKL(kivi_launch(&a, 0));
+        CK(kivi_launch(&a, 0));
         CK(cudaMemcpy(got, a.out, nq * 4, cudaMemcpyDeviceToHost));
         out->err = nerr(got, ref, nq);
     }
@@ -329,13 +315,29 @@ done:
         cudaFree((void *)a.V[i].zero), cudaFree((void *)a.V[i].resid);
     }
     cudaFree(a.ws);
-    if (K.codes) kv_kivi_free(&K);
-    if (V.codes) kv_kivi_free(&V);
+    if (K.codes) kv_kivi_clear(&K);
+    if (V.codes) kv_kivi_clear(&V);
     free(got), free(ref), free(kf), free(vf);
     return st;
 }
 
+static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
+
 kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
+{
+    kv_cuda_tuning keep = *kv_cuda_get_tuning(), t;
+    kv_cuda_tuning_default(&t);
+    t.f16_prefetch = c->variant.f16_prefetch;
+    if (c->variant.f16_unroll) t.f16_unroll = c->variant.f16_unroll;
+    if (c->variant.f16_waves) t.f16_waves = c->variant.f16_waves;
+    t.kivi2_var = c->variant.kivi2_var;
+    kv_cuda_set_tuning(&t);
+    kv_status st = bench_attn(c, r);
+    kv_cuda_set_tuning(&keep);
+    return st;
+}
+
+static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
 {
     kv_status st = KV_OK;
     kv_bench_device dev;
@@ -344,9 +346,9 @@ kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r
     r->f16.err = r->kivi1.err = r->kivi2.err = -1;
     attn_ctx a;
     memset(&a, 0, sizeof a);
-    a.d = (kv_cuda_attn_dims){c->n_heads, c->kv_heads, c->head_dim, c->T,
+    a.d = (kv_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->T,
                               (long long)c->T * c->head_dim, 1.0f / sqrtf((float)c->head_dim)};
-    const size_t n = (size_t)c->kv_heads * c->T * c->head_dim, nq = (size_t)c->n_heads * c->head_dim;
+    const size_t n = (size_t)c->n_kv_heads * c->T * c->head_dim, nq = (size_t)c->n_heads * c->head_dim;
     kv_half *hq = malloc(nq * 2), *hk = malloc(n * 2), *hv = malloc(n * 2);
     float *got = NULL, *ref = NULL;
     if (!hq || !hk || !hv) {
@@ -355,8 +357,9 @@ kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r
     }
     a.wsb = kv_cuda_attn_f16_workspace(&a.d);
     if (!a.wsb) {
-        st = kv_fail(KV_E_UNSUPPORTED, "fp16 attention does not support %d/%d heads of dim %d",
-                     c->n_heads, c->kv_heads, c->head_dim);
+        st = kv_fail(KV_E_UNSUPPORTED, "fp16 attention does not support %d/%d heads of dim %d "
+                     "(head dim 8..256, a power of two; at most 8 query heads per KV head)",
+                     c->n_heads, c->n_kv_heads, c->head_dim);
         goto done;
     }
     fill_random_half(hq, nq, 7);
@@ -380,14 +383,14 @@ kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r
     r->f16.bytes_per_s = r->f16.bytes / r->f16.seconds;
     if (c->check) {
         got = malloc(nq * 4), ref = malloc(nq * 4);
-        kv_attn_dims cd = {c->n_heads, c->kv_heads, c->head_dim, c->T, a.d.scale};
+        kv_attn_dims cd = {c->n_heads, c->n_kv_heads, c->head_dim, c->T, 0, a.d.scale};
         if (!got || !ref) {
             st = kv_fail(KV_E_NOMEM, "check buffers");
             goto done;
         }
         if ((st = kv_attn_decode_f16(&cd, hq, hk, hv, ref))) goto done;
         CK(cudaMemset(a.out, 0xff, nq * 4));
-        CKL(f16_launch(&a, 0));
+        CK(f16_launch(&a, 0));
         CK(cudaMemcpy(got, a.out, nq * 4, cudaMemcpyDeviceToHost));
         r->f16.err = nerr(got, ref, nq);
     }
@@ -427,7 +430,7 @@ kv_status kv_cuda_bench_pack(const kv_bench_pack_cfg *c, kv_bench_pack_result *r
     pack_ctx p;
     memset(&p, 0, sizeof p);
     p.prm = (kv_kivi_params){c->bits, c->group, c->residual};
-    p.H = c->kv_heads, p.T = c->T, p.D = c->head_dim;
+    p.H = c->n_kv_heads, p.T = c->T, p.D = c->head_dim;
     if (!kv_cuda_kivi_pack_supported(KV_KIVI_KEYS, &p.prm, p.D) ||
         !kv_cuda_kivi_pack_supported(KV_KIVI_VALUES, &p.prm, p.D))
         return kv_fail(KV_E_UNSUPPORTED, "GPU packing does not support %d bits, group %d, dim %d",

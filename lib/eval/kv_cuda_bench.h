@@ -29,11 +29,21 @@ kv_status kv_cuda_bench_device(kv_bench_device *dev);
 /* Device-to-device cudaMemcpy of `bytes`: (bytes read + written) per second. */
 kv_status kv_cuda_bench_copy(size_t bytes, int iters, int reps, double *bytes_per_s);
 
+/* Kernel variants kept for measurement (kv_cuda_tuning, kernels/kv_kernels.h,
+ * and docs/BENCHMARKS.md, Kernels); all zero: the defaults. */
 typedef struct {
-    int n_heads, kv_heads, head_dim, T;
+    int f16_prefetch; /* 1: the fp16 loop that prefetches the next step's rows */
+    int f16_unroll;   /* 0 (= 4) or 8 rows in flight per lane (D 128, 4 heads) */
+    int f16_waves;    /* 0 (= 1): waves of resident blocks in the fp16 grid */
+    int kivi2_var;    /* packed v2 variant bits; 8, 16, 32 compute wrong results */
+} kv_bench_variant;
+
+typedef struct {
+    int n_heads, n_kv_heads, head_dim, T;
     int group, residual;   /* KIVI geometry of the packed paths */
     int iters, reps;       /* launches per timing, timings (median reported) */
     int check;             /* also compare each path with its CPU reference */
+    kv_bench_variant variant; /* set for the run, the defaults restored after */
 } kv_bench_attn_cfg;
 
 typedef struct {
@@ -52,7 +62,7 @@ typedef struct {
 kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
 
 typedef struct {
-    int kv_heads, head_dim, T, bits, group, residual, iters, reps;
+    int n_kv_heads, head_dim, T, bits, group, residual, iters, reps;
 } kv_bench_pack_cfg;
 
 typedef struct {

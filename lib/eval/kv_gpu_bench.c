@@ -1,12 +1,13 @@
 /*
- * kv_gpu_bench: transfer ceilings and timed decode runs for `kv-bench
- * decode` (see kv_gpu_bench.h).  Transfers are timed with CUDA events,
+ * kv_gpu_bench: the placements, transfer ceilings and timed decode runs
+ * for `kv-bench decode` (see kv_gpu_bench.h).  Transfers are timed with CUDA events,
  * after one untimed round, as the median of several rounds.
  */
 #include "eval/kv_gpu_bench.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -20,14 +21,82 @@ static double median(double *v, int n)
     return n ? v[n / 2] : 0;
 }
 
+const char *kv_decode_placement_name(kv_decode_placement p)
+{
+    static const char *const names[KV_DEC_COUNT] = {"full", "quant", "hybrid", "hybrid-sketch",
+                                                    "offload"};
+    return (unsigned)p < KV_DEC_COUNT ? names[p] : "?";
+}
+
+kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c, int n_layers,
+                                kv_policy_params *per_layer)
+{
+    bool hybrid = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH;
+    if (hybrid && c->qlayers > n_layers)
+        return kv_fail(KV_E_USAGE, "%d quantized layers: the model has %d", c->qlayers, n_layers);
+    for (int l = 0; l < n_layers; l++) {
+        kv_policy_params *x = &per_layer[l];
+        if (p == KV_DEC_FULL || p == KV_DEC_OFFLOAD) {
+            kv_policy_params_default(x, KV_POL_FULL);
+            x->offload = p == KV_DEC_OFFLOAD;
+        } else if (p == KV_DEC_QUANT || l < c->qlayers) {
+            kv_policy_params_default(x, KV_POL_QUANT);
+            x->bits = c->qbits;
+        } else {
+            kv_policy_params_default(x, KV_POL_SPARSE);
+            x->topk = c->topk;
+            x->topk_frac = 0.0;
+            x->channels = c->channels;
+            x->sink = c->sink;
+            x->window = c->window;
+            if (p == KV_DEC_SKETCH) x->select = KV_SELECT_SKETCH;
+        }
+        x->dtype = KV_DT_F16;
+    }
+    return KV_OK;
+}
+
+double kv_gpu_bench_hidden(double ms, double ms_ref, uint64_t bytes, double h2d)
+{
+    double t_pcie = (double)bytes / h2d * 1e3;
+    if (t_pcie <= 0) return 1.0;
+    double exposed = ms - ms_ref;
+    if (exposed < 0) exposed = 0;
+    double h = 1.0 - exposed / t_pcie;
+    return h < 0 ? 0 : h;
+}
+
+/* A seeded random prompt of T ids below vocab, prefilled, timed on the wall clock. */
+static kv_status real_prefill(kv_gpu_engine *e, int T, uint64_t seed, kv_gpu_decode_result *r)
+{
+    int *tok = malloc((size_t)T * sizeof(int));
+    if (!tok) return kv_fail(KV_E_NOMEM, "out of memory for a %d-token prompt", T);
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + 7;
+    const int V = kv_gpu_engine_vocab(e);
+    for (int t = 0; t < T; t++) {
+        z ^= z >> 12, z ^= z << 25, z ^= z >> 27;
+        tok[t] = (int)(((z * 2685821657736338717ull) >> 33) % (uint64_t)V);
+    }
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    kv_status st = kv_gpu_engine_prefill(e, tok, T, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    free(tok);
+    r->prefill_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    r->prefill_attn_ms = kv_gpu_engine_prefill_attn_ms(e);
+    return st;
+}
+
 kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
-                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, int warmup,
-                              int tokens, int nofetch_tokens, kv_gpu_decode_result *r)
+                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, bool prefill,
+                              int warmup, int tokens, int nofetch_tokens, kv_gpu_decode_result *r)
 {
     memset(r, 0, sizeof *r);
     if (tokens < 1) return kv_fail(KV_E_USAGE, "no tokens to time");
-    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, opts);
-    if (!st) st = kv_gpu_engine_synthesize(e, T, seed);
+    kv_gpu_engine_opts o = *opts;
+    o.time_prefill = o.time_prefill || prefill;
+    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
+    if (!st) st = prefill ? real_prefill(e, T, seed, r) : kv_gpu_engine_synthesize(e, T, seed);
     if (st) return st;
     int n = warmup + tokens > nofetch_tokens ? warmup + tokens : nofetch_tokens;
     int *ids = malloc((size_t)n * sizeof(int));
@@ -81,17 +150,10 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
 #include <cuda_runtime_api.h>
 
 #include "eng_ops.cuh"
+#include "gpu/kv_gpu_cuda.h"
 
-#define BW_CK(call)                                                                      \
-    do {                                                                                 \
-        cudaError_t bw_e_ = (call);                                                      \
-        if (bw_e_ != cudaSuccess) {                                                      \
-            (void)cudaGetLastError();                                                    \
-            st = kv_fail(bw_e_ == cudaErrorMemoryAllocation ? KV_E_NOMEM : KV_E_INTERNAL, \
-                         "%s: %s", #call, cudaGetErrorString(bw_e_));                    \
-            goto done;                                                                   \
-        }                                                                                \
-    } while (0)
+/* A failed CUDA call or launcher: st names the statement (kv_cuda_fail), then cleanup. */
+#define BW_CK(call) KV_CUDA_CK_GOTO(call, st, done)
 
 kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
 {
@@ -181,7 +243,7 @@ kv_status kv_gpu_bw_measure(int device, kv_gpu_bw *bw)
     for (int i = 0; i <= reps; i++) {
         BW_CK(cudaEventRecord(a, s));
         /* rows as (T, 1 head, K|V, 128): the engine's gather, 8 of them per warp-row */
-        BW_CK(eng_gather_rows(hd, 1, 128, ENG_F16, dsel, rows, NULL, 0, d1,
+        BW_CK(eng_gather_rows(hd, 1, 128, KV_DT_F16, dsel, rows, NULL, 0, d1,
                               (uint8_t *)d1 + (size_t)rows * 256, (size_t)rows, s));
         BW_CK(cudaEventRecord(b, s));
         BW_CK(cudaEventSynchronize(b));
@@ -259,8 +321,8 @@ kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
     memset(rows_h, 0x3c, (size_t)n * nkv * 2 * hd * 2);
     memset(kcm_h, 0x3c, (size_t)nkv * hd * ldc * 2);
     /* non-zero inputs (fills are seeded; values do not matter for time) */
-    BW_CK(eng_fill_random(W, ENG_F16, (size_t)nqh * hd * dim, 5, NULL, 1, 1, s));
-    BW_CK(eng_fill_random(bits, ENG_F16, (size_t)nkv * n * hd / 16, 6, NULL, 1, 1, s));
+    BW_CK(eng_fill_random(W, KV_DT_F16, (size_t)nqh * hd * dim, 5, NULL, 1, 1, s));
+    BW_CK(eng_fill_random(bits, KV_DT_F16, (size_t)nkv * n * hd / 16, 6, NULL, 1, 1, s));
     BW_CK(eng_fill_f32(q, (size_t)nqh * hd, 0.5f, s));
     BW_CK(eng_fill_f32(x, (size_t)dim, 0.25f, s));
     BW_CK(eng_fill_f32(chmax, (size_t)nkv * hd, 1.0f, s));
@@ -278,16 +340,16 @@ kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us)
         }                                                                               \
         us->field = median(t, reps);                                                    \
     } while (0)
-    TIME_US(pred_gemv, eng_gemv(W, ENG_F16, nqh * hd, dim, x, y, 0, s));
+    TIME_US(pred_gemv, eng_gemv(W, KV_DT_F16, nqh * hd, dim, x, y, 0, s));
     BW_CK(eng_select_channels(q, chmax, nqh, nkv, hd, C, chans, qs, s));
-    TIME_US(score_channels, eng_score_channels(q, chans, qs, kcm_d, ENG_F16, ldc, nqh, nkv, hd, C, 0, n,
+    TIME_US(score_channels, eng_score_channels(q, chans, qs, kcm_d, KV_DT_F16, ldc, nqh, nkv, hd, C, 0, n,
                                                score, s));
     /* last, so that the scores the next kernels see vary as real ones do */
     TIME_US(score_sketch, eng_score_sketch(q, bits, n, mad, nqh, nkv, hd, 0, n, score, s));
     TIME_US(softmax_combine, eng_softmax_combine(score, nqh, nkv, n, 0, tmp, comb, s));
     TIME_US(sketch_combine, eng_sketch_combine(q, bits, n, mad, nqh, nkv, hd, 0, n, 0, tmp, comb, s));
     TIME_US(topk, eng_topk(comb, nkv, n, k, 0, sel, s));
-    TIME_US(gather, eng_gather_rows(rows_d, nkv, hd, ENG_F16, sel, k, NULL, 0, dst,
+    TIME_US(gather, eng_gather_rows(rows_d, nkv, hd, KV_DT_F16, sel, k, NULL, 0, dst,
                                     (uint8_t *)dst + (size_t)nkv * k * hd * 2, (size_t)k, s));
 #undef TIME_US
 done:

@@ -38,6 +38,38 @@ typedef struct {
 
 kv_status kv_gpu_bench_select(int device, int n, int k, kv_gpu_select_us *us);
 
+/* The placements `kv-bench decode` compares, every layer one way or the
+ * hybrid's two: full (fp16 on the GPU), quant (KIVI on the GPU), hybrid
+ * (the first layers quant, the rest sparse with channel selection),
+ * hybrid-sketch (the same with the 1-bit key sketch), offload (full with
+ * offload=on). */
+typedef enum {
+    KV_DEC_FULL = 0,
+    KV_DEC_QUANT,
+    KV_DEC_HYBRID,
+    KV_DEC_SKETCH,
+    KV_DEC_OFFLOAD,
+    KV_DEC_COUNT
+} kv_decode_placement;
+
+/* "full", "quant", "hybrid", "hybrid-sketch", "offload". */
+const char *kv_decode_placement_name(kv_decode_placement p);
+
+typedef struct {
+    int qbits;    /* bits of the quantized layers (quant, the hybrid's first layers) */
+    int qlayers;  /* hybrid: layers [0, qlayers) quantized */
+    int topk, channels, sink, window; /* hybrid: the sparse layers */
+} kv_decode_layers;
+
+/* Fill per_layer (n_layers) with placement p's parameters, fp16 storage
+ * (KV_E_USAGE when qlayers exceeds the layers of a hybrid). */
+kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c, int n_layers,
+                                kv_policy_params *per_layer);
+
+/* Share of the PCIe time (bytes at h2d bytes/s) that does not show in the
+ * step time ms against ms_ref, clamped to [0, 1]. */
+double kv_gpu_bench_hidden(double ms, double ms_ref, uint64_t bytes, double h2d);
+
 typedef struct {
     double ms_median, ms_p90, ms_min; /* per decoded token */
     double ms_nofetch;    /* median with sparse selection/gather switched off (0 if n/a) */
@@ -48,15 +80,19 @@ typedef struct {
     double copy_ms;       /* last step: copy stream busy time (offload) */
     double fetch_ms;      /* last step: time in gathers / copies from host memory */
     int tokens;           /* timed tokens */
+    double prefill_ms;    /* with a real prefill: its wall time (placements' ingest included) */
+    double prefill_attn_ms; /* its attention kernels' GPU time (0 if not chunked) */
 } kv_gpu_decode_result;
 
 /*
- * Reset e to per_layer/opts, synthesize a T-token context (seeded), decode
- * warmup then `tokens` greedy tokens timed per step; when nofetch_tokens > 0
- * and some layer is sparse, decode that many more with fetching off.
+ * Reset e to per_layer/opts, put a T-token context in place — synthesized
+ * on the device (seeded), or with prefill a seeded random prompt prefilled
+ * for real (kv_gpu_engine_prefill, its attention timed) — decode warmup
+ * then `tokens` greedy tokens timed per step; when nofetch_tokens > 0 and
+ * some layer is sparse, decode that many more with fetching off.
  */
 kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
-                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, int warmup,
-                              int tokens, int nofetch_tokens, kv_gpu_decode_result *r);
+                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, bool prefill,
+                              int warmup, int tokens, int nofetch_tokens, kv_gpu_decode_result *r);
 
 #endif

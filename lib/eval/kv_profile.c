@@ -24,14 +24,8 @@ void kv_profile_params_default(kv_profile_params *p)
     p->alpha = 0.05;
     p->tau = 0.2;
     p->nq = 32;
-    p->bits = d.bits;
-    p->group = d.group;
-    p->residual = d.residual;
-    p->budget = d.budget;
-    p->budget_frac = d.budget_frac;
-    p->channels = d.channels;
-    p->sink = d.sink;
-    p->window = d.window;
+    p->quant = d.quant;
+    p->sparse = d.sparse;
 }
 
 static int cmp_desc(const void *a, const void *b)
@@ -77,7 +71,7 @@ static void sparse_out(const float *qv, const float *k, const float *v, int n, i
                        const kv_profile_params *p, scored *sc, float *pr, double *o)
 {
     scored ch[KV_QUANT_MAX_DIM];
-    int C = p->channels < D ? p->channels : D;
+    int C = p->sparse.channels < D ? p->sparse.channels : D;
     for (int c = 0; c < D; c++) {
         float m = 0;
         for (int t = 0; t < n; t++) {
@@ -88,10 +82,10 @@ static void sparse_out(const float *qv, const float *k, const float *v, int n, i
         ch[c].idx = c;
     }
     qsort(ch, (size_t)D, sizeof *ch, cmp_scored);
-    int K = p->budget > 0 ? p->budget : (int)ceil(p->budget_frac * n);
+    int K = p->sparse.topk > 0 ? p->sparse.topk : (int)ceil(p->sparse.topk_frac * n);
     int m = 0;
     for (int t = 0; t < n; t++) {
-        if (t < p->sink || t >= n - p->window) continue;
+        if (t < p->sparse.sink || t >= n - p->sparse.window) continue;
         float s = 0;
         for (int i = 0; i < C; i++) s += qv[ch[i].idx] * k[(size_t)t * D + ch[i].idx];
         sc[m].val = s;
@@ -101,7 +95,7 @@ static void sparse_out(const float *qv, const float *k, const float *v, int n, i
     if (K < m) qsort(sc, (size_t)m, sizeof *sc, cmp_scored);
     else K = m;
     /* selection mask in pr: 1 = selected */
-    for (int t = 0; t < n; t++) pr[t] = (t < p->sink || t >= n - p->window) ? 1.0f : 0.0f;
+    for (int t = 0; t < n; t++) pr[t] = (t < p->sparse.sink || t >= n - p->sparse.window) ? 1.0f : 0.0f;
     for (int i = 0; i < K; i++) pr[sc[i].idx] = 1.0f;
     const float s = 1.0f / sqrtf((float)D);
     float mx = -INFINITY;
@@ -142,7 +136,7 @@ static kv_status alloc_acc(kv_profile *a, int L, int NH, int H, int D)
     return KV_OK;
 }
 
-void kv_profile_free(kv_profile *a)
+void kv_profile_clear(kv_profile *a)
 {
     free(a->score);
     free(a->err_q1);
@@ -178,10 +172,10 @@ static kv_status load_queries(const kvc_file *f, int layer, int NH, int nq_s, in
 static kv_status check_params(const kv_profile_params *p, int D)
 {
     if (!(p->alpha > 0 && p->alpha <= 1)) return kv_fail(KV_E_USAGE, "alpha must be in (0, 1]");
-    if (p->channels < 1) return kv_fail(KV_E_USAGE, "channels must be >= 1");
-    if (p->budget < 0 || (p->budget == 0 && !(p->budget_frac > 0 && p->budget_frac <= 1)))
+    if (p->sparse.channels < 1) return kv_fail(KV_E_USAGE, "channels must be >= 1");
+    if (p->sparse.topk < 0 || (p->sparse.topk == 0 && !(p->sparse.topk_frac > 0 && p->sparse.topk_frac <= 1)))
         return kv_fail(KV_E_USAGE, "budget must be a token count or a fraction in (0, 1]");
-    if (p->group < 1 || p->residual < 0) return kv_fail(KV_E_USAGE, "bad KIVI group or residual");
+    if (p->quant.group < 1 || p->quant.residual < 0) return kv_fail(KV_E_USAGE, "bad KIVI group or residual");
     (void)D; /* a head dim KIVI cannot pack gives null errors, not a failure */
     return KV_OK;
 }
@@ -245,7 +239,7 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
             acc->err_sparse[(size_t)l * NH + qh] += ed > 0 ? sqrt(en / ed) : 0;
         }
         for (int b = 1; b <= 2; b++) {
-            kv_kivi_params kp = {b, p->group, p->residual};
+            kv_kivi_params kp = {b, p->quant.group, p->quant.residual};
             double *dst = (b == 1 ? acc->err_q1 : acc->err_q2) + (size_t)l * NH;
             if (kv_kivi_check(&kp, D)) { /* e.g. head dim 12 at 1 bit */
                 for (int qh = 0; qh < NH; qh++) dst[qh] = NAN;
@@ -255,13 +249,13 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
             kv_kivi_packed pk, pv;
             if ((st = kv_kivi_pack(k, KV_KIVI_KEYS, &kp, H, T, D, &pk))) break;
             if ((st = kv_kivi_pack(v, KV_KIVI_VALUES, &kp, H, T, D, &pv))) {
-                kv_kivi_free(&pk);
+                kv_kivi_clear(&pk);
                 break;
             }
             kv_kivi_unpack(&pk, k2);
             kv_kivi_unpack(&pv, v2);
-            kv_kivi_free(&pk);
-            kv_kivi_free(&pv);
+            kv_kivi_clear(&pk);
+            kv_kivi_clear(&pv);
             kv_attn_rel_error(q, NH, nq, k, v, k2, v2, H, T, D, eh);
             for (int qh = 0; qh < NH; qh++) dst[qh] += eh[qh];
         }
@@ -309,14 +303,8 @@ kv_status kv_profile_deploy(const kv_profile *a, const kv_profile_params *p, kv_
 {
     kv_deploy_defaults(d);
     d->n_layers = a->n_layers;
-    d->bits = p->bits;
-    d->group = p->group;
-    d->residual = p->residual;
-    d->budget = p->budget;
-    d->budget_frac = p->budget_frac;
-    d->channels = p->channels;
-    d->sink = p->sink;
-    d->window = p->window;
+    d->quant = p->quant;
+    d->sparse = p->sparse;
     d->quant_layers = malloc(((size_t)a->n_layers + 1) * sizeof(int));
     d->sparse_layers = malloc(((size_t)a->n_layers + 1) * sizeof(int));
     if (!d->quant_layers || !d->sparse_layers) {
@@ -349,8 +337,8 @@ void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, cons
             a->n_q);
     fprintf(f, "  \"params\": {\"alpha\": %g, \"tau\": %g, \"nq\": %d, \"group\": %d, "
                "\"residual\": %d, \"budget\": %g, \"channels\": %d, \"sink\": %d, \"window\": %d},\n",
-            p->alpha, p->tau, p->nq, p->group, p->residual,
-            p->budget > 0 ? (double)p->budget : p->budget_frac, p->channels, p->sink, p->window);
+            p->alpha, p->tau, p->nq, p->quant.group, p->quant.residual,
+            p->sparse.topk > 0 ? (double)p->sparse.topk : p->sparse.topk_frac, p->sparse.channels, p->sparse.sink, p->sparse.window);
     fputs("  \"layers\": [\n", f);
     for (int l = 0; l < a->n_layers; l++) {
         size_t o = (size_t)l * NH;

@@ -25,12 +25,12 @@ typedef struct {
     double alpha;       /* top-alpha share of the visible keys (0.05) */
     double tau;         /* score > tau: quantization-friendly (0.2) */
     int nq;             /* use the last nq stored queries (32; 0 = all) */
-    int bits;           /* bits written into the deploy config (1) */
-    int group, residual; /* KIVI G and R for the quantization errors (64, 128) */
-    int budget;         /* top-K tokens for the sparse error (128); 0: budget_frac */
-    double budget_frac;
-    int channels;       /* C critical channels (8) */
-    int sink, window;   /* always-kept first and last tokens (8, 56) */
+    /* the policies measured and written into the deploy config (the policy
+     * defaults): quant.bits (1) is the deployed width, quant.group and
+     * quant.residual (64, 128) size the 1- and 2-bit errors; sparse.topk
+     * (128, or sparse.topk_frac when 0), sparse.channels (8), sparse.sink
+     * and sparse.window (8, 56) size the sparse error */
+    kv_policy_params quant, sparse;
 } kv_profile_params;
 
 void kv_profile_params_default(kv_profile_params *p);
@@ -49,7 +49,7 @@ typedef struct {
  * zeroed; later files must have the same layers and heads). */
 kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_params *p);
 void kv_profile_finish(kv_profile *acc);
-void kv_profile_free(kv_profile *acc);
+void kv_profile_clear(kv_profile *acc);
 
 /* Classify: layer_score > tau -> quant_layers, else sparse_layers. */
 kv_status kv_profile_deploy(const kv_profile *acc, const kv_profile_params *p, kv_deploy *d);

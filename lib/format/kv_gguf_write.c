@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "common/kv_ggml.h"
+#include "common/kv_outfile.h"
 #include "format/kv_gguf.h"
-#include "format/kvc.h"
 
 #define ALIGN 32
 

@@ -4,7 +4,9 @@
  * JSON header (padded with spaces), then raw little-endian C-order tensor
  * data.  Model geometry, encodings and per-tensor CRC-32C checksums live in
  * the string-to-string "__metadata__" object.  This module is the only code
- * in kvtools that touches .kvc files.
+ * in kvtools that touches .kvc files: kvc_file.c opens and maps them,
+ * kvc_parse.c validates them, kvc_write.c writes them (through the atomic
+ * lib/common/kv_outfile, with lib/common/kv_crc checksums).
  */
 #ifndef KVC_H
 #define KVC_H
@@ -14,6 +16,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/kv_dtype.h"
+#include "common/kv_geom.h"
 #include "common/kv_layout.h"
 #include "common/kv_status.h"
 
@@ -21,22 +25,6 @@
 #define KVC_MAX_DIMS 4
 #define KVC_NAME_MAX 128
 #define KVC_DATA_ALIGN 64 /* the data section starts at a multiple of this */
-
-typedef enum {
-    KV_DT_F32 = 0,
-    KV_DT_F16,
-    KV_DT_BF16,
-    KV_DT_I32,
-    KV_DT_U8,
-    KV_DT_I8,
-    KV_DT_I64,
-    KV_DT_U32,
-    KV_DT_COUNT
-} kv_dtype;
-
-size_t kv_dtype_size(kv_dtype dt);
-const char *kv_dtype_name(kv_dtype dt); /* safetensors spelling: "F32" ... */
-kv_status kv_dtype_parse(const char *s, kv_dtype *out);
 
 typedef struct {
     char name[KVC_NAME_MAX];
@@ -51,25 +39,6 @@ typedef struct {
     bool has_crc;
 } kvc_tensor;
 
-typedef enum { KV_ROPE_INTERLEAVED = 0, KV_ROPE_HALVES = 1 } kv_rope_layout;
-typedef enum { KV_ROPE_SCALING_NONE = 0, KV_ROPE_SCALING_LLAMA3 = 1 } kv_rope_scaling;
-
-/* Model and cache geometry, from metadata or derived from tensor shapes. */
-typedef struct {
-    int n_layers;
-    int n_heads;    /* query heads (0 if unknown: no q tensors and no metadata) */
-    int n_kv_heads;
-    int head_dim;
-    int n_tokens;   /* tokens in the cache */
-    int n_q;        /* query samples per layer (0 if none) */
-    double rope_theta;               /* default 10000 */
-    kv_rope_scaling rope_scaling;    /* default none */
-    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-    int rope_orig_ctx;
-    bool keys_roped;                 /* default true */
-    kv_rope_layout rope_layout;      /* default interleaved */
-    char model[64];                  /* free-form model name, may be "" */
-} kv_geom;
 
 typedef struct kvc_file kvc_file;
 
@@ -80,7 +49,7 @@ typedef struct kvc_file kvc_file;
 kv_status kvc_open(const char *path, kvc_file **out);
 /* Same, from a buffer (copied; used by the fuzzer and tests). */
 kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out);
-void kvc_free(kvc_file *f);
+void kvc_close(kvc_file *f);
 
 const kv_geom *kvc_geom(const kvc_file *f);
 int kvc_n_tensors(const kvc_file *f);
@@ -111,6 +80,14 @@ uint64_t kvc_layer_bytes(const kvc_file *f, int layer, bool kv_only);
 /* Tensors whose stored checksum was verified (kvc_has_checksums: all). */
 int kvc_n_checksums(const kvc_file *f);
 
+/* The token ids of a cache: its "tokens" tensor (I32 [T]) copied into
+ * *ids (malloc'd); KV_E_DATA when there is none. */
+kv_status kvc_tokens(const kvc_file *f, int32_t **ids, int *n);
+/* A request's token ids from exactly one of: a token list file (ids_path,
+ * "-" for stdin: kv_tokens_parse) or the tokens tensor of the .kvc at
+ * kvc_path.  The detail names the file (or "stdin"). */
+kv_status kvc_tokens_read(const char *ids_path, const char *kvc_path, int32_t **ids, int *n);
+
 /* Convert an F32/F16/BF16 tensor to float (n = element count). */
 kv_status kvc_tensor_to_f32(const kvc_tensor *t, float *out);
 int64_t kvc_tensor_numel(const kvc_tensor *t);
@@ -138,29 +115,5 @@ kv_status kvc_writer_add_copy(kvc_writer *w, const char *name, kv_dtype dt, int 
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level);
 void kvc_writer_free(kvc_writer *w);
 
-/* Defaults for a geometry (theta 10000, keys roped, interleaved). */
-void kv_geom_defaults(kv_geom *g);
-
-/* Generic atomic file output used by every tool that writes files (JSON
- * reports, SVG): open a temp file beside path (or stdout for "-"), then
- * commit (fsync + rename) or abort (unlink). */
-typedef struct {
-    FILE *fp;
-    char *path;
-    char *tmp; /* NULL for stdout */
-} kv_outfile;
-kv_status kv_outfile_open(kv_outfile *o, const char *path);
-kv_status kv_outfile_commit(kv_outfile *o);
-void kv_outfile_abort(kv_outfile *o);
-/* Unlink every temp file still open through kv_outfile_open (or the
- * writer).  Async-signal-safe: a front end may call it from a SIGINT/SIGTERM
- * handler before re-raising, so an interrupted write leaves nothing behind. */
-void kv_outfile_cleanup_all(void);
-
-/* CRC-32C (Castagnoli) of a buffer, continuing from crc (start with 0). */
-uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t n);
-/* The portable table-driven path kv_crc32c falls back to without SSE4.2
- * (exposed so tests can check both paths). */
-uint32_t kv_crc32c_sw(uint32_t crc, const void *buf, size_t n);
 
 #endif

@@ -1,14 +1,34 @@
 /*
- * Build and device probe.  The CUDA runtime is linked statically in CUDA
- * builds, so cudaGetDeviceCount fails cleanly (no crash, no missing library)
- * on a machine without a driver.
+ * Build and device probe, and the CUDA failure convention for C code
+ * (kv_gpu_cuda.h).  The CUDA runtime is linked statically in CUDA builds, so
+ * cudaGetDeviceCount fails cleanly (no crash, no missing library) on a
+ * machine without a driver.
  */
 #include "gpu/kv_gpu.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #ifdef KV_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "gpu/kv_gpu_cuda.h"
+
+kv_status kv_cuda_fail(cudaError_t e, const char *stmt, const char *file, int line)
+{
+    char inner[512];
+    snprintf(inner, sizeof inner, "%s", kv_cuda_last_error()); /* a launcher's own record */
+    (void)cudaGetLastError();
+    kv_cuda_record(e, stmt, file, line);
+    char rec[512];
+    snprintf(rec, sizeof rec, "%s", kv_cuda_last_error());
+    kv_cuda_clear_error();
+    const char *sep = inner[0] && strcmp(inner, rec) ? "; inside: " : "";
+    if (!*sep) inner[0] = '\0';
+    if (e == cudaErrorMemoryAllocation)
+        return kv_fail(KV_E_NOMEM, "GPU out of memory: %s%s%s", rec, sep, inner);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice)
+        return kv_fail(KV_E_UNAVAILABLE, "CUDA unavailable: %s%s%s", rec, sep, inner);
+    return kv_fail(KV_E_INTERNAL, "CUDA error: %s%s%s", rec, sep, inner);
+}
 
 bool kv_gpu_built(void) { return true; }
 

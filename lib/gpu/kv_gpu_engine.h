@@ -29,8 +29,10 @@
  *
  * Without CUDA in the build, or without a usable device, kv_gpu_engine_new
  * fails with KV_E_UNAVAILABLE and a one-line reason; nothing else may be
- * called then.  Every CUDA failure comes back as a status with the call and
- * the CUDA error text (GPU out of memory is KV_E_NOMEM).
+ * called then.  Every CUDA failure comes back as a status naming the failed
+ * statement, file, line and device and the CUDA error text (GPU out of
+ * memory is KV_E_NOMEM).  The code: lib/gpu/kv_gpu_engine.c (core) and one
+ * file per placement (lib/gpu/kv_gpu_int.h lists them).
  *
  * Typical use mirrors kv_engine.h:
  *   kv_gpu_engine *g; kv_gpu_engine_new(model, per_layer, ctx, NULL, &g);
@@ -50,15 +52,38 @@
 
 typedef struct kv_gpu_engine kv_gpu_engine;
 
-typedef enum { KV_GPU_W_AUTO = 0, KV_GPU_W_F16, KV_GPU_W_BF16 } kv_gpu_wtype;
+/* opts.pdl: programmatic dependent launch level (kernels/kv_kernels.h). */
+#define KV_GPU_PDL_AUTO (-1) /* 2 on compute capability 9.0 and later, else 0 */
+
+/* opts.sel_skip bits (measurement only: the attention then reads stale rows
+ * or scores): steps of a sparse layer's selection left out. */
+enum {
+    KV_GPU_SKIP_SCORES = 1,  /* token scores (sketch) */
+    KV_GPU_SKIP_SOFTMAX = 2, /* softmax and the GQA combine */
+    KV_GPU_SKIP_TOPK = 4,    /* top-K */
+    KV_GPU_SKIP_GATHER = 8,  /* the gather of the chosen rows */
+    KV_GPU_SKIP_QUERY = 16   /* the predicted query's GEMV */
+};
 
 typedef struct {
     int device;           /* CUDA device ordinal */
-    kv_gpu_wtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
+    kv_dtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
     bool no_fetch;        /* measurement only: skip sparse selection and gathering (the
                              attention then reads stale rows) to time the fetch-free step */
     bool profile;         /* time the side streams per layer (kv_gpu_engine_timing) */
+    int pdl;              /* KV_GPU_PDL_AUTO, or 0, 1, 2 to lower it, for measurement; for
+                             the whole process (kv_cuda_set_pdl), applied at new and reset */
+    unsigned sel_skip;    /* KV_GPU_SKIP_* bits, measurement only (0) */
+    int prefill_chunk;    /* prompt rows per prefill chunk (tensor cores, lib/gpu/kv_gpu_prefill.c):
+                             0 = KV_GPU_PREFILL_CHUNK; < 0 = one token at a time (the former
+                             path, also taken for head_dim outside 64/128 or without cuBLAS) */
+    bool time_prefill;    /* time the chunked prefill's attention launches with events
+                             (kv_gpu_engine_prefill_attn_ms) */
 } kv_gpu_engine_opts;
+
+/* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
+ * geometry at 128k on the H200 (docs/BENCHMARKS.md, GPU prefill). */
+#define KV_GPU_PREFILL_CHUNK 4096
 
 void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o);
 
@@ -78,9 +103,12 @@ kv_status kv_gpu_engine_reset(kv_gpu_engine *e, const kv_policy_params *per_laye
 kv_status kv_gpu_engine_reset_opts(kv_gpu_engine *e, const kv_policy_params *per_layer,
                                    const kv_gpu_engine_opts *opts);
 
-/* Prefill tokens (n >= 1) from position 0 (dense attention over an fp16
- * prompt cache, one token at a time), then hand each layer's prompt K/V to
- * its placement.  logits_last: (vocab) or NULL. */
+/* Prefill tokens (n >= 1) from position 0: dense causal attention over an
+ * fp16 prompt cache, layer by layer in chunks of opts.prefill_chunk rows
+ * (cuBLAS products, the flash-attention chunk kernel), each layer's prompt
+ * K/V handed to its placement as soon as the layer is done; one token at a
+ * time where the chunked path does not apply (opts.prefill_chunk < 0,
+ * head_dim outside 64/128, no cuBLAS).  logits_last: (vocab) or NULL. */
 kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last);
 
 /* One decode step at position kv_gpu_engine_pos(); logits (vocab) or NULL. */
@@ -132,5 +160,9 @@ typedef struct {
     double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
+
+/* The attention kernels' GPU time in the last prefill (ms), when it ran in
+ * chunks with opts.time_prefill; 0 otherwise. */
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e);
 
 #endif

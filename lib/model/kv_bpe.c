@@ -4,7 +4,7 @@
  *   1. split into pre-tokens by the pattern tokenizer.ggml.pre selects,
  *      evaluated on code points by hand-written matchers that follow the
  *      regular expressions alternative by alternative (\p{L}, \p{N}, \s from
- *      kv_unicode);
+ *      kv_ucd);
  *   2. each pre-token's bytes mapped to GPT-2's printable code points, one
  *      token per byte to start with;
  *   3. merged pairwise, always the adjacent pair of lowest merge rank
@@ -21,7 +21,7 @@
 
 #include "format/kv_gguf.h"
 #include "model/kv_tokenizer_int.h"
-#include "model/kv_unicode.h"
+#include "model/kv_ucd.h"
 
 // --- GPT-2 byte <-> code point -------------------------------------------------
 
@@ -57,11 +57,11 @@ size_t kv_bpe_piece_bytes(const char *piece, size_t n, char *out)
         while (chunk > 0 && chunk < n - i && ((uint8_t)piece[i + chunk] & 0xC0) == 0x80) chunk--;
         if (chunk == 0) chunk = n - i < 64 ? n - i : 64;
         size_t ncp;
-        kv_utf8_decode(piece + i, chunk, cps, &ncp);
+        kv_ucd_decode(piece + i, chunk, cps, &ncp);
         for (size_t k = 0; k < ncp && w < n; k++) {
             int b = cp_byte(cps[k]);
             if (b >= 0) out[w++] = (char)b;
-            else w += (size_t)kv_utf8_put(cps[k], out + w); /* not a byte char: keep its text */
+            else w += (size_t)kv_ucd_put(cps[k], out + w); /* not a byte char: keep its text */
         }
         i += chunk;
     }
@@ -110,7 +110,7 @@ kv_status kv_bpe_load(kv_tokenizer *t, const kv_gguf *g)
     /* an unknown pattern still loads (decoding works); encoding refuses */
     for (int b = 0; b < 256; b++) {
         char u[4];
-        int n = kv_utf8_put(byte_cp(b), u);
+        int n = kv_ucd_put(byte_cp(b), u);
         t->byte_tok[b] = kv_tok_lookup(t, u, (size_t)n);
     }
     const kv_gguf_kv *m = kv_gguf_find(g, "tokenizer.ggml.merges");
@@ -185,9 +185,9 @@ typedef struct {
 } span;
 
 static inline uint32_t at(const span *s, size_t i) { return i < s->b ? s->cp[i] : UINT32_MAX; }
-static inline bool isL(const span *s, size_t i) { return i < s->b && kv_unicode_class(s->cp[i]) == KV_UC_LETTER; }
-static inline bool isN(const span *s, size_t i) { return i < s->b && kv_unicode_class(s->cp[i]) == KV_UC_NUMBER; }
-static inline bool isS(const span *s, size_t i) { return i < s->b && kv_unicode_is_space(s->cp[i]); }
+static inline bool isL(const span *s, size_t i) { return i < s->b && kv_ucd_class(s->cp[i]) == KV_UC_LETTER; }
+static inline bool isN(const span *s, size_t i) { return i < s->b && kv_ucd_class(s->cp[i]) == KV_UC_NUMBER; }
+static inline bool isS(const span *s, size_t i) { return i < s->b && kv_ucd_is_space(s->cp[i]); }
 /* [^\s\p{L}\p{N}] */
 static inline bool isO(const span *s, size_t i) { return i < s->b && !isS(s, i) && !isL(s, i) && !isN(s, i); }
 static inline uint32_t lower_ascii(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
@@ -275,10 +275,10 @@ static bool split_llama3(const span *s, segs *out, int maxdig)
 typedef bool (*cp_pred)(uint32_t cp);
 static bool pred_punct(uint32_t c) /* [\p{P}\$\+<=>\^~\|] */
 {
-    return kv_unicode_class(c) == KV_UC_PUNCT || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' ||
+    return kv_ucd_class(c) == KV_UC_PUNCT || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' ||
            c == '^' || c == '~' || c == '|';
 }
-static bool pred_num(uint32_t c) { return kv_unicode_class(c) == KV_UC_NUMBER; }
+static bool pred_num(uint32_t c) { return kv_ucd_class(c) == KV_UC_NUMBER; }
 static bool pred_digit(uint32_t c) { return c >= '0' && c <= '9'; }
 
 static bool split_runs(const span *s, segs *out, cp_pred in)
@@ -431,7 +431,7 @@ kv_status kv_bpe_encode(const kv_tokenizer *t, const char *text, size_t len, kv_
     pheap q = {0};
     kv_status st = KV_OK;
     if (!cps) return kv_fail(KV_E_NOMEM, "out of memory");
-    kv_utf8_decode(text, len, cps, &ncp);
+    kv_ucd_decode(text, len, cps, &ncp);
     if (!pretokenize(t, cps, ncp, &words)) {
         st = kv_fail(KV_E_NOMEM, "out of memory");
         goto done;
@@ -450,8 +450,8 @@ kv_status kv_bpe_encode(const kv_tokenizer *t, const char *text, size_t len, kv_
     for (size_t w = 0; w < words.n; a = words.v[w++]) {
         /* the word's bytes, and their GPT-2 code points as text */
         size_t nb = 0, nm = 0;
-        for (size_t i = a; i < words.v[w]; i++) nb += (size_t)kv_utf8_put(cps[i], bytes + nb);
-        for (size_t i = 0; i < nb; i++) nm += (size_t)kv_utf8_put(byte_cp((uint8_t)bytes[i]), mapped + nm);
+        for (size_t i = a; i < words.v[w]; i++) nb += (size_t)kv_ucd_put(cps[i], bytes + nb);
+        for (size_t i = 0; i < nb; i++) nm += (size_t)kv_ucd_put(byte_cp((uint8_t)bytes[i]), mapped + nm);
         if (t->ignore_merges) {
             int id = kv_tok_lookup(t, mapped, nm);
             if (id >= 0) {

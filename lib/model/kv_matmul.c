@@ -250,9 +250,9 @@ static void tile_2x4_port(const float *w0, const float *w1, const float *x, size
 
 static struct {
     tile_fn tile;
-    dot_w_fn dot[KV_W_COUNT];   /* float rows (F32, F16, BF16) with a float vector */
-    row_fn row[KV_W_COUNT];
-    kv_qdot_fn qdot[KV_W_COUNT]; /* block rows with a quantized vector */
+    dot_w_fn dot[KV_DT_ALL];     /* float rows (F32, F16, BF16) with a float vector */
+    row_fn row[KV_DT_ALL];
+    kv_qdot_fn qdot[KV_DT_ALL];  /* block rows with a quantized vector */
     float (*dot_f32)(const float *, const float *, int);
     void (*axpy)(float, const float *, float *, int);
     const char *isa;
@@ -266,53 +266,55 @@ static void row_f32(const void *row, float *out, int n) { memcpy(out, row, (size
 #define ROWQ(name, wt)                                                                    \
     static void name(const void *row, float *out, int n)                                 \
     {                                                                                     \
-        kv_quant_dequant_row(kv_wtype_ggml(wt), row, out, n);                             \
+        kv_quant_dequant_row(kv_dtype_ggml(wt), row, out, n);                             \
     }
-ROWQ(row_q8_0, KV_W_Q8_0)
-ROWQ(row_q4_0, KV_W_Q4_0)
-ROWQ(row_q4_1, KV_W_Q4_1)
-ROWQ(row_q5_0, KV_W_Q5_0)
-ROWQ(row_q5_1, KV_W_Q5_1)
-ROWQ(row_q2_k, KV_W_Q2_K)
-ROWQ(row_q3_k, KV_W_Q3_K)
-ROWQ(row_q4_k, KV_W_Q4_K)
-ROWQ(row_q5_k, KV_W_Q5_K)
-ROWQ(row_q6_k, KV_W_Q6_K)
+ROWQ(row_q8_0, KV_DT_Q8_0)
+ROWQ(row_q4_0, KV_DT_Q4_0)
+ROWQ(row_q4_1, KV_DT_Q4_1)
+ROWQ(row_q5_0, KV_DT_Q5_0)
+ROWQ(row_q5_1, KV_DT_Q5_1)
+ROWQ(row_q2_k, KV_DT_Q2_K)
+ROWQ(row_q3_k, KV_DT_Q3_K)
+ROWQ(row_q4_k, KV_DT_Q4_K)
+ROWQ(row_q5_k, KV_DT_Q5_K)
+ROWQ(row_q6_k, KV_DT_Q6_K)
 #undef ROWQ
 
-static void k_init(void)
+static bool force_portable; /* kv_matmul_set_portable */
+
+/* Choose the inner kernels: AVX2+FMA where the CPU has them, unless the
+ * portable ones are asked for. */
+static void k_choose(void)
 {
-    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
-    K.dot[KV_W_F32] = dot_w_f32_port;
-    K.dot[KV_W_F16] = dot_f16_port;
-    K.dot[KV_W_BF16] = dot_bf16_port;
-    K.row[KV_W_F32] = row_f32;
-    K.row[KV_W_F16] = row_f16_port;
-    K.row[KV_W_BF16] = row_bf16_port;
-    K.row[KV_W_Q8_0] = row_q8_0;
-    K.row[KV_W_Q4_0] = row_q4_0;
-    K.row[KV_W_Q4_1] = row_q4_1;
-    K.row[KV_W_Q5_0] = row_q5_0;
-    K.row[KV_W_Q5_1] = row_q5_1;
-    K.row[KV_W_Q2_K] = row_q2_k;
-    K.row[KV_W_Q3_K] = row_q3_k;
-    K.row[KV_W_Q4_K] = row_q4_k;
-    K.row[KV_W_Q5_K] = row_q5_k;
-    K.row[KV_W_Q6_K] = row_q6_k;
-    for (int t = 0; t < KV_W_COUNT; t++) K.qdot[t] = kv_qdot_select(kv_wtype_ggml((kv_wtype)t), false);
+    K.dot[KV_DT_F32] = dot_w_f32_port;
+    K.dot[KV_DT_F16] = dot_f16_port;
+    K.dot[KV_DT_BF16] = dot_bf16_port;
+    K.row[KV_DT_F32] = row_f32;
+    K.row[KV_DT_F16] = row_f16_port;
+    K.row[KV_DT_BF16] = row_bf16_port;
+    K.row[KV_DT_Q8_0] = row_q8_0;
+    K.row[KV_DT_Q4_0] = row_q4_0;
+    K.row[KV_DT_Q4_1] = row_q4_1;
+    K.row[KV_DT_Q5_0] = row_q5_0;
+    K.row[KV_DT_Q5_1] = row_q5_1;
+    K.row[KV_DT_Q2_K] = row_q2_k;
+    K.row[KV_DT_Q3_K] = row_q3_k;
+    K.row[KV_DT_Q4_K] = row_q4_k;
+    K.row[KV_DT_Q5_K] = row_q5_k;
+    K.row[KV_DT_Q6_K] = row_q6_k;
+    for (int t = 0; t < KV_DT_ALL; t++) K.qdot[t] = kv_qdot_select(kv_dtype_ggml((kv_dtype)t), false);
     K.dot_f32 = dot_f32_port;
     K.axpy = axpy_port;
     K.tile = tile_2x4_port;
     K.isa = "portable";
 #ifdef KV_X86
-    const char *env = getenv("KV_PORTABLE"); /* for testing the portable path */
     __builtin_cpu_init();
-    if ((!env || !*env) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        K.dot[KV_W_F32] = dot_w_f32_avx2;
-        K.dot[KV_W_F16] = dot_f16_avx2;
-        K.dot[KV_W_BF16] = dot_bf16_avx2;
-        K.row[KV_W_F16] = row_f16_avx2;
-        for (int t = 0; t < KV_W_COUNT; t++) K.qdot[t] = kv_qdot_select(kv_wtype_ggml((kv_wtype)t), true);
+    if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        K.dot[KV_DT_F32] = dot_w_f32_avx2;
+        K.dot[KV_DT_F16] = dot_f16_avx2;
+        K.dot[KV_DT_BF16] = dot_bf16_avx2;
+        K.row[KV_DT_F16] = row_f16_avx2;
+        for (int t = 0; t < KV_DT_ALL; t++) K.qdot[t] = kv_qdot_select(kv_dtype_ggml((kv_dtype)t), true);
         K.dot_f32 = dot_f32_avx2;
         K.axpy = axpy_avx2;
         K.tile = tile_2x4_avx2;
@@ -321,7 +323,20 @@ static void k_init(void)
 #endif
 }
 
+static void k_init(void)
+{
+    for (uint32_t i = 0; i < 65536; i++) f16_table[i] = kv_half_to_f32((kv_half)i);
+    k_choose();
+}
+
 static inline void k_ready(void) { pthread_once(&k_once, k_init); }
+
+void kv_matmul_set_portable(bool on)
+{
+    k_ready();
+    force_portable = on;
+    k_choose();
+}
 
 const char *kv_matmul_isa(void)
 {
@@ -350,7 +365,7 @@ static inline const uint8_t *wrow(const kv_weight *w, size_t rb, int r)
 void kv_weight_row(const kv_weight *w, int r, float *out)
 {
     k_ready();
-    K.row[w->type](wrow(w, kv_wtype_row_bytes(w->type, w->cols), r), out, w->cols);
+    K.row[w->type](wrow(w, kv_dtype_row_bytes(w->type, w->cols), r), out, w->cols);
 }
 
 /* Quantized copies of an input vector, one per activation format a set of
@@ -405,13 +420,13 @@ static inline float row_out(const kv_weight *w, size_t rb, int r, const float *x
 void kv_matvec(const kv_weight *w, const float *x, float *y)
 {
     k_ready();
-    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     const int rows = w->rows, cols = w->cols;
     xq_set q;
     q.n = 0, q.stack_used = 0;
     const uint8_t *xq = NULL;
-    if (kv_wtype_is_block(w->type) &&
-        !(xq = xq_get(&q, kv_quant_vec_type(kv_wtype_ggml(w->type)), x, cols))) {
+    if (kv_dtype_is_block(w->type) &&
+        !(xq = xq_get(&q, kv_quant_vec_type(kv_dtype_ggml(w->type)), x, cols))) {
         for (int r = 0; r < rows; r++) y[r] = NAN;
         return;
     }
@@ -435,9 +450,9 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
     for (int i = 0; i < n; i++) {
         start[i + 1] = start[i] + w[i]->rows;
         work += (long)w[i]->rows * w[i]->cols;
-        rbs[i] = kv_wtype_row_bytes(w[i]->type, w[i]->cols);
-        if (kv_wtype_is_block(w[i]->type) &&
-            !(xqs[i] = xq_get(&q, kv_quant_vec_type(kv_wtype_ggml(w[i]->type)), x, w[i]->cols))) {
+        rbs[i] = kv_dtype_row_bytes(w[i]->type, w[i]->cols);
+        if (kv_dtype_is_block(w[i]->type) &&
+            !(xqs[i] = xq_get(&q, kv_quant_vec_type(kv_dtype_ggml(w[i]->type)), x, w[i]->cols))) {
             for (int j = 0; j < n; j++)
                 for (int r = 0; r < w[j]->rows; r++) y[j][r] = NAN;
             xq_free(&q);
@@ -461,9 +476,9 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
  * cache, with the same kernels (and so the same numbers) as a decode step. */
 static void matmul_block(const kv_weight *w, const float *X, int n, float *Y)
 {
-    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     const int rows = w->rows, cols = w->cols;
-    const uint32_t vt = kv_quant_vec_type(kv_wtype_ggml(w->type));
+    const uint32_t vt = kv_quant_vec_type(kv_dtype_ggml(w->type));
     const size_t vb = kv_quant_vec_bytes(vt, cols);
     const int tile = n < KV_MM_TOKENS ? n : KV_MM_TOKENS;
     uint8_t *xq = malloc(vb * (size_t)tile);
@@ -489,13 +504,13 @@ static void matmul_block(const kv_weight *w, const float *X, int n, float *Y)
 void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
 {
     k_ready();
-    if (kv_wtype_is_block(w->type)) {
+    if (kv_dtype_is_block(w->type)) {
         matmul_block(w, X, n, Y);
         return;
     }
-    const size_t rb = kv_wtype_row_bytes(w->type, w->cols);
+    const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     const int rows = w->rows, cols = w->cols;
-    const bool is_f32 = w->type == KV_W_F32;
+    const bool is_f32 = w->type == KV_DT_F32;
     for (int t0 = 0; t0 < n; t0 += KV_MM_TOKENS) {
         int t1 = t0 + KV_MM_TOKENS < n ? t0 + KV_MM_TOKENS : n;
         int npair = (rows + 1) / 2;

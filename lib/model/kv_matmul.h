@@ -13,6 +13,7 @@
 #ifndef KV_MATMUL_H
 #define KV_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "model/kv_model.h"
@@ -47,5 +48,10 @@ void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, i
 
 /* Which inner kernels were chosen: "avx2" or "portable". */
 const char *kv_matmul_isa(void);
+
+/* Use the portable inner kernels even where AVX2 is available (on) or
+ * choose again by the CPU (off): for testing and measuring the portable
+ * path.  Call while no matmul runs (the choice is process-wide). */
+void kv_matmul_set_portable(bool on);
 
 #endif

@@ -21,39 +21,8 @@
 #include "format/kv_gguf.h"
 #include "common/kv_ggml.h"
 #include "common/kv_half.h"
-#include "model/kv_quants.h"
 
 #define LLAMA2C_MAGIC_V1 0x616b3432u /* "ak42" */
-
-static const uint32_t wtype_ggml[KV_W_COUNT] = {
-    [KV_W_F32] = KV_GGML_F32, [KV_W_F16] = KV_GGML_F16, [KV_W_BF16] = KV_GGML_BF16,
-    [KV_W_Q8_0] = KV_GGML_Q8_0, [KV_W_Q4_0] = KV_GGML_Q4_0, [KV_W_Q4_1] = KV_GGML_Q4_1,
-    [KV_W_Q5_0] = KV_GGML_Q5_0, [KV_W_Q5_1] = KV_GGML_Q5_1, [KV_W_Q2_K] = KV_GGML_Q2_K,
-    [KV_W_Q3_K] = KV_GGML_Q3_K, [KV_W_Q4_K] = KV_GGML_Q4_K, [KV_W_Q5_K] = KV_GGML_Q5_K,
-    [KV_W_Q6_K] = KV_GGML_Q6_K,
-};
-
-uint32_t kv_wtype_ggml(kv_wtype t) { return (unsigned)t < KV_W_COUNT ? wtype_ggml[t] : UINT32_MAX; }
-
-int kv_wtype_from_ggml(uint32_t g)
-{
-    for (int t = 0; t < KV_W_COUNT; t++)
-        if (wtype_ggml[t] == g) return t;
-    return -1;
-}
-
-bool kv_wtype_is_block(kv_wtype t) { return (unsigned)t < KV_W_COUNT && kv_quant_is_block(wtype_ggml[t]); }
-
-const char *kv_wtype_name(kv_wtype t)
-{
-    const kv_ggml_type_info *i = (unsigned)t < KV_W_COUNT ? kv_ggml_type_info_of(wtype_ggml[t]) : NULL;
-    return i ? i->name : "?";
-}
-
-size_t kv_wtype_row_bytes(kv_wtype t, int64_t cols)
-{
-    return (unsigned)t < KV_W_COUNT ? kv_quant_row_bytes(wtype_ggml[t], cols) : 0;
-}
 
 // --- geometry checks -----------------------------------------------------------
 
@@ -88,7 +57,7 @@ static kv_status check_config(kv_model_config *c)
     if (c->rope_dim != c->head_dim)
         return kv_fail(KV_E_UNSUPPORTED, "partial RoPE (%d of %d dims) is not supported",
                        c->rope_dim, c->head_dim);
-    if (c->rope_scaling == KV_ROPE_SCALE_LLAMA3 &&
+    if (c->rope_scaling == KV_ROPE_SCALING_LLAMA3 &&
         !(c->rope_factor >= 1 && c->rope_low_freq_factor > 0 &&
           c->rope_high_freq_factor > c->rope_low_freq_factor && c->rope_orig_ctx > 0))
         return kv_fail(KV_E_DATA, "llama3 rope scaling parameters are inconsistent");
@@ -103,7 +72,7 @@ static void config_defaults(kv_model_config *c)
     c->rope_theta = 10000.0;
 }
 
-static kv_weight wview(kv_wtype t, int rows, int cols, const void *data)
+static kv_weight wview(kv_dtype t, int rows, int cols, const void *data)
 {
     return (kv_weight){.type = t, .rows = rows, .cols = cols, .data = data};
 }
@@ -178,25 +147,25 @@ static kv_status load_llama2c(kv_model *m, const uint8_t *p, size_t len)
         for (int l = 0; l < nl; l++) m->layers[l].attn_norm = TAKE(D);
         for (int l = 0; l < nl; l++) m->layers[l].ffn_norm = TAKE(D);
         m->output_norm = TAKE(D);
-        m->tok_embd = wview(KV_W_F32, c->vocab_size, d, TAKE(V * D));
+        m->tok_embd = wview(KV_DT_F32, c->vocab_size, d, TAKE(V * D));
     } else {
-        m->tok_embd = wview(KV_W_F32, c->vocab_size, d, TAKE(V * D));
+        m->tok_embd = wview(KV_DT_F32, c->vocab_size, d, TAKE(V * D));
         for (int l = 0; l < nl; l++) m->layers[l].attn_norm = TAKE(D);
     }
-    for (int l = 0; l < nl; l++) m->layers[l].wq = wview(KV_W_F32, q, d, TAKE(qd * D));
-    for (int l = 0; l < nl; l++) m->layers[l].wk = wview(KV_W_F32, kv, d, TAKE(kvd * D));
-    for (int l = 0; l < nl; l++) m->layers[l].wv = wview(KV_W_F32, kv, d, TAKE(kvd * D));
-    for (int l = 0; l < nl; l++) m->layers[l].wo = wview(KV_W_F32, d, q, TAKE(D * qd));
+    for (int l = 0; l < nl; l++) m->layers[l].wq = wview(KV_DT_F32, q, d, TAKE(qd * D));
+    for (int l = 0; l < nl; l++) m->layers[l].wk = wview(KV_DT_F32, kv, d, TAKE(kvd * D));
+    for (int l = 0; l < nl; l++) m->layers[l].wv = wview(KV_DT_F32, kv, d, TAKE(kvd * D));
+    for (int l = 0; l < nl; l++) m->layers[l].wo = wview(KV_DT_F32, d, q, TAKE(D * qd));
     if (!v1)
         for (int l = 0; l < nl; l++) m->layers[l].ffn_norm = TAKE(D);
-    for (int l = 0; l < nl; l++) m->layers[l].w_gate = wview(KV_W_F32, hdim, d, TAKE(H * D));
-    for (int l = 0; l < nl; l++) m->layers[l].w_down = wview(KV_W_F32, d, hdim, TAKE(D * H));
-    for (int l = 0; l < nl; l++) m->layers[l].w_up = wview(KV_W_F32, hdim, d, TAKE(H * D));
+    for (int l = 0; l < nl; l++) m->layers[l].w_gate = wview(KV_DT_F32, hdim, d, TAKE(H * D));
+    for (int l = 0; l < nl; l++) m->layers[l].w_down = wview(KV_DT_F32, d, hdim, TAKE(D * H));
+    for (int l = 0; l < nl; l++) m->layers[l].w_up = wview(KV_DT_F32, hdim, d, TAKE(H * D));
     if (!v1) {
         m->output_norm = TAKE(D);
         (void)TAKE((uint64_t)c->seq_len * hd); /* freq_cis: unused, RoPE is computed */
     }
-    m->output = shared ? m->tok_embd : wview(KV_W_F32, c->vocab_size, d, TAKE(V * D));
+    m->output = shared ? m->tok_embd : wview(KV_DT_F32, c->vocab_size, d, TAKE(V * D));
 #undef TAKE
     snprintf(c->name, sizeof c->name, "llama2.c");
     return KV_OK;
@@ -218,19 +187,19 @@ static kv_status gguf_weight(const kv_gguf *g, const char *name, int rows, int c
     if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
         return kv_fail(KV_E_DATA, "GGUF tensor %s has shape [%lld, %lld] (ne0, ne1), expected [%d, %d]",
                        name, (long long)t->ne[0], (long long)t->ne[1], cols, rows);
-    int wt = kv_wtype_from_ggml(t->ggml_type);
-    if (wt < 0) {
+    kv_dtype wt = kv_dtype_from_ggml(t->ggml_type);
+    if (wt == KV_DT_AUTO) {
         char tb[16];
         return kv_fail(KV_E_UNSUPPORTED,
                        "GGUF tensor %s: weight type %s is not supported (F32, F16, BF16, Q4_0, Q4_1, "
                        "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)",
                        name, kv_ggml_type_name(t->ggml_type, tb));
     }
-    if (wt == KV_W_F32 && ((uintptr_t)t->data & 3))
+    if (wt == KV_DT_F32 && ((uintptr_t)t->data & 3))
         return kv_fail(KV_E_DATA, "GGUF tensor %s: F32 data is not 4-byte aligned", name);
-    if ((wt == KV_W_F16 || wt == KV_W_BF16) && ((uintptr_t)t->data & 1))
+    if ((wt == KV_DT_F16 || wt == KV_DT_BF16) && ((uintptr_t)t->data & 1))
         return kv_fail(KV_E_DATA, "GGUF tensor %s: 16-bit data is not 2-byte aligned", name);
-    *out = wview((kv_wtype)wt, rows, cols, t->data);
+    *out = wview(wt, rows, cols, t->data);
     return KV_OK;
 }
 
@@ -369,7 +338,7 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     /* Llama-3.1 files carry their frequency scaling as rope_freqs.weight
      * (read below); "llama3" here is the same rule given by parameters. */
     if (!strcmp(stype, "llama3")) {
-        c->rope_scaling = KV_ROPE_SCALE_LLAMA3;
+        c->rope_scaling = KV_ROPE_SCALING_LLAMA3;
         c->rope_factor = 8;
         c->rope_low_freq_factor = 1;
         c->rope_high_freq_factor = 4;
@@ -415,7 +384,7 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     if (have_rf) {
         c->rope_freq_factors = ns;
         /* the factors already hold the scaling: do not apply it twice */
-        c->rope_scaling = KV_ROPE_SCALE_NONE;
+        c->rope_scaling = KV_ROPE_SCALING_NONE;
         for (int i = 0; i < hd / 2; i++)
             if (!(ns[i] > 0) || !isfinite(ns[i]))
                 return kv_fail(KV_E_DATA, "GGUF rope_freqs.weight[%d] = %g is not a positive factor", i, ns[i]);
@@ -467,7 +436,7 @@ static kv_status load_buffer(kv_model *m, const uint8_t *p, size_t len)
     return load_llama2c(m, p, len);
 }
 
-kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out)
+kv_status kv_model_open_mem(const void *buf, size_t len, kv_model **out)
 {
     *out = NULL;
     kv_model *m = calloc(1, sizeof *m);
@@ -481,14 +450,14 @@ kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out)
     if (len) memcpy(m->owned, buf, len);
     kv_status st = load_buffer(m, m->owned, len);
     if (st) {
-        kv_model_free(m);
+        kv_model_close(m);
         return st;
     }
     *out = m;
     return KV_OK;
 }
 
-kv_status kv_model_load(const char *path, kv_model **out)
+kv_status kv_model_open(const char *path, kv_model **out)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY);
@@ -521,7 +490,7 @@ kv_status kv_model_load(const char *path, kv_model **out)
     close(fd);
     if (st) {
         kv_errcontext("%s", path);
-        kv_model_free(m);
+        kv_model_close(m);
         return st;
     }
     if (!strcmp(m->cfg.name, "llama2.c") || !strcmp(m->cfg.name, "gguf")) {
@@ -547,7 +516,7 @@ static uint64_t splitmix(uint64_t *s)
 
 /* Fill n values uniform in [-a, a] in type t; chunks are seeded by index so
  * the result does not depend on the thread count. */
-static void fill_random(void *dst, kv_wtype t, size_t n, float a, uint64_t seed)
+static void fill_random(void *dst, kv_dtype t, size_t n, float a, uint64_t seed)
 {
     const size_t chunk = 1 << 16;
     size_t nchunks = (n + chunk - 1) / chunk;
@@ -558,14 +527,14 @@ static void fill_random(void *dst, kv_wtype t, size_t n, float a, uint64_t seed)
         for (size_t i = i0; i < i1; i++) {
             uint64_t r = splitmix(&s);
             float f = a * ((float)(r >> 40) * (2.0f / 16777216.0f) - 1.0f);
-            if (t == KV_W_F32) ((float *)dst)[i] = f;
-            else if (t == KV_W_F16) ((uint16_t *)dst)[i] = kv_f32_to_half(f);
+            if (t == KV_DT_F32) ((float *)dst)[i] = f;
+            else if (t == KV_DT_F16) ((uint16_t *)dst)[i] = kv_f32_to_half(f);
             else ((uint16_t *)dst)[i] = kv_f32_to_bf16(f);
         }
     }
 }
 
-kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_model **out)
+kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_model **out)
 {
     *out = NULL;
     kv_model_config c;
@@ -573,13 +542,13 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
     if (!strcmp(name, "llama-3.1-8b")) {
         c.dim = 4096, c.hidden_dim = 14336, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8;
         c.vocab_size = 128256, c.seq_len = 131072, c.rope_theta = 500000;
-        c.rope_scaling = KV_ROPE_SCALE_LLAMA3;
+        c.rope_scaling = KV_ROPE_SCALING_LLAMA3;
         c.rope_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
         c.rope_orig_ctx = 8192;
     } else if (!strcmp(name, "llama-3.2-1b")) {
         c.dim = 2048, c.hidden_dim = 8192, c.n_layers = 16, c.n_heads = 32, c.n_kv_heads = 8;
         c.vocab_size = 128256, c.seq_len = 131072, c.rope_theta = 500000;
-        c.rope_scaling = KV_ROPE_SCALE_LLAMA3;
+        c.rope_scaling = KV_ROPE_SCALING_LLAMA3;
         c.rope_factor = 32, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
         c.rope_orig_ctx = 8192;
     } else if (!strcmp(name, "llama-2-7b")) {
@@ -597,7 +566,7 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
                        "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads)",
                        name);
     }
-    if (wt != KV_W_F32 && wt != KV_W_F16 && wt != KV_W_BF16)
+    if (wt != KV_DT_F32 && wt != KV_DT_F16 && wt != KV_DT_BF16)
         return kv_fail(KV_E_USAGE, "synthetic weights must be F32, F16 or BF16");
     c.shared_classifier = false;
     snprintf(c.name, sizeof c.name, "%s (synthetic)", name);
@@ -609,7 +578,7 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
     m->cfg = c;
     size_t D = (size_t)c.dim, H = (size_t)c.hidden_dim, V = (size_t)c.vocab_size;
     size_t qd = (size_t)c.n_heads * c.head_dim, kvd = (size_t)c.n_kv_heads * c.head_dim;
-    size_t es = wt == KV_W_F32 ? 4 : 2;
+    size_t es = wt == KV_DT_F32 ? 4 : 2;
     size_t n_layer = qd * D * 2 + kvd * D * 2 + H * D * 3; /* wq wo wk wv gate down up */
     size_t n_emb = V * D;
     size_t bytes = (n_layer + 2 * n_emb) * es;
@@ -617,7 +586,7 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
     m->norm_store = malloc(D * sizeof(float));
     m->layers = calloc((size_t)c.n_layers, sizeof *m->layers);
     if (!m->owned || !m->norm_store || !m->layers) {
-        kv_model_free(m);
+        kv_model_close(m);
         return kv_fail(KV_E_NOMEM, "out of memory for synthetic %s (%zu MB)", name, bytes >> 20);
     }
     uint8_t *p = m->owned;
@@ -646,7 +615,7 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_mo
     return KV_OK;
 }
 
-void kv_model_free(kv_model *m)
+void kv_model_close(kv_model *m)
 {
     if (!m) return;
     kv_gguf_free(m->gguf);
@@ -660,6 +629,25 @@ void kv_model_free(kv_model *m)
 
 const struct kv_gguf *kv_model_gguf(const kv_model *m) { return m ? m->gguf : NULL; }
 
+void kv_model_geom(const kv_model *m, kv_geom *g)
+{
+    const kv_model_config *c = &m->cfg;
+    kv_geom_defaults(g);
+    g->n_layers = c->n_layers;
+    g->n_heads = c->n_heads;
+    g->n_kv_heads = c->n_kv_heads;
+    g->head_dim = c->head_dim;
+    g->rope_theta = c->rope_theta;
+    if (c->rope_scaling == KV_ROPE_SCALING_LLAMA3) {
+        g->rope_scaling = KV_ROPE_SCALING_LLAMA3;
+        g->rope_factor = c->rope_factor;
+        g->rope_low_freq_factor = c->rope_low_freq_factor;
+        g->rope_high_freq_factor = c->rope_high_freq_factor;
+        g->rope_orig_ctx = c->rope_orig_ctx;
+    }
+    snprintf(g->model, sizeof g->model, "%s", c->name);
+}
+
 uint64_t kv_model_weight_bytes(const kv_model *m)
 {
     const kv_model_config *c = &m->cfg;
@@ -667,12 +655,12 @@ uint64_t kv_model_weight_bytes(const kv_model *m)
     for (int l = 0; l < c->n_layers; l++) {
         const kv_layer_weights *lw = &m->layers[l];
         const kv_weight *ws[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_down, &lw->w_up};
-        for (int i = 0; i < 7; i++) b += kv_wtype_row_bytes(ws[i]->type, ws[i]->cols) * (uint64_t)ws[i]->rows;
+        for (int i = 0; i < 7; i++) b += kv_dtype_row_bytes(ws[i]->type, ws[i]->cols) * (uint64_t)ws[i]->rows;
         b += 2 * (uint64_t)c->dim * 4;
     }
-    b += kv_wtype_row_bytes(m->tok_embd.type, m->tok_embd.cols) * (uint64_t)m->tok_embd.rows;
+    b += kv_dtype_row_bytes(m->tok_embd.type, m->tok_embd.cols) * (uint64_t)m->tok_embd.rows;
     if (!c->shared_classifier)
-        b += kv_wtype_row_bytes(m->output.type, m->output.cols) * (uint64_t)m->output.rows;
+        b += kv_dtype_row_bytes(m->output.type, m->output.cols) * (uint64_t)m->output.rows;
     return b + (uint64_t)c->dim * 4;
 }
 
@@ -683,7 +671,7 @@ void kv_model_rope_freqs(const kv_model_config *c, float *inv_freq)
     int hd = c->head_dim;
     for (int i = 0; i < hd / 2; i++) {
         float f = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)hd);
-        if (c->rope_scaling == KV_ROPE_SCALE_LLAMA3) {
+        if (c->rope_scaling == KV_ROPE_SCALING_LLAMA3) {
             double wavelen = 2 * M_PI / f;
             double lo_wl = c->rope_orig_ctx / c->rope_low_freq_factor;
             double hi_wl = c->rope_orig_ctx / c->rope_high_freq_factor;

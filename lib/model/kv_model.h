@@ -18,54 +18,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_dtype.h"
+#include "common/kv_geom.h"
 #include "common/kv_status.h"
 
-/* Storage type of a weight matrix.  The block types are ggml's packed
- * layouts (common/kv_ggml.h); kv_wtype_ggml() gives a type's ggml number. */
-typedef enum {
-    KV_W_F32 = 0,
-    KV_W_F16,
-    KV_W_BF16,
-    KV_W_Q8_0, /* ggml blocks of 32: fp16 scale + 32 int8, 34 bytes */
-    KV_W_Q4_0,
-    KV_W_Q4_1,
-    KV_W_Q5_0,
-    KV_W_Q5_1,
-    KV_W_Q2_K,
-    KV_W_Q3_K,
-    KV_W_Q4_K,
-    KV_W_Q5_K,
-    KV_W_Q6_K,
-    KV_W_COUNT
-} kv_wtype;
-
-#define KV_Q8_0_BLOCK 32
-#define KV_Q8_0_BYTES 34
-
-const char *kv_wtype_name(kv_wtype t);
-/* Bytes of one row of `cols` values (cols a multiple of the type's block:
- * 32 for Q4_0..Q8_0, 256 for the K-quants). */
-size_t kv_wtype_row_bytes(kv_wtype t, int64_t cols);
-/* The ggml type number of t, and the kv_wtype of a ggml number (-1 when
- * kv-run cannot compute with it). */
-uint32_t kv_wtype_ggml(kv_wtype t);
-int kv_wtype_from_ggml(uint32_t ggml_type);
-/* Is t a packed block type (its matvec quantizes the input vector)? */
-bool kv_wtype_is_block(kv_wtype t);
-
-/* A row-major weight matrix: y = W x (+ bias) with W (rows, cols).  perm,
- * when set, reorders the stored rows: output row r is stored row perm[r]
- * (used to turn NEOX-ordered q/k projections into the interleaved RoPE
- * order the engines use, without copying the mapping). */
+/* A row-major weight matrix: y = W x (+ bias) with W (rows, cols).  Its
+ * type is F32, F16, BF16 or a ggml block type (KV_DT_Q8_0 ... KV_DT_Q6_K,
+ * common/kv_dtype.h).  perm, when set, reorders the stored rows: output
+ * row r is stored row perm[r] (used to turn NEOX-ordered q/k projections
+ * into the interleaved RoPE order the engines use, without copying the
+ * mapping). */
 typedef struct {
-    kv_wtype type;
+    kv_dtype type; /* F32, F16, BF16 or a block type */
     int rows, cols;
     const void *data;     /* (rows, cols) in `type`; borrowed from the mapping */
     const float *bias;    /* (rows) added to W x, or NULL (qwen2's q/k/v) */
     const int32_t *perm;  /* (rows) stored row of each output row, or NULL */
 } kv_weight;
-
-typedef enum { KV_ROPE_SCALE_NONE = 0, KV_ROPE_SCALE_LLAMA3 = 1 } kv_rope_scale_kind;
 
 typedef struct {
     int dim;          /* model width */
@@ -79,7 +48,7 @@ typedef struct {
     float norm_eps;   /* RMSNorm epsilon */
     double rope_theta;
     int rope_dim;     /* rotated dims per head (== head_dim here) */
-    kv_rope_scale_kind rope_scaling;
+    kv_rope_scaling rope_scaling;
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_ctx;
     const float *rope_freq_factors; /* (head_dim/2) divisors of each pair's
@@ -121,9 +90,9 @@ typedef struct kv_model {
 
 /* Load a model file: llama2.c (legacy or v1) or GGUF v3, detected by magic.
  * A missing file is KV_E_NOINPUT. */
-kv_status kv_model_load(const char *path, kv_model **out);
+kv_status kv_model_open(const char *path, kv_model **out);
 /* Same from a memory buffer (copied; for fuzzing and tests). */
-kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out);
+kv_status kv_model_open_mem(const void *buf, size_t len, kv_model **out);
 /* Seeded random weights for "llama-3.1-8b", "llama-3.2-1b", "llama-2-7b", "tiny" or
  * "tiny-wide-heads" (4 heads of 64 on a width of 128, as Mistral-Nemo's heads are wider
  * than dim / n_heads), big
@@ -131,11 +100,14 @@ kv_status kv_model_load_mem(const void *buf, size_t len, kv_model **out);
  * shares one random set of layer weights (compute and bytes read per layer
  * are those of the real geometry); the embedding and classifier are
  * distinct.  The 8B geometry in BF16 takes about 2.5 GB. */
-kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_wtype wt, kv_model **out);
-void kv_model_free(kv_model *m);
+kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_model **out);
+void kv_model_close(kv_model *m);
 
 /* The GGUF metadata of a GGUF model (for the vocabulary), else NULL. */
 const struct kv_gguf *kv_model_gguf(const kv_model *m);
+
+/* The cache geometry of the model (no tokens yet; keys roped, interleaved). */
+void kv_model_geom(const kv_model *m, kv_geom *g);
 
 /* Total bytes of weights (for reports and the bandwidth bound). */
 uint64_t kv_model_weight_bytes(const kv_model *m);

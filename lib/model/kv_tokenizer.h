@@ -21,6 +21,7 @@
 #include <stddef.h>
 
 #include "common/kv_status.h"
+#include "common/kv_tokens.h" /* kv_tokens_parse, for the tokenizer's callers */
 
 struct kv_gguf;
 typedef struct kv_tokenizer kv_tokenizer;
@@ -73,10 +74,7 @@ const char *kv_tokenizer_piece(const kv_tokenizer *t, int id, size_t *len);
 float kv_tokenizer_score(const kv_tokenizer *t, int id);
 int kv_tokenizer_token_type(const kv_tokenizer *t, int id);
 /* Id of a piece given as text ("<|eot_id|>"), or -1. */
-int kv_tokenizer_find(const kv_tokenizer *t, const char *piece);
+int kv_tokenizer_piece_id(const kv_tokenizer *t, const char *piece);
 
-/* Token ids from text: whitespace-separated integers or a JSON array of
- * integers.  *ids malloc'd. */
-kv_status kv_tokens_parse(const char *text, size_t len, int **ids, int *n);
 
 #endif

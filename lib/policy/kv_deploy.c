@@ -17,20 +17,9 @@ void kv_deploy_defaults(kv_deploy *d)
 {
     /* The policy defaults are the one source of these numbers, so that a
        deploy config that names no sizes deploys what --policy would. */
-    kv_policy_params q, sp;
-    kv_policy_params_default(&q, KV_POL_QUANT);
-    kv_policy_params_default(&sp, KV_POL_SPARSE);
     memset(d, 0, sizeof *d);
-    d->quant_kind = KV_POL_QUANT;
-    d->bits = q.bits;
-    d->group = q.group;
-    d->residual = q.residual;
-    d->budget = sp.topk;
-    d->channels = sp.channels;
-    d->sink = sp.sink;
-    d->window = sp.window;
-    d->dsq_window = q.dsq_window;
-    d->dsq_salient = q.dsq_salient;
+    kv_policy_params_default(&d->quant, KV_POL_QUANT);
+    kv_policy_params_default(&d->sparse, KV_POL_SPARSE);
 }
 
 void kv_deploy_clear(kv_deploy *d)
@@ -115,37 +104,39 @@ static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "method"))) {
         if (!cJSON_IsString(it))
             return kv_fail(KV_E_DATA, "deploy config: \"method\" must be a string");
-        if (!strcmp(it->valuestring, "kivi")) d->quant_kind = KV_POL_QUANT;
-        else if (!strcmp(it->valuestring, "dsq")) d->quant_kind = KV_POL_DSQ;
+        if (!strcmp(it->valuestring, "kivi")) d->quant.kind = KV_POL_QUANT;
+        else if (!strcmp(it->valuestring, "dsq")) d->quant.kind = KV_POL_DSQ;
         else return kv_fail(KV_E_DATA, "deploy config: method \"%s\" is not kivi or dsq", it->valuestring);
     }
     struct { const char *name; int lo, hi; int *dst; } ints[] = {
-        {"bits", 1, 4, &d->bits},         {"group", 1, 65536, &d->group},
-        {"residual", 0, 1 << 24, &d->residual}, {"channels", 1, 1 << 16, &d->channels},
-        {"sink", 0, 1 << 24, &d->sink},   {"window", 0, 1 << 24, &d->window},
-        {"dsq_window", 8, 4096, &d->dsq_window},
+        {"bits", 1, 4, &d->quant.bits},         {"group", 1, 65536, &d->quant.group},
+        {"residual", 0, 1 << 24, &d->quant.residual}, {"channels", 1, 1 << 16, &d->sparse.channels},
+        {"sink", 0, 1 << 24, &d->sparse.sink},   {"window", 0, 1 << 24, &d->sparse.window},
+        {"dsq_window", 8, 4096, &d->quant.dsq_window},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         if ((it = cJSON_GetObjectItemCaseSensitive(o, ints[i].name)) &&
             (st = get_int(it, ints[i].name, ints[i].lo, ints[i].hi, ints[i].dst)))
             return st;
-    if (d->bits == 3) return kv_fail(KV_E_DATA, "deploy config: \"bits\" must be 1, 2 or 4, not 3");
-    if (d->dsq_window % 8)
+    if (d->quant.bits == 3) return kv_fail(KV_E_DATA, "deploy config: \"bits\" must be 1, 2 or 4, not 3");
+    if (d->quant.dsq_window % 8)
         return kv_fail(KV_E_DATA, "deploy config: \"dsq_window\" must be a multiple of 8");
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "budget"))) {
         if (!cJSON_IsNumber(it) || !(it->valuedouble > 0) || it->valuedouble > (1 << 24))
             return kv_fail(KV_E_DATA, "deploy config: \"budget\" must be a token count or a fraction in (0, 1)");
         if (it->valuedouble < 1) {
-            d->budget = 0;
-            d->budget_frac = it->valuedouble;
-        } else if ((st = get_int(it, "budget", 1, 1 << 24, &d->budget))) {
+            d->sparse.topk = 0;
+            d->sparse.topk_frac = it->valuedouble;
+        } else if ((st = get_int(it, "budget", 1, 1 << 24, &d->sparse.topk))) {
             return st;
+        } else {
+            d->sparse.topk_frac = 0.0;
         }
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "dsq_salient"))) {
         if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 1))
             return kv_fail(KV_E_DATA, "deploy config: \"dsq_salient\" must be a number in [0, 1]");
-        d->dsq_salient = it->valuedouble;
+        d->quant.dsq_salient = it->valuedouble;
     }
     const cJSON *ql = cJSON_GetObjectItemCaseSensitive(o, "quant_layers");
     const cJSON *sl = cJSON_GetObjectItemCaseSensitive(o, "sparse_layers");
@@ -194,28 +185,10 @@ kv_status kv_deploy_parse(const char *json, size_t len, int n_layers, kv_deploy 
 void kv_deploy_apply(const kv_deploy *d, int n_layers, kv_policy_params *per_layer)
 {
     for (int i = 0; i < n_layers; i++) kv_policy_params_default(&per_layer[i], KV_POL_FULL);
-    for (int i = 0; i < d->n_quant; i++) {
-        int l = d->quant_layers[i];
-        if (l >= n_layers) continue;
-        kv_policy_params *p = &per_layer[l];
-        kv_policy_params_default(p, d->quant_kind);
-        p->bits = d->bits;
-        p->group = d->group;
-        p->residual = d->residual;
-        p->dsq_window = d->dsq_window;
-        p->dsq_salient = d->dsq_salient;
-    }
-    for (int i = 0; i < d->n_sparse; i++) {
-        int l = d->sparse_layers[i];
-        if (l >= n_layers) continue;
-        kv_policy_params *p = &per_layer[l];
-        kv_policy_params_default(p, KV_POL_SPARSE);
-        p->topk = d->budget;
-        p->topk_frac = d->budget_frac;
-        p->channels = d->channels;
-        p->sink = d->sink;
-        p->window = d->window;
-    }
+    for (int i = 0; i < d->n_quant; i++)
+        if (d->quant_layers[i] < n_layers) per_layer[d->quant_layers[i]] = d->quant;
+    for (int i = 0; i < d->n_sparse; i++)
+        if (d->sparse_layers[i] < n_layers) per_layer[d->sparse_layers[i]] = d->sparse;
 }
 
 kv_status kv_deploy_read(const char *path, int n_layers, kv_deploy *out)
@@ -241,6 +214,15 @@ kv_status kv_deploy_load(const char *path, int n_layers, kv_policy_params *per_l
     return KV_OK;
 }
 
+kv_status kv_policies_load(const char *spec, const char *profile_path, const kv_policy_defaults *d,
+                           int n_layers, kv_policy_params *per_layer)
+{
+    kv_status st = profile_path ? kv_deploy_load(profile_path, n_layers, per_layer)
+                                : kv_policy_parse(spec ? spec : "full", n_layers, per_layer);
+    if (st == KV_OK && d) kv_policy_defaults_apply(d, per_layer, n_layers);
+    return st;
+}
+
 void kv_deploy_quant_mask(const kv_deploy *d, int n_layers, bool *quant)
 {
     for (int i = 0; i < n_layers; i++) quant[i] = false;
@@ -261,19 +243,19 @@ void kv_deploy_write_json(const kv_deploy *d, FILE *f, int indent)
     int in = indent + 2 < 32 ? indent + 2 : 32;
     fprintf(f, "{\n%.*s\"version\": %d,\n", in, pad, KV_DEPLOY_VERSION);
     if (d->n_layers) fprintf(f, "%.*s\"n_layers\": %d,\n", in, pad, d->n_layers);
-    fprintf(f, "%.*s\"method\": \"%s\",\n", in, pad, d->quant_kind == KV_POL_DSQ ? "dsq" : "kivi");
+    fprintf(f, "%.*s\"method\": \"%s\",\n", in, pad, d->quant.kind == KV_POL_DSQ ? "dsq" : "kivi");
     fprintf(f, "%.*s\"quant_layers\": ", in, pad);
     write_list(f, d->quant_layers, d->n_quant);
     fprintf(f, ",\n%.*s\"sparse_layers\": ", in, pad);
     write_list(f, d->sparse_layers, d->n_sparse);
     fprintf(f, ",\n%.*s\"bits\": %d,\n%.*s\"group\": %d,\n%.*s\"residual\": %d,\n", in, pad,
-            d->bits, in, pad, d->group, in, pad, d->residual);
-    if (d->budget > 0) fprintf(f, "%.*s\"budget\": %d,\n", in, pad, d->budget);
-    else fprintf(f, "%.*s\"budget\": %.17g,\n", in, pad, d->budget_frac);
+            d->quant.bits, in, pad, d->quant.group, in, pad, d->quant.residual);
+    if (d->sparse.topk > 0) fprintf(f, "%.*s\"budget\": %d,\n", in, pad, d->sparse.topk);
+    else fprintf(f, "%.*s\"budget\": %.17g,\n", in, pad, d->sparse.topk_frac);
     fprintf(f, "%.*s\"channels\": %d,\n%.*s\"sink\": %d,\n%.*s\"window\": %d,\n", in, pad,
-            d->channels, in, pad, d->sink, in, pad, d->window);
+            d->sparse.channels, in, pad, d->sparse.sink, in, pad, d->sparse.window);
     fprintf(f, "%.*s\"dsq_window\": %d,\n%.*s\"dsq_salient\": %.17g\n%.*s}", in, pad,
-            d->dsq_window, in, pad, d->dsq_salient, indent < 32 ? indent : 32, pad);
+            d->quant.dsq_window, in, pad, d->quant.dsq_salient, indent < 32 ? indent : 32, pad);
 }
 
 kv_status kv_layer_list_parse(const char *s, int n_layers, bool *sel)

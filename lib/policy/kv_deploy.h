@@ -28,19 +28,18 @@
 
 #define KV_DEPLOY_VERSION 1
 
+/* The config's numbers are the policy parameters themselves: what a quant
+ * layer and a sparse layer get, copied whole by kv_deploy_apply. */
 typedef struct {
     int n_layers;          /* as written by kv-profile; 0 if absent */
-    kv_policy_kind quant_kind; /* KV_POL_QUANT (method "kivi") or KV_POL_DSQ */
     int *quant_layers;     /* (n_quant) */
     int n_quant;
     int *sparse_layers;    /* (n_sparse) */
     int n_sparse;
-    int bits, group, residual;
-    int budget;            /* top-K tokens; 0 when budget_frac is used */
-    double budget_frac;
-    int channels, sink, window;
-    int dsq_window;
-    double dsq_salient;
+    kv_policy_params quant;  /* kind quant (method "kivi") or dsq: bits, group,
+                                residual, dsq_window, dsq_salient */
+    kv_policy_params sparse; /* kind sparse: budget (topk, or topk_frac when
+                                topk is 0), channels, sink, window */
 } kv_deploy;
 
 void kv_deploy_defaults(kv_deploy *d);
@@ -50,12 +49,18 @@ void kv_deploy_clear(kv_deploy *d); /* frees the lists */
  * n_layers > 0 checks every layer index against it (0: no check). */
 kv_status kv_deploy_parse(const char *json, size_t len, int n_layers, kv_deploy *out);
 
-/* Fill per_layer[0..n_layers) with policy params: quant layers get quant
- * (or dsq), sparse layers sparse, the rest full. */
+/* Fill per_layer[0..n_layers) with policy params: quant layers get
+ * d->quant, sparse layers d->sparse, the rest full's defaults. */
 void kv_deploy_apply(const kv_deploy *d, int n_layers, kv_policy_params *per_layer);
 
 /* Read path ("-" = stdin), parse, apply: what kv-run --profile calls. */
 kv_status kv_deploy_load(const char *path, int n_layers, kv_policy_params *per_layer);
+
+/* Every layer's policy the way the tools take it: from the deploy config at
+ * profile_path when given (kv_deploy_load), else from spec (NULL: "full"),
+ * then the front-end defaults d (NULL: none). */
+kv_status kv_policies_load(const char *spec, const char *profile_path, const kv_policy_defaults *d,
+                           int n_layers, kv_policy_params *per_layer);
 
 /* Read and parse path; the caller frees with kv_deploy_clear. */
 kv_status kv_deploy_read(const char *path, int n_layers, kv_deploy *out);

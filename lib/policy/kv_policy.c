@@ -1,6 +1,7 @@
 /*
  * kv_policy: the registry that builds one layer's policy from its
- * parameters, dispatching to lib/policy/kv_policy_<kind>.c.
+ * parameters, checked once here (kv_policy_check), dispatching to
+ * lib/policy/kv_policy_<kind>.c.
  */
 #include "policy/kv_policy.h"
 
@@ -10,21 +11,18 @@
 
 // --- construction -------------------------------------------------------
 
-kv_status kv_policy_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_new(const kv_policy_geom *g, const kv_policy_params *prm,
                            kv_policy **out)
 {
     *out = NULL;
-    if (g->n_heads <= 0 || g->n_kv_heads <= 0 || g->head_dim <= 0 || g->max_tokens <= 0 ||
-        g->n_heads % g->n_kv_heads)
-        return kv_fail(KV_E_USAGE, "layer %d: bad attention geometry (%d heads, %d KV heads, dim %d, %d tokens)",
-                       g->layer, g->n_heads, g->n_kv_heads, g->head_dim, g->max_tokens);
-    kv_status st;
+    kv_status st = kv_policy_check(prm, g, KV_DEVICE_CPU);
+    if (st) return st;
     switch (prm->kind) {
-    case KV_POL_FULL: st = kv_policy_full_create(g, prm, out); break;
-    case KV_POL_QUANT: st = kv_policy_quant_create(g, prm, out); break;
-    case KV_POL_SPARSE: st = kv_policy_sparse_create(g, prm, out); break;
-    case KV_POL_STREAMING: st = kv_policy_streaming_create(g, prm, out); break;
-    case KV_POL_DSQ: st = kv_policy_dsq_create(g, prm, out); break;
+    case KV_POL_FULL: st = kv_policy_full_new(g, prm, out); break;
+    case KV_POL_QUANT: st = kv_policy_quant_new(g, prm, out); break;
+    case KV_POL_SPARSE: st = kv_policy_sparse_new(g, prm, out); break;
+    case KV_POL_STREAMING: st = kv_policy_streaming_new(g, prm, out); break;
+    case KV_POL_DSQ: st = kv_policy_dsq_new(g, prm, out); break;
     default: return kv_fail(KV_E_USAGE, "unknown policy kind %d", (int)prm->kind);
     }
     if (st) {

@@ -13,8 +13,11 @@
 #define KV_POLICY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_device.h"
+#include "common/kv_dtype.h"
 #include "common/kv_status.h"
 
 typedef enum {
@@ -25,8 +28,6 @@ typedef enum {
     KV_POL_DSQ,
     KV_POL_COUNT
 } kv_policy_kind;
-
-typedef enum { KV_STORE_F32 = 0, KV_STORE_F16, KV_STORE_BF16 } kv_store_dtype;
 
 /* sparse, grouped-query attention: how the query heads sharing one KV head
  * combine their token scores before the top-K (each head's scores are first
@@ -40,10 +41,20 @@ typedef enum {
     KV_SELECT_SKETCH        /* scores from a resident 1-bit key sketch (GPU engine only) */
 } kv_select_mode;
 
-/* Every tunable of every policy; each policy reads the fields it uses. */
+/* Keys a front end may set for every layer (kv_policy_defaults), as bits of
+ * kv_policy_params.given and kv_policy_defaults.given. */
+enum { KV_KEY_DTYPE = 1u << 0, KV_KEY_SELECT = 1u << 1, KV_KEY_OFFLOAD = 1u << 2 };
+
+/*
+ * Every tunable of every policy; each policy reads the fields it uses.
+ * This one struct carries a layer's choice everywhere: the spec parser and
+ * the deploy config fill it, front-end defaults are applied to it, both
+ * engines validate it with kv_policy_check, and benchmarks fill it directly.
+ */
 typedef struct {
     kv_policy_kind kind;
-    kv_store_dtype dtype; /* full precision storage (full, residuals, sparse host copy) */
+    kv_dtype dtype; /* full precision storage: f32, f16 or bf16 (full, residuals,
+                             sparse host copy) */
     /* quant (KIVI) */
     int bits, group, residual;
     /* sparse / streaming */
@@ -61,14 +72,12 @@ typedef struct {
     /* sparse (added by E; defaults from kv_policy_params_default) */
     bool predict;               /* use the engine's predicted query (true) */
     kv_group_reduce group_reduce; /* GQA score combination (sum) */
+    unsigned given;             /* KV_KEY_* the spec named: defaults leave them alone */
 } kv_policy_params;
 
 void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind);
 const char *kv_policy_kind_name(kv_policy_kind k);
 kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out);
-/* "f32", "f16", "bf16". */
-const char *kv_store_dtype_name(kv_store_dtype d);
-kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out);
 /* "channels", "exact", "sketch" ("approx" parses as channels). */
 const char *kv_select_mode_name(kv_select_mode m);
 kv_status kv_select_mode_parse(const char *s, kv_select_mode *out);
@@ -118,7 +127,22 @@ struct kv_policy {
     bool wants_prediction; /* engine should call predict() before attend() */
 };
 
-kv_status kv_policy_create(const kv_policy_geom *g, const kv_policy_params *prm,
+/*
+ * Check one layer's parameters against its geometry for the engine that
+ * will run it: the one validation both engines use (kv_policy_new calls
+ * it for the CPU; the GPU engine before it places a layer).  dev:
+ *   KV_DEVICE_CPU  also refuses the GPU placements (select=sketch,
+ *                  offload=on): KV_E_USAGE, they mean nothing without a GPU;
+ *   KV_DEVICE_CUDA also refuses what the GPU engine does not implement (dsq
+ *                  with HCAP, sparse with a query group over 8 or a head_dim
+ *                  not a multiple of 8): KV_E_UNSUPPORTED;
+ *   KV_DEVICE_AUTO checks only what both engines require.
+ * A bad value is KV_E_USAGE; the detail starts "layer N policy KIND: ".
+ */
+kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv_device dev);
+
+/* Build one layer's CPU policy (kv_policy_check(prm, g, KV_DEVICE_CPU) first). */
+kv_status kv_policy_new(const kv_policy_geom *g, const kv_policy_params *prm,
                            kv_policy **out);
 void kv_policy_free(kv_policy *p);
 
@@ -126,10 +150,11 @@ void kv_policy_free(kv_policy *p);
  * Parse a policy spec: "KIND[:key=val,...]" for every layer, or a per-layer
  * list "0=quant:bits=1;1-31=sparse:k=128;*=full" ('*' fills the layers no
  * explicit entry names; layers nothing names are full).  Fills n_layers
- * entries.  Keys per kind (docs/policies.txt has the meanings):
+ * entries.  Keys per kind (kv-run(1) POLICIES has the meanings):
  *   full:      dtype, offload=on|off
  *   quant:     bits (1,2,4), group|g, residual|r
- *   sparse:    sink|s, window|w, channels|c, k|topk, frac,
+ *   sparse:    sink|s, window|w, channels|c, k|topk, frac, budget (a
+ *              count >= 1 or a fraction < 1, as in a deploy config),
  *              select=channels|approx|exact|sketch,
  *              predict=on|off, reduce=sum|max, dtype
  *   streaming: sink|s, window|w, dtype
@@ -139,7 +164,28 @@ void kv_policy_free(kv_policy *p);
  */
 kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_layer);
 
-/* Set the token selection of every sparse layer (a --select default). */
+/*
+ * Front-end defaults for every layer (--kv-dtype, --select): each field in
+ * `given` applies to every layer whose spec did not name that key (a key in
+ * the spec wins).  Apply them after kv_policy_parse or kv_deploy_apply.
+ *   dtype:   full-precision storage of every layer
+ *   select:  token selection of every sparse layer
+ *   offload: full layers kept in host memory (GPU engine)
+ */
+typedef struct {
+    unsigned given; /* KV_KEY_* */
+    kv_dtype dtype;
+    kv_select_mode select;
+    bool offload;
+} kv_policy_defaults;
+
+void kv_policy_defaults_apply(const kv_policy_defaults *d, kv_policy_params *per_layer,
+                              int n_layers);
+
+/* Shorthand: kv_policy_defaults_apply with only `select` given. */
 void kv_policy_set_select(kv_policy_params *per_layer, int n_layers, kv_select_mode m);
+
+/* One line describing a layer's parameters ("sparse sink=4 window=32 ..."). */
+void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n);
 
 #endif

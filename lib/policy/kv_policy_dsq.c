@@ -275,8 +275,8 @@ static void dsq_destroy(kv_policy *p)
     free(d->qpred);
     free(d->contrib);
     free(d->imp);
-    kv_store_free(&d->v);
-    kv_store_free(&d->k);
+    kv_store_clear(&d->v);
+    kv_store_clear(&d->k);
     free(d);
 }
 
@@ -290,19 +290,15 @@ static const kv_policy_ops dsq_ops = {
     .observe = dsq_observe,
 };
 
-kv_status kv_policy_dsq_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                kv_policy **out)
 {
     *out = NULL;
     kv_dsq_params dp;
     kv_dsq_params_default(&dp);
     dp.window = prm->dsq_window;
-    dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient);
-    kv_status st = kv_dsq_check(&dp, g->head_dim);
-    if (st) return st;
-    if (!(prm->hcap_token_keep > 0.0 && prm->hcap_token_keep <= 1.0) ||
-        !(prm->hcap_channel_thresh >= 0.0 && prm->hcap_channel_thresh < 1.0))
-        return kv_fail(KV_E_USAGE, "dsq: keep must be in (0, 1] and chan in [0, 1)");
+    dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient); /* checked by kv_policy_new */
+    kv_status st;
     dsq_policy *d = calloc(1, sizeof *d);
     if (!d) return kv_fail(KV_E_NOMEM, "dsq policy");
     d->base.ops = &dsq_ops;
@@ -311,8 +307,8 @@ kv_status kv_policy_dsq_create(const kv_policy_geom *g, const kv_policy_params *
     d->dp = dp;
     const size_t H = (size_t)g->n_kv_heads, D = (size_t)g->head_dim, W = (size_t)dp.window;
     const size_t S = (size_t)dp.salient, gd = (size_t)kv_kivi_vgroup(dp.group, g->head_dim);
-    st = kv_store_init(&d->k, KV_STORE_F32, g->n_kv_heads, g->max_tokens, g->head_dim);
-    if (st == KV_OK) st = kv_store_init(&d->v, KV_STORE_F32, g->n_kv_heads, g->max_tokens, g->head_dim);
+    st = kv_store_init(&d->k, KV_DT_F32, g->n_kv_heads, g->max_tokens, g->head_dim);
+    if (st == KV_OK) st = kv_store_init(&d->v, KV_DT_F32, g->n_kv_heads, g->max_tokens, g->head_dim);
     d->imp = calloc(H * (size_t)g->max_tokens, sizeof(float));
     d->contrib = calloc(H * D, sizeof(float));
     d->qpred = calloc((size_t)g->n_heads * D, sizeof(float));

@@ -51,7 +51,7 @@ static kv_status full_attend(kv_policy *p, const float *q, float *out)
     full_policy *f = (full_policy *)p;
     const kv_policy_geom *g = &p->g;
     const int T = p->n_tokens;
-    if (f->k.dt == KV_STORE_F32) {
+    if (f->k.dt == KV_DT_F32) {
         kv_attend_dense(q, f->k.data, f->v.data, T, g->max_tokens, g->n_heads, g->n_kv_heads,
                         g->head_dim, out);
         return KV_OK;
@@ -76,14 +76,14 @@ static void full_bytes(const kv_policy *p, kv_bytes *b)
     const full_policy *f = (const full_policy *)p;
     *b = (kv_bytes){0};
     b->resident = 2u * (uint64_t)p->g.n_kv_heads * (uint64_t)p->n_tokens *
-                  (uint64_t)p->g.head_dim * kv_store_elem_bytes(f->k.dt);
+                  (uint64_t)p->g.head_dim * kv_dtype_size(f->k.dt);
 }
 
 static void full_destroy(kv_policy *p)
 {
     full_policy *f = (full_policy *)p;
-    kv_store_free(&f->v);
-    kv_store_free(&f->k);
+    kv_store_clear(&f->v);
+    kv_store_clear(&f->k);
     free(f);
 }
 
@@ -96,19 +96,16 @@ static const kv_policy_ops full_ops = {
     .destroy = full_destroy,
 };
 
-kv_status kv_policy_full_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_full_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                 kv_policy **out)
 {
-    if (prm->offload)
-        return kv_fail(KV_E_UNSUPPORTED,
-                       "full: offload=on is a GPU engine placement (the CPU keeps every layer in host memory)");
     full_policy *f = calloc(1, sizeof *f);
     if (!f) return kv_fail(KV_E_NOMEM, "full policy");
     kv_status st = kv_store_init(&f->k, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);
     if (st == KV_OK)
         st = kv_store_init(&f->v, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);
     if (st) {
-        kv_store_free(&f->k);
+        kv_store_clear(&f->k);
         free(f);
         return st;
     }

@@ -17,14 +17,13 @@
 // --- full-precision row store -------------------------------------------
 
 typedef struct {
-    kv_store_dtype dt;
+    kv_dtype dt;
     int nkv, cap, dim; /* rows per head (capacity), values per row */
     void *data;        /* (nkv, cap, dim) in dt */
 } kv_store;
 
-size_t kv_store_elem_bytes(kv_store_dtype dt);
-kv_status kv_store_init(kv_store *s, kv_store_dtype dt, int nkv, int cap, int dim);
-void kv_store_free(kv_store *s);
+kv_status kv_store_init(kv_store *s, kv_dtype dt, int nkv, int cap, int dim);
+void kv_store_clear(kv_store *s);
 /* Row t of head h: write from / read into f32. */
 void kv_store_put(kv_store *s, int h, int t, const float *x);
 void kv_store_get(const kv_store *s, int h, int t, float *x);
@@ -47,15 +46,15 @@ void kv_attend_gather(const kv_policy_geom *g, const kv_store *K, const kv_store
 
 // --- constructors, one per kind (lib/kv_policy_<kind>.c) -----------------
 
-kv_status kv_policy_full_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_full_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                 kv_policy **out);
-kv_status kv_policy_quant_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_quant_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                  kv_policy **out);
-kv_status kv_policy_sparse_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_sparse_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                   kv_policy **out);
-kv_status kv_policy_streaming_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_streaming_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                      kv_policy **out);
-kv_status kv_policy_dsq_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                kv_policy **out);
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * kv_policy_params: the policy-independent parameters of a layer's KV cache:
- * defaults per kind, kind and dtype names, and the --policy spec parser.
+ * defaults per kind, kind and dtype names, the --policy spec parser, the
+ * front-end defaults applied over it, and the one-line description.
  */
 #include "policy/kv_policy.h"
 
@@ -8,6 +9,7 @@
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +21,7 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
 {
     memset(p, 0, sizeof *p);
     p->kind = kind;
-    p->dtype = KV_STORE_F32;
+    p->dtype = KV_DT_F32;
     p->bits = KV_KIVI_DEFAULT_BITS;
     p->group = 64;
     p->residual = 128;
@@ -57,10 +59,24 @@ kv_status kv_select_mode_parse(const char *s, kv_select_mode *out)
     return kv_fail(KV_E_USAGE, "policy key select: '%s' (channels, exact or sketch)", s);
 }
 
+void kv_policy_defaults_apply(const kv_policy_defaults *d, kv_policy_params *per_layer,
+                              int n_layers)
+{
+    for (int l = 0; l < n_layers; l++) {
+        kv_policy_params *p = &per_layer[l];
+        unsigned take = d->given & ~p->given;
+        /* every layer, as --kv-dtype always did: the kinds without full
+           precision storage ignore it */
+        if (take & KV_KEY_DTYPE) p->dtype = d->dtype;
+        if ((take & KV_KEY_SELECT) && p->kind == KV_POL_SPARSE) p->select = d->select;
+        if ((take & KV_KEY_OFFLOAD) && p->kind == KV_POL_FULL) p->offload = d->offload;
+    }
+}
+
 void kv_policy_set_select(kv_policy_params *per_layer, int n_layers, kv_select_mode m)
 {
-    for (int l = 0; l < n_layers; l++)
-        if (per_layer[l].kind == KV_POL_SPARSE) per_layer[l].select = m;
+    kv_policy_defaults d = {.given = KV_KEY_SELECT, .select = m};
+    kv_policy_defaults_apply(&d, per_layer, n_layers);
 }
 
 static const char *const kind_names[KV_POL_COUNT] = {
@@ -84,20 +100,6 @@ kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out)
             return KV_OK;
         }
     return kv_fail(KV_E_USAGE, "unknown policy '%s' (full, quant, sparse, streaming, dsq)", s);
-}
-
-const char *kv_store_dtype_name(kv_store_dtype d)
-{
-    return d == KV_STORE_F16 ? "f16" : d == KV_STORE_BF16 ? "bf16" : "f32";
-}
-
-kv_status kv_store_dtype_parse(const char *s, kv_store_dtype *out)
-{
-    if (!strcmp(s, "f32")) *out = KV_STORE_F32;
-    else if (!strcmp(s, "f16")) *out = KV_STORE_F16;
-    else if (!strcmp(s, "bf16")) *out = KV_STORE_BF16;
-    else return kv_fail(KV_E_USAGE, "unknown KV dtype '%s' (f32, f16, bf16)", s);
-    return KV_OK;
 }
 
 // --- spec parser --------------------------------------------------------
@@ -143,12 +145,34 @@ static kv_status parse_bool(const char *key, const char *val, bool *out)
     return KV_OK;
 }
 
+/* budget: a token count (>= 1) or a fraction of the context (< 1), the
+ * deploy config's spelling of k and frac. */
+static kv_status parse_budget(const char *val, kv_policy_params *p)
+{
+    double x;
+    kv_status st = parse_real("budget", val, 0.0, 1 << 24, &x);
+    if (st) return st;
+    if (!(x > 0.0) || (x >= 1.0 && x != floor(x)))
+        return kv_fail(KV_E_USAGE, "policy key budget: '%s' is not a token count or a fraction in (0, 1)", val);
+    if (x < 1.0) {
+        p->topk = 0;
+        p->topk_frac = x;
+    } else {
+        p->topk = (int)x;
+        p->topk_frac = 0.0;
+    }
+    return KV_OK;
+}
+
 static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
 {
     unsigned me = K_(p->kind);
     const unsigned SS = K_(KV_POL_SPARSE) | K_(KV_POL_STREAMING);
 #define IS(name, kinds) (!strcmp(key, name) && ((kinds) & me))
-    if (IS("dtype", K_(KV_POL_FULL) | SS)) return kv_store_dtype_parse(val, &p->dtype);
+    if (IS("dtype", K_(KV_POL_FULL) | SS)) {
+        p->given |= KV_KEY_DTYPE;
+        return kv_float_dtype_parse(val, &p->dtype);
+    }
     if (IS("bits", K_(KV_POL_QUANT))) {
         kv_status st = parse_int(key, val, 1, 4, &p->bits);
         if (st == KV_OK && p->bits == 3)
@@ -173,10 +197,15 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         p->topk = 0;
         return parse_real(key, val, 0.0, 1.0, &p->topk_frac);
     }
+    if (IS("budget", K_(KV_POL_SPARSE))) return parse_budget(val, p);
     if (IS("select", K_(KV_POL_SPARSE))) {
+        p->given |= KV_KEY_SELECT;
         return kv_select_mode_parse(val, &p->select);
     }
-    if (IS("offload", K_(KV_POL_FULL))) return parse_bool(key, val, &p->offload);
+    if (IS("offload", K_(KV_POL_FULL))) {
+        p->given |= KV_KEY_OFFLOAD;
+        return parse_bool(key, val, &p->offload);
+    }
     if (IS("predict", K_(KV_POL_SPARSE))) return parse_bool(key, val, &p->predict);
     if (IS("reduce", K_(KV_POL_SPARSE))) {
         if (!strcmp(val, "sum")) p->group_reduce = KV_REDUCE_SUM;
@@ -312,3 +341,32 @@ kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_
     return st;
 }
 
+
+// --- description --------------------------------------------------------
+
+void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n)
+{
+    const char *dt = kv_float_dtype_name(p->dtype);
+    switch (p->kind) {
+    case KV_POL_QUANT:
+        snprintf(buf, n, "quant bits=%d group=%d residual=%d dtype=%s", p->bits, p->group, p->residual, dt);
+        break;
+    case KV_POL_SPARSE:
+        if (p->topk)
+            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk=%d dtype=%s", p->sink, p->window,
+                     p->channels, p->topk, dt);
+        else
+            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk_frac=%g dtype=%s", p->sink,
+                     p->window, p->channels, p->topk_frac, dt);
+        break;
+    case KV_POL_STREAMING:
+        snprintf(buf, n, "streaming sink=%d window=%d dtype=%s", p->sink, p->window, dt);
+        break;
+    case KV_POL_DSQ:
+        snprintf(buf, n, "dsq window=%d salient=%g hcap_channel=%g hcap_token_keep=%g", p->dsq_window,
+                 p->dsq_salient, p->hcap_channel_thresh, p->hcap_token_keep);
+        break;
+    default:
+        snprintf(buf, n, "%s dtype=%s", kv_policy_kind_name(p->kind), dt);
+    }
+}

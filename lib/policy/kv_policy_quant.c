@@ -204,13 +204,11 @@ static const kv_policy_ops quant_ops = {
     .destroy = quant_destroy,
 };
 
-kv_status kv_policy_quant_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_quant_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                  kv_policy **out)
 {
     *out = NULL;
-    kv_kivi_params kp = {prm->bits, prm->group, prm->residual};
-    kv_status st = kv_kivi_check(&kp, g->head_dim);
-    if (st) return st;
+    kv_kivi_params kp = {prm->bits, prm->group, prm->residual}; /* checked by kv_policy_new */
     quant_policy *q = calloc(1, sizeof *q);
     if (!q) return kv_fail(KV_E_NOMEM, "quant policy");
     q->base.ops = &quant_ops;

@@ -168,7 +168,7 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
     const kv_policy_geom *g = &s->base.g;
     const kv_policy_params *prm = &s->base.prm;
     const int D = g->head_dim, grp = g->n_heads / g->n_kv_heads, n = cend - cs;
-    const size_t eb = kv_store_elem_bytes(s->k.dt);
+    const size_t eb = kv_dtype_size(s->k.dt);
     int chans[1024];
     int C = prm->channels < D ? prm->channels : D;
     uint64_t bytes;
@@ -207,7 +207,7 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
         float mx = -INFINITY;
         for (int i = 0; i < n; i++) {
             float d = 0.0f;
-            if (s->k.dt == KV_STORE_F32) {
+            if (s->k.dt == KV_DT_F32) {
                 const float *kt = kv_store_f32(&s->k, kh, cs + i);
                 for (int j = 0; j < C; j++) d += qh[chans[j]] * kt[chans[j]];
             } else {
@@ -243,7 +243,7 @@ static kv_status sparse_attend(kv_policy *p, const float *q, float *out)
     const kv_policy_geom *g = &p->g;
     const int T = p->n_tokens, D = g->head_dim, H = g->n_kv_heads;
     const int grp = g->n_heads / H;
-    const size_t eb = kv_store_elem_bytes(s->k.dt);
+    const size_t eb = kv_dtype_size(s->k.dt);
     int cs, cend;
     cand_range(s, T, &cs, &cend);
     const int ncand = cend - cs;
@@ -295,7 +295,7 @@ static void sparse_bytes(const kv_policy *p, kv_bytes *b)
 {
     const sparse_policy *s = (const sparse_policy *)p;
     const uint64_t H = (uint64_t)p->g.n_kv_heads, D = (uint64_t)p->g.head_dim;
-    const uint64_t eb = kv_store_elem_bytes(s->k.dt);
+    const uint64_t eb = kv_dtype_size(s->k.dt);
     int cs, cend;
     cand_range(s, p->n_tokens, &cs, &cend);
     uint64_t nres = (uint64_t)cs + (uint64_t)(p->n_tokens - cend);
@@ -310,8 +310,8 @@ static void sparse_destroy(kv_policy *p)
     sparse_policy *s = (sparse_policy *)p;
     free(s->qpred);
     free(s->chmax);
-    kv_store_free(&s->v);
-    kv_store_free(&s->k);
+    kv_store_clear(&s->v);
+    kv_store_clear(&s->k);
     free(s);
 }
 
@@ -324,17 +324,11 @@ static const kv_policy_ops sparse_ops = {
     .destroy = sparse_destroy,
 };
 
-kv_status kv_policy_sparse_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_sparse_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                   kv_policy **out)
 {
     *out = NULL;
-    if (prm->sink < 0 || prm->window < 0 || prm->channels < 1 || prm->topk < 0 ||
-        !(prm->topk_frac >= 0.0 && prm->topk_frac <= 1.0))
-        return kv_fail(KV_E_USAGE, "sparse: bad parameters (sink %d, window %d, channels %d, k %d, frac %g)",
-                       prm->sink, prm->window, prm->channels, prm->topk, prm->topk_frac);
-    if (g->head_dim > 1024) return kv_fail(KV_E_UNSUPPORTED, "sparse: head dim %d > 1024", g->head_dim);
-    if (prm->select == KV_SELECT_SKETCH)
-        return kv_fail(KV_E_UNSUPPORTED, "sparse: select=sketch runs on the GPU engine only (--device cuda)");
+    /* parameters checked by kv_policy_new */
     sparse_policy *s = calloc(1, sizeof *s);
     if (!s) return kv_fail(KV_E_NOMEM, "sparse policy");
     kv_status st = kv_store_init(&s->k, prm->dtype, g->n_kv_heads, g->max_tokens, g->head_dim);

@@ -97,14 +97,14 @@ static void stream_bytes(const kv_policy *p, kv_bytes *b)
     const stream_policy *s = (const stream_policy *)p;
     *b = (kv_bytes){0};
     b->resident = 2u * (uint64_t)p->g.n_kv_heads * (uint64_t)held(s, p->n_tokens) *
-                  (uint64_t)p->g.head_dim * kv_store_elem_bytes(s->k.dt);
+                  (uint64_t)p->g.head_dim * kv_dtype_size(s->k.dt);
 }
 
 static void stream_destroy(kv_policy *p)
 {
     stream_policy *s = (stream_policy *)p;
-    kv_store_free(&s->v);
-    kv_store_free(&s->k);
+    kv_store_clear(&s->v);
+    kv_store_clear(&s->k);
     free(s);
 }
 
@@ -116,13 +116,11 @@ static const kv_policy_ops stream_ops = {
     .destroy = stream_destroy,
 };
 
-kv_status kv_policy_streaming_create(const kv_policy_geom *g, const kv_policy_params *prm,
+kv_status kv_policy_streaming_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                      kv_policy **out)
 {
     *out = NULL;
-    if (prm->sink < 0 || prm->window < 1)
-        return kv_fail(KV_E_USAGE, "streaming needs sink >= 0 and window >= 1 (got %d, %d)",
-                       prm->sink, prm->window);
+    /* parameters checked by kv_policy_new */
     stream_policy *s = calloc(1, sizeof *s);
     if (!s) return kv_fail(KV_E_NOMEM, "streaming policy");
     s->S = prm->sink;
@@ -131,7 +129,7 @@ kv_status kv_policy_streaming_create(const kv_policy_geom *g, const kv_policy_pa
     kv_status st = kv_store_init(&s->k, prm->dtype, g->n_kv_heads, rows, g->head_dim);
     if (st == KV_OK) st = kv_store_init(&s->v, prm->dtype, g->n_kv_heads, rows, g->head_dim);
     if (st) {
-        kv_store_free(&s->k);
+        kv_store_clear(&s->k);
         free(s);
         return st;
     }

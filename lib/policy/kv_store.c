@@ -12,20 +12,20 @@
 
 // --- row store ----------------------------------------------------------
 
-size_t kv_store_elem_bytes(kv_store_dtype dt) { return dt == KV_STORE_F32 ? 4 : 2; }
-
-kv_status kv_store_init(kv_store *s, kv_store_dtype dt, int nkv, int cap, int dim)
+kv_status kv_store_init(kv_store *s, kv_dtype dt, int nkv, int cap, int dim)
 {
+    if (dt != KV_DT_F32 && dt != KV_DT_F16 && dt != KV_DT_BF16)
+        return kv_fail(KV_E_USAGE, "KV store of %s: f32, f16 or bf16 only", kv_dtype_name(dt));
     s->dt = dt;
     s->nkv = nkv;
     s->cap = cap;
     s->dim = dim;
-    s->data = calloc((size_t)nkv * (size_t)cap * (size_t)dim, kv_store_elem_bytes(dt));
+    s->data = calloc((size_t)nkv * (size_t)cap * (size_t)dim, kv_dtype_size(dt));
     if (!s->data) return kv_fail(KV_E_NOMEM, "KV store of %d x %d x %d", nkv, cap, dim);
     return KV_OK;
 }
 
-void kv_store_free(kv_store *s)
+void kv_store_clear(kv_store *s)
 {
     free(s->data);
     s->data = NULL;
@@ -40,13 +40,14 @@ void kv_store_put(kv_store *s, int h, int t, const float *x)
 {
     size_t o = store_off(s, h, t);
     switch (s->dt) {
-    case KV_STORE_F32: memcpy((float *)s->data + o, x, (size_t)s->dim * sizeof(float)); break;
-    case KV_STORE_F16:
+    case KV_DT_F32: memcpy((float *)s->data + o, x, (size_t)s->dim * sizeof(float)); break;
+    case KV_DT_F16:
         for (int c = 0; c < s->dim; c++) ((kv_half *)s->data)[o + (size_t)c] = kv_f32_to_half(x[c]);
         break;
-    case KV_STORE_BF16:
+    case KV_DT_BF16:
         for (int c = 0; c < s->dim; c++) ((kv_bf16 *)s->data)[o + (size_t)c] = kv_f32_to_bf16(x[c]);
         break;
+    default: break; /* kv_store_init took only f32, f16 and bf16 */
     }
 }
 
@@ -54,13 +55,14 @@ void kv_store_get(const kv_store *s, int h, int t, float *x)
 {
     size_t o = store_off(s, h, t);
     switch (s->dt) {
-    case KV_STORE_F32: memcpy(x, (const float *)s->data + o, (size_t)s->dim * sizeof(float)); break;
-    case KV_STORE_F16:
+    case KV_DT_F32: memcpy(x, (const float *)s->data + o, (size_t)s->dim * sizeof(float)); break;
+    case KV_DT_F16:
         for (int c = 0; c < s->dim; c++) x[c] = kv_half_to_f32(((const kv_half *)s->data)[o + (size_t)c]);
         break;
-    case KV_STORE_BF16:
+    case KV_DT_BF16:
         for (int c = 0; c < s->dim; c++) x[c] = kv_bf16_to_f32(((const kv_bf16 *)s->data)[o + (size_t)c]);
         break;
+    default: break; /* kv_store_init took only f32, f16 and bf16 */
     }
 }
 
@@ -68,15 +70,15 @@ float kv_store_at(const kv_store *s, int h, int t, int c)
 {
     size_t o = store_off(s, h, t) + (size_t)c;
     switch (s->dt) {
-    case KV_STORE_F16: return kv_half_to_f32(((const kv_half *)s->data)[o]);
-    case KV_STORE_BF16: return kv_bf16_to_f32(((const kv_bf16 *)s->data)[o]);
+    case KV_DT_F16: return kv_half_to_f32(((const kv_half *)s->data)[o]);
+    case KV_DT_BF16: return kv_bf16_to_f32(((const kv_bf16 *)s->data)[o]);
     default: return ((const float *)s->data)[o];
     }
 }
 
 const float *kv_store_f32(const kv_store *s, int h, int t)
 {
-    return s->dt == KV_STORE_F32 ? (const float *)s->data + store_off(s, h, t) : NULL;
+    return s->dt == KV_DT_F32 ? (const float *)s->data + store_off(s, h, t) : NULL;
 }
 
 void kv_attend_gather(const kv_policy_geom *g, const kv_store *K, const kv_store *V,

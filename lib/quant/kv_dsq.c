@@ -291,7 +291,7 @@ size_t kv_dsq_bytes(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int
     return s.mask + s.sal + s.codes + 2 * (s.sscale + s.base + 2 * s.scale + s.resid);
 }
 
-void kv_dsq_free(kv_dsq_packed *d)
+void kv_dsq_clear(kv_dsq_packed *d)
 {
     if (!d) return;
     free(d->mask);
@@ -305,7 +305,7 @@ void kv_dsq_free(kv_dsq_packed *d)
     memset(d, 0, sizeof *d);
 }
 
-kv_status kv_dsq_alloc(kv_dsq_packed *d, kv_kivi_axis axis, const kv_dsq_params *p, int H,
+kv_status kv_dsq_init(kv_dsq_packed *d, kv_kivi_axis axis, const kv_dsq_params *p, int H,
                        int T, int D)
 {
     memset(d, 0, sizeof *d);
@@ -330,7 +330,7 @@ kv_status kv_dsq_alloc(kv_dsq_packed *d, kv_kivi_axis axis, const kv_dsq_params 
     d->resid = malloc((s.resid + 1) * 2);
     if (!d->mask || !d->sal || !d->sscale || (axis == KV_KIVI_KEYS && !d->base) || !d->codes ||
         !d->scale || !d->zero || !d->resid) {
-        kv_dsq_free(d);
+        kv_dsq_clear(d);
         return kv_fail(KV_E_NOMEM, "DSQ buffers for %d heads x %d tokens", H, T);
     }
     return KV_OK;
@@ -364,7 +364,7 @@ static win_view window_at(const kv_dsq_packed *d, int h, int w)
 kv_status kv_dsq_pack(const float *x, const float *imp, kv_kivi_axis axis,
                       const kv_dsq_params *p, int H, int T, int D, kv_dsq_packed *out)
 {
-    kv_status st = kv_dsq_alloc(out, axis, p, H, T, D);
+    kv_status st = kv_dsq_init(out, axis, p, H, T, D);
     if (st) return st;
     const int W = p->window, nw = out->nw;
 #pragma omp parallel for schedule(static) if ((size_t)H * T * D > 65536)

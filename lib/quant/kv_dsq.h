@@ -70,9 +70,9 @@ void kv_dsq_part_sizes(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, 
 /* Exact bytes of the packed form (all parts, fp16 = 2 bytes). */
 size_t kv_dsq_bytes(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int D);
 
-kv_status kv_dsq_alloc(kv_dsq_packed *d, kv_kivi_axis axis, const kv_dsq_params *p, int H,
+kv_status kv_dsq_init(kv_dsq_packed *d, kv_kivi_axis axis, const kv_dsq_params *p, int H,
                        int T, int D);
-void kv_dsq_free(kv_dsq_packed *d);
+void kv_dsq_clear(kv_dsq_packed *d);
 
 /* Pack x (H, T, D) with importance imp (H, T); imp NULL uses each token's
  * key norm ||x_t|| (pass the same imp for K and V). */

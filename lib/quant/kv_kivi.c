@@ -196,7 +196,7 @@ size_t kv_kivi_bytes(kv_kivi_axis axis, const kv_kivi_params *prm, int H, int T,
            2 * kv_kivi_resid_count(prm, H, T, D);
 }
 
-void kv_kivi_free(kv_kivi_packed *p)
+void kv_kivi_clear(kv_kivi_packed *p)
 {
     if (!p) return;
     free(p->codes);
@@ -206,7 +206,7 @@ void kv_kivi_free(kv_kivi_packed *p)
     memset(p, 0, sizeof *p);
 }
 
-kv_status kv_kivi_alloc(kv_kivi_packed *p, kv_kivi_axis axis, const kv_kivi_params *prm,
+kv_status kv_kivi_init(kv_kivi_packed *p, kv_kivi_axis axis, const kv_kivi_params *prm,
                         int H, int T, int D)
 {
     memset(p, 0, sizeof *p);
@@ -228,7 +228,7 @@ kv_status kv_kivi_alloc(kv_kivi_packed *p, kv_kivi_axis axis, const kv_kivi_para
     p->zero = malloc((ns + 1) * sizeof(kv_half));
     p->resid = malloc((nr + 1) * sizeof(kv_half));
     if (!p->codes || !p->scale || !p->zero || !p->resid) {
-        kv_kivi_free(p);
+        kv_kivi_clear(p);
         return kv_fail(KV_E_NOMEM, "KIVI buffers for %d heads x %d tokens", H, T);
     }
     return KV_OK;
@@ -237,7 +237,7 @@ kv_status kv_kivi_alloc(kv_kivi_packed *p, kv_kivi_axis axis, const kv_kivi_para
 kv_status kv_kivi_pack(const float *x, kv_kivi_axis axis, const kv_kivi_params *prm, int H,
                        int T, int D, kv_kivi_packed *out)
 {
-    kv_status st = kv_kivi_alloc(out, axis, prm, H, T, D);
+    kv_status st = kv_kivi_init(out, axis, prm, H, T, D);
     if (st) return st;
     const int G = prm->group, b = prm->bits, nq = out->nq;
     const int gv = kv_kivi_vgroup(G, D);
@@ -304,7 +304,7 @@ static kv_status kivi_match(const kv_attn_dims *d, const kv_kivi_packed *K,
 {
     if (K->axis != KV_KIVI_KEYS || V->axis != KV_KIVI_VALUES)
         return kv_fail(KV_E_USAGE, "packed keys and values given in the wrong order");
-    if (K->n_kv_heads != d->kv_heads || V->n_kv_heads != d->kv_heads || K->T != d->T ||
+    if (K->n_kv_heads != d->n_kv_heads || V->n_kv_heads != d->n_kv_heads || K->T != d->T ||
         V->T != d->T || K->head_dim != d->head_dim || V->head_dim != d->head_dim)
         return kv_fail(KV_E_USAGE, "packed K/V shapes do not match the attention geometry");
     if (K->prm.bits != V->prm.bits || K->prm.group != V->prm.group ||
@@ -320,7 +320,7 @@ kv_status kv_attn_decode_kivi(const kv_attn_dims *d, const kv_half *q, const kv_
     if (!st) st = kivi_match(d, K, V);
     if (st) return st;
     const int D = d->head_dim, T = d->T, nq = K->nq, G = K->prm.group, b = K->prm.bits;
-    const int gv = kv_kivi_vgroup(G, D), ngv = D / gv, rep = d->n_heads / d->kv_heads;
+    const int gv = kv_kivi_vgroup(G, D), ngv = D / gv, rep = d->n_heads / d->n_kv_heads;
     const size_t rb = kv_kivi_row_bytes(D, b);
     float *s = malloc((size_t)T * sizeof(float));
     float *qs = malloc((size_t)D * sizeof(float));

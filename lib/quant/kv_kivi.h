@@ -79,10 +79,10 @@ size_t kv_kivi_resid_count(const kv_kivi_params *prm, int H, int T, int D);
 /* Exact bytes of the packed form: codes + 2 bytes * (scale + zero + resid). */
 size_t kv_kivi_bytes(kv_kivi_axis axis, const kv_kivi_params *prm, int H, int T, int D);
 
-/* Allocate the parts of a packed layer (codes zeroed); kv_kivi_free releases. */
-kv_status kv_kivi_alloc(kv_kivi_packed *p, kv_kivi_axis axis, const kv_kivi_params *prm,
+/* Allocate the parts of a packed layer (codes zeroed); kv_kivi_clear releases. */
+kv_status kv_kivi_init(kv_kivi_packed *p, kv_kivi_axis axis, const kv_kivi_params *prm,
                         int H, int T, int D);
-void kv_kivi_free(kv_kivi_packed *p);
+void kv_kivi_clear(kv_kivi_packed *p);
 
 /* Pack x (n_kv_heads, T, head_dim) into a newly allocated *out (heads in
  * parallel with OpenMP). */

@@ -179,7 +179,7 @@ kv_status kv_kivi_read(const kvc_file *f, int layer, char which, kv_kivi_packed 
         kv_errcontext("layers.%d.%c", layer, which);
         return kv_fail(KV_E_DATA, "%s", kv_errdetail());
     }
-    if ((st = kv_kivi_alloc(p, axis, &prm, H, T, D))) return st;
+    if ((st = kv_kivi_init(p, axis, &prm, H, T, D))) return st;
     const int64_t nq = p->nq, G = prm.group;
     const int64_t codes[3] = {H, nq, (int64_t)kv_kivi_row_bytes(D, prm.bits)};
     const int64_t sz[3] = {H, axis == KV_KIVI_KEYS ? nq / G : nq,
@@ -189,7 +189,7 @@ kv_status kv_kivi_read(const kvc_file *f, int layer, char which, kv_kivi_packed 
         (st = get_part(f, layer, which, "scale", KV_DT_F16, 3, sz, p->scale)) ||
         (st = get_part(f, layer, which, "zero", KV_DT_F16, 3, sz, p->zero)) ||
         (st = get_part(f, layer, which, "resid", KV_DT_F16, 3, rs, p->resid))) {
-        kv_kivi_free(p);
+        kv_kivi_clear(p);
         return st;
     }
     return KV_OK;
@@ -212,7 +212,7 @@ kv_status kv_dsq_read(const kvc_file *f, int layer, char which, kv_dsq_packed *p
         kv_errcontext("layers.%d.%c", layer, which);
         return kv_fail(KV_E_DATA, "%s", kv_errdetail());
     }
-    if ((st = kv_dsq_alloc(p, axis, &prm, H, T, D))) return st;
+    if ((st = kv_dsq_init(p, axis, &prm, H, T, D))) return st;
     const int64_t nw = p->nw, W = prm.window, S = prm.salient;
     const int64_t gd = kv_kivi_vgroup(prm.group, D);
     const int64_t mask[3] = {H, nw, W / 8}, sal[4] = {H, nw, S, D}, hd[3] = {H, nw, D};
@@ -226,7 +226,7 @@ kv_status kv_dsq_read(const kvc_file *f, int layer, char which, kv_dsq_packed *p
         (st = get_part(f, layer, which, "scale", KV_DT_F16, 4, sz, p->scale)) ||
         (st = get_part(f, layer, which, "zero", KV_DT_F16, 4, sz, p->zero)) ||
         (st = get_part(f, layer, which, "resid", KV_DT_F16, 3, rs, p->resid))) {
-        kv_dsq_free(p);
+        kv_dsq_clear(p);
         return st;
     }
     /* a mask with the wrong number of salient tokens would misplace rows */
@@ -234,7 +234,7 @@ kv_status kv_dsq_read(const kvc_file *f, int layer, char which, kv_dsq_packed *p
         int n = 0;
         for (int t = 0; t < W; t++) n += kv_dsq_mask_get(p->mask + i * (W / 8), t);
         if (n != S) {
-            kv_dsq_free(p);
+            kv_dsq_clear(p);
             return kv_fail(KV_E_DATA, "layers.%d.%c.mask: window %lld marks %d salient tokens, not %lld",
                            layer, which, (long long)i, n, (long long)S);
         }
@@ -251,14 +251,14 @@ kv_status kv_layer_decode(const kvc_file *f, int layer, char which, float *out)
         kv_kivi_packed p;
         if ((st = kv_kivi_read(f, layer, which, &p))) return st;
         kv_kivi_unpack(&p, out);
-        kv_kivi_free(&p);
+        kv_kivi_clear(&p);
         return KV_OK;
     }
     if (enc == KV_ENC_DSQ) {
         kv_dsq_packed p;
         if ((st = kv_dsq_read(f, layer, which, &p))) return st;
         kv_dsq_unpack(&p, out);
-        kv_dsq_free(&p);
+        kv_dsq_clear(&p);
         return KV_OK;
     }
     int H, T, D;

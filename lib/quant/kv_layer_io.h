@@ -38,7 +38,7 @@ kv_status kv_dsq_write(kvc_writer *w, int layer, char which, const kv_dsq_packed
 kv_status kv_layer_encoding(const kvc_file *f, int layer, char which, kv_encoding *enc);
 
 /* Read a packed layer into *p (own copies of the parts; free with
- * kv_kivi_free / kv_dsq_free).  KV_E_DATA on any inconsistency. */
+ * kv_kivi_clear / kv_dsq_clear).  KV_E_DATA on any inconsistency. */
 kv_status kv_kivi_read(const kvc_file *f, int layer, char which, kv_kivi_packed *p);
 kv_status kv_dsq_read(const kvc_file *f, int layer, char which, kv_dsq_packed *p);
 

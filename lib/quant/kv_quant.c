@@ -37,7 +37,7 @@ static void stamp_add(kv_quant_report *r, stamp t0)
 }
 
 /* Layer of a "layers.{i}.k..." / "layers.{i}.v..." name (i in canonical
- * decimal, as kvc.c spells layer numbers), or -1. */
+ * decimal, as the .kvc reader spells layer numbers), or -1. */
 static int kv_name_layer(const char *name)
 {
     if (strncmp(name, "layers.", 7)) return -1;
@@ -49,7 +49,7 @@ static int kv_name_layer(const char *name)
     return p[2] == 0 || p[2] == '.' ? (int)layer : -1;
 }
 
-void kv_quant_report_free(kv_quant_report *r)
+void kv_quant_report_clear(kv_quant_report *r)
 {
     if (!r) return;
     free(r->enc_k);
@@ -106,7 +106,7 @@ static kv_status encode_part(kvc_writer *w, int l, char which, const float *x, c
         stamp_add(rep, t0);
         kv_dsq_unpack(&p, y);
         st = kv_dsq_write(w, l, which, &p);
-        kv_dsq_free(&p);
+        kv_dsq_clear(&p);
         *bytes = kv_dsq_bytes(axis, &o->dsq, H, T, D);
         *enc = KV_ENC_DSQ;
         return st;
@@ -116,7 +116,7 @@ static kv_status encode_part(kvc_writer *w, int l, char which, const float *x, c
         stamp_add(rep, t0);
         kv_kivi_unpack(&p, y);
         st = kv_kivi_write(w, l, which, &p);
-        kv_kivi_free(&p);
+        kv_kivi_clear(&p);
         *bytes = kv_kivi_bytes(axis, &o->kivi, H, T, D);
         *enc = KV_ENC_KIVI;
         return st;
@@ -225,7 +225,7 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
     free(k);
     free(sel);
 out_rep:
-    if (rep == &local) kv_quant_report_free(&local);
+    if (rep == &local) kv_quant_report_clear(&local);
     return st;
 }
 

@@ -41,7 +41,7 @@ typedef struct {
  */
 kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *w,
                         kv_quant_report *rep);
-void kv_quant_report_free(kv_quant_report *r);
+void kv_quant_report_clear(kv_quant_report *r);
 /* The report as one JSON object (with a trailing newline). */
 void kv_quant_report_json(const kv_quant_report *r, const kv_quant_opts *o, FILE *f);
 

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/kv_status.h"
 #include "format/kvc.h"
@@ -123,7 +124,7 @@ typedef struct kv_tree_store kv_tree_store;
 
 /* Create a store directory (its parent must exist); KV_E_CANTCREATE if it
  * already holds an index. */
-kv_status kv_tree_store_init(const char *dir);
+kv_status kv_tree_store_create(const char *dir);
 /* Open a store; write = take the lock exclusively (else shared). */
 kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out);
 void kv_tree_store_close(kv_tree_store *s);
@@ -201,6 +202,30 @@ typedef struct {
 /* Verify every chunk against the index.  Returns KV_OK even when problems
  * are found (they are in the report); other statuses mean it could not run. */
 kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r);
-void kv_check_report_free(kv_check_report *r);
+void kv_check_report_clear(kv_check_report *r);
+
+// --- reports as JSON (man/kv-tree.1 REPORTS; malloc'd, no newline; NULL: no memory)
+
+#define KV_TREE_HALF_LIFE 3600.0 /* seconds: the default recency half-life */
+
+char *kv_put_report_json(const kv_put_report *r);
+char *kv_get_report_json(const kv_get_report *r);
+char *kv_place_report_json(const kv_place_report *r, uint64_t gpu_budget, uint64_t host_budget);
+char *kv_evict_report_json(const kv_evict_report *r);
+char *kv_check_report_json(const kv_check_report *r);
+
+typedef struct {
+    int nodes;          /* not counting the root */
+    long tokens;        /* over every edge */
+    uint64_t bytes;     /* chunk file bytes */
+    uint64_t kv_bytes;  /* their uncompressed K/V bytes */
+} kv_tree_total;
+void kv_tree_totals(const kv_tree *t, kv_tree_total *tot);
+/* kv-tree ls --json: the totals, the geometry and one object per node
+ * (scored at now with half_life). */
+char *kv_tree_ls_json(const kv_tree *t, const char *store, int64_t now, double half_life);
+/* kv-tree ls: that JSON (json) or a table with one row per node, to f;
+ * KV_E_IO when f has an error. */
+kv_status kv_tree_ls_write(FILE *f, bool json, const kv_tree *t, const char *store, int64_t now, double half_life);
 
 #endif

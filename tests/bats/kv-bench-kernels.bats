@@ -21,6 +21,30 @@ load helper
     assert_fails_with 64 "multiple"
 }
 
+@test "kv-bench attn rejects a packed-kernel variant it does not have with exit 64" {
+    run --separate-stderr kv-bench attn --kivi2-variant 5
+    assert_fails_with 64 "--kivi2-variant 5"
+    [ -z "$output" ]
+}
+
+@test "kv-bench attn rejects 6 fp16 rows in flight per lane with exit 64" {
+    run --separate-stderr kv-bench attn --f16-unroll 6
+    assert_fails_with 64 "--f16-unroll must be 4 or 8"
+}
+
+@test "kv-bench attn rejects a grid of no waves with exit 64" {
+    run --separate-stderr kv-bench attn --f16-waves 0
+    assert_fails_with 64 "--f16-waves"
+}
+
+@test "kv-bench attn --help lists the kernel variant options" {
+    run --separate-stderr kv-bench attn --help
+    assert_success
+    for o in --f16-prefetch --f16-unroll --f16-waves --kivi2-variant; do
+        [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
+    done
+}
+
 @test "kv-bench attn exits 69 with a message when no GPU is usable" {
     if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
         skip "a GPU is present: the benchmark would run"
@@ -57,6 +81,23 @@ load helper
     [[ "$output" == *"--policies"* ]]
 }
 
+@test "kv-bench decode rejects launch level 3 with exit 64" {
+    run --separate-stderr kv-bench decode --pdl 3
+    assert_fails_with 64 "--pdl expects an integer in [0, 2]"
+    [ -z "$output" ]
+}
+
+@test "kv-bench decode rejects a selection-skip mask beyond the five steps with exit 64" {
+    run --separate-stderr kv-bench decode --sel-skip 32
+    assert_fails_with 64 "--sel-skip expects an integer in [0, 31]"
+}
+
+@test "kv-bench decode with a valid --pdl and --sel-skip gets past option parsing" {
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    run --separate-stderr kv-bench decode --pdl 0 --sel-skip 4 -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny
@@ -80,4 +121,11 @@ load helper
 @test "kv-bench ruler reports a directory given as --tasks with exit 66" {
     run --separate-stderr kv-bench ruler -m "$DATA/niah4k/niah4k.bin" -t "$DATA/niah4k/tok259.bin" --tasks "$BATS_TEST_TMPDIR"
     assert_fails_with 66 "is a directory"
+}
+
+@test "kv-bench decode takes --device as every tool spells it and refuses cpu (64)" {
+    run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny --device cpu
+    assert_fails_with 64 "runs on the GPU"
+    run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny --device gpu
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
 }

@@ -28,7 +28,7 @@ NIAH="$DATA/niah4k"
 }
 
 @test "kv-convert names an unknown or unwritable weight type (64)" {
-    run --separate-stderr kv-convert -m "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" -t IQ2_XS -o "$BATS_TEST_TMPDIR/x.gguf"
+    run --separate-stderr kv-convert -m "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" --type IQ2_XS -o "$BATS_TEST_TMPDIR/x.gguf"
     assert_fails_with 64 "IQ2_XS"
     [ ! -e "$BATS_TEST_TMPDIR/x.gguf" ]
 }
@@ -46,7 +46,7 @@ NIAH="$DATA/niah4k"
 
 @test "kv-convert writes every weight type and kv-run reads each back as that type" {
     for t in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K; do
-        run --separate-stderr kv-convert -q -m "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" -t $t -o "$BATS_TEST_TMPDIR/n-$t.gguf"
+        run --separate-stderr kv-convert -q -m "$NIAH/niah4k.bin" --tokenizer "$NIAH/tok259.bin" --type $t -o "$BATS_TEST_TMPDIR/n-$t.gguf"
         assert_success
         run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/n-$t.gguf" -p "The special magic number" -n 4 --report -
         assert_success
@@ -58,7 +58,7 @@ NIAH="$DATA/niah4k"
 }
 
 @test "kv-convert's F32 GGUF of stories260K reproduces llama2.c's reference greedy text" {
-    run --separate-stderr kv-convert -q -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" -t F32 -o "$BATS_TEST_TMPDIR/s.gguf"
+    run --separate-stderr kv-convert -q -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --type F32 -o "$BATS_TEST_TMPDIR/s.gguf"
     assert_success
     run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/s.gguf" -n 200
     assert_success
@@ -66,14 +66,14 @@ NIAH="$DATA/niah4k"
 }
 
 @test "kv-convert notes the matrices whose rows a K-quant cannot hold" {
-    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" -t Q4_K -o "$BATS_TEST_TMPDIR/s.gguf"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --type Q4_K -o "$BATS_TEST_TMPDIR/s.gguf"
     assert_success
     [[ "$stderr" == *"(rows of 64): Q5_0"* ]]
     [[ "$stderr" == *"matrices have rows their type cannot hold"* ]]
 }
 
 @test "kv-convert --arch qwen2 writes a qwen2 file that kv-run runs" {
-    run --separate-stderr kv-convert -q -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" -t F32 --arch qwen2 -o "$BATS_TEST_TMPDIR/q.gguf"
+    run --separate-stderr kv-convert -q -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --type F32 --arch qwen2 -o "$BATS_TEST_TMPDIR/q.gguf"
     assert_success
     run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/q.gguf" -n 200
     assert_success
@@ -86,7 +86,7 @@ NIAH="$DATA/niah4k"
 }
 
 @test "kv-convert requantizes a GGUF and copies its vocabulary" {
-    run --separate-stderr kv-convert -q -m "$NIAH/niah4k-q4_k.gguf" -t Q8_0 -o "$BATS_TEST_TMPDIR/r.gguf"
+    run --separate-stderr kv-convert -q -m "$NIAH/niah4k-q4_k.gguf" --type Q8_0 -o "$BATS_TEST_TMPDIR/r.gguf"
     assert_success
     run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/r.gguf" --tokenize -p "abc"
     assert_success
@@ -114,6 +114,6 @@ JSON
 }
 
 @test "kv-convert --hf-tokenizer with weight options is a usage error (64)" {
-    run --separate-stderr kv-convert --hf-tokenizer x.json -t Q4_K -o "$BATS_TEST_TMPDIR/v.gguf"
+    run --separate-stderr kv-convert --hf-tokenizer x.json --type Q4_K -o "$BATS_TEST_TMPDIR/v.gguf"
     assert_fails_with 64 "vocabulary only"
 }

@@ -193,3 +193,19 @@ PYEOF
     run --separate-stderr kv-quant --method dsq --window 32 --salient 0.25 -o "$BATS_TEST_TMPDIR/x.kvc" "$WORK/r.kvc"
     assert_success
 }
+
+@test "kv-quant --zstd writes a zstd .kvc that kvtools reads back to the same layers" {
+    run --separate-stderr kv-quant --bits 2 --zstd 5 -o "$WORK/z.kvc" "$WORK/r.kvc"
+    assert_success
+    [ "$(head -c 4 "$WORK/z.kvc" | od -An -tx1 | tr -d ' ')" == "28b52ffd" ]
+    kv-quant --bits 2 -o "$WORK/p.kvc" "$WORK/r.kvc"
+    run --separate-stderr kv-info --json "$WORK/z.kvc"
+    assert_success
+    [ "$(json_get 'j["zstd"], j["checksums"]')" == "(True, 'verified')" ]
+    # decoding either gives the same bytes
+    kv-quant --decode -o "$WORK/dz.kvc" "$WORK/z.kvc"
+    kv-quant --decode -o "$WORK/dp.kvc" "$WORK/p.kvc"
+    cmp "$WORK/dz.kvc" "$WORK/dp.kvc"
+    run --separate-stderr kv-quant --zstd 0 -o "$WORK/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "--zstd"
+}

@@ -321,3 +321,112 @@ JSON
     assert_fails_with 74 "write error on stdout"
     [ "$(wc -l <<<"$stderr")" -eq 1 ]
 }
+
+@test "kv-run --report - carries the generated text and token ids" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 12 --report -
+    assert_success
+    [ "$(json_get 'len(j["generated_ids"]) == j["generated_tokens"] == 12')" == "True" ]
+    [ "$(json_get 'j["stop"]')" == "steps" ]
+    # the text is what kv-run prints on stdout when stdout is free
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 12
+    want="$output"
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 12 --report -
+    [ "$(json_get 'j["text"]')" == "$want" ]
+    # from BOS alone, the greedy ids are llama2.c's reference tokens after BOS
+    run --separate-stderr kv-run -m "$MODEL" -n 12 --report -
+    ref=$(cut -d' ' -f2-13 "$S260/reference/greedy_bos_200.ids")
+    [ "$(json_get '" ".join(map(str, j["generated_ids"]))')" == "$ref" ]
+}
+
+@test "kv-run --report without a tokenizer has the ids and a null text" {
+    run --separate-stderr kv-run --synthetic tiny --random-prompt 8 -n 4 --report -
+    assert_success
+    [ "$(json_get 'j["text"] is None and len(j["generated_ids"]) == j["generated_tokens"]')" == "True" ]
+}
+
+@test "kv-run --nq without --dump-kv is a usage error (64)" {
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --nq 4
+    assert_fails_with 64 "--nq goes with --dump-kv"
+    [ -z "$output" ]
+}
+
+@test "kv-run --select sketch on the CPU is a usage error (64) naming --device" {
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --policy sparse --select sketch
+    assert_fails_with 64 "--device cuda"
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --policy sparse:select=sketch
+    assert_fails_with 64 "select=sketch is a GPU engine selection"
+    [ -z "$output" ]
+}
+
+@test "kv-run --select sketch with --device auto and no usable GPU is unavailable (69)" {
+    bash -c 'kv-run --synthetic tiny --random-prompt 4 -n 1 --device cuda' >/dev/null 2>&1 && skip "a usable GPU is present"
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --policy sparse --select sketch --device auto
+    assert_fails_with 69 "select=sketch"
+    [[ "$stderr" == *"GPU engine is unavailable"* ]]
+    [ -z "$output" ]
+}
+
+@test "kv-run refuses a prompt or -n that does not fit --ctx (64)" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 0 --ctx 3
+    assert_fails_with 64 "more than --ctx 3"
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 20 --ctx 10
+    assert_fails_with 64 "-n 20 after a 5-token prompt needs a context of 24 tokens"
+    [ -z "$output" ]
+    # exactly enough: 5 prompt tokens + 19 steps
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 20 --ctx 24 --report -
+    assert_success
+    [ "$(json_get 'j["generated_tokens"] == 20 and j["ctx"] == 24')" == "True" ]
+}
+
+@test "kv-run warns when the prompt and -n grow the context past the model's" {
+    run --separate-stderr kv-run -m "$MODEL" --random-prompt 500 -n 20 --report -
+    assert_success
+    [[ "$stderr" == *"more than the model's trained context of 512"* ]]
+    [ "$(json_get 'j["ctx"]')" -eq 520 ]
+}
+
+@test "kv-run text without a tokenizer exits 66, beside a model or without one" {
+    mkdir "$BATS_TEST_TMPDIR/m" && cp "$MODEL" "$BATS_TEST_TMPDIR/m/"
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/m/stories260K.bin" -p hello -n 2
+    assert_fails_with 66 "--tokens"
+    run --separate-stderr kv-run --synthetic tiny -p hello -n 2
+    assert_fails_with 66 "--tokens"
+    # token ids need no tokenizer
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/m/stories260K.bin" --tokens <(echo 1 403 407) -n 2
+    assert_success
+}
+
+@test "kv-run takes -P for --policy; the old -t for --temp still works with one deprecation note" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 --policy quant:bits=2 --temp 0
+    assert_success
+    want="$output"
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 -P quant:bits=2 -t 0
+    assert_success
+    [ "$output" == "$want" ]
+    [ "$stderr" == "kv-run: -t is deprecated here: use --temp" ]
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 -q -P quant:bits=2 -t 0
+    [ -z "$stderr" ]
+}
+
+@test "kv-run --device takes cuda:N and a bare ordinal; without a GPU both exit 69" {
+    bash -c 'kv-run --synthetic tiny --random-prompt 4 -n 1 --device cuda' >/dev/null 2>&1 && skip "a usable GPU is present"
+    run --separate-stderr kv-run -m "$MODEL" -n 2 --device cuda:0
+    assert_fails_with 69 "--device cuda"
+    run --separate-stderr kv-run -m "$MODEL" -n 2 --device 1
+    assert_fails_with 69 "--device cuda"
+    run --separate-stderr kv-run -m "$MODEL" -n 2 --device cuda:
+    assert_fails_with 64 "--device must be cpu, cuda or auto"
+}
+
+@test "kv-run --dump-kv --zstd writes a zstd .kvc; --zstd alone is a usage error (64)" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 0 --dump-kv "$BATS_TEST_TMPDIR/z.kvc" --zstd 3
+    assert_success
+    [ "$(head -c 4 "$BATS_TEST_TMPDIR/z.kvc" | od -An -tx1 | tr -d ' ')" == "28b52ffd" ]
+    kv-run -m "$MODEL" -p "Once upon a time" -n 0 --dump-kv "$BATS_TEST_TMPDIR/p.kvc"
+    run --separate-stderr kv-info --json "$BATS_TEST_TMPDIR/z.kvc"
+    assert_success
+    [ "$(json_get 'j["zstd"], j["n_tokens"]')" == "(True, 5)" ]
+    [ "$(zstd -dc "$BATS_TEST_TMPDIR/z.kvc" | cmp - "$BATS_TEST_TMPDIR/p.kvc" && echo same)" == "same" ]
+    run --separate-stderr kv-run -m "$MODEL" -p hi -n 2 --zstd 3
+    assert_fails_with 64 "--zstd goes with --dump-kv"
+}

@@ -12,7 +12,7 @@ setup_file() {
         --dump-kv "$BATS_FILE_TMPDIR/a.kvc" 2>/dev/null
     kv-run --model "$M" --prompt "Once upon a time there was a big dog" -n 0 \
         --dump-kv "$BATS_FILE_TMPDIR/b.kvc" 2>/dev/null
-    # kvt.py: numpy reader of the safetensors layout (independent of lib/kvc.c).
+    # kvt.py: numpy reader of the safetensors layout (independent of lib/format).
     cat >"$BATS_FILE_TMPDIR/kvt.py" <<'EOF'
 import json, struct, sys
 import numpy as np

@@ -2,7 +2,9 @@
  * libFuzzer target for chat prompts (lib/model/kv_chat.c): the input is
  * "template\0architecture\0flags-byte user text"; the template selection
  * runs on it, and the user text is wrapped in the Llama-3 format on the
- * real Llama-3 vocabulary (loaded once), with and without special tokens.
+ * real Llama-3 vocabulary (loaded once), with and without special tokens,
+ * in ChatML, and in the architecture text taken as a template of one's
+ * own when it holds {prompt}; the dense split of each is taken too.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,10 +38,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (l3) {
         int *ids = NULL, n = 0;
-        if (kv_chat_encode(l3, flags & 16 ? KV_CHAT_AUTO : KV_CHAT_LLAMA3, flags & 32 ? tpl : NULL, user, ulen,
-                           flags & 64, &ids, &n) == KV_OK)
+        const kv_chat l3c = {flags & 16 ? KV_CHAT_AUTO : KV_CHAT_LLAMA3, NULL};
+        if (kv_chat_encode(l3, &l3c, flags & 32 ? tpl : NULL, user, ulen, flags & 64, &ids, &n) == KV_OK) {
+            int split;
+            kv_chat_split(l3, &l3c, flags & 32 ? tpl : NULL, user, ulen / 2, flags & 64, ids, n, &split);
             free(ids);
-        if (kv_chat_encode(l3, KV_CHAT_CHATML, NULL, user, ulen, false, &ids, &n) == KV_OK) free(ids);
+        }
+        if (kv_chat_encode(l3, &(kv_chat){KV_CHAT_CHATML, NULL}, NULL, user, ulen, false, &ids, &n) == KV_OK) free(ids);
+        /* a template of one's own: the architecture text, when it holds {prompt} */
+        kv_chat own;
+        if (kv_chat_parse(arch, &own) == KV_OK && own.kind == KV_CHAT_TEMPLATE &&
+            kv_chat_encode(l3, &own, NULL, user, ulen, flags & 64, &ids, &n) == KV_OK) {
+            int split;
+            kv_chat_split(l3, &own, NULL, user, ulen / 3, flags & 64, ids, n, &split);
+            free(ids);
+        }
     }
     free(buf);
     return 0;

@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_policy_params pl[32];
     kv_deploy_apply(&d, n_layers, pl);
     for (int i = 0; i < d.n_quant; i++)
-        if (pl[d.quant_layers[i]].kind != d.quant_kind) abort();
+        if (pl[d.quant_layers[i]].kind != d.quant.kind) abort();
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -34,8 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fclose(f);
     kv_deploy back;
     if (kv_deploy_parse(buf, len, n_layers, &back)) abort();
-    if (back.n_quant != d.n_quant || back.n_sparse != d.n_sparse || back.bits != d.bits ||
-        back.budget != d.budget || back.dsq_window != d.dsq_window)
+    if (back.n_quant != d.n_quant || back.n_sparse != d.n_sparse || back.quant.bits != d.quant.bits ||
+        back.sparse.topk != d.sparse.topk || back.quant.dsq_window != d.quant.dsq_window)
         abort();
     for (int i = 0; i < d.n_quant; i++)
         if (back.quant_layers[i] != d.quant_layers[i]) abort();

@@ -2,12 +2,13 @@
  * libFuzzer target for the .kvc reader: open from memory (which exercises
  * the zstd path too), then touch everything a tool would: every tensor's
  * bytes, float conversion, the metadata, the per-layer views.  Any crash,
- * sanitizer report or leak is a bug in lib/format/kvc.c.
+ * sanitizer report or leak is a bug in lib/format (kvc_file.c, kvc_parse.c).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kv_crc.h"
 #include "format/kvc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -43,6 +44,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* the validated geometry matches every plain layer */
     }
     (void)sink;
-    kvc_free(f);
+    kvc_close(f);
     return 0;
 }

@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         for (int i = 0; i < set.n; i++)
             if (!set.tasks[i].input || set.tasks[i].n_outputs < 1) abort();
-        kv_niah_free(&set);
+        kv_niah_clear(&set);
     }
     free(text);
     return 0;

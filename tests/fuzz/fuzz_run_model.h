@@ -14,7 +14,7 @@
 static void fuzz_run_model(const uint8_t *data, size_t size)
 {
     kv_model *m = NULL;
-    if (kv_model_load_mem(data, size, &m) != KV_OK) return;
+    if (kv_model_open_mem(data, size, &m) != KV_OK) return;
     kv_engine *e = NULL;
     if (kv_engine_new(m, NULL, 4, &e) == KV_OK) {
         float *lg = malloc((size_t)m->cfg.vocab_size * sizeof *lg);
@@ -23,7 +23,7 @@ static void fuzz_run_model(const uint8_t *data, size_t size)
         free(lg);
         kv_engine_free(e);
     }
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 #endif

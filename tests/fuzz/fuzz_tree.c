@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the kv-tree index reader (lib/tree/kv_tree.c): parse
+ * libFuzzer target for the kv-tree index reader (lib/tree/kv_tree_index.c): parse
  * index.json text, and for every index it accepts check that formatting and
  * re-parsing is a fixed point and that matching along every node's own
  * path works.  Any crash, sanitizer report, leak or abort is a bug.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """An independent reader and writer of .kvc files in Python and numpy.
 
-Written from man/kvc.5 alone (it shares no code with lib/kvc.c and does not
+Written from man/kvc.5 alone (it shares no code with lib/format and does not
 import safetensors), so the bats interop tests can check both directions:
 files written by kvtools read here with identical arrays, and files written
 here read by kv-info.

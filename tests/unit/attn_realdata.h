@@ -18,7 +18,7 @@
 #define NIAH_TEXT "tests/data/niah4k/tasks-dev.jsonl"
 
 typedef struct {
-    int n_heads, kv_heads, head_dim, T;
+    int n_heads, n_kv_heads, head_dim, T;
     float *q; /* (n_heads, head_dim): the last token's query */
     float *k; /* (kv_heads, T, head_dim) */
     float *v; /* (kv_heads, T, head_dim) */
@@ -108,7 +108,7 @@ static int niah_layer0_load(int T, niah_layer0 *r)
     }
     if (ok) {
         memcpy(r->q, q, (size_t)dim * sizeof(float));
-        r->n_heads = nh, r->kv_heads = nkv, r->head_dim = hs, r->T = T;
+        r->n_heads = nh, r->n_kv_heads = nkv, r->head_dim = hs, r->T = T;
     }
     free(kt), free(vt), free(emb), free(rms), free(wq), free(wk), free(wv), free(x), free(q), free(text);
     if (f) fclose(f);

@@ -20,7 +20,7 @@ static unsigned long long seed;
 static void attn_f64(const kv_attn_dims *d, const float *q, const float *k, const float *v,
                      double *out)
 {
-    const int D = d->head_dim, T = d->T, rep = d->n_heads / d->kv_heads;
+    const int D = d->head_dim, T = d->T, rep = d->n_heads / d->n_kv_heads;
     double *s = malloc((size_t)T * sizeof(double));
     for (int h = 0; h < d->n_heads; h++) {
         const float *kh = k + (size_t)(h / rep) * T * D, *vh = v + (size_t)(h / rep) * T * D;
@@ -69,7 +69,7 @@ static kv_half *to_half(float *x, size_t n)
 
 static void test_dense_f32_matches_float64(void)
 {
-    kv_attn_dims d = {8, 2, 64, 333, 0.125f};
+    kv_attn_dims d = {8, 2, 64, 333, 0, 0.125f};
     size_t nq = 8 * 64, nkv = 2 * 333 * 64;
     float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1), *o = malloc(nq * sizeof(float));
     double *ref = malloc(nq * sizeof(double));
@@ -82,7 +82,7 @@ static void test_dense_f32_matches_float64(void)
 
 static void test_dense_f16_matches_float64(void)
 {
-    kv_attn_dims d = {32, 8, 128, 257, 1.0f / sqrtf(128.0f)};
+    kv_attn_dims d = {32, 8, 128, 257, 0, 1.0f / sqrtf(128.0f)};
     size_t nq = 32 * 128, nkv = 8 * 257 * 128;
     float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1), *o = malloc(nq * sizeof(float));
     kv_half *qh = to_half(q, nq), *kh = to_half(k, nkv), *vh = to_half(v, nkv);
@@ -98,7 +98,7 @@ static void test_dense_f16_matches_float64(void)
 static double kivi_case(const kv_attn_dims *d, const float *q, const float *k, const float *v,
                         int bits, int G, int R)
 {
-    const size_t nq = (size_t)d->n_heads * d->head_dim, nkv = (size_t)d->kv_heads * d->T * d->head_dim;
+    const size_t nq = (size_t)d->n_heads * d->head_dim, nkv = (size_t)d->n_kv_heads * d->T * d->head_dim;
     kv_kivi_params prm = {bits, G, R};
     kv_kivi_packed K, V;
     float *qr = malloc(nq * sizeof(float)), *kd = malloc(nkv * sizeof(float)),
@@ -110,17 +110,17 @@ static double kivi_case(const kv_attn_dims *d, const float *q, const float *k, c
     memcpy(kr, k, nkv * sizeof(float)), memcpy(vr, v, nkv * sizeof(float));
     free(to_half(kr, nkv)), free(to_half(vr, nkv));
     double *ref = malloc(nq * sizeof(double)), e = NAN;
-    if (kv_kivi_pack(kr, KV_KIVI_KEYS, &prm, d->kv_heads, d->T, d->head_dim, &K) == KV_OK) {
-        if (kv_kivi_pack(vr, KV_KIVI_VALUES, &prm, d->kv_heads, d->T, d->head_dim, &V) == KV_OK) {
+    if (kv_kivi_pack(kr, KV_KIVI_KEYS, &prm, d->n_kv_heads, d->T, d->head_dim, &K) == KV_OK) {
+        if (kv_kivi_pack(vr, KV_KIVI_VALUES, &prm, d->n_kv_heads, d->T, d->head_dim, &V) == KV_OK) {
             kv_kivi_unpack(&K, kd);
             kv_kivi_unpack(&V, vd);
             if (kv_attn_decode_kivi(d, qh, &K, &V, o) == KV_OK) {
                 attn_f64(d, qr, kd, vd, ref);
                 e = nerr(o, ref, nq);
             }
-            kv_kivi_free(&V);
+            kv_kivi_clear(&V);
         }
-        kv_kivi_free(&K);
+        kv_kivi_clear(&K);
     }
     free(qr), free(kd), free(vd), free(o), free(qh), free(kr), free(vr), free(ref);
     return e;
@@ -128,7 +128,7 @@ static double kivi_case(const kv_attn_dims *d, const float *q, const float *k, c
 
 static void test_kivi_matches_float64_on_random_data(void)
 {
-    kv_attn_dims d = {32, 8, 128, 700, 1.0f / sqrtf(128.0f)};
+    kv_attn_dims d = {32, 8, 128, 700, 0, 1.0f / sqrtf(128.0f)};
     size_t nq = 32 * 128, nkv = 8 * 700 * 128;
     float *q = randn(nq, 1), *k = randn(nkv, 1), *v = randn(nkv, 1);
     for (size_t i = 0; i < nkv; i += 128) k[i + 5] += 6.0f; /* an outlier key channel */
@@ -149,7 +149,7 @@ static void test_kivi_matches_float64_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(1536, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    kv_attn_dims d = {r.n_heads, r.kv_heads, r.head_dim, r.T, 1.0f / sqrtf((float)r.head_dim)};
+    kv_attn_dims d = {r.n_heads, r.n_kv_heads, r.head_dim, r.T, 0, 1.0f / sqrtf((float)r.head_dim)};
     for (int bits = 1; bits <= 4; bits *= 2) {
         double e = kivi_case(&d, r.q, r.k, r.v, bits, 64, 128);
         KT_CHECK(e < 2e-5, "bits %d: normalized error %g", bits, e);
@@ -167,13 +167,13 @@ static void test_kivi_matches_float64_on_real_data(void)
 
 static void test_bad_geometry_is_a_usage_error(void)
 {
-    kv_attn_dims d = {6, 4, 64, 10, 0.125f};
+    kv_attn_dims d = {6, 4, 64, 10, 0, 0.125f};
     KT_CHECK(kv_attn_check(&d) == KV_E_USAGE, "6 heads over 4 KV heads accepted");
-    d = (kv_attn_dims){8, 2, 64, 0, 0.125f};
+    d = (kv_attn_dims){8, 2, 64, 0, 0, 0.125f};
     KT_CHECK(kv_attn_check(&d) == KV_E_USAGE, "T = 0 accepted");
-    d = (kv_attn_dims){8, 2, 64, 10, NAN};
+    d = (kv_attn_dims){8, 2, 64, 10, 0, NAN};
     KT_CHECK(kv_attn_check(&d) == KV_E_USAGE, "NaN scale accepted");
-    d = (kv_attn_dims){8, 2, 64, 10, 0.125f};
+    d = (kv_attn_dims){8, 2, 64, 10, 0, 0.125f};
     KT_CHECK(kv_attn_check(&d) == KV_OK, "valid geometry refused");
 }
 

@@ -178,10 +178,10 @@ static kv_status convert(const char *model, const char *tok, uint32_t type, cons
 {
     kv_model *m;
     kv_tokenizer *t;
-    kv_status st = kv_model_load(model, &m);
+    kv_status st = kv_model_open(model, &m);
     if (st) return st;
     if ((st = kv_tokenizer_load_llama2c(tok, m->cfg.vocab_size, &t))) {
-        kv_model_free(m);
+        kv_model_close(m);
         return st;
     }
     kv_convert_opts o;
@@ -192,7 +192,7 @@ static kv_status convert(const char *model, const char *tok, uint32_t type, cons
     o.rope_orig_ctx = 512;
     st = kv_convert_model(m, t, NULL, &o, path, NULL);
     kv_tokenizer_free(t);
-    kv_model_free(m);
+    kv_model_close(m);
     return st;
 }
 
@@ -207,7 +207,7 @@ static void test_every_type_computes_the_source_logits(void)
         {KV_GGML_Q2_K, 2.5e-2},
     };
     kv_model *src;
-    OK(kv_model_load("tests/data/niah4k/niah4k.bin", &src));
+    OK(kv_model_open("tests/data/niah4k/niah4k.bin", &src));
     int toks[6] = {1, 87, 107, 104, 35, 118};
     float *ref = logits(src, toks, 6);
     KT_REQUIRE(ref, "reference logits");
@@ -217,37 +217,37 @@ static void test_every_type_computes_the_source_logits(void)
         const char *tn = kv_ggml_type_name(types[k].t, tb);
         OK(convert("tests/data/niah4k/niah4k.bin", "tests/data/niah4k/tok259.bin", types[k].t, "llama", false, path));
         kv_model *m;
-        OK(kv_model_load(path, &m));
-        KT_CHECK(kv_wtype_ggml(m->layers[0].wq.type) == types[k].t && kv_wtype_ggml(m->layers[5].w_down.type) == types[k].t,
-                 "%s: matrices load as %s", tn, kv_wtype_name(m->layers[0].wq.type));
+        OK(kv_model_open(path, &m));
+        KT_CHECK(kv_dtype_ggml(m->layers[0].wq.type) == types[k].t && kv_dtype_ggml(m->layers[5].w_down.type) == types[k].t,
+                 "%s: matrices load as %s", tn, kv_dtype_name(m->layers[0].wq.type));
         float *lg = logits(m, toks, 6);
         double kl = lg ? mean_kl(lg, ref, 6, 259) : INFINITY;
         KT_CHECK(kl <= types[k].tol, "%s: mean KL from the float32 model %g > %g", tn, kl, types[k].tol);
         free(lg);
-        kv_model_free(m);
+        kv_model_close(m);
     }
     /* stories260K: F32 from llama2.c is the same model exactly */
     OK(convert("tests/data/stories260K/stories260K.bin", "tests/data/stories260K/tok512.bin", KV_GGML_F32, "llama",
                false, path));
     kv_model *a, *b;
-    OK(kv_model_load("tests/data/stories260K/stories260K.bin", &a));
-    OK(kv_model_load(path, &b));
+    OK(kv_model_open("tests/data/stories260K/stories260K.bin", &a));
+    OK(kv_model_open(path, &b));
     float *la = logits(a, toks, 6), *lb = logits(b, toks, 6);
     double mag = 0;
     KT_CHECK(la && lb && max_diff(la, lb, 6 * 512, &mag) == 0, "F32 GGUF of stories260K computes identical logits");
     free(la);
     free(lb);
-    kv_model_free(b);
+    kv_model_close(b);
     /* rows of 172 values cannot be Q4_K: they fall back to F16 */
     OK(convert("tests/data/stories260K/stories260K.bin", "tests/data/stories260K/tok512.bin", KV_GGML_Q4_K, "llama",
                false, path));
-    OK(kv_model_load(path, &b));
-    KT_CHECK(b->layers[0].w_down.type == KV_W_F16 && b->layers[0].wq.type == KV_W_Q5_0, "fallbacks: %s, %s",
-             kv_wtype_name(b->layers[0].w_down.type), kv_wtype_name(b->layers[0].wq.type));
-    kv_model_free(b);
-    kv_model_free(a);
+    OK(kv_model_open(path, &b));
+    KT_CHECK(b->layers[0].w_down.type == KV_DT_F16 && b->layers[0].wq.type == KV_DT_Q5_0, "fallbacks: %s, %s",
+             kv_dtype_name(b->layers[0].w_down.type), kv_dtype_name(b->layers[0].wq.type));
+    kv_model_close(b);
+    kv_model_close(a);
     free(ref);
-    kv_model_free(src);
+    kv_model_close(src);
     unlink(path);
     free(path);
 }
@@ -260,8 +260,8 @@ static void test_qwen2_layout_and_llama31_rope(void)
     OK(convert("tests/data/stories260K/stories260K.bin", "tests/data/stories260K/tok512.bin", KV_GGML_F32, "qwen2",
                false, p2));
     kv_model *a, *b;
-    OK(kv_model_load(p1, &a));
-    OK(kv_model_load(p2, &b));
+    OK(kv_model_open(p1, &a));
+    OK(kv_model_open(p2, &b));
     KT_CHECK(!strcmp(b->cfg.arch, "qwen2") && b->layers[0].wq.perm && !a->layers[0].wq.perm, "qwen2 rows permuted");
     int toks[5] = {1, 403, 407, 261, 378};
     float *la = logits(a, toks, 5), *lb = logits(b, toks, 5);
@@ -269,14 +269,14 @@ static void test_qwen2_layout_and_llama31_rope(void)
     KT_CHECK(d < 1e-4, "qwen2 layout differs from llama layout by %g", d);
     free(la);
     free(lb);
-    kv_model_free(b);
+    kv_model_close(b);
     /* rope_freqs written by Llama-3.1's rule = the rule from its parameters */
     OK(convert("tests/data/stories260K/stories260K.bin", "tests/data/stories260K/tok512.bin", KV_GGML_F32, "llama",
                true, p2));
-    OK(kv_model_load(p2, &b));
-    KT_REQUIRE(b->cfg.rope_freq_factors && b->cfg.rope_scaling == KV_ROPE_SCALE_NONE, "rope_freqs loaded");
+    OK(kv_model_open(p2, &b));
+    KT_REQUIRE(b->cfg.rope_freq_factors && b->cfg.rope_scaling == KV_ROPE_SCALING_NONE, "rope_freqs loaded");
     kv_model_config c = a->cfg;
-    c.rope_scaling = KV_ROPE_SCALE_LLAMA3;
+    c.rope_scaling = KV_ROPE_SCALING_LLAMA3;
     c.rope_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4, c.rope_orig_ctx = 512;
     float f1[64], f2[64], f0[64];
     kv_model_rope_freqs(&b->cfg, f1);
@@ -289,8 +289,8 @@ static void test_qwen2_layout_and_llama31_rope(void)
         changed += f1[i] != f0[i];
     }
     KT_CHECK(worst < 1e-6 && changed >= 2, "rope_freqs vs parameters: %g relative, %d pairs scaled", worst, changed);
-    kv_model_free(b);
-    kv_model_free(a);
+    kv_model_close(b);
+    kv_model_close(a);
     unlink(p1);
     unlink(p2);
     free(p1);
@@ -302,14 +302,14 @@ static void test_heads_wider_than_dim_over_heads(void)
     /* attention.key_length: 4 heads of 64 on a width of 128 (Mistral-Nemo's shape) */
     kv_model *syn, *m;
     kv_tokenizer *t;
-    OK(kv_model_synthetic("tiny-wide-heads", 3, KV_W_F32, &syn));
+    OK(kv_model_synthetic("tiny-wide-heads", 3, KV_DT_F32, &syn));
     OK(kv_tokenizer_load_llama2c("tests/data/stories260K/tok512.bin", 512, &t));
     kv_convert_opts o;
     kv_convert_opts_default(&o);
     o.wtype = KV_GGML_F32;
     char *path = tmpname();
     OK(kv_convert_model(syn, t, NULL, &o, path, NULL));
-    OK(kv_model_load(path, &m));
+    OK(kv_model_open(path, &m));
     KT_CHECK(m->cfg.head_dim == 64 && m->cfg.dim == 128 && m->layers[0].wq.rows == 256, "head_dim %d dim %d",
              m->cfg.head_dim, m->cfg.dim);
     int toks[4] = {1, 403, 407, 261};
@@ -318,8 +318,8 @@ static void test_heads_wider_than_dim_over_heads(void)
     KT_CHECK(a && b && max_diff(a, b, 4 * 512, &mag) == 0, "the GGUF computes the synthetic model's logits");
     free(a);
     free(b);
-    kv_model_free(m);
-    kv_model_free(syn);
+    kv_model_close(m);
+    kv_model_close(syn);
     kv_tokenizer_free(t);
     unlink(path);
     free(path);
@@ -328,19 +328,19 @@ static void test_heads_wider_than_dim_over_heads(void)
 static void test_bundled_fixtures_are_what_they_claim(void)
 {
     kv_model *m;
-    OK(kv_model_load("tests/data/niah4k/niah4k-q4_k.gguf", &m));
-    KT_CHECK(m->layers[0].wq.type == KV_W_Q4_K && m->tok_embd.type == KV_W_Q4_K && m->cfg.n_layers == 6, "niah4k Q4_K");
+    OK(kv_model_open("tests/data/niah4k/niah4k-q4_k.gguf", &m));
+    KT_CHECK(m->layers[0].wq.type == KV_DT_Q4_K && m->tok_embd.type == KV_DT_Q4_K && m->cfg.n_layers == 6, "niah4k Q4_K");
     /* resident weights are the packed file: ~4.5 bits a weight */
     KT_CHECK(kv_model_weight_bytes(m) < 2800000, "Q4_K weights %llu bytes", (unsigned long long)kv_model_weight_bytes(m));
-    kv_model_free(m);
-    OK(kv_model_load("tests/data/stories260K/stories260K-q8_0.gguf", &m));
-    KT_CHECK(m->layers[0].wq.type == KV_W_Q8_0 && m->layers[0].w_down.type == KV_W_F16, "stories260K Q8_0 (+F16)");
-    kv_model_free(m);
-    OK(kv_model_load("tests/data/stories260K/stories260K-qwen2-bf16.gguf", &m));
+    kv_model_close(m);
+    OK(kv_model_open("tests/data/stories260K/stories260K-q8_0.gguf", &m));
+    KT_CHECK(m->layers[0].wq.type == KV_DT_Q8_0 && m->layers[0].w_down.type == KV_DT_F16, "stories260K Q8_0 (+F16)");
+    kv_model_close(m);
+    OK(kv_model_open("tests/data/stories260K/stories260K-qwen2-bf16.gguf", &m));
     KT_CHECK(!strcmp(m->cfg.arch, "qwen2") && m->layers[0].wq.bias && m->layers[4].wv.bias && !m->layers[0].wo.bias &&
-                 m->layers[0].wq.type == KV_W_BF16,
+                 m->layers[0].wq.type == KV_DT_BF16,
              "qwen2 with q/k/v biases");
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_refusals_name_the_architecture_and_type(void)
@@ -352,7 +352,7 @@ static void test_refusals_name_the_architecture_and_type(void)
     OK(kv_gguf_writer_write(w, path));
     kv_gguf_writer_free(w);
     kv_model *m = NULL;
-    KT_CHECK(kv_model_load(path, &m) == KV_E_UNSUPPORTED && strstr(kv_errdetail(), "'mamba'"), "arch: %s",
+    KT_CHECK(kv_model_open(path, &m) == KV_E_UNSUPPORTED && strstr(kv_errdetail(), "'mamba'"), "arch: %s",
              kv_errdetail());
     /* a llama file whose query matrix is IQ2_XS */
     OK(convert("tests/data/niah4k/niah4k.bin", "tests/data/niah4k/tok259.bin", KV_GGML_Q8_0, "llama", false, path));
@@ -373,7 +373,7 @@ static void test_refusals_name_the_architecture_and_type(void)
     }
     OK(kv_gguf_writer_write(w, path));
     kv_gguf_writer_free(w);
-    KT_CHECK(kv_model_load(path, &m) == KV_E_UNSUPPORTED && strstr(kv_errdetail(), "IQ2_XS") &&
+    KT_CHECK(kv_model_open(path, &m) == KV_E_UNSUPPORTED && strstr(kv_errdetail(), "IQ2_XS") &&
                  strstr(kv_errdetail(), "blk.0.attn_q.weight"),
              "type: %s", kv_errdetail());
     free(iq);

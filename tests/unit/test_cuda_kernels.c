@@ -3,7 +3,8 @@
  * against lib/quant/kv_quant.c, unpack exactly, and the fp16 and packed decode
  * attention by normalized error ||gpu - ref|| / ||ref|| against
  * lib/attn/kv_attn.c, on fresh random data (seed printed; KT_SEED repeats it) and
- * on real layer-0 K/V of niah4k.  Outputs are poisoned with NaN before each
+ * on real layer-0 K/V of niah4k.  The fp16 attention is tested at every
+ * geometry the GPU engine uses it for, and in its measurement variants.  Outputs are poisoned with NaN before each
  * launch so an unwritten element fails.  Without a usable GPU (or in a
  * CPU-only build) every test is reported as a TAP skip with a notice.
  */
@@ -120,7 +121,7 @@ static int pack_case(kv_kivi_axis axis, int bits, int G, int R, int H, int T, in
     }
     cudaFree(dx), cudaFree(o.codes), cudaFree(o.scale), cudaFree(o.zero), cudaFree(o.resid);
     free(gc), free(gs), free(gz), free(gr);
-    kv_kivi_free(&cpu);
+    kv_kivi_clear(&cpu);
     return rc;
 }
 
@@ -159,7 +160,7 @@ static void test_kivi_pack_is_byte_identical_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(1024, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    size_t n = (size_t)r.kv_heads * r.T * r.head_dim;
+    size_t n = (size_t)r.n_kv_heads * r.T * r.head_dim;
     kv_half *kh = malloc(n * 2), *vh = malloc(n * 2);
     for (size_t i = 0; i < n; i++) {
         kh[i] = kv_f32_to_half(r.k[i]), r.k[i] = kv_half_to_f32(kh[i]);
@@ -167,9 +168,9 @@ static void test_kivi_pack_is_byte_identical_on_real_data(void)
     }
     char why[256];
     for (int bits = 1; bits <= 4; bits *= 2) {
-        KT_CHECK(pack_case(KV_KIVI_KEYS, bits, 64, 128, r.kv_heads, r.T, r.head_dim, kh, r.k, why,
+        KT_CHECK(pack_case(KV_KIVI_KEYS, bits, 64, 128, r.n_kv_heads, r.T, r.head_dim, kh, r.k, why,
                            sizeof why) == 0, "keys %d bits: %s", bits, why);
-        KT_CHECK(pack_case(KV_KIVI_VALUES, bits, 64, 128, r.kv_heads, r.T, r.head_dim, vh, r.v,
+        KT_CHECK(pack_case(KV_KIVI_VALUES, bits, 64, 128, r.n_kv_heads, r.T, r.head_dim, vh, r.v,
                            why, sizeof why) == 0, "values %d bits: %s", bits, why);
     }
     free(kh), free(vh);
@@ -207,38 +208,45 @@ static void test_kivi_unpack_equals_cpu_dequantization(void)
                      bits, bad, n);
             cudaFree((void *)v.codes), cudaFree((void *)v.scale), cudaFree((void *)v.zero);
             cudaFree((void *)v.resid), cudaFree(dout);
-            kv_kivi_free(&p);
+            kv_kivi_clear(&p);
         }
     free(xh), free(gout), free(xf), free(cpu);
 }
 
 // --- fp16 attention -------------------------------------------------------------------
 
-/* GPU fp16 attention vs kv_attn_decode_f16; stride >= T*D tokens per head on the GPU. */
+/* GPU fp16 attention vs kv_attn_decode_f16 (fp16 query q), or with a float32
+ * query qf (q unused) vs kv_attn_decode_f32 over the same fp16 K/V; stride
+ * >= T*D tokens per head on the GPU. */
 static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv_half *q,
-                       const kv_half *k, const kv_half *v, char *why, size_t nwhy)
+                       const float *qf, const kv_half *k, const kv_half *v, char *why, size_t nwhy)
 {
-    kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
-    kv_cuda_attn_dims gd = {nh, nkv, D, T, stride, cd.scale};
-    size_t nq = (size_t)nh * D;
+    kv_attn_dims cd = {nh, nkv, D, T, 0, 1.0f / sqrtf((float)D)};
+    kv_attn_dims gd = {nh, nkv, D, T, stride, cd.scale};
+    size_t nq = (size_t)nh * D, n = (size_t)nkv * T * D;
     float *ref = malloc(nq * 4), *got = malloc(nq * 4);
+    float *kf = qf ? malloc(n * 4) : NULL, *vf = qf ? malloc(n * 4) : NULL;
+    for (size_t i = 0; qf && i < n; i++) kf[i] = kv_half_to_f32(k[i]), vf[i] = kv_half_to_f32(v[i]);
     kv_half *ks = calloc((size_t)nkv * stride, 2), *vs = calloc((size_t)nkv * stride, 2);
     for (int h = 0; h < nkv; h++) {
         memcpy(ks + h * stride, k + (size_t)h * T * D, (size_t)T * D * 2);
         memcpy(vs + h * stride, v + (size_t)h * T * D, (size_t)T * D * 2);
     }
-    size_t wsb = kv_cuda_attn_f16_workspace(&gd);
-    uint16_t *dq = dup_to_device(q, nq * 2), *dk = dup_to_device(ks, (size_t)nkv * stride * 2),
+    size_t wsb = qf ? kv_cuda_attn_f16_q32_workspace(&gd) : kv_cuda_attn_f16_workspace(&gd);
+    void *dq = qf ? (void *)dup_to_device(qf, nq * 4) : (void *)dup_to_device(q, nq * 2);
+    uint16_t *dk = dup_to_device(ks, (size_t)nkv * stride * 2),
              *dv = dup_to_device(vs, (size_t)nkv * stride * 2);
     float *dout = dalloc(nq * 4);
     void *ws = dalloc(wsb);
     double e = NAN;
-    if (kv_attn_decode_f16(&cd, q, k, v, ref) != KV_OK) {
+    kv_status rs = qf ? kv_attn_decode_f32(&cd, qf, kf, vf, ref) : kv_attn_decode_f16(&cd, q, k, v, ref);
+    if (rs != KV_OK) {
         snprintf(why, nwhy, "CPU reference: %s", kv_errdetail());
     } else if (!wsb || !dq || !dk || !dv || !dout || !ws) {
         snprintf(why, nwhy, "allocation or workspace size failed");
     } else if (cudaMemset(dout, 0xFF, nq * 4) != cudaSuccess ||
-               kv_cuda_attn_f16(&gd, dq, dk, dv, dout, ws, wsb, 0) != cudaSuccess ||
+               (qf ? kv_cuda_attn_f16_q32(&gd, dq, dk, dv, dout, ws, wsb, 0)
+                   : kv_cuda_attn_f16(&gd, dq, dk, dv, dout, ws, wsb, 0)) != cudaSuccess ||
                from_device(got, dout, nq * 4)) {
         snprintf(why, nwhy, "GPU: %s / %s", kv_cuda_last_error(), cudaGetErrorString(cudaGetLastError()));
     } else {
@@ -246,42 +254,73 @@ static double f16_case(int nh, int nkv, int D, int T, long long stride, const kv
         snprintf(why, nwhy, "normalized error %.3g", e);
     }
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(ws);
-    free(ref), free(got), free(ks), free(vs);
+    free(ref), free(got), free(ks), free(vs), free(kf), free(vf);
     return e;
+}
+
+/* The GPU engine's every geometry goes through this kernel: head dims 8 to
+ * 256, query groups 1 to 8 (3, 5, 6, 7 by blocks of fewer heads). */
+static const struct { int nh, nkv, D, T, pad; } f16_cases[] = {
+    {32, 8, 128, 4133, 0}, {32, 8, 128, 1, 0}, {32, 8, 128, 37, 100}, {16, 2, 128, 3000, 0},
+    {8, 8, 128, 999, 0},   {4, 2, 64, 2049, 0}, {8, 8, 64, 77, 5},     {16, 4, 64, 1500, 0},
+    {8, 4, 8, 37, 3},      {8, 1, 16, 700, 0},  {6, 2, 32, 333, 7},    {12, 2, 64, 1000, 0},
+    {16, 2, 256, 300, 1},  {10, 2, 128, 513, 0}, {14, 2, 16, 90, 0},
+};
+
+static void check_f16_cases(const char *variant, size_t ncases, int q_f32)
+{
+    char why[256];
+    for (size_t i = 0; i < ncases; i++) {
+        const int nh = f16_cases[i].nh, nkv = f16_cases[i].nkv, D = f16_cases[i].D, T = f16_cases[i].T;
+        size_t nkvs = (size_t)nkv * T * D;
+        kv_half *q = malloc((size_t)nh * D * 2), *k = malloc(nkvs * 2), *v = malloc(nkvs * 2);
+        float *tmp = malloc((nkvs > (size_t)nh * D ? nkvs : (size_t)nh * D) * 4);
+        float *qf = q_f32 ? malloc((size_t)nh * D * 4) : NULL;
+        rand_half((size_t)nh * D, D, q, tmp);
+        for (size_t j = 0; qf && j < (size_t)nh * D; j++) qf[j] = tmp[j] + 1e-3f * (float)(j % 7);
+        rand_half(nkvs, D, k, tmp);
+        rand_half(nkvs, D, v, tmp);
+        double e = f16_case(nh, nkv, D, T, (long long)(T + f16_cases[i].pad) * D, q, qf, k, v, why,
+                            sizeof why);
+        free(qf);
+        KT_CHECK(e <= TOL_F16, "%s%s: %d/%d heads D %d T %d: %s", variant,
+                 q_f32 ? ", f32 query" : "", nh, nkv, D, T, why);
+        free(q), free(k), free(v), free(tmp);
+    }
 }
 
 static void test_attn_f16_matches_cpu_on_random_data(void)
 {
-    static const struct { int nh, nkv, D, T, pad; } cases[] = {
-        {32, 8, 128, 4133, 0}, {32, 8, 128, 1, 0}, {32, 8, 128, 37, 100}, {16, 2, 128, 3000, 0},
-        {8, 8, 128, 999, 0},   {4, 2, 64, 2049, 0}, {8, 8, 64, 77, 5},     {16, 4, 64, 1500, 0},
-    };
-    char why[256];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int nh = cases[i].nh, nkv = cases[i].nkv, D = cases[i].D, T = cases[i].T;
-        size_t nkvs = (size_t)nkv * T * D;
-        kv_half *q = malloc((size_t)nh * D * 2), *k = malloc(nkvs * 2), *v = malloc(nkvs * 2);
-        float *tmp = malloc((nkvs > (size_t)nh * D ? nkvs : (size_t)nh * D) * 4);
-        rand_half((size_t)nh * D, D, q, tmp);
-        rand_half(nkvs, D, k, tmp);
-        rand_half(nkvs, D, v, tmp);
-        double e = f16_case(nh, nkv, D, T, (long long)(T + cases[i].pad) * D, q, k, v, why, sizeof why);
-        KT_CHECK(e <= TOL_F16, "%d/%d heads D %d T %d: %s", nh, nkv, D, T, why);
-        free(q), free(k), free(v), free(tmp);
+    check_f16_cases("default", sizeof f16_cases / sizeof f16_cases[0], 0);
+    check_f16_cases("default", sizeof f16_cases / sizeof f16_cases[0], 1);
+}
+
+/* The measurement variants (kv_cuda_tuning) compute the same attention. */
+static void test_attn_f16_variants_match_cpu(void)
+{
+    kv_cuda_tuning keep = *kv_cuda_get_tuning(), t;
+    for (int v = 0; v < 3; v++) {
+        kv_cuda_tuning_default(&t);
+        if (v == 0) t.f16_prefetch = 1;
+        if (v == 1) t.f16_unroll = 8;
+        if (v == 2) t.f16_waves = 2;
+        kv_cuda_set_tuning(&t);
+        check_f16_cases(v == 0 ? "prefetch" : v == 1 ? "unroll 8" : "2 waves", 8, 0);
     }
+    kv_cuda_set_tuning(&keep);
 }
 
 static void test_attn_f16_matches_cpu_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    size_t nq = (size_t)r.n_heads * r.head_dim, nkv = (size_t)r.kv_heads * r.T * r.head_dim;
+    size_t nq = (size_t)r.n_heads * r.head_dim, nkv = (size_t)r.n_kv_heads * r.T * r.head_dim;
     kv_half *q = malloc(nq * 2), *k = malloc(nkv * 2), *v = malloc(nkv * 2);
     for (size_t i = 0; i < nq; i++) q[i] = kv_f32_to_half(r.q[i]);
     for (size_t i = 0; i < nkv; i++) k[i] = kv_f32_to_half(r.k[i]), v[i] = kv_f32_to_half(r.v[i]);
     char why[256];
-    double e = f16_case(r.n_heads, r.kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q, k,
-                        v, why, sizeof why);
+    double e = f16_case(r.n_heads, r.n_kv_heads, r.head_dim, r.T, (long long)r.T * r.head_dim, q,
+                        NULL, k, v, why, sizeof why);
     KT_CHECK(e <= TOL_F16, "niah4k layer 0, T %d: %s", r.T, why);
     printf("# fp16 attention on niah4k layer 0: %s\n", why);
     free(q), free(k), free(v);
@@ -294,8 +333,8 @@ static double kivi_case(int nh, int nkv, int T, int bits, int G, int R, const kv
                         const kv_half *k, const kv_half *v, char *why, size_t nwhy)
 {
     const int D = 128;
-    kv_attn_dims cd = {nh, nkv, D, T, 1.0f / sqrtf((float)D)};
-    kv_cuda_attn_dims gd = {nh, nkv, D, T, (long long)T * D, cd.scale};
+    kv_attn_dims cd = {nh, nkv, D, T, 0, 1.0f / sqrtf((float)D)};
+    kv_attn_dims gd = {nh, nkv, D, T, (long long)T * D, cd.scale};
     kv_kivi_params prm = {bits, G, R};
     size_t nq = (size_t)nh * D, n = (size_t)nkv * T * D;
     float *kf = malloc(n * 4), *vf = malloc(n * 4), *ref = malloc(nq * 4), *got = malloc(nq * 4);
@@ -340,7 +379,7 @@ static double kivi_case(int nh, int nkv, int T, int bits, int G, int R, const kv
     cudaFree((void *)dK.codes), cudaFree((void *)dK.scale), cudaFree((void *)dK.zero), cudaFree((void *)dK.resid);
     cudaFree((void *)dV.codes), cudaFree((void *)dV.scale), cudaFree((void *)dV.zero), cudaFree((void *)dV.resid);
     cudaFree(dq), cudaFree(dout), cudaFree(ws);
-    kv_kivi_free(&K), kv_kivi_free(&V);
+    kv_kivi_clear(&K), kv_kivi_clear(&V);
     free(kf), free(vf), free(ref), free(got);
     return e;
 }
@@ -480,7 +519,7 @@ done:
     cudaFree(o.sscale), cudaFree(o.base), cudaFree(o.codes), cudaFree(o.scale), cudaFree(o.zero);
     cudaFree(o.resid);
     free(h), free(gout), free(cout);
-    kv_dsq_free(&cpu);
+    kv_dsq_clear(&cpu);
     return rc;
 }
 
@@ -523,7 +562,7 @@ static void test_dsq_pack_and_unpack_are_identical_on_real_data(void)
 {
     niah_layer0 r;
     KT_REQUIRE(niah_layer0_load(2048, &r) == 0, "cannot load layer 0 of " NIAH_BIN);
-    const int H = r.kv_heads, T = r.T, D = r.head_dim;
+    const int H = r.n_kv_heads, T = r.T, D = r.head_dim;
     const size_t n = (size_t)H * T * D;
     kv_half *kh = malloc(n * 2), *vh = malloc(n * 2);
     float *kf = malloc(n * 4), *vf = malloc(n * 4), *imp = malloc((size_t)H * T * 4);
@@ -544,7 +583,7 @@ static void test_dsq_pack_and_unpack_are_identical_on_real_data(void)
 
 static void test_launchers_reject_bad_arguments(void)
 {
-    kv_cuda_attn_dims d = {32, 8, 96, 100, 9600, 0.1f};
+    kv_attn_dims d = {32, 8, 96, 100, 9600, 0.1f};
     KT_CHECK(kv_cuda_attn_f16_workspace(&d) == 0, "head dim 96 has a workspace");
     float *dout = dalloc(32 * 96 * 4);
     cudaError_t e = kv_cuda_attn_f16(&d, (const uint16_t *)dout, (const uint16_t *)dout,
@@ -571,6 +610,7 @@ static void test_launchers_reject_bad_arguments(void)
     X(test_kivi_unpack_equals_cpu_dequantization)                                     \
     X(test_attn_f16_matches_cpu_on_random_data)                                       \
     X(test_attn_f16_matches_cpu_on_real_data)                                         \
+    X(test_attn_f16_variants_match_cpu)                                               \
     X(test_attn_kivi_matches_cpu_on_random_data)                                      \
     X(test_attn_kivi_matches_cpu_on_real_data)                                        \
     X(test_dsq_pack_and_unpack_are_identical_to_cpu)                                  \
@@ -587,6 +627,12 @@ int main(void)
 #ifdef KV_HAVE_CUDA
     if (ngpu > 0) {
         printf("# GPU: %s\n", name);
+        /* KV_KIVI2_VAR=n runs the packed-attention tests on a v2 variant
+         * (kv_cuda_tuning; tools/device/run-kernels.sh TEST_ENVS) */
+        kv_cuda_tuning tu;
+        kv_cuda_tuning_default(&tu);
+        if (getenv("KV_KIVI2_VAR")) tu.kivi2_var = atoi(getenv("KV_KIVI2_VAR"));
+        kv_cuda_set_tuning(&tu);
         /* KV_TEST_FILTER=substring runs only matching tests (e.g. under racecheck) */
         const char *filter = getenv("KV_TEST_FILTER");
 #define RUN_ONE(t)                                  \

@@ -45,7 +45,7 @@ static int argmax(const float *x, int n)
 static kv_model *load_260k(void)
 {
     kv_model *m = NULL;
-    kv_status st = kv_model_load(S260 "stories260K.bin", &m);
+    kv_status st = kv_model_open(S260 "stories260K.bin", &m);
     KT_CHECK(st == KV_OK, "load: %s", kv_errdetail());
     return m;
 }
@@ -70,7 +70,7 @@ static void test_greedy_bos_200_matches_reference(void)
     KT_CHECK(mism < 0, "first mismatch at token %d", mism);
     KT_CHECK(kv_engine_pos(e) == 200, "pos %d", kv_engine_pos(e));
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static float *read_ref_logits(void)
@@ -118,7 +118,7 @@ static void test_prompt_logits_prefill_match_reference(void)
     free(lg);
     free(ref);
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_prompt_logits_stepwise_match_reference(void)
@@ -151,7 +151,7 @@ static void test_prompt_logits_stepwise_match_reference(void)
     KT_CHECK(worst <= 1e-4, "prefill+step logits differ by %g", worst);
     free(ref);
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_capture_of_queries_and_prompt_kv(void)
@@ -187,7 +187,7 @@ static void test_capture_of_queries_and_prompt_kv(void)
     KT_CHECK(kv_engine_queries(e2, 0, q) == 2, "2 queries after a step");
     kv_engine_free(e2);
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_errors_are_reported(void)
@@ -203,12 +203,12 @@ static void test_errors_are_reported(void)
     KT_CHECK(kv_engine_step(e, 1, NULL) == KV_E_USAGE, "context full");
     KT_CHECK(kv_engine_prefill(e, toks, 1, NULL) == KV_E_USAGE, "prefill needs reset");
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_synthetic_tiny_prefill_equals_steps(void)
 {
-    kv_wtype types[3] = {KV_W_F32, KV_W_F16, KV_W_BF16};
+    kv_dtype types[3] = {KV_DT_F32, KV_DT_F16, KV_DT_BF16};
     for (int ti = 0; ti < 3; ti++) {
         kv_model *m;
         OK(kv_model_synthetic("tiny", 7, types[ti], &m));
@@ -229,12 +229,12 @@ static void test_synthetic_tiny_prefill_equals_steps(void)
             for (int j = 0; j < V; j++) mag = fmax(mag, fabs(b[j]));
         }
         KT_CHECK(worst <= 1e-3 * (1 + mag), "%s: prefill vs steps differ by %g (max |logit| %g)",
-                 kv_wtype_name(types[ti]), worst, mag);
+                 kv_dtype_name(types[ti]), worst, mag);
         KT_CHECK(mag > 0 && isfinite(mag), "logits finite and nonzero");
         free(a);
         free(b);
         kv_engine_free(e);
-        kv_model_free(m);
+        kv_model_close(m);
     }
 }
 
@@ -272,7 +272,7 @@ static void test_reset_runs_policies_in_turn(void)
     for (int i = 16; i < 21; i++) OK(kv_engine_step(e, ids[i], c));
     KT_CHECK(max_abs_diff(a, c, 512) == 0, "full after reset differs by %g", max_abs_diff(a, c, 512));
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 int main(void)

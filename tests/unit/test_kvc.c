@@ -1,5 +1,6 @@
 /*
- * Unit tests of lib/format/kvc.c: CRC-32C, writer/reader round trips of every
+ * Unit tests of the .kvc reader and writer (lib/format/kvc_*.c, with
+ * lib/common/kv_crc and kv_outfile): CRC-32C, writer/reader round trips of every
  * dtype and of the metadata, geometry derived from shapes alone, zstd, the
  * atomic writer under failure, and the reader against truncation, bit flips
  * and a table of hand-made corrupt headers.
@@ -18,6 +19,8 @@
 #include <unistd.h>
 
 #include "kt.h"
+#include "common/kv_crc.h"
+#include "common/kv_outfile.h"
 #include "common/kv_half.h"
 #include "format/kvc.h"
 
@@ -260,7 +263,7 @@ static void test_roundtrip_every_dtype(void)
     }
     const kvc_tensor *e = kvc_find(f, "empty");
     KT_CHECK(e && e->nbytes == 0 && e->ndim == 1 && e->shape[0] == 0, "empty tensor");
-    kvc_free(f);
+    kvc_close(f);
 }
 
 static void test_roundtrip_metadata_and_geometry(void)
@@ -320,8 +323,8 @@ static void test_roundtrip_metadata_and_geometry(void)
     KT_CHECK(!strcmp(kvc_meta(f2, "kvc.model"), "a \"quoted\"\\ name\n\ttab \xc3\xa9"), "escaped model");
     KT_CHECK(!strcmp(kvc_meta(f2, "layers.2.k.bits"), "2"), "copied key");
     KT_CHECK(kvc_has_checksums(f2), "fresh checksums");
-    kvc_free(f2);
-    kvc_free(f);
+    kvc_close(f2);
+    kvc_close(f);
 }
 
 /* Build a raw safetensors image: header text, then data. */
@@ -360,7 +363,7 @@ static void test_geometry_derived_without_metadata(void)
     KT_CHECK(!strcmp(kvc_layer_encoding(f, 1, 'k'), "f16"), "encoding from dtype");
     KT_CHECK(!strcmp(kvc_tensor_at(f, 2)->name, "layers.1.k"), "tensors in data order");
     KT_CHECK(kvc_file_bytes(f) == len && !kvc_was_zstd(f), "size");
-    kvc_free(f);
+    kvc_close(f);
     free(b);
 }
 
@@ -376,7 +379,7 @@ static void test_zstd_roundtrip(void)
     REQUIRE_OK(kvc_open(path, &f));
     KT_CHECK(kvc_was_zstd(f) && kvc_file_bytes(f) == len, "zstd flag and compressed size");
     KT_CHECK(kvc_has_checksums(f) && kvc_geom(f)->n_layers == S_L, "content");
-    kvc_free(f);
+    kvc_close(f);
     /* A truncated compressed stream is bad data, not a crash. */
     KT_CHECK(kvc_open_mem(b, len - 3, &f) == KV_E_DATA, "truncated zstd: %s", kv_errdetail());
     free(b);
@@ -497,13 +500,13 @@ static void test_every_truncation_fails_cleanly(void)
         kv_status st = kvc_open_mem(b, n, &f);
         if (st != KV_E_DATA || f != NULL || !kv_errdetail()[0]) {
             if (bad++ < 5) KT_CHECK(0, "truncated to %zu of %zu: status %d '%s'", n, len, st, kv_errdetail());
-            kvc_free(f);
+            kvc_close(f);
         }
     }
     KT_CHECK(bad == 0, "%d truncations not rejected", bad);
     kvc_file *f;
     KT_CHECK(kvc_open_mem(b, len, &f) == KV_OK, "whole file opens");
-    kvc_free(f);
+    kvc_close(f);
     free(b);
 }
 
@@ -524,7 +527,7 @@ static void test_bit_flips_in_data_are_caught(void)
         kvc_file *f = NULL;
         kv_status st = kvc_open_mem(b, len, &f);
         if (st != KV_E_DATA || !strstr(kv_errdetail(), "checksum mismatch")) missed++;
-        kvc_free(f);
+        kvc_close(f);
         b[pos] ^= (uint8_t)(1u << bit);
     }
     KT_CHECK(missed == 0, "%d flips not caught", missed);
@@ -534,7 +537,7 @@ static void test_bit_flips_in_data_are_caught(void)
         kvc_file *f = NULL;
         kv_status st = kvc_open_mem(b, len, &f);
         KT_CHECK(st == KV_OK || st == KV_E_DATA || st == KV_E_UNSUPPORTED, "header flip at %zu: %d", pos, st);
-        kvc_free(f);
+        kvc_close(f);
         b[pos] ^= 0x10;
     }
     free(b);
@@ -619,7 +622,7 @@ static void test_corrupt_headers_get_specific_messages(void)
         kv_status st = kvc_open_mem(b, len, &f);
         KT_CHECK(st == c->st && strstr(kv_errdetail(), c->msg), "case %zu: status %d '%s', want '%s'", i, st,
                  kv_errdetail(), c->msg);
-        kvc_free(f);
+        kvc_close(f);
         free(b);
     }
     /* The header length itself. */
@@ -652,7 +655,7 @@ static void test_unaligned_foreign_file_reads(void)
     float out;
     KT_CHECK(kvc_tensor_to_f32(kvc_layer(f, 0, "v"), &out) == KV_OK && out == -2.25f, "unaligned F32");
     KT_CHECK(kvc_tensor_to_f32(kvc_layer(f, 0, "k"), &out) == KV_OK && out == 1.5f, "F16");
-    kvc_free(f);
+    kvc_close(f);
     free(b);
 }
 
@@ -681,7 +684,7 @@ static void test_writer_streams_to_stdout(void)
     kvc_file *f;
     REQUIRE_OK(kvc_open(path, &f));
     KT_CHECK(kvc_geom(f)->n_tokens == 3 && kvc_has_checksums(f), "read back");
-    kvc_free(f);
+    kvc_close(f);
 }
 
 static void test_cleanup_all_removes_temp_files(void)
@@ -744,15 +747,15 @@ static void test_dsq_layer_is_validated(void)
     KT_CHECK(g->n_tokens == 10 && g->head_dim == 4 && g->n_kv_heads == 1, "geometry from dsq parts");
     KT_CHECK(!strcmp(kvc_layer_encoding(f, 0, 'k'), "dsq") && !strcmp(kvc_layer_encoding(f, 0, 'v'), "f16"),
              "encodings");
-    kvc_free(f);
+    kvc_close(f);
     f = NULL;
     KT_CHECK(open_dsq(0x07, NULL, &f) == KV_E_DATA && strstr(kv_errdetail(), "marks 3 salient tokens, not 2"),
              "%s", kv_errdetail());
-    kvc_free(f);
+    kvc_close(f);
     f = NULL;
     KT_CHECK(open_dsq(0x03, "layers.0.k.base", &f) == KV_E_DATA && strstr(kv_errdetail(), "lack layers.0.k.base"),
              "%s", kv_errdetail());
-    kvc_free(f);
+    kvc_close(f);
 }
 
 int main(int argc, char **argv)

@@ -238,8 +238,8 @@ static void test_gguf_weight_types_match_f32(void)
             buf q = write_gguf(t, n, types[ti], tied); /* rounds t[] in place */
             buf f = write_gguf(t, n, KV_GGML_F32, tied);
             kv_model *mq, *mf;
-            OK(kv_model_load_mem(q.b, q.n, &mq));
-            OK(kv_model_load_mem(f.b, f.n, &mf));
+            OK(kv_model_open_mem(q.b, q.n, &mq));
+            OK(kv_model_open_mem(f.b, f.n, &mf));
             KT_CHECK(mq->cfg.shared_classifier == (bool)tied, "tied %d", tied);
             KT_CHECK(mq->cfg.n_kv_heads == G_KV && mq->cfg.vocab_size == G_V, "geometry");
             float lq[4 * G_V], lf[4 * G_V];
@@ -258,8 +258,8 @@ static void test_gguf_weight_types_match_f32(void)
             double tol = types[ti] == KV_GGML_Q8_0 ? 0.05 : 1e-4;
             KT_CHECK(d <= tol * (1 + mag) && mag > 0, "type %u tied %d: logits differ by %g (|max| %g)",
                      types[ti], tied, d, mag);
-            kv_model_free(mq);
-            kv_model_free(mf);
+            kv_model_close(mq);
+            kv_model_close(mf);
             free(q.b);
             free(f.b);
             free_tensors(t, n);
@@ -271,8 +271,8 @@ static kv_status load_bytes(const uint8_t *b, size_t n)
 {
     kv_model *m = NULL;
     kv_errclear();
-    kv_status st = kv_model_load_mem(b, n, &m);
-    kv_model_free(m);
+    kv_status st = kv_model_open_mem(b, n, &m);
+    kv_model_close(m);
     return st;
 }
 
@@ -324,10 +324,10 @@ static void test_gguf_bad_files_fail_cleanly(void)
 static void test_real_gguf_files_load(void)
 {
     kv_model *m;
-    OK(kv_model_load("tests/data/gguf/llama-2-tiny-random.gguf", &m));
+    OK(kv_model_open("tests/data/gguf/llama-2-tiny-random.gguf", &m));
     KT_CHECK(m->cfg.n_layers == 1 && m->cfg.vocab_size == 32000, "layers %d vocab %d", m->cfg.n_layers,
              m->cfg.vocab_size);
-    KT_CHECK(m->layers[0].wq.type == KV_W_F16, "F16 weights");
+    KT_CHECK(m->layers[0].wq.type == KV_DT_F16, "F16 weights");
     float *lg = malloc(32000 * sizeof(float));
     kv_engine *e;
     OK(kv_engine_new(m, NULL, 32, &e));
@@ -338,11 +338,11 @@ static void test_real_gguf_files_load(void)
     for (int i = 0; i < 32000; i++) finite = finite && isfinite(lg[i]);
     KT_CHECK(finite, "finite logits");
     kv_engine_free(e);
-    kv_model_free(m);
+    kv_model_close(m);
     free(lg);
     /* a vocabulary-only GGUF has no weights: a clear data error */
     kv_errclear();
-    KT_CHECK(kv_model_load("tests/data/gguf/ggml-vocab-llama-spm.gguf", &m) == KV_E_DATA, "vocab only");
+    KT_CHECK(kv_model_open("tests/data/gguf/ggml-vocab-llama-spm.gguf", &m) == KV_E_DATA, "vocab only");
     KT_CHECK(strstr(kv_errdetail(), "token_embd"), "message: %s", kv_errdetail());
 }
 
@@ -409,15 +409,15 @@ static void test_llama2c_legacy_and_v1_agree(void)
     size_t n1;
     uint8_t *v1 = legacy_to_v1((uint8_t *)b, n, &n1);
     kv_model *a, *c;
-    OK(kv_model_load_mem(b, n, &a));
-    OK(kv_model_load_mem(v1, n1, &c));
+    OK(kv_model_open_mem(b, n, &a));
+    OK(kv_model_open_mem(v1, n1, &c));
     KT_CHECK(!strcmp(c->cfg.format, "llama2c-v1"), "format %s", c->cfg.format);
     float la[4 * 512], lc[4 * 512];
     run_logits(a, la);
     run_logits(c, lc);
     KT_CHECK(!memcmp(la, lc, sizeof la), "v1 logits equal legacy logits");
-    kv_model_free(a);
-    kv_model_free(c);
+    kv_model_close(a);
+    kv_model_close(c);
     /* v1 with version 2 (int8) is unsupported, with a message */
     int32_t ver = 2;
     memcpy(v1 + 4, &ver, 4);
@@ -444,7 +444,7 @@ static void test_llama2c_legacy_and_v1_agree(void)
     KT_CHECK(load_bytes((uint8_t *)b, n) == KV_E_DATA, "unshared classifier without weights");
     free(b);
     kv_model *m;
-    KT_CHECK(kv_model_load("tests/data/no-such-model.bin", &m) == KV_E_NOINPUT, "missing file");
+    KT_CHECK(kv_model_open("tests/data/no-such-model.bin", &m) == KV_E_NOINPUT, "missing file");
 }
 
 static void test_kernels_match_plain_loops(void)
@@ -454,24 +454,24 @@ static void test_kernels_match_plain_loops(void)
     float *wf = malloc((size_t)rows * cols * 4), *x = malloc((size_t)nt * cols * 4);
     for (int i = 0; i < rows * cols; i++) wf[i] = kt_randn(&s);
     for (int i = 0; i < nt * cols; i++) x[i] = kt_randn(&s);
-    kv_wtype types[4] = {KV_W_F32, KV_W_F16, KV_W_BF16, KV_W_Q8_0};
+    kv_dtype types[4] = {KV_DT_F32, KV_DT_F16, KV_DT_BF16, KV_DT_Q8_0};
     for (int ti = 0; ti < 4; ti++) {
         float *ref = malloc((size_t)rows * cols * 4);
         memcpy(ref, wf, (size_t)rows * cols * 4);
         uint8_t *raw = malloc((size_t)rows * cols * 4);
         for (int i = 0; i < rows * cols; i++) {
-            if (types[ti] == KV_W_F32) memcpy(raw + 4 * i, &wf[i], 4);
-            else if (types[ti] == KV_W_F16) {
+            if (types[ti] == KV_DT_F32) memcpy(raw + 4 * i, &wf[i], 4);
+            else if (types[ti] == KV_DT_F16) {
                 uint16_t h = kv_f32_to_half(wf[i]);
                 memcpy(raw + 2 * i, &h, 2);
                 ref[i] = kv_half_to_f32(h);
-            } else if (types[ti] == KV_W_BF16) {
+            } else if (types[ti] == KV_DT_BF16) {
                 uint16_t h = kv_f32_to_bf16(wf[i]);
                 memcpy(raw + 2 * i, &h, 2);
                 ref[i] = kv_bf16_to_f32(h);
             }
         }
-        if (types[ti] == KV_W_Q8_0)
+        if (types[ti] == KV_DT_Q8_0)
             for (int r = 0; r < rows; r++) q8_roundtrip(ref + (size_t)r * cols, (size_t)cols, raw + (size_t)r * (cols / 32) * 34);
         kv_weight w = {.type = types[ti], .rows = rows, .cols = cols, .data = raw};
         float y[37], Y[9 * 37], row[96], xd[96];
@@ -480,7 +480,7 @@ static void test_kernels_match_plain_loops(void)
             kv_matvec(&w, x + (size_t)t * cols, y);
             /* Q8_0 rows meet the input quantized to Q8_0 blocks */
             memcpy(xd, x + (size_t)t * cols, sizeof xd);
-            if (types[ti] == KV_W_Q8_0) {
+            if (types[ti] == KV_DT_Q8_0) {
                 uint8_t xq[3 * 34];
                 kv_quant_activations(KV_GGML_Q8_0, xd, xq, cols);
                 kv_quant_dequant_row(KV_GGML_Q8_0, xq, xd, cols);
@@ -506,7 +506,7 @@ static void test_kernels_match_plain_loops(void)
         }
         kv_weight_row(&w, 5, row);
         for (int k = 0; k < cols; k++) worst = fmax(worst, fabs(row[k] - ref[5 * cols + k]));
-        KT_CHECK(worst < 1e-4, "%s: kernels differ from the plain loop by %g", kv_wtype_name(types[ti]), worst);
+        KT_CHECK(worst < 1e-4, "%s: kernels differ from the plain loop by %g", kv_dtype_name(types[ti]), worst);
         free(ref);
         free(raw);
     }
@@ -544,18 +544,18 @@ static void test_attention_head_kernel_matches_plain_loop(void)
 static void test_synthetic_geometries(void)
 {
     kv_model *m;
-    OK(kv_model_synthetic("tiny", 1, KV_W_BF16, &m));
-    KT_CHECK(m->cfg.n_layers == 4 && m->layers[3].wq.type == KV_W_BF16, "tiny");
-    kv_model_free(m);
-    KT_CHECK(kv_model_synthetic("llama-9000", 1, KV_W_F32, &m) == KV_E_USAGE, "unknown name");
+    OK(kv_model_synthetic("tiny", 1, KV_DT_BF16, &m));
+    KT_CHECK(m->cfg.n_layers == 4 && m->layers[3].wq.type == KV_DT_BF16, "tiny");
+    kv_model_close(m);
+    KT_CHECK(kv_model_synthetic("llama-9000", 1, KV_DT_F32, &m) == KV_E_USAGE, "unknown name");
     /* the 8B geometry is checked without generating 2.5 GB: build it only
      * when asked (KV_TEST_BIG=1) */
     if (getenv("KV_TEST_BIG")) {
-        OK(kv_model_synthetic("llama-3.1-8b", 1, KV_W_BF16, &m));
+        OK(kv_model_synthetic("llama-3.1-8b", 1, KV_DT_BF16, &m));
         KT_CHECK(m->cfg.dim == 4096 && m->cfg.n_kv_heads == 8 && m->cfg.vocab_size == 128256 &&
-                     m->cfg.rope_scaling == KV_ROPE_SCALE_LLAMA3,
+                     m->cfg.rope_scaling == KV_ROPE_SCALING_LLAMA3,
                  "8b geometry");
-        kv_model_free(m);
+        kv_model_close(m);
     }
 }
 

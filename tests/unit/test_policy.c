@@ -62,7 +62,7 @@ static kv_policy *mkpol(const fixture *f, const char *spec, int cap)
     }
     kv_policy_geom g = {0, f->nh, f->nkv, f->D, cap};
     kv_policy *p;
-    st = kv_policy_create(&g, &prm, &p);
+    st = kv_policy_new(&g, &prm, &p);
     if (st) {
         printf("# create %s: %s\n", spec, kv_errdetail());
         return NULL;
@@ -135,7 +135,7 @@ static void test_parse_single(void)
     REQ_OK(kv_policy_parse("quant:bits=2,group=32,residual=64", 1, p), "%s", kv_errdetail());
     KT_CHECK(p[0].bits == 2 && p[0].group == 32 && p[0].residual == 64, "quant keys");
     REQ_OK(kv_policy_parse("full:dtype=bf16", 1, p), "%s", kv_errdetail());
-    KT_CHECK(p[0].dtype == KV_STORE_BF16, "dtype");
+    KT_CHECK(p[0].dtype == KV_DT_BF16, "dtype");
     REQ_OK(kv_policy_parse("sparse:frac=0.05", 1, p), "%s", kv_errdetail());
     KT_CHECK(p[0].topk == 0 && fabs(p[0].topk_frac - 0.05) < 1e-12, "frac");
     kv_policy_params d;
@@ -177,6 +177,71 @@ static void test_parse_rejects(void)
 }
 
 // --- dense reference ----------------------------------------------------
+
+/* --kv-dtype and --select are defaults: they fill the keys a spec leaves
+ * out, on the kinds that have them, and never override a key the spec names. */
+static void test_defaults_fill_what_the_spec_leaves_out(void)
+{
+    kv_policy_params p[3];
+    REQ_OK(kv_policy_parse("0=full;1=sparse:select=exact,dtype=f16;2=sparse", 3, p), "%s", kv_errdetail());
+    kv_policy_defaults d = {.given = KV_KEY_DTYPE | KV_KEY_SELECT, .dtype = KV_DT_BF16,
+                            .select = KV_SELECT_SKETCH};
+    kv_policy_defaults_apply(&d, p, 3);
+    KT_CHECK(p[0].dtype == KV_DT_BF16 && p[0].select == KV_SELECT_CHANNELS, "full layer: dtype only");
+    KT_CHECK(p[1].dtype == KV_DT_F16 && p[1].select == KV_SELECT_EXACT, "spec keys win");
+    KT_CHECK(p[2].dtype == KV_DT_BF16 && p[2].select == KV_SELECT_SKETCH, "defaults fill");
+    kv_policy_defaults none = {0};
+    kv_policy_params q = p[2];
+    kv_policy_defaults_apply(&none, &q, 1);
+    KT_CHECK(!memcmp(&q, &p[2], sizeof q), "no defaults change nothing");
+    /* the deploy config's budget spelling is a spec key too */
+    REQ_OK(kv_policy_parse("sparse:budget=0.25", 1, p), "%s", kv_errdetail());
+    KT_CHECK(p[0].topk == 0 && fabs(p[0].topk_frac - 0.25) < 1e-12, "budget fraction");
+    REQ_OK(kv_policy_parse("sparse:budget=64", 1, p), "%s", kv_errdetail());
+    KT_CHECK(p[0].topk == 64 && p[0].topk_frac == 0.0, "budget count");
+    KT_CHECK(kv_policy_parse("sparse:budget=1.5", 1, p) == KV_E_USAGE, "budget 1.5 accepted");
+    KT_CHECK(kv_policy_parse("sparse:budget=0", 1, p) == KV_E_USAGE, "budget 0 accepted");
+}
+
+/* One check for both engines: what each refuses, with its status. */
+static void test_check_per_device(void)
+{
+    const kv_policy_geom g = {3, 8, 2, 64, 1024};
+    kv_policy_params p;
+    kv_policy_params_default(&p, KV_POL_SPARSE);
+    p.select = KV_SELECT_SKETCH;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_E_USAGE, "sketch on the CPU");
+    KT_CHECK(strstr(kv_errdetail(), "layer 3 policy sparse: select=sketch") != NULL, "message: %s", kv_errdetail());
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_OK, "%s", kv_errdetail());
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_AUTO) == KV_OK, "%s", kv_errdetail());
+    kv_policy_params_default(&p, KV_POL_FULL);
+    p.offload = true;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_E_USAGE, "offload on the CPU");
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_OK, "%s", kv_errdetail());
+    kv_policy_params_default(&p, KV_POL_DSQ);
+    p.hcap_token_keep = 0.5;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_UNSUPPORTED, "HCAP on the GPU");
+    kv_policy_params_default(&p, KV_POL_SPARSE);
+    p.channels = 65;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail()); /* the CPU uses min(C, head_dim) */
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_USAGE, "channels > head_dim on the GPU");
+    kv_policy_params_default(&p, KV_POL_QUANT);
+    p.bits = 3;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_AUTO) == KV_E_USAGE, "3 bits");
+    KT_CHECK(strstr(kv_errdetail(), "layer 3 policy quant: ") != NULL, "message: %s", kv_errdetail());
+    kv_policy_params_default(&p, KV_POL_STREAMING);
+    p.window = 0;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_AUTO) == KV_E_USAGE, "window 0");
+    const kv_policy_geom bad = {0, 6, 4, 64, 1024};
+    kv_policy_params_default(&p, KV_POL_FULL);
+    KT_CHECK(kv_policy_check(&p, &bad, KV_DEVICE_AUTO) == KV_E_USAGE, "6 heads over 4 KV heads");
+    /* kv_policy_new checks for the CPU */
+    kv_policy *pol = NULL;
+    kv_policy_params_default(&p, KV_POL_SPARSE);
+    p.select = KV_SELECT_SKETCH;
+    KT_CHECK(kv_policy_new(&g, &p, &pol) == KV_E_USAGE && !pol, "CPU sketch policy built");
+}
 
 static void test_dense_matches_naive(void)
 {
@@ -543,7 +608,7 @@ static void test_quant_accuracy(void)
     REQ_OK(kv_policy_parse("quant:group=48", 1, &prm), "parse");
     kv_policy_geom g = {0, 4, 2, 64, 100};
     kv_policy *bad = NULL;
-    KT_CHECK(kv_policy_create(&g, &prm, &bad) == KV_E_USAGE && !bad, "group 48 with dim 64 accepted");
+    KT_CHECK(kv_policy_new(&g, &prm, &bad) == KV_E_USAGE && !bad, "group 48 with dim 64 accepted");
     free(q);
     freefix(&f);
 }
@@ -617,6 +682,8 @@ int main(void)
     KT_RUN(test_parse_single);
     KT_RUN(test_parse_per_layer);
     KT_RUN(test_parse_rejects);
+    KT_RUN(test_defaults_fill_what_the_spec_leaves_out);
+    KT_RUN(test_check_per_device);
     KT_RUN(test_dense_matches_naive);
     KT_RUN(test_dense_matches_reference_long);
     KT_RUN(test_dense_parallel_same_bits);

@@ -38,7 +38,7 @@ static void test_identical_is_zero(void)
         KT_CHECK(r.prefix == NT / 2 && r.n_scored == NT / 2 - 1, "%s: prefix %d scored %d", same[i], r.prefix, r.n_scored);
         KT_CHECK(r.kl_mean == 0 && r.kl_max == 0 && r.top1 == 1 && r.ppl_diff == 0, "%s: kl %g top1 %g dppl %g",
                  same[i], r.kl_mean, r.top1, r.ppl_diff);
-        kv_compare_result_free(&r);
+        kv_compare_result_clear(&r);
     }
 }
 
@@ -66,8 +66,8 @@ static void test_lossy_diverges(void)
     KT_NEAR(r1.ppl_ref, r4.ppl_ref, 0); /* the reference is the same run */
     KT_CHECK(r1.bytes_pol.resident < r4.bytes_pol.resident && r4.bytes_pol.resident < r4.bytes_ref.resident,
              "bytes");
-    kv_compare_result_free(&r1);
-    kv_compare_result_free(&r4);
+    kv_compare_result_clear(&r1);
+    kv_compare_result_clear(&r4);
 }
 
 /* Without a GPU, AUTO runs the same CPU engines: identical numbers. */
@@ -96,8 +96,8 @@ static void test_auto_without_gpu_is_the_cpu_run(void)
              "kl %g vs %g", rc.kl_mean, ra.kl_mean);
     KT_CHECK(!memcmp(rc.kl, ra.kl, (size_t)rc.n_scored * sizeof *rc.kl), "per-position KL differs");
     KT_CHECK(rc.bytes_pol.resident == ra.bytes_pol.resident, "bytes");
-    kv_compare_result_free(&rc);
-    kv_compare_result_free(&ra);
+    kv_compare_result_clear(&rc);
+    kv_compare_result_clear(&ra);
 }
 
 static void test_bad_arguments(void)
@@ -113,7 +113,7 @@ static void test_bad_arguments(void)
 
 int main(void)
 {
-    if (kv_model_synthetic("tiny", 7, KV_W_F32, &m)) {
+    if (kv_model_synthetic("tiny", 7, KV_DT_F32, &m)) {
         printf("# synthetic tiny: %s\n", kv_errdetail());
         return 1;
     }
@@ -128,6 +128,6 @@ int main(void)
         KT_SKIP(test_auto_without_gpu_is_the_cpu_run, "a usable GPU is present");
     else
         KT_RUN(test_auto_without_gpu_is_the_cpu_run);
-    kv_model_free(m);
+    kv_model_close(m);
     return kt_done();
 }

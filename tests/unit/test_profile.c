@@ -68,11 +68,11 @@ static void test_scores_on_uniform_and_one_hot_attention(void)
     KT_REQUIRE(f, "cache: %s", kv_errdetail());
     kv_profile_params p;
     kv_profile_params_default(&p);
-    p.residual = 0;
-    p.group = 16;
-    p.budget = 16;
-    p.sink = 2;
-    p.window = 2;
+    p.quant.residual = 0;
+    p.quant.group = 16;
+    p.sparse.topk = 16;
+    p.sparse.sink = 2;
+    p.sparse.window = 2;
     kv_profile a;
     memset(&a, 0, sizeof a);
     KT_OK(kv_profile_add(&a, f, &p));
@@ -106,13 +106,13 @@ static void test_scores_on_uniform_and_one_hot_attention(void)
     fclose(mf);
     kv_deploy back;
     KT_OK(kv_deploy_parse(buf, len, 2, &back));
-    KT_CHECK(back.n_quant == 1 && back.quant_layers[0] == 0 && back.budget == 16 && back.sink == 2,
+    KT_CHECK(back.n_quant == 1 && back.quant_layers[0] == 0 && back.sparse.topk == 16 && back.sparse.sink == 2,
              "round trip");
     kv_deploy_clear(&back);
     free(buf);
     kv_deploy_clear(&d);
-    kv_profile_free(&a);
-    kvc_free(f);
+    kv_profile_clear(&a);
+    kvc_close(f);
     unlink(path);
 }
 
@@ -138,8 +138,8 @@ static void test_profile_needs_queries(void)
     kv_profile a;
     memset(&a, 0, sizeof a);
     KT_CHECK(kv_profile_add(&a, f, &p) == KV_E_DATA, "no queries accepted");
-    kv_profile_free(&a);
-    kvc_free(f);
+    kv_profile_clear(&a);
+    kvc_close(f);
     unlink(path);
 }
 
@@ -163,8 +163,8 @@ static void test_deploy_parse_and_apply(void)
 {
     kv_deploy d;
     KT_OK(kv_deploy_parse(good, strlen(good), 4, &d));
-    KT_CHECK(d.n_quant == 2 && d.n_sparse == 1 && d.bits == 2 && d.budget == 0 &&
-                 fabs(d.budget_frac - 0.1) < 1e-12, "fields");
+    KT_CHECK(d.n_quant == 2 && d.n_sparse == 1 && d.quant.bits == 2 && d.sparse.topk == 0 &&
+                 fabs(d.sparse.topk_frac - 0.1) < 1e-12, "fields");
     kv_policy_params pl[4];
     kv_deploy_apply(&d, 4, pl);
     KT_CHECK(pl[0].kind == KV_POL_QUANT && pl[0].bits == 2 && pl[0].group == 32 && pl[0].residual == 64,

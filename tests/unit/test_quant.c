@@ -99,7 +99,7 @@ static void check_case(kv_kivi_axis axis, int bits, int G, int R, int H, int T, 
     KT_CHECK(bad == 0, "axis %d bits %d G %d R %d T %d: %zu of %zu values differ", axis, bits,
              G, R, T, bad, n);
     KT_CHECK(pk.nq == kv_kivi_nquant(T, G, R), "nq %d", pk.nq);
-    kv_kivi_free(&pk);
+    kv_kivi_clear(&pk);
     free(x);
     free(got);
     free(want);
@@ -127,7 +127,7 @@ static void test_short_cache_is_all_residual(void)
     kv_kivi_unpack(&pk, y);
     for (int i = 0; i < 2 * 100 * 32; i++)
         KT_REQUIRE(y[i] == kv_round_half(x[i]), "residual %d: %g vs %g", i, y[i], x[i]);
-    kv_kivi_free(&pk);
+    kv_kivi_clear(&pk);
     free(x);
     free(y);
 }
@@ -145,7 +145,7 @@ static void test_constant_group_decodes_exactly(void)
     float y[32];
     kv_kivi_unpack(&pk, y);
     for (int i = 0; i < 32; i++) KT_CHECK(y[i] == 0.5f, "%d: %g", i, y[i]);
-    kv_kivi_free(&pk);
+    kv_kivi_clear(&pk);
 }
 
 static void test_byte_size_formula(void)
@@ -163,9 +163,9 @@ static void test_byte_size_formula(void)
     KT_CHECK(kv_kivi_codes_bytes(KV_KIVI_KEYS, &p, H, T, D) == (size_t)H * nq * 64, "4-bit codes");
     /* the allocation matches the accounting */
     kv_kivi_packed pk;
-    KT_OK(kv_kivi_alloc(&pk, KV_KIVI_VALUES, &p, H, T, D));
+    KT_OK(kv_kivi_init(&pk, KV_KIVI_VALUES, &p, H, T, D));
     KT_CHECK(pk.nq == nq, "nq %d", pk.nq);
-    kv_kivi_free(&pk);
+    kv_kivi_clear(&pk);
 }
 
 static void test_incremental_equals_whole(void)
@@ -195,8 +195,8 @@ static void test_incremental_equals_whole(void)
         kv_kivi_unpack(&v, full);
         KT_CHECK(!memcmp(row, full + (size_t)t * D, sizeof row), "dequant row %d", t);
     }
-    kv_kivi_free(&k);
-    kv_kivi_free(&v);
+    kv_kivi_clear(&k);
+    kv_kivi_clear(&v);
     free(x);
 }
 
@@ -224,7 +224,7 @@ static void test_nan_input_does_not_crash(void)
     kv_kivi_packed pk;
     KT_OK(kv_kivi_pack(x, KV_KIVI_KEYS, &p, 1, 4, 8, &pk));
     for (int i = 0; i < 8; i++) KT_CHECK(pk.codes[i] <= 255, "codes");
-    kv_kivi_free(&pk);
+    kv_kivi_clear(&pk);
 }
 
 int main(void)

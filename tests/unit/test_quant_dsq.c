@@ -115,7 +115,7 @@ static void test_roundtrip_matches_layout_formulas(void)
                     size_t i = ((size_t)h * T + t) * D + c;
                     KT_REQUIRE(y[i] == kv_round_half(x[i]), "residual token %d", t);
                 }
-        kv_dsq_free(&d);
+        kv_dsq_clear(&d);
     }
     free(x);
     free(y);
@@ -137,7 +137,7 @@ static void test_salient_choice_follows_importance(void)
     float y[64 * 16];
     kv_dsq_unpack(&d, y);
     for (int c = 0; c < D; c++) KT_CHECK(fabsf(y[7 * D + c] - x[7 * D + c]) < 0.03f, "int8 row");
-    kv_dsq_free(&d);
+    kv_dsq_clear(&d);
 }
 
 static void test_byte_sizes_are_exact(void)

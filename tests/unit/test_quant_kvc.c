@@ -95,12 +95,12 @@ static void test_kivi_and_dsq_layers_round_trip(void)
         KT_CHECK(kv_layer_bytes(f, parts[i].layer, parts[i].which) == bytes, "part %d bytes %llu vs %zu",
                  i, (unsigned long long)kv_layer_bytes(f, parts[i].layer, parts[i].which), bytes);
     }
-    kvc_free(f);
+    kvc_close(f);
     unlink(path);
-    kv_kivi_free(&k0);
-    kv_kivi_free(&v0);
-    kv_dsq_free(&k1);
-    kv_dsq_free(&v1);
+    kv_kivi_clear(&k0);
+    kv_kivi_clear(&v0);
+    kv_dsq_clear(&k1);
+    kv_dsq_clear(&v1);
 }
 
 /* A DSQ layer whose part `bad` is replaced by a tampered copy. */
@@ -134,13 +134,13 @@ static kv_status open_tampered(const char *bad, const char *meta_key, const char
         static float out[H * T * D];
         kv_errclear();
         st = kv_layer_decode(f, 0, 'k', out);
-        kvc_free(f);
+        kvc_close(f);
     } else {
         st = KV_E_DATA; /* rejected at open: also fine */
     }
     unlink(path);
-    kv_dsq_free(&k1);
-    kv_dsq_free(&v1);
+    kv_dsq_clear(&k1);
+    kv_dsq_clear(&v1);
     return st;
 }
 
@@ -197,7 +197,7 @@ static void test_transcode_selected_layers_and_decode(void)
              (unsigned long long)r.kv_bytes_in, (unsigned long long)r.kv_bytes_out);
     KT_CHECK(r.k_mse[0] == 0 && r.k_mse[1] > 0 && r.v_max[1] > 0, "errors");
     KT_CHECK(isnan(r.attn_err[1]), "no queries: attention error is NaN");
-    kv_quant_report_free(&r);
+    kv_quant_report_clear(&r);
     /* decoding gives F16 layers equal to the KIVI decode rounded to fp16 */
     o.decode = true;
     KT_OK(kvc_writer_new(&w));
@@ -214,10 +214,10 @@ static void test_transcode_selected_layers_and_decode(void)
     int bad = 0;
     for (int i = 0; i < H * T * D; i++) bad += kv_round_half(a[i]) != b[i];
     KT_CHECK(bad == 0, "%d values differ", bad);
-    kv_quant_report_free(&r);
-    kvc_free(d);
-    kvc_free(q);
-    kvc_free(f);
+    kv_quant_report_clear(&r);
+    kvc_close(d);
+    kvc_close(q);
+    kvc_close(f);
     unlink(p1);
     unlink(p2);
     unlink(p3);

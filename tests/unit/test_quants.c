@@ -309,12 +309,13 @@ static void test_matrix_entry_points_with_bias_and_permutation(void)
     for (int r = 0; r < rows; r++) bias[r] = kt_randn(&s), perm[r] = (r * 8) % rows; /* 8 and 21 coprime */
     fill(wf, rows * cols, &s);
     fill(X, nt * cols, &s);
-    for (int wt = 0; wt < KV_W_COUNT; wt++) {
-        uint32_t g = kv_wtype_ggml((kv_wtype)wt);
-        size_t rb = kv_wtype_row_bytes((kv_wtype)wt, cols);
+    for (int wt = 0; wt < KV_DT_ALL; wt++) {
+        uint32_t g = kv_dtype_ggml((kv_dtype)wt);
+        if (g == UINT32_MAX) continue; /* not a weight type (I32, U8, ...) */
+        size_t rb = kv_dtype_row_bytes((kv_dtype)wt, cols);
         uint8_t *raw = malloc(rb * rows);
         for (int r = 0; r < rows; r++) kv_quant_quantize_row(g, wf + (size_t)r * cols, raw + rb * r, cols);
-        kv_weight w = {.type = (kv_wtype)wt, .rows = rows, .cols = cols, .data = raw, .bias = bias, .perm = perm};
+        kv_weight w = {.type = (kv_dtype)wt, .rows = rows, .cols = cols, .data = raw, .bias = bias, .perm = perm};
         uint32_t vt = kv_quant_vec_type(g);
         uint8_t *xq = malloc(kv_quant_vec_bytes(vt, cols));
         float *rowf = malloc(cols * 4);
@@ -352,7 +353,7 @@ static void test_matrix_entry_points_with_bias_and_permutation(void)
         float want[512];
         kv_quant_dequant_row(g, raw + rb * perm[4], want, cols);
         for (int k = 0; k < cols; k++) worst = fmax(worst, fabs(rowf[k] - want[k]));
-        KT_CHECK(worst < 2e-5, "%s: entry points differ from the reference by %g", kv_wtype_name((kv_wtype)wt),
+        KT_CHECK(worst < 2e-5, "%s: entry points differ from the reference by %g", kv_dtype_name((kv_dtype)wt),
                  worst);
         free(raw);
         free(xq);
@@ -374,10 +375,22 @@ static void test_type_names_and_sizes(void)
     KT_CHECK(kv_quant_row_bytes(KV_GGML_Q4_K, 4096) == 16 * 144 && kv_quant_row_bytes(KV_GGML_Q6_K, 256) == 210 &&
                  kv_quant_row_bytes(KV_GGML_Q5_0, 64) == 44 && kv_quant_row_bytes(KV_GGML_IQ2_XS, 256) == 0,
              "row bytes");
-    for (int wt = 0; wt < KV_W_COUNT; wt++)
-        KT_CHECK(kv_wtype_from_ggml(kv_wtype_ggml((kv_wtype)wt)) == wt && strcmp(kv_wtype_name((kv_wtype)wt), "?"),
-                 "wtype %d maps both ways", wt);
-    KT_CHECK(kv_wtype_from_ggml(KV_GGML_IQ4_XS) == -1 && kv_wtype_from_ggml(KV_GGML_Q8_K) == -1, "unusable types");
+    int weight_types = 0;
+    for (int wt = 0; wt < KV_DT_ALL; wt++) {
+        uint32_t g = kv_dtype_ggml((kv_dtype)wt);
+        if (g == UINT32_MAX) continue;
+        weight_types++;
+        char gb[16];
+        KT_CHECK(kv_dtype_from_ggml(g) == (kv_dtype)wt && !strcmp(kv_dtype_name((kv_dtype)wt), kv_ggml_type_name(g, gb)),
+                 "dtype %d maps both ways", wt);
+        KT_CHECK(kv_dtype_row_bytes((kv_dtype)wt, 512) == kv_quant_row_bytes(g, 512) &&
+                     kv_dtype_block((kv_dtype)wt) == kv_quant_block(g) &&
+                     kv_dtype_is_block((kv_dtype)wt) == kv_quant_is_block(g),
+                 "%s: the same sizes as ggml's table", kv_dtype_name((kv_dtype)wt));
+    }
+    KT_CHECK(weight_types == 13, "13 weight types (F32, F16, BF16 and ten block types): %d", weight_types);
+    KT_CHECK(kv_dtype_from_ggml(KV_GGML_IQ4_XS) == KV_DT_AUTO && kv_dtype_from_ggml(KV_GGML_Q8_K) == KV_DT_AUTO,
+             "unusable types");
 }
 
 int main(void)

@@ -6,9 +6,12 @@
  * usable GPU being KV_E_UNAVAILABLE while AUTO falls back to the CPU.
  * The GPU side of the runner is the GPU engine, tested in test_gpu_engine.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "kt.h"
 #include "engine/kv_engine.h"
@@ -43,14 +46,14 @@ static void test_device_parse(void)
     const kv_device want[] = {KV_DEVICE_CPU, KV_DEVICE_CUDA, KV_DEVICE_AUTO};
     for (int i = 0; i < 3; i++) {
         kv_device d = (kv_device)-1;
-        KT_CHECK(kv_device_parse(good[i], &d) == KV_OK && d == want[i], "%s -> %d", good[i], (int)d);
+        KT_CHECK(kv_device_parse(good[i], &d, NULL) == KV_OK && d == want[i], "%s -> %d", good[i], (int)d);
         KT_CHECK(!strcmp(kv_device_name(want[i]), good[i]), "name of %d: %s", (int)want[i],
                  kv_device_name(want[i]));
     }
     const char *bad[] = {"", "gpu", "CPU", "cuda0", "auto "};
     for (int i = 0; i < 5; i++) {
         kv_device d = KV_DEVICE_CPU;
-        KT_CHECK(kv_device_parse(bad[i], &d) == KV_E_USAGE, "'%s' accepted", bad[i]);
+        KT_CHECK(kv_device_parse(bad[i], &d, NULL) == KV_E_USAGE, "'%s' accepted", bad[i]);
         KT_CHECK(strstr(kv_errdetail(), "cpu, cuda or auto") && !strchr(kv_errdetail(), '\n'),
                  "message: %s", kv_errdetail());
         KT_CHECK(d == KV_DEVICE_CPU, "'%s' wrote the output", bad[i]);
@@ -168,11 +171,109 @@ static void test_bad_device_is_usage(void)
     KT_CHECK(kv_runner_new(m, NULL, 64, (kv_device)7, NULL, &r) == KV_E_USAGE && !r, "device 7 accepted");
 }
 
+/* Greedy generation through the runner is prefill + argmax + steps by
+ * hand; teacher-forced scoring sees the same logits; the report carries
+ * what was generated. */
+static void test_generate_score_report(void)
+{
+    kv_runner *r;
+    OK(kv_runner_new(m, NULL, 64, KV_DEVICE_CPU, NULL, &r));
+    const int V = m->cfg.vocab_size;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    int want[NSTEP];
+    OK(kv_runner_prefill(r, prompt, NPROMPT, lg));
+    for (int i = 0; i < NSTEP; i++) {
+        want[i] = argmax(lg, V);
+        if (i + 1 < NSTEP) OK(kv_runner_step(r, want[i], lg));
+    }
+    OK(kv_runner_reset(r, NULL));
+    OK(kv_runner_prefill(r, prompt, NPROMPT, lg));
+    kv_sampler smp;
+    OK(kv_sampler_init(&smp, V, 0.0f, 0.9f, 1));
+    kv_generate_opts go = {NSTEP, {-1, -1}, NULL, NULL, NULL};
+    kv_generation g;
+    OK(kv_runner_generate(r, &smp, lg, &go, &g));
+    KT_CHECK(g.n_gen == NSTEP && g.n_steps == NSTEP - 1 && g.end == KV_GEN_STEPS, "gen %d steps %d end %d",
+             g.n_gen, g.n_steps, (int)g.end);
+    KT_CHECK(!memcmp(g.tokens, want, sizeof want), "generated ids differ from prefill + argmax + steps");
+    kv_run_info info = {NPROMPT, 1.0, &g, "text", NULL};
+    char *json = NULL;
+    OK(kv_runner_report(r, &info, &json));
+    cJSON *j = cJSON_Parse(json);
+    const cJSON *ids = cJSON_GetObjectItem(j, "generated_ids");
+    KT_CHECK(cJSON_GetArraySize(ids) == NSTEP && cJSON_GetArrayItem(ids, 1)->valueint == want[1], "ids");
+    KT_CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "text")), "text") &&
+                 !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "stop")), "steps"), "text, stop");
+    KT_CHECK(cJSON_GetObjectItem(j, "decode_steps")->valueint == NSTEP - 1, "steps");
+    cJSON_Delete(j);
+    free(json);
+    kv_generation_clear(&g);
+    /* a stop token ends generation before it is emitted */
+    OK(kv_runner_reset(r, NULL));
+    OK(kv_runner_prefill(r, prompt, NPROMPT, lg));
+    go.stop[0] = want[2];
+    OK(kv_runner_generate(r, &smp, lg, &go, &g));
+    KT_CHECK(g.n_gen == 2 && g.end == KV_GEN_STOP_TOKEN, "stop: gen %d end %d", g.n_gen, (int)g.end);
+    kv_generation_clear(&g);
+    /* scoring: nll of token i is -log softmax of the logits before it */
+    int seq[NPROMPT + 1];
+    memcpy(seq, prompt, sizeof prompt);
+    seq[NPROMPT] = want[0];
+    double nll[NPROMPT];
+    OK(kv_runner_score(r, seq, NPROMPT + 1, nll));
+    OK(kv_runner_reset(r, NULL));
+    OK(kv_runner_prefill(r, prompt, NPROMPT, lg));
+    KT_CHECK(fabs(nll[NPROMPT - 1] - kv_nll(lg, V, want[0])) < 1e-5, "nll %g vs %g", nll[NPROMPT - 1],
+             kv_nll(lg, V, want[0]));
+    KT_CHECK(kv_runner_score(r, seq, 1, nll) == KV_E_DATA, "one token scored");
+    kv_sampler_clear(&smp);
+    free(lg);
+    kv_runner_free(r);
+}
+
+/* --ctx must hold the prompt and n - 1 steps; without it the context grows. */
+static void test_run_ctx(void)
+{
+    int ctx;
+    bool grown;
+    OK(kv_run_ctx(0, 512, 10, 20, &ctx, &grown));
+    KT_CHECK(ctx == 512 && !grown, "model's: %d", ctx);
+    OK(kv_run_ctx(0, 512, 500, 20, &ctx, &grown));
+    KT_CHECK(ctx == 520 && grown, "grown: %d", ctx);
+    OK(kv_run_ctx(29, 512, 10, 20, &ctx, &grown));
+    KT_CHECK(ctx == 29 && !grown, "exact fit: %d", ctx);
+    KT_CHECK(kv_run_ctx(28, 512, 10, 20, &ctx, &grown) == KV_E_USAGE, "-n past --ctx accepted");
+    KT_CHECK(kv_run_ctx(9, 512, 10, 0, &ctx, &grown) == KV_E_USAGE, "prompt past --ctx accepted");
+    OK(kv_run_ctx(10, 512, 10, 0, &ctx, &grown));
+}
+
+/* Dumps need the CPU engine's prompt K/V; the per-layer view follows the
+ * policies given. */
+static void test_layers_and_keep(void)
+{
+    kv_policy_params pp[8];
+    KT_REQUIRE(m->cfg.n_layers <= 8, "layers");
+    OK(kv_policy_parse("0=quant:bits=2;*=full", m->cfg.n_layers, pp));
+    kv_runner *r;
+    OK(kv_runner_new(m, pp, 64, KV_DEVICE_CPU, NULL, &r));
+    KT_CHECK(kv_runner_n_layers(r) == m->cfg.n_layers && kv_runner_params(r, 0)->kind == KV_POL_QUANT &&
+                 kv_runner_params(r, 1)->kind == KV_POL_FULL, "params");
+    OK(kv_runner_keep(r, 4, true));
+    OK(kv_runner_prefill(r, prompt, NPROMPT, NULL));
+    kv_bytes b;
+    kv_runner_layer_bytes(r, 1, &b);
+    KT_CHECK(kv_runner_layer_tokens(r, 1) == NPROMPT &&
+                 b.resident == 2ull * m->cfg.n_kv_heads * NPROMPT * m->cfg.head_dim * 4, "layer 1 bytes %llu",
+             (unsigned long long)b.resident);
+    KT_CHECK(!strcmp(kv_runner_fallback(r), ""), "no fallback on the CPU");
+    kv_runner_free(r);
+}
+
 int main(void)
 {
     char name[256];
     have_gpu = kv_gpu_probe(name, sizeof name) > 0;
-    if (kv_model_load(S260 "stories260K.bin", &m)) {
+    if (kv_model_open(S260 "stories260K.bin", &m)) {
         printf("# stories260K: %s\n", kv_errdetail());
         return 1;
     }
@@ -184,8 +285,11 @@ int main(void)
     KT_RUN(test_cpu_runner_is_the_engine);
     KT_RUN(test_ctx_zero_is_the_models);
     KT_RUN(test_bad_device_is_usage);
+    KT_RUN(test_generate_score_report);
+    KT_RUN(test_run_ctx);
+    KT_RUN(test_layers_and_keep);
     if (have_gpu) KT_SKIP(test_cuda_without_gpu_is_unavailable, "a usable GPU is present");
     else KT_RUN(test_cuda_without_gpu_is_unavailable);
-    kv_model_free(m);
+    kv_model_close(m);
     return kt_done();
 }

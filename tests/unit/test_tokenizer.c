@@ -20,7 +20,7 @@
 #include "format/kv_gguf_write.h"
 #include "model/kv_model.h"
 #include "model/kv_tokenizer.h"
-#include "model/kv_unicode.h"
+#include "model/kv_ucd.h"
 
 #define OK(expr)                                                               \
     do {                                                                       \
@@ -102,7 +102,7 @@ static void test_spm_reproduces_every_llama_cpp_vector(void)
     kv_tokenizer_free(t);
     kv_gguf_free(g);
     free(buf);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 /* Run a llama.cpp vector pair (inputs separated by __ggml_vocab_test__
@@ -239,7 +239,7 @@ static kv_tokenizer *tiny_bpe(const char *pre, const char *path)
             for (int i = 0; i < b; i++) k += !((i >= 0x21 && i <= 0x7e) || (i >= 0xa1 && i <= 0xac) || i >= 0xae);
             cp = 256u + (uint32_t)k;
         }
-        int l = kv_utf8_put(cp, store[b]);
+        int l = kv_ucd_put(cp, store[b]);
         store[b][l] = 0;
         names[n++] = store[b];
     }
@@ -307,19 +307,19 @@ static void test_each_pre_tokenizer_splits_digits_its_way(void)
 
 static void test_unicode_classes(void)
 {
-    KT_CHECK(kv_unicode_class('A') == KV_UC_LETTER && kv_unicode_class(0x416) == KV_UC_LETTER &&
-                 kv_unicode_class(0x4E2D) == KV_UC_LETTER, "letters");
-    KT_CHECK(kv_unicode_class('7') == KV_UC_NUMBER && kv_unicode_class(0x663) == KV_UC_NUMBER &&
-                 kv_unicode_class(0x2160) == KV_UC_NUMBER, "numbers (Arabic-Indic, Roman)");
-    KT_CHECK(kv_unicode_class(0x301) == KV_UC_MARK && kv_unicode_class('!') == KV_UC_PUNCT &&
-                 kv_unicode_class('$') == KV_UC_SYMBOL && kv_unicode_class(0x1F999) == KV_UC_SYMBOL, "marks, P, S");
-    KT_CHECK(kv_unicode_class(0x378) == KV_UC_UNASSIGNED && kv_unicode_class(0xE000) == KV_UC_OTHER &&
-                 kv_unicode_class(KV_UC_RAW + 0xff) == KV_UC_UNASSIGNED, "unassigned, private use, raw");
-    KT_CHECK(kv_unicode_is_space(' ') && kv_unicode_is_space(0x3000) && kv_unicode_is_space(0x85) &&
-                 !kv_unicode_is_space(0x1C) && !kv_unicode_is_space(0x200B), "White_Space");
+    KT_CHECK(kv_ucd_class('A') == KV_UC_LETTER && kv_ucd_class(0x416) == KV_UC_LETTER &&
+                 kv_ucd_class(0x4E2D) == KV_UC_LETTER, "letters");
+    KT_CHECK(kv_ucd_class('7') == KV_UC_NUMBER && kv_ucd_class(0x663) == KV_UC_NUMBER &&
+                 kv_ucd_class(0x2160) == KV_UC_NUMBER, "numbers (Arabic-Indic, Roman)");
+    KT_CHECK(kv_ucd_class(0x301) == KV_UC_MARK && kv_ucd_class('!') == KV_UC_PUNCT &&
+                 kv_ucd_class('$') == KV_UC_SYMBOL && kv_ucd_class(0x1F999) == KV_UC_SYMBOL, "marks, P, S");
+    KT_CHECK(kv_ucd_class(0x378) == KV_UC_UNASSIGNED && kv_ucd_class(0xE000) == KV_UC_OTHER &&
+                 kv_ucd_class(KV_UC_RAW + 0xff) == KV_UC_UNASSIGNED, "unassigned, private use, raw");
+    KT_CHECK(kv_ucd_is_space(' ') && kv_ucd_is_space(0x3000) && kv_ucd_is_space(0x85) &&
+                 !kv_ucd_is_space(0x1C) && !kv_ucd_is_space(0x200B), "White_Space");
     uint32_t cps[8];
     size_t n;
-    size_t raw = kv_utf8_decode("\xc3\xa9\xc0\x80\xf0\x9f\xa6\x99", 8, cps, &n);
+    size_t raw = kv_ucd_decode("\xc3\xa9\xc0\x80\xf0\x9f\xa6\x99", 8, cps, &n);
     KT_CHECK(n == 4 && raw == 2 && cps[0] == 0xE9 && cps[1] == KV_UC_RAW + 0xC0 && cps[3] == 0x1F999,
              "decode: %zu cps, %zu raw", n, raw);
 }
@@ -327,7 +327,7 @@ static void test_unicode_classes(void)
 static void test_spm_decodes_with_spaces_and_bytes(void)
 {
     kv_model *m;
-    OK(kv_model_load("tests/data/gguf/llama-2-tiny-random.gguf", &m));
+    OK(kv_model_open("tests/data/gguf/llama-2-tiny-random.gguf", &m));
     kv_tokenizer *t;
     OK(kv_tokenizer_from_gguf(kv_model_gguf(m), &t));
     const char *text = "Hello world, Cửa Việt";
@@ -346,7 +346,7 @@ static void test_spm_decodes_with_spaces_and_bytes(void)
     KT_CHECK(!strcmp(out, text), "decoded '%s'", out);
     free(ids);
     kv_tokenizer_free(t);
-    kv_model_free(m);
+    kv_model_close(m);
 }
 
 static void test_llama2c_round_trips_the_reference_prompt(void)

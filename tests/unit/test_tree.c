@@ -1,5 +1,5 @@
 /*
- * Unit tests of lib/tree/kv_tree.c: the radix tree against a brute-force
+ * Unit tests of lib/tree: the radix tree against a brute-force
  * longest-common-prefix oracle on thousands of random insert/match cases,
  * node splitting, token importance on a hand-computed case (attention and
  * the key-norm proxy), and the index round trip with its rejections.
@@ -174,7 +174,7 @@ static void test_importance_is_attention_mass(void)
     KT_NEAR(imp[0], 3 / z, 1e-5);
     KT_NEAR(imp[1], 3 * e / z, 1e-5);
     KT_NEAR(imp[2], 3 / z, 1e-5);
-    kvc_free(f);
+    kvc_close(f);
 
     /* Two queries are causal: the first (position 1) sees keys 0 and 1 only. */
     float q2[] = {2, 0, 0, 0};
@@ -186,7 +186,7 @@ static void test_importance_is_attention_mass(void)
     KT_NEAR(imp[0], 3 * m0 / tot, 1e-5);
     KT_NEAR(imp[1], 3 * m1 / tot, 1e-5);
     KT_NEAR(imp[2], 3 * m2 / tot, 1e-5);
-    kvc_free(f);
+    kvc_close(f);
 
     /* Without queries: key L2 norms scaled to mean 1. */
     float k2[] = {3, 4, 0, 1, 0, 0};
@@ -197,7 +197,7 @@ static void test_importance_is_attention_mass(void)
     KT_NEAR(imp[0], 2.5, 1e-5);
     KT_NEAR(imp[1], 0.5, 1e-5);
     KT_NEAR(imp[2], 0.0, 1e-6);
-    kvc_free(f);
+    kvc_close(f);
 }
 
 static kv_tree *random_tree(int n_ins)
@@ -358,7 +358,7 @@ static int check_out(const char *path, const int32_t *tok)
                     }
             }
     }
-    kvc_free(f);
+    kvc_close(f);
     return ok ? n : -1;
 }
 
@@ -368,7 +368,7 @@ static void test_store_get_is_exact_after_random_puts(void)
     KT_REQUIRE(mkdtemp(dir), "mkdtemp");
     snprintf(st_dir, sizeof st_dir, "%s/s", dir);
     snprintf(out, sizeof out, "%s/out.kvc", dir);
-    KT_REQUIRE(kv_tree_store_init(st_dir) == KV_OK, "init: %s", kv_errdetail());
+    KT_REQUIRE(kv_tree_store_create(st_dir) == KV_OK, "init: %s", kv_errdetail());
     int32_t seqs[30][MAXSEQ];
     int lens[30], n = 0, bad = 0;
     for (int i = 0; i < 30; i++) {
@@ -383,7 +383,7 @@ static void test_store_get_is_exact_after_random_puts(void)
         kv_status st = kv_tree_store_put(s, f, (kv_tier)rnd(3), 1, 1000 + i, &r);
         KT_CHECK(st == KV_OK, "put %d: %s", i, kv_errdetail());
         if (!st) KT_CHECK(kv_tree_store_save(s) == KV_OK, "save: %s", kv_errdetail());
-        kvc_free(f);
+        kvc_close(f);
         kv_tree_store_close(s);
         n++;
     }
@@ -392,7 +392,7 @@ static void test_store_get_is_exact_after_random_puts(void)
     kv_check_report cr;
     KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0 && cr.orphans == 0, "check: %s",
              cr.n_problems ? cr.problems[0] : kv_errdetail());
-    kv_check_report_free(&cr);
+    kv_check_report_clear(&cr);
     for (int i = 0; i < n; i++) {
         kv_get_report r;
         if (kv_tree_store_get(s, seqs[i], lens[i], 1.0, true, 5000, out, &r) || r.matched != lens[i] ||
@@ -416,7 +416,7 @@ static void test_store_get_is_exact_after_random_puts(void)
     kv_evict_report er;
     KT_CHECK(kv_tree_store_gc(s, 3000, 3600, 5000, &er) == KV_OK && er.bytes_after <= 3000, "gc");
     KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0 && cr.orphans == 0, "check after gc");
-    kv_check_report_free(&cr);
+    kv_check_report_clear(&cr);
     kv_tree_store_close(s);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

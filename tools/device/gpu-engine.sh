@@ -3,21 +3,24 @@
 #   sh tools/device/gpu-engine.sh [all|tests|sanitize|bench|quick]
 # (quick: tests and bench, no sanitizer)
 # The GPU engine's checks and benchmark (issue 5).  Uses binaries built on the
-# development machine and carried in build-Fdev/bin/ (with the cJSON and zstd
-# headers and libraries in build-Fdev/), while building the same targets on
-# the device in the background to prove the tree builds there; if a carried
-# binary cannot start, waits for that build and uses it.  Then: the GPU unit
-# test, the same under compute-sanitizer memcheck, and `kv-bench decode`.
+# development machine and carried in $RUNDIR/bin/ (default build-Fdev; with the
+# cJSON and zstd headers and libraries in $RUNDIR/), while building the same
+# targets on the device in the background to prove the tree builds there
+# (NOBUILD=1: no device build); if a carried binary cannot start, waits for
+# that build and uses it.  Then: the GPU unit tests (test_gpu_engine, and
+# test_cuda_kernels when carried), the same under compute-sanitizer memcheck
+# (short sizes), and `kv-bench decode` ($DECODE_ARGS).
 # Logs go to $OUT (at most 8 files come back): summary.txt build.log
-# tests.tap sanitizer.log decode.json decode.err own_attn.json
+# tests.tap sanitizer.log decode.json decode.err
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/kv-out}
 mkdir -p "$OUT"
 R=$PWD
 export PATH="$PATH:/usr/local/cuda/bin"
-export CPATH="$R/build-Fdev/include" LIBRARY_PATH="$R/build-Fdev/lib"
-export LD_LIBRARY_PATH="$R/build-Fdev/lib:$R/.devlib:${LD_LIBRARY_PATH:-}"
+RUNDIR=${RUNDIR:-build-Fdev}
+export CPATH="$R/$RUNDIR/include" LIBRARY_PATH="$R/$RUNDIR/lib"
+export LD_LIBRARY_PATH="$R/$RUNDIR/lib:$R/.devlib:${LD_LIBRARY_PATH:-}"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv;
   which nvcc && nvcc --version | tail -1; nproc; free -g | head -2; } 2>&1 | tee -a "$OUT/summary.txt"
@@ -29,7 +32,7 @@ else
     mk=$!
 fi
 built=0
-B=build-Fdev/bin
+B=$RUNDIR/bin
 if ! $B/kv-bench --version >/dev/null 2>&1; then
     log "carried binaries do not start here: waiting for the device build"
     wait $mk; log "device build rc=$?"; built=1
@@ -39,14 +42,22 @@ fi
 if [ "$what" != bench ]; then
     log "unit test: test_gpu_engine"
     timeout 240 $B/test_gpu_engine > "$OUT/tests.tap" 2>&1; log "test_gpu_engine rc=$?"
+    if [ -x $B/test_cuda_kernels ]; then
+        log "unit test: test_cuda_kernels"
+        timeout 150 $B/test_cuda_kernels >> "$OUT/tests.tap" 2>&1; log "test_cuda_kernels rc=$?"
+    fi
     grep -v '^ok' "$OUT/tests.tap" | head -40
     log "$(grep -c '^ok' "$OUT/tests.tap") ok, $(grep -c '^not ok' "$OUT/tests.tap") not ok"
 fi
 if [ "$what" = all ] || [ "$what" = sanitize ]; then
     log "compute-sanitizer memcheck (short sizes)"
-    KV_GPU_TEST_SHORT=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    KV_GPU_TEST_SHORT=1 timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
         $B/test_gpu_engine > "$OUT/sanitizer.log" 2>&1; log "memcheck rc=$?"
-    grep -E '^(ok|not ok)|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 16
+    if [ -x $B/test_cuda_kernels ]; then
+        timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
+            $B/test_cuda_kernels >> "$OUT/sanitizer.log" 2>&1; log "memcheck (kernels) rc=$?"
+    fi
+    grep -E '^(ok|not ok)|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 40
 fi
 if [ $built = 0 ]; then # never time the benchmark beside a 12-job build
     wait $mk; log "device build (background) rc=$?"; tail -n 3 "$OUT/build.log"; built=1
@@ -56,11 +67,6 @@ if [ "$what" != tests ] && [ "$what" != sanitize ]; then
     timeout ${DECODE_TIMEOUT:-420} $B/kv-bench decode --json ${DECODE_ARGS:-} > "$OUT/decode.json" 2> "$OUT/decode.err"
     log "decode rc=$?"
     tail -n 5 "$OUT/decode.err"
-    if [ "${OWN_ATTN:-1}" = 1 ]; then # full at 128k with the engine's own attention, to compare
-        KV_GPU_OWN_ATTN=1 timeout 120 $B/kv-bench decode --json -c 131072 --policies full \
-            > "$OUT/own_attn.json" 2>> "$OUT/decode.err"; log "own-attention full rc=$?"
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['contexts'][0]['policies']['full']; print('own attention, full @128k:', r['ms_per_token'], 'ms, bound', r['bound_ms'])" "$OUT/own_attn.json" | tee -a "$OUT/summary.txt"
-    fi
     python3 - "$OUT/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try:

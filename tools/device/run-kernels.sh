@@ -7,7 +7,8 @@
 # $RUNDIR/include and lib, libcjson.so.1 also in .devlib/), or with BUILT=1
 # builds kvtools there first.  Runs the CUDA unit tests plainly and (all,
 # tests) under compute-sanitizer (memcheck on all, racecheck on the
-# real-data tests), then kv-bench attn (+ the tuning variants at 128k),
+# real-data tests), then kv-bench attn (+ the tuning variants at 128k,
+# VARIANTS: kv-bench attn options, one per variant, "default" for none),
 # kv-bench pack and tools/device/sdpa.py (all, bench), and a SASS opcode
 # count of the packed attention kernels (all, quick).  Logs go to $OUT.
 # At most 8 files come back: summary.txt variants.txt tests.tap sanitizer.log
@@ -41,7 +42,8 @@ if [ "$what" != bench ]; then
     T="$OUT/tests.tap"
     timeout 120 $B/test_attn > "$T" 2>&1; log "test_attn rc=$?"
     timeout 150 $B/test_cuda_kernels >> "$T" 2>&1; log "test_cuda_kernels rc=$?"
-    # extra passes with tuning variants selected (TEST_ENVS="VAR=x ...")
+    # extra passes with a packed-kernel variant (TEST_ENVS="KV_KIVI2_VAR=7 ...",
+    # which test_cuda_kernels turns into kv_cuda_tuning)
     for e in ${TEST_ENVS:-}; do
         echo "# --- $e" >> "$T"
         env $e timeout 150 $B/test_cuda_kernels >> "$T" 2>&1; log "test_cuda_kernels ($e) rc=$?"
@@ -72,9 +74,10 @@ if [ "$what" != tests ]; then
     timeout 150 $BIN/kv-bench attn --check --json > "$OUT/attn.json" 2>> "$E"
     log "attn rc=$?"
     log "variants at 128k (tuning knobs, see docs/BENCHMARKS.md (Kernels))"
-    for v in ${VARIANTS:-KV_NONE=1 KV_KIVI_V1=1 KV_KIVI2_VAR=8 KV_KIVI2_VAR=16 KV_KIVI2_VAR=32}; do
+    for v in ${VARIANTS:-default --kivi2-variant=8 --kivi2-variant=16 --kivi2-variant=32}; do
         echo "# $v" >> "$OUT/variants.txt"
-        env $v timeout 60 $BIN/kv-bench attn --contexts 131072 --json >> "$OUT/variants.txt" 2>> "$E"
+        [ "$v" = default ] && v=
+        timeout 60 $BIN/kv-bench attn --contexts 131072 --json $v >> "$OUT/variants.txt" 2>> "$E"
     done
     python3 - "$OUT/variants.txt" <<'PY' | tee -a "$OUT/summary.txt"
 import json, re, sys

@@ -1,0 +1,72 @@
+/*
+ * bench_batch: the options and front-end pieces every batch subcommand of
+ * kv-bench shares (ruler, longbench): the policy list (-p SPEC and
+ * --profile FILE, in command-line order), --output/--resume/--shard/
+ * --strict/--pred-dir, and the hooks that turn the library's progress and
+ * skip reports into a progress line (on a terminal) and warnings.
+ */
+#ifndef BENCH_BATCH_H
+#define BENCH_BATCH_H
+
+#include <stdbool.h>
+
+#include "kv_cli.h"
+#include "eval/kv_batch.h"
+#include "policy/kv_policy.h"
+
+enum {
+    BB_POLICY = 'p',
+    BB_PROFILE = 0x1000,
+    BB_OUTPUT,
+    BB_RESUME,
+    BB_SHARD,
+    BB_STRICT,
+    BB_PRED_DIR,
+    BB_SVG,
+};
+
+#define BENCH_BATCH_OPTIONS                                                                     \
+    {BB_POLICY, 'P', "policy", "SPEC", "KV policy spec (per-layer lists too), repeatable (default: full)"}, \
+    {BB_POLICY, 'p', NULL, "SPEC", NULL}, /* deprecated: -p is --prompt elsewhere */             \
+    {BB_PROFILE, 0, "profile", "FILE", "per-layer policies from a kv-profile JSON, repeatable"},    \
+    {BB_OUTPUT, 'o', "output", "FILE.jsonl", "append every finished sample to FILE (fsynced)"},    \
+    {BB_RESUME, 0, "resume", NULL, "continue --output FILE, skipping samples already in it"},      \
+    {BB_SHARD, 0, "shard", "I/N", "run shard I of N (1-based; split by sample id)"},               \
+    {BB_STRICT, 0, "strict", NULL, "a malformed or over-long sample is fatal (exit 65)"},          \
+    {BB_PRED_DIR, 0, "pred-dir", "DIR", "write prediction files DIR/<policy>/<name>.jsonl"},    \
+    {BB_SVG, 0, "svg", "FILE", "also draw the charts of kv-bench report into FILE"}
+
+typedef struct {
+    struct {
+        bool profile;
+        const char *arg;
+    } pol[64];
+    int npol;
+    const char *output, *pred_dir, *svg;
+    bool resume, strict;
+    int shard_i, shard_n;
+} bench_batch;
+
+void bench_batch_init(bench_batch *b);
+/* Take option id (one of BB_*): true when it was one. */
+bool bench_batch_option(bench_batch *b, int id, const char *arg);
+/* After parsing: usage errors (--resume without --output, ...). */
+void bench_batch_check(const bench_batch *b);
+/* Check every spec parses (before anything loads); 0 or an exit code. */
+int bench_batch_precheck(const bench_batch *b);
+/* The policies for n_layers: *pols and their parameters (free both);
+ * sketch applies --select sketch. 0 or an exit code (message printed). */
+int bench_batch_policies(const bench_batch *b, int n_layers, bool sketch, kv_batch_policy **pols,
+                         kv_policy_params **params, int *np);
+void bench_batch_policies_free(kv_batch_policy *pols, kv_policy_params *params, int np);
+/* --svg: the report's charts of records; 0 or an exit code. */
+int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records);
+/* Hooks printing progress (kv_progress) and skip warnings (kv_warn). */
+void bench_batch_hooks(kv_batch_hooks *h);
+/* The header's "policies" and "shard"; then open --output (resume: the
+ * records already there go to *records and their keys to *done).  0 or an
+ * exit code. */
+int bench_batch_open(const bench_batch *b, cJSON *header, const kv_batch_policy *pols, int np,
+                     kv_batch_log **log, cJSON **records, kv_batch_done **done);
+
+#endif

@@ -1,0 +1,247 @@
+/*
+ * kv_gpu_int: what the files of the GPU engine share and nothing else sees
+ * (CUDA builds only).  The engine is a core (kv_gpu_engine.c: construction,
+ * streams, the layer loop, prefill/step/generate/synthesize, accounting)
+ * and one file per placement of a layer's K/V, each behind the table
+ * gl_placement, which mirrors kv_policy_ops (lib/policy/kv_policy.h):
+ *
+ *   kv_gpu_full.c       full (fp16 on the GPU) and offload (pinned host memory,
+ *                       copied in per step on the copy stream)
+ *   kv_gpu_quant.c      quant: KIVI-packed on the GPU with attention from the
+ *                       packed data, or (outside that kernel's geometry) packed
+ *                       on the host and expanded to fp16 per step
+ *   kv_gpu_dsq.c        dsq: windows packed on the host, expanded per step
+ *   kv_gpu_sparse.c     sparse: the prompt in pinned host memory, selection and
+ *                       gather one layer ahead on the selection streams
+ *   kv_gpu_streaming.c  streaming: sink + recent ring on the GPU
+ *   kv_gpu_weights.c    the weights' upload (not a placement)
+ *
+ * The core knows no placement: it asks gl_placement_for() for the table of a
+ * policy kind, and a placement's state lives in its own file's struct
+ * (gl_layer.st).  What several layers of one placement share (scratch that
+ * is grown, never per layer) sits in the engine struct, grouped by user.
+ */
+#ifndef KV_GPU_INT_H
+#define KV_GPU_INT_H
+
+#ifdef KV_HAVE_CUDA
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "eng_ops.cuh"
+#include "gpu/kv_gpu_cuda.h"
+#include "gpu/kv_gpu_engine.h"
+#include "kv_kernels.h"
+
+// --- errors and memory ----------------------------------------------------------
+
+/* A failed CUDA call returns its recorded status (kv_gpu_cuda.h). */
+#define CK(call) KV_CUDA_CK(call)
+
+#define TRY(expr)                                                                 \
+    do {                                                                          \
+        kv_status try_st_ = (expr);                                               \
+        if (try_st_ != KV_OK) return try_st_;                                     \
+    } while (0)
+
+/* Device memory (*pp = NULL for 0 bytes); KV_E_NOMEM names what and how much. */
+kv_status gl_dalloc(void *pp, size_t bytes, const char *what);
+void gl_dfree(void *pp);
+/* Pinned, mapped host memory: the copy engines read it at full PCIe speed
+ * and kernels read it directly through *dev (may be NULL). */
+kv_status gl_halloc(void *pp, const void **dev, size_t bytes, const char *what);
+void gl_hfree(void *pp);
+/* Grow an int device array to n entries (synchronises first). */
+kv_status gl_grow_i32(int **p, size_t *cap, size_t n, const char *what);
+/* Copy n bytes host to device on the main stream and wait (staging is reused). */
+kv_status gl_h2d_sync(kv_gpu_engine *e, void *dst, const void *src, size_t n);
+
+static inline int gl_pad8(int n) { return (n + 7) & ~7; }
+
+// --- layers and placements ------------------------------------------------------------
+
+typedef struct gl_layer gl_layer;
+
+/* Where this step's new K/V row of every KV head goes: head h's row at
+ * k + h*hs and v + h*hs (fp16); the RoPE kernel writes it. */
+typedef struct {
+    uint16_t *k, *v;
+    size_t hs; /* elements between KV heads */
+} gl_row;
+
+/*
+ * One placement of a layer's K/V on the GPU engine.  Calls come in this
+ * order: configure (at construction and every reset), alloc, ingest (after
+ * a prefill or a synthesized context), then per decode step step_begin,
+ * select, slot and attend; bytes, timing at any time; release before the
+ * next configure and at the end.  Optional entries may be NULL.
+ */
+typedef struct gl_placement {
+    const char *name;
+    /* Check the layer's parameters against this engine and settle the
+     * variant (y->pl may be replaced by a sibling: full -> offload, quant ->
+     * its host-packed form).  No allocation. */
+    kv_status (*configure)(kv_gpu_engine *e, gl_layer *y);
+    /* Allocate y->st and what does not depend on the prompt. */
+    kv_status (*alloc)(kv_gpu_engine *e, gl_layer *y);
+    /* Take the first T tokens of dense fp16 K and V (nkv, ld, hd) on the
+     * device; tmp: device scratch of max(2*nkv*T*hd, nkv*hd*pad8(T)) fp16
+     * values.  Work is on the main stream; the core synchronises after. */
+    kv_status (*ingest)(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V,
+                        int ld, int T, uint16_t *tmp);
+    /* Optional: before the first layer of a decode step (offload: the copy
+     * stream's first copies). */
+    kv_status (*step_begin)(kv_gpu_engine *e, gl_layer *y);
+    /* Optional: token selection with query q (n_heads, hd) float on stream
+     * s and the gather on sg.  A placement with it takes a query predicted
+     * one layer ahead (when prm.predict) on the selection streams. */
+    kv_status (*select)(kv_gpu_engine *e, gl_layer *y, const float *q, cudaStream_t s,
+                        cudaStream_t sg);
+    /* Where the new token's K/V row goes at position pos (decode). */
+    kv_status (*slot)(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r);
+    /* After the RoPE kernel stored the row at r: attention of this step's
+     * query (e->q16 fp16, q float (n_heads, hd)) over every token held, the
+     * new one included, into e->att, on the main stream. */
+    kv_status (*attend)(kv_gpu_engine *e, gl_layer *y, int pos, const float *q, const gl_row *r);
+    /* Optional: the prefill's query at position pos of an n-token prompt,
+     * given before the layer's ingest (dsq takes its importance from the
+     * last ones, as kv_policy_ops.observe). */
+    kv_status (*observe)(kv_gpu_engine *e, gl_layer *y, const float *q, int pos, int n);
+    /* KV bytes resident on the GPU and in host memory (the core fills the
+     * fetched counts and attends). */
+    void (*bytes)(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b);
+    /* Optional: the side-stream times of the last step (opts.profile). */
+    void (*timing)(const kv_gpu_engine *e, const gl_layer *y, kv_gpu_timing *t);
+    /* Free y->st and everything it holds (the device is idle). */
+    void (*release)(gl_layer *y);
+} gl_placement;
+
+struct gl_layer {
+    const gl_placement *pl;
+    kv_policy_params prm;
+    int l;                 /* layer index */
+    int T;                 /* tokens held */
+    uint64_t fetched_last, fetched_total, attends; /* host bytes read per step / in total */
+    void *st;              /* the placement's own state (its file's struct) */
+};
+
+/* The placement of a policy kind, or NULL when the engine has none. */
+const gl_placement *gl_placement_for(kv_policy_kind k);
+
+extern const gl_placement gl_full, gl_offload;      /* kv_gpu_full.c */
+extern const gl_placement gl_quant, gl_quant_host;  /* kv_gpu_quant.c */
+extern const gl_placement gl_dsq;                   /* kv_gpu_dsq.c */
+extern const gl_placement gl_sparse;                /* kv_gpu_sparse.c */
+extern const gl_placement gl_streaming;             /* kv_gpu_streaming.c */
+
+/* calloc y->st of n bytes (KV_E_NOMEM otherwise). */
+kv_status gl_state_new(gl_layer *y, size_t n);
+
+// --- the engine -----------------------------------------------------------------------
+
+typedef struct {
+    void *qkv;        /* (n_heads*hd + 2*n_kv*hd, ld_dim) */
+    void *o;          /* (dim, ld_qd) */
+    void *gu;         /* (2*hidden, ld_dim): gate and up rows interleaved */
+    void *down;       /* (dim, ld_hid) */
+    float *attn_norm; /* (dim) */
+    float *ffn_norm;  /* (dim) */
+    bool owner;       /* false when the matrices are an earlier layer's (synthetic models) */
+} gw_layer;
+
+struct kv_gpu_engine {
+    const kv_model *m;
+    kv_gpu_engine_opts o;
+    char devname[384];
+    int L, ctx, pos;
+    int dim, hidden, nqh, nkv, hd, vocab, qd, kvd;
+    int ld_dim, ld_qd, ld_hid;
+    float eps, scale;
+    int cc_major;        /* compute capability of the device */
+    int q_f32;           /* fp16 attention takes the float32 query (gl_attend_dense) */
+    kv_dtype wt;
+    gw_layer *w;         /* (L) */
+    void *embd, *outw;   /* (vocab, ld_dim) */
+    float *out_norm;     /* (dim) */
+    float *inv_freq;     /* (hd/2) device */
+    uint64_t wbytes, wread;
+    cudaStream_t s_main, s_side, s_gath, s_copy;
+    /* activations (float32, padded to ld_* with zeros) */
+    float *x;            /* (ld_dim) residual stream */
+    float *xp[2];        /* (ld_dim) normalized input of the predicted layer, by parity */
+    float *qkv;          /* (n_heads*hd + 2*n_kv*hd) projections, q then k then v */
+    float *att;          /* (ld_qd) attention output */
+    float *hb;           /* (ld_hid) SwiGLU output */
+    float *logits;       /* (vocab) */
+    float *qpred;        /* (n_heads*hd) predicted query (selection stream) */
+    uint16_t *q16;       /* (n_heads*hd) fp16 query for kernels/ */
+    int *d_tok;          /* (tok_cap) token ids */
+    int tok_cap;
+    int *h_tok;          /* pinned (1) */
+    /* attention workspace (kernels/ partials), grown on demand */
+    void *ws;
+    size_t ws_bytes;
+    /* scratch shared by the layers of one placement, grown, never shrunk */
+    struct {
+        uint16_t *k, *v; /* (nkv, rc_max, hd) dense residual for kernels/ */
+        size_t n;
+    } dres;              /* quant (packed) */
+    struct {
+        uint16_t *k, *v; /* (nkv, ctx, hd) fp16 expansion, per step */
+        size_t n;
+        float *imp_sc;   /* (nkv, ctx) attention probabilities (dsq) */
+    } qx;                /* quant (host-packed), dsq */
+    struct {
+        float *score;    /* (n_heads, candidates) token scores per query head */
+        float *comb;     /* (nkv, candidates) scores combined over each KV group */
+        float *sm_tmp;   /* eng_softmax_tmp(n_heads) floats of softmax scratch */
+        float *qscale;   /* (n_heads) channel-selection scale per query head */
+        int *chans, *sel[2]; /* sel: by layer parity, so a gather overlaps the next selection */
+        size_t score_n, sel_n[2], chans_n;
+        int side_last;   /* this step: the last layer selected on the selection stream, or -1 */
+    } sel;               /* sparse (layers take turns on the selection streams) */
+    struct {
+        uint16_t *stage_k[2], *stage_v[2]; /* (nkv, ctx, hd) double-buffered staging */
+        int *list, n;    /* (L) the offloaded layers in order, n used */
+        int next;        /* this step: offloaded layers attended so far */
+        cudaEvent_t ev_done[2], ev_rope;
+        cudaEvent_t *ev_copied; /* (L) */
+    } off;               /* offload */
+    cudaEvent_t *ev_x, *ev_sel;           /* (L) predicted layer's input ready, selection done */
+    cudaEvent_t *ev_topk;                 /* (L) selection done, gather may start */
+    cudaEvent_t *ev_p0, *ev_p1, *ev_g0, *ev_g1; /* (L) profile: side stream start/end, host reads */
+    gl_layer *lay;       /* (L) */
+    struct kv_cublas *cb; /* cuBLAS for the chunked prefill, opened at its first use */
+    bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */
+    double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
+};
+
+// --- helpers of the core for the placements -----------------------------------------
+
+/* Attention of e->q16 over rows [0, n) of fp16 K/V (nkv, head_stride) into e->att. */
+kv_status gl_attend_dense(kv_gpu_engine *e, const uint16_t *K, const uint16_t *V,
+                          size_t head_stride, int n, cudaStream_t s);
+/* The attention workspace grown to bytes. */
+kv_status gl_ensure_ws(kv_gpu_engine *e, size_t bytes);
+/* Does layer l take a query predicted one layer ahead? */
+bool gl_wants_pred(const kv_gpu_engine *e, int l);
+/* The fp16 scratch e->qx a packed layer is expanded into each step
+ * (kv_gpu_quant.c; dsq uses it too). */
+kv_status gl_ensure_qx(kv_gpu_engine *e);
+/* Elapsed ms between two recorded events (0 when unavailable). */
+float gl_elapsed(cudaEvent_t a, cudaEvent_t b);
+
+// --- weights (kv_gpu_weights.c) ------------------------------------------------------
+
+kv_status gl_weights_load(kv_gpu_engine *e);
+void gl_weights_free(kv_gpu_engine *e);
+/* n floats to the device, zero-padded to a multiple of 8 (GEMV inputs are read in 8s). */
+kv_status gl_upload_f32(const float *src, int n, float **dst, const char *what);
+
+#endif /* KV_HAVE_CUDA */
+
+#endif

@@ -1,0 +1,491 @@
+/*
+ * Placement `quant` of the GPU engine (kv_gpu_int.h): KIVI 1/2/4-bit keys
+ * and values resident on the GPU, in one of two forms chosen at configure:
+ *
+ *   gl_quant       where kernels/ has the geometry (head_dim 128, 1 or 2
+ *                  bits, groups 32/64): the prompt packed on the GPU, the
+ *                  packed parts dense over nq tokens (kv_layout.h) and grown
+ *                  a group at a time, the fp16 residual in one of two
+ *                  (nkv, R+G, hd) stores; attention straight from the
+ *                  packed data (kv_cuda_attn_kivi);
+ *   gl_quant_host  anywhere else: the same packed bytes, packed on the host
+ *                  with lib/quant/kv_quant.c's code as groups fill (so the
+ *                  codes are the CPU policy's, bit for bit), kept at the
+ *                  layer's capacity in lib/policy/kv_policy_quant.c's layout
+ *                  and expanded to an fp16 scratch each step for the fp16
+ *                  attention: correct, not fast.
+ *
+ * Both report the packed bytes plus the fp16 residual, as the CPU policy.
+ */
+#include "gpu/kv_gpu_int.h"
+
+#ifdef KV_HAVE_CUDA
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kv_half.h"
+#include "quant/kv_kivi.h"
+
+/* The packed planes of keys (k*) and values (v*): codes, scales, zeros. */
+typedef struct {
+    uint8_t *kc, *vc;
+    uint16_t *ks, *kz, *vs, *vz;
+} kivi_planes;
+
+static void planes_free(kivi_planes *p)
+{
+    void *dev[] = {&p->kc, &p->vc, &p->ks, &p->kz, &p->vs, &p->vz};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);
+}
+
+typedef struct {
+    kv_kivi_params kp;
+    int nq, nres, rc, cur;    /* tokens packed, in the residual; residual rows; live store */
+    kivi_planes p;            /* dense over nq: codes (nkv, nq, hd*bits/8), key scales and
+                                 zeros (nkv, nq/G, hd), value ones (nkv, nq, hd/Gv) */
+    uint16_t *rk[2], *rv[2];  /* (nkv, rc, hd) */
+} quant_state;
+
+typedef struct {
+    kv_kivi_params kp;
+    int nq, nres, rc;         /* tokens packed, in the ring; ring rows: token t at t % rc */
+    int qcap, ngk;            /* token capacity; key scale groups per head (qcap/G + 1) */
+    kivi_planes p;            /* at capacity: codes (nkv, qcap, hd*bits/8), key scales and
+                                 zeros (nkv, ngk, hd), value ones (nkv, qcap, hd/Gv) */
+    uint16_t *rk, *rv;        /* (nkv, rc, hd) fp16 ring */
+} qhost_state;
+
+static kv_status quant_configure(kv_gpu_engine *e, gl_layer *y)
+{
+    const kv_policy_params *p = &y->prm;
+    kv_attn_dims d = {e->nqh, e->nkv, e->hd, e->ctx, 0, e->scale};
+    kv_kivi_params kp = {p->bits, p->group, p->residual}; /* checked by kv_policy_check */
+    /* the packed attention where it applies; elsewhere the same packed
+     * bytes, expanded to fp16 each step */
+    y->pl = kv_cuda_attn_kivi_supported(&d, &kp) &&
+                    kv_cuda_kivi_pack_supported(KV_KIVI_KEYS, &kp, e->hd) &&
+                    kv_cuda_kivi_pack_supported(KV_KIVI_VALUES, &kp, e->hd)
+                ? &gl_quant
+                : &gl_quant_host;
+    return KV_OK;
+}
+
+/* As kv_policy_quant.c: packed parts plus the fp16 residual. */
+static uint64_t quant_resident(const kv_gpu_engine *e, const kv_kivi_params *kp, int nq_, int nres)
+{
+    const uint64_t nkv = (uint64_t)e->nkv, hd = (uint64_t)e->hd, nq = (uint64_t)nq_;
+    uint64_t crow = kv_kivi_row_bytes(e->hd, kp->bits);
+    uint64_t gv = (uint64_t)kv_kivi_vgroup(kp->group, e->hd);
+    return 2 * nkv * nq * crow + 2 * nkv * (nq / (uint64_t)kp->group) * hd * 2 +
+           2 * nkv * nq * (hd / gv) * 2 + 2 * nkv * (uint64_t)nres * hd * 2;
+}
+
+// --- packed on the GPU -------------------------------------------------------------------
+
+static kv_status quant_alloc(kv_gpu_engine *e, gl_layer *y)
+{
+    TRY(gl_state_new(y, sizeof(quant_state)));
+    quant_state *q = y->st;
+    q->kp = (kv_kivi_params){y->prm.bits, y->prm.group, y->prm.residual};
+    q->rc = q->kp.residual + q->kp.group;
+    for (int i = 0; i < 2; i++) {
+        TRY(gl_dalloc(&q->rk[i], (size_t)e->nkv * q->rc * e->hd * 2, "quant residual K"));
+        TRY(gl_dalloc(&q->rv[i], (size_t)e->nkv * q->rc * e->hd * 2, "quant residual V"));
+    }
+    size_t need = (size_t)e->nkv * q->rc * e->hd;
+    if (need > e->dres.n) {
+        gl_dfree(&e->dres.k);
+        gl_dfree(&e->dres.v);
+        TRY(gl_dalloc(&e->dres.k, need * 2, "dense residual"));
+        TRY(gl_dalloc(&e->dres.v, need * 2, "dense residual"));
+        e->dres.n = need;
+    }
+    return KV_OK;
+}
+
+static kv_status quant_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V,
+                              int ld, int T, uint16_t *tmp)
+{
+    quant_state *q = y->st;
+    const kv_kivi_params *kp = &q->kp;
+    const int nkv = e->nkv, hd = e->hd;
+    const size_t rb = (size_t)hd * 2;
+    cudaStream_t s = e->s_main;
+    int nq = kv_kivi_nquant(T, kp->group, kp->residual), nres = T - nq;
+    size_t crow = kv_kivi_row_bytes(hd, kp->bits);
+    int gv = kv_kivi_vgroup(kp->group, hd);
+    uint16_t *Kd = tmp, *Vd = tmp + (size_t)nkv * T * hd; /* dense (nkv, T, hd) */
+    CK(cudaMemcpy2DAsync(Kd, (size_t)T * rb, K, (size_t)ld * rb, (size_t)T * rb, nkv,
+                         cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpy2DAsync(Vd, (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, nkv,
+                         cudaMemcpyDeviceToDevice, s));
+    /* stream-ordered: quant_maybe_pack regrows these with cudaMallocAsync */
+    CK(cudaMallocAsync((void **)&q->p.kc, (size_t)nkv * nq * crow + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.vc, (size_t)nkv * nq * crow + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.ks, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.kz, (size_t)nkv * (nq / kp->group) * hd * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.vs, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
+    CK(cudaMallocAsync((void **)&q->p.vz, (size_t)nkv * nq * (hd / gv) * 2 + 16, s));
+    /* the pack writes the residual dense (nkv, nres, hd) into the stores'
+     * spare buffer; it is then placed at pitch rc */
+    kv_cuda_kivi_out ko = {q->p.kc, q->p.ks, q->p.kz, q->rk[1]};
+    kv_cuda_kivi_out vo = {q->p.vc, q->p.vs, q->p.vz, q->rv[1]};
+    CK(kv_cuda_kivi_pack(KV_KIVI_KEYS, kp, nkv, T, hd, Kd, &ko, s));
+    CK(kv_cuda_kivi_pack(KV_KIVI_VALUES, kp, nkv, T, hd, Vd, &vo, s));
+    if (nres > 0) {
+        CK(cudaMemcpy2DAsync(q->rk[0], (size_t)q->rc * rb, q->rk[1], (size_t)nres * rb,
+                             (size_t)nres * rb, nkv, cudaMemcpyDeviceToDevice, s));
+        CK(cudaMemcpy2DAsync(q->rv[0], (size_t)q->rc * rb, q->rv[1], (size_t)nres * rb,
+                             (size_t)nres * rb, nkv, cudaMemcpyDeviceToDevice, s));
+    }
+    q->nq = nq;
+    q->nres = nres;
+    q->cur = 0;
+    return KV_OK;
+}
+
+static kv_status quant_slot(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r)
+{
+    (void)pos;
+    quant_state *q = y->st;
+    r->k = q->rk[q->cur] + (size_t)q->nres * e->hd;
+    r->v = q->rv[q->cur] + (size_t)q->nres * e->hd;
+    r->hs = (size_t)q->rc * e->hd;
+    return KV_OK;
+}
+
+/* After appending a token to the residual, pack the oldest group once the
+ * residual holds R + G tokens (KIVI keeps R..R+G-1 in fp16). */
+static kv_status quant_maybe_pack(kv_gpu_engine *e, quant_state *y)
+{
+    const kv_kivi_params *kp = &y->kp;
+    if (y->nres < kp->residual + kp->group) return KV_OK;
+    cudaStream_t s = e->s_main;
+    const int nkv = e->nkv, hd = e->hd, G = kp->group, nq = y->nq;
+    const size_t rb = (size_t)hd * 2, crow = kv_kivi_row_bytes(hd, kp->bits);
+    const int gv = kv_kivi_vgroup(G, hd), nvs = hd / gv;
+    /* the group's rows, dense (nkv, G, hd), in the dense-residual scratch */
+    CK(cudaMemcpy2DAsync(e->dres.k, (size_t)G * rb, y->rk[y->cur], (size_t)y->rc * rb,
+                         (size_t)G * rb, nkv, cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpy2DAsync(e->dres.v, (size_t)G * rb, y->rv[y->cur], (size_t)y->rc * rb,
+                         (size_t)G * rb, nkv, cudaMemcpyDeviceToDevice, s));
+    uint8_t *gkc, *gvc;
+    uint16_t *gks, *gkz, *gvs, *gvz;
+    size_t codes = (size_t)nkv * G * crow, kss = (size_t)nkv * hd * 2, vss = (size_t)nkv * G * nvs * 2;
+    /* one block: new group parts, then the grown packed arrays */
+    uint8_t *blk = NULL;
+    size_t nbytes = 2 * codes + 2 * kss + 2 * vss + 6 * 256;
+    CK(cudaMallocAsync((void **)&blk, nbytes, s));
+    size_t o = 0;
+#define CARVE(ptr, type, n) do { ptr = (type *)(blk + o); o += ((n) + 255) / 256 * 256; } while (0)
+    CARVE(gkc, uint8_t, codes);
+    CARVE(gvc, uint8_t, codes);
+    CARVE(gks, uint16_t, kss);
+    CARVE(gkz, uint16_t, kss);
+    CARVE(gvs, uint16_t, vss);
+    CARVE(gvz, uint16_t, vss);
+#undef CARVE
+    kv_kivi_params one = {kp->bits, G, 0};
+    kv_cuda_kivi_out ko = {gkc, gks, gkz, e->dres.k}, vo = {gvc, gvs, gvz, e->dres.v};
+    CK(kv_cuda_kivi_pack(KV_KIVI_KEYS, &one, nkv, G, hd, e->dres.k, &ko, s));
+    CK(kv_cuda_kivi_pack(KV_KIVI_VALUES, &one, nkv, G, hd, e->dres.v, &vo, s));
+    /* grow each packed part from nq to nq+G tokens per head */
+    struct { void **dst; const void *add; size_t per_tok_old, per_tok_add; int old_rows, add_rows; } parts[6] = {
+        {(void **)&y->p.kc, gkc, crow, crow, nq, G},
+        {(void **)&y->p.vc, gvc, crow, crow, nq, G},
+        {(void **)&y->p.ks, gks, rb, rb, nq / G, 1},
+        {(void **)&y->p.kz, gkz, rb, rb, nq / G, 1},
+        {(void **)&y->p.vs, gvs, (size_t)nvs * 2, (size_t)nvs * 2, nq, G},
+        {(void **)&y->p.vz, gvz, (size_t)nvs * 2, (size_t)nvs * 2, nq, G},
+    };
+    for (int i = 0; i < 6; i++) {
+        size_t w = parts[i].per_tok_old;
+        size_t newpitch = (size_t)(parts[i].old_rows + parts[i].add_rows) * w;
+        void *nb = NULL;
+        CK(cudaMallocAsync(&nb, (size_t)nkv * newpitch + 16, s));
+        if (parts[i].old_rows > 0)
+            CK(cudaMemcpy2DAsync(nb, newpitch, *parts[i].dst, (size_t)parts[i].old_rows * w,
+                                 (size_t)parts[i].old_rows * w, nkv, cudaMemcpyDeviceToDevice, s));
+        CK(cudaMemcpy2DAsync((uint8_t *)nb + (size_t)parts[i].old_rows * w, newpitch, parts[i].add,
+                             (size_t)parts[i].add_rows * w, (size_t)parts[i].add_rows * w, nkv,
+                             cudaMemcpyDeviceToDevice, s));
+        CK(cudaFreeAsync(*parts[i].dst, s));
+        *parts[i].dst = nb;
+    }
+    CK(cudaFreeAsync(blk, s));
+    /* drop the packed rows from the residual: rows [G, R+G) -> [0, R) of the other store */
+    int keep = y->nres - G, nx = 1 - y->cur;
+    CK(cudaMemcpy2DAsync(y->rk[nx], (size_t)y->rc * rb, y->rk[y->cur] + (size_t)G * hd,
+                         (size_t)y->rc * rb, (size_t)keep * rb, nkv, cudaMemcpyDeviceToDevice, s));
+    CK(cudaMemcpy2DAsync(y->rv[nx], (size_t)y->rc * rb, y->rv[y->cur] + (size_t)G * hd,
+                         (size_t)y->rc * rb, (size_t)keep * rb, nkv, cudaMemcpyDeviceToDevice, s));
+    y->cur = nx;
+    y->nres = keep;
+    y->nq += G;
+    return KV_OK;
+}
+
+static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y, int pos, const float *q_,
+                              const gl_row *r)
+{
+    (void)pos;
+    (void)q_;
+    (void)r;
+    quant_state *q = y->st;
+    q->nres++;
+    TRY(quant_maybe_pack(e, q));
+    cudaStream_t s = e->s_main;
+    const size_t rb = (size_t)e->hd * 2;
+    const int T = q->nq + q->nres;
+    if (q->nres > 0) {
+        CK(cudaMemcpy2DAsync(e->dres.k, (size_t)q->nres * rb, q->rk[q->cur], (size_t)q->rc * rb,
+                             (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
+        CK(cudaMemcpy2DAsync(e->dres.v, (size_t)q->nres * rb, q->rv[q->cur], (size_t)q->rc * rb,
+                             (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
+    }
+    kv_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
+    kv_cuda_kivi_view kv = {q->p.kc, q->p.ks, q->p.kz, e->dres.k};
+    kv_cuda_kivi_view vv = {q->p.vc, q->p.vs, q->p.vz, e->dres.v};
+    TRY(gl_ensure_ws(e, kv_cuda_attn_kivi_workspace(&d, &q->kp)));
+    CK(kv_cuda_attn_kivi(&d, &q->kp, e->q16, &kv, &vv, e->att, e->ws, e->ws_bytes, s));
+    return KV_OK;
+}
+
+static void quant_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
+{
+    const quant_state *q = y->st;
+    b->resident = quant_resident(e, &q->kp, q->nq, q->nres);
+}
+
+static void quant_release(gl_layer *y)
+{
+    quant_state *q = y->st;
+    planes_free(&q->p);
+    for (int i = 0; i < 2; i++) {
+        gl_dfree(&q->rk[i]);
+        gl_dfree(&q->rv[i]);
+    }
+}
+
+const gl_placement gl_quant = {
+    .name = "quant",
+    .configure = quant_configure,
+    .alloc = quant_alloc,
+    .ingest = quant_ingest,
+    .slot = quant_slot,
+    .attend = quant_attend,
+    .bytes = quant_bytes,
+    .release = quant_release,
+};
+
+// --- packed on the host, expanded per step --------------------------------------------------
+
+/* The fp16 scratch a packed layer is expanded into each step (shared with dsq). */
+kv_status gl_ensure_qx(kv_gpu_engine *e)
+{
+    size_t need = (size_t)e->nkv * (size_t)e->ctx * (size_t)e->hd;
+    if (need <= e->qx.n) return KV_OK;
+    gl_dfree(&e->qx.k);
+    gl_dfree(&e->qx.v);
+    e->qx.n = 0;
+    TRY(gl_dalloc(&e->qx.k, need * 2, "KV expansion scratch"));
+    TRY(gl_dalloc(&e->qx.v, need * 2, "KV expansion scratch"));
+    e->qx.n = need;
+    return KV_OK;
+}
+
+/* The packed planes at the layer's capacity, the residual ring, and the
+ * engine's fp16 expansion scratch. */
+static kv_status qhost_alloc(kv_gpu_engine *e, gl_layer *y)
+{
+    TRY(gl_state_new(y, sizeof(qhost_state)));
+    qhost_state *q = y->st;
+    const size_t nkv = (size_t)e->nkv, hd = (size_t)e->hd;
+    q->kp = (kv_kivi_params){y->prm.bits, y->prm.group, y->prm.residual};
+    q->rc = q->kp.residual + q->kp.group;
+    q->qcap = e->ctx;
+    q->ngk = e->ctx / q->kp.group + 1;
+    const size_t crow = kv_kivi_row_bytes(e->hd, q->kp.bits);
+    const size_t nvs = hd / (size_t)kv_kivi_vgroup(q->kp.group, e->hd);
+    TRY(gl_dalloc(&q->p.kc, nkv * (size_t)q->qcap * crow, "quant key codes"));
+    TRY(gl_dalloc(&q->p.vc, nkv * (size_t)q->qcap * crow, "quant value codes"));
+    TRY(gl_dalloc(&q->p.ks, nkv * (size_t)q->ngk * hd * 2, "quant key scales"));
+    TRY(gl_dalloc(&q->p.kz, nkv * (size_t)q->ngk * hd * 2, "quant key zeros"));
+    TRY(gl_dalloc(&q->p.vs, nkv * (size_t)q->qcap * nvs * 2, "quant value scales"));
+    TRY(gl_dalloc(&q->p.vz, nkv * (size_t)q->qcap * nvs * 2, "quant value zeros"));
+    TRY(gl_dalloc(&q->rk, nkv * (size_t)q->rc * hd * 2, "quant residual K"));
+    TRY(gl_dalloc(&q->rv, nkv * (size_t)q->rc * hd * 2, "quant residual V"));
+    return gl_ensure_qx(e);
+}
+
+static eng_kivi_layer qhost_view(const kv_gpu_engine *e, const qhost_state *q)
+{
+    eng_kivi_layer v = {e->nkv, e->hd, q->kp.bits, q->kp.group, kv_kivi_vgroup(q->kp.group, e->hd),
+                        q->qcap, q->ngk, q->rc, q->nq, q->p.kc, q->p.vc, q->p.ks, q->p.kz,
+                        q->p.vs, q->p.vz, q->rk, q->rv};
+    return v;
+}
+
+/*
+ * Pack tokens [nq, nq + G) on the host with lib/quant/kv_quant.c's
+ * quantizers and upload the group's parts.  Token t of head h is at xk
+ * (keys) or xv (values) + h*head_stride + (t % mod)*hd (fp16, host).
+ * Synchronous: this path is for correctness at any head_dim, not speed.
+ */
+static kv_status qhost_pack(kv_gpu_engine *e, qhost_state *y, const uint16_t *xk,
+                            const uint16_t *xv, size_t head_stride, int mod)
+{
+    const int hd = e->hd, G = y->kp.group, b = y->kp.bits, t0 = y->nq;
+    const int gv = kv_kivi_vgroup(G, hd), nvs = hd / gv;
+    const size_t crow = kv_kivi_row_bytes(hd, b);
+    float *tmp = malloc((size_t)G * hd * sizeof(float));
+    uint8_t *kc = malloc((size_t)G * crow), *vc = malloc((size_t)G * crow);
+    kv_half *ks = malloc((size_t)hd * 2), *kz = malloc((size_t)hd * 2);
+    kv_half *vs = malloc((size_t)G * nvs * 2), *vz = malloc((size_t)G * nvs * 2);
+    kv_status st = KV_OK;
+    if (!tmp || !kc || !vc || !ks || !kz || !vs || !vz) st = kv_fail(KV_E_NOMEM, "quant pack staging");
+    for (int h = 0; h < e->nkv && !st; h++) {
+        for (int i = 0; i < G; i++) {
+            const uint16_t *r = xk + (size_t)h * head_stride + (size_t)((t0 + i) % mod) * hd;
+            for (int c = 0; c < hd; c++) tmp[(size_t)i * hd + c] = kv_half_to_f32(r[c]);
+        }
+        kv_kivi_pack_key_group(tmp, (size_t)hd, G, hd, b, kc, crow, ks, kz);
+        for (int i = 0; i < G; i++) {
+            const uint16_t *r = xv + (size_t)h * head_stride + (size_t)((t0 + i) % mod) * hd;
+            for (int c = 0; c < hd; c++) tmp[c] = kv_half_to_f32(r[c]);
+            kv_kivi_pack_value_row(tmp, hd, gv, b, vc + (size_t)i * crow, vs + (size_t)i * nvs,
+                                   vz + (size_t)i * nvs);
+        }
+        size_t tok = (size_t)h * y->qcap + (size_t)t0, kg = ((size_t)h * y->ngk + (size_t)(t0 / G)) * hd;
+        struct { void *dst; const void *src; size_t n; } up[6] = {
+            {y->p.kc + tok * crow, kc, (size_t)G * crow}, {y->p.vc + tok * crow, vc, (size_t)G * crow},
+            {y->p.ks + kg, ks, (size_t)hd * 2},           {y->p.kz + kg, kz, (size_t)hd * 2},
+            {y->p.vs + tok * nvs, vs, (size_t)G * nvs * 2}, {y->p.vz + tok * nvs, vz, (size_t)G * nvs * 2},
+        };
+        for (int i = 0; i < 6 && !st; i++) st = gl_h2d_sync(e, up[i].dst, up[i].src, up[i].n);
+    }
+    free(vz);
+    free(vs);
+    free(kz);
+    free(ks);
+    free(vc);
+    free(kc);
+    free(tmp);
+    if (!st) y->nq += G;
+    return st;
+}
+
+/* After a token went into the ring: pack the oldest group once the CPU
+ * policy would (kv_kivi_nquant grows), reading the ring back first. */
+static kv_status qhost_maybe_pack(kv_gpu_engine *e, qhost_state *y, int T)
+{
+    y->nres = T - y->nq;
+    if (kv_kivi_nquant(T, y->kp.group, y->kp.residual) <= y->nq) return KV_OK;
+    size_t n = (size_t)e->nkv * y->rc * e->hd;
+    uint16_t *ring = malloc(2 * n * 2);
+    if (!ring) return kv_fail(KV_E_NOMEM, "quant ring staging");
+    kv_status st = KV_OK;
+    cudaError_t ce = cudaMemcpyAsync(ring, y->rk, n * 2, cudaMemcpyDeviceToHost, e->s_main);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(ring + n, y->rv, n * 2, cudaMemcpyDeviceToHost, e->s_main);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
+    if (ce != cudaSuccess) st = kv_cuda_fail(ce, "quant ring read-back", __FILE__, __LINE__);
+    if (!st) st = qhost_pack(e, y, ring, ring + n, (size_t)y->rc * e->hd, y->rc);
+    free(ring);
+    y->nres = T - y->nq;
+    return st;
+}
+
+/* The prompt to the host, packed there group by group as the CPU policy's
+ * appends would, the rest into the residual ring. */
+static kv_status qhost_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V,
+                              int ld, int T, uint16_t *tmp)
+{
+    (void)tmp;
+    qhost_state *q = y->st;
+    const int nkv = e->nkv, hd = e->hd;
+    const size_t rb = (size_t)hd * 2;
+    cudaStream_t s = e->s_main;
+    size_t n = (size_t)nkv * T * hd, rn = (size_t)nkv * q->rc * hd;
+    uint16_t *hx = malloc((2 * n + 2 * rn) * 2);
+    if (!hx) return kv_fail(KV_E_NOMEM, "quant ingest staging");
+    uint16_t *hk = hx, *hv = hx + n, *ring = hx + 2 * n;
+    memset(ring, 0, 2 * rn * 2);
+    cudaError_t ce = cudaMemcpy2DAsync(hk, (size_t)T * rb, K, (size_t)ld * rb, (size_t)T * rb,
+                                       nkv, cudaMemcpyDeviceToHost, s);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy2DAsync(hv, (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, nkv,
+                               cudaMemcpyDeviceToHost, s);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+    kv_status st = ce != cudaSuccess ? kv_cuda_fail(ce, "quant ingest read-back", __FILE__, __LINE__)
+                                     : KV_OK;
+    q->nq = 0;
+    int nq = kv_kivi_nquant(T, q->kp.group, q->kp.residual);
+    while (!st && q->nq < nq) st = qhost_pack(e, q, hk, hv, (size_t)T * hd, T);
+    for (int h = 0; h < nkv && !st; h++)
+        for (int t = nq; t < T; t++) {
+            size_t d = ((size_t)h * q->rc + (size_t)(t % q->rc)) * hd, o = ((size_t)h * T + t) * hd;
+            memcpy(ring + d, hk + o, rb);
+            memcpy(ring + rn + d, hv + o, rb);
+        }
+    if (!st) {
+        ce = cudaMemcpyAsync(q->rk, ring, rn * 2, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(q->rv, ring + rn, rn * 2, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        if (ce != cudaSuccess) st = kv_cuda_fail(ce, "quant ring upload", __FILE__, __LINE__);
+    }
+    free(hx);
+    TRY(st);
+    q->nres = T - q->nq;
+    return KV_OK;
+}
+
+static kv_status qhost_slot(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r)
+{
+    qhost_state *q = y->st;
+    r->k = q->rk + (size_t)(pos % q->rc) * e->hd;
+    r->v = q->rv + (size_t)(pos % q->rc) * e->hd;
+    r->hs = (size_t)q->rc * e->hd;
+    return KV_OK;
+}
+
+static kv_status qhost_attend(kv_gpu_engine *e, gl_layer *y, int pos, const float *q_,
+                              const gl_row *r)
+{
+    (void)q_;
+    (void)r;
+    qhost_state *q = y->st;
+    TRY(qhost_maybe_pack(e, q, pos + 1));
+    eng_kivi_layer kv = qhost_view(e, q);
+    CK(eng_kivi_expand(&kv, pos + 1, e->qx.k, e->qx.v, (size_t)e->ctx, e->s_main));
+    return gl_attend_dense(e, e->qx.k, e->qx.v, (size_t)e->ctx * e->hd, pos + 1, e->s_main);
+}
+
+/* The same bytes as the packed form (the fp16 expansion is per-step scratch). */
+static void qhost_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
+{
+    const qhost_state *q = y->st;
+    b->resident = quant_resident(e, &q->kp, q->nq, q->nres);
+}
+
+static void qhost_release(gl_layer *y)
+{
+    qhost_state *q = y->st;
+    planes_free(&q->p);
+    gl_dfree(&q->rk);
+    gl_dfree(&q->rv);
+}
+
+const gl_placement gl_quant_host = {
+    .name = "quant (host-packed)",
+    .configure = quant_configure,
+    .alloc = qhost_alloc,
+    .ingest = qhost_ingest,
+    .slot = qhost_slot,
+    .attend = qhost_attend,
+    .bytes = qhost_bytes,
+    .release = qhost_release,
+};
+
+#endif /* KV_HAVE_CUDA */

@@ -1,0 +1,303 @@
+/*
+ * Placement `sparse` of the GPU engine (kv_gpu_int.h): TailorKV's offload.
+ * The prompt's K/V stay in pinned host memory, one row per token with every
+ * KV head's K and V (and, for channel selection, the keys channel-major);
+ * the GPU keeps the sink rows, the prompt's recent tail and the generated
+ * tokens in an attention buffer allocated for the whole context:
+ *
+ *   ak, av (nkv, cap, hd): [gathered top-K | sink | prompt tail | generated]
+ *
+ * Each step the layer's query (predicted one layer early by the core, on
+ * the selection stream) scores the candidates between the sink and the
+ * tail: from C critical key channels read from host memory (channels), from
+ * every channel of the host rows (exact), or from a resident 1-bit sketch
+ * of the keys (sketch, so that only the chosen rows cross PCIe); softmax
+ * and the GQA combine, top-K, then the chosen rows are gathered into the
+ * buffer on the gather stream while the next layer's selection runs.
+ */
+#include "gpu/kv_gpu_int.h"
+
+#ifdef KV_HAVE_CUDA
+
+#include <math.h>
+
+typedef struct {
+    int Tp;                   /* prompt tokens */
+    int cs0, cend0;           /* the prompt's candidate range [cs0, cend0) */
+    int kmax, tail_base, cap; /* top-K capacity; first tail row; rows of ak/av */
+    int ldc;                  /* kcm row pitch: Tp rounded up to 8 */
+    uint16_t *rows_h;         /* pinned (Tp, nkv, 2, hd) */
+    const void *rows_d;       /* its device alias */
+    uint16_t *kcm_h;          /* pinned (nkv, hd, ldc) keys channel-major (channels) */
+    const void *kcm_d;        /* its device alias */
+    uint16_t *sink;           /* (cs0, nkv, 2, hd) device */
+    uint8_t *sketch;          /* (nkv, Tp, hd/8) device (sketch) */
+    float *chmax, *kmean, *kmad; /* (nkv, hd) device */
+    uint16_t *ak, *av;        /* (nkv, cap, hd) the attention buffer */
+    int start, natt;          /* rows attended in the current step */
+} sparse_state;
+
+static int topk_of(const kv_policy_params *p, int T)
+{
+    if (p->topk > 0) return p->topk;
+    return (int)ceil(p->topk_frac * (double)T);
+}
+
+/* The candidate range at T tokens, as kv_policy_sparse.c. */
+static void cand_range(const kv_policy_params *p, int Tp, int T, int *cs, int *cend)
+{
+    int a = p->sink < T ? p->sink : T;
+    int e = T - p->window;
+    if (e > Tp) e = Tp;
+    if (e < a) e = a;
+    *cs = a;
+    *cend = e;
+}
+
+static kv_status sparse_configure(kv_gpu_engine *e, gl_layer *y)
+{
+    (void)e, (void)y; /* kv_policy_check (set_policies) checked the parameters and geometry */
+    return KV_OK;
+}
+
+/* Everything depends on the prompt: allocated at ingest. */
+static kv_status sparse_alloc(kv_gpu_engine *e, gl_layer *y)
+{
+    (void)e;
+    return gl_state_new(y, sizeof(sparse_state));
+}
+
+static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
+                               const uint16_t *V, int ld, int T, uint16_t *tmp)
+{
+    sparse_state *sp = y->st;
+    const kv_policy_params *p = &y->prm;
+    const int nkv = e->nkv, hd = e->hd;
+    const size_t rb = (size_t)hd * 2;
+    cudaStream_t s = e->s_main;
+    bool sketch = p->select == KV_SELECT_SKETCH;
+    bool channels = p->select == KV_SELECT_CHANNELS;
+    sp->Tp = T;
+    cand_range(p, sp->Tp, T, &sp->cs0, &sp->cend0);
+    int kk_ctx = topk_of(p, e->ctx);
+    sp->kmax = kk_ctx < T ? kk_ctx : T;
+    if (sp->kmax < 0) sp->kmax = 0;
+    sp->tail_base = sp->kmax + sp->cs0;
+    sp->cap = sp->tail_base + (e->ctx - sp->cend0);
+    size_t rowsz = (size_t)T * nkv * 2 * hd * 2;
+    TRY(gl_halloc(&sp->rows_h, &sp->rows_d, rowsz, "sparse K/V rows"));
+    CK(eng_to_row_layout(K, V, nkv, T, ld, hd, KV_DT_F16, tmp, s));
+    CK(cudaMemcpyAsync(sp->rows_h, tmp, rowsz, cudaMemcpyDeviceToHost, s));
+    if (sp->cs0 > 0) {
+        size_t sz = (size_t)sp->cs0 * nkv * 2 * hd * 2;
+        TRY(gl_dalloc(&sp->sink, sz, "sparse sink rows"));
+        CK(cudaMemcpyAsync(sp->sink, tmp, sz, cudaMemcpyDeviceToDevice, s));
+    }
+    TRY(gl_dalloc(&sp->chmax, (size_t)nkv * hd * 4, "key channel maxima"));
+    TRY(gl_dalloc(&sp->kmean, (size_t)nkv * hd * 4, "key channel means"));
+    TRY(gl_dalloc(&sp->kmad, (size_t)nkv * hd * 4, "key channel deviations"));
+    CK(eng_key_stats(K, nkv, T, ld, hd, KV_DT_F16, sp->chmax, sp->kmean, sp->kmad, s));
+    if (channels) {
+        sp->ldc = gl_pad8(T);
+        size_t cmsz = (size_t)nkv * hd * sp->ldc * 2;
+        TRY(gl_halloc(&sp->kcm_h, &sp->kcm_d, cmsz, "channel-major keys"));
+        CK(cudaMemsetAsync(tmp, 0, cmsz, s));
+        CK(eng_to_channel_major(K, nkv, T, ld, hd, KV_DT_F16, tmp, sp->ldc, s));
+        CK(cudaMemcpyAsync(sp->kcm_h, tmp, cmsz, cudaMemcpyDeviceToHost, s));
+    }
+    if (sketch) {
+        TRY(gl_dalloc(&sp->sketch, (size_t)nkv * T * (hd / 8), "key sketch"));
+        CK(eng_sketch_build(K, nkv, T, ld, hd, KV_DT_F16, sp->kmean, sp->sketch, s));
+    }
+    size_t asz = (size_t)nkv * sp->cap * hd * 2;
+    TRY(gl_dalloc(&sp->ak, asz, "sparse resident K"));
+    TRY(gl_dalloc(&sp->av, asz, "sparse resident V"));
+    CK(cudaMemsetAsync(sp->ak, 0, asz, s));
+    CK(cudaMemsetAsync(sp->av, 0, asz, s));
+    int ntail = T - sp->cend0;
+    if (ntail > 0) {
+        size_t off = (size_t)sp->tail_base * hd;
+        CK(cudaMemcpy2DAsync(sp->ak + off, (size_t)sp->cap * rb, K + (size_t)sp->cend0 * hd,
+                             (size_t)ld * rb, (size_t)ntail * rb, nkv,
+                             cudaMemcpyDeviceToDevice, s));
+        CK(cudaMemcpy2DAsync(sp->av + off, (size_t)sp->cap * rb, V + (size_t)sp->cend0 * hd,
+                             (size_t)ld * rb, (size_t)ntail * rb, nkv,
+                             cudaMemcpyDeviceToDevice, s));
+    }
+    /* the selection scratch the sparse layers share */
+    size_t ncand = (size_t)(sp->cend0 > sp->cs0 ? T - sp->cs0 : 0) + 8;
+    if ((size_t)e->nqh * ncand > e->sel.score_n) {
+        CK(cudaDeviceSynchronize());
+        gl_dfree(&e->sel.score);
+        gl_dfree(&e->sel.comb);
+        e->sel.score_n = 0;
+        TRY(gl_dalloc(&e->sel.score, (size_t)e->nqh * ncand * 4, "selection scores"));
+        TRY(gl_dalloc(&e->sel.comb, (size_t)e->nkv * ncand * 4, "selection scores"));
+        e->sel.score_n = (size_t)e->nqh * ncand;
+    }
+    for (int i = 0; i < 2; i++)
+        TRY(gl_grow_i32(&e->sel.sel[i], &e->sel.sel_n[i], (size_t)nkv * (sp->kmax + 1),
+                        "selection ids"));
+    TRY(gl_grow_i32(&e->sel.chans, &e->sel.chans_n, (size_t)nkv * p->channels, "critical channels"));
+    return KV_OK;
+}
+
+/*
+ * Token selection for this step (T tokens after the append), with query q
+ * (n_heads, hd) float, on stream s, then the gather of the chosen rows on
+ * stream sg (which may be s).  Fills rows [start, start + kk + cs) of the
+ * attention buffer and sets start/natt.  The gather runs on its own stream
+ * on the selection path so that the next layer's scoring overlaps this
+ * layer's PCIe reads.
+ */
+static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cudaStream_t s,
+                               cudaStream_t sg)
+{
+    sparse_state *sp = y->st;
+    const int l = y->l;
+    int *sel = e->sel.sel[l & 1];
+    bool g0_done = false; /* profile: first host read recorded */
+    const kv_policy_params *p = &y->prm;
+    const int T = e->pos + 1, nkv = e->nkv, hd = e->hd;
+    const unsigned skip = e->o.sel_skip;
+    int cs, cend;
+    cand_range(p, sp->Tp, T, &cs, &cend);
+    if (cs > sp->cs0) { /* a prompt shorter than the sink: every token is resident */
+        cs = sp->cs0;
+        cend = sp->cs0;
+    }
+    int ncand = cend - cs;
+    int kk = topk_of(p, T);
+    if (kk > ncand) kk = ncand;
+    if (kk > sp->kmax) kk = sp->kmax;
+    if (kk < 0) kk = 0;
+    sp->start = sp->tail_base + (cend - sp->cend0) - cs - kk;
+    sp->natt = kk + cs + (T - cend);
+    const uint64_t rowb = (uint64_t)2 * hd * 2; /* one head's K and V of a token */
+    uint64_t fetched = (uint64_t)kk * nkv * rowb;
+    if (e->o.no_fetch) {
+        y->fetched_last = 0;
+        return KV_OK;
+    }
+    if (kk > 0) {
+        if (kk < ncand) {
+            if (p->select == KV_SELECT_SKETCH) {
+                /* per-head scores then the softmax pass: eng_sketch_combine avoids
+                 * writing the scores but measured slower (docs/BENCHMARKS.md, GPU decode) */
+                if (!(skip & KV_GPU_SKIP_SCORES))
+                    CK(eng_score_sketch(q, sp->sketch, sp->Tp, sp->kmad, e->nqh, nkv, hd, cs, cend,
+                                        e->sel.score, s));
+            } else if (p->select == KV_SELECT_EXACT) {
+                if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
+                g0_done = true;
+                CK(eng_score_exact(q, sp->rows_d, KV_DT_F16, e->nqh, nkv, hd, cs, cend,
+                                   e->sel.score, s));
+                fetched += (uint64_t)ncand * nkv * hd * 2;
+            } else {
+                int C = p->channels;
+                if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
+                g0_done = true;
+                CK(eng_select_channels(q, sp->chmax, e->nqh, nkv, hd, C, e->sel.chans,
+                                       e->sel.qscale, s));
+                CK(eng_score_channels(q, e->sel.chans, e->sel.qscale, sp->kcm_d, KV_DT_F16, sp->ldc,
+                                      e->nqh, nkv, hd, C, cs, cend, e->sel.score, s));
+                /* host reads are whole 16-byte runs of 8 tokens */
+                int n8 = (cend - (cs & ~7) + 7) / 8 * 8;
+                fetched += (uint64_t)nkv * C * n8 * 2;
+            }
+            if (!(skip & KV_GPU_SKIP_SOFTMAX))
+                CK(eng_softmax_combine(e->sel.score, e->nqh, nkv, ncand,
+                                       p->group_reduce == KV_REDUCE_MAX, e->sel.sm_tmp,
+                                       e->sel.comb, s));
+        } else {
+            CK(eng_fill_f32(e->sel.comb, (size_t)nkv * ncand, 0.0f, s)); /* take every candidate */
+        }
+        if (!(skip & KV_GPU_SKIP_TOPK)) CK(eng_topk(e->sel.comb, nkv, ncand, kk, cs, sel, s));
+    }
+    if (sg != s) {
+        CK(cudaEventRecord(e->ev_topk[l], s));
+        CK(cudaStreamWaitEvent(sg, e->ev_topk[l], 0));
+    }
+    size_t off = (size_t)sp->start * hd;
+    if (e->o.profile && !g0_done) CK(cudaEventRecord(e->ev_g0[l], sg));
+    if (!(skip & KV_GPU_SKIP_GATHER))
+        CK(eng_gather_rows(sp->rows_d, nkv, hd, KV_DT_F16, sel, kk, sp->sink, cs, sp->ak + off,
+                           sp->av + off, (size_t)sp->cap, sg));
+    if (e->o.profile) CK(cudaEventRecord(e->ev_g1[l], sg));
+    y->fetched_last = fetched;
+    y->fetched_total += fetched;
+    return KV_OK;
+}
+
+static kv_status sparse_slot(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r)
+{
+    sparse_state *sp = y->st;
+    size_t row = (size_t)sp->tail_base + (size_t)(pos - sp->cend0);
+    r->k = sp->ak + row * e->hd;
+    r->v = sp->av + row * e->hd;
+    r->hs = (size_t)sp->cap * e->hd;
+    return KV_OK;
+}
+
+static kv_status sparse_attend(kv_gpu_engine *e, gl_layer *y, int pos, const float *q,
+                               const gl_row *r)
+{
+    (void)pos;
+    (void)r;
+    sparse_state *sp = y->st;
+    cudaStream_t s = e->s_main;
+    if (gl_wants_pred(e, y->l)) {
+        CK(cudaStreamWaitEvent(s, e->ev_sel[y->l], 0));
+    } else {
+        /* the selection scratch is shared with the selection stream */
+        if (e->sel.side_last >= 0) CK(cudaStreamWaitEvent(s, e->ev_sel[e->sel.side_last], 0));
+        TRY(sparse_select(e, y, q, s, s));
+    }
+    return gl_attend_dense(e, sp->ak + (size_t)sp->start * e->hd, sp->av + (size_t)sp->start * e->hd,
+                           (size_t)sp->cap * e->hd, sp->natt, s);
+}
+
+/* Host: the rows (and the channel-major keys); resident: the attention
+ * buffer (gathered + sink + tail + generated rows, allocated for the whole
+ * context), the key statistics, the sink rows and the sketch. */
+static void sparse_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
+{
+    const sparse_state *sp = y->st;
+    const uint64_t nkv = (uint64_t)e->nkv, hd = (uint64_t)e->hd, Tp = (uint64_t)sp->Tp;
+    b->host = 2 * nkv * Tp * hd * 2 + (sp->kcm_h ? nkv * hd * (uint64_t)sp->ldc * 2 : 0);
+    b->resident = 2 * nkv * (uint64_t)sp->cap * hd * 2 + 3 * nkv * hd * 4 +
+                  (sp->sink ? (uint64_t)sp->cs0 * nkv * 2 * hd * 2 : 0) +
+                  (sp->sketch ? nkv * Tp * hd / 8 : 0);
+}
+
+static void sparse_timing(const kv_gpu_engine *e, const gl_layer *y, kv_gpu_timing *t)
+{
+    if (!gl_wants_pred(e, y->l) || e->o.no_fetch) return;
+    t->select_ms += gl_elapsed(e->ev_p0[y->l], e->ev_p1[y->l]);
+    t->fetch_ms += gl_elapsed(e->ev_g0[y->l], e->ev_g1[y->l]);
+}
+
+static void sparse_release(gl_layer *y)
+{
+    sparse_state *sp = y->st;
+    gl_hfree(&sp->rows_h);
+    gl_hfree(&sp->kcm_h);
+    sp->rows_d = sp->kcm_d = NULL;
+    void *dev[] = {&sp->sink, &sp->sketch, &sp->chmax, &sp->kmean, &sp->kmad, &sp->ak, &sp->av};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);
+}
+
+const gl_placement gl_sparse = {
+    .name = "sparse",
+    .configure = sparse_configure,
+    .alloc = sparse_alloc,
+    .ingest = sparse_ingest,
+    .select = sparse_select,
+    .slot = sparse_slot,
+    .attend = sparse_attend,
+    .bytes = sparse_bytes,
+    .timing = sparse_timing,
+    .release = sparse_release,
+};
+
+#endif /* KV_HAVE_CUDA */

@@ -1,0 +1,102 @@
+/*
+ * The GPU engine in a CPU-only build (KV_HAVE_CUDA undefined): every entry
+ * point of kv_gpu_engine.h reports the engine unavailable (KV_E_UNAVAILABLE
+ * with a one-line reason) or returns zeros, so that CPU-only, sanitizer and
+ * fuzz builds link the same API.  kv_gpu_engine_opts_default is in
+ * kv_gpu_engine.c, which compiles in both builds.
+ */
+#include "gpu/kv_gpu_engine.h"
+
+#ifndef KV_HAVE_CUDA
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kv_gpu_engine {
+    int unused;
+};
+
+kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
+                            const kv_gpu_engine_opts *opts, kv_gpu_engine **out)
+{
+    (void)m; (void)per_layer; (void)ctx; (void)opts;
+    *out = NULL;
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA: the GPU engine is "
+                   "unavailable (use --device cpu)");
+}
+
+void kv_gpu_engine_free(kv_gpu_engine *e) { free(e); }
+
+static kv_status no_cuda(void)
+{
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA");
+}
+
+kv_status kv_gpu_engine_reset(kv_gpu_engine *e, const kv_policy_params *per_layer)
+{
+    (void)e; (void)per_layer;
+    return no_cuda();
+}
+
+kv_status kv_gpu_engine_reset_opts(kv_gpu_engine *e, const kv_policy_params *per_layer,
+                                   const kv_gpu_engine_opts *opts)
+{
+    (void)e; (void)per_layer; (void)opts;
+    return no_cuda();
+}
+
+kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last)
+{
+    (void)e; (void)tokens; (void)n; (void)logits_last;
+    return no_cuda();
+}
+
+kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
+{
+    (void)e; (void)token; (void)logits;
+    return no_cuda();
+}
+
+kv_status kv_gpu_engine_generate(kv_gpu_engine *e, int token, int n, int *out, float *step_ms)
+{
+    (void)e; (void)token; (void)n; (void)out; (void)step_ms;
+    return no_cuda();
+}
+
+kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
+{
+    (void)e; (void)T; (void)seed;
+    return no_cuda();
+}
+
+void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch) { (void)e; (void)no_fetch; }
+int kv_gpu_engine_vocab(const kv_gpu_engine *e) { (void)e; return 0; }
+int kv_gpu_engine_pos(const kv_gpu_engine *e) { (void)e; return 0; }
+int kv_gpu_engine_ctx(const kv_gpu_engine *e) { (void)e; return 0; }
+int kv_gpu_engine_n_layers(const kv_gpu_engine *e) { (void)e; return 0; }
+const char *kv_gpu_engine_device(const kv_gpu_engine *e) { (void)e; return "none (CUDA not built in)"; }
+uint64_t kv_gpu_engine_weight_bytes(const kv_gpu_engine *e) { (void)e; return 0; }
+uint64_t kv_gpu_engine_weight_read_bytes(const kv_gpu_engine *e) { (void)e; return 0; }
+
+kv_status kv_gpu_engine_layer_bytes(const kv_gpu_engine *e, int layer, kv_bytes *b)
+{
+    (void)e; (void)layer;
+    memset(b, 0, sizeof *b);
+    return no_cuda();
+}
+
+void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
+{
+    (void)e;
+    memset(total, 0, sizeof *total);
+}
+
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return 0; }
+
+void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
+{
+    (void)e;
+    memset(t, 0, sizeof *t);
+}
+
+#endif /* !KV_HAVE_CUDA */
