@@ -6,9 +6,9 @@
  * and forwards to the engine with the same meaning (positions, context,
  * reset, byte accounting: see the two engine headers).
  *
- * On the GPU the weights are fp16 (bf16 for bf16 models) and the KV cache is
- * fp16, so `full` there is not the CPU's f32 `full`: compare runners of the
- * same device with each other.
+ * On the GPU the weights are fp16 (bf16 for bf16 models; Q8_0, Q4_K and Q6_K
+ * matrices stay packed) and the KV cache is fp16, so `full` there is not the
+ * CPU's f32 `full`: compare runners of the same device with each other.
  *
  * Above the two engines it drives whole runs the same way on either device:
  * generation (kv_runner_generate), teacher-forced scoring
