@@ -119,11 +119,17 @@ typedef struct {
     int idx;
 } scored;
 
-/* Descending score; ties to the earlier token, so selection is deterministic. */
+/* Descending score, NaN ranked as -inf (as kv_dsq_select does); ties to
+ * the earlier token.  A total order, so selection is deterministic and the
+ * quickselect's scans stop at the pivot: with NaN compared as a number
+ * every comparison was "less", and the scan ran off the array. */
+static inline float rank_of(float x) { return isnan(x) ? -INFINITY : x; }
+
 static int cmp_scored(const void *a, const void *b)
 {
     const scored *x = a, *y = b;
-    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    float u = rank_of(x->score), v = rank_of(y->score);
+    if (u != v) return u < v ? 1 : -1;
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
@@ -213,12 +219,15 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
             } else {
                 for (int j = 0; j < C; j++) d += qh[chans[j]] * kv_store_at(&s->k, kh, cs + i, chans[j]);
             }
-            sc[i] = d * scale;
+            sc[i] = rank_of(d * scale);
             if (sc[i] > mx) mx = sc[i];
         }
+        /* a NaN score weighs 0 (through the sum it would blank every
+         * probability of the head); +inf scores share the head's mass, and
+         * a head without a finite score adds nothing */
         double sum = 0.0;
         for (int i = 0; i < n; i++) {
-            sc[i] = expf(sc[i] - mx);
+            sc[i] = mx == INFINITY ? (float)(sc[i] == INFINITY) : mx == -INFINITY ? 0.0f : expf(sc[i] - mx);
             sum += sc[i];
         }
         float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
