@@ -46,7 +46,41 @@ cudaError_t eng_gemv_norm(const void *W, kv_dtype t, int rows, int ld, const flo
 cudaError_t eng_embed(const void *W, kv_dtype t, int ld, int n, const int *tok, float *out,
                       cudaStream_t s);
 
+// --- packed weights (eng_gemv_q.cu, eng_dequant.cu) ----------------------
+
+/*
+ * The ggml block types the engine keeps packed on the device, as they are
+ * stored (lib/common/kv_ggml.h): Q8_0, Q4_K and Q6_K, what Q8_0 and Q4_K_M
+ * files hold.  A packed matrix is rows of pitch bytes, each cols values in
+ * cols / block blocks (pitch even; 16-byte aligned rows for Q4_K).
+ */
+static inline int eng_packed_type(kv_dtype t)
+{
+    return t == KV_DT_Q8_0 || t == KV_DT_Q4_K || t == KV_DT_Q6_K;
+}
+
+/* y (rows) = W (rows, cols) x (cols), or y += W x when accumulate; x float32,
+ * 16-byte aligned.  CPU reference: kv_quant_dequant_row / kv_quant_dot_ref. */
+cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pitch, const float *x,
+                       float *y, int accumulate, cudaStream_t s);
+
+/* dst (16-bit dt: F16 or BF16) row r * step (ldd apart) = the values of packed
+ * row r (cols), then zeros up to ldd: the engine's 16-bit layout (step 2
+ * interleaves two matrices' rows).  Values as kv_quant_dequant_row's, rounded
+ * once. */
+cudaError_t eng_dequant_rows(const void *W, kv_dtype t, int rows, int cols, size_t pitch, void *dst,
+                             kv_dtype dt, int ldd, int step, cudaStream_t s);
+
+/* x (n, ldx) float32, first cols values = packed row tok[i] (device ids):
+ * embedding rows. */
+cudaError_t eng_embed_rows_q(const void *W, kv_dtype t, int cols, size_t pitch, const int *tok, int n,
+                             float *x, int ldx, cudaStream_t s);
+
 // --- small fused kernels (eng_elem.cu) ------------------------------------
+
+/* y (rows, ldy) += b (n) on each row: the projections' biases (qwen2's q, k,
+ * v) after a GEMV (rows 1) or a prefill chunk's GEMM. */
+cudaError_t eng_add_bias_rows(float *y, long long ldy, const float *b, int n, int rows, cudaStream_t s);
 
 /* o (n) = w (n) * (x / sqrt(mean(x^2) + eps)), as the CPU engine computes it. */
 cudaError_t eng_rmsnorm(const float *x, const float *w, int n, float eps, float *o,
