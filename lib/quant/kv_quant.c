@@ -236,8 +236,9 @@ void kv_quant_report_json(const kv_quant_report *r, const kv_quant_opts *o, FILE
         fprintf(f, "  \"bits\": %d,\n  \"group\": %d,\n  \"residual\": %d,\n", o->kivi.bits,
                 o->kivi.group, o->kivi.residual);
     else if (!o->decode)
-        fprintf(f, "  \"window\": %d,\n  \"salient\": %d,\n  \"bits\": %d,\n  \"group\": %d,\n",
-                o->dsq.window, o->dsq.salient, o->dsq.bits, o->dsq.group);
+        fprintf(f, "  \"window\": %d,\n  \"salient\": %d,\n  \"bits\": %d,\n  \"group\": %d,\n"
+                   "  \"base\": \"%s\",\n",
+                o->dsq.window, o->dsq.salient, o->dsq.bits, o->dsq.group, kv_dsq_base_name(o->dsq.base));
     fprintf(f, "  \"bytes_before\": %llu,\n  \"bytes_after\": %llu,\n  \"bytes_f16\": %llu,\n",
             (unsigned long long)r->kv_bytes_in, (unsigned long long)r->kv_bytes_out,
             (unsigned long long)r->f16_bytes);

@@ -1,0 +1,164 @@
+/*
+ * kv_select: the resident selection index of sparse layers and its scores
+ * (see kv_select.h).  Plain float arithmetic in a fixed order, so that the
+ * GPU kernels can be checked against it by normalized error.
+ */
+#include "policy/kv_select.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* NaN ranks below every number (a poisoned channel is never critical). */
+static inline float rank_val(float x) { return isnan(x) ? -INFINITY : x; }
+
+void kv_select_pick_channels(const float *q, int n, const float *chmax, int n_heads, int H, int D,
+                             int C, int *chans)
+{
+    const int g = n_heads / H;
+    float sc[1024];
+    unsigned char taken[1024];
+    if (D > 1024) D = 1024; /* kv_policy_check refuses larger heads */
+    if (C > D) C = D;
+    for (int kh = 0; kh < H; kh++) {
+        for (int c = 0; c < D; c++) {
+            double a = 0.0;
+            for (int h = 0; h < g && n > 0; h++)
+                for (int j = 0; j < n; j++)
+                    a += fabsf(q[(((size_t)kh * g + h) * (size_t)n + j) * (size_t)D + c]);
+            float m = kv_round_half(chmax[(size_t)kh * D + c]);
+            sc[c] = rank_val(n > 0 ? (float)a * m : m);
+            taken[c] = 0;
+        }
+        /* C passes of "largest not yet taken", ties to the lower channel */
+        for (int i = 0; i < C; i++) {
+            int best = -1;
+            for (int c = 0; c < D; c++)
+                if (!taken[c] && (best < 0 || sc[c] > sc[best])) best = c;
+            taken[best] = 1;
+        }
+        int m = 0;
+        for (int c = 0; c < D; c++)
+            if (taken[c]) chans[(size_t)kh * C + m++] = c;
+    }
+}
+
+uint64_t kv_select_rows_bytes(int C, int T, int cbits)
+{
+    if (cbits >= 16) return (uint64_t)C * (uint64_t)T * 2u;
+    uint64_t codes = ((uint64_t)T * (uint64_t)cbits + 7u) / 8u;
+    uint64_t groups = ((uint64_t)T + KV_SELECT_CGROUP - 1) / KV_SELECT_CGROUP;
+    return (uint64_t)C * (codes + groups * 4u);
+}
+
+void kv_select_channel_row(const float *x, size_t ldx, int T, int cbits, uint8_t *codes,
+                           kv_half *scale, kv_half *zero, float *out, size_t ldo)
+{
+    if (cbits >= 16) {
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo] = kv_round_half(x[(size_t)t * ldx]);
+        return;
+    }
+    const float maxq = (float)((1 << cbits) - 1);
+    for (int t0 = 0, gi = 0; t0 < T; t0 += KV_SELECT_CGROUP, gi++) {
+        int n = T - t0 < KV_SELECT_CGROUP ? T - t0 : KV_SELECT_CGROUP;
+        float mn = x[(size_t)t0 * ldx], mx = mn;
+        for (int i = 1; i < n; i++) {
+            float v = x[(size_t)(t0 + i) * ldx];
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        kv_half hs = kv_f32_to_half((mx - mn) / maxq), hz = kv_f32_to_half(mn);
+        float s = kv_half_to_f32(hs), z = kv_half_to_f32(hz);
+        const float sd = (s > 0.0f && s < INFINITY) ? s : INFINITY;
+        if (scale) scale[gi] = hs;
+        if (zero) zero[gi] = hz;
+        for (int i = 0; i < n; i++) {
+            float v = rintf((x[(size_t)(t0 + i) * ldx] - z) / sd);
+            v = v > 0.0f ? v : 0.0f; /* NaN compares false: code 0 */
+            v = v < maxq ? v : maxq;
+            uint8_t code = (uint8_t)(int)v;
+            if (codes) codes[t0 + i] = code;
+            out[(size_t)(t0 + i) * ldo] = z + (sd < INFINITY ? s : 0.0f) * (float)code;
+        }
+    }
+}
+
+void kv_select_page_bounds(const float *k, size_t ldk, int T, int D, int P, float *pmin,
+                           float *pmax)
+{
+    const int np = (T + P - 1) / P;
+    for (int p = 0; p < np; p++) {
+        int t0 = p * P, t1 = t0 + P < T ? t0 + P : T;
+        float *mn = pmin + (size_t)p * D, *mx = pmax + (size_t)p * D;
+        for (int c = 0; c < D; c++) mn[c] = mx[c] = k[(size_t)t0 * ldk + c];
+        for (int t = t0 + 1; t < t1; t++)
+            for (int c = 0; c < D; c++) {
+                float v = k[(size_t)t * ldk + c];
+                mn[c] = v < mn[c] ? v : mn[c];
+                mx[c] = v > mx[c] ? v : mx[c];
+            }
+        for (int c = 0; c < D; c++) { /* to nearest: a bound up to fp16 rounding */
+            mn[c] = kv_round_half(mn[c]);
+            mx[c] = kv_round_half(mx[c]);
+        }
+    }
+}
+
+void kv_select_score_rows(const float *q, int g, int D, const int *chans, int C, const float *vals,
+                          size_t ldv, int n, float *score)
+{
+    for (int h = 0; h < g; h++) {
+        const float *qh = q + (size_t)h * D;
+        double l1_all = 0.0, l1_c = 0.0;
+        for (int c = 0; c < D; c++) l1_all += fabsf(qh[c]);
+        for (int j = 0; j < C; j++) l1_c += fabsf(qh[chans[j]]);
+        double temp = l1_all <= 0.0 ? (double)D : (double)D * l1_c / l1_all;
+        float s = temp > 0.0 ? (float)(1.0 / sqrt(temp)) : 0.0f;
+        float qc[1024];
+        for (int j = 0; j < C; j++) qc[j] = qh[chans[j]];
+        float *o = score + (size_t)h * n;
+        for (int i = 0; i < n; i++) {
+            const float *r = vals + (size_t)i * ldv;
+            float d = 0.0f;
+            for (int j = 0; j < C; j++) d += qc[j] * r[j];
+            o[i] = d * s;
+        }
+    }
+}
+
+void kv_select_score_pages(const float *q, int g, int D, const float *pmin, const float *pmax,
+                           int np, float *score)
+{
+    const float s = 1.0f / sqrtf((float)D);
+    for (int h = 0; h < g; h++) {
+        const float *qh = q + (size_t)h * D;
+        for (int p = 0; p < np; p++) {
+            const float *mn = pmin + (size_t)p * D, *mx = pmax + (size_t)p * D;
+            float d = 0.0f;
+            for (int c = 0; c < D; c++) {
+                float a = qh[c] * mn[c], b = qh[c] * mx[c];
+                d += a > b ? a : b;
+            }
+            score[(size_t)h * np + p] = d * s;
+        }
+    }
+}
+
+void kv_select_combine(const float *score, int g, int n, int reduce_max, float *comb)
+{
+    for (int i = 0; i < n; i++) comb[i] = 0.0f;
+    for (int h = 0; h < g; h++) {
+        const float *sc = score + (size_t)h * n;
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++)
+            if (sc[i] > mx) mx = sc[i];
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) sum += expf(sc[i] - mx);
+        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+        for (int i = 0; i < n; i++) {
+            float pr = expf(sc[i] - mx) * inv;
+            if (reduce_max) comb[i] = pr > comb[i] ? pr : comb[i];
+            else comb[i] += pr;
+        }
+    }
+}
