@@ -89,6 +89,7 @@ int main(int argc, char **argv)
     kvc_file *in = NULL;
     kvc_writer *w = NULL;
     bool *sel = NULL;
+    kv_quant_layer *per = NULL;
     kv_deploy dep;
     kv_deploy_defaults(&dep);
     kv_quant_report rep;
@@ -120,6 +121,26 @@ int main(int argc, char **argv)
         }
         kv_deploy_quant_mask(&dep, g->n_layers, sel);
         o.layers = sel;
+        if (dep.per_layer) { /* version 2: every layer's own encoding */
+            if (method || bits > 0 || group > 0 || residual >= 0 || window > 0 || salient >= 0 || base >= 0)
+                kv_cli_usage_error("--profile %s gives each layer's parameters: no --method, --bits, "
+                                   "--group, --residual, --window, --salient or --base with it", profile);
+            if (!(per = calloc((size_t)g->n_layers + 1, sizeof *per))) {
+                rc = kv_report(KV_E_NOMEM, "layer table");
+                goto done;
+            }
+            for (int l = 0; l < g->n_layers; l++) {
+                const kv_policy_params *x = &dep.per_layer[l];
+                per[l].method = x->kind == KV_POL_QUANT ? KV_ENC_KIVI : x->kind == KV_POL_DSQ ? KV_ENC_DSQ
+                                                                                            : KV_ENC_PLAIN;
+                per[l].kivi = (kv_kivi_params){x->bits, x->group, x->residual};
+                kv_dsq_params_default(&per[l].dsq);
+                per[l].dsq.window = x->dsq_window;
+                per[l].dsq.salient = kv_dsq_salient_count(x->dsq_window, x->dsq_salient);
+                per[l].dsq.base = x->dsq_base;
+            }
+            o.per_layer = per;
+        }
         o.kivi = (kv_kivi_params){dep.quant.bits, dep.quant.group, dep.quant.residual};
         if (!method && dep.quant.kind == KV_POL_DSQ) o.method = KV_ENC_DSQ;
         dsq_window = dep.quant.dsq_window;
@@ -148,7 +169,7 @@ int main(int argc, char **argv)
         kv_cli_usage_error("--window, --salient and --base go with --method dsq");
     if (!decode && o.method == KV_ENC_DSQ && residual >= 0)
         kv_cli_usage_error("--residual goes with --method kivi");
-    if (!decode) {
+    if (!decode && !o.per_layer) {
         st = o.method == KV_ENC_DSQ ? kv_dsq_check(&o.dsq, g->head_dim)
                                     : kv_kivi_check(&o.kivi, g->head_dim);
         if (st) kv_cli_usage_error("%s", kv_errdetail());
@@ -195,6 +216,7 @@ done:
     kv_quant_report_clear(&rep);
     kv_deploy_clear(&dep);
     kvc_writer_free(w);
+    free(per);
     free(sel);
     kvc_close(in);
     return rc;

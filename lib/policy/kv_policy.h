@@ -73,6 +73,8 @@ typedef struct {
     int cbits;            /* sparse, select=resident: bits of the resident channel rows:
                              16 (fp16), 8 or 4 (codes per channel over 64-token groups) */
     int page;             /* sparse, select=pages: tokens per page (16) */
+    int pool;             /* sparse, select=resident: channels kept resident (R >= C; 0 = C):
+                             each step scores with its C of them by |q|·max|K| */
     bool offload;         /* full: K/V in host memory, copied in per step (GPU engine) */
     /* dsq */
     int dsq_window;       /* tokens per DSQ window (64) */
@@ -203,6 +205,11 @@ void kv_policy_defaults_apply(const kv_policy_defaults *d, kv_policy_params *per
 
 /* Shorthand: kv_policy_defaults_apply with only `select` given. */
 void kv_policy_set_select(kv_policy_params *per_layer, int n_layers, kv_select_mode m);
+
+/* The spec of one layer's parameters, every key of its kind written, so
+ * that kv_policy_parse gives them back (the `given` marks aside); what a
+ * deploy config stores per layer.  KV_E_USAGE when it does not fit in n. */
+kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n);
 
 /* One line describing a layer's parameters ("sparse sink=4 window=32 ..."). */
 void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n);

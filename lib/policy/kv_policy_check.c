@@ -64,7 +64,7 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
     case KV_POL_SPARSE:
         if (p->sink < 0 || p->window < 0 || p->channels < 1 || p->topk < 0 ||
             !(p->topk_frac >= 0.0 && p->topk_frac <= 1.0) || (unsigned)p->select >= KV_SELECT_COUNT || p->page < 1 ||
-            (p->cbits != 4 && p->cbits != 8 && p->cbits != 16))
+            (p->cbits != 1 && p->cbits != 2 && p->cbits != 4 && p->cbits != 8 && p->cbits != 16))
             BAD(KV_E_USAGE, "bad parameters (sink %d, window %d, channels %d, k %d, frac %g, page %d, "
                 "cbits %d)", p->sink, p->window, p->channels, p->topk, p->topk_frac, p->page, p->cbits);
         if (cpu && p->select == KV_SELECT_SKETCH)

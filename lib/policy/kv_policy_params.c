@@ -10,6 +10,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,12 +209,13 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         return kv_select_mode_parse(val, &p->select);
     }
     if (IS("cbits", K_(KV_POL_SPARSE))) {
-        kv_status st = parse_int(key, val, 4, 16, &p->cbits);
-        if (st == KV_OK && p->cbits != 4 && p->cbits != 8 && p->cbits != 16)
-            return kv_fail(KV_E_USAGE, "policy key cbits: %d is not 4, 8 or 16", p->cbits);
+        kv_status st = parse_int(key, val, 1, 16, &p->cbits);
+        if (st == KV_OK && p->cbits != 1 && p->cbits != 2 && p->cbits != 4 && p->cbits != 8 && p->cbits != 16)
+            return kv_fail(KV_E_USAGE, "policy key cbits: %d is not 1, 2, 4, 8 or 16", p->cbits);
         return st;
     }
     if (IS("page", K_(KV_POL_SPARSE))) return parse_int(key, val, 1, 1 << 16, &p->page);
+    if (IS("pool", K_(KV_POL_SPARSE))) return parse_int(key, val, 0, 1 << 16, &p->pool);
     if (IS("offload", K_(KV_POL_FULL))) {
         p->given |= KV_KEY_OFFLOAD;
         return parse_bool(key, val, &p->offload);
@@ -380,6 +382,56 @@ kv_status kv_policy_spec_check(const char *spec)
         star_seen |= star;
         s = semi ? semi + 1 : s + len;
     }
+    return KV_OK;
+}
+
+// --- a spec from parameters -----------------------------------------------
+
+/* Append to buf (capacity n, used *at) with printf format. */
+static void app(char *buf, size_t n, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void app(char *buf, size_t n, size_t *at, const char *fmt, ...)
+{
+    if (*at >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *at, n - *at, fmt, ap);
+    va_end(ap);
+    if (w > 0) *at += (size_t)w;
+}
+
+kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
+{
+    size_t at = 0;
+    const char *dt = kv_float_dtype_name(p->dtype);
+    app(buf, n, &at, "%s", kv_policy_kind_name(p->kind));
+    switch (p->kind) {
+    case KV_POL_FULL:
+        app(buf, n, &at, ":dtype=%s%s", dt, p->offload ? ",offload=on" : "");
+        break;
+    case KV_POL_QUANT:
+        app(buf, n, &at, ":bits=%d,group=%d,residual=%d", p->bits, p->group, p->residual);
+        break;
+    case KV_POL_SPARSE:
+        app(buf, n, &at, ":sink=%d,window=%d,channels=%d,", p->sink, p->window, p->channels);
+        if (p->topk > 0) app(buf, n, &at, "k=%d", p->topk);
+        else app(buf, n, &at, "frac=%.17g", p->topk_frac);
+        app(buf, n, &at, ",select=%s,cbits=%d,pool=%d,page=%d,predict=%s,reduce=%s,dtype=%s",
+            kv_select_mode_name(p->select), p->cbits, p->pool, p->page, p->predict ? "on" : "off",
+            p->group_reduce == KV_REDUCE_MAX ? "max" : "sum", dt);
+        break;
+    case KV_POL_STREAMING:
+        app(buf, n, &at, ":sink=%d,window=%d,dtype=%s", p->sink, p->window, dt);
+        break;
+    case KV_POL_DSQ:
+        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s", p->dsq_window, p->dsq_salient,
+            p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest");
+        if (p->hcap_channel_thresh > 0.0) app(buf, n, &at, ",chan=%.17g", p->hcap_channel_thresh);
+        if (p->hcap_token_keep < 1.0) app(buf, n, &at, ",keep=%.17g", p->hcap_token_keep);
+        break;
+    default: return kv_fail(KV_E_USAGE, "unknown policy kind %d", (int)p->kind);
+    }
+    if (at >= n) return kv_fail(KV_E_USAGE, "policy spec longer than %zu bytes", n);
     return KV_OK;
 }
 

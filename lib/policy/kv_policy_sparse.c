@@ -113,7 +113,8 @@ static kv_status build_index(sparse_policy *s, const float *k, int T)
     const int H = s->base.g.n_kv_heads, D = s->base.g.head_dim;
     free_index(s);
     if (prm->select == KV_SELECT_RESIDENT) {
-        const int C = prm->channels < D ? prm->channels : D;
+        int C = prm->pool > prm->channels ? prm->pool : prm->channels;
+        if (C > D) C = D;
         s->C = C;
         s->rch = malloc((size_t)H * (size_t)C * sizeof(int));
         s->rval = malloc(((size_t)H * (size_t)T * (size_t)C + 1) * sizeof(float));
@@ -298,9 +299,17 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
     float *sc = work, *comb = work + (size_t)grp * n; /* (grp, n), (n) */
     uint64_t bytes = 0;
     if (prm->select == KV_SELECT_RESIDENT) {
-        const int C = s->C;
-        kv_select_score_rows(q, grp, D, s->rch + (size_t)kh * C, C,
-                             s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * C, (size_t)C, n, sc);
+        const int R = s->C, *pool = s->rch + (size_t)kh * R;
+        int C = prm->channels < R ? prm->channels : R;
+        const float *rows = s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * R;
+        if (C == R) {
+            kv_select_score_rows(q, grp, D, pool, NULL, C, rows, (size_t)R, n, sc);
+        } else { /* this step's C of the R resident channels */
+            int cols[1024], chans[1024];
+            kv_select_pool_channels(q, grp, D, s->chmax + (size_t)kh * D, pool, R, C, cols);
+            for (int j = 0; j < C; j++) chans[j] = pool[cols[j]];
+            kv_select_score_rows(q, grp, D, chans, cols, C, rows, (size_t)R, n, sc);
+        }
     } else {
         int chans[1024];
         int C = prm->channels < D ? prm->channels : D;

@@ -104,8 +104,29 @@ void kv_select_page_bounds(const float *k, size_t ldk, int T, int D, int P, floa
     }
 }
 
-void kv_select_score_rows(const float *q, int g, int D, const int *chans, int C, const float *vals,
-                          size_t ldv, int n, float *score)
+void kv_select_pool_channels(const float *q, int g, int D, const float *chmax, const int *pool,
+                             int R, int C, int *cols)
+{
+    float sc[1024];
+    unsigned char taken[1024] = {0};
+    (void)D;
+    for (int j = 0; j < R; j++) {
+        float a = 0.0f;
+        for (int h = 0; h < g; h++) a += fabsf(q[(size_t)h * D + pool[j]]);
+        sc[j] = rank_val(a * kv_round_half(chmax[pool[j]]));
+    }
+    for (int i = 0; i < C; i++) {
+        int best = -1;
+        for (int j = 0; j < R; j++)
+            if (!taken[j] && (best < 0 || sc[j] > sc[best])) best = j;
+        taken[best] = 1;
+    }
+    for (int j = 0, m = 0; j < R; j++)
+        if (taken[j]) cols[m++] = j;
+}
+
+void kv_select_score_rows(const float *q, int g, int D, const int *chans, const int *cols, int C,
+                          const float *vals, size_t ldv, int n, float *score)
 {
     for (int h = 0; h < g; h++) {
         const float *qh = q + (size_t)h * D;
@@ -120,7 +141,10 @@ void kv_select_score_rows(const float *q, int g, int D, const int *chans, int C,
         for (int i = 0; i < n; i++) {
             const float *r = vals + (size_t)i * ldv;
             float d = 0.0f;
-            for (int j = 0; j < C; j++) d += qc[j] * r[j];
+            if (cols)
+                for (int j = 0; j < C; j++) d += qc[j] * r[cols[j]];
+            else
+                for (int j = 0; j < C; j++) d += qc[j] * r[j];
             o[i] = d * s;
         }
     }

@@ -64,13 +64,22 @@ void kv_select_page_bounds(const float *k, size_t ldk, int T, int D, int P, floa
 
 /*
  * Scores of n candidates for g query heads q (g, D) of one KV head from
- * resident channel rows vals (n, C) (row stride ldv) of the channels chans
- * (C): score[h][i] = sum_j q_h[chans[j]] * vals[i][j] * s_h, with SparQ's
+ * resident channel rows vals (n, ldv): channel chans[j] is column cols[j]
+ * of a row (cols NULL: column j), j < C:
+ * score[h][i] = sum_j q_h[chans[j]] * vals[i][cols[j]] * s_h, with SparQ's
  * temperature s_h = 1 / sqrt(D * |q_h,C|_1 / |q_h|_1) (1/sqrt(D) when q_h
  * is zero).  score (g, n).
  */
-void kv_select_score_rows(const float *q, int g, int D, const int *chans, int C, const float *vals,
-                          size_t ldv, int n, float *score);
+void kv_select_score_rows(const float *q, int g, int D, const int *chans, const int *cols, int C,
+                          const float *vals, size_t ldv, int n, float *score);
+
+/*
+ * The C of R resident channels pool (R, ascending) a step scores with: by
+ * (sum over the g query heads of |q_hc|) * fp16(chmax_c), the top C (ties to the
+ * lower channel), as positions into pool, ascending: cols (C).  C <= R.
+ */
+void kv_select_pool_channels(const float *q, int g, int D, const float *chmax, const int *pool,
+                             int R, int C, int *cols);
 
 /* Page scores: score[h][p] = sum_c max(q_hc pmin_pc, q_hc pmax_pc) / sqrt(D)
  * for np pages of bounds pmin/pmax (np, D); score (g, np). */
