@@ -79,6 +79,12 @@ $(B)/cuda/%.o: kernels/%.cu $(HDRS) $(B)/flags.stamp
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -Ilib -Ikernels -DKV_HAVE_CUDA -c -o $@ $<
 
+# kernels/*_sm90a.cu use Hopper-only instructions (wgmma): built for sm_90a
+# alone; their launchers check the device before using them.
+$(B)/cuda/%_sm90a.o: kernels/%_sm90a.cu $(HDRS) $(B)/flags.stamp
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -gencode arch=compute_90a,code=sm_90a -Ilib -Ikernels -DKV_HAVE_CUDA -c -o $@ $<
+
 $(B)/cli/%.o: cmd/cli/%.c $(HDRS) $(B)/flags.stamp
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c -o $@ $<

@@ -20,6 +20,7 @@ int kv_bench_longbench_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_score_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_merge_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_report_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_prefill_main(int argc, char **argv) __attribute__((weak));
 
 static const struct {
     const char *name;
@@ -34,6 +35,7 @@ static const struct {
     {"score", "score LongBench or RULER prediction files as the official scripts do"},
     {"merge", "combine result files of shards into the summary one run gives"},
     {"report", "SVG charts from result files (accuracy, KV bytes, ms/token)"},
+    {"prefill", "dense causal prefill tokens/s and attention TFLOP/s on the GPU"},
 };
 
 static bench_fn lookup(const char *name)
@@ -47,6 +49,7 @@ static bench_fn lookup(const char *name)
     if (!strcmp(name, "score")) return kv_bench_score_main;
     if (!strcmp(name, "merge")) return kv_bench_merge_main;
     if (!strcmp(name, "report")) return kv_bench_report_main;
+    if (!strcmp(name, "prefill")) return kv_bench_prefill_main;
     return NULL;
 }
 

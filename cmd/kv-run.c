@@ -26,7 +26,7 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD
+    O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK
 };
 
 static const kv_option opts[] = {
@@ -57,6 +57,7 @@ static const kv_option opts[] = {
     {O_THREADS, 'T', "threads", "N", "worker threads (default: all cores)"},
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
+    {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -71,7 +72,7 @@ typedef struct {
     kv_policy_defaults def; /* --kv-dtype, --select */
     kv_device dev;
     kv_dtype wt; /* --weights */
-    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd;
+    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk;
     bool nq_given;
     double temp, top_p;
     unsigned long seed;
@@ -118,6 +119,10 @@ static void parse_opts(int argc, char **argv, run_opts *o)
             break;
         case O_COMPARE: o->compare = arg; break;
         case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
+        case O_PREFILL_CHUNK:
+            o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
+            if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
+            break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -282,6 +287,7 @@ int main(int argc, char **argv)
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
     go.device = o.device_ordinal;
+    go.prefill_chunk = o.prefill_chunk;
     if ((st = kv_runner_new(m, prm, ctx, dev, &go, &r))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "cannot build the engine");
         goto out;

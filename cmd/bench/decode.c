@@ -6,7 +6,9 @@
  * (the same with the resident 1-bit key sketch), offload (all K/V in host
  * memory, every layer copied in per step) — on synthetic weights at long
  * contexts, with the machine's transfer ceilings measured in the same run.
- * The context is synthesized on the device (seeded), not prefilled.  A table
+ * The context is synthesized on the device (seeded) by default; with
+ * --context prefill (or both) a seeded random prompt is prefilled for real
+ * (the chunked GPU prefill) and the decode runs from that cache.  A table
  * on a terminal, JSON when piped or with --json.  The measuring is in
  * lib/eval/kv_gpu_bench.c.
  */
@@ -25,7 +27,7 @@ int kv_bench_decode_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_PDL, O_SELSKIP, O_JSON };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_JSON };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -48,6 +50,8 @@ static const kv_option opts[] = {
     {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0, 1 or 2 (default 2 on Hopper)"},
     {O_SELSKIP, 0, "sel-skip", "MASK", "measurement only: leave out selection steps (1 scores, "
                                       "2 softmax, 4 top-K, 8 gather, 16 query GEMV)"},
+    {O_CONTEXT, 0, "context", "HOW", "synth (default: synthesized on the device), prefill (a random "
+                                     "prompt prefilled for real) or both"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -55,17 +59,21 @@ static const kv_option opts[] = {
 static const kv_cli_spec spec = {
     "kv-bench decode", "[OPTIONS]",
     "Decode ms/token per KV placement on the GPU, with transfer ceilings.", opts,
-    "Batch 1; the context is synthesized on the device and in pinned host memory from a\n"
-    "seeded generator (no prefill); ms/token is the median of per-step GPU times.\n"
+    "Batch 1; by default the context is synthesized on the device and in pinned host memory\n"
+    "from a seeded generator (--context prefill: prefilled for real); ms/token is the median\n"
+    "of per-step GPU times.\n"
     "Exit 69 means no usable GPU or a build without CUDA."};
 
 #define MAXC 8
 
 typedef struct {
-    bool ran;
-    kv_gpu_decode_result r;
+    bool ran, ran_pf;
+    kv_gpu_decode_result r;  /* after the synthesized context (or the prefill, --context prefill) */
+    kv_gpu_decode_result rp; /* after a real prefill (--context both) */
     char err[256];
 } prun;
+
+enum { CTX_SYNTH = 1, CTX_PREFILL = 2, CTX_BOTH = 3 };
 
 int kv_bench_decode_main(int argc, char **argv)
 {
@@ -76,6 +84,7 @@ int kv_bench_decode_main(int argc, char **argv)
     kv_decode_layers bc = {2, 2, 1024, 8, 8, 56};
     int device = 0, pdl = KV_GPU_PDL_AUTO;
     unsigned sel_skip = 0;
+    int cmode = CTX_SYNTH;
     unsigned long long seed = 1;
     bool want[KV_DEC_COUNT] = {true, true, true, true, true}, json = false;
     const char *a;
@@ -127,6 +136,12 @@ int kv_bench_decode_main(int argc, char **argv)
             break;
         case O_PDL: pdl = (int)kv_cli_long("--pdl", a, 0, 2); break;
         case O_SELSKIP: sel_skip = (unsigned)kv_cli_long("--sel-skip", a, 0, 31); break;
+        case O_CONTEXT:
+            if (!strcmp(a, "synth")) cmode = CTX_SYNTH;
+            else if (!strcmp(a, "prefill")) cmode = CTX_PREFILL;
+            else if (!strcmp(a, "both")) cmode = CTX_BOTH;
+            else kv_cli_usage_error("--context must be synth, prefill or both");
+            break;
         case O_JSON: json = true; break;
         }
     }
@@ -177,10 +192,17 @@ int kv_bench_decode_main(int argc, char **argv)
             o.profile = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH || p == KV_DEC_OFFLOAD;
             o.pdl = pdl;
             o.sel_skip = sel_skip;
+            const int ntok = p == KV_DEC_OFFLOAD ? offtok : tokens;
+            const int nnf = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH ? nofetch : 0;
             if (!st)
-                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, warmup,
-                                         p == KV_DEC_OFFLOAD ? offtok : tokens,
-                                         p == KV_DEC_HYBRID || p == KV_DEC_SKETCH ? nofetch : 0, &r->r);
+                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, cmode == CTX_PREFILL,
+                                         warmup, ntok, nnf, &r->r);
+            if (!st && cmode == CTX_BOTH) {
+                kv_progress("context %d: %s after a real prefill", T, kv_decode_placement_name(p));
+                st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, true, warmup, ntok, nnf,
+                                         &r->rp);
+                r->ran_pf = !st;
+            }
             r->ran = true;
             if (st) {
                 snprintf(r->err, sizeof r->err, "%s: %s", kv_strerror(st), kv_errdetail());
@@ -210,7 +232,10 @@ int kv_bench_decode_main(int argc, char **argv)
         printf("  \"model\": \"%s\",\n  \"weights\": \"%s\",\n  \"weight_bytes_read_per_token\": %llu,\n"
                "  \"weight_bytes_stored\": %llu,\n", m->cfg.name, wt == KV_DT_BF16 ? "bf16" : "f16",
                (unsigned long long)wread, (unsigned long long)wstore);
-        printf("  \"context_source\": \"synthesized on the device (seeded), no prefill\",\n");
+        printf("  \"context_source\": \"%s\",\n",
+               cmode == CTX_SYNTH     ? "synthesized on the device (seeded), no prefill"
+               : cmode == CTX_PREFILL ? "a seeded random prompt prefilled on the GPU"
+                                      : "both: synthesized, then a seeded random prompt prefilled on the GPU");
         printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
                "\"sink\": %d, \"window\": %d},\n", bc.qlayers, bc.qbits, bc.topk, bc.channels, bc.sink,
                bc.window);
@@ -255,6 +280,20 @@ int kv_bench_decode_main(int argc, char **argv)
                            kv_gpu_bench_hidden(x->ms_median, runs[ci][KV_DEC_FULL].r.ms_median, x->pcie_token, bw.h2d));
                 if (p == KV_DEC_FULL)
                     printf(", \"bound_ms\": %.4f", (double)(wread + x->gpu_kv) / bw.d2d * 1e3);
+                /* the real prefill: its time, tokens/s and attention rate, and
+                 * (both) the decode from its cache against the synthesized one */
+                const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
+                if (xp) {
+                    double af = 4.0 * ctx[ci] * (double)ctx[ci] * m->cfg.n_heads * m->cfg.head_dim / 2 * L;
+                    printf(", \"prefill\": {\"prefill_ms\": %.2f, \"tokens_per_s\": %.1f, \"attn_ms\": %.2f, "
+                           "\"attn_tflops\": %.1f", xp->prefill_ms, ctx[ci] / (xp->prefill_ms * 1e-3),
+                           xp->prefill_attn_ms,
+                           xp->prefill_attn_ms > 0 ? af / (xp->prefill_attn_ms * 1e-3) / 1e12 : 0.0);
+                    if (xp != x)
+                        printf(", \"ms_per_token\": %.4f, \"over_synthesized\": %.4f", xp->ms_median,
+                               xp->ms_median / x->ms_median);
+                    printf("}");
+                }
                 printf("}");
             }
             printf("\n    }}%s\n", ci + 1 < nctx ? "," : "");
@@ -281,6 +320,12 @@ int kv_bench_decode_main(int argc, char **argv)
                        hid >= 0.70 ? "true" : "false");
             }
         }
+        for (int p = 0; p < KV_DEC_COUNT; p++)
+            if (last[p].ran_pf) {
+                double q = last[p].rp.ms_median / last[p].r.ms_median;
+                printf("    \"%s_decode_after_prefill_over_synthesized\": {\"value\": %.4f, \"target\": 1.02, "
+                       "\"met\": %s},\n", kv_decode_placement_name(p), q, q <= 1.02 ? "true" : "false");
+            }
         if (F->ran) {
             double bound = (double)(wread + F->r.gpu_kv) / bw.d2d * 1e3;
             printf("    \"full_over_bound\": {\"value\": %.3f, \"target\": 1.25, \"met\": %s}\n",
@@ -322,6 +367,14 @@ int kv_bench_decode_main(int argc, char **argv)
                 else printf("%9s ", "-");
                 if (hid >= 0) printf("%7.0f%%\n", 100 * hid);
                 else printf("%8s\n", "-");
+                const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
+                if (xp)
+                    printf("%8s  %-14s prefill %.1f ms (%.0f tokens/s, attention %.1f ms)%s", "", "",
+                           xp->prefill_ms, ctx[ci] / (xp->prefill_ms * 1e-3), xp->prefill_attn_ms,
+                           xp == x ? "\n" : "");
+                if (xp && xp != x)
+                    printf(", then %.3f ms/token (%.3fx the synthesized context)\n", xp->ms_median,
+                           xp->ms_median / x->ms_median);
             }
         if (F->ran)
             printf("full bound (weights + KV at copy bandwidth): %.3f ms\n",

@@ -77,4 +77,25 @@ double kv_attn_rel_error(const float *q, int n_heads, int nq, const float *k, co
                          const float *k2, const float *v2, int H, int T, int D,
                          double *per_head);
 
+// --- a prefill chunk's causal attention (lib/attn/kv_attn_prefill.c) -----------
+
+typedef struct {
+    int n_heads, n_kv_heads, head_dim;
+    int p0, n;      /* the chunk: queries at positions [p0, p0 + n) */
+    long ldq, ldo;  /* floats between rows of q and of o (>= n_heads*head_dim) */
+    long kv_stride; /* floats between KV heads of k and v (>= (p0 + n)*head_dim) */
+    float scale;    /* usually 1/sqrt(head_dim) */
+} kv_attn_prefill_dims;
+
+/*
+ * Causal attention of a prefill chunk, the reference of kernels/prefill_attn.cu:
+ * query i (position p0 + i) of head h attends to keys [0, p0 + i] of KV head
+ * h / (n_heads / n_kv_heads).
+ *   q: (n, ldq), head h of row i at q + i*ldq + h*head_dim
+ *   k, v: (n_kv_heads, kv_stride), token t of head g at g*kv_stride + t*head_dim
+ *   o: (n, ldo), laid out as q
+ */
+kv_status kv_attn_prefill(const kv_attn_prefill_dims *d, const float *q, const float *k,
+                          const float *v, float *o);
+
 #endif

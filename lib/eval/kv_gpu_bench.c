@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -65,14 +66,37 @@ double kv_gpu_bench_hidden(double ms, double ms_ref, uint64_t bytes, double h2d)
     return h < 0 ? 0 : h;
 }
 
+/* A seeded random prompt of T ids below vocab, prefilled, timed on the wall clock. */
+static kv_status real_prefill(kv_gpu_engine *e, int T, uint64_t seed, kv_gpu_decode_result *r)
+{
+    int *tok = malloc((size_t)T * sizeof(int));
+    if (!tok) return kv_fail(KV_E_NOMEM, "out of memory for a %d-token prompt", T);
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + 7;
+    const int V = kv_gpu_engine_vocab(e);
+    for (int t = 0; t < T; t++) {
+        z ^= z >> 12, z ^= z << 25, z ^= z >> 27;
+        tok[t] = (int)(((z * 2685821657736338717ull) >> 33) % (uint64_t)V);
+    }
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    kv_status st = kv_gpu_engine_prefill(e, tok, T, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    free(tok);
+    r->prefill_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    r->prefill_attn_ms = kv_gpu_engine_prefill_attn_ms(e);
+    return st;
+}
+
 kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
-                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, int warmup,
-                              int tokens, int nofetch_tokens, kv_gpu_decode_result *r)
+                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, bool prefill,
+                              int warmup, int tokens, int nofetch_tokens, kv_gpu_decode_result *r)
 {
     memset(r, 0, sizeof *r);
     if (tokens < 1) return kv_fail(KV_E_USAGE, "no tokens to time");
-    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, opts);
-    if (!st) st = kv_gpu_engine_synthesize(e, T, seed);
+    kv_gpu_engine_opts o = *opts;
+    o.time_prefill = o.time_prefill || prefill;
+    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
+    if (!st) st = prefill ? real_prefill(e, T, seed, r) : kv_gpu_engine_synthesize(e, T, seed);
     if (st) return st;
     int n = warmup + tokens > nofetch_tokens ? warmup + tokens : nofetch_tokens;
     int *ids = malloc((size_t)n * sizeof(int));

@@ -80,15 +80,19 @@ typedef struct {
     double copy_ms;       /* last step: copy stream busy time (offload) */
     double fetch_ms;      /* last step: time in gathers / copies from host memory */
     int tokens;           /* timed tokens */
+    double prefill_ms;    /* with a real prefill: its wall time (placements' ingest included) */
+    double prefill_attn_ms; /* its attention kernels' GPU time (0 if not chunked) */
 } kv_gpu_decode_result;
 
 /*
- * Reset e to per_layer/opts, synthesize a T-token context (seeded), decode
- * warmup then `tokens` greedy tokens timed per step; when nofetch_tokens > 0
- * and some layer is sparse, decode that many more with fetching off.
+ * Reset e to per_layer/opts, put a T-token context in place — synthesized
+ * on the device (seeded), or with prefill a seeded random prompt prefilled
+ * for real (kv_gpu_engine_prefill, its attention timed) — decode warmup
+ * then `tokens` greedy tokens timed per step; when nofetch_tokens > 0 and
+ * some layer is sparse, decode that many more with fetching off.
  */
 kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
-                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, int warmup,
-                              int tokens, int nofetch_tokens, kv_gpu_decode_result *r);
+                              const kv_gpu_engine_opts *opts, int T, uint64_t seed, bool prefill,
+                              int warmup, int tokens, int nofetch_tokens, kv_gpu_decode_result *r);
 
 #endif

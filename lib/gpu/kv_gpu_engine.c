@@ -36,6 +36,9 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 #ifdef KV_HAVE_CUDA
 
 #include "gpu/kv_gpu_int.h"
+#include "gpu/kv_cublas.h"
+#include "gpu/kv_gpu_prefill.h"
+#include "prefill_ops.h"
 #include "model/kv_model.h"
 
 // --- memory ----------------------------------------------------------------------
@@ -507,6 +510,8 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     gl_dfree(&e->q16);
     gl_dfree(&e->d_tok);
     gl_hfree(&e->h_tok);
+    kv_cublas_close(e->cb);
+    e->cb = NULL;
     gl_dfree(&e->ws);
     gl_dfree(&e->dres.k);
     gl_dfree(&e->dres.v);
@@ -573,6 +578,137 @@ static kv_status ingest_all(kv_gpu_engine *e, uint16_t **K, uint16_t **V, int ld
     return st;
 }
 
+// --- the chunked prefill --------------------------------------------------------------
+
+/* Rows of a prompt whose queries go to the placements that observe them
+ * (at least dsq's window, DSQ_OBSERVE = 32). */
+#define PF_OBSERVE 64
+
+typedef struct {
+    kv_gpu_engine *e;
+    uint16_t *K, *V, *tmp; /* the dense layer cache (nkv, T, hd) shared by the layers; ingest scratch */
+    int T;
+} pf_hook_ctx;
+
+/* The chunk's last queries, float32, to an observing placement (dsq). */
+static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int ldq, void *stream)
+{
+    pf_hook_ctx *c = ctx;
+    kv_gpu_engine *e = c->e;
+    gl_layer *y = &e->lay[l];
+    if (!y->pl->observe) return KV_OK;
+    for (int i = 0; i < n; i++) {
+        int pos = p0 + i;
+        if (pos < c->T - PF_OBSERVE) continue;
+        /* e->qkv is free during a prefill; observe copies the row out in stream order */
+        CK(pf_rows_to_f32((const uint16_t *)q + (size_t)i * ldq, PF_F16, ldq, e->qd, 1, e->qkv,
+                          e->qd, (cudaStream_t)stream));
+        TRY(y->pl->observe(e, y, e->qkv, pos, c->T));
+    }
+    return KV_OK;
+}
+
+/* A layer's whole prompt is in the dense cache: its placement takes it. */
+static kv_status pf_on_layer(void *ctx, int l, void *stream)
+{
+    pf_hook_ctx *c = ctx;
+    kv_status st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp);
+    if (st) kv_errcontext("layer %d ingest", l);
+    return st;
+}
+
+/* Can this engine prefill in chunks?  (cuBLAS is loaded at the first try.) */
+static bool pf_chunked_ok(kv_gpu_engine *e)
+{
+    if (e->o.prefill_chunk < 0 || (e->hd != 64 && e->hd != 128) || e->nqh % e->nkv) return false;
+    if (!e->cb && !e->cb_failed && kv_cublas_open(&e->cb) != KV_OK) e->cb_failed = true;
+    return e->cb != NULL;
+}
+
+/*
+ * The prompt dt (device ids, n tokens) through every layer in chunks
+ * (kv_gpu_prefill_model), each layer ingested by its placement from one
+ * dense fp16 cache shared by the layers, then the last position's logits.
+ * Device memory beyond the placements: the residual stream (n, ld_dim)
+ * float32, the dense cache 2*(nkv, n, hd) fp16, the ingest scratch and the
+ * chunk workspace.
+ */
+static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool want_logits)
+{
+    const int C0 = e->o.prefill_chunk > 0 ? e->o.prefill_chunk : KV_GPU_PREFILL_CHUNK;
+    const int C = C0 < n ? C0 : n;
+    kv_pf_geom g = {e->dim, e->hidden, e->nqh, e->nkv, e->hd, e->ld_dim, e->ld_qd, e->ld_hid,
+                    e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0};
+    kv_pf_layer *lw = calloc((size_t)e->L, sizeof *lw);
+    void **kc = calloc((size_t)e->L, sizeof *kc), **vc = calloc((size_t)e->L, sizeof *vc);
+    float *X = NULL;
+    uint16_t *K = NULL, *V = NULL, *tmp = NULL;
+    kv_pf_ws ws;
+    memset(&ws, 0, sizeof ws);
+    kv_status st = lw && kc && vc ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
+    const size_t kvn = (size_t)e->nkv * n * e->hd;
+    if (!st) st = gl_dalloc(&X, (size_t)n * e->ld_dim * 4, "prefill residual stream");
+    if (!st) st = gl_dalloc(&K, kvn * 2, "prefill K");
+    if (!st) st = gl_dalloc(&V, kvn * 2, "prefill V");
+    if (!st) st = gl_dalloc(&tmp, ingest_scratch(e, n) * 2, "ingest scratch");
+    if (!st) st = kv_gpu_prefill_ws_alloc(&g, C, &ws);
+    for (int l = 0; !st && l < e->L; l++) {
+        const gw_layer *w = &e->w[l];
+        lw[l] = (kv_pf_layer){w->qkv, w->o, w->gu, w->down, w->attn_norm, w->ffn_norm};
+        kc[l] = K;
+        vc[l] = V;
+    }
+    pf_hook_ctx hc = {e, K, V, tmp, n};
+    kv_pf_hooks hooks = {pf_on_chunk, pf_on_layer, &hc};
+    /* measurement: an event pair around every chunk's attention */
+    kv_pf_events ev = {NULL, NULL, 0, 0};
+    e->pf_attn_ms = 0;
+    if (!st && e->o.time_prefill) {
+        int cap = e->L * ((n + C - 1) / C);
+        ev.start = calloc((size_t)cap, sizeof(void *));
+        ev.stop = calloc((size_t)cap, sizeof(void *));
+        if (!ev.start || !ev.stop) st = kv_fail(KV_E_NOMEM, "out of memory");
+        for (int i = 0; !st && i < cap; i++) {
+            cudaError_t ce = cudaEventCreate((cudaEvent_t *)&ev.start[i]);
+            if (ce == cudaSuccess) ce = cudaEventCreate((cudaEvent_t *)&ev.stop[i]);
+            if (ce != cudaSuccess) st = kv_cuda_fail(ce, "cudaEventCreate", __FILE__, __LINE__);
+            ev.cap = i + 1;
+        }
+    }
+    if (!st)
+        st = kv_gpu_prefill_model(e->cb, &g, lw, e->L, e->embd, e->ld_dim, dt, n, &ws, X, kc, vc,
+                                  (long long)n * e->hd, e->inv_freq, &hooks, e->s_main,
+                                  e->o.time_prefill ? &ev : NULL);
+    if (!st && want_logits) {
+        cudaError_t ce = cudaMemcpyAsync(e->x, X + (size_t)(n - 1) * e->ld_dim, (size_t)e->dim * 4,
+                                         cudaMemcpyDeviceToDevice, e->s_main);
+        if (ce == cudaSuccess)
+            ce = eng_gemv_norm(e->outw, e->wt, e->vocab, e->ld_dim, e->x, e->out_norm, e->dim,
+                               e->eps, e->logits, 0, e->s_main);
+        if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prefill logits", __FILE__, __LINE__);
+    }
+    cudaDeviceSynchronize();
+    for (int i = 0; i < ev.cap; i++) {
+        float ms = 0;
+        if (!st && i < ev.n && cudaEventElapsedTime(&ms, (cudaEvent_t)ev.start[i],
+                                                   (cudaEvent_t)ev.stop[i]) == cudaSuccess)
+            e->pf_attn_ms += ms;
+        if (ev.start[i]) cudaEventDestroy((cudaEvent_t)ev.start[i]);
+        if (ev.stop[i]) cudaEventDestroy((cudaEvent_t)ev.stop[i]);
+    }
+    free(ev.start);
+    free(ev.stop);
+    kv_gpu_prefill_ws_free(&ws);
+    gl_dfree(&tmp);
+    gl_dfree(&V);
+    gl_dfree(&K);
+    gl_dfree(&X);
+    free(vc);
+    free(kc);
+    free(lw);
+    return st;
+}
+
 static kv_status check_token(const kv_gpu_engine *e, int t, int i)
 {
     if (t < 0 || t >= e->vocab)
@@ -587,14 +723,20 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
     if (e->pos != 0) return kv_fail(KV_E_USAGE, "prefill on an engine at position %d: reset it first", e->pos);
     if (n > e->ctx) return kv_fail(KV_E_USAGE, "prompt of %d tokens exceeds the context of %d", n, e->ctx);
     for (int i = 0; i < n; i++) TRY(check_token(e, tokens[i], i));
-    prefill_cache pf = {calloc((size_t)e->L, sizeof(uint16_t *)), calloc((size_t)e->L, sizeof(uint16_t *)), n};
+    const bool chunked = pf_chunked_ok(e);
+    prefill_cache pf = {NULL, NULL, n};
     int *dt = NULL;
     kv_status st = KV_OK;
-    if (!pf.k || !pf.v) st = kv_fail(KV_E_NOMEM, "out of memory");
-    size_t per = (size_t)e->nkv * n * e->hd * 2;
-    for (int l = 0; l < e->L && !st; l++) {
-        st = gl_dalloc(&pf.k[l], per, "prompt K");
-        if (!st) st = gl_dalloc(&pf.v[l], per, "prompt V");
+    if (!chunked) {
+        /* one token at a time: every layer's prompt cache at once */
+        pf.k = calloc((size_t)e->L, sizeof(uint16_t *));
+        pf.v = calloc((size_t)e->L, sizeof(uint16_t *));
+        if (!pf.k || !pf.v) st = kv_fail(KV_E_NOMEM, "out of memory");
+        size_t per = (size_t)e->nkv * n * e->hd * 2;
+        for (int l = 0; l < e->L && !st; l++) {
+            st = gl_dalloc(&pf.k[l], per, "prompt K");
+            if (!st) st = gl_dalloc(&pf.v[l], per, "prompt V");
+        }
     }
     if (!st) st = gl_dalloc(&dt, (size_t)n * sizeof(int), "prompt tokens");
     if (!st) {
@@ -608,12 +750,16 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
                                          e->s_main);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prompt upload", __FILE__, __LINE__);
     }
-    for (int i = 0; i < n && !st; i++) {
-        e->pos = i;
-        st = forward(e, dt + i, i == n - 1 && logits_last, &pf);
+    if (chunked) {
+        if (!st) st = prefill_chunked(e, dt, n, logits_last != NULL);
+    } else {
+        for (int i = 0; i < n && !st; i++) {
+            e->pos = i;
+            st = forward(e, dt + i, i == n - 1 && logits_last, &pf);
+        }
+        e->pos = 0;
+        if (!st) st = ingest_all(e, pf.k, pf.v, n, n);
     }
-    e->pos = 0;
-    if (!st) st = ingest_all(e, pf.k, pf.v, n, n);
     if (!st && logits_last) {
         cudaError_t ce = cudaMemcpyAsync(logits_last, e->logits, (size_t)e->vocab * 4,
                                          cudaMemcpyDeviceToHost, e->s_main);
@@ -773,6 +919,8 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
         total->attends += b.attends;
     }
 }
+
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return e->pf_attn_ms; }
 
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
 {

@@ -74,7 +74,16 @@ typedef struct {
     int pdl;              /* KV_GPU_PDL_AUTO, or 0, 1, 2 to lower it, for measurement; for
                              the whole process (kv_cuda_set_pdl), applied at new and reset */
     unsigned sel_skip;    /* KV_GPU_SKIP_* bits, measurement only (0) */
+    int prefill_chunk;    /* prompt rows per prefill chunk (tensor cores, lib/gpu/kv_gpu_prefill.c):
+                             0 = KV_GPU_PREFILL_CHUNK; < 0 = one token at a time (the former
+                             path, also taken for head_dim outside 64/128 or without cuBLAS) */
+    bool time_prefill;    /* time the chunked prefill's attention launches with events
+                             (kv_gpu_engine_prefill_attn_ms) */
 } kv_gpu_engine_opts;
+
+/* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
+ * geometry at 128k on the H200 (docs/BENCHMARKS.md, GPU prefill). */
+#define KV_GPU_PREFILL_CHUNK 4096
 
 void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o);
 
@@ -94,9 +103,12 @@ kv_status kv_gpu_engine_reset(kv_gpu_engine *e, const kv_policy_params *per_laye
 kv_status kv_gpu_engine_reset_opts(kv_gpu_engine *e, const kv_policy_params *per_layer,
                                    const kv_gpu_engine_opts *opts);
 
-/* Prefill tokens (n >= 1) from position 0 (dense attention over an fp16
- * prompt cache, one token at a time), then hand each layer's prompt K/V to
- * its placement.  logits_last: (vocab) or NULL. */
+/* Prefill tokens (n >= 1) from position 0: dense causal attention over an
+ * fp16 prompt cache, layer by layer in chunks of opts.prefill_chunk rows
+ * (cuBLAS products, the flash-attention chunk kernel), each layer's prompt
+ * K/V handed to its placement as soon as the layer is done; one token at a
+ * time where the chunked path does not apply (opts.prefill_chunk < 0,
+ * head_dim outside 64/128, no cuBLAS).  logits_last: (vocab) or NULL. */
 kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last);
 
 /* One decode step at position kv_gpu_engine_pos(); logits (vocab) or NULL. */
@@ -148,5 +160,9 @@ typedef struct {
     double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
+
+/* The attention kernels' GPU time in the last prefill (ms), when it ran in
+ * chunks with opts.time_prefill; 0 otherwise. */
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e);
 
 #endif

@@ -215,6 +215,9 @@ struct kv_gpu_engine {
     cudaEvent_t *ev_topk;                 /* (L) selection done, gather may start */
     cudaEvent_t *ev_p0, *ev_p1, *ev_g0, *ev_g1; /* (L) profile: side stream start/end, host reads */
     gl_layer *lay;       /* (L) */
+    struct kv_cublas *cb; /* cuBLAS for the chunked prefill, opened at its first use */
+    bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */
+    double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
 };
 
 // --- helpers of the core for the placements -----------------------------------------

@@ -91,6 +91,8 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
     memset(total, 0, sizeof *total);
 }
 
+double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return 0; }
+
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
 {
     (void)e;

@@ -1,0 +1,22 @@
+/*
+ * prefill_attn_sm90a: the wgmma kernels of the prefill attention (internal to
+ * kernels/: pf_attn in prefill_attn.cu dispatches to them).  ti: 0 fp16,
+ * 1 bf16, 2 fp16 in with bf16 out.
+ */
+#ifndef PREFILL_ATTN_SM90A_H
+#define PREFILL_ATTN_SM90A_H
+
+#include "prefill_ops.h"
+
+/* The wgmma tile pf_attn's variant 0 uses on Hopper (index into these):
+ * wg2n128, the fastest alone at 128k and tied in the prefill in the device
+ * runs of tools/device/NOTES-prefill.md. */
+#define PF_WG_DEFAULT 0
+
+int pf_attn_wg_variants(void);
+const char *pf_attn_wg_name(int variant);
+/* Is the current device one that runs sm_90a code (compute capability 9.0)? */
+int pf_attn_wg_available(void);
+cudaError_t pf_attn_wg(const pf_attn_args *a, int ti, int variant, cudaStream_t s);
+
+#endif

@@ -1,0 +1,190 @@
+/*
+ * kv_gpu_prefill: one layer over one prefill chunk (see kv_gpu_prefill.h):
+ * the row kernels of kernels/prefill_elem.cu, the attention of
+ * kernels/prefill_attn.cu and four cuBLAS products per layer.
+ */
+#include "gpu/kv_gpu_prefill.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim)
+{
+    return 4.0 * (double)T * (double)T * n_heads * head_dim / 2.0;
+}
+
+static size_t pf_f32_cols(const kv_pf_geom *g)
+{
+    size_t a = (size_t)(g->n_heads + 2 * g->n_kv_heads) * g->head_dim, b = 2 * (size_t)g->hidden;
+    return a > b ? a : b;
+}
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+size_t kv_gpu_prefill_ws_bytes(const kv_pf_geom *g, int C)
+{
+    const size_t c = (size_t)C, qd = (size_t)g->n_heads * g->head_dim;
+    return al256(c * g->ld_dim * 2) + al256(c * pf_f32_cols(g) * 4) + al256(c * qd * 2) +
+           al256(c * g->ld_qd * 2) + al256(c * g->ld_hid * 2);
+}
+
+#ifdef KV_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "gpu/kv_gpu_cuda.h"
+#include "prefill_ops.h"
+
+/* A failed CUDA call or launcher as a kv_status (lib/gpu/kv_gpu_cuda.h's convention). */
+static kv_status pf_cuda_at(cudaError_t e, const char *what, int line)
+{
+    return e == cudaSuccess ? KV_OK : kv_cuda_fail(e, what, __FILE__, line);
+}
+#define pf_cuda(call, what) pf_cuda_at((call), (what), __LINE__)
+
+kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
+{
+    memset(ws, 0, sizeof *ws);
+    if (C < 1) return kv_fail(KV_E_USAGE, "prefill chunk of %d rows", C);
+    size_t bytes = kv_gpu_prefill_ws_bytes(g, C);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kv_fail(KV_E_NOMEM, "GPU out of memory: the prefill workspace of %d rows needs "
+                       "%.1f MiB", C, (double)bytes / 1048576.0);
+    }
+    const size_t c = (size_t)C, qd = (size_t)g->n_heads * g->head_dim;
+    char *b = p;
+    ws->base = p;
+    ws->C = C;
+    ws->xn = b;
+    b += al256(c * g->ld_dim * 2);
+    ws->f32 = (float *)b;
+    b += al256(c * pf_f32_cols(g) * 4);
+    ws->q = b;
+    b += al256(c * qd * 2);
+    ws->att = b;
+    b += al256(c * g->ld_qd * 2);
+    ws->h = b;
+    /* the 16-bit GEMM inputs are read up to their padded pitch */
+    e = cudaMemset(ws->base, 0, bytes);
+    if (e != cudaSuccess) {
+        kv_gpu_prefill_ws_free(ws);
+        return pf_cuda(e, "workspace clear");
+    }
+    return KV_OK;
+}
+
+void kv_gpu_prefill_ws_free(kv_pf_ws *ws)
+{
+    if (ws->base) cudaFree(ws->base);
+    memset(ws, 0, sizeof *ws);
+}
+
+kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
+                               const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,
+                               long long kv_stride, const float *inv_freq, void *stream,
+                               kv_pf_events *ev)
+{
+    if (n < 1 || n > ws->C) return kv_fail(KV_E_USAGE, "prefill chunk of %d rows (workspace %d)", n, ws->C);
+    cudaStream_t s = (cudaStream_t)stream;
+    const pf_dtype wt = g->wbf16 ? PF_BF16 : PF_F16, kt = g->kvbf16 ? PF_BF16 : PF_F16;
+    const kv_gemm_type gt = g->wbf16 ? KV_GEMM_BF16 : KV_GEMM_F16;
+    const int hd = g->head_dim, qd = g->n_heads * hd, kvd = g->n_kv_heads * hd;
+    const int fcols = (int)pf_f32_cols(g);
+    kv_status st;
+    st = pf_cuda(pf_rmsnorm_rows(X, g->ld_dim, w->attn_norm, g->dim, g->eps, n, ws->xn, wt,
+                                 g->ld_dim, s), "attention RMSNorm");
+    if (!st)
+        st = kv_cublas_gemm(cb, s, n, qd + 2 * kvd, g->dim, w->qkv, g->ld_dim, ws->xn, g->ld_dim, gt,
+                            ws->f32, fcols, KV_GEMM_F32, false);
+    if (!st)
+        st = pf_cuda(pf_rope_rows(ws->f32, fcols, g->n_heads, g->n_kv_heads, hd, inv_freq, p0, n,
+                                  ws->q, qd, kc, vc, kv_stride, kt, s), "RoPE");
+    if (!st) {
+        pf_attn_args a = {ws->q, kc, vc, ws->att, qd, g->ld_qd, kv_stride, g->n_heads,
+                          g->n_kv_heads, hd, p0, n, g->scale};
+        if (!pf_attn_supported(&a))
+            return kv_fail(KV_E_UNSUPPORTED, "prefill attention: head_dim %d with %d/%d heads is "
+                           "not supported", hd, g->n_heads, g->n_kv_heads);
+        bool timed = ev && ev->n < ev->cap;
+        if (timed) st = pf_cuda(cudaEventRecord((cudaEvent_t)ev->start[ev->n], s), "event");
+        if (!st) st = pf_cuda(pf_attn(&a, kt, wt, g->attn_variant, s), "prefill attention");
+        if (!st && timed) {
+            st = pf_cuda(cudaEventRecord((cudaEvent_t)ev->stop[ev->n], s), "event");
+            ev->n++;
+        }
+    }
+    if (!st)
+        st = kv_cublas_gemm(cb, s, n, g->dim, qd, w->o, g->ld_qd, ws->att, g->ld_qd, gt, X,
+                            g->ld_dim, KV_GEMM_F32, true);
+    if (!st)
+        st = pf_cuda(pf_rmsnorm_rows(X, g->ld_dim, w->ffn_norm, g->dim, g->eps, n, ws->xn, wt,
+                                     g->ld_dim, s), "FFN RMSNorm");
+    if (!st)
+        st = kv_cublas_gemm(cb, s, n, 2 * g->hidden, g->dim, w->gu, g->ld_dim, ws->xn, g->ld_dim,
+                            gt, ws->f32, fcols, KV_GEMM_F32, false);
+    if (!st)
+        st = pf_cuda(pf_swiglu_rows(ws->f32, fcols, g->hidden, n, ws->h, wt, g->ld_hid, s), "SwiGLU");
+    if (!st)
+        st = kv_cublas_gemm(cb, s, n, g->dim, g->hidden, w->down, g->ld_hid, ws->h, g->ld_hid, gt,
+                            X, g->ld_dim, KV_GEMM_F32, true);
+    return st;
+}
+
+kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
+                               long long kv_stride, const float *inv_freq,
+                               const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
+{
+    if (T < 1 || L < 1) return kv_fail(KV_E_USAGE, "prefill of %d tokens through %d layers", T, L);
+    if (kv_stride < (long long)T * g->head_dim)
+        return kv_fail(KV_E_USAGE, "prefill cache of %lld values per head holds fewer than %d tokens",
+                       kv_stride, T);
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok, T,
+                                         X, g->ld_dim, s), "embedding");
+    const int qd = g->n_heads * g->head_dim;
+    for (int l = 0; l < L && !st; l++) {
+        for (int p0 = 0; p0 < T && !st; p0 += ws->C) {
+            int n = T - p0 < ws->C ? T - p0 : ws->C;
+            st = kv_gpu_prefill_layer(cb, g, &w[l], ws, X + (size_t)p0 * g->ld_dim, p0, n, kc[l], vc[l],
+                                      kv_stride, inv_freq, stream, ev);
+            if (!st && hooks && hooks->chunk) st = hooks->chunk(hooks->ctx, l, p0, n, ws->q, qd, stream);
+        }
+        if (!st && hooks && hooks->layer) st = hooks->layer(hooks->ctx, l, stream);
+        if (st) kv_errcontext("prefill, layer %d", l);
+    }
+    return st;
+}
+
+#else
+
+kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
+                               long long kv_stride, const float *inv_freq,
+                               const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
+{
+    return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
+}
+
+kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
+{
+    memset(ws, 0, sizeof *ws);
+    return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
+}
+
+void kv_gpu_prefill_ws_free(kv_pf_ws *ws) { memset(ws, 0, sizeof *ws); }
+
+kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
+                               const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,
+                               long long kv_stride, const float *inv_freq, void *stream,
+                               kv_pf_events *ev)
+{
+    return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
+}
+
+#endif

@@ -1,0 +1,30 @@
+#!/usr/bin/env bats
+# kv-run --prefill-chunk (the GPU engine's chunked prefill): parsing here;
+# the GPU prefill itself is checked on the device (tests/unit/test_cuda_prefill.c,
+# tools/device/prefill.sh).
+load helper
+
+@test "kv-run rejects a negative --prefill-chunk with exit 64" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" --prefill-chunk -5 -n 1
+    assert_fails_with 64 "prefill-chunk"
+}
+
+@test "kv-run rejects a --prefill-chunk that is not a number with exit 64" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" --prefill-chunk big -n 1
+    assert_fails_with 64 "prefill-chunk"
+}
+
+@test "kv-run on the CPU takes --prefill-chunk and generates as without it" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" -p "Once upon a time" -n 12 --prefill-chunk 256
+    assert_success
+    local with="$output"
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" -p "Once upon a time" -n 12
+    assert_success
+    [ "$output" = "$with" ]
+}
+
+@test "kv-run --help lists --prefill-chunk" {
+    run --separate-stderr kv-run --help
+    assert_success
+    [[ "$output" == *"--prefill-chunk"* ]]
+}
