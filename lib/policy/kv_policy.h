@@ -42,6 +42,7 @@ typedef enum {
     KV_SELECT_RESIDENT,     /* C critical channels chosen once at ingest, their rows resident
                                (fp16, or cbits-bit codes): only the chosen rows are fetched */
     KV_SELECT_PAGES,        /* Quest: per page of P tokens a resident per-channel min and max */
+    KV_SELECT_PCA,          /* Loki: the keys' C principal coordinates (fp16 or codes) resident */
     KV_SELECT_COUNT
 } kv_select_mode;
 
@@ -73,8 +74,8 @@ typedef struct {
     int cbits;            /* sparse, select=resident: bits of the resident channel rows:
                              16 (fp16), 8 or 4 (codes per channel over 64-token groups) */
     int page;             /* sparse, select=pages: tokens per page (16) */
-    int pool;             /* sparse, select=resident: channels kept resident (R >= C; 0 = C):
-                             each step scores with its C of them by |q|·max|K| */
+    int pool;             /* sparse, select=resident: channels kept resident, R >= C (0:
+                             head_dim / 2); each step scores with C of them by |q|·max|K| */
     bool offload;         /* full: K/V in host memory, copied in per step (GPU engine) */
     /* dsq */
     int dsq_window;       /* tokens per DSQ window (64) */

@@ -47,7 +47,7 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
 
 static const char *const select_names[KV_SELECT_COUNT] = {
     [KV_SELECT_CHANNELS] = "channels", [KV_SELECT_EXACT] = "exact", [KV_SELECT_SKETCH] = "sketch",
-    [KV_SELECT_RESIDENT] = "resident", [KV_SELECT_PAGES] = "pages"};
+    [KV_SELECT_RESIDENT] = "resident", [KV_SELECT_PAGES] = "pages", [KV_SELECT_PCA] = "pca"};
 
 const char *kv_select_mode_name(kv_select_mode m)
 {
@@ -62,7 +62,7 @@ kv_status kv_select_mode_parse(const char *s, kv_select_mode *out)
             *out = (kv_select_mode)m;
             return KV_OK;
         }
-    return kv_fail(KV_E_USAGE, "policy key select: '%s' (resident, channels, exact, sketch or pages)", s);
+    return kv_fail(KV_E_USAGE, "policy key select: '%s' (resident, channels, exact, sketch, pages or pca)", s);
 }
 
 void kv_policy_defaults_apply(const kv_policy_defaults *d, kv_policy_params *per_layer,

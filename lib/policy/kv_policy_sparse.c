@@ -60,6 +60,7 @@ typedef struct {
     int C;           /* resident: channels of the index */
     int *rch;        /* (n_kv_heads, C) resident channels, ascending */
     float *rval;     /* (n_kv_heads, T_prompt, C) their values as the index holds them */
+    float *pbasis, *pmean; /* pca: (n_kv_heads, C, head_dim) directions, (n_kv_heads, head_dim) mean */
     int npages;      /* pages: ceil(T_prompt / page) */
     float *pmin, *pmax; /* (n_kv_heads, npages, head_dim) fp16-rounded page bounds */
     uint64_t index_bytes; /* resident bytes of the index */
@@ -99,8 +100,10 @@ static void free_index(sparse_policy *s)
     free(s->rval);
     free(s->pmin);
     free(s->pmax);
+    free(s->pbasis);
+    free(s->pmean);
     s->rch = NULL;
-    s->rval = s->pmin = s->pmax = NULL;
+    s->rval = s->pmin = s->pmax = s->pbasis = s->pmean = NULL;
     s->npages = 0;
     s->index_bytes = 0;
 }
@@ -113,8 +116,7 @@ static kv_status build_index(sparse_policy *s, const float *k, int T)
     const int H = s->base.g.n_kv_heads, D = s->base.g.head_dim;
     free_index(s);
     if (prm->select == KV_SELECT_RESIDENT) {
-        int C = prm->pool > prm->channels ? prm->pool : prm->channels;
-        if (C > D) C = D;
+        const int C = kv_select_pool_size(prm->pool, prm->channels, D);
         s->C = C;
         s->rch = malloc((size_t)H * (size_t)C * sizeof(int));
         s->rval = malloc(((size_t)H * (size_t)T * (size_t)C + 1) * sizeof(float));
@@ -127,6 +129,30 @@ static kv_status build_index(sparse_policy *s, const float *k, int T)
                                       prm->cbits, NULL, NULL, NULL,
                                       s->rval + (size_t)h * T * C + j, (size_t)C);
         s->index_bytes = (uint64_t)H * kv_select_rows_bytes(C, T, prm->cbits);
+    } else if (prm->select == KV_SELECT_PCA) {
+        const int C = prm->channels < D ? prm->channels : D;
+        s->C = C;
+        s->pbasis = malloc((size_t)H * (size_t)C * (size_t)D * sizeof(float));
+        s->pmean = malloc((size_t)H * (size_t)D * sizeof(float));
+        s->rval = malloc(((size_t)H * (size_t)T * (size_t)C + 1) * sizeof(float));
+        float *proj = malloc(((size_t)T * (size_t)C + 1) * sizeof(float));
+        if (!s->pbasis || !s->pmean || !s->rval || !proj) {
+            free(proj);
+            return kv_fail(KV_E_NOMEM, "sparse principal index");
+        }
+        for (int h = 0; h < H; h++) {
+            const float *kh = k + (size_t)h * T * D;
+            float *b = s->pbasis + (size_t)h * C * D, *mu = s->pmean + (size_t)h * D;
+            kv_select_pca(kh, (size_t)D, T, D, C, mu, b);
+            for (int t = 0; t < T; t++)
+                kv_select_project(b, mu, C, D, kh + (size_t)t * D, proj + (size_t)t * C);
+            for (int j = 0; j < C; j++)
+                kv_select_channel_row(proj + j, (size_t)C, T, prm->cbits, NULL, NULL, NULL,
+                                      s->rval + (size_t)h * T * C + j, (size_t)C);
+        }
+        free(proj);
+        s->index_bytes = (uint64_t)H * (kv_select_rows_bytes(C, T, prm->cbits) +
+                                        (uint64_t)(C + 1) * (uint64_t)D * 4u);
     } else if (prm->select == KV_SELECT_PAGES) {
         const int P = prm->page, np = (T + P - 1) / P;
         s->npages = np;
@@ -298,7 +324,19 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
     }
     float *sc = work, *comb = work + (size_t)grp * n; /* (grp, n), (n) */
     uint64_t bytes = 0;
-    if (prm->select == KV_SELECT_RESIDENT) {
+    if (prm->select == KV_SELECT_PCA) {
+        const int C = s->C;
+        float qp[8 * 1024];
+        int gg = grp < 8 ? grp : 8;
+        for (int h = 0; h < gg; h++)
+            kv_select_project(s->pbasis + (size_t)kh * C * D, NULL, C, D, q + (size_t)h * D, qp + (size_t)h * C);
+        kv_select_score_proj(qp, gg, C, D, s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * C,
+                             (size_t)C, n, sc);
+        for (int h = gg; h < grp; h++) /* past 8 heads a group: each projected in turn */
+            kv_select_project(s->pbasis + (size_t)kh * C * D, NULL, C, D, q + (size_t)h * D, qp),
+                kv_select_score_proj(qp, 1, C, D, s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * C,
+                                     (size_t)C, n, sc + (size_t)h * n);
+    } else if (prm->select == KV_SELECT_RESIDENT) {
         const int R = s->C, *pool = s->rch + (size_t)kh * R;
         int C = prm->channels < R ? prm->channels : R;
         const float *rows = s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * R;

@@ -186,3 +186,114 @@ void kv_select_combine(const float *score, int g, int n, int reduce_max, float *
         }
     }
 }
+
+void kv_select_pca(const float *k, size_t ldk, int T, int D, int r, float *mean, float *basis)
+{
+    double *a = calloc((size_t)D * D, sizeof *a), *v = calloc((size_t)D * D, sizeof *v);
+    double *mu = calloc((size_t)D, sizeof *mu);
+    if (!a || !v || !mu) { /* no memory: the first r channels, a valid if poor basis */
+        for (int i = 0; i < r; i++)
+            for (int c = 0; c < D; c++) basis[(size_t)i * D + c] = c == i ? 1.0f : 0.0f;
+        for (int c = 0; c < D; c++) mean[c] = 0.0f;
+        free(a), free(v), free(mu);
+        return;
+    }
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < D; c++) mu[c] += k[(size_t)t * ldk + c];
+    for (int c = 0; c < D; c++) mu[c] = T > 0 ? mu[c] / T : 0.0;
+    for (int t = 0; t < T; t++) {
+        const float *x = k + (size_t)t * ldk;
+        for (int i = 0; i < D; i++) {
+            double di = x[i] - mu[i];
+            if (!isfinite(di)) continue; /* a poisoned key adds nothing */
+            for (int j = i; j < D; j++) a[(size_t)i * D + j] += di * (x[j] - mu[j]);
+        }
+    }
+    for (int i = 0; i < D; i++) {
+        v[(size_t)i * D + i] = 1.0;
+        for (int j = 0; j < i; j++) a[(size_t)i * D + j] = a[(size_t)j * D + i];
+    }
+    /* cyclic Jacobi: rotate away every off-diagonal entry, sweep after sweep */
+    for (int sweep = 0; sweep < 30; sweep++) {
+        double off = 0, tot = 0;
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) {
+                double x = a[(size_t)i * D + j] * a[(size_t)i * D + j];
+                tot += x;
+                if (i != j) off += x;
+            }
+        if (!(off > 1e-24 * tot)) break;
+        for (int p = 0; p < D - 1; p++)
+            for (int q = p + 1; q < D; q++) {
+                double apq = a[(size_t)p * D + q];
+                if (fabs(apq) < 1e-300) continue;
+                double app = a[(size_t)p * D + p], aqq = a[(size_t)q * D + q];
+                double th = (aqq - app) / (2.0 * apq);
+                double t = (th >= 0 ? 1.0 : -1.0) / (fabs(th) + sqrt(th * th + 1.0));
+                double c = 1.0 / sqrt(t * t + 1.0), s = t * c;
+                for (int m = 0; m < D; m++) { /* columns p and q */
+                    double amp = a[(size_t)m * D + p], amq = a[(size_t)m * D + q];
+                    a[(size_t)m * D + p] = c * amp - s * amq;
+                    a[(size_t)m * D + q] = s * amp + c * amq;
+                }
+                for (int m = 0; m < D; m++) { /* rows p and q */
+                    double apm = a[(size_t)p * D + m], aqm = a[(size_t)q * D + m];
+                    a[(size_t)p * D + m] = c * apm - s * aqm;
+                    a[(size_t)q * D + m] = s * apm + c * aqm;
+                }
+                for (int m = 0; m < D; m++) { /* eigenvectors in the columns of v */
+                    double vmp = v[(size_t)m * D + p], vmq = v[(size_t)m * D + q];
+                    v[(size_t)m * D + p] = c * vmp - s * vmq;
+                    v[(size_t)m * D + q] = s * vmp + c * vmq;
+                }
+            }
+    }
+    /* the r largest eigenvalues, largest first (ties to the lower index) */
+    unsigned char taken[256] = {0};
+    for (int i = 0; i < r; i++) {
+        int best = -1;
+        for (int j = 0; j < D; j++)
+            if (!taken[j] && (best < 0 || a[(size_t)j * D + j] > a[(size_t)best * D + best])) best = j;
+        taken[best] = 1;
+        /* a sign convention, so that equal inputs give equal bases */
+        int big = 0;
+        for (int m = 1; m < D; m++)
+            if (fabs(v[(size_t)m * D + best]) > fabs(v[(size_t)big * D + best])) big = m;
+        double sg = v[(size_t)big * D + best] < 0 ? -1.0 : 1.0;
+        for (int m = 0; m < D; m++) basis[(size_t)i * D + m] = (float)(sg * v[(size_t)m * D + best]);
+    }
+    for (int c = 0; c < D; c++) mean[c] = (float)mu[c];
+    free(a);
+    free(v);
+    free(mu);
+}
+
+void kv_select_project(const float *basis, const float *mean, int r, int D, const float *x,
+                       float *out)
+{
+    for (int i = 0; i < r; i++) {
+        const float *b = basis + (size_t)i * D;
+        float d = 0.0f;
+        if (mean)
+            for (int c = 0; c < D; c++) d += b[c] * (x[c] - mean[c]);
+        else
+            for (int c = 0; c < D; c++) d += b[c] * x[c];
+        out[i] = d;
+    }
+}
+
+void kv_select_score_proj(const float *qp, int g, int r, int D, const float *vals, size_t ldv,
+                          int n, float *score)
+{
+    const float s = 1.0f / sqrtf((float)D);
+    for (int h = 0; h < g; h++) {
+        const float *qh = qp + (size_t)h * r;
+        float *o = score + (size_t)h * n;
+        for (int i = 0; i < n; i++) {
+            const float *x = vals + (size_t)i * ldv;
+            float d = 0.0f;
+            for (int j = 0; j < r; j++) d += qh[j] * x[j];
+            o[i] = d * s;
+        }
+    }
+}

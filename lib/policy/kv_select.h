@@ -23,8 +23,17 @@
 
 #include "common/kv_half.h"
 
-/* Tokens per scale/zero group of the cbits = 8 or 4 channel codes. */
+/* Tokens per scale/zero group of the cbits < 16 channel codes. */
 #define KV_SELECT_CGROUP 64
+
+/* The resident pool of select=resident: pool channels (0: half of D), never
+ * fewer than the C scored per step, never more than D. */
+static inline int kv_select_pool_size(int pool, int channels, int D)
+{
+    int r = pool > 0 ? pool : D / 2, c = channels < D ? channels : D;
+    r = r > c ? r : c;
+    return r < D ? r : D;
+}
 
 /*
  * Critical channels of each KV head: channel score
@@ -85,6 +94,26 @@ void kv_select_pool_channels(const float *q, int g, int D, const float *chmax, c
  * for np pages of bounds pmin/pmax (np, D); score (g, np). */
 void kv_select_score_pages(const float *q, int g, int D, const float *pmin, const float *pmax,
                            int np, float *score);
+
+/*
+ * The r principal directions of one KV head's keys k (T, D) (row stride
+ * ldk), as Loki uses them: mean (D) of the keys and basis (r, D), the
+ * unit eigenvectors of their covariance with the r largest eigenvalues
+ * (cyclic Jacobi in double, a deterministic order), largest first.  A
+ * key's coordinates are basis . (k - mean); a query's basis . q, so that
+ * their dot product approximates q . k up to the term q . mean, the same
+ * for every token.  r <= D <= 256.
+ */
+void kv_select_pca(const float *k, size_t ldk, int T, int D, int r, float *mean, float *basis);
+
+/* out (r) = basis (r, D) . (x - mean), mean may be NULL (queries). */
+void kv_select_project(const float *basis, const float *mean, int r, int D, const float *x,
+                       float *out);
+
+/* Scores from projected keys: score[h][i] = sum_j qp_h[j] * vals[i][j] /
+ * sqrt(D), qp (g, r) the heads' projected queries, vals (n, ldv). */
+void kv_select_score_proj(const float *qp, int g, int r, int D, const float *vals, size_t ldv,
+                          int n, float *score);
 
 /* Each of g heads' scores (g, n) to softmax probabilities over the n
  * candidates, combined over the heads by sum (or max): comb (n). */

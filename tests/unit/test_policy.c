@@ -526,6 +526,36 @@ static void test_sparse_approx(void)
  * top C of sum_j |q_obs,jc| * fp16(max_t |K_tc|), fixed at ingest; each step
  * attends over sink + window + the K candidates with the largest q_C . k_C
  * (fp16 keys on those channels), and fetches only their rows. */
+/* The reference of select=resident for one query head per KV head: the
+ * pool of R from the observed queries, then this step's C of it. */
+static void resident_reference(const fixture *f, const float *obs, int NO, int T0, int R, int C,
+                               const float *q, int h, char *chan)
+{
+    const int D = f->D, T = f->T;
+    float cs[64], mx[64];
+    char pool[64] = {0};
+    for (int c = 0; c < D; c++) {
+        float m = 0, a = 0;
+        for (int t = 0; t < T0; t++) m = fmaxf(m, fabsf(f->k[((size_t)h * T + t) * D + c]));
+        for (int j = 0; j < NO; j++) a += fabsf(obs[((size_t)h * NO + j) * D + c]);
+        mx[c] = kv_round_half(m);
+        cs[c] = a * mx[c];
+    }
+    for (int r = 0; r < R; r++) {
+        int best = -1;
+        for (int c = 0; c < D; c++)
+            if (!pool[c] && (best < 0 || cs[c] > cs[best])) best = c;
+        pool[best] = 1;
+    }
+    memset(chan, 0, (size_t)D);
+    for (int r = 0; r < C; r++) {
+        int best = -1;
+        for (int c = 0; c < D; c++)
+            if (pool[c] && !chan[c] && (best < 0 || fabsf(q[c]) * mx[c] > fabsf(q[best]) * mx[best])) best = c;
+        chan[best] = 1;
+    }
+}
+
 static void test_sparse_resident_selection(void)
 {
     const int nh = 2, nkv = 2, D = 32, T = 400, T0 = 380, S = 4, W = 20, K = 10, C = 6, NO = 3;
@@ -534,28 +564,22 @@ static void test_sparse_resident_selection(void)
     for (int h = 0; h < nkv; h++)
         for (int t = 0; t < T; t++) f.k[((size_t)h * T + t) * D + 5 + h] *= 4.0f;
     float *q = randv((size_t)nh * D, 1.0f), *obs = randv((size_t)nh * NO * D, 1.0f), o1[64], o2[64];
-    kv_policy *p = mkpol(&f, "sparse:s=4,w=20,k=10,c=6", 512);
+    const int cend = T - W;
+    kv_policy *p;
+    kv_bytes b;
+    float o0[64];
+    for (int pass = 0; pass < 2; pass++) { /* pool = C (TailorKV's static channels), then 12 */
+    const int R = pass ? 12 : C;
+    char sp[96];
+    snprintf(sp, sizeof sp, "sparse:s=4,w=20,k=10,c=6,pool=%d", R);
+    p = mkpol(&f, sp, 512);
     KT_REQUIRE(p && p->ops->observe, "create");
     p->ops->observe(p, obs, NO);
     REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
     REQ_OK(p->ops->attend(p, q, o1), "attend");
-    const int cend = T - W;
     for (int h = 0; h < nh; h++) {
-        /* the channels, from the observed queries and the prompt's maxima */
-        float cs[32];
-        char chan[32] = {0};
-        for (int c = 0; c < D; c++) {
-            float m = 0, a = 0;
-            for (int t = 0; t < T0; t++) m = fmaxf(m, fabsf(f.k[((size_t)h * T + t) * D + c]));
-            for (int j = 0; j < NO; j++) a += fabsf(obs[((size_t)h * NO + j) * D + c]);
-            cs[c] = a * kv_round_half(m);
-        }
-        for (int r = 0; r < C; r++) {
-            int best = -1;
-            for (int c = 0; c < D; c++)
-                if (!chan[c] && (best < 0 || cs[c] > cs[best])) best = c;
-            chan[best] = 1;
-        }
+        char chan[64];
+        resident_reference(&f, obs, NO, T0, R, C, q + h * D, h, chan);
         char chosen[512] = {0};
         for (int r = 0; r < K; r++) {
             int best = -1;
@@ -575,20 +599,22 @@ static void test_sparse_resident_selection(void)
         fixture one = {1, 1, D, T, f.k + (size_t)h * T * D, f.v + (size_t)h * T * D};
         dense_subset(&one, toks, n, q + h * D, o2 + h * D);
     }
-    KT_CHECK(max_abs_diff(o1, o2, 64) < 1e-6, "resident selection differs: %g", max_abs_diff(o1, o2, 64));
-    kv_bytes b;
+    KT_CHECK(max_abs_diff(o1, o2, 64) < 1e-6, "pool %d: resident selection differs: %g", R,
+             max_abs_diff(o1, o2, 64));
+    if (pass == 0) memcpy(o0, o1, sizeof o0);
     p->ops->bytes(p, &b);
     KT_CHECK(b.resident == 2ull * nkv * (S + (T - cend)) * D * 4 + (uint64_t)nkv * D * 4 +
-                               (uint64_t)nkv * C * T0 * 2,
+                               (uint64_t)nkv * R * T0 * 2,
              "resident %llu", (unsigned long long)b.resident);
     KT_CHECK(b.fetched_last == 2ull * nkv * K * D * 4, "fetched %llu (rows only)",
              (unsigned long long)b.fetched_last);
     kv_policy_free(p);
+    }
     /* codes of the channel rows: resident bytes by cbits, selection close */
     const int cb[2] = {8, 4};
     for (int i = 0; i < 2; i++) {
         char spec[80];
-        snprintf(spec, sizeof spec, "sparse:s=4,w=20,k=10,c=6,cbits=%d", cb[i]);
+        snprintf(spec, sizeof spec, "sparse:s=4,w=20,k=10,c=6,pool=6,cbits=%d", cb[i]);
         p = mkpol(&f, spec, 512);
         KT_REQUIRE(p, "create");
         p->ops->observe(p, obs, NO);
@@ -599,7 +625,7 @@ static void test_sparse_resident_selection(void)
         uint64_t rows = (uint64_t)C * (((uint64_t)T0 * cb[i] + 7) / 8 + (uint64_t)(T0 + 63) / 64 * 4);
         KT_CHECK(b.resident == 2ull * nkv * (S + (T - cend)) * D * 4 + (uint64_t)nkv * D * 4 + nkv * rows,
                  "cbits %d resident %llu", cb[i], (unsigned long long)b.resident);
-        double e = rel_err(o3, o1, 64);
+        double e = rel_err(o3, o0, 64);
         printf("# cbits %d: output vs fp16 channel rows %g\n", cb[i], e);
         KT_CHECK(e < 0.5, "cbits %d rel err %g", cb[i], e);
         kv_policy_free(p);
