@@ -1,7 +1,8 @@
 # kvtools build.  `make` builds every tool into bin/; with nvcc found it also
 # builds kernels/ for sm_90 (+ PTX) and links them (CUDA=0 forces CPU-only).
-# `make check` runs unit tests (plain and ASan+UBSan), bats tests and the
-# fuzzers; `make demo` runs the toolkit on the bundled real model.
+# `make check` runs unit tests (plain and ASan+UBSan), bats tests (against the
+# tools, then against ASan+UBSan builds of them) and the fuzzers, every
+# sanitizer report fatal; `make demo` runs the toolkit on the bundled real model.
 # Sources are globbed: lib/*/*.c -> libkv, cmd/cli/*.c -> the front end,
 # cmd/kv-*.c -> tools,
 # tests/unit/test_*.c -> unit tests, tests/fuzz/fuzz_*.c -> fuzzers.
@@ -58,7 +59,7 @@ endif
 LIB_OBJ := $(patsubst lib/%.c,$(B)/obj/%.o,$(LIB_SRC))
 CLI_OBJ := $(patsubst cmd/cli/%.c,$(B)/cli/%.o,$(CLI_SRC))
 
-.PHONY: FORCE all check demo install clean deps fuzz unit unit-asan bats bench print-build
+.PHONY: FORCE all check demo install clean deps fuzz unit unit-asan bats bench print-build asan-tools
 all: print-build $(TOOLS) unit-bins
 
 print-build:
@@ -114,30 +115,53 @@ $(B)/unit/%: tests/unit/%.c $(B)/libkvcli.a $(B)/libkv.a $(HDRS) tests/unit/kt.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
-# Sanitizer build: CPU-only library and unit tests under ASan + UBSan.
-ASAN_FLAGS := $(BASE_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# Sanitizer build: CPU-only library, unit tests and tools under ASan + UBSan
+# (float-cast-overflow too: GCC's -fsanitize=undefined leaves it out), every
+# report fatal.  The tools in $(B)/asan/bin run part of the bats suite in
+# make check (tests/run-tests.sh).
+SAN := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
+ASAN_FLAGS := $(BASE_CFLAGS) -O1 -fno-omit-frame-pointer $(SAN)
 ASAN_LIB_OBJ := $(patsubst lib/%.c,$(B)/asan/obj/%.o,$(LIB_SRC))
 ASAN_BINS := $(patsubst tests/unit/%.c,$(B)/asan/unit/%,$(UNIT_SRC))
-$(B)/asan/obj/%.o: lib/%.c $(HDRS)
+ASAN_TOOLS := $(patsubst cmd/%.c,$(B)/asan/bin/%,$(CMD_SRC))
+ASAN_LIBS := -lzstd -lcjson -lm -lpthread $(SAN)
+$(B)/asan/flags.stamp: FORCE
+	@mkdir -p $(@D)
+	@echo '$(CC) $(ASAN_FLAGS)' > $@.new; \
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+$(B)/asan/obj/%.o: lib/%.c $(HDRS) $(B)/asan/flags.stamp
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -c -o $@ $<
-$(B)/asan/cli/%.o: cmd/cli/%.c $(HDRS)
+$(B)/asan/cli/%.o: cmd/cli/%.c $(HDRS) $(B)/asan/flags.stamp
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -c -o $@ $<
 $(B)/asan/libkv.a: $(ASAN_LIB_OBJ) $(patsubst cmd/cli/%.c,$(B)/asan/cli/%.o,$(CLI_SRC))
 	rm -f $@ && ar rcs $@ $^
 $(B)/asan/unit/%: tests/unit/%.c $(B)/asan/libkv.a $(HDRS) tests/unit/kt.h
 	@mkdir -p $(@D)
-	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< $(B)/asan/libkv.a -lzstd -lcjson -lm -lpthread -fsanitize=address,undefined
+	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< $(B)/asan/libkv.a $(ASAN_LIBS)
+$(B)/asan/bin/%: cmd/%.c $(B)/asan/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -o $@ $< $(B)/asan/libkv.a $(ASAN_LIBS)
+$(B)/asan/bin/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(B)/asan/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -Icmd/bench -o $@ cmd/kv-bench.c $(BENCH_SRC) $(B)/asan/libkv.a $(ASAN_LIBS)
+asan-tools: $(ASAN_TOOLS)
 
 # ---- fuzzers (clang libFuzzer) ------------------------------------------
 # The library is compiled once with coverage and sanitizers, then each
-# fuzz target links against it.
-FUZZ_SAN := -fsanitize=address,undefined
+# fuzz target links against it.  Every sanitizer report aborts the run
+# (without -fno-sanitize-recover a UBSan finding was printed and fuzzing
+# went on, so make check could not fail on it).
+FUZZ_SAN := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -Ilib -Icmd/cli -fsanitize=fuzzer-no-link $(FUZZ_SAN)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(B)/fuzz/%,$(FUZZ_SRC))
 FUZZ_OBJ := $(patsubst %.c,$(B)/fuzzobj/%.o,$(LIB_SRC) $(CLI_SRC))
-$(B)/fuzzobj/%.o: %.c $(HDRS)
+$(B)/fuzzobj/flags.stamp: FORCE
+	@mkdir -p $(@D)
+	@echo '$(CLANG) $(FUZZ_FLAGS)' > $@.new; \
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+$(B)/fuzzobj/%.o: %.c $(HDRS) $(B)/fuzzobj/flags.stamp
 	@mkdir -p $(@D)
 	$(CLANG) $(FUZZ_FLAGS) -c -o $@ $<
 $(B)/fuzzobj/libkvfuzz.a: $(FUZZ_OBJ)
@@ -145,7 +169,15 @@ $(B)/fuzzobj/libkvfuzz.a: $(FUZZ_OBJ)
 $(B)/fuzz/%: tests/fuzz/%.c $(B)/fuzzobj/libkvfuzz.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CLANG) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzzobj/libkvfuzz.a -lzstd -lcjson -lm -lpthread
-fuzz: $(FUZZ_BINS)
+fuzz: $(FUZZ_BINS) $(B)/fuzz/canary_ub $(B)/asan/canary_ub
+# the canary (tests/fuzz/canary_ub.c) under both sets of sanitizer flags: make
+# check expects each to die of a planted report
+$(B)/fuzz/canary_ub: tests/fuzz/canary_ub.c $(B)/fuzzobj/flags.stamp
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $<
+$(B)/asan/canary_ub: tests/fuzz/canary_ub.c $(B)/asan/flags.stamp
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -DCANARY_MAIN -o $@ $< $(ASAN_LIBS)
 
 # ---- top-level targets --------------------------------------------------
 deps:
@@ -153,7 +185,7 @@ deps:
 
 check: deps
 	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory CUDA=0 $(ASAN_BINS)
+	@$(MAKE) --no-print-directory CUDA=0 $(ASAN_BINS) $(ASAN_TOOLS)
 	@$(MAKE) --no-print-directory fuzz
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) KV_BUILD=$(B) KV_BIN=$(CURDIR)/$(BINDIR) sh tests/run-tests.sh
 

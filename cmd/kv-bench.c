@@ -99,9 +99,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "kv-bench: subcommand '%s' is not built into this binary\n", sub);
             return KV_EXIT_UNAVAILABLE;
         }
-        fprintf(stderr, "kv-bench: unknown subcommand '%s'\n"
-                        "usage: kv-bench SUBCOMMAND [OPTIONS]\nTry 'kv-bench --help' for more information.\n",
-                sub);
+        kv_warn("unknown subcommand '%s'", sub); /* escaped: argv may hold anything */
+        fprintf(stderr, "usage: kv-bench SUBCOMMAND [OPTIONS]\nTry 'kv-bench --help' for more information.\n");
         return KV_EXIT_USAGE;
     }
     return fn(argc - 1, argv + 1);

@@ -156,13 +156,18 @@ static const char *part_text(const kvc_file *f, int l, char which, char *buf, si
     return buf;
 }
 
+/* The table is for a terminal: text from the file (the model name, packed
+ * layers' parameters) and the path are printed with control characters
+ * escaped, as every message is. */
 static void print_table(const char *path, const kvc_file *f)
 {
     const kv_geom *g = kvc_geom(f);
-    char b1[32], b2[32], b3[32];
-    printf("%s: %s%s\n", path, human_bytes(kvc_file_bytes(f), b1, sizeof b1),
+    char b1[32], b2[32], b3[32], e[1024];
+    kv_escape_controls(e, sizeof e, path);
+    printf("%s: %s%s\n", e, human_bytes(kvc_file_bytes(f), b1, sizeof b1),
            kvc_was_zstd(f) ? ", zstd-compressed" : "");
-    if (g->model[0]) printf("  model      %s\n", g->model);
+    kv_escape_controls(e, sizeof e, g->model);
+    if (g->model[0]) printf("  model      %s\n", e);
     printf("  geometry   %d layers, ", g->n_layers);
     if (g->n_heads) printf("%d heads, ", g->n_heads);
     else printf("query heads unknown, ");
@@ -177,9 +182,10 @@ static void print_table(const char *path, const kvc_file *f)
                g->rope_high_freq_factor, g->rope_orig_ctx);
     printf("\n  %5s  %-16s %-16s %12s\n", "layer", "keys", "values", "bytes");
     for (int l = 0; l < g->n_layers; l++) {
-        char k[48], v[48];
-        printf("  %5d  %-16s %-16s %12s\n", l, part_text(f, l, 'k', k, sizeof k),
-               part_text(f, l, 'v', v, sizeof v), human_bytes(kvc_layer_bytes(f, l, false), b1, sizeof b1));
+        char k[48], v[48], ek[200], ev[200];
+        kv_escape_controls(ek, sizeof ek, part_text(f, l, 'k', k, sizeof k));
+        kv_escape_controls(ev, sizeof ev, part_text(f, l, 'v', v, sizeof v));
+        printf("  %5d  %-16s %-16s %12s\n", l, ek, ev, human_bytes(kvc_layer_bytes(f, l, false), b1, sizeof b1));
     }
     uint64_t kvb = kv_bytes(f), f16 = f16_bytes(g);
     printf("  total      %s in %d tensors; K/V %s, %.2fx compression vs F16 (%s)\n",

@@ -145,8 +145,8 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--score-file writes its JSON to stdout; drop --report and --dump-kv");
     if ((o->def.given & KV_KEY_SELECT) && o->dev == KV_DEVICE_CPU)
         kv_cli_usage_error("--select sketch is a GPU engine selection: add --device cuda (or auto)");
-    if (o->dev == KV_DEVICE_CUDA && (o->score || o->dump))
-        kv_cli_usage_error("--score-file and --dump-kv run on the CPU: use --device cpu");
+    if (o->dev == KV_DEVICE_CUDA && o->score)
+        kv_cli_usage_error("--score-file runs on the CPU: use --device cpu");
     if (o->prompt_file && o->tokens && is_stdout(o->prompt_file) && is_stdout(o->tokens))
         kv_cli_usage_error("stdin can only be read once");
 }
@@ -281,9 +281,9 @@ int main(int argc, char **argv)
     if (grown)
         kv_warn("the prompt (%d tokens) and -n %d need %d tokens, more than the model's trained context "
                 "of %d: the context grows to %d (give --ctx to choose)", n_prompt, n_gen, ctx, trained, ctx);
-    /* --score-file and --dump-kv keep running on the CPU engine (the GPU
-       prefill keeps no prompt K/V); only one engine is built */
-    kv_device dev = o.score || o.dump ? KV_DEVICE_CPU : o.dev;
+    /* --score-file keeps running on the CPU engine; --dump-kv runs on
+       either (the GPU engine captures its prefill's K/V and queries) */
+    kv_device dev = o.score ? KV_DEVICE_CPU : o.dev;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
     go.device = o.device_ordinal;
@@ -316,6 +316,11 @@ int main(int argc, char **argv)
     }
     double prefill_ms = kv_now_ms() - t0;
     kv_note(1, "prefill: %d tokens in %.1f ms", n_prompt, prefill_ms);
+    if (kv_runner_is_gpu(r)) {
+        kv_prefill_info pi;
+        kv_runner_prefill_info(r, &pi);
+        kv_note(1, "GPU prefill %s (%s)", pi.chunked ? "in chunks" : "one token at a time", pi.why);
+    }
     if (o.dump && (st = kv_runner_dump_kvc(r, prompt, n_prompt, o.def.dtype, o.dump, o.zstd))) {
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
@@ -333,7 +338,9 @@ int main(int argc, char **argv)
         kv_warn("the context (%d tokens) is full: %d of -n %d tokens generated", ctx, gen.n_gen, o.steps);
     if (o.report) { /* the text as printed (none without a tokenizer) */
         if (tok) st = kv_tokens_text(tok, prompt[n_prompt - 1], gen.tokens, gen.n_gen, &text);
-        kv_run_info info = {n_prompt, prefill_ms, &gen, text, o.kv_dtype};
+        kv_prefill_info pfi;
+        kv_runner_prefill_info(r, &pfi);
+        kv_run_info info = {n_prompt, prefill_ms, &gen, text, o.kv_dtype, &pfi};
         if (!st) st = kv_runner_report(r, &info, &json);
         if (!st) rep_open = false, st = kv_outfile_put(&rep, json); /* commits or aborts */
         if (st) rc = kv_report(st, "cannot write %s", o.report);

@@ -83,6 +83,15 @@ static const kv_cli_spec specs[] = {
 
 static int64_t now_s(void) { return kv_cli_clock("KV_TREE_NOW"); /* a fixed clock for tests */ }
 
+/* A byte count up to KV_TREE_BYTES_MAX, what the index holds exactly (a
+ * larger budget was written but never read back). */
+static uint64_t tree_bytes(const char *opt, const char *s)
+{
+    uint64_t v = kv_cli_bytes(opt, s);
+    if (v > KV_TREE_BYTES_MAX) kv_cli_usage_error("%s: '%s' is more than 2^53 bytes (8192T)", opt, s);
+    return v;
+}
+
 /* Write a library-built JSON text (NULL: out of memory) and a newline. */
 static int put_json(FILE *fp, char *json)
 {
@@ -247,8 +256,8 @@ static int cmd_place(int argc, char **argv)
     bool have_gpu = false, have_host = false;
     double half = KV_TREE_HALF_LIFE;
     while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_GPU) gpu = kv_cli_bytes("--gpu-bytes", arg), have_gpu = true;
-        else if (c == O_HOST) host = kv_cli_bytes("--host-bytes", arg), have_host = true;
+        if (c == O_GPU) gpu = tree_bytes("--gpu-bytes", arg), have_gpu = true;
+        else if (c == O_HOST) host = tree_bytes("--host-bytes", arg), have_host = true;
         else if (c == O_HALF) half = kv_cli_double("--half-life", arg, 1e-3, 1e12);
         else if (c == O_ZSTD) zl = (int)kv_cli_long("--zstd", arg, 1, 19);
     }
@@ -302,7 +311,7 @@ static int cmd_gc(int argc, char **argv)
     bool have_max = false;
     double half = KV_TREE_HALF_LIFE;
     while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_MAX) max = kv_cli_bytes("--max-bytes", arg), have_max = true;
+        if (c == O_MAX) max = tree_bytes("--max-bytes", arg), have_max = true;
         else if (c == O_HALF) half = kv_cli_double("--half-life", arg, 1e-3, 1e12);
     }
     const char *dir = store_operand(argc, argv, oi);
@@ -331,6 +340,9 @@ static int cmd_check(int argc, char **argv)
     if (st) rc = kv_report(st, "%s", dir);
     else {
         for (int i = 0; i < r.n_problems; i++) kv_warn("%s: %s", dir, r.problems[i]);
+        if (r.temp_files)
+            kv_note(0, "%s: %d leftover index temp file%s of an interrupted write (gc removes them)", dir,
+                    r.temp_files, r.temp_files == 1 ? "" : "s");
         rc = put_json(stdout, kv_check_report_json(&r));
         if (!rc && r.n_problems) rc = KV_EXIT_DATAERR;
     }

@@ -27,7 +27,10 @@ __global__ void select_channels_kernel(const float *q, const float *chmax, int g
     for (int c = threadIdx.x; c < hd; c += blockDim.x) {
         float a = 0.0f;
         for (int h = 0; h < g; h++) a += fabsf(qg[(size_t)h * hd + c]);
-        cs[c] = a * chmax[(size_t)kh * hd + c];
+        float v = a * chmax[(size_t)kh * hd + c];
+        cs[c] = v != v ? -INFINITY : v; /* NaN compares false both ways: every NaN channel
+                                            had rank 0, more than C were chosen and pos ran
+                                            past this head's C slots */
     }
     __syncthreads();
     /* rank by (score desc, index asc), as the CPU's select_top + sort */
@@ -361,9 +364,10 @@ __global__ void softmax_stats_kernel(const float *score, int n, float *stats)
     float m = -INFINITY;
     for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) m = fmaxf(m, s[i]);
     m = eng_block_max(m, red);
-    float l = 0.0f;
+    float l = 0.0f; /* a NaN score weighs 0 (fmaxf skipped it above), as on the CPU */
     if (m > -INFINITY)
-        for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) l += __expf(s[i] - m);
+        for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+            if (s[i] == s[i]) l += __expf(s[i] - m);
     l = eng_block_sum(l, red);
     if (threadIdx.x == 0) {
         stats[((size_t)qh * SM_PARTS + part) * 2] = m;
@@ -419,10 +423,16 @@ extern "C" cudaError_t eng_softmax_combine(const float *score, int nq_heads, int
 
 // --- top-K: radix select then an ordered compaction -------------------------------
 
+/* Larger float -> larger key.  NaN ranks as -inf and -0 as +0, the order of
+ * the CPU's selection (kv_policy_sparse.c): without that, a NaN's key
+ * depends on its sign bit (the largest or the smallest of all), so which
+ * tokens a NaN score displaces would depend on how it was produced. */
 static __device__ __forceinline__ uint32_t ord_key(float f)
 {
+    if (f != f) f = -INFINITY;
+    if (f == 0.0f) f = 0.0f;
     uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* larger float -> larger key */
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 #define TOPK_THREADS 1024

@@ -27,7 +27,7 @@ int kv_bench_decode_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_PDL, O_SELSKIP, O_CONTEXT, O_JSON };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_JSON };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -52,6 +52,9 @@ static const kv_option opts[] = {
                                       "2 softmax, 4 top-K, 8 gather, 16 query GEMV)"},
     {O_CONTEXT, 0, "context", "HOW", "synth (default: synthesized on the device), prefill (a random "
                                      "prompt prefilled for real) or both"},
+    {O_PFCOPY, 0, "prefill-copy", "HOW", "sparse layers' prompt to host memory during a real prefill: "
+                                         "overlap (default: each chunk on the copy stream) or sync "
+                                         "(measurement: each layer at its end, on the main stream)"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -85,6 +88,7 @@ int kv_bench_decode_main(int argc, char **argv)
     int device = 0, pdl = KV_GPU_PDL_AUTO;
     unsigned sel_skip = 0;
     int cmode = CTX_SYNTH;
+    bool pf_sync = false;
     unsigned long long seed = 1;
     bool want[KV_DEC_COUNT] = {true, true, true, true, true}, json = false;
     const char *a;
@@ -142,6 +146,11 @@ int kv_bench_decode_main(int argc, char **argv)
             else if (!strcmp(a, "both")) cmode = CTX_BOTH;
             else kv_cli_usage_error("--context must be synth, prefill or both");
             break;
+        case O_PFCOPY:
+            if (!strcmp(a, "overlap")) pf_sync = false;
+            else if (!strcmp(a, "sync")) pf_sync = true;
+            else kv_cli_usage_error("--prefill-copy must be overlap or sync");
+            break;
         case O_JSON: json = true; break;
         }
     }
@@ -192,6 +201,7 @@ int kv_bench_decode_main(int argc, char **argv)
             o.profile = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH || p == KV_DEC_OFFLOAD;
             o.pdl = pdl;
             o.sel_skip = sel_skip;
+            o.prefill_copy_sync = pf_sync;
             const int ntok = p == KV_DEC_OFFLOAD ? offtok : tokens;
             const int nnf = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH ? nofetch : 0;
             if (!st)
@@ -242,6 +252,7 @@ int kv_bench_decode_main(int argc, char **argv)
         if (pdl == KV_GPU_PDL_AUTO) printf("  \"pdl\": \"auto\",\n");
         else printf("  \"pdl\": %d,\n", pdl);
         printf("  \"sel_skip\": %u,\n", sel_skip);
+        printf("  \"prefill_copy\": \"%s\",\n", pf_sync ? "sync" : "overlap");
         printf("  \"bandwidth\": {\"h2d\": %.4e, \"d2h\": %.4e, \"d2d_copy\": %.4e, \"zero_copy_read\": %.4e, "
                "\"zero_copy_gather_512B\": %.4e, \"memcpy_gather_512B\": %.4e},\n",
                bw.h2d, bw.d2h, bw.d2d, bw.zc_read, bw.zc_gather, bw.memcpy_gather);

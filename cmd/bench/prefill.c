@@ -21,8 +21,8 @@
 
 int kv_bench_prefill_main(int argc, char **argv);
 
-enum { O_CTX = 'c', O_SYNTH = 256, O_WTYPE, O_CHUNK, O_LAYERS, O_REPS, O_VARIANT, O_VARIANTS,
-       O_GEMM, O_NOALONE, O_SEED, O_DEVICE, O_JSON };
+enum { O_CTX = 'c', O_JSON = 'j', O_SEED = 's', O_SYNTH = 256, O_WTYPE, O_CHUNK, O_LAYERS, O_REPS,
+       O_VARIANT, O_VARIANTS, O_GEMM, O_NOALONE, O_DEVICE };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "geometry: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -35,9 +35,9 @@ static const kv_option opts[] = {
     {O_VARIANTS, 0, "variants", NULL, "also time every attention tile variant alone"},
     {O_GEMM, 0, "gemm", "N", "GEMM ceiling size N x N x N (default 8192; 0 skips)"},
     {O_NOALONE, 0, "no-alone", NULL, "skip timing the attention kernel alone"},
-    {O_SEED, 0, "seed", "N", "seed of the weights and prompt (default 1)"},
-    {O_DEVICE, 0, "device", "N", "CUDA device (default 0)"},
-    {O_JSON, 0, "json", NULL, "JSON even on a terminal"},
+    {O_SEED, 's', "seed", "N", "seed of the weights and prompt (default 1)"},
+    {O_DEVICE, 0, "device", "DEV", "CUDA device: cuda, cuda:N or N (default 0)"},
+    {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -95,7 +95,10 @@ int kv_bench_prefill_main(int argc, char **argv)
         case O_GEMM: gemm_n = (int)kv_cli_long("--gemm", a, 0, 32768); break;
         case O_NOALONE: alone = false; break;
         case O_SEED: po.seed = (uint64_t)kv_cli_long("--seed", a, 0, 1L << 62); break;
-        case O_DEVICE: po.device = (int)kv_cli_long("--device", a, 0, 64); break;
+        case O_DEVICE:
+            if (kv_cli_device(a, &po.device) == KV_DEVICE_CPU)
+                kv_cli_usage_error("kv-bench prefill runs on the GPU: --device cuda[:N]");
+            break;
         case O_JSON: json = true; break;
         }
     }

@@ -158,6 +158,9 @@ int kv_bench_ruler_main(int argc, char **argv)
     kv_ruler_opts ro = {mode, lens, nlen, limit, bb.shard_i, bb.shard_n, bb.strict};
     header = kv_ruler_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
                              files, nf, &ro);
+    kv_prefill_info pfi; /* how the prompts are prefilled (not part of the config a resume checks) */
+    kv_runner_prefill_info(e, &pfi);
+    if (header) cJSON_AddItemToObject(header, "prefill", kv_prefill_info_json(&pfi));
     if (!header) {
         rc = kv_report(KV_E_NOMEM, "header");
         goto out;

@@ -121,6 +121,28 @@ static void print_version(void)
     if (kv_cli_version_extra) printf("%s\n", kv_cli_version_extra);
 }
 
+/* "prog: " + fmt + detail (NULL for none) + newline on stderr, with every
+ * control character from arguments, paths or input written as \xNN
+ * (kv_escape_controls): a message must not be able to drive the terminal. */
+static void vline(const char *fmt, va_list ap, const char *detail)
+{
+    char raw[2048], out[4 * sizeof raw];
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
+    if (detail && n >= 0 && (size_t)n < sizeof raw)
+        snprintf(raw + n, sizeof raw - (size_t)n, ": %s", detail);
+    kv_escape_controls(out, sizeof out, raw);
+    fprintf(stderr, "%s: %s\n", progname, out);
+}
+
+static void line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void line(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vline(fmt, ap, NULL);
+    va_end(ap);
+}
+
 #define MAX_OPTS 96
 
 /* "-t is deprecated here: use --temp" (the entry of the same id that has
@@ -185,11 +207,11 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
         if (c == '?' || c == ':') {
             const char *bad = argv[prev] ? argv[prev] : "?";
             if (c == ':')
-                fprintf(stderr, "%s: option '%s' needs an argument\n", progname, bad);
+                line("option '%s' needs an argument", bad);
             else if (optopt && optopt < 128 && strncmp(bad, "--", 2) != 0)
-                fprintf(stderr, "%s: unknown option '-%c'\n", progname, optopt);
+                line("unknown option '-%c'", optopt);
             else
-                fprintf(stderr, "%s: unknown option '%s'\n", progname, bad);
+                line("unknown option '%s'", bad);
             print_usage(stderr, false);
             exit(KV_EXIT_USAGE);
         }
@@ -218,11 +240,9 @@ int kv_cli_next(int argc, char **argv, const char **arg, int *optind_out)
 noreturn void kv_cli_usage_error(const char *fmt, ...)
 {
     va_list ap;
-    fprintf(stderr, "%s: ", progname);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vline(fmt, ap, NULL);
     va_end(ap);
-    fputc('\n', stderr);
     print_usage(stderr, false);
     exit(KV_EXIT_USAGE);
 }
@@ -231,9 +251,7 @@ noreturn void kv_cli_usage_error(const char *fmt, ...)
 static void vmessage(const char *fmt, va_list ap)
 {
     kv_progress_done();
-    fprintf(stderr, "%s: ", progname);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vline(fmt, ap, NULL);
 }
 
 void kv_warn(const char *fmt, ...)
@@ -267,12 +285,10 @@ int kv_report(kv_status st, const char *fmt, ...)
 {
     va_list ap;
     kv_progress_done();
-    fprintf(stderr, "%s: ", progname);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
     const char *d = kv_errdetail();
-    fprintf(stderr, ": %s\n", d[0] ? d : kv_strerror(st));
+    va_start(ap, fmt);
+    vline(fmt, ap, d[0] ? d : kv_strerror(st));
+    va_end(ap);
     return kv_status_exit(st);
 }
 
@@ -300,8 +316,10 @@ uint64_t kv_cli_bytes(const char *opt, const char *s)
 {
     char *end;
     errno = 0;
+    /* it starts with a digit: strtoull skips blanks and takes "-1" as 2^64-1 */
+    if (!isdigit((unsigned char)*s)) kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-') kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
+    if (errno || end == s) kv_cli_usage_error("%s expects a byte count, got '%s'", opt, s);
     unsigned sh = 0;
     switch (toupper((unsigned char)*end)) {
     case 0: break;
@@ -354,12 +372,14 @@ void kv_progress(const char *fmt, ...)
                 (double)(now.tv_nsec - progress_last.tv_nsec) * 1e-9;
     if (progress_shown && dt < 0.25) return;
     progress_last = now;
+    /* escaped like every message: the line names input files and samples */
+    char raw[1024], out[4 * sizeof raw];
     va_list ap;
-    fprintf(stderr, "\r%s: ", progname);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
-    fputs("\033[K", stderr);
+    kv_escape_controls(out, sizeof out, raw);
+    fprintf(stderr, "\r%s: %s\033[K", progname, out);
     progress_shown = true;
 }
 
@@ -432,7 +452,7 @@ int kv_cli_subcommands(const kv_cli_spec *top, const kv_cli_spec *subs, const kv
         }
         return rc;
     }
-    fprintf(stderr, "%s: unknown subcommand '%s'\n", top->name, sub);
+    kv_warn("unknown subcommand '%s'", sub); /* escaped: argv may hold anything */
     sub_usage_short(top);
     return KV_EXIT_USAGE;
 }

@@ -11,6 +11,7 @@
 #define KV_FILE_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "common/kv_status.h"
 
@@ -22,5 +23,9 @@
  */
 kv_status kv_file_slurp(const char *path, size_t max_bytes, const char *what, char **buf,
                         size_t *len);
+
+/* What a file of this st_mode is, for messages: "a regular file", "a
+ * symbolic link", "a FIFO", "a character device", ... */
+const char *kv_file_kind(mode_t mode);
 
 #endif

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/kv_file.h"
+
 /* Temp files in flight, for kv_outfile_cleanup_all from a signal handler. */
 #define LIVE_MAX 16
 static char *volatile live_tmp[LIVE_MAX];
@@ -52,7 +54,9 @@ static void outfile_reset(kv_outfile *o)
     o->tmp = NULL;
 }
 
-kv_status kv_outfile_open(kv_outfile *o, const char *path)
+kv_status kv_outfile_open(kv_outfile *o, const char *path) { return kv_outfile_open_ex(o, path, 0); }
+
+kv_status kv_outfile_open_ex(kv_outfile *o, const char *path, unsigned flags)
 {
     memset(o, 0, sizeof *o);
     if (!path || !*path) return kv_fail(KV_E_USAGE, "empty output path");
@@ -62,9 +66,15 @@ kv_status kv_outfile_open(kv_outfile *o, const char *path)
         o->fp = stdout;
         return KV_OK;
     }
-    /* Writing through a symlink replaces its target, not the link. */
     struct stat sb;
-    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+    if ((flags & KV_OUT_NOFOLLOW) && lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        kv_status st = kv_fail(KV_E_DATA, "refusing to write %s: it is %s, not a regular file", path,
+                               kv_file_kind(sb.st_mode));
+        outfile_reset(o);
+        return st;
+    }
+    /* Writing through a symlink replaces its target, not the link. */
+    if (!(flags & KV_OUT_NOFOLLOW) && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
         char *real = realpath(path, NULL);
         if (real) {
             free(o->path);
@@ -74,7 +84,7 @@ kv_status kv_outfile_open(kv_outfile *o, const char *path)
     }
     /* A device or FIFO (/dev/null, a pipe) cannot be replaced by rename:
      * write to it directly. */
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    if (!(flags & KV_OUT_NOFOLLOW) && stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
         if (S_ISDIR(sb.st_mode)) {
             outfile_reset(o);
             return kv_fail(KV_E_CANTCREATE, "cannot create %s: is a directory", path);

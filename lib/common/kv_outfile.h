@@ -18,6 +18,12 @@ typedef struct {
 } kv_outfile;
 
 kv_status kv_outfile_open(kv_outfile *o, const char *path);
+/* KV_OUT_NOFOLLOW: a file inside a directory the caller owns (a kv-tree
+ * store).  kv_outfile_open writes through a symlink to its target and
+ * straight into a FIFO or device; with this flag an existing path that is
+ * not a regular file is refused (KV_E_DATA) and never followed. */
+#define KV_OUT_NOFOLLOW 1u
+kv_status kv_outfile_open_ex(kv_outfile *o, const char *path, unsigned flags);
 kv_status kv_outfile_commit(kv_outfile *o);
 void kv_outfile_abort(kv_outfile *o);
 /* Write text and a newline, then commit (the outfile is closed either way). */

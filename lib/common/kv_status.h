@@ -8,6 +8,7 @@
 #define KV_STATUS_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 typedef enum {
     KV_OK = 0,
@@ -56,5 +57,14 @@ void kv_errclear(void);
 
 /* Prepend context to the current detail: "ctx: old detail". */
 void kv_errcontext(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*
+ * Copy src into dst (cap bytes, always NUL-terminated, cut at a whole
+ * character) with every control character written as \xNN: C0 controls,
+ * DEL, C1 controls (U+0080..U+009F) and bytes that are not valid UTF-8.
+ * Printable UTF-8 is kept.  kv_fail and kv_errcontext apply it to every
+ * detail, the front end to every message line.  Returns strlen(dst).
+ */
+size_t kv_escape_controls(char *dst, size_t cap, const char *src);
 
 #endif

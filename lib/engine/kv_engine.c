@@ -20,12 +20,13 @@
 #include <omp.h>
 #endif
 
+#include "common/kv_finite.h"
 #include "common/kv_half.h"
 #include "model/kv_matmul.h"
 #include "model/kv_sampler.h"
 #include "format/kvc.h"
 
-#define PREFILL_CHUNK 128 /* prompt tokens per projection batch */
+#define PREFILL_CHUNK KV_ENGINE_PREFILL_CHUNK /* prompt tokens per projection batch */
 #define PREFILL_OBSERVE 32 /* prompt queries given to observe() */
 
 struct kv_engine {
@@ -94,6 +95,23 @@ static void swiglu(float *hb, const float *hb2, int n)
         hb[i] = g * hb2[i];
     }
 }
+
+/*
+ * NaN or infinity in a layer's queries, keys or values (or in the logits,
+ * layer < 0): no policy can rank, quantize or attend over them, and the
+ * sampler cannot draw from them, so the engine stops with KV_E_DATA and
+ * names the weight they came from (the first non-finite one, in the order
+ * the forward pass reads them), or says that finite weights overflowed.
+ */
+static kv_status nonfinite(const kv_engine *e, int layer, int pos, const char *what)
+{
+    char at[96];
+    if (layer >= 0) snprintf(at, sizeof at, "layer %d: %s", layer, what);
+    else snprintf(at, sizeof at, "%s", what);
+    return kv_model_nonfinite_fail(e->m, at, pos);
+}
+
+static bool finite_all(const float *x, size_t n) { return kv_first_nonfinite(x, n) == SIZE_MAX; }
 
 void kv_engine_set_threads(int n)
 {
@@ -383,6 +401,11 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
             kv_matmul(&w->wq, XB, nc, Qc);
             kv_matmul(&w->wk, XB, nc, Kc);
             kv_matmul(&w->wv, XB, nc, Vc);
+            if (!finite_all(Qc, (size_t)nc * qd) || !finite_all(Kc, (size_t)nc * kvd) ||
+                !finite_all(Vc, (size_t)nc * kvd)) {
+                st = nonfinite(e, l, t0, "queries, keys or values of the prompt chunk");
+                goto done;
+            }
             for (int i = 0; i < nc; i++) {
                 const float *tcs = cs + (size_t)(t0 + i) * hd;
                 rope_apply(Qc + (size_t)i * qd, c->n_heads, hd, tcs);
@@ -434,6 +457,10 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
             for (int i = 0; i < nc; i++)
                 rmsnorm(XB + (size_t)i * D, X + (size_t)(t + i) * D, m->output_norm, D, c->norm_eps);
             kv_matmul(&m->output, XB, nc, logits + (size_t)(t - first) * c->vocab_size);
+            if (!finite_all(logits + (size_t)(t - first) * c->vocab_size, (size_t)nc * c->vocab_size)) {
+                st = nonfinite(e, -1, t, "logits of the prompt chunk");
+                goto done;
+            }
         }
     }
 done:
@@ -507,6 +534,11 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
         }
         rope_apply(e->q, c->n_heads, hd, e->rope_cs);
         rope_apply(e->k, c->n_kv_heads, hd, e->rope_cs);
+        {
+            const size_t qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
+            if (!finite_all(e->q, qd) || !finite_all(e->k, kvd) || !finite_all(e->v, kvd))
+                return nonfinite(e, l, pos, "queries, keys or values");
+        }
         capture_q(e, l, e->q_seen, e->q);
         /* layer 0 has no previous layer: its "prediction" is the query itself */
         if (l == 0 && p->wants_prediction && p->ops->predict) p->ops->predict(p, e->q);
@@ -533,6 +565,7 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
     if (logits) {
         rmsnorm(e->xb, e->x, m->output_norm, D, c->norm_eps);
         kv_matvec(&m->output, e->xb, logits);
+        if (!finite_all(logits, (size_t)c->vocab_size)) return nonfinite(e, -1, pos, "logits");
     }
     return KV_OK;
 }
@@ -572,16 +605,62 @@ void kv_engine_bytes(const kv_engine *e, kv_bytes *total)
 
 // --- dumps, scoring, descriptions -------------------------------------------------
 
-/* Add n floats as a tensor in dt (converted copy for f16/bf16). */
+/* Add n values of type src (f32 or f16) as a tensor of type dt (converted
+ * when the types differ). */
 static kv_status add_tensor(kvc_writer *w, const char *name, kv_dtype dt, int ndim,
-                            const int64_t *shape, const float *x, size_t n)
+                            const int64_t *shape, kv_dtype src, const void *x, size_t n)
 {
-    if (dt == KV_DT_F32) return kvc_writer_add_copy(w, name, KV_DT_F32, ndim, shape, x);
-    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
-    if (!h) return kv_fail(KV_E_NOMEM, "out of memory converting %s", name);
-    for (size_t i = 0; i < n; i++) h[i] = dt == KV_DT_F16 ? kv_f32_to_half(x[i]) : kv_f32_to_bf16(x[i]);
-    kv_status st = kvc_writer_add_copy(w, name, dt, ndim, shape, h);
-    free(h);
+    if (dt == src) return kvc_writer_add_copy(w, name, dt, ndim, shape, x);
+    const float *xf = src == KV_DT_F32 ? x : NULL;
+    const uint16_t *xh = src == KV_DT_F16 ? x : NULL;
+    if (!xf && !xh) return kv_fail(KV_E_INTERNAL, "%s: source type %d", name, (int)src);
+    size_t esz = dt == KV_DT_F32 ? 4 : 2;
+    void *buf = malloc((n ? n : 1) * esz);
+    if (!buf) return kv_fail(KV_E_NOMEM, "out of memory converting %s", name);
+    for (size_t i = 0; i < n; i++) {
+        float f = xf ? xf[i] : kv_half_to_f32(xh[i]);
+        if (dt == KV_DT_F32) ((float *)buf)[i] = f;
+        else ((uint16_t *)buf)[i] = dt == KV_DT_F16 ? kv_f32_to_half(f) : kv_f32_to_bf16(f);
+    }
+    kv_status st = kvc_writer_add_copy(w, name, dt, ndim, shape, buf);
+    free(buf);
+    return st;
+}
+
+kv_status kv_prompt_dump_write(const kv_model *m, const int *tokens, const kv_prompt_dump *d,
+                               kv_dtype dt, const char *path, int zstd_level)
+{
+    const kv_model_config *c = &m->cfg;
+    const int n = d->T;
+    kvc_writer *w;
+    kv_status st = kvc_writer_new(&w);
+    if (st) return st;
+    kv_geom g;
+    kv_model_geom(m, &g);
+    g.n_tokens = n;
+    g.n_q = d->q ? d->nq : 0;
+    if ((st = kvc_writer_geom(w, &g))) goto done;
+    int64_t tshape[1] = {n};
+    if ((st = kvc_writer_add_copy(w, "tokens", KV_DT_I32, 1, tshape, tokens))) goto done;
+    char name[64];
+    for (int l = 0; l < c->n_layers; l++) {
+        int64_t kshape[3] = {c->n_kv_heads, n, c->head_dim};
+        size_t kn = (size_t)c->n_kv_heads * (size_t)n * (size_t)c->head_dim;
+        snprintf(name, sizeof name, "layers.%d.k", l);
+        if ((st = add_tensor(w, name, dt, 3, kshape, d->src, d->k[l], kn))) goto done;
+        snprintf(name, sizeof name, "layers.%d.v", l);
+        if ((st = add_tensor(w, name, dt, 3, kshape, d->src, d->v[l], kn))) goto done;
+        if (g.n_q) {
+            int64_t qshape[3] = {c->n_heads, g.n_q, c->head_dim};
+            snprintf(name, sizeof name, "layers.%d.q", l);
+            if ((st = add_tensor(w, name, dt, 3, qshape, d->src, d->q[l],
+                                 (size_t)c->n_heads * g.n_q * c->head_dim)))
+                goto done;
+        }
+    }
+    st = kvc_writer_write(w, path, zstd_level);
+done:
+    kvc_writer_free(w);
     return st;
 }
 
@@ -591,44 +670,25 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dt
     const kv_model_config *c = &e->m->cfg;
     if (!e->pk[0] || e->prompt_T != n)
         return kv_fail(KV_E_INTERNAL, "no prompt K/V kept for the dump (call kv_engine_keep first)");
-    kvc_writer *w;
-    kv_status st = kvc_writer_new(&w);
-    if (st) return st;
-    kv_geom g;
-    kv_model_geom(e->m, &g);
-    g.n_tokens = n;
-    g.n_q = e->nq ? (int)(e->q_seen < e->nq ? e->q_seen : e->nq) : 0;
-    float *qbuf = NULL;
-    if ((st = kvc_writer_geom(w, &g))) goto done;
-    int64_t tshape[1] = {n};
-    if ((st = kvc_writer_add_copy(w, "tokens", KV_DT_I32, 1, tshape, tokens))) goto done;
-    size_t qn = (size_t)c->n_heads * (size_t)(g.n_q ? g.n_q : 1) * (size_t)c->head_dim;
-    qbuf = malloc(qn * sizeof(float));
-    if (!qbuf) {
+    const int nq = e->nq ? (int)(e->q_seen < e->nq ? e->q_seen : e->nq) : 0;
+    const size_t qn = (size_t)c->n_heads * (size_t)nq * (size_t)c->head_dim;
+    float *qbuf = nq ? malloc((size_t)e->L * qn * sizeof(float)) : NULL;
+    const void **ptr = malloc((size_t)3 * e->L * sizeof *ptr);
+    kv_status st = KV_OK;
+    if (!ptr || (nq && !qbuf)) {
         st = kv_fail(KV_E_NOMEM, "out of memory for queries");
         goto done;
     }
-    char name[64];
     for (int l = 0; l < e->L; l++) {
-        int64_t kshape[3] = {c->n_kv_heads, n, c->head_dim};
-        size_t kn = (size_t)c->n_kv_heads * (size_t)n * (size_t)c->head_dim;
-        snprintf(name, sizeof name, "layers.%d.k", l);
-        if ((st = add_tensor(w, name, dt, 3, kshape, e->pk[l], kn))) goto done;
-        snprintf(name, sizeof name, "layers.%d.v", l);
-        if ((st = add_tensor(w, name, dt, 3, kshape, e->pv[l], kn))) goto done;
-        if (g.n_q) {
-            int nq = kv_engine_queries(e, l, qbuf);
-            int64_t qshape[3] = {c->n_heads, nq, c->head_dim};
-            snprintf(name, sizeof name, "layers.%d.q", l);
-            if ((st = add_tensor(w, name, dt, 3, qshape, qbuf, (size_t)c->n_heads * nq * c->head_dim)))
-                goto done;
-        }
+        ptr[l] = e->pk[l];
+        ptr[e->L + l] = e->pv[l];
+        ptr[2 * e->L + l] = qbuf ? qbuf + (size_t)l * qn : NULL;
+        if (nq) kv_engine_queries(e, l, qbuf + (size_t)l * qn);
     }
-    st = kvc_writer_write(w, path, zstd_level);
+    kv_prompt_dump d = {KV_DT_F32, n, nq, ptr, ptr + e->L, nq ? ptr + 2 * e->L : NULL};
+    st = kv_prompt_dump_write(e->m, tokens, &d, dt, path, zstd_level);
 done:
+    free(ptr);
     free(qbuf);
-    kvc_writer_free(w);
     return st;
 }
-
-

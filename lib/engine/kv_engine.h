@@ -31,6 +31,9 @@
 
 typedef struct kv_engine kv_engine;
 
+/* Prompt tokens per projection batch of the CPU prefill. */
+#define KV_ENGINE_PREFILL_CHUNK 128
+
 /*
  * Build an engine for model m (borrowed: must outlive the engine).
  * per_layer: (n_layers) policy parameters, or NULL for `full` f32 on every
@@ -101,6 +104,26 @@ int kv_engine_queries(const kv_engine *e, int layer, float *out);
  */
 kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level);
+
+/*
+ * A prompt's cache as either engine captured it, for the one .kvc writer
+ * both use (kv_prompt_dump_write; the GPU engine's is built by kv_runner):
+ * per layer the dense prompt K and V (n_kv_heads, T, head_dim) and, when
+ * nq > 0, the last nq queries (n_heads, nq, head_dim), all of type src
+ * (KV_DT_F32 on the CPU, KV_DT_F16 on the GPU).
+ */
+typedef struct {
+    kv_dtype src;
+    int T, nq;
+    const void *const *k; /* (n_layers) */
+    const void *const *v; /* (n_layers) */
+    const void *const *q; /* (n_layers), or NULL when nq == 0 */
+} kv_prompt_dump;
+
+/* Write d as the .kvc kv_engine_dump_kvc describes: tokens (T), the
+ * geometry and RoPE metadata of m, every tensor converted to dt. */
+kv_status kv_prompt_dump_write(const kv_model *m, const int *tokens, const kv_prompt_dump *d,
+                               kv_dtype dt, const char *path, int zstd_level);
 
 /* Threads for the matmuls (0 = OpenMP default). Process-wide. */
 void kv_engine_set_threads(int n);

@@ -159,17 +159,56 @@ int kv_runner_layer_tokens(const kv_runner *r, int layer)
 
 kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv)
 {
-    if (r->gpu)
-        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's prefill keeps no dense prompt K/V to dump "
-                                         "(run the dump on the CPU engine)");
-    return kv_engine_keep(r->cpu, nq, prompt_kv);
+    return r->gpu ? kv_gpu_engine_keep(r->gpu, nq, prompt_kv) : kv_engine_keep(r->cpu, nq, prompt_kv);
+}
+
+/* The GPU engine's capture (fp16, host) through the one writer. */
+static kv_status gpu_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
+                              const char *path, int zstd_level)
+{
+    const kv_model_config *c = &r->m->cfg;
+    const int L = c->n_layers, nq = kv_gpu_engine_queries(r->gpu, 0, NULL);
+    int T = 0;
+    if (!kv_gpu_engine_prompt_kv(r->gpu, 0, 'k', &T) || T != n)
+        return kv_fail(KV_E_INTERNAL, "no prompt K/V kept for the dump (call kv_runner_keep first)");
+    const size_t per = (size_t)c->n_heads * (size_t)nq * (size_t)c->head_dim;
+    const void **ptr = malloc((size_t)3 * L * sizeof *ptr);
+    uint16_t *q = nq ? malloc((size_t)L * per * 2) : NULL;
+    if (!ptr || (nq && !q)) {
+        free(q);
+        free(ptr);
+        return kv_fail(KV_E_NOMEM, "out of memory for the dump's queries");
+    }
+    for (int l = 0; l < L; l++) {
+        ptr[l] = kv_gpu_engine_prompt_kv(r->gpu, l, 'k', &T);
+        ptr[L + l] = kv_gpu_engine_prompt_kv(r->gpu, l, 'v', &T);
+        ptr[2 * L + l] = q ? q + (size_t)l * per : NULL;
+        if (q) kv_gpu_engine_queries(r->gpu, l, q + (size_t)l * per);
+    }
+    kv_prompt_dump d = {KV_DT_F16, n, nq, ptr, ptr + L, nq ? ptr + 2 * L : NULL};
+    kv_status st = kv_prompt_dump_write(r->m, tokens, &d, dt, path, zstd_level);
+    free(q);
+    free(ptr);
+    return st;
 }
 
 kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level)
 {
-    if (r->gpu)
-        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's prefill keeps no dense prompt K/V to dump "
-                                         "(run the dump on the CPU engine)");
-    return kv_engine_dump_kvc(r->cpu, tokens, n, dt, path, zstd_level);
+    return r->gpu ? gpu_dump_kvc(r, tokens, n, dt, path, zstd_level)
+                  : kv_engine_dump_kvc(r->cpu, tokens, n, dt, path, zstd_level);
+}
+
+void kv_runner_prefill_info(kv_runner *r, kv_prefill_info *p)
+{
+    memset(p, 0, sizeof *p);
+    if (r->gpu) {
+        p->device = "cuda";
+        p->chunked = kv_gpu_engine_prefill_method(r->gpu, &p->chunk, p->why, sizeof p->why);
+    } else {
+        p->device = "cpu";
+        p->chunked = true;
+        p->chunk = KV_ENGINE_PREFILL_CHUNK;
+        snprintf(p->why, sizeof p->why, "the CPU engine's float32 matrix-matrix products");
+    }
 }

@@ -13,9 +13,9 @@
  * Above the two engines it drives whole runs the same way on either device:
  * generation (kv_runner_generate), teacher-forced scoring
  * (kv_runner_score) and the JSON report of a run (kv_runner_report).
- * What only one engine can do yet (the dense prompt K/V of --dump-kv,
- * kept by the CPU prefill) is KV_E_UNSUPPORTED on the other, with a
- * message that says so.
+ * Both engines capture the prompt for --dump-kv (kv_runner_keep) and
+ * write it through one writer (kv_prompt_dump_write): float32 K/V and
+ * queries on the CPU, fp16 as the GPU computed them.
  *
  * Typical use:
  *   kv_runner *r; kv_runner_new(m, per_layer, 0, KV_DEVICE_AUTO, NULL, &r);
@@ -87,14 +87,30 @@ int kv_runner_layer_tokens(const kv_runner *r, int layer);
 
 /*
  * Keep the last nq queries of each layer and the dense prompt K/V for
- * kv_runner_dump_kvc (kv_engine_keep; call before the prefill).  The GPU
- * engine's prefill keeps no prompt K/V: KV_E_UNSUPPORTED there.
+ * kv_runner_dump_kvc (call before the prefill): kv_engine_keep on the CPU,
+ * kv_gpu_engine_keep on the GPU (its prefill's fp16 K/V, downloaded layer
+ * by layer, and its prefill's queries; decode steps are not captured there).
  */
 kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv);
-/* The prompt's cache as .kvc (kv_engine_dump_kvc); zstd_level > 0
- * compresses.  KV_E_UNSUPPORTED on the GPU engine. */
+/* The prompt's cache as .kvc (kv_engine_dump_kvc's layout, through
+ * kv_prompt_dump_write on either engine); zstd_level > 0 compresses. */
 kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level);
+
+/* How the runner's prefill runs, for reports: device "cpu" or "cuda";
+ * chunked (in chunks of chunk rows, matrix-matrix products) or one token at
+ * a time; why: what decided it. */
+typedef struct {
+    const char *device;
+    bool chunked;
+    int chunk;
+    char why[256];
+} kv_prefill_info;
+/* May load cuBLAS on the GPU (as the first prefill would). */
+void kv_runner_prefill_info(kv_runner *r, kv_prefill_info *p);
+/* p as the JSON object the reports carry: {"device", "method": "chunked" or
+ * "tokens", "chunk" (rows; 1 token by token), "why"}; NULL without memory. */
+struct cJSON *kv_prefill_info_json(const kv_prefill_info *p);
 
 // --- whole runs --------------------------------------------------------------
 
@@ -154,11 +170,13 @@ typedef struct {
     const kv_generation *gen; /* NULL: prefill only */
     const char *text;         /* the generated text as written, or NULL (no tokenizer) */
     const char *kv_dtype;     /* the --kv-dtype name, NULL for "f32" */
+    const kv_prefill_info *prefill; /* how the prefill ran (kv_runner_prefill_info), or NULL */
 } kv_run_info;
 
 /*
  * The JSON report of a run (kv-run --report; kv-run(1) REPORT lists the
- * members): model, device, timings (median and p90 of the decode steps),
+ * members): model, device, how the prefill ran, timings (median and p90
+ * of the decode steps),
  * KV bytes by tier, the generated token ids and text, and one object per
  * layer.  *json is malloc'd text without a trailing newline.
  */

@@ -186,6 +186,7 @@ kv_status kv_runner_report(const kv_runner *run, const kv_run_info *info, char *
     if (info->text) cJSON_AddStringToObject(r, "text", info->text);
     else cJSON_AddNullToObject(r, "text");
     cJSON_AddStringToObject(r, "stop", gen ? kv_gen_end_name(gen->end) : "steps");
+    if (info->prefill) cJSON_AddItemToObject(r, "prefill", kv_prefill_info_json(info->prefill));
     cJSON_AddNumberToObject(r, "prefill_ms", info->prefill_ms);
     cJSON_AddNumberToObject(r, "prefill_tokens_per_s",
                             info->prefill_ms > 0 ? info->n_prompt / (info->prefill_ms / 1e3) : 0);
@@ -205,4 +206,15 @@ kv_status kv_runner_report(const kv_runner *run, const kv_run_info *info, char *
     *json = cJSON_Print(r);
     cJSON_Delete(r);
     return *json ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory writing the report");
+}
+
+cJSON *kv_prefill_info_json(const kv_prefill_info *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "device", p->device ? p->device : "cpu");
+    cJSON_AddStringToObject(o, "method", p->chunked ? "chunked" : "tokens");
+    cJSON_AddNumberToObject(o, "chunk", p->chunked ? p->chunk : 1);
+    cJSON_AddStringToObject(o, "why", p->why);
+    return o;
 }

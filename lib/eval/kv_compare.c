@@ -116,6 +116,7 @@ kv_status kv_compare_run_many(const kv_model *m, const int *tokens, int n,
             kv_runner_bytes(eng[0], &r->bytes_ref);
             kv_runner_bytes(eng[i + 1], &r->bytes_pol);
             snprintf(r->device, sizeof r->device, "%s", kv_runner_device(eng[0]));
+            kv_runner_prefill_info(eng[0], &r->prefill);
         }
     if (st)
         for (int i = 0; i < n_pol; i++) kv_compare_result_clear(&res[i]);
@@ -175,7 +176,12 @@ kv_status kv_compare_print(FILE *f, bool json, const char *model, const char *re
         kv_json_string(f, ref_name);
         fprintf(f, ", \"device\": ");
         kv_json_string(f, r0->device);
-        fprintf(f, ", \"n_tokens\": %d, \"prefix\": %d, \"n_scored\": %d, \"ppl_reference\": ",
+        fprintf(f, ", \"prefill\": {\"device\": ");
+        kv_json_string(f, r0->prefill.device ? r0->prefill.device : "cpu");
+        fprintf(f, ", \"method\": \"%s\", \"chunk\": %d, \"why\": ",
+                r0->prefill.chunked ? "chunked" : "tokens", r0->prefill.chunked ? r0->prefill.chunk : 1);
+        kv_json_string(f, r0->prefill.why);
+        fprintf(f, "}, \"n_tokens\": %d, \"prefix\": %d, \"n_scored\": %d, \"ppl_reference\": ",
                 r0->n_tokens, r0->prefix, r0->n_scored);
         kv_json_number(f, r0->ppl_ref);
         fprintf(f, ", \"reference_resident_bytes\": %llu, \"results\": [",
@@ -209,6 +215,11 @@ kv_status kv_compare_print(FILE *f, bool json, const char *model, const char *re
         fprintf(f, "\n]}\n");
     } else {
         fprintf(f, "device: %s\n", r0->device);
+        const char *pdev = r0->prefill.device ? r0->prefill.device : "cpu";
+        if (r0->prefill.chunked)
+            fprintf(f, "prefill: %s, chunks of %d rows (%s)\n", pdev, r0->prefill.chunk, r0->prefill.why);
+        else
+            fprintf(f, "prefill: %s, one token at a time (%s)\n", pdev, r0->prefill.why);
         fprintf(f, "%d tokens, %d prefilled densely, %d positions scored; reference %s: ppl %.4f, %llu bytes\n",
                 r0->n_tokens, r0->prefix, r0->n_scored, ref_name, r0->ppl_ref,
                 (unsigned long long)r0->bytes_ref.resident);

@@ -44,6 +44,7 @@ typedef struct {
     double *kl;        /* (n_scored) per-position KL, malloc'd */
     unsigned char *agree; /* (n_scored) 1 where top-1 agrees */
     char device[128];  /* where both ran: "cpu" or the GPU engine's device string */
+    kv_prefill_info prefill; /* how the dense prefix was prefilled (the reference's engine) */
 } kv_compare_result;
 
 void kv_compare_opts_default(kv_compare_opts *o);

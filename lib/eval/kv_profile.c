@@ -8,10 +8,12 @@
 #include "eval/kv_profile.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn/kv_attn.h"
+#include "common/kv_finite.h"
 #include "common/kv_json.h"
 #include "policy/kv_policy.h"
 #include "quant/kv_quant.h"
@@ -32,9 +34,14 @@ void kv_profile_params_default(kv_profile_params *p)
     kv_policy_params_default(&p->dsq, KV_POL_DSQ);
 }
 
+/* Selection order everywhere in this file: descending, NaN ranked as -inf
+ * (qsort needs a consistent order; with NaN compared as a number it has
+ * none, and glibc's qsort may then read outside the array). */
+static inline float rank_of(float x) { return isnan(x) ? -INFINITY : x; }
+
 static int cmp_desc(const void *a, const void *b)
 {
-    float x = *(const float *)a, y = *(const float *)b;
+    float x = rank_of(*(const float *)a), y = rank_of(*(const float *)b);
     return (x < y) - (x > y);
 }
 
@@ -257,6 +264,14 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
     for (int l = 0; l < L && !st; l++) {
         if ((st = load_queries(f, l, NH, nq_s, nq, D, q)) || (st = kv_layer_decode(f, l, 'k', k)) ||
             (st = kv_layer_decode(f, l, 'v', v)))
+            break;
+        char nm[3][32];
+        snprintf(nm[0], sizeof nm[0], "layers.%d.q", l);
+        snprintf(nm[1], sizeof nm[1], "layers.%d.k", l);
+        snprintf(nm[2], sizeof nm[2], "layers.%d.v", l);
+        if ((st = kv_check_finite3(nm[0], q, NH, nq, D, "profiling")) ||
+            (st = kv_check_finite3(nm[1], k, H, T, D, "profiling")) ||
+            (st = kv_check_finite3(nm[2], v, H, T, D, "profiling")))
             break;
         double *row_s = acc->score + (size_t)l * NH;
         for (int qh = 0; qh < NH; qh++) {

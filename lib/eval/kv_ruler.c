@@ -337,6 +337,11 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
         }
         fprintf(f, "], \"device\": ");
         kv_json_string(f, device);
+        /* how the prompts were prefilled (a log written before it was recorded has none) */
+        const cJSON *pf = cJSON_GetObjectItemCaseSensitive(h0, "prefill");
+        char *pfs = cJSON_IsObject(pf) ? cJSON_PrintUnformatted(pf) : NULL;
+        if (pfs) fprintf(f, ", \"prefill\": %s", pfs);
+        free(pfs);
         fprintf(f, ", \"mode\": \"%s\", \"gen\": %.0f, \"samples\": %d, \"skipped\": %d, "
                    "\"skipped_samples\": [", mode, kv_rec_num(f0, "gen", 0), nsamples, nskip);
         k = 0;
@@ -352,6 +357,11 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
         fprintf(f, "], \"results\": [");
     } else {
         fprintf(f, "device: %s\n", device);
+        const cJSON *pf = cJSON_GetObjectItemCaseSensitive(h0, "prefill");
+        if (cJSON_IsObject(pf))
+            fprintf(f, "prefill: %s, %s (%s)\n", kv_rec_str(pf, "device", "?"),
+                    strcmp(kv_rec_str(pf, "method", ""), "chunked") ? "one token at a time" : "in chunks",
+                    kv_rec_str(pf, "why", ""));
         fprintf(f, "%-32s %-16s %6s %4s %6s %7s %12s %12s %14s %9s\n", "policy", "task", "length", "n",
                 "acc", "score", "resident KiB", "host KiB", "fetched KiB/t", "ms/task");
     }

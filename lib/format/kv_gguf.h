@@ -57,6 +57,10 @@ typedef struct kv_gguf {
     kv_gguf_tensor *tensors; /* (n_tensors) */
     uint64_t alignment;
     uint64_t data_offset;    /* start of the data section in the buffer */
+    /* private: open-addressing hash tables of entry index + 1 (0 empty), so
+     * duplicate checks and lookups are linear, not quadratic, in the counts */
+    uint64_t *kv_slot, *t_slot; /* (kv_mask + 1), (t_mask + 1) */
+    uint64_t kv_mask, t_mask;
 } kv_gguf;
 
 /* Parse buf (len bytes, borrowed). */

@@ -43,10 +43,15 @@ typedef struct {
 typedef struct kvc_file kvc_file;
 
 /* Open a .kvc from a path, or "-" for stdin.  Regular files are mmapped;
- * stdin and zstd-compressed input (detected by magic) are read into memory.
+ * stdin and zstd-compressed input (detected by magic) are read into memory,
+ * never more than the file's own header describes (a pipe that runs on, a
+ * decompression bomb: KV_E_DATA once past it).
  * Validates the header, every tensor, the geometry and (when present) every
  * checksum; any problem is KV_E_DATA with a specific kv_errdetail(). */
 kv_status kvc_open(const char *path, kvc_file **out);
+/* Same, from an open descriptor (not closed; a caller that must check what
+ * it opens, such as the kv-tree store, opens it itself). */
+kv_status kvc_open_fd(int fd, kvc_file **out);
 /* Same, from a buffer (copied; used by the fuzzer and tests). */
 kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out);
 void kvc_close(kvc_file *f);
@@ -98,8 +103,9 @@ typedef struct kvc_writer kvc_writer;
 kv_status kvc_writer_new(kvc_writer **out);
 /* Geometry metadata (format, version, kvc.* keys). */
 kv_status kvc_writer_geom(kvc_writer *w, const kv_geom *g);
-/* Set (or replace) one metadata key.  "crc32c.*" keys are ignored: the
- * writer computes a checksum for every tensor itself. */
+/* Set (or replace) one metadata key.  "crc32c.*" and "kvc.checksums" are
+ * ignored: the writer computes a checksum for every tensor itself and says
+ * so (man/kvc.5). */
 kv_status kvc_writer_meta(kvc_writer *w, const char *key, const char *value);
 /* Copy every metadata key of an open file (except checksums). */
 kv_status kvc_writer_copy_meta(kvc_writer *w, const kvc_file *f);
@@ -113,6 +119,8 @@ kv_status kvc_writer_add_copy(kvc_writer *w, const char *name, kv_dtype dt, int 
  * the same directory, fsync, rename; on failure nothing is left behind.
  * If zstd_level > 0 the output is zstd-compressed. */
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level);
+/* Same, with kv_outfile_open_ex flags (KV_OUT_NOFOLLOW). */
+kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags);
 void kvc_writer_free(kvc_writer *w);
 
 

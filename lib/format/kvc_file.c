@@ -1,11 +1,12 @@
 /*
  * kvc_file: the open .kvc file (man/kvc.5): getting its bytes into one
- * range (mmap of a regular file, stdin read to the end, zstd inflated with
- * a bound), handing them to the parser (kvc_parse.c), and the accessors
- * over the validated tables.
+ * range (mmap of a regular file, a pipe or stdin read as far as the header
+ * describes, zstd inflated no further than that), handing them to the
+ * parser (kvc_parse.c), and the accessors over the validated tables.
  */
 #include "format/kvc_int.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -195,8 +196,56 @@ static bool is_zstd(const uint8_t *p, size_t n)
     return n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f && p[3] == 0xfd;
 }
 
-static kv_status inflate_zstd(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len)
+/* The header length of b (len >= 8). */
+static uint64_t header_len(const uint8_t *b)
 {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
+    return n;
+}
+
+/*
+ * The size a .kvc's own header gives it: 8 + header + the end of the last
+ * tensor's data (the tiling rule makes that the whole file).  b holds the
+ * first len bytes.  Returns 0 while they are too few to tell, 1 with *size
+ * set, -1 when the header is unusable (reading stops there and kvc_parse() says
+ * what is wrong with it).  A reader of an unbounded input (a pipe, a zstd
+ * stream) stops at this size instead of at memory exhaustion.
+ */
+static int described_size(const uint8_t *b, size_t len, uint64_t *size)
+{
+    if (len < 8) return 0;
+    uint64_t n = header_len(b);
+    if (n < 2 || n > KVC_HEADER_MAX) return -1;
+    if (len < 8 + n) return 0;
+    cJSON *root = cJSON_ParseWithLength((const char *)b + 8, (size_t)n);
+    if (!root) return -1;
+    double end = 0;
+    for (const cJSON *e = root->child; e; e = e->next) {
+        const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+        const cJSON *x = cJSON_IsArray(jo) ? cJSON_GetArrayItem(jo, 1) : NULL;
+        if (cJSON_IsNumber(x) && x->valuedouble > end) end = x->valuedouble;
+    }
+    cJSON_Delete(root);
+    if (!(end <= (double)KVC_ZSTD_MAX)) return -1; /* kvc_parse() rejects the offsets */
+    *size = 8 + n + (uint64_t)end;
+    return 1;
+}
+
+/*
+ * Inflate zstd input: the n bytes at in, then (fd >= 0) the rest of fd.
+ * The output stops at what the .kvc header inside describes (one byte
+ * more is an error, not a reason to keep inflating: a 145 KB stream of
+ * zeros inflated to 4 GiB before the tiling check refused it), and the
+ * input at what any zstd encoding of that could take.  *in_total: the
+ * compressed bytes read.
+ */
+static kv_status inflate_zstd(const uint8_t *in, size_t n, int fd, uint64_t *in_total,
+                              uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    *in_total = n;
     ZSTD_DCtx *dc = ZSTD_createDCtx();
     if (!dc) return kv_fail(KV_E_NOMEM, "cannot allocate a zstd context");
     size_t cap = 1 << 16;
@@ -204,28 +253,60 @@ static kv_status inflate_zstd(const uint8_t *in, size_t n, uint8_t **out, size_t
     if (want != ZSTD_CONTENTSIZE_UNKNOWN && want != ZSTD_CONTENTSIZE_ERROR &&
         want < (1ull << 32) && want <= n * 1024ull + (1 << 20))
         cap = (size_t)want + 1; /* trust the frame header only within reason */
-    uint8_t *buf = malloc(cap);
+    const size_t stage_cap = fd >= 0 ? ZSTD_DStreamInSize() : 0;
+    uint8_t *buf = malloc(cap), *stage = fd >= 0 ? malloc(stage_cap) : NULL;
     kv_status st = KV_OK;
     ZSTD_inBuffer ib = {in, n, 0};
     size_t len = 0, ret = 0;
-    if (!buf) {
+    bool eof = fd < 0;
+    /* before the header is out, its own maximum bounds the output */
+    uint64_t limit = 8 + (uint64_t)KVC_HEADER_MAX;
+    int described = 0; /* described_size's answer once it is not 0 */
+    if (!buf || (fd >= 0 && !stage)) {
         st = kv_fail(KV_E_NOMEM, "cannot allocate %zu bytes for zstd output", cap);
         goto out;
     }
+    /* Done when a frame has ended (ret 0) with all input consumed; that
+     * can coincide with a full output buffer (a 65536 * 2^k byte file of
+     * unknown size), so it is not "output left over".  Truncated when the
+     * input is gone, the frame is not, and there was room to write more. */
+    bool frame_done = false, stuck = false;
     for (;;) {
-        if (len == cap) {
-            if ((uint64_t)cap * 2 > KVC_ZSTD_MAX) {
-                st = kv_fail(KV_E_DATA, "zstd input inflates past %llu bytes",
-                             (unsigned long long)KVC_ZSTD_MAX);
+        if (ib.pos == ib.size && !eof) {
+            ssize_t r = read(fd, stage, stage_cap);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                st = kv_fail(KV_E_IO, "read error: %s", strerror(errno));
                 goto out;
             }
-            uint8_t *nb = realloc(buf, cap * 2);
+            if (r == 0) eof = true;
+            ib = (ZSTD_inBuffer){stage, (size_t)r, 0};
+            *in_total += (uint64_t)r;
+            if (*in_total > ZSTD_compressBound((size_t)limit) + (1u << 20)) {
+                st = kv_fail(KV_E_DATA, "zstd input is longer than any encoding of the %llu bytes its "
+                                        "header describes", (unsigned long long)limit);
+                goto out;
+            }
+            continue;
+        }
+        if (ib.pos == ib.size && (frame_done || stuck)) break;
+        if (len == cap) {
+            uint64_t ncap = (uint64_t)cap * 2 < limit + 1 ? (uint64_t)cap * 2 : limit + 1;
+            if (ncap <= cap) { /* full at limit + 1: one byte past the header's size */
+                st = described > 0 ? kv_fail(KV_E_DATA, "zstd data inflates past the %llu bytes its "
+                                                    "header describes", (unsigned long long)limit)
+                               : kv_fail(KV_E_DATA, "zstd data: no .kvc header in the first %llu bytes",
+                                         (unsigned long long)limit);
+                goto out;
+            }
+            uint8_t *nb = realloc(buf, (size_t)ncap);
             if (!nb) {
-                st = kv_fail(KV_E_NOMEM, "cannot allocate %zu bytes for zstd output", cap * 2);
+                st = kv_fail(KV_E_NOMEM, "cannot allocate %llu bytes for zstd output",
+                             (unsigned long long)ncap);
                 goto out;
             }
             buf = nb;
-            cap *= 2;
+            cap = (size_t)ncap;
         }
         ZSTD_outBuffer ob = {buf + len, cap - len, 0};
         ret = ZSTD_decompressStream(dc, &ob, &ib);
@@ -234,9 +315,20 @@ static kv_status inflate_zstd(const uint8_t *in, size_t n, uint8_t **out, size_t
             st = kv_fail(KV_E_DATA, "corrupt zstd stream: %s", ZSTD_getErrorName(ret));
             goto out;
         }
-        if (ib.pos == ib.size && ob.pos < ob.size) break; /* all input consumed and flushed */
+        frame_done = ret == 0;
+        stuck = ob.pos < ob.size;
+        uint64_t size;
+        if (!described && (described = described_size(buf, len, &size))) {
+            if (described < 0) break; /* an unusable header: kvc_parse() says why */
+            limit = size < KVC_ZSTD_MAX ? size : KVC_ZSTD_MAX;
+        }
+        if (len > limit) {
+            st = kv_fail(KV_E_DATA, "zstd data inflates past the %llu bytes its header describes",
+                         (unsigned long long)limit);
+            goto out;
+        }
     }
-    if (ret != 0) {
+    if (ret != 0 && described >= 0) {
         st = kv_fail(KV_E_DATA, "truncated zstd stream");
         goto out;
     }
@@ -245,26 +337,41 @@ static kv_status inflate_zstd(const uint8_t *in, size_t n, uint8_t **out, size_t
     buf = NULL;
 out:
     free(buf);
+    free(stage);
     ZSTD_freeDCtx(dc);
     return st;
 }
 
-static kv_status read_fd(int fd, uint8_t **out, size_t *out_len)
+/* Read a plain .kvc from fd after its first hn bytes (in head): exactly
+ * what its header describes, plus one byte to show trailing data (which
+ * kvc_parse() then reports); never more, however long the input runs. */
+static kv_status read_described(int fd, const uint8_t *head, size_t hn, uint8_t **out, size_t *out_len)
 {
-    size_t cap = 1 << 16, len = 0;
+    size_t cap = 1 << 16, len = hn;
     uint8_t *buf = malloc(cap);
     if (!buf) return kv_fail(KV_E_NOMEM, "cannot allocate an input buffer");
+    memcpy(buf, head, hn);
+    uint64_t size = 0;
+    int described = 0;
     for (;;) {
+        if (!described && (described = described_size(buf, len, &size)) < 0) break;
+        /* what to have: the length, then the header, then the file + 1 */
+        uint64_t target = described ? size + 1 : len < 8 ? 8 : 8 + header_len(buf);
+        if (target > KVC_ZSTD_MAX + 1) target = KVC_ZSTD_MAX + 1;
+        if (len >= target) break;
         if (len == cap) {
-            uint8_t *nb = cap < SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            uint64_t ncap = (uint64_t)cap * 2 < target ? (uint64_t)cap * 2 : target;
+            uint8_t *nb = ncap <= SIZE_MAX ? realloc(buf, (size_t)ncap) : NULL;
             if (!nb) {
                 free(buf);
                 return kv_fail(KV_E_NOMEM, "input too large for memory (%zu bytes read)", len);
             }
             buf = nb;
-            cap *= 2;
+            cap = (size_t)ncap;
         }
-        ssize_t r = read(fd, buf + len, cap - len);
+        size_t room = cap - len;
+        if (room > target - len) room = (size_t)(target - len);
+        ssize_t r = read(fd, buf + len, room);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             int e = errno;
@@ -279,13 +386,15 @@ static kv_status read_fd(int fd, uint8_t **out, size_t *out_len)
     return KV_OK;
 }
 
-/* Takes ownership of f's bytes; on failure frees f. */
+/* Takes ownership of f's bytes; on failure frees f.  Input still compressed
+ * (a mapped file, a buffer) is inflated here. */
 static kv_status finish_open(kvc_file *f, kvc_file **out)
 {
-    if (is_zstd(f->bytes, f->len)) {
+    if (!f->zstd && is_zstd(f->bytes, f->len)) {
         uint8_t *raw = NULL;
         size_t n = 0;
-        kv_status st = inflate_zstd(f->bytes, f->len, &raw, &n);
+        uint64_t used;
+        kv_status st = inflate_zstd(f->bytes, f->len, -1, &used, &raw, &n);
         if (st) {
             kvc_close(f);
             return st;
@@ -324,27 +433,18 @@ kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out)
     return finish_open(f, out);
 }
 
-kv_status kvc_open(const char *path, kvc_file **out)
+kv_status kvc_open_fd(int fd, kvc_file **out)
 {
     *out = NULL;
     kvc_file *f = calloc(1, sizeof *f);
     if (!f) return kv_fail(KV_E_NOMEM, "cannot allocate a kvc_file");
-    bool is_stdin = strcmp(path, "-") == 0;
-    int fd = is_stdin ? 0 : open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        free(f);
-        return kv_fail(KV_E_NOINPUT, "cannot open: %s", strerror(e));
-    }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
-        if (!is_stdin) close(fd);
         free(f);
         return kv_fail(KV_E_NOINPUT, "cannot stat: %s", strerror(e));
     }
     if (S_ISDIR(sb.st_mode)) {
-        if (!is_stdin) close(fd);
         free(f);
         return kv_fail(KV_E_NOINPUT, "is a directory");
     }
@@ -356,20 +456,47 @@ kv_status kvc_open(const char *path, kvc_file **out)
         else {
             f->bytes = f->map;
             f->len = f->map_len;
+            f->file_bytes = f->len;
         }
     }
-    if (!f->map) {
+    if (!f->map) { /* a pipe, a device, stdin: read what the header describes */
+        uint8_t head[8];
+        size_t hn = 0;
+        while (hn < sizeof head) {
+            ssize_t r = read(fd, head + hn, sizeof head - hn);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                st = kv_fail(KV_E_IO, "read error: %s", strerror(errno));
+                break;
+            }
+            if (r == 0) break;
+            hn += (size_t)r;
+        }
         size_t n = 0;
-        st = read_fd(fd, &f->owned, &n);
+        if (!st && is_zstd(head, hn)) {
+            st = inflate_zstd(head, hn, fd, &f->file_bytes, &f->owned, &n);
+            f->zstd = true;
+        } else if (!st) {
+            st = read_described(fd, head, hn, &f->owned, &n);
+            f->file_bytes = n;
+        }
         f->bytes = f->owned;
         f->len = n;
     }
-    if (!is_stdin) close(fd);
     if (st) {
         kvc_close(f);
         return st;
     }
-    f->file_bytes = f->len;
     return finish_open(f, out);
 }
 
+kv_status kvc_open(const char *path, kvc_file **out)
+{
+    *out = NULL;
+    bool is_stdin = strcmp(path, "-") == 0;
+    int fd = is_stdin ? 0 : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kv_fail(KV_E_NOINPUT, "cannot open: %s", strerror(errno));
+    kv_status st = kvc_open_fd(fd, out);
+    if (!is_stdin) close(fd);
+    return st;
+}

@@ -263,6 +263,21 @@ static kv_status check_crcs(kvc_file *f)
         t->has_crc = true;
         f->n_crc++;
     }
+    /* A writer that checksums every tensor says so (kvc.checksums = the
+     * tensor count): a flipped byte that renames one crc32c key must not
+     * quietly turn that tensor into an unchecked one. */
+    const char *all = kvc_meta(f, "kvc.checksums");
+    if (all) {
+        char *end;
+        errno = 0;
+        long n = strtol(all, &end, 10);
+        if (errno || end == all || *end || n != f->nt)
+            return kv_fail(KV_E_DATA, "metadata kvc.checksums='%.16s' is not the tensor count %d", all, f->nt);
+        for (int i = 0; i < f->nt; i++)
+            if (!f->t[i].has_crc)
+                return kv_fail(KV_E_DATA, "tensor %s has no checksum, but the writer checksummed all %d "
+                                          "tensors (a crc32c key lost or renamed)", f->t[i].name, f->nt);
+    }
     return KV_OK;
 }
 

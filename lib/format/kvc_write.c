@@ -60,7 +60,7 @@ void kvc_writer_free(kvc_writer *w)
 kv_status kvc_writer_meta(kvc_writer *w, const char *key, const char *value)
 {
     if (!key || !*key || !value) return kv_fail(KV_E_INTERNAL, "metadata key or value missing");
-    if (!strncmp(key, "crc32c.", 7)) return KV_OK;
+    if (!strncmp(key, "crc32c.", 7) || !strcmp(key, "kvc.checksums")) return KV_OK; /* written by write */
     for (int i = 0; i < w->nm; i++) {
         if (!strcmp(w->mkey[i], key)) {
             char *v = strdup(value);
@@ -293,6 +293,11 @@ static int cmp_wsize(const void *a, const void *b)
 
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level)
 {
+    return kvc_writer_write_ex(w, path, zstd_level, 0);
+}
+
+kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags)
+{
     kv_status st = KV_OK;
     wtensor **ord = malloc(((size_t)w->nt + 1) * sizeof *ord);
     sbuf h = {0};
@@ -323,6 +328,7 @@ kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level)
         sb_str(&h, key);
         sb_fmt(&h, ":\"%08x\"", ord[i]->crc);
     }
+    sb_fmt(&h, "%s\"kvc.checksums\":\"%d\"", w->nm || w->nt ? "," : "", w->nt);
     sb_put(&h, "}", 1);
     for (int i = 0; i < w->nt; i++) {
         wtensor *t = ord[i];
@@ -344,7 +350,7 @@ kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level)
         goto out;
     }
 
-    if ((st = kv_outfile_open(&o, path))) goto out;
+    if ((st = kv_outfile_open_ex(&o, path, flags))) goto out;
     opened = true;
     k.fp = o.fp;
     if (zstd_level > 0) {
@@ -382,7 +388,10 @@ out:
         char msg[512];
         snprintf(msg, sizeof msg, "%s", kv_errdetail());
         kv_outfile_abort(&o);
+        /* a full disk said only "write error: No space left on device" */
         kv_fail(keep, "%s", msg);
+        if (!strcmp(path, "-")) kv_errcontext("stdout");
+        else kv_errcontext("cannot write %s", path);
     }
     ZSTD_freeCCtx(k.z);
     free(k.zbuf);

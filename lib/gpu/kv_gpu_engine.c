@@ -35,6 +35,7 @@ void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o)
 
 #ifdef KV_HAVE_CUDA
 
+#include "common/kv_finite.h"
 #include "gpu/kv_gpu_int.h"
 #include "gpu/kv_cublas.h"
 #include "gpu/kv_gpu_prefill.h"
@@ -192,12 +193,15 @@ static void layer_release(gl_layer *y)
     y->fetched_last = y->fetched_total = y->attends = 0;
 }
 
+static void cap_clear(kv_gpu_engine *e);
+
 static void release_all(kv_gpu_engine *e)
 {
     if (!e->lay) return;
     cudaDeviceSynchronize();
     (void)cudaGetLastError();
     for (int l = 0; l < e->L; l++) layer_release(&e->lay[l]);
+    cap_clear(e); /* the settings (cap.nq, cap.kv) stay */
     for (int i = 0; i < 2; i++) { /* sized for this configuration's offloaded layers */
         gl_dfree(&e->off.stage_k[i]);
         gl_dfree(&e->off.stage_v[i]);
@@ -236,15 +240,21 @@ static kv_status alloc_layers(kv_gpu_engine *e)
 }
 
 /* Hand layer l the first T tokens of dense fp16 K/V (nkv, ld, hd) on the
- * device.  tmp: device scratch (gl_placement.ingest). */
+ * device.  tmp: device scratch (gl_placement.ingest).  sync: wait for the
+ * main stream after it.  Every placement's device work on tmp and K/V is on
+ * the main stream (or ordered after it by events), and one that reads back
+ * to the host waits itself, so the chunked prefill does not wait here: the
+ * host runs ahead, and what it does for the next layer (pinning a sparse
+ * layer's host rows) overlaps the GPU's work; that prefill synchronises the
+ * device once at its end. */
 static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16_t *V, int ld,
-                        int T, uint16_t *tmp)
+                        int T, uint16_t *tmp, bool sync)
 {
     gl_layer *y = &e->lay[l];
     y->T = T;
     y->fetched_last = y->fetched_total = y->attends = 0;
     TRY(y->pl->ingest(e, y, K, V, ld, T, tmp));
-    CK(cudaStreamSynchronize(e->s_main)); /* tmp is reused by the next layer */
+    if (sync) CK(cudaStreamSynchronize(e->s_main));
     return KV_OK;
 }
 
@@ -254,6 +264,111 @@ static size_t ingest_scratch(const kv_gpu_engine *e, int T)
     size_t need = (size_t)2 * e->nkv * T * e->hd;
     size_t cm = (size_t)e->nkv * e->hd * gl_pad8(T);
     return need > cm ? need : cm;
+}
+
+// --- capture for dumps (kv_gpu_engine_keep) ---------------------------------------
+
+static void cap_clear(kv_gpu_engine *e)
+{
+    for (int l = 0; l < e->L; l++) {
+        if (e->cap.k) free(e->cap.k[l]);
+        if (e->cap.v) free(e->cap.v[l]);
+    }
+    free(e->cap.k);
+    free(e->cap.v);
+    free(e->cap.q);
+    e->cap.k = e->cap.v = NULL;
+    e->cap.q = NULL;
+    e->cap.T = e->cap.q_n = 0;
+}
+
+/* Host buffers for the capture of an n-token prompt, when one is asked for. */
+static kv_status cap_begin(kv_gpu_engine *e, int n)
+{
+    cap_clear(e);
+    if (!e->cap.nq && !e->cap.kv) return KV_OK;
+    const size_t per = (size_t)e->nkv * n * e->hd * 2;
+    bool nomem = false;
+    if (e->cap.kv) {
+        e->cap.k = calloc((size_t)e->L, sizeof *e->cap.k);
+        e->cap.v = calloc((size_t)e->L, sizeof *e->cap.v);
+        nomem = !e->cap.k || !e->cap.v;
+        for (int l = 0; l < e->L && !nomem; l++) {
+            e->cap.k[l] = malloc(per);
+            e->cap.v[l] = malloc(per);
+            nomem = !e->cap.k[l] || !e->cap.v[l];
+        }
+    }
+    e->cap.q_n = e->cap.nq < n ? e->cap.nq : n;
+    if (!nomem && e->cap.q_n) {
+        e->cap.q = malloc((size_t)e->L * e->cap.q_n * e->qd * 2);
+        nomem = !e->cap.q;
+    }
+    if (nomem) {
+        cap_clear(e);
+        return kv_fail(KV_E_NOMEM, "out of host memory for the captured prompt (%d tokens)", n);
+    }
+    e->cap.T = n;
+    return KV_OK;
+}
+
+/* Layer l's dense prompt K/V (nkv, ld, hd), first T tokens, to the host. */
+static kv_status cap_layer_kv(kv_gpu_engine *e, int l, const uint16_t *K, const uint16_t *V,
+                              int ld, int T)
+{
+    if (!e->cap.k) return KV_OK;
+    const size_t rb = (size_t)e->hd * 2;
+    CK(cudaMemcpy2DAsync(e->cap.k[l], (size_t)T * rb, K, (size_t)ld * rb, (size_t)T * rb, e->nkv,
+                         cudaMemcpyDeviceToHost, e->s_main));
+    CK(cudaMemcpy2DAsync(e->cap.v[l], (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, e->nkv,
+                         cudaMemcpyDeviceToHost, e->s_main));
+    CK(cudaStreamSynchronize(e->s_main));
+    return KV_OK;
+}
+
+/* Rows [pos, pos + rows) of layer l's rotated fp16 queries q (rows, ldq) on
+ * the device, of an n-token prompt: those among the last q_n to the host. */
+static kv_status cap_queries(kv_gpu_engine *e, int l, int pos, int rows, int n, const uint16_t *q,
+                             size_t ldq, cudaStream_t s)
+{
+    const int first = n - e->cap.q_n; /* the first position kept */
+    if (!e->cap.q || pos + rows <= first) return KV_OK;
+    const int skip = pos < first ? first - pos : 0, j = pos + skip - first;
+    CK(cudaMemcpy2DAsync(e->cap.q + ((size_t)l * e->cap.q_n + j) * e->qd, (size_t)e->qd * 2,
+                         q + (size_t)skip * ldq, ldq * 2, (size_t)e->qd * 2, (size_t)(rows - skip),
+                         cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    return KV_OK;
+}
+
+kv_status kv_gpu_engine_keep(kv_gpu_engine *e, int nq, bool prompt_kv)
+{
+    if (nq < 0 || nq > 1 << 16) return kv_fail(KV_E_USAGE, "query capture count %d out of range", nq);
+    cap_clear(e);
+    e->cap.nq = nq;
+    e->cap.kv = prompt_kv;
+    return KV_OK;
+}
+
+const uint16_t *kv_gpu_engine_prompt_kv(const kv_gpu_engine *e, int layer, char which, int *T)
+{
+    *T = 0;
+    if (layer < 0 || layer >= e->L || !e->cap.k || !e->cap.T) return NULL;
+    *T = e->cap.T;
+    return which == 'k' ? e->cap.k[layer] : which == 'v' ? e->cap.v[layer] : NULL;
+}
+
+int kv_gpu_engine_queries(const kv_gpu_engine *e, int layer, uint16_t *out)
+{
+    if (layer < 0 || layer >= e->L || !e->cap.q || !e->cap.T) return 0;
+    const int n = e->cap.q_n, hd = e->hd;
+    if (!out) return n;
+    const uint16_t *q = e->cap.q + (size_t)layer * n * e->qd;
+    for (int j = 0; j < n; j++)
+        for (int h = 0; h < e->nqh; h++)
+            memcpy(out + ((size_t)h * n + j) * hd, q + (size_t)j * e->qd + (size_t)h * hd,
+                   (size_t)hd * 2);
+    return n;
 }
 
 // --- the forward pass --------------------------------------------------------------
@@ -317,6 +432,7 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
         }
         CK(eng_rope_store(q, e->q16, e->nqh, k, v, nkv, hd, e->inv_freq, pos, r.k, r.v, r.hs, s));
         if (pf) {
+            TRY(cap_queries(e, l, pos, 1, pf->n, e->q16, (size_t)e->qd, s));
             if (y->pl->observe) TRY(y->pl->observe(e, y, q, pos, pf->n));
             TRY(gl_attend_dense(e, pf->k[l], pf->v[l], (size_t)pf->n * hd, pos + 1, s));
         } else {
@@ -390,6 +506,8 @@ static kv_status engine_init(kv_gpu_engine *e)
         CK(cudaEventRecord(e->off.ev_done[i], e->s_main));
     }
     CK(cudaEventCreateWithFlags(&e->off.ev_rope, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&e->pfc.ev_chunk, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&e->pfc.ev_read, cudaEventDisableTiming));
     for (int l = 0; l < e->L; l++) {
         CK(cudaEventCreateWithFlags(&e->ev_x[l], cudaEventDisableTiming));
         CK(cudaEventCreateWithFlags(&e->ev_sel[l], cudaEventDisableTiming));
@@ -531,6 +649,9 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     for (int i = 0; i < 2; i++)
         if (e->off.ev_done[i]) cudaEventDestroy(e->off.ev_done[i]);
     if (e->off.ev_rope) cudaEventDestroy(e->off.ev_rope);
+    if (e->pfc.ev_chunk) cudaEventDestroy(e->pfc.ev_chunk);
+    if (e->pfc.ev_read) cudaEventDestroy(e->pfc.ev_read);
+    gl_dfree(&e->pfc.stage);
     if (e->s_main) cudaStreamDestroy(e->s_main);
     if (e->s_side) cudaStreamDestroy(e->s_side);
     if (e->s_gath) cudaStreamDestroy(e->s_gath);
@@ -570,7 +691,8 @@ static kv_status ingest_all(kv_gpu_engine *e, uint16_t **K, uint16_t **V, int ld
     TRY(gl_dalloc(&tmp, ingest_scratch(e, T) * 2, "ingest scratch"));
     kv_status st = KV_OK;
     for (int l = 0; l < e->L && !st; l++) {
-        st = ingest(e, l, K[l], V[l], ld, T, tmp);
+        st = cap_layer_kv(e, l, K[l], V[l], ld, T);
+        if (!st) st = ingest(e, l, K[l], V[l], ld, T, tmp, true);
         if (st) kv_errcontext("layer %d ingest", l);
     }
     cudaDeviceSynchronize();
@@ -596,6 +718,9 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
     pf_hook_ctx *c = ctx;
     kv_gpu_engine *e = c->e;
     gl_layer *y = &e->lay[l];
+    if (y->pl->chunk && !e->o.prefill_copy_sync)
+        TRY(y->pl->chunk(e, y, c->K, c->V, c->T, p0, n, c->T));
+    TRY(cap_queries(e, l, p0, n, c->T, q, (size_t)ldq, (cudaStream_t)stream));
     if (!y->pl->observe) return KV_OK;
     for (int i = 0; i < n; i++) {
         int pos = p0 + i;
@@ -612,7 +737,10 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
 static kv_status pf_on_layer(void *ctx, int l, void *stream)
 {
     pf_hook_ctx *c = ctx;
-    kv_status st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp);
+    kv_status st = cap_layer_kv(c->e, l, c->K, c->V, c->T, c->T);
+    /* opts.prefill_copy_sync measures the former path: copies on the main
+     * stream at the layer's end, the host waiting for each layer */
+    if (!st) st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp, c->e->o.prefill_copy_sync);
     if (st) kv_errcontext("layer %d ingest", l);
     return st;
 }
@@ -623,6 +751,26 @@ static bool pf_chunked_ok(kv_gpu_engine *e)
     if (e->o.prefill_chunk < 0 || (e->hd != 64 && e->hd != 128) || e->nqh % e->nkv) return false;
     if (!e->cb && !e->cb_failed && kv_cublas_open(&e->cb) != KV_OK) e->cb_failed = true;
     return e->cb != NULL;
+}
+
+bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_t why_len)
+{
+    const bool ok = pf_chunked_ok(e);
+    *chunk = ok ? (e->o.prefill_chunk > 0 ? e->o.prefill_chunk : KV_GPU_PREFILL_CHUNK) : 0;
+    char buf[320];
+    if (ok)
+        snprintf(buf, sizeof buf, "head_dim %d: cuBLAS products (%s) and the flash-attention "
+                 "chunk kernel", e->hd, kv_cublas_where());
+    else if (e->o.prefill_chunk < 0)
+        snprintf(buf, sizeof buf, "one token at a time was asked for (prefill chunk 0)");
+    else if (e->hd != 64 && e->hd != 128)
+        snprintf(buf, sizeof buf, "head_dim %d: the chunked prefill kernels take 64 or 128", e->hd);
+    else if (e->nqh % e->nkv)
+        snprintf(buf, sizeof buf, "%d query heads are not a multiple of %d KV heads", e->nqh, e->nkv);
+    else
+        snprintf(buf, sizeof buf, "cuBLAS is unavailable (%s)", kv_cublas_where());
+    if (why_len) snprintf(why, why_len, "%s", buf);
+    return ok;
 }
 
 /*
@@ -698,6 +846,8 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     }
     free(ev.start);
     free(ev.stop);
+    gl_dfree(&e->pfc.stage); /* the sparse layers' chunk staging (after the synchronise above) */
+    e->pfc.n = 0;
     kv_gpu_prefill_ws_free(&ws);
     gl_dfree(&tmp);
     gl_dfree(&V);
@@ -726,7 +876,7 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
     const bool chunked = pf_chunked_ok(e);
     prefill_cache pf = {NULL, NULL, n};
     int *dt = NULL;
-    kv_status st = KV_OK;
+    kv_status st = cap_begin(e, n);
     if (!chunked) {
         /* one token at a time: every layer's prompt cache at once */
         pf.k = calloc((size_t)e->L, sizeof(uint16_t *));
@@ -765,6 +915,11 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
                                          cudaMemcpyDeviceToHost, e->s_main);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(e->s_main);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "logits download", __FILE__, __LINE__);
+        /* NaN/inf weights or overflow: refused as on the CPU (the logits are
+         * the one place the host sees; the selection kernels rank NaN as -inf
+         * meanwhile, so nothing before this point misbehaves) */
+        else if (kv_first_nonfinite(logits_last, (size_t)e->vocab) != SIZE_MAX)
+            st = kv_model_nonfinite_fail(e->m, "logits", n - 1);
     }
     cudaDeviceSynchronize();
     for (int l = 0; pf.k && l < e->L; l++) gl_dfree(&pf.k[l]);
@@ -773,12 +928,19 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
     free(pf.v);
     gl_dfree(&dt);
     if (!st) e->pos = n;
+    else cap_clear(e);
     return st;
 }
 
 kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
 {
-    if (e->pos == 0) return kv_gpu_engine_prefill(e, &token, 1, logits);
+    if (e->pos == 0) { /* a one-token prefill, which keeps no prompt K/V (as kv_engine_step) */
+        bool kv = e->cap.kv;
+        e->cap.kv = false;
+        kv_status st = kv_gpu_engine_prefill(e, &token, 1, logits);
+        e->cap.kv = kv;
+        return st;
+    }
     TRY(check_token(e, token, e->pos));
     if (e->pos >= e->ctx) return kv_fail(KV_E_USAGE, "context of %d tokens is full", e->ctx);
     e->h_tok[0] = token;
@@ -790,6 +952,8 @@ kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
         CK(cudaMemcpyAsync(logits, e->logits, (size_t)e->vocab * 4, cudaMemcpyDeviceToHost, e->s_main));
     }
     CK(cudaStreamSynchronize(e->s_main));
+    if (logits && kv_first_nonfinite(logits, (size_t)e->vocab) != SIZE_MAX)
+        return kv_model_nonfinite_fail(e->m, "logits", e->pos - 1);
     return KV_OK;
 }
 
@@ -847,6 +1011,7 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 {
     if (e->pos != 0) return kv_fail(KV_E_USAGE, "synthesize on an engine at position %d: reset it first", e->pos);
     if (T < 1 || T >= e->ctx) return kv_fail(KV_E_USAGE, "synthetic context of %d tokens does not fit %d", T, e->ctx);
+    cap_clear(e); /* a synthesized context has no prompt to dump */
     uint16_t *K = NULL, *V = NULL;
     float *scale = NULL;
     size_t n = (size_t)e->nkv * T * e->hd;
@@ -870,7 +1035,7 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
         cudaError_t ce = eng_fill_random(K, KV_DT_F16, n, seed * 1315423911u + 2u * l, scale, e->hd, 1, e->s_main);
         if (ce == cudaSuccess) ce = eng_fill_random(V, KV_DT_F16, n, seed * 1315423911u + 2u * l + 1, NULL, 1, 1, e->s_main);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "synthetic fill", __FILE__, __LINE__);
-        if (!st) st = ingest(e, l, K, V, T, T, tmp);
+        if (!st) st = ingest(e, l, K, V, T, T, tmp, true);
     }
     cudaDeviceSynchronize();
     free(hs);

@@ -79,6 +79,10 @@ typedef struct {
                              path, also taken for head_dim outside 64/128 or without cuBLAS) */
     bool time_prefill;    /* time the chunked prefill's attention launches with events
                              (kv_gpu_engine_prefill_attn_ms) */
+    bool prefill_copy_sync; /* measurement only: sparse layers copy their prompt to host
+                             memory at the end of the layer on the main stream (the former
+                             path), instead of chunk by chunk on the copy stream while the
+                             next chunk computes */
 } kv_gpu_engine_opts;
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
@@ -160,6 +164,31 @@ typedef struct {
     double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
+
+/*
+ * Capture for a .kvc dump, as kv_engine_keep: call before the prefill to
+ * keep the prompt's last nq queries of each layer (post-RoPE, fp16, as the
+ * prefill computed them) and, with prompt_kv, each layer's dense prompt
+ * K/V, downloaded to host memory as the layer's placement takes it (so the
+ * GPU never holds more than one layer's dense K/V).  Only the prefill is
+ * captured (decode steps are not).  The settings survive a reset; the
+ * captured data does not.
+ */
+kv_status kv_gpu_engine_keep(kv_gpu_engine *e, int nq, bool prompt_kv);
+/* Prompt K or V of a layer after a captured prefill: (n_kv_heads, T,
+ * head_dim) fp16 (IEEE half bits) host memory, T the prompt length; NULL
+ * when not kept.  which: 'k' or 'v'. */
+const uint16_t *kv_gpu_engine_prompt_kv(const kv_gpu_engine *e, int layer, char which, int *T);
+/* Copy the captured queries of a layer, oldest first, into out (n_heads,
+ * nq_out, head_dim) fp16 (or only count them: out NULL); returns nq_out (0
+ * when none were kept). */
+int kv_gpu_engine_queries(const kv_gpu_engine *e, int layer, uint16_t *out);
+
+/* How kv_gpu_engine_prefill runs a prompt: in chunks of *chunk rows on the
+ * tensor cores (true), or one token at a time (false); why says which
+ * condition decided it (opts.prefill_chunk, head_dim, cuBLAS).  May load
+ * cuBLAS (as the first prefill would). */
+bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_t why_len);
 
 /* The attention kernels' GPU time in the last prefill (ms), when it ran in
  * chunks with opts.time_prefill; 0 otherwise. */

@@ -107,6 +107,15 @@ typedef struct gl_placement {
      * query (e->q16 fp16, q float (n_heads, hd)) over every token held, the
      * new one included, into e->att, on the main stream. */
     kv_status (*attend)(kv_gpu_engine *e, gl_layer *y, int pos, const float *q, const gl_row *r);
+    /* Optional, chunked prefill only: rows [p0, p0 + n) of this layer's
+     * T-token prompt are now in the dense fp16 cache K, V (nkv, ld, hd) on
+     * the main stream (ingest follows once the layer is done).  A placement
+     * may start moving them out here (sparse: the copy to pinned host memory
+     * on the copy stream, overlapping the next chunk's compute); whatever it
+     * still reads from K/V must be ordered before the main stream goes on
+     * (events), since the next layer overwrites the dense cache. */
+    kv_status (*chunk)(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V,
+                       int ld, int p0, int n, int T);
     /* Optional: the prefill's query at position pos of an n-token prompt,
      * given before the layer's ingest (dsq takes its importance from the
      * last ones, as kv_policy_ops.observe). */
@@ -211,6 +220,21 @@ struct kv_gpu_engine {
         cudaEvent_t ev_done[2], ev_rope;
         cudaEvent_t *ev_copied; /* (L) */
     } off;               /* offload */
+    struct {
+        uint16_t *stage; /* (C, nkv, 2, hd) rows, then (nkv, hd, C) channel-major keys of one chunk */
+        size_t n;        /* fp16 values allocated; freed at the end of each chunked prefill */
+        cudaEvent_t ev_chunk; /* main: a chunk's rows are in the dense cache */
+        cudaEvent_t ev_read;  /* copy stream: the last chunk's rows are staged (the dense cache
+                                 may be overwritten) */
+    } pfc;               /* sparse, during a chunked prefill: the copy of each chunk to host */
+    struct {
+        int nq;            /* queries to keep per layer (0: none) */
+        bool kv;           /* keep the prompt's dense K/V */
+        int T;             /* tokens of the captured prompt (0: nothing captured) */
+        int q_n;           /* queries captured per layer: min(nq, T) */
+        uint16_t **k, **v; /* (L) each (nkv, T, hd) fp16 host, as the layer's placement took it */
+        uint16_t *q;       /* (L, q_n, qd) fp16 host: the prompt's last queries, post-RoPE */
+    } cap;               /* kv_gpu_engine_keep: the prompt for a .kvc dump */
     cudaEvent_t *ev_x, *ev_sel;           /* (L) predicted layer's input ready, selection done */
     cudaEvent_t *ev_topk;                 /* (L) selection done, gather may start */
     cudaEvent_t *ev_p0, *ev_p1, *ev_g0, *ev_g1; /* (L) profile: side stream start/end, host reads */

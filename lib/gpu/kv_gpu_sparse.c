@@ -14,12 +14,22 @@
  * of the keys (sketch, so that only the chosen rows cross PCIe); softmax
  * and the GQA combine, top-K, then the chosen rows are gathered into the
  * buffer on the gather stream while the next layer's selection runs.
+ *
+ * In a chunked prefill the prompt reaches host memory chunk by chunk
+ * (sparse_chunk): as soon as a chunk's rows are in the dense cache, a
+ * conversion to the host layouts into a chunk-sized staging buffer and the
+ * device-to-host copies run on the copy stream, under the next chunk's (and
+ * at the layer's end the next layer's) compute; the main stream waits only
+ * for the last conversion before the next layer overwrites the dense cache.
+ * What needs the whole prompt (key statistics, sketch, sink, tail, the
+ * attention buffer) is built at ingest from the dense cache on the GPU.
  */
 #include "gpu/kv_gpu_int.h"
 
 #ifdef KV_HAVE_CUDA
 
 #include <math.h>
+#include <string.h>
 
 typedef struct {
     int Tp;                   /* prompt tokens */
@@ -35,6 +45,9 @@ typedef struct {
     float *chmax, *kmean, *kmad; /* (nkv, hd) device */
     uint16_t *ak, *av;        /* (nkv, cap, hd) the attention buffer */
     int start, natt;          /* rows attended in the current step */
+    int streamed;             /* prompt rows already copied to rows_h (and kcm_h) by
+                                 sparse_chunk, of streamed_T; 0 when ingest copies them */
+    int streamed_T;
 } sparse_state;
 
 static int topk_of(const kv_policy_params *p, int T)
@@ -67,6 +80,74 @@ static kv_status sparse_alloc(kv_gpu_engine *e, gl_layer *y)
     return gl_state_new(y, sizeof(sparse_state));
 }
 
+/* The pinned host buffers of a T-token prompt: rows (and the channel-major
+ * keys, their padding columns zeroed). */
+static kv_status sparse_host_alloc(kv_gpu_engine *e, gl_layer *y, int T)
+{
+    sparse_state *sp = y->st;
+    const int nkv = e->nkv, hd = e->hd;
+    gl_hfree(&sp->rows_h); /* a failed prefill's, not yet released */
+    gl_hfree(&sp->kcm_h);
+    sp->rows_d = sp->kcm_d = NULL;
+    TRY(gl_halloc(&sp->rows_h, &sp->rows_d, (size_t)T * nkv * 2 * hd * 2, "sparse K/V rows"));
+    if (y->prm.select == KV_SELECT_CHANNELS) {
+        sp->ldc = gl_pad8(T);
+        TRY(gl_halloc(&sp->kcm_h, &sp->kcm_d, (size_t)nkv * hd * sp->ldc * 2, "channel-major keys"));
+        for (size_t r = 0; r < (size_t)nkv * hd && sp->ldc > T; r++)
+            memset(sp->kcm_h + r * sp->ldc + T, 0, (size_t)(sp->ldc - T) * 2);
+    }
+    return KV_OK;
+}
+
+/*
+ * Rows [p0, p0 + n) of a T-token prompt to host memory while the prefill
+ * goes on: on the copy stream, after the chunk (an event on the main
+ * stream), convert them into the staging buffer (rows, and the keys
+ * channel-major), record that the dense cache has been read, and copy the
+ * staged bytes to the pinned buffers.  One stream keeps the staging safe:
+ * the next chunk's conversion waits for this chunk's copies.  GPU memory:
+ * the staging of one chunk, (3 nkv hd n) fp16 values at most.
+ */
+static kv_status sparse_chunk(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V,
+                              int ld, int p0, int n, int T)
+{
+    sparse_state *sp = y->st;
+    const int nkv = e->nkv, hd = e->hd;
+    const bool channels = y->prm.select == KV_SELECT_CHANNELS;
+    if (p0 == 0) {
+        sp->streamed = 0;
+        sp->streamed_T = T;
+        TRY(sparse_host_alloc(e, y, T));
+    }
+    if (p0 != sp->streamed || T != sp->streamed_T)
+        return kv_fail(KV_E_INTERNAL, "layer %d: prefill chunk at row %d, %d of %d rows copied",
+                       y->l, p0, sp->streamed, T);
+    const size_t rn = (size_t)n * nkv * 2 * hd, need = rn + (channels ? (size_t)nkv * hd * n : 0);
+    if (need > e->pfc.n) { /* grown once per prefill: every chunk but the last has the same n */
+        CK(cudaDeviceSynchronize());
+        gl_dfree(&e->pfc.stage);
+        e->pfc.n = 0;
+        TRY(gl_dalloc(&e->pfc.stage, need * 2, "sparse prefill staging"));
+        e->pfc.n = need;
+    }
+    cudaStream_t sc = e->s_copy;
+    uint16_t *st_rows = e->pfc.stage, *st_cm = e->pfc.stage + rn;
+    CK(cudaEventRecord(e->pfc.ev_chunk, e->s_main));
+    CK(cudaStreamWaitEvent(sc, e->pfc.ev_chunk, 0));
+    CK(eng_to_row_layout(K + (size_t)p0 * hd, V + (size_t)p0 * hd, nkv, n, ld, hd, KV_DT_F16,
+                         st_rows, sc));
+    if (channels)
+        CK(eng_to_channel_major(K + (size_t)p0 * hd, nkv, n, ld, hd, KV_DT_F16, st_cm, n, sc));
+    CK(cudaEventRecord(e->pfc.ev_read, sc));
+    CK(cudaMemcpyAsync(sp->rows_h + (size_t)p0 * nkv * 2 * hd, st_rows, rn * 2,
+                       cudaMemcpyDeviceToHost, sc));
+    if (channels)
+        CK(cudaMemcpy2DAsync(sp->kcm_h + p0, (size_t)sp->ldc * 2, st_cm, (size_t)n * 2,
+                             (size_t)n * 2, (size_t)nkv * hd, cudaMemcpyDeviceToHost, sc));
+    sp->streamed = p0 + n;
+    return KV_OK;
+}
+
 static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
                                const uint16_t *V, int ld, int T, uint16_t *tmp)
 {
@@ -77,6 +158,10 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     cudaStream_t s = e->s_main;
     bool sketch = p->select == KV_SELECT_SKETCH;
     bool channels = p->select == KV_SELECT_CHANNELS;
+    /* the chunks have been copied out (sparse_chunk): the next layer may
+     * overwrite the dense cache once the last one is staged */
+    const bool streamed = sp->streamed == T && sp->streamed_T == T && sp->rows_h;
+    sp->streamed = sp->streamed_T = 0;
     sp->Tp = T;
     cand_range(p, sp->Tp, T, &sp->cs0, &sp->cend0);
     int kk_ctx = topk_of(p, e->ctx);
@@ -85,22 +170,24 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     sp->tail_base = sp->kmax + sp->cs0;
     sp->cap = sp->tail_base + (e->ctx - sp->cend0);
     size_t rowsz = (size_t)T * nkv * 2 * hd * 2;
-    TRY(gl_halloc(&sp->rows_h, &sp->rows_d, rowsz, "sparse K/V rows"));
-    CK(eng_to_row_layout(K, V, nkv, T, ld, hd, KV_DT_F16, tmp, s));
-    CK(cudaMemcpyAsync(sp->rows_h, tmp, rowsz, cudaMemcpyDeviceToHost, s));
-    if (sp->cs0 > 0) {
+    if (streamed) {
+        CK(cudaStreamWaitEvent(s, e->pfc.ev_read, 0));
+    } else {
+        TRY(sparse_host_alloc(e, y, T));
+        CK(eng_to_row_layout(K, V, nkv, T, ld, hd, KV_DT_F16, tmp, s));
+        CK(cudaMemcpyAsync(sp->rows_h, tmp, rowsz, cudaMemcpyDeviceToHost, s));
+    }
+    if (sp->cs0 > 0) { /* the sink rows in the row layout, from the dense cache */
         size_t sz = (size_t)sp->cs0 * nkv * 2 * hd * 2;
         TRY(gl_dalloc(&sp->sink, sz, "sparse sink rows"));
-        CK(cudaMemcpyAsync(sp->sink, tmp, sz, cudaMemcpyDeviceToDevice, s));
+        CK(eng_to_row_layout(K, V, nkv, sp->cs0, ld, hd, KV_DT_F16, sp->sink, s));
     }
     TRY(gl_dalloc(&sp->chmax, (size_t)nkv * hd * 4, "key channel maxima"));
     TRY(gl_dalloc(&sp->kmean, (size_t)nkv * hd * 4, "key channel means"));
     TRY(gl_dalloc(&sp->kmad, (size_t)nkv * hd * 4, "key channel deviations"));
     CK(eng_key_stats(K, nkv, T, ld, hd, KV_DT_F16, sp->chmax, sp->kmean, sp->kmad, s));
-    if (channels) {
-        sp->ldc = gl_pad8(T);
+    if (channels && !streamed) {
         size_t cmsz = (size_t)nkv * hd * sp->ldc * 2;
-        TRY(gl_halloc(&sp->kcm_h, &sp->kcm_d, cmsz, "channel-major keys"));
         CK(cudaMemsetAsync(tmp, 0, cmsz, s));
         CK(eng_to_channel_major(K, nkv, T, ld, hd, KV_DT_F16, tmp, sp->ldc, s));
         CK(cudaMemcpyAsync(sp->kcm_h, tmp, cmsz, cudaMemcpyDeviceToHost, s));
@@ -292,6 +379,7 @@ const gl_placement gl_sparse = {
     .configure = sparse_configure,
     .alloc = sparse_alloc,
     .ingest = sparse_ingest,
+    .chunk = sparse_chunk,
     .select = sparse_select,
     .slot = sparse_slot,
     .attend = sparse_attend,

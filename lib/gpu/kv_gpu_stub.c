@@ -9,6 +9,7 @@
 
 #ifndef KV_HAVE_CUDA
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +93,33 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
 }
 
 double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return 0; }
+
+kv_status kv_gpu_engine_keep(kv_gpu_engine *e, int nq, bool prompt_kv)
+{
+    (void)e; (void)nq; (void)prompt_kv;
+    return no_cuda();
+}
+
+const uint16_t *kv_gpu_engine_prompt_kv(const kv_gpu_engine *e, int layer, char which, int *T)
+{
+    (void)e; (void)layer; (void)which;
+    *T = 0;
+    return NULL;
+}
+
+int kv_gpu_engine_queries(const kv_gpu_engine *e, int layer, uint16_t *out)
+{
+    (void)e; (void)layer; (void)out;
+    return 0;
+}
+
+bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_t why_len)
+{
+    (void)e;
+    *chunk = 0;
+    if (why_len) snprintf(why, why_len, "CUDA not built in");
+    return false;
+}
 
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
 {

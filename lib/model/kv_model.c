@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 #include "format/kv_gguf.h"
+#include "common/kv_finite.h"
 #include "common/kv_half.h"
+#include "model/kv_matmul.h"
 
 #define LLAMA2C_MAGIC_V1 0x616b3432u /* "ak42" */
 
@@ -585,4 +587,81 @@ void kv_model_rope_freqs(const kv_model_config *c, float *inv_freq)
         if (c->rope_freq_factors) f /= c->rope_freq_factors[i];
         inv_freq[i] = f;
     }
+}
+
+/* The first non-finite element of w, as "row r, column c", or false. */
+static bool weight_nonfinite(const kv_weight *w, float *row, char *at, size_t n)
+{
+    for (int r = 0; r < w->rows; r++) {
+        kv_weight_row(w, r, row);
+        size_t c = kv_first_nonfinite(row, (size_t)w->cols);
+        if (c != SIZE_MAX) {
+            snprintf(at, n, "row %d, column %zu", r, c);
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool vector_nonfinite(const float *x, int len, char *at, size_t n)
+{
+    size_t i = x ? kv_first_nonfinite(x, (size_t)len) : SIZE_MAX;
+    if (i == SIZE_MAX) return false;
+    snprintf(at, n, "element %zu", i);
+    return true;
+}
+
+bool kv_model_first_nonfinite(const kv_model *m, char *where, size_t n)
+{
+    const kv_model_config *c = &m->cfg;
+    int wide = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    if (c->n_heads * c->head_dim > wide) wide = c->n_heads * c->head_dim;
+    float *row = malloc((size_t)wide * sizeof *row);
+    char at[64];
+    bool found = false;
+    if (!row) {
+        snprintf(where, n, "(out of memory while looking)");
+        return true;
+    }
+    if (weight_nonfinite(&m->tok_embd, row, at, sizeof at)) {
+        snprintf(where, n, "token embedding (tok_embd) %s", at);
+        found = true;
+    } else if (vector_nonfinite(c->rope_freq_factors, c->head_dim / 2, at, sizeof at)) {
+        snprintf(where, n, "rope_freqs %s", at);
+        found = true;
+    }
+    for (int l = 0; l < c->n_layers && !found; l++) {
+        const kv_layer_weights *lw = &m->layers[l];
+        const kv_weight *ws[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        static const char *names[7] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+        const char *what = NULL;
+        if (vector_nonfinite(lw->attn_norm, c->dim, at, sizeof at)) what = "attn_norm";
+        for (int i = 0; i < 7 && !what; i++) /* in the order a forward pass uses them */
+            if (i == 4 && vector_nonfinite(lw->ffn_norm, c->dim, at, sizeof at)) what = "ffn_norm";
+            else if (weight_nonfinite(ws[i], row, at, sizeof at)) what = names[i];
+        if (what) {
+            snprintf(where, n, "layer %d %s %s", l, what, at);
+            found = true;
+        }
+    }
+    if (!found && vector_nonfinite(m->output_norm, c->dim, at, sizeof at)) {
+        snprintf(where, n, "output_norm %s", at);
+        found = true;
+    }
+    if (!found && m->output.data != m->tok_embd.data && weight_nonfinite(&m->output, row, at, sizeof at)) {
+        snprintf(where, n, "classifier (output) %s", at);
+        found = true;
+    }
+    free(row);
+    return found;
+}
+
+kv_status kv_model_nonfinite_fail(const kv_model *m, const char *what, int pos)
+{
+    char w[160];
+    if (kv_model_first_nonfinite(m, w, sizeof w))
+        return kv_fail(KV_E_DATA, "%s at position %d are NaN or infinite: the model's %s is not finite", what,
+                       pos, w);
+    return kv_fail(KV_E_DATA, "%s at position %d overflowed to NaN or infinity (every weight is finite)", what,
+                   pos);
 }

@@ -91,6 +91,16 @@ void kv_model_close(kv_model *m);
 /* The GGUF metadata of a GGUF model (for the vocabulary), else NULL. */
 const struct kv_gguf *kv_model_gguf(const kv_model *m);
 
+/* Where the first NaN or infinite weight of m is, in the order a forward
+ * pass reads them ("layer 0 attn_norm element 0", "layer 3 w_up row 7,
+ * column 2"), written to where (n); false if every weight is finite.  It
+ * reads every weight: for the message of an engine that found non-finite
+ * activations, not for every run. */
+bool kv_model_first_nonfinite(const kv_model *m, char *where, size_t n);
+/* KV_E_DATA for activations `what` (e.g. "layer 2: keys") that came out
+ * NaN or infinite at position pos, naming the weight they came from or
+ * saying that finite weights overflowed; both engines use it. */
+kv_status kv_model_nonfinite_fail(const kv_model *m, const char *what, int pos);
 /* The cache geometry of the model (no tokens yet; keys roped, interleaved). */
 void kv_model_geom(const kv_model *m, kv_geom *g);
 

@@ -230,11 +230,17 @@ typedef struct {
     int idx;
 } scored;
 
-/* Descending score; ties to the earlier token, so selection is deterministic. */
+/* Descending score, NaN ranked as -inf (as kv_dsq_select does); ties to
+ * the earlier token.  A total order, so selection is deterministic and the
+ * quickselect's scans stop at the pivot: with NaN compared as a number
+ * every comparison was "less", and the scan ran off the array. */
+static inline float rank_of(float x) { return isnan(x) ? -INFINITY : x; }
+
 static int cmp_scored(const void *a, const void *b)
 {
     const scored *x = a, *y = b;
-    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    float u = rank_of(x->score), v = rank_of(y->score);
+    if (u != v) return u < v ? 1 : -1;
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 

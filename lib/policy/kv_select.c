@@ -168,6 +168,12 @@ void kv_select_score_pages(const float *q, int g, int D, const float *pmin, cons
     }
 }
 
+static inline float combine_w(float x, float mx)
+{
+    x = rank_val(x);
+    return mx == INFINITY ? (float)(x == INFINITY) : mx == -INFINITY ? 0.0f : expf(x - mx);
+}
+
 void kv_select_combine(const float *score, int g, int n, int reduce_max, float *comb)
 {
     for (int i = 0; i < n; i++) comb[i] = 0.0f;
@@ -175,12 +181,15 @@ void kv_select_combine(const float *score, int g, int n, int reduce_max, float *
         const float *sc = score + (size_t)h * n;
         float mx = -INFINITY;
         for (int i = 0; i < n; i++)
-            if (sc[i] > mx) mx = sc[i];
+            if (rank_val(sc[i]) > mx) mx = rank_val(sc[i]);
+        /* a NaN score weighs 0 (through the sum it would blank every
+         * probability of the head); +inf scores share the head's mass, and
+         * a head without a finite score adds nothing */
         double sum = 0.0;
-        for (int i = 0; i < n; i++) sum += expf(sc[i] - mx);
+        for (int i = 0; i < n; i++) sum += combine_w(sc[i], mx);
         float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
         for (int i = 0; i < n; i++) {
-            float pr = expf(sc[i] - mx) * inv;
+            float pr = combine_w(sc[i], mx) * inv;
             if (reduce_max) comb[i] = pr > comb[i] ? pr : comb[i];
             else comb[i] += pr;
         }

@@ -3,11 +3,13 @@
  * (what kv-quant does), with the errors and timings of each layer.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "attn/kv_attn.h"
+#include "common/kv_finite.h"
 #include "common/kv_json.h"
 #include "quant/kv_quant.h"
 
@@ -214,6 +216,13 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
             lo.kivi = o->per_layer[l].kivi;
             lo.dsq = o->per_layer[l].dsq;
         }
+        char nk[32], nv[32];
+        snprintf(nk, sizeof nk, "layers.%d.k", l);
+        snprintf(nv, sizeof nv, "layers.%d.v", l);
+        /* a NaN would be packed as some finite code and come back as a number */
+        if ((st = kv_check_finite3(nk, k, H, T, D, "quantization")) ||
+            (st = kv_check_finite3(nv, v, H, T, D, "quantization")))
+            break;
         bool have_q = false;
         const kvc_tensor *qt = q ? kvc_layer(in, l, "q") : NULL;
         if (qt && qt->ndim == 3 && qt->shape[0] == NH && qt->shape[1] == nq && qt->shape[2] == D &&

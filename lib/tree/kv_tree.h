@@ -26,6 +26,10 @@
 
 #define KV_TREE_INDEX_VERSION 1
 #define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvc" */
+/* The largest byte count (budget, size) the index holds: JSON numbers are
+ * doubles, exact up to 2^53.  Writers refuse more, the reader accepts up to
+ * it, so every store that is written can be read back. */
+#define KV_TREE_BYTES_MAX (UINT64_C(1) << 53)
 
 typedef enum { KV_TIER_GPU = 0, KV_TIER_HOST = 1, KV_TIER_DISK = 2, KV_TIER_COUNT } kv_tier;
 
@@ -172,8 +176,9 @@ typedef struct {
 
 /* Score of a node at time now (man/kv-tree.1, PLACEMENT). */
 double kv_tree_score(const kv_tree_node *nd, int64_t now, double half_life);
-/* Assign tiers under the budgets (bytes of uncompressed K/V) and rewrite the
- * chunks whose compression changes. */
+/* Assign tiers under the budgets (bytes of uncompressed K/V, at most
+ * KV_TREE_BYTES_MAX each, else KV_E_USAGE) and rewrite the chunks whose
+ * compression changes. */
 kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t host_bytes, double half_life,
                          int zstd_level, int64_t now, kv_place_report *r);
 
@@ -181,6 +186,7 @@ typedef struct {
     int nodes_removed;
     uint64_t bytes_freed;
     int orphans_removed;      /* chunk files the index did not name */
+    int temps_removed;        /* leftover index temp files (.index.json.XXXXXX) */
     uint64_t bytes_after;
 } kv_evict_report;
 
@@ -188,7 +194,7 @@ typedef struct {
 kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict_report *r);
 /* Evict lowest-score leaves until chunk files total <= max_bytes, commit
  * the index (gc saves by itself: orphans may only be deleted after the
- * commit), then delete orphaned chunk files. */
+ * commit), then delete orphaned chunk files and leftover index temp files. */
 kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_life, int64_t now,
                       kv_evict_report *r);
 
@@ -197,6 +203,7 @@ typedef struct {
     int n_problems;
     char **problems;          /* (n_problems) one line each */
     int orphans;              /* chunk files not in the index (not damage) */
+    int temp_files;           /* leftover index temp files of interrupted writes (not damage; gc removes them) */
 } kv_check_report;
 
 /* Verify every chunk against the index.  Returns KV_OK even when problems

@@ -45,7 +45,7 @@ static const char *get_str(const cJSON *o, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-#define U53 9007199254740992.0
+#define U53 ((double)KV_TREE_BYTES_MAX)
 
 /* A chunk name must stay inside STORE/chunks/: "chunks/" + [A-Za-z0-9._-]+
  * not starting with '.' (temp files start with '.'). */
@@ -284,13 +284,13 @@ kv_status kv_tree_index_format(const kv_tree *t, char **out)
     }
     cJSON_AddStringToObject(j, "format", "kv-tree");
     cJSON_AddNumberToObject(j, "version", KV_TREE_INDEX_VERSION);
-    cJSON_AddNumberToObject(j, "generation", (double)t->generation);
+    tree_json_u64(j, "generation", t->generation);
     if (t->has_geom) cJSON_AddItemToObject(j, "geometry", geom_json(&t->geom));
     else cJSON_AddNullToObject(j, "geometry");
     if (t->has_budgets) {
         cJSON *b = cJSON_AddObjectToObject(j, "budgets");
-        cJSON_AddNumberToObject(b, "gpu", (double)t->gpu_budget);
-        cJSON_AddNumberToObject(b, "host", (double)t->host_budget);
+        tree_json_u64(b, "gpu", t->gpu_budget);
+        tree_json_u64(b, "host", t->host_budget);
     } else
         cJSON_AddNullToObject(j, "budgets");
     cJSON *arr = cJSON_AddArrayToObject(j, "nodes");

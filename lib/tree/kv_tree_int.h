@@ -37,6 +37,10 @@ int tree_cmp_str(const void *a, const void *b);
  * JSON object o (index.json and kv-tree ls write them alike). */
 struct cJSON;
 void tree_node_json(struct cJSON *o, const kv_tree_node *nd);
+/* A 64-bit count added to o as exact decimal text (cJSON would print a
+ * double rounded to 15 digits). */
+void tree_json_u64(struct cJSON *o, const char *key, uint64_t v);
+void tree_json_i64(struct cJSON *o, const char *key, int64_t v);
 int tree_find_child(const kv_tree *t, int i, int32_t tok);
 void tree_imp_summary(kv_tree_node *nd, const float *imp, int n);
 uint64_t tree_kv_bytes_of(const kv_tree *t, int n);

@@ -11,6 +11,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* 64-bit counts as exact decimal text: cJSON prints numbers with 15
+ * significant digits when that reads back within an epsilon, so a budget
+ * of 2^53 came back as 9007199254740990. */
+void tree_json_u64(struct cJSON *o, const char *key, uint64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    cJSON_AddRawToObject(o, key, b);
+}
+
+void tree_json_i64(struct cJSON *o, const char *key, int64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    cJSON_AddRawToObject(o, key, b);
+}
+
 static char *finish(cJSON *o)
 {
     char *s = o ? cJSON_Print(o) : NULL;
@@ -61,8 +78,8 @@ char *kv_place_report_json(const kv_place_report *r, uint64_t gpu_budget, uint64
         cJSON_AddNumberToObject(e, "nodes", r->nodes[t]);
         cJSON_AddNumberToObject(e, "kv_bytes", (double)r->kv_bytes[t]);
     }
-    cJSON_AddNumberToObject(cJSON_GetObjectItem(o, "gpu"), "budget", (double)gpu_budget);
-    cJSON_AddNumberToObject(cJSON_GetObjectItem(o, "host"), "budget", (double)host_budget);
+    tree_json_u64(cJSON_GetObjectItem(o, "gpu"), "budget", gpu_budget);
+    tree_json_u64(cJSON_GetObjectItem(o, "host"), "budget", host_budget);
     return finish(o);
 }
 
@@ -72,6 +89,7 @@ char *kv_evict_report_json(const kv_evict_report *r)
     cJSON_AddNumberToObject(o, "nodes_removed", r->nodes_removed);
     cJSON_AddNumberToObject(o, "bytes_freed", (double)r->bytes_freed);
     cJSON_AddNumberToObject(o, "orphans_removed", r->orphans_removed);
+    cJSON_AddNumberToObject(o, "temp_files_removed", r->temps_removed);
     cJSON_AddNumberToObject(o, "bytes_after", (double)r->bytes_after);
     return finish(o);
 }
@@ -83,6 +101,7 @@ char *kv_check_report_json(const kv_check_report *r)
     cJSON_AddNumberToObject(o, "nodes", r->nodes);
     cJSON_AddNumberToObject(o, "chunks_ok", r->chunks_ok);
     cJSON_AddNumberToObject(o, "orphans", r->orphans);
+    cJSON_AddNumberToObject(o, "temp_files", r->temp_files);
     cJSON *p = cJSON_AddArrayToObject(o, "problems");
     for (int i = 0; i < r->n_problems; i++) cJSON_AddItemToArray(p, cJSON_CreateString(r->problems[i]));
     return finish(o);
@@ -102,11 +121,11 @@ void kv_tree_totals(const kv_tree *t, kv_tree_total *tot)
 void tree_node_json(struct cJSON *o, const kv_tree_node *nd)
 {
     cJSON_AddStringToObject(o, "file", nd->file);
-    cJSON_AddNumberToObject(o, "bytes", (double)nd->bytes);
-    cJSON_AddNumberToObject(o, "kv_bytes", (double)nd->kv_bytes);
+    tree_json_u64(o, "bytes", nd->bytes);
+    tree_json_u64(o, "kv_bytes", nd->kv_bytes);
     cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
-    cJSON_AddNumberToObject(o, "hits", (double)nd->hits);
-    cJSON_AddNumberToObject(o, "last_use", (double)nd->last_use);
+    tree_json_u64(o, "hits", nd->hits);
+    tree_json_i64(o, "last_use", nd->last_use);
     cJSON *im = cJSON_AddObjectToObject(o, "importance");
     cJSON_AddNumberToObject(im, "mean", nd->imp_mean);
     cJSON_AddNumberToObject(im, "min", nd->imp_min);

@@ -43,6 +43,9 @@ kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t hos
                          int zstd_level, int64_t now, kv_place_report *r)
 {
     memset(r, 0, sizeof *r);
+    if (gpu_bytes > KV_TREE_BYTES_MAX || host_bytes > KV_TREE_BYTES_MAX)
+        return kv_fail(KV_E_USAGE, "a tier budget of %llu bytes is beyond the index's 2^53",
+                       (unsigned long long)(gpu_bytes > host_bytes ? gpu_bytes : host_bytes));
     kv_tree *t = s->t;
     int n = t->n_nodes;
     int *nt = malloc((size_t)n * sizeof *nt);
@@ -148,6 +151,36 @@ kv_status kv_tree_store_rm(kv_tree_store *s, const int32_t *tok, int n, kv_evict
     return st;
 }
 
+/* Temp files of index writes that never committed (a writer killed between
+ * creating ".index.json.XXXXXX" and renaming it).  Only a lock holder
+ * writes the index, so under the lock every such file is a leftover. */
+static bool index_temp_name(const char *name)
+{
+    static const char pre[] = "." INDEX_NAME ".";
+    return strncmp(name, pre, sizeof pre - 1) == 0 && strlen(name) == sizeof pre - 1 + 6;
+}
+
+/* Count (dry) or delete the leftover index temp files. */
+static kv_status remove_index_temps(kv_tree_store *s, int *count, bool dry)
+{
+    *count = 0;
+    DIR *d = opendir(s->dir);
+    if (!d) return kv_fail(KV_E_IO, "cannot read %s: %s", s->dir, strerror(errno));
+    kv_status st = KV_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) && !st) {
+        if (!index_temp_name(e->d_name)) continue;
+        (*count)++;
+        if (dry) continue;
+        char *p = tree_path_join(s->dir, e->d_name);
+        if (!p) st = kv_fail(KV_E_NOMEM, "cannot allocate a path");
+        else unlink(p); /* a failure leaves it for the next gc */
+        free(p);
+    }
+    closedir(d);
+    return st;
+}
+
 /* Delete chunk files (and temp files of interrupted writes) that no live
  * node names.  Only safe under the exclusive lock, after the index is saved. */
 static kv_status remove_orphans(kv_tree_store *s, int *count, bool dry)
@@ -217,6 +250,7 @@ kv_status kv_tree_store_gc(kv_tree_store *s, uint64_t max_bytes, double half_lif
     r->bytes_after = live_bytes(t);
     if (!st) st = kv_tree_store_save(s);
     if (!st) st = remove_orphans(s, &r->orphans_removed, false);
+    if (!st) st = remove_index_temps(s, &r->temps_removed, false);
     return st;
 }
 
@@ -272,7 +306,8 @@ kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r)
         kvc_close(f);
         r->chunks_ok += ok;
     }
-    return remove_orphans(s, &r->orphans, true);
+    kv_status st = remove_orphans(s, &r->orphans, true);
+    return st ? st : remove_index_temps(s, &r->temp_files, true);
 }
 
 void kv_check_report_clear(kv_check_report *r)

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/kv_file.h"
+#include "common/kv_finite.h"
 #include "common/kv_outfile.h"
 
 // --- importance ---------------------------------------------------------------
@@ -57,7 +58,12 @@ kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention)
             st = kv_fail(KV_E_UNSUPPORTED, "layer %d keys are not a plain F32/F16/BF16 tensor", l);
             goto out;
         }
-        if ((st = kvc_tensor_to_f32(kt, k))) goto out;
+        char nm[32];
+        snprintf(nm, sizeof nm, "layers.%d.k", l);
+        /* NaN keys would make the importance (and the index's summary of it,
+         * which JSON cannot hold) NaN: the store keeps finite keys only */
+        if ((st = kvc_tensor_to_f32(kt, k)) || (st = kv_check_finite3(nm, k, Hkv, T, D, "the store's importance")))
+            goto out;
         if (!*attention) {
             for (int h = 0; h < Hkv; h++)
                 for (int t = 0; t < T; t++) {
@@ -73,7 +79,9 @@ kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention)
             st = kv_fail(KV_E_UNSUPPORTED, "layer %d queries are not a plain F32/F16/BF16 tensor", l);
             goto out;
         }
-        if ((st = kvc_tensor_to_f32(qt, q))) goto out;
+        snprintf(nm, sizeof nm, "layers.%d.q", l);
+        if ((st = kvc_tensor_to_f32(qt, q)) || (st = kv_check_finite3(nm, q, H, Q, D, "the store's importance")))
+            goto out;
         int group = H / Hkv;
         for (int h = 0; h < H; h++) {
             const float *kh = k + (size_t)(h / group) * T * D;
@@ -137,10 +145,78 @@ void tree_list_free(char **list, int n)
     free(list);
 }
 
+/*
+ * Open a file of the store.  The store holds only regular files that it
+ * wrote itself, so a symbolic link (followed, it made put overwrite files
+ * outside the store), a FIFO (a get blocked forever holding the lock) or a
+ * device (/dev/zero was read until memory ran out) is damage: refused with
+ * KV_E_DATA, never followed and never waited on.  rel names the file in
+ * messages; *size gets its length.
+ */
+static kv_status store_file_open(const char *path, const char *rel, int flags, int *fd_out, uint64_t *size)
+{
+    *fd_out = -1;
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        int e = errno;
+        struct stat lb;
+        if (e == ELOOP && lstat(path, &lb) == 0 && S_ISLNK(lb.st_mode))
+            return kv_fail(KV_E_DATA, "%s is a symbolic link; a store holds only regular files", rel);
+        return kv_fail(e == ENOENT ? KV_E_NOINPUT : KV_E_IO, "cannot open %s: %s", rel, strerror(e));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return kv_fail(KV_E_IO, "cannot stat %s: %s", rel, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return kv_fail(KV_E_DATA, "%s is %s; a store holds only regular files", rel, kv_file_kind(sb.st_mode));
+    }
+    *fd_out = fd;
+    *size = (uint64_t)sb.st_size;
+    return KV_OK;
+}
+
+/* The index text, read from a checked descriptor, at most MAX_INDEX_BYTES. */
+static kv_status read_index(const char *path, char **text, size_t *len)
+{
+    *text = NULL;
+    *len = 0;
+    int fd;
+    uint64_t size;
+    kv_status st = store_file_open(path, INDEX_NAME, O_RDONLY, &fd, &size);
+    if (st) return st;
+    if (size > MAX_INDEX_BYTES) {
+        close(fd);
+        return kv_fail(KV_E_DATA, "%s is larger than %u bytes", INDEX_NAME, MAX_INDEX_BYTES);
+    }
+    char *b = malloc((size_t)size + 1);
+    size_t n = 0;
+    if (!b) st = kv_fail(KV_E_NOMEM, "cannot allocate %llu bytes for the index", (unsigned long long)size);
+    while (!st && n < size) { /* a file growing under us is read only as far as it was */
+        ssize_t r = read(fd, b + n, (size_t)size - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) st = kv_fail(KV_E_IO, "cannot read %s: %s", INDEX_NAME, strerror(errno));
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (st) {
+        free(b);
+        return st;
+    }
+    b[n] = 0;
+    *text = b;
+    *len = n;
+    return KV_OK;
+}
+
 static kv_status write_text(const char *path, const char *text)
 {
     kv_outfile o;
-    kv_status st = kv_outfile_open(&o, path);
+    kv_status st = kv_outfile_open_ex(&o, path, KV_OUT_NOFOLLOW);
     if (st) return st;
     if (fputs(text, o.fp) == EOF || fputc('\n', o.fp) == EOF) {
         kv_outfile_abort(&o);
@@ -192,14 +268,29 @@ kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out)
     if (!st) {
         /* The lock file is separate from the index because the index is
          * replaced by rename: a lock on it would guard a stale inode. */
-        s->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-        if (s->lock_fd < 0 && !write) s->lock_fd = open(lock, O_RDONLY | O_CLOEXEC);
-        if (s->lock_fd < 0)
-            st = kv_fail(write ? KV_E_CANTCREATE : KV_E_NOINPUT, "cannot open %s: %s", lock, strerror(errno));
-        else if (flock(s->lock_fd, write ? LOCK_EX : LOCK_SH) != 0)
+        uint64_t sz;
+        st = store_file_open(lock, "lock", O_RDWR | O_CREAT, &s->lock_fd, &sz);
+        if (st == KV_E_IO && !write) { /* a read-only store can still be read */
+            kv_errclear();
+            st = store_file_open(lock, "lock", O_RDONLY, &s->lock_fd, &sz);
+        }
+        if (st == KV_E_IO || st == KV_E_NOINPUT) st = write ? KV_E_CANTCREATE : KV_E_NOINPUT;
+        if (!st && flock(s->lock_fd, write ? LOCK_EX : LOCK_SH) != 0)
             st = kv_fail(KV_E_IO, "cannot lock %s: %s", lock, strerror(errno));
     }
-    if (!st) st = kv_file_slurp(idx, MAX_INDEX_BYTES, "store index", &text, &len);
+    if (!st) {
+        /* chunks/ must be the store's own directory: through a symlink
+         * every chunk would be written somewhere else */
+        char *cdir = tree_path_join(dir, "chunks");
+        struct stat cb;
+        if (!cdir) st = kv_fail(KV_E_NOMEM, "cannot allocate a path");
+        else if (lstat(cdir, &cb) != 0)
+            st = kv_fail(KV_E_DATA, "%s has no chunks directory: %s", dir, strerror(errno));
+        else if (!S_ISDIR(cb.st_mode))
+            st = kv_fail(KV_E_DATA, "chunks is %s, not the store's directory", kv_file_kind(cb.st_mode));
+        free(cdir);
+    }
+    if (!st) st = read_index(idx, &text, &len);
     if (!st) {
         st = kv_tree_index_parse(text, len, &s->t);
         if (st) kv_errcontext("%s", idx);
@@ -343,11 +434,11 @@ static kv_status chunk_write(kv_tree_store *s, kv_tree_node *nd, const chunk_src
         snprintf(file, sizeof file, "chunks/c%llu.kvc", (unsigned long long)s->t->generation);
         if (!(path = tree_path_join(s->dir, file))) st = kv_fail(KV_E_NOMEM, "cannot allocate a path");
     }
-    if (!st) st = kvc_writer_write(w, path, nd->tier == KV_TIER_DISK ? zstd_level : 0);
+    if (!st) st = kvc_writer_write_ex(w, path, nd->tier == KV_TIER_DISK ? zstd_level : 0, KV_OUT_NOFOLLOW);
     if (!st && (st = list_push(&s->fresh, &s->n_fresh, &s->cap_fresh, path))) unlink(path);
     if (!st) {
         struct stat sb;
-        if (stat(path, &sb) != 0) st = kv_fail(KV_E_IO, "cannot stat %s: %s", path, strerror(errno));
+        if (lstat(path, &sb) != 0) st = kv_fail(KV_E_IO, "cannot stat %s: %s", path, strerror(errno));
         else {
             snprintf(nd->file, sizeof nd->file, "%s", file);
             nd->bytes = (uint64_t)sb.st_size;
@@ -409,14 +500,24 @@ kv_status tree_chunk_open(const kv_tree_store *s, int i, kvc_file **out)
     char *path = tree_path_join(s->dir, nd->file);
     if (!path) return kv_fail(KV_E_NOMEM, "cannot allocate a path");
     kvc_file *f = NULL;
-    kv_status st = kvc_open(path, &f);
+    int fd;
+    uint64_t size;
+    kv_status st = store_file_open(path, nd->file, O_RDONLY, &fd, &size);
+    free(path);
+    /* the index knows each chunk's size: a file that is not that size is
+     * not read at all (it could be any size) */
+    if (!st && size != nd->bytes)
+        st = kv_fail(KV_E_DATA, "chunk %s is %llu bytes, the index says %llu", nd->file,
+                     (unsigned long long)size, (unsigned long long)nd->bytes);
+    if (!st) {
+        st = kvc_open_fd(fd, &f);
+        if (st) kv_errcontext("chunk %s", nd->file);
+    }
+    if (fd >= 0) close(fd);
     if (st) {
         if (st == KV_E_NOINPUT) st = KV_E_DATA; /* a chunk the index names is missing: damage */
-        kv_errcontext("chunk %s", nd->file);
-        free(path);
         return st;
     }
-    free(path);
     const kv_geom *g = kvc_geom(f);
     const kvc_tensor *tok = kvc_find(f, "tokens"), *imp = kvc_find(f, "importance");
     kv_dtype dt = KV_DT_F32;
@@ -439,6 +540,14 @@ kv_status tree_chunk_open(const kv_tree_store *s, int i, kvc_file **out)
                 break;
             }
         }
+    /* put writes finite importances only; a NaN one (a chunk rewritten by
+     * hand, checksum and all) would give get's ranking no order */
+    for (int k = 0; !st && k < nd->n; k++) {
+        float x;
+        memcpy(&x, (const char *)imp->data + 4 * (size_t)k, 4);
+        if (!isfinite(x))
+            st = kv_fail(KV_E_DATA, "chunk %s: importance %d is %s", nd->file, k, isnan(x) ? "NaN" : "infinite");
+    }
     if (st) {
         kvc_close(f);
         return st;

@@ -10,7 +10,8 @@ help_pairs() {
     for t in kv-run kv-info kv-quant kv-profile \
              "kv-tree init" "kv-tree put" "kv-tree get" "kv-tree ls" "kv-tree place" \
              "kv-tree rm" "kv-tree gc" "kv-tree check" \
-             "kv-bench attn" "kv-bench pack" "kv-bench ruler" "kv-bench fidelity" "kv-bench decode"; do
+             "kv-bench attn" "kv-bench pack" "kv-bench ruler" "kv-bench fidelity" "kv-bench decode" \
+             "kv-bench prefill"; do
         # shellcheck disable=SC2086
         $t --help | sed -nE 's/^ +-([A-Za-z]), --([a-z0-9-]+).*/\1 \2/p' | sed "s|^|$t: |"
     done
@@ -54,6 +55,19 @@ PY
         run --separate-stderr $t --device cuda:zero
         assert_fails_with 64 "--device must be cpu, cuda or auto (or cuda:N, N for a CUDA device)"
     done
-    run --separate-stderr kv-bench decode --device cuda:zero
-    assert_fails_with 64 "--device must be cpu, cuda or auto (or cuda:N, N for a CUDA device)"
+    for t in "kv-bench decode" "kv-bench prefill"; do
+        # shellcheck disable=SC2086
+        run --separate-stderr $t --device cuda:zero
+        assert_fails_with 64 "--device must be cpu, cuda or auto (or cuda:N, N for a CUDA device)"
+        # shellcheck disable=SC2086
+        run --separate-stderr $t --device cpu
+        assert_fails_with 64 "runs on the GPU: --device cuda[:N]"
+    done
+}
+
+@test "kv-bench prefill spells -j for --json and --device DEV as every other subcommand" {
+    run --separate-stderr bash -c "kv-bench prefill --help | grep -E '^ +-j, --json'"
+    assert_success
+    run --separate-stderr bash -c "kv-bench prefill --help | grep -E '^ +--device DEV'"
+    assert_success
 }

@@ -4,6 +4,8 @@
 # Chinese; templates and generation lengths in LongBench's config formats);
 # and the batch machinery every batch subcommand shares: --output,
 # --resume after kill -9, --shard + kv-bench merge, --pred-dir, --svg.
+# Tests tagged slow (whole model runs) are left out of the ASan+UBSan pass
+# of tests/run-tests.sh; the plain pass runs them all.
 bats_require_minimum_version 1.5.0
 load helper
 
@@ -144,6 +146,7 @@ print("same")' "$BATS_TEST_TMPDIR/score.json" "$BATS_TEST_TMPDIR/run.json" "$pol
     [ -z "$output" ]
 }
 
+# bats test_tags=slow
 @test "kv-bench longbench --resume after kill -9 loses nothing and repeats nothing" {
     out="$BATS_TEST_TMPDIR/log.jsonl"
     # niah4k reads bytes: each sample takes long enough to be killed in the middle
@@ -191,6 +194,7 @@ print("ok")' "$out"
     assert_fails_with 64 "\"max_gen\" differs"
 }
 
+# bats test_tags=slow
 @test "kv-bench longbench: three shards merged give the single run's scores byte for byte" {
     run --separate-stderr lb -P full -P quant:bits=2,residual=16 --per-sample --pred-dir "$BATS_TEST_TMPDIR/one" $EN
     [ "$status" -eq 0 ]

@@ -63,3 +63,10 @@ load helper
     [[ "$output" == *"--context"* ]]
     [[ "$output" == *"prefill"* ]]
 }
+
+@test "kv-bench decode rejects an unknown --prefill-copy with exit 64 and documents it" {
+    run --separate-stderr kv-bench decode --prefill-copy later
+    assert_fails_with 64 "--prefill-copy must be overlap or sync"
+    run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-bench.1" kv-bench decode
+    assert_success
+}

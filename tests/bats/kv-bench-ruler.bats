@@ -1,6 +1,8 @@
 #!/usr/bin/env bats
 # kv-bench ruler (needle accuracy per KV policy) and kv-bench fidelity
 # (KL / top-1 / perplexity against full) on the real test models.
+# Tests tagged slow (whole model runs) are left out of the ASan+UBSan pass
+# of tests/run-tests.sh; the plain pass runs them all.
 bats_require_minimum_version 1.5.0
 load helper
 
@@ -51,6 +53,7 @@ fidelity() {
     assert_fails_with 65 "bad.jsonl:1"
 }
 
+# bats test_tags=slow
 @test "kv-bench ruler: full and sparse find 1k needles, streaming loses them" {
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 2 \
         -P full -P sparse -P streaming --per-task
@@ -164,6 +167,7 @@ no_gpu_or_skip() {
     assert_fails_with 64 "--select must be policy or sketch"
 }
 
+# bats test_tags=slow
 @test "kv-bench ruler --device auto without a GPU is the CPU run, device \"cpu\"" {
     no_gpu_or_skip
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P sparse --per-task
@@ -197,6 +201,21 @@ no_gpu_or_skip() {
     [ "$output" = "$cpu" ]
 }
 
+@test "kv-bench ruler and fidelity say in their JSON how the prompts were prefilled" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P full --device cpu
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["prefill"]["device"]')" = cpu ]
+    [ "$(json_get 'j["prefill"]["method"]')" = chunked ]
+    [ "$(json_get 'j["prefill"]["chunk"]')" = 128 ]
+    [ "$(json_get 'len(j["prefill"]["why"]) > 0')" = True ]
+    run --separate-stderr fidelity --text "$STORIES/reference/greedy_bos_200.txt" --max-tokens 32 -P full
+    [ "$status" -eq 0 ]
+    [ "$(json_get 'j["prefill"]["device"]')" = cpu ]
+    [ "$(json_get 'j["prefill"]["method"]')" = chunked ]
+    [ "$(json_get 'j["prefill"]["chunk"]')" = 128 ]
+}
+
+# bats test_tags=slow
 @test "kv-bench ruler and fidelity name the device in their table" {
     command -v script >/dev/null || skip "no script(1) to give a terminal"
     # stdout on a terminal: the table; stderr (progress) dropped
@@ -204,11 +223,13 @@ no_gpu_or_skip() {
         --tokenizer $STORIES/tok512.bin --text $STORIES/reference/greedy_bos_200.txt \
         --max-tokens 32 -P full 2>/dev/null" /dev/null | tr -d '\r' >"$BATS_TEST_TMPDIR/t"
     [ "$(head -n 1 "$BATS_TEST_TMPDIR/t")" = "device: cpu" ]
+    [ "$(sed -n 2p "$BATS_TEST_TMPDIR/t")" = "prefill: cpu, chunks of 128 rows (the CPU engine's float32 matrix-matrix products)" ]
     grep -q 'KL mean' "$BATS_TEST_TMPDIR/t"
     script -qec "$BIN/kv-bench ruler --threads 1 --model $NIAH/niah4k.bin --tokenizer $NIAH/tok259.bin \
         --tasks $NIAH/tasks-dev.jsonl -l 1024 --limit 1 --device cpu 2>/dev/null" /dev/null |
         tr -d '\r' >"$BATS_TEST_TMPDIR/r"
     [ "$(head -n 1 "$BATS_TEST_TMPDIR/r")" = "device: cpu" ]
+    grep -q '^prefill: cpu, in chunks' "$BATS_TEST_TMPDIR/r"
     grep -q 'resident KiB' "$BATS_TEST_TMPDIR/r"
 }
 
@@ -249,6 +270,7 @@ sruler() {
     [ "$(json_get 'sum(r["n"] for r in j["results"])')" -eq 19 ]
 }
 
+# bats test_tags=slow
 @test "kv-bench ruler sends input + answer_prefix, as RULER does" {
     # two repository tasks rewritten in RULER's layout: "Answer: " moved into answer_prefix
     "$PY" -c 'import json,sys
@@ -310,6 +332,7 @@ print(json.dumps({"index": 1, "input": "word " * 900 + "\nQuestion: What?", "out
     [ "$(grep -c '"policy"' "$out")" -eq 4 ]
 }
 
+# bats test_tags=slow
 @test "kv-bench ruler: three shards merged equal one run in every score" {
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 3 -P full -P streaming --per-task
     [ "$status" -eq 0 ]

@@ -85,6 +85,34 @@ corrupt_case() {
     assert_output --partial "checksums  verified"
 }
 
+# no_raw_control TEXT: TEXT holds no ESC, BEL or C1 CSI byte
+no_raw_control() {
+    printf '%s' "$1" | "$PY" -c 'import sys; b=sys.stdin.buffer.read(); sys.exit(any(c in b for c in (0x1b, 0x07, 0x9b)))'
+}
+
+@test "kv-info escapes control characters from the file in its messages and its table" {
+    "$PY" "$KVPY" corrupt escape-key "$S" "$BATS_TEST_TMPDIR/bad.kvc"
+    run --separate-stderr kv-info "$BATS_TEST_TMPDIR/bad.kvc"
+    assert_fails_with 65 'metadata key '"'"'\x1b]0;pwned\x07\xc2\x9b31m'"'"
+    no_raw_control "$stderr"
+    "$PY" "$KVPY" corrupt escape-model "$S" "$BATS_TEST_TMPDIR/m.kvc"
+    run --separate-stderr kv-info "$BATS_TEST_TMPDIR/m.kvc"
+    assert_success
+    [ "$(json_get 'j["model"]')" = "$(printf '\033]0;pwned\007\033[31mred')" ] # JSON keeps the value
+    if command -v script >/dev/null; then
+        run script -qec "kv-info '$BATS_TEST_TMPDIR/m.kvc'" /dev/null
+        assert_success
+        assert_output --partial 'model      \x1b]0;pwned\x07\x1b[31mred'
+        no_raw_control "$output"
+    fi
+    run --separate-stderr kv-info "$(printf -- '--\033]0;x\007')"
+    assert_fails_with 64 "unknown option '--\x1b]0;x\x07'"
+    no_raw_control "$stderr"
+    run --separate-stderr kv-tree "$(printf 'sub\033[2J')"
+    assert_fails_with 64 "unknown subcommand 'sub\x1b[2J'"
+    no_raw_control "$stderr"
+}
+
 @test "kv-info reads a .kvc from stdin" {
     run --separate-stderr kv-info - <"$S"
     assert_success
@@ -168,6 +196,22 @@ corrupt_case() {
 @test "kv-info rejects metadata that disagrees with the shapes with exit 65" { corrupt_case geometry "kvc.n_kv_heads=3 but the tensors have 2"; }
 @test "kv-info rejects a layer without values with exit 65" { corrupt_case missing-layer "layer 0 has no values"; }
 @test "kv-info rejects a newer format version with exit 65" { corrupt_case version "kvc version 2"; }
+@test "kv-info rejects a kvtools file whose crc32c key was renamed with exit 65" { corrupt_case crc-key-renamed "tensor layers.0.k has no checksum, but the writer checksummed all"; }
+
+@test "kv-info reports partial checksums in a file whose writer did not claim them all" {
+    "$PY" "$KVPY" corrupt crc-key-renamed "$S" "$BATS_TEST_TMPDIR/p.kvc"
+    "$PY" - "$BATS_TEST_TMPDIR/p.kvc" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], 'rb').read()
+(n,) = struct.unpack('<Q', raw[:8])
+h = json.loads(raw[8:8 + n]); h['__metadata__'].pop('kvc.checksums')
+t = json.dumps(h, separators=(',', ':')).encode(); t += b' ' * ((-(8 + len(t))) % 64)
+open(sys.argv[1], 'wb').write(struct.pack('<Q', len(t)) + t + raw[8 + n:])
+EOF
+    run --separate-stderr kv-info "$BATS_TEST_TMPDIR/p.kvc"
+    assert_success
+    [ "$(json_get 'j["checksums"]')" = partial ]
+}
 
 @test "kv-info's man page documents every option its --help lists and every exit status" {
     run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-info.1" kv-info

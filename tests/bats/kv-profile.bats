@@ -190,3 +190,13 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     assert_fails_with 73 "afile/h.svg"
     [ -z "$output" ]
 }
+
+@test "kv-profile --progress escapes control characters of the file name it shows" {
+    p="$WORK/$(printf 'x\033]0;pwned\007y').kvc"
+    cp "$WORK/a.kvc" "$p"
+    run --separate-stderr kv-profile --progress --json "$p"
+    assert_success
+    [[ "$stderr" == *'profiling '"$WORK"'/x\x1b]0;pwned\x07y.kvc (1 of 1)'* ]]
+    # the only raw ESC bytes are the progress line's own erase-line sequences
+    printf '%s' "$stderr" | "$PY" -c 'import sys; b=sys.stdin.buffer.read().replace(b"\x1b[K", b""); sys.exit(0x1b in b or 0x07 in b)'
+}

@@ -114,6 +114,15 @@ MODEL="$S260/stories260K.bin"
     [ "$output" == "$(cat "$S260/reference/sample_t1_p095_s42_200.txt")" ]
 }
 
+@test "kv-run at a temperature of 1e-38 samples the greedy text instead of reading outside its buffers" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8
+    assert_success
+    greedy=$output
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 8 --temp 1e-38
+    assert_success
+    [ "$output" == "$greedy" ]
+}
+
 @test "kv-run --report - writes JSON with timings, bytes and one entry per layer" {
     run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 16 --report -
     assert_success
@@ -255,9 +264,31 @@ JSON
     assert_fails_with 69 "--device cuda"
 }
 
-@test "kv-run --device cuda with --dump-kv is a usage error (64)" {
-    run --separate-stderr kv-run -m "$MODEL" -n 0 --device cuda --dump-kv /dev/null
-    assert_fails_with 64 "run on the CPU"
+@test "kv-run --device cuda --dump-kv without a usable GPU exits 69 and writes no file" {
+    if kv-run --version | grep -q '^GPU: NVIDIA'; then
+        skip "a GPU is present: test_gpu_engine compares the GPU dump with the CPU's there"
+    fi
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 0 --device cuda \
+        --dump-kv "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 69 "--device cuda"
+    [ ! -e "$BATS_TEST_TMPDIR/g.kvc" ]
+}
+
+@test "kv-run --device auto --dump-kv without a usable GPU writes the CPU engine's dump" {
+    if kv-run --version | grep -q '^GPU: NVIDIA'; then
+        skip "a GPU is present: auto would run the GPU engine"
+    fi
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 0 --nq 4 --device auto \
+        --dump-kv "$BATS_TEST_TMPDIR/a.kvc"
+    assert_success
+    kv-run -m "$MODEL" -p "Once upon a time" -n 0 --nq 4 --dump-kv "$BATS_TEST_TMPDIR/c.kvc" 2>/dev/null
+    cmp "$BATS_TEST_TMPDIR/a.kvc" "$BATS_TEST_TMPDIR/c.kvc"
+}
+
+@test "kv-run --device cuda with --score-file is a usage error (64)" {
+    printf 'Once upon a time' > "$BATS_TEST_TMPDIR/t.txt"
+    run --separate-stderr kv-run -m "$MODEL" --device cuda --score-file "$BATS_TEST_TMPDIR/t.txt"
+    assert_fails_with 64 "--score-file runs on the CPU"
 }
 
 @test "kv-run --compare full against full reports zero divergence" {
@@ -320,6 +351,15 @@ JSON
     run --separate-stderr bash -c 'kv-run -m "$1" -p hi -n 5 --report - > /dev/full' _ "$MODEL"
     assert_fails_with 74 "write error on stdout"
     [ "$(wc -l <<<"$stderr")" -eq 1 ]
+}
+
+@test "kv-run --report - says how the prefill ran: on the CPU, in chunks of 128 rows" {
+    run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 2 --report -
+    assert_success
+    [ "$(json_get 'j["prefill"]["device"]')" == "cpu" ]
+    [ "$(json_get 'j["prefill"]["method"]')" == "chunked" ]
+    [ "$(json_get 'j["prefill"]["chunk"]')" == "128" ]
+    [ "$(json_get 'len(j["prefill"]["why"]) > 0')" == "True" ]
 }
 
 @test "kv-run --report - carries the generated text and token ids" {

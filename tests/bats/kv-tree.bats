@@ -238,6 +238,25 @@ two_puts() {
     [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(True, 3)" ]
 }
 
+@test "kv-tree place refuses budgets the index cannot hold, or negative, with exit 64" {
+    two_puts
+    for b in 8193T ' -1' -1 '+5' 9007199254740993 18446744073709551615; do
+        run --separate-stderr kv-tree place "$S" --gpu-bytes "$b" --host-bytes 0
+        assert_fails_with 64 "--gpu-bytes"
+        run --separate-stderr kv-tree place "$S" --gpu-bytes 0 --host-bytes "$b"
+        assert_fails_with 64 "--host-bytes"
+        run --separate-stderr kv-tree gc "$S" --max-bytes "$b"
+        assert_fails_with 64 "--max-bytes"
+    done
+    # the largest accepted budget is written and read back
+    run --separate-stderr kv-tree place "$S" --gpu-bytes 8192T --host-bytes 0
+    assert_success
+    [ "$(json_get 'j["gpu"]["budget"]')" = 9007199254740992 ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["ok"]')" = True ]
+}
+
 @test "kv-tree place puts the more used suffix on the faster tier" {
     two_puts
     for i in 1 2 3; do kv-tree get "$S" --kvc "$B" -o /dev/null 2>/dev/null; done
@@ -279,6 +298,23 @@ two_puts() {
     [ ! -e "$S/chunks/c999.kvc" ]
 }
 
+@test "kv-tree check reports leftover index temp files and gc removes them" {
+    two_puts
+    # what a writer killed between writing the new index and renaming it leaves
+    echo '{"partial' >"$S/.index.json.Ab3xYz"
+    echo keep >"$S/.index.json.notatemp"
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["ok"], j["temp_files"]')" = "(True, 1)" ]
+    [[ "$stderr" == *"leftover index temp file"* ]]
+    run --separate-stderr kv-tree gc "$S" --max-bytes 1G
+    assert_success
+    [ "$(json_get 'j["temp_files_removed"], j["nodes_removed"]')" = "(1, 0)" ]
+    [ ! -e "$S/.index.json.Ab3xYz" ] && [ -e "$S/.index.json.notatemp" ]
+    run --separate-stderr kv-tree check "$S"
+    [ "$(json_get 'j["temp_files"]')" = 0 ]
+}
+
 @test "kv-tree rm drops what follows a prefix and keeps the prefix" {
     two_puts
     m=$("$PY" "$KVT" lcp "$A" "$B")
@@ -292,6 +328,84 @@ two_puts() {
     [ "$(json_get 'j["matched"] == j["tokens"]')" = True ]
     run --separate-stderr kv-tree check "$S"
     assert_success
+}
+
+# next_chunk: the chunk file name the next put will write
+next_chunk() {
+    "$PY" -c 'import json,sys; print("chunks/c%d.kvc" % (json.load(open(sys.argv[1]))["generation"] + 1))' "$S/index.json"
+}
+
+@test "kv-tree put refuses a symlink at the next chunk name and leaves its target alone" {
+    kv-tree init "$S"
+    kv-tree put "$S" "$A" >/dev/null
+    echo precious >"$BATS_TEST_TMPDIR/victim"
+    ln -s "$BATS_TEST_TMPDIR/victim" "$S/$(next_chunk)"
+    run --separate-stderr kv-tree put "$S" "$B"
+    assert_fails_with 65 "symbolic link"
+    [ "$(cat "$BATS_TEST_TMPDIR/victim")" = precious ]
+    [ -L "$S/$(next_chunk)" ]
+}
+
+@test "kv-tree refuses a store whose index.json or lock is a symlink, creating nothing" {
+    two_puts
+    mv "$S/index.json" "$BATS_TEST_TMPDIR/real.json"
+    cp "$BATS_TEST_TMPDIR/real.json" "$BATS_TEST_TMPDIR/orig.json"
+    ln -s "$BATS_TEST_TMPDIR/real.json" "$S/index.json"
+    for sub in ls check; do
+        run --separate-stderr kv-tree $sub "$S"
+        assert_fails_with 65 "index.json is a symbolic link"
+    done
+    run --separate-stderr kv-tree put "$S" "$B"
+    assert_fails_with 65 "index.json is a symbolic link"
+    run --separate-stderr kv-tree gc "$S" --max-bytes 0
+    assert_fails_with 65 "index.json is a symbolic link"
+    cmp "$BATS_TEST_TMPDIR/real.json" "$BATS_TEST_TMPDIR/orig.json"
+    rm "$S/index.json" && mv "$BATS_TEST_TMPDIR/real.json" "$S/index.json"
+    rm -f "$S/lock"
+    ln -s "$BATS_TEST_TMPDIR/nowhere" "$S/lock"
+    run --separate-stderr kv-tree ls "$S"
+    assert_fails_with 65 "lock is a symbolic link"
+    [ ! -e "$BATS_TEST_TMPDIR/nowhere" ]
+    rm "$S/lock"
+    ln -s "$BATS_TEST_TMPDIR" "$S/chunks.x" && mv "$S/chunks" "$BATS_TEST_TMPDIR/chunks" && mv "$S/chunks.x" "$S/chunks"
+    run --separate-stderr kv-tree put "$S" "$A"
+    assert_fails_with 65 "chunks is a symbolic link"
+}
+
+@test "kv-tree check reports a chunk replaced by a symlink to a good copy" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    cp "$S/$f" "$BATS_TEST_TMPDIR/copy.kvc"
+    rm "$S/$f" && ln -s "$BATS_TEST_TMPDIR/copy.kvc" "$S/$f"
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "symbolic link"
+    [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(False, 2)" ]
+    run --separate-stderr kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "symbolic link"
+}
+
+@test "kv-tree never blocks on a chunk that is a FIFO and never reads a device" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    rm "$S/$f" && mkfifo "$S/$f"
+    run --separate-stderr timeout 20 kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "a FIFO"
+    run --separate-stderr timeout 20 kv-tree check "$S"
+    assert_fails_with 65 "a FIFO"
+    # the exclusive lock was released: a writer gets through at once
+    run --separate-stderr timeout 20 kv-tree rm "$S" --kvc "$A"
+    [ "$status" -ne 124 ]
+    rm -f "$S/$f" && ln -s /dev/zero "$S/$f"
+    run --separate-stderr timeout 20 kv-tree check "$S"
+    assert_fails_with 65 "symbolic link"
+}
+
+@test "kv-tree reads no chunk whose size differs from the index" {
+    two_puts
+    f=$(kv-tree ls "$S" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["file"])')
+    head -c 100000 /dev/zero >>"$S/$f"
+    run --separate-stderr kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc"
+    assert_fails_with 65 "the index says"
 }
 
 @test "kv-tree check finds a damaged chunk and exits 65" {

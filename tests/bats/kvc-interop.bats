@@ -16,7 +16,7 @@ setup() {
     "$SAMPLE_BIN" --write-sample "$BATS_TEST_TMPDIR/s.kvc"
     run "$PY" "$KVPY" check-sample "$BATS_TEST_TMPDIR/s.kvc"
     assert_success
-    assert_output "ok: 16 tensors, 45 metadata keys"
+    assert_output "ok: 16 tensors, 46 metadata keys"
 }
 
 @test "a zstd-compressed .kvc written by kvtools is read by the Python reader" {

@@ -24,7 +24,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if ((t->dtype == KV_DT_F32 || t->dtype == KV_DT_F16 || t->dtype == KV_DT_BF16) &&
             t->nbytes <= (1u << 20)) {
             float *buf = malloc((size_t)kvc_tensor_numel(t) * sizeof *buf + 1);
-            if (buf && kvc_tensor_to_f32(t, buf) == KV_OK && kvc_tensor_numel(t) > 0) sink ^= (uint32_t)buf[0];
+            /* the bits, not (uint32_t)buf[0]: converting a negative or huge
+             * float to an integer is undefined behaviour */
+            uint32_t bits = 0;
+            if (buf && kvc_tensor_to_f32(t, buf) == KV_OK && kvc_tensor_numel(t) > 0) memcpy(&bits, buf, 4);
+            sink ^= bits;
             free(buf);
         }
         if (kvc_find(f, t->name) != t) abort(); /* names are unique and indexed */

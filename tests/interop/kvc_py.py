@@ -11,6 +11,9 @@ here read by kv-info.
     kvc_py.py write-full FILE       full metadata, queries, tokens and CRC-32C checksums
     kvc_py.py corrupt CASE IN OUT   write a corrupt variant of IN (cases: see CORRUPT)
     kvc_py.py summary FILE          print geometry and checksum status as JSON
+    kvc_py.py poison IN OUT TENSOR INDEX VALUE
+                                    set element INDEX of a plain F32/F16/BF16 tensor to VALUE
+                                    (nan, inf, -inf or a number), its checksum kept valid
 
 Exit status: 0 ok, 1 check failed, 64 usage.
 """
@@ -109,6 +112,12 @@ def read_kvc(path):
             _, _, begin, end, _ = tensors[name]
             if f"{crc32c(data[begin:end]):08x}" != val:
                 raise KvcError(f"checksum mismatch in {name}")
+    if "kvc.checksums" in meta:  # the writer checksummed every tensor
+        if meta["kvc.checksums"] != str(len(tensors)):
+            raise KvcError("kvc.checksums is not the tensor count")
+        missing = [t for t in tensors if "crc32c." + t not in meta]
+        if missing:
+            raise KvcError(f"tensor {missing[0]} has no checksum")
     return n, meta, tensors
 
 
@@ -169,6 +178,7 @@ def check_sample(path):
     for name, (dt, _, begin, _, _) in t.items():
         check(begin % DTYPES[dt][1] == 0, f"{name} offset aligned to its element size")
         check(meta.get("crc32c." + name, "") != "", f"{name} has a checksum")
+    check(meta.get("kvc.checksums") == str(len(t)), "kvc.checksums is the tensor count")
     want = {"format": "kvc", "kvc.version": "1", "kvc.n_layers": "3", "kvc.n_heads": "4",
             "kvc.n_kv_heads": "2", "kvc.head_dim": "4", "kvc.n_tokens": "5", "kvc.n_q": "2",
             "kvc.rope_theta": "500000", "kvc.rope_scaling": "llama3", "kvc.rope_factor": "8",
@@ -330,9 +340,17 @@ def corrupt(case, raw):
         hdr.pop("layers.0.v")
         for k in [k for k in meta if k.startswith("crc32c.") or k.startswith("layers.0.v.")]:
             meta.pop(k)
+        meta.pop("kvc.checksums", None)
         data = _repack(hdr, data)
     elif case == "version":
         meta["kvc.version"] = "2"
+    elif case == "crc-key-renamed":  # one flipped byte in a crc32c key's prefix
+        k = "crc32c.layers.0.k"
+        meta["crc32d.layers.0.k"] = meta.pop(k)
+    elif case == "escape-key":      # a key that would re-title a terminal, with a bad value
+        meta["\x1b]0;pwned\x07\x9b31m"] = 5
+    elif case == "escape-model":    # valid, but the model name holds escape sequences
+        meta["kvc.model"] = "\x1b]0;pwned\x07\x1b[31mred"
     else:
         raise SystemExit(64)
     return _join(hdr, data)
@@ -357,7 +375,38 @@ def _repack(hdr, data):
 
 CORRUPT = ["truncated", "header-past-eof", "header-absurd", "bad-json", "not-object",
            "meta-not-string", "unknown-dtype", "negative-dim", "size-mismatch", "offsets-reversed",
-           "overlap", "hole", "checksum", "geometry", "missing-layer", "version"]
+           "overlap", "hole", "checksum", "geometry", "missing-layer", "version", "escape-key",
+           "escape-model", "crc-key-renamed"]
+
+
+def poison(src, dst, tensor, index, value):
+    """A valid file whose one element is non-finite: bytes patched, CRC redone."""
+    raw = open(src, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    hdr = json.loads(raw[8:8 + n])
+    e = hdr[tensor]
+    size = DTYPES[e["dtype"]][1]
+    v = np.array([float(value)], dtype=np.float32)
+    if e["dtype"] == "F32":
+        b = v.tobytes()
+    elif e["dtype"] == "F16":
+        b = v.astype(np.float16).tobytes()
+    elif e["dtype"] == "BF16":
+        b = (v.view(np.uint32) >> 16).astype("<u2").tobytes()
+    else:
+        raise KvcError(f"{tensor} is {e['dtype']}, not a float tensor")
+    data = bytearray(raw[8 + n:])
+    begin, end = e["data_offsets"]
+    at = begin + int(index) * size
+    if at + size > end:
+        raise KvcError(f"{tensor} has no element {index}")
+    data[at:at + size] = b
+    meta = hdr.get("__metadata__", {})
+    if "crc32c." + tensor in meta:
+        meta["crc32c." + tensor] = f"{crc32c(bytes(data[begin:end])):08x}"
+    text = json.dumps(hdr, separators=(",", ":")).encode()
+    text += b" " * ((-(8 + len(text))) % ALIGN)
+    open(dst, "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
 
 
 def summary(path):
@@ -377,6 +426,8 @@ def main(argv):
         write_full(argv[2])
     elif len(argv) == 3 and argv[1] == "summary":
         summary(argv[2])
+    elif len(argv) == 7 and argv[1] == "poison":
+        poison(*argv[2:])
     elif len(argv) == 5 and argv[1] == "corrupt" and argv[2] in CORRUPT:
         with open(argv[3], "rb") as f:
             raw = f.read()

@@ -17,15 +17,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kt.h"
 #include "engine/kv_engine.h"
+#include "engine/kv_runner.h"
+#include "format/kvc.h"
 #include "gpu/kv_gpu.h"
 #include "gpu/kv_gpu_engine.h"
 #include "common/kv_half.h"
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
+#include "quant/kv_dsq.h"
 #include "quant/kv_quant.h"
+#include "eval/kv_niah.h"
+#include "model/kv_tokenizer.h"
 
 #ifdef KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -359,6 +365,133 @@ static void test_topk_selects_largest_with_ties_to_lower_index(void)
     check_topk(2, 131072, 1024); /* the benchmark's shape */
     check_topk(1, 20000, 4000); /* sample too coarse: radix fallback inside */
     check_topk(1, 20000, 5000); /* k beyond the sample path: radix kernel */
+}
+
+/* The CPU's selection order (kv_policy_sparse.c): NaN as -inf, -0 as +0. */
+static float rank_of(float x) { return isnan(x) ? -INFINITY : x == 0.0f ? 0.0f : x; }
+
+/* Top-k over scores full of NaN (both signs), infinities and signed zeros
+ * against the CPU's order; channel selection with NaN channel scores picks
+ * exactly C channels (a NaN ranked 0 against everything, so more than C were
+ * chosen and written past the head's slots); the softmax-combine of a head
+ * with one NaN score keeps the other candidates' probabilities. */
+static void test_selection_ranks_nan_and_inf_as_the_cpu_does(void)
+{
+    const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f};
+    const int shapes[][3] = {{2, 3000, 50}, {1, 40000, 200}, {1, 20000, 5000}};
+    for (int sh = 0; sh < 3; sh++) {
+        const int nkv = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+        float *x = malloc((size_t)nkv * n * 4);
+        for (int i = 0; i < nkv * n; i++) {
+            x[i] = (float)(int)(kt_rand(&seed) * 50) / 50.0f;
+            if (kt_rand(&seed) < 0.2) x[i] = specials[(int)(kt_rand(&seed) * 6) % 6];
+        }
+        float *dx = dput(x, (size_t)nkv * n * 4);
+        int *dsel = NULL, *sel = malloc((size_t)nkv * k * 4);
+        cudaMalloc((void **)&dsel, (size_t)nkv * k * 4);
+        KT_REQUIRE(dx && dsel, "alloc");
+        CU(eng_topk(dx, nkv, n, k, 0, dsel, 0));
+        CU(cudaMemcpy(sel, dsel, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
+        for (int h = 0; h < nkv; h++) {
+            const float *r = x + (size_t)h * n;
+            /* reference: the first k of indices stably sorted by rank_of, descending */
+            int *ord = malloc((size_t)n * 4);
+            char *want = calloc((size_t)n, 1);
+            for (int i = 0; i < n; i++) ord[i] = i;
+            for (int i = 0; i < k; i++) { /* partial stable selection */
+                int b = i;
+                for (int j = i + 1; j < n; j++)
+                    if (rank_of(r[ord[j]]) > rank_of(r[ord[b]]) ||
+                        (rank_of(r[ord[j]]) == rank_of(r[ord[b]]) && ord[j] < ord[b]))
+                        b = j;
+                int t = ord[i];
+                ord[i] = ord[b];
+                ord[b] = t;
+                want[ord[i]] = 1;
+            }
+            int bad = 0, prev = -1;
+            for (int i = 0; i < k; i++) {
+                int id = sel[h * k + i];
+                if (id < 0 || id >= n || !want[id] || id <= prev) bad++;
+                else prev = id;
+            }
+            KT_CHECK(bad == 0, "n %d k %d head %d: %d of %d ids differ from the CPU's order", n, k, h, bad, k);
+            free(ord);
+            free(want);
+        }
+        cudaFree(dx);
+        cudaFree(dsel);
+        free(x);
+        free(sel);
+    }
+    /* channels: q with NaN and inf entries; C chosen, ascending, the CPU's set */
+    {
+        const int nqh = 4, nkv = 2, hd = 64, C = 8, g = nqh / nkv;
+        float q[4 * 64], chmax[2 * 64];
+        for (int i = 0; i < nqh * hd; i++) q[i] = kt_randn(&seed);
+        for (int i = 0; i < nkv * hd; i++) chmax[i] = fabsf(kt_randn(&seed));
+        for (int c = 0; c < hd; c += 5) q[c] = NAN;      /* head 0: NaN channel scores */
+        q[2 * hd + 7] = INFINITY;                        /* head 1: one infinite score */
+        chmax[hd + 9] = 0.0f;
+        q[2 * hd + 9] = INFINITY;                        /* inf * 0: NaN */
+        float *dq = dput(q, sizeof q), *dm = dput(chmax, sizeof chmax), *qscale = NULL;
+        int *dch = NULL, ch[2 * 8];
+        cudaMalloc((void **)&dch, sizeof ch + 64 * 4); /* room to see a write past the slots */
+        cudaMalloc((void **)&qscale, nqh * 4);
+        KT_REQUIRE(dq && dm && dch && qscale, "alloc");
+        int guard[64];
+        for (int i = 0; i < 64; i++) guard[i] = -7;
+        CU(cudaMemcpy(dch + nkv * C, guard, sizeof guard, cudaMemcpyHostToDevice));
+        CU(eng_select_channels(dq, dm, nqh, nkv, hd, C, dch, qscale, 0));
+        int after[64];
+        CU(cudaMemcpy(ch, dch, sizeof ch, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(after, dch + nkv * C, sizeof after, cudaMemcpyDeviceToHost));
+        KT_CHECK(!memcmp(guard, after, sizeof guard), "channel ids written past the %d slots", nkv * C);
+        for (int kv = 0; kv < nkv; kv++) {
+            float cs[64];
+            for (int c = 0; c < hd; c++) {
+                float a = 0.0f;
+                for (int h = 0; h < g; h++) a += fabsf(q[(kv * g + h) * hd + c]);
+                cs[c] = rank_of(a * chmax[kv * hd + c]);
+            }
+            int m = 0, same = 1;
+            for (int c = 0; c < hd; c++) {
+                int rank = 0;
+                for (int j = 0; j < hd; j++) rank += cs[j] > cs[c] || (cs[j] == cs[c] && j < c);
+                if (rank < C) same &= m < C && ch[kv * C + m++] == c;
+            }
+            KT_CHECK(same && m == C, "kv head %d: channels differ from the CPU's order", kv);
+        }
+        cudaFree(dq);
+        cudaFree(dm);
+        cudaFree(dch);
+        cudaFree(qscale);
+    }
+    /* softmax-combine: a NaN score of one head leaves the others' mass intact */
+    {
+        const int nqh = 2, nkv = 1, n = 300;
+        float sc[2 * 300], comb[300];
+        for (int i = 0; i < nqh * n; i++) sc[i] = kt_randn(&seed);
+        sc[17] = NAN;
+        float *dsc = dput(sc, sizeof sc), *dcomb = NULL, *tmp = NULL;
+        cudaMalloc((void **)&dcomb, sizeof comb);
+        cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4);
+        KT_REQUIRE(dsc && dcomb && tmp, "alloc");
+        CU(eng_softmax_combine(dsc, nqh, nkv, n, 0, tmp, dcomb, 0));
+        CU(cudaMemcpy(comb, dcomb, sizeof comb, cudaMemcpyDeviceToHost));
+        double sum = 0;
+        int finite = 0;
+        for (int i = 0; i < n; i++)
+            if (i != 17) {
+                sum += comb[i];
+                finite += isfinite(comb[i]) != 0;
+            }
+        KT_CHECK(finite == n - 1, "%d of %d finite candidates kept a probability", finite, n - 1);
+        KT_CHECK(sum > 1.5 && sum < 2.0 + 1e-3, "the two heads' mass without the NaN: %g", sum);
+        cudaFree(dsc);
+        cudaFree(dcomb);
+        cudaFree(tmp);
+    }
 }
 
 static void test_rmsnorm_swiglu_rope_match_float64(void)
@@ -1066,6 +1199,439 @@ static void test_niah4k_dsq_matches_cpu(void)
     run_niah("0=full;*=dsq", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
+/*
+ * NaN/inf sweep on the GPU engine: one float of niah4k (legacy llama2.c,
+ * f32) set to NaN, +inf or -inf, in a different tensor family of each layer
+ * and in the embedding and final norm; every policy the GPU runs (full,
+ * offload, quant, sparse by channels, exactly and by sketch, streaming,
+ * dsq) must stop with KV_E_DATA naming that layer and tensor (the logits
+ * come back non-finite and the host names the weight), or keep finite
+ * logits; no CUDA error may follow (a later engine still works).
+ */
+static void test_nonfinite_weights_on_every_gpu_policy(void)
+{
+    FILE *f = fopen(NIAH "niah4k.bin", "rb");
+    KT_REQUIRE(f, "niah4k");
+    fseek(f, 0, SEEK_END);
+    size_t len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *orig = malloc(len), *buf = malloc(len);
+    KT_REQUIRE(orig && buf && fread(orig, 1, len, f) == len, "read");
+    fclose(f);
+    int32_t h[7];
+    memcpy(h, orig, sizeof h);
+    const size_t D = (size_t)h[0], H = (size_t)h[1], L = (size_t)h[2], kvd = D / (size_t)h[3] * (size_t)h[4];
+    const size_t V = (size_t)(h[5] < 0 ? -h[5] : h[5]);
+    const size_t sizes[11] = {V * D, D, D * D, D * kvd, D * kvd, D * D, D, H * D, D * H, H * D, D};
+    const char *names[11] = {"tok_embd", "attn_norm", "wq", "wk", "wv", "wo", "ffn_norm",
+                             "w_gate", "w_down", "w_up", "output_norm"};
+    size_t base[11], off = 0;
+    for (int i = 0; i < 11; i++) {
+        base[i] = off;
+        off += sizes[i] * (i > 0 && i < 10 ? L : 1);
+    }
+    static const char *specs[] = {"full", "full:offload=on", "quant:bits=2", "sparse:k=16,sink=4,window=16",
+                                  "sparse:k=16,sink=4,window=16,select=exact",
+                                  "sparse:k=16,sink=4,window=16,select=sketch", "streaming:sink=4,window=32",
+                                  "dsq:window=32"};
+    const int np = (int)(sizeof specs / sizeof specs[0]);
+    const float vals[3] = {NAN, INFINITY, -INFINITY};
+    int prompt[200];
+    prompt[0] = 1;
+    for (int i = 1; i < 200; i++) prompt[i] = 35 + (i * 13) % 90;
+    int runs = 0, refused = 0, bad = 0;
+    for (int c = 0; c < (int)L + 2; c++) { /* c < L: layer c; then the embedding, the final norm */
+        int fam = c < (int)L ? 1 + c % 9 : c == (int)L ? 0 : 10, l = c < (int)L ? c : 0;
+        size_t idx = (size_t)(kt_rand(&seed) * (double)sizes[fam]);
+        if (fam == 0) idx = (size_t)prompt[1 + c % 5] * D + idx % D; /* a row the prompt uses */
+        size_t at = 28 + 4 * (base[fam] + (size_t)l * sizes[fam] + idx);
+        float val = vals[c % 3];
+        memcpy(buf, orig, len);
+        memcpy(buf + at, &val, 4);
+        kv_model *m = NULL;
+        OK(kv_model_open_mem(buf, len, &m));
+        char want[48];
+        if (fam > 0 && fam < 10) snprintf(want, sizeof want, "layer %d %s ", l, names[fam]);
+        else snprintf(want, sizeof want, "%s", names[fam]);
+        for (int p = 0; p < np; p++) {
+            kv_policy_params *pp = calloc((size_t)m->cfg.n_layers, sizeof *pp);
+            OK(kv_policy_parse(specs[p], m->cfg.n_layers, pp));
+            kv_gpu_engine *g = NULL;
+            float *lg = malloc((size_t)m->cfg.vocab_size * 4);
+            kv_errclear();
+            kv_status st = kv_gpu_engine_new(m, pp, 256, NULL, &g);
+            if (!st) st = kv_gpu_engine_prefill(g, prompt, 200, lg);
+            for (int s = 0; s < 4 && !st; s++) st = kv_gpu_engine_step(g, prompt[1 + s], lg);
+            bool fin = true;
+            for (int i = 0; !st && i < m->cfg.vocab_size; i++) fin &= isfinite(lg[i]) != 0;
+            runs++;
+            if (st == KV_E_DATA && strstr(kv_errdetail(), want)) refused++;
+            else if (!(st == KV_OK && fin)) {
+                bad++;
+                printf("#   %s = %g, %s: status %d: %s\n", want, (double)val, specs[p], st, kv_errdetail());
+            }
+            kv_gpu_engine_free(g);
+            free(lg);
+            free(pp);
+        }
+        kv_model_close(m);
+    }
+    printf("# GPU: %d runs over %d poisoned weights x %d policies: %d refused naming the tensor\n", runs,
+           runs / np, np, refused);
+    KT_CHECK(bad == 0, "%d runs neither refused with the tensor's name nor kept finite logits", bad);
+    KT_CHECK(refused > runs * 9 / 10, "only %d of %d refused", refused, runs);
+    /* the device is still sound: a clean model runs */
+    kv_model *m = NULL;
+    OK(kv_model_open_mem(orig, len, &m));
+    kv_gpu_engine *g = NULL;
+    float *lg = malloc((size_t)m->cfg.vocab_size * 4);
+    OK(kv_gpu_engine_new(m, NULL, 256, NULL, &g));
+    OK(kv_gpu_engine_prefill(g, prompt, 200, lg));
+    kv_gpu_engine_free(g);
+    free(lg);
+    kv_model_close(m);
+    free(orig);
+    free(buf);
+}
+
+/* A niah4k-like prompt of n tokens: BOS, then printable bytes. */
+static int *niah_prompt(int n)
+{
+    int *p = malloc((size_t)n * sizeof *p);
+    p[0] = 1;
+    for (int i = 1; i < n; i++) p[i] = 3 + 32 + (int)(kt_rand(&seed) * 90);
+    return p;
+}
+
+/* Two .kvc dumps of one prompt, the GPU engine's (g) against the CPU
+ * engine's (c): the same metadata, tensors, shapes and tokens; K, V and q
+ * within fp16 tolerance by normalized error. */
+static void compare_dumps(const char *gpath, const char *cpath, const char *what, double tol)
+{
+    kvc_file *g = NULL, *c = NULL;
+    OK(kvc_open(gpath, &g));
+    OK(kvc_open(cpath, &c));
+    int nm = kvc_n_meta(c), meta_bad = 0;
+    for (int i = 0; i < nm; i++) {
+        const char *k, *v;
+        kvc_meta_at(c, i, &k, &v);
+        const char *gv = kvc_meta(g, k);
+        meta_bad += !gv || strcmp(gv, v);
+    }
+    KT_CHECK(kvc_n_meta(g) == nm && meta_bad == 0, "%s: metadata %d vs %d keys, %d differ", what,
+             kvc_n_meta(g), nm, meta_bad);
+    KT_CHECK(kvc_n_tensors(g) == kvc_n_tensors(c), "%s: %d tensors vs %d", what, kvc_n_tensors(g),
+             kvc_n_tensors(c));
+    double wkv = 0, wq = 0;
+    int nkv = 0, nq = 0, shape_bad = 0, tokens_same = 0;
+    for (int i = 0; i < kvc_n_tensors(c); i++) {
+        const kvc_tensor *t = kvc_tensor_at(c, i), *u = kvc_find(g, t->name);
+        if (!u || u->dtype != t->dtype || u->ndim != t->ndim ||
+            memcmp(u->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0])) {
+            shape_bad++;
+            continue;
+        }
+        if (!strcmp(t->name, "tokens")) {
+            tokens_same = u->nbytes == t->nbytes && !memcmp(u->data, t->data, t->nbytes);
+            continue;
+        }
+        size_t n = (size_t)kvc_tensor_numel(t);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        KT_REQUIRE(a && b, "alloc");
+        OK(kvc_tensor_to_f32(u, a));
+        OK(kvc_tensor_to_f32(t, b));
+        double e = nerr_f(a, b, n);
+        size_t len = strlen(t->name);
+        if (t->name[len - 1] == 'q') wq = e > wq ? e : wq, nq++;
+        else wkv = e > wkv ? e : wkv, nkv++;
+        free(a);
+        free(b);
+    }
+    printf("# %s: %d K/V tensors (worst normalized error %.3g), %d q tensors (worst %.3g), "
+           "tokens %s, %d metadata keys equal\n", what, nkv, wkv, nq, wq,
+           tokens_same ? "equal" : "DIFFER", nm - meta_bad);
+    KT_CHECK(shape_bad == 0, "%s: %d tensors missing or of another type or shape", what, shape_bad);
+    KT_CHECK(tokens_same, "%s: the token ids differ", what);
+    KT_CHECK(nkv == 2 * kvc_geom(c)->n_layers && nq == kvc_geom(c)->n_layers, "%s: %d K/V, %d q",
+             what, nkv, nq);
+    KT_CHECK(wkv < tol && wq < tol, "%s: K/V error %g, q error %g (bound %g)", what, wkv, wq, tol);
+    kvc_close(g);
+    kvc_close(c);
+}
+
+/* kv-run --dump-kv on the GPU: the runner's capture of a GPU prefill (in
+ * chunks of `chunk` rows, or one token at a time with chunk < 0) written
+ * through the one writer, against the CPU engine's dump of the same prompt. */
+static void dump_matches_cpu(const char *spec, int n, int nq, int chunk)
+{
+    kv_model *m = NULL;
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    const int L = m->cfg.n_layers;
+    int *prompt = niah_prompt(n);
+    kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
+    OK(kv_policy_parse(spec, L, pp));
+    kv_gpu_engine_opts o;
+    kv_gpu_engine_opts_default(&o);
+    o.prefill_chunk = chunk;
+    kv_runner *rc = NULL, *rg = NULL;
+    OK(kv_runner_new(m, pp, n + 8, KV_DEVICE_CPU, NULL, &rc));
+    OK(kv_runner_new(m, pp, n + 8, KV_DEVICE_CUDA, &o, &rg));
+    kv_prefill_info pi;
+    kv_runner_prefill_info(rg, &pi);
+    KT_CHECK(!strcmp(pi.device, "cuda") && pi.chunked == (chunk > 0) && (chunk <= 0 || pi.chunk == chunk),
+             "prefill info: %s %d %d (%s)", pi.device, pi.chunked, pi.chunk, pi.why);
+    OK(kv_runner_keep(rc, nq, true));
+    OK(kv_runner_keep(rg, nq, true));
+    OK(kv_runner_prefill(rc, prompt, n, NULL));
+    OK(kv_runner_prefill(rg, prompt, n, NULL));
+    char gpath[96], cpath[96], what[160];
+    snprintf(gpath, sizeof gpath, "/tmp/kv-test-gpudump-%d-g.kvc", (int)getpid());
+    snprintf(cpath, sizeof cpath, "/tmp/kv-test-gpudump-%d-c.kvc", (int)getpid());
+    OK(kv_runner_dump_kvc(rg, prompt, n, KV_DT_F32, gpath, 0));
+    OK(kv_runner_dump_kvc(rc, prompt, n, KV_DT_F32, cpath, 0));
+    snprintf(what, sizeof what, "niah4k dump, %s, %d tokens, nq %d, %s", spec, n, nq,
+             chunk > 0 ? "GPU prefill in chunks" : "GPU prefill token by token");
+    if (chunk > 0) snprintf(what + strlen(what), sizeof what - strlen(what), " of %d", chunk);
+    compare_dumps(gpath, cpath, what, 3e-3);
+    /* f16 on both: the same writer's conversion, the same bound */
+    OK(kv_runner_dump_kvc(rg, prompt, n, KV_DT_F16, gpath, 3));
+    OK(kv_runner_dump_kvc(rc, prompt, n, KV_DT_F16, cpath, 3));
+    snprintf(what + strlen(what), sizeof what - strlen(what), ", f16 zstd");
+    compare_dumps(gpath, cpath, what, 3e-3);
+    remove(gpath);
+    remove(cpath);
+    kv_runner_free(rg);
+    kv_runner_free(rc);
+    free(pp);
+    free(prompt);
+    kv_model_close(m);
+}
+
+static void test_niah4k_gpu_dump_matches_cpu_dump(void)
+{
+    /* 700 tokens in chunks of 128: the 100 queries span two chunks; sparse
+     * layers stream their rows out chunk by chunk while the dump is taken */
+    dump_matches_cpu("0=full;*=sparse:k=64,sink=8,window=32", short_run() ? 300 : 700, 100, 128);
+    dump_matches_cpu("full", short_run() ? 60 : 200, 32, -1);
+}
+
+/*
+ * Why dsq's niah4k accuracy on the GPU is one task off the CPU's at 1k
+ * (docs/BENCHMARKS.md, issue 9).  A window's salient tokens are the top S
+ * of an importance: the causal attention of the prompt's last 32 queries,
+ * summed over heads (kv_dsq_importance, which both engines' dsq ingest
+ * calls).  Each engine's inputs to it are what its capture for --dump-kv
+ * holds (the prefill's queries and keys: f32 on the CPU, fp16 on the GPU),
+ * so the importance is recomputed here from the captures, exactly as each
+ * engine's ingest computes it.  Checked: the two importance vectors agree
+ * within fp16 tolerance, and every window whose salient set differs is a
+ * near-tie in the CPU's ranking (the tokens that swap are within 5% of
+ * each other); a different query set, scale or normalization would fail
+ * both.  Printed: per task the windows that differ and, unless short, each
+ * engine's dsq answer and score.
+ */
+typedef struct {
+    int windows, flipped;
+    double worst_err;       /* normalized error of the GPU importance, worst layer */
+    double worst_flip;      /* largest relative CPU margin between tokens that swapped */
+    double min_margin;      /* smallest relative gap at the salient boundary, any window */
+} dsq_cmp;
+
+/* Compare the salient choice of every complete window of one layer's
+ * importance (H, T): CPU c against GPU g.  Prints the first flips. */
+static void dsq_compare_layer(const float *c, const float *g, int H, int T, int W, int S,
+                              const char *tag, int layer, dsq_cmp *r, int *printed)
+{
+    uint8_t mc[512], mg[512];
+    float v[4096];
+    for (int h = 0; h < H; h++)
+        for (int w = 0; w < T / W; w++) {
+            const float *cw = c + (size_t)h * T + (size_t)w * W, *gw = g + (size_t)h * T + (size_t)w * W;
+            kv_dsq_select(cw, W, S, mc);
+            kv_dsq_select(gw, W, S, mg);
+            r->windows++;
+            /* the CPU's gap at the boundary: S-th largest against (S+1)-th */
+            memcpy(v, cw, (size_t)W * sizeof *v);
+            for (int i = 0; i <= S && i < W; i++)
+                for (int j = i + 1; j < W; j++)
+                    if (v[j] > v[i]) {
+                        float t = v[i];
+                        v[i] = v[j];
+                        v[j] = t;
+                    }
+            if (S > 0 && S < W && v[S - 1] > 0) {
+                double mg_ = (v[S - 1] - v[S]) / v[S - 1];
+                if (mg_ < r->min_margin) r->min_margin = mg_;
+            }
+            if (!memcmp(mc, mg, (size_t)W / 8)) continue;
+            r->flipped++;
+            int a = -1, b = -1; /* the strongest CPU-only token, the weakest GPU-only one */
+            for (int t = 0; t < W; t++) {
+                int inc = mc[t >> 3] >> (t & 7) & 1, ing = mg[t >> 3] >> (t & 7) & 1;
+                if (inc && !ing && (a < 0 || cw[t] > cw[a])) a = t;
+                if (ing && !inc && (b < 0 || cw[t] < cw[b])) b = t;
+            }
+            double m = a >= 0 && b >= 0 && cw[a] > 0 ? (cw[a] - cw[b]) / cw[a] : 1.0;
+            if (m > r->worst_flip) r->worst_flip = m;
+            if (a >= 0 && b >= 0 && (*printed)++ < 12)
+                printf("#   %s layer %d head %d window %d: CPU keeps token %d (%.6g; GPU %.6g), GPU "
+                       "token %d (%.6g; CPU %.6g): CPU margin %.2e, GPU margin %.2e\n", tag, layer, h,
+                       w, w * W + a, cw[a], gw[a], w * W + b, gw[b], cw[b], m,
+                       gw[b] > 0 ? (gw[b] - gw[a]) / gw[b] : 0.0);
+        }
+}
+
+static void test_niah4k_dsq_salient_choice_differs_only_at_near_ties(void)
+{
+    kv_model *m = NULL;
+    kv_tokenizer *tok = NULL;
+    kv_niah_set set = {0};
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    OK(kv_tokenizer_load_llama2c(NIAH "tok259.bin", m->cfg.vocab_size, &tok));
+    OK(kv_niah_load(NIAH "tasks-dev.jsonl", &set));
+    const int L = m->cfg.n_layers, H = m->cfg.n_kv_heads, NH = m->cfg.n_heads, hd = m->cfg.head_dim;
+    const int NOBS = 32; /* DSQ_OBSERVE of kv_gpu_dsq.c, PREFILL_OBSERVE of kv_engine.c */
+    kv_dsq_params dp;
+    kv_dsq_params_default(&dp);
+    const int W = dp.window, S = kv_dsq_salient_count(W, 0.2);
+    kv_policy_params *pd = calloc((size_t)L, sizeof *pd);
+    OK(kv_policy_parse("dsq", L, pd));
+    kv_engine *ce = NULL;
+    kv_gpu_engine *ge = NULL;
+    OK(kv_engine_new(m, NULL, 0, &ce));
+    OK(kv_gpu_engine_new(m, NULL, 0, NULL, &ge));
+    OK(kv_engine_keep(ce, NOBS, true));
+    OK(kv_gpu_engine_keep(ge, NOBS, true));
+    kv_runner *rc = NULL, *rg = NULL;
+    if (!short_run()) {
+        OK(kv_runner_new(m, pd, 0, KV_DEVICE_CPU, NULL, &rc));
+        OK(kv_runner_new(m, pd, 0, KV_DEVICE_CUDA, NULL, &rg));
+    }
+    const int ntask = short_run() ? 3 : 20;
+    dsq_cmp all = {0, 0, 0, 0, 1e30};
+    int printed = 0, done = 0, score_c = 0, score_g = 0;
+    for (int ti = 0; ti < set.n && done < ntask; ti++) {
+        const kv_niah_task *t = &set.tasks[ti];
+        if (t->length != 1024) continue;
+        int *ids = NULL, n = 0, split = 0;
+        kv_niah_mode used;
+        OK(kv_niah_prepare(tok, t, KV_NIAH_QUESTION, &ids, &n, &split, &used));
+        OK(kv_engine_reset(ce, NULL));
+        OK(kv_gpu_engine_reset(ge, NULL));
+        OK(kv_engine_prefill(ce, ids, split, NULL));
+        OK(kv_gpu_engine_prefill(ge, ids, split, NULL));
+        const size_t kn = (size_t)H * split * hd, qn = (size_t)NH * NOBS * hd;
+        float *kg = malloc(kn * 4), *qc = malloc(qn * 4), *qg = malloc(qn * 4);
+        float *ic = malloc((size_t)H * split * 4), *ig = malloc((size_t)H * split * 4);
+        uint16_t *q16 = malloc(qn * 2);
+        KT_REQUIRE(kg && qc && qg && ic && ig && q16, "alloc");
+        dsq_cmp r = {0, 0, 0, 0, 1e30};
+        char tag[32];
+        snprintf(tag, sizeof tag, "task %d", t->index);
+        for (int l = 0; l < L; l++) {
+            int Tc = 0, Tg = 0;
+            const float *kc = kv_engine_prompt_kv(ce, l, 'k', &Tc);
+            const uint16_t *k16 = kv_gpu_engine_prompt_kv(ge, l, 'k', &Tg);
+            int nc = kv_engine_queries(ce, l, qc), ng = kv_gpu_engine_queries(ge, l, q16);
+            KT_REQUIRE(kc && k16 && Tc == split && Tg == split && nc == NOBS && ng == NOBS,
+                       "captures: T %d %d, queries %d %d", Tc, Tg, nc, ng);
+            for (size_t i = 0; i < kn; i++) kg[i] = kv_half_to_f32(k16[i]);
+            for (size_t i = 0; i < qn; i++) qg[i] = kv_half_to_f32(q16[i]);
+            OK(kv_dsq_importance(qc, NH, NOBS, kc, H, split, hd, ic));
+            OK(kv_dsq_importance(qg, NH, NOBS, kg, H, split, hd, ig));
+            double e = nerr_f(ig, ic, (size_t)H * split);
+            if (e > r.worst_err) r.worst_err = e;
+            dsq_compare_layer(ic, ig, H, split, W, S, tag, l, &r, &printed);
+        }
+        char answers[256] = "";
+        if (rc) {
+            kv_niah_opts no;
+            kv_niah_opts_default(&no);
+            kv_niah_result a, b;
+            OK(kv_niah_run_prepared(rc, tok, NULL, t, &no, ids, n, split, used, &a));
+            OK(kv_niah_run_prepared(rg, tok, NULL, t, &no, ids, n, split, used, &b));
+            snprintf(answers, sizeof answers, "; dsq answers CPU '%s' (%.2f), GPU '%s' (%.2f)%s",
+                     a.pred, a.score, b.pred, b.score, a.score != b.score ? "  <- differs" : "");
+            score_c += a.score == 1.0;
+            score_g += b.score == 1.0;
+            kv_niah_result_clear(&a);
+            kv_niah_result_clear(&b);
+        }
+        printf("# niah4k %s, %d tokens ingested: %d of %d windows choose other salient tokens, "
+               "importance error %.2e, smallest boundary margin %.2e%s\n", tag, split, r.flipped,
+               r.windows, r.worst_err, r.min_margin, answers);
+        all.windows += r.windows;
+        all.flipped += r.flipped;
+        if (r.worst_err > all.worst_err) all.worst_err = r.worst_err;
+        if (r.worst_flip > all.worst_flip) all.worst_flip = r.worst_flip;
+        if (r.min_margin < all.min_margin) all.min_margin = r.min_margin;
+        free(kg), free(qc), free(qg), free(ic), free(ig), free(q16), free(ids);
+        done++;
+    }
+    printf("# niah4k dsq at 1k, %d tasks: %d of %d windows differ; importance error at most %.2e; "
+           "the tokens that swap are at most %.2e apart (relative); tasks right CPU %d, GPU %d\n",
+           done, all.flipped, all.windows, all.worst_err, all.worst_flip, score_c, score_g);
+    KT_CHECK(done == ntask, "%d tasks of length 1024", done);
+    KT_CHECK(all.worst_err < 2e-2, "GPU importance differs from the CPU's by %g", all.worst_err);
+    KT_CHECK(all.worst_flip < 5e-2, "a salient choice differs where the CPU's margin is %g", all.worst_flip);
+    kv_runner_free(rg);
+    kv_runner_free(rc);
+    kv_gpu_engine_free(ge);
+    kv_engine_free(ce);
+    free(pd);
+    kv_niah_clear(&set);
+    kv_tokenizer_free(tok);
+    kv_model_close(m);
+}
+
+/* Sparse layers copy their prompt to host memory chunk by chunk on the copy
+ * stream (sparse_chunk) or, with opts.prefill_copy_sync, at the layer's end:
+ * the same bytes, so the same logits bit for bit and the same greedy ids. */
+static void test_sparse_chunk_copies_equal_the_layer_copy(void)
+{
+    kv_model *m = NULL;
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    const int L = m->cfg.n_layers, V = m->cfg.vocab_size, n = short_run() ? 300 : 900, steps = 24;
+    int *prompt = niah_prompt(n);
+    const char *specs[2] = {"0=full;*=sparse:k=64,sink=8,window=32,channels=16",
+                            "0=full;*=sparse:k=64,sink=8,window=32,select=exact"};
+    kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
+    for (int sidx = 0; sidx < 2; sidx++) {
+        OK(kv_policy_parse(specs[sidx], L, pp));
+        float *lg[2];
+        int ids[2][24];
+        kv_bytes b[2];
+        for (int k = 0; k < 2; k++) {
+            kv_gpu_engine_opts o;
+            kv_gpu_engine_opts_default(&o);
+            o.prefill_chunk = 128;
+            o.prefill_copy_sync = k == 1;
+            kv_gpu_engine *g = NULL;
+            OK(kv_gpu_engine_new(m, pp, n + steps + 8, &o, &g));
+            lg[k] = malloc((size_t)V * sizeof(float));
+            OK(kv_gpu_engine_prefill(g, prompt, n, lg[k]));
+            OK(kv_gpu_engine_generate(g, argmax(lg[k], V), steps, ids[k], NULL));
+            kv_gpu_engine_bytes(g, &b[k]);
+            kv_gpu_engine_free(g);
+        }
+        int same_ids = !memcmp(ids[0], ids[1], sizeof ids[0]);
+        int same_logits = !memcmp(lg[0], lg[1], (size_t)V * sizeof(float));
+        printf("# %s, %d tokens in chunks of 128: streamed vs per-layer copy: logits %s, %d greedy "
+               "ids %s, host bytes %llu vs %llu\n", specs[sidx], n, same_logits ? "equal" : "DIFFER",
+               steps, same_ids ? "equal" : "DIFFER", (unsigned long long)b[0].host,
+               (unsigned long long)b[1].host);
+        KT_CHECK(same_logits && same_ids, "%s: streamed copies change the result", specs[sidx]);
+        KT_CHECK(b[0].host == b[1].host && b[0].resident == b[1].resident &&
+                     b[0].fetched_total == b[1].fetched_total,
+                 "%s: bytes differ", specs[sidx]);
+        free(lg[0]);
+        free(lg[1]);
+    }
+    free(pp);
+    free(prompt);
+    kv_model_close(m);
+}
+
 static void test_hybrid_bytes_follow_the_layout(void)
 {
     kv_model *m = NULL;
@@ -1142,6 +1708,19 @@ static void test_bad_requests_fail_cleanly(void)
 
 #endif /* KV_HAVE_CUDA */
 
+#ifdef KV_HAVE_CUDA
+/* Does test name contain one of filter's comma-separated parts (no filter: yes)? */
+static int selected(const char *name, const char *filter)
+{
+    if (!filter || !*filter) return 1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", filter);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (strstr(name, t)) return 1;
+    return 0;
+}
+#endif
+
 int main(void)
 {
     char name[256];
@@ -1153,6 +1732,7 @@ int main(void)
         KT_SKIP(test_gemv_matches_float64, why);
         KT_SKIP(test_attend_matches_float64, why);
         KT_SKIP(test_topk_selects_largest_with_ties_to_lower_index, why);
+        KT_SKIP(test_selection_ranks_nan_and_inf_as_the_cpu_does, why);
         KT_SKIP(test_rmsnorm_swiglu_rope_match_float64, why);
         KT_SKIP(test_selection_kernels_match_float64, why);
         KT_SKIP(test_kivi_expand_matches_cpu_unpack, why);
@@ -1169,33 +1749,48 @@ int main(void)
         KT_SKIP(test_niah4k_quant_matches_cpu, why);
         KT_SKIP(test_niah4k_streaming_matches_cpu, why);
         KT_SKIP(test_niah4k_dsq_matches_cpu, why);
+        KT_SKIP(test_niah4k_gpu_dump_matches_cpu_dump, why);
+        KT_SKIP(test_sparse_chunk_copies_equal_the_layer_copy, why);
+        KT_SKIP(test_niah4k_dsq_salient_choice_differs_only_at_near_ties, why);
         KT_SKIP(test_hybrid_bytes_follow_the_layout, why);
+        KT_SKIP(test_nonfinite_weights_on_every_gpu_policy, why);
         KT_SKIP(test_bad_requests_fail_cleanly, why);
         return kt_done();
     }
 #ifdef KV_HAVE_CUDA
     printf("# GPU: %s\n", name);
-    KT_RUN(test_gemv_matches_float64);
-    KT_RUN(test_attend_matches_float64);
-    KT_RUN(test_topk_selects_largest_with_ties_to_lower_index);
-    KT_RUN(test_rmsnorm_swiglu_rope_match_float64);
-    KT_RUN(test_selection_kernels_match_float64);
-    KT_RUN(test_kivi_expand_matches_cpu_unpack);
-    KT_RUN(test_attn_importance_matches_float64);
-    KT_RUN(test_stories260k_full_matches_cpu);
-    KT_RUN(test_stories260k_streaming_matches_cpu);
-    KT_RUN(test_stories260k_quant_matches_cpu);
-    KT_RUN(test_stories260k_dsq_matches_cpu);
-    KT_RUN(test_offload_equals_full_on_gpu);
-    KT_RUN(test_pdl_levels_generate_the_same_ids);
-    KT_RUN(test_niah4k_full_matches_cpu);
-    KT_RUN(test_niah4k_sparse_matches_cpu);
-    KT_RUN(test_niah4k_sketch_runs_close_to_full);
-    KT_RUN(test_niah4k_quant_matches_cpu);
-    KT_RUN(test_niah4k_streaming_matches_cpu);
-    KT_RUN(test_niah4k_dsq_matches_cpu);
-    KT_RUN(test_hybrid_bytes_follow_the_layout);
-    KT_RUN(test_bad_requests_fail_cleanly);
+    /* KV_TEST_FILTER=a,b runs only the tests whose names contain a or b
+     * (e.g. under compute-sanitizer) */
+    const char *filter = getenv("KV_TEST_FILTER");
+#define RUN_ONE(t)                               \
+    if (selected(#t, filter)) KT_RUN(t);         \
+    else KT_SKIP(t, "not selected by KV_TEST_FILTER")
+    RUN_ONE(test_gemv_matches_float64);
+    RUN_ONE(test_attend_matches_float64);
+    RUN_ONE(test_topk_selects_largest_with_ties_to_lower_index);
+    RUN_ONE(test_selection_ranks_nan_and_inf_as_the_cpu_does);
+    RUN_ONE(test_rmsnorm_swiglu_rope_match_float64);
+    RUN_ONE(test_selection_kernels_match_float64);
+    RUN_ONE(test_kivi_expand_matches_cpu_unpack);
+    RUN_ONE(test_attn_importance_matches_float64);
+    RUN_ONE(test_stories260k_full_matches_cpu);
+    RUN_ONE(test_stories260k_streaming_matches_cpu);
+    RUN_ONE(test_stories260k_quant_matches_cpu);
+    RUN_ONE(test_stories260k_dsq_matches_cpu);
+    RUN_ONE(test_offload_equals_full_on_gpu);
+    RUN_ONE(test_pdl_levels_generate_the_same_ids);
+    RUN_ONE(test_niah4k_full_matches_cpu);
+    RUN_ONE(test_niah4k_sparse_matches_cpu);
+    RUN_ONE(test_niah4k_sketch_runs_close_to_full);
+    RUN_ONE(test_niah4k_quant_matches_cpu);
+    RUN_ONE(test_niah4k_streaming_matches_cpu);
+    RUN_ONE(test_niah4k_dsq_matches_cpu);
+    RUN_ONE(test_niah4k_gpu_dump_matches_cpu_dump);
+    RUN_ONE(test_sparse_chunk_copies_equal_the_layer_copy);
+    RUN_ONE(test_niah4k_dsq_salient_choice_differs_only_at_near_ties);
+    RUN_ONE(test_hybrid_bytes_follow_the_layout);
+    RUN_ONE(test_nonfinite_weights_on_every_gpu_policy);
+    RUN_ONE(test_bad_requests_fail_cleanly);
 #endif
     return kt_done();
 }

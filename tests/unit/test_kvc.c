@@ -16,7 +16,10 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <zstd.h>
 
 #include "kt.h"
 #include "common/kv_crc.h"
@@ -383,6 +386,146 @@ static void test_zstd_roundtrip(void)
     /* A truncated compressed stream is bad data, not a crash. */
     KT_CHECK(kvc_open_mem(b, len - 3, &f) == KV_E_DATA, "truncated zstd: %s", kv_errdetail());
     free(b);
+}
+
+/* A raw .kvc of exactly `total` bytes (a multiple of 4): one layer's K and V
+ * as F32 [1, m, 1] after a header padded with spaces. */
+static uint8_t *exact_file(size_t total, size_t *hlen)
+{
+    char hdr[256];
+    size_t h = (total - 8 - 192) % 8 ? 196 : 192, m = (total - 8 - h) / 8;
+    int n = snprintf(hdr, sizeof hdr,
+                     "{\"layers.0.k\":{\"dtype\":\"F32\",\"shape\":[1,%zu,1],\"data_offsets\":[0,%zu]},"
+                     "\"layers.0.v\":{\"dtype\":\"F32\",\"shape\":[1,%zu,1],\"data_offsets\":[%zu,%zu]}}",
+                     m, 4 * m, m, 4 * m, 8 * m);
+    if (n < 0 || (size_t)n > h) return NULL;
+    memset(hdr + n, ' ', h - (size_t)n);
+    hdr[h] = 0;
+    float *data = malloc(8 * m);
+    for (size_t i = 0; i < 2 * m; i++) data[i] = (float)(i % 1000);
+    size_t len;
+    uint8_t *b = raw_file(hdr, data, 8 * m, &len);
+    free(data);
+    *hlen = h;
+    if (len != total) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* zstd streams without a recorded size, as `cat x.kvc | zstd` writes them,
+ * of files whose size is the decoder's buffer doubled k times: the frame
+ * ends exactly when the buffer is full (they were taken for truncated). */
+static void test_zstd_without_content_size_at_buffer_sizes(void)
+{
+    for (size_t total = 65536 / 2; total <= 65536 * 8; total *= 2)
+        for (int d = -1; d <= 1; d++) {
+            size_t sz = total + (size_t)(4 * d);
+            size_t h;
+            uint8_t *raw = exact_file(sz, &h);
+            KT_REQUIRE(raw, "raw file of %zu bytes", sz);
+            ZSTD_CCtx *z = ZSTD_createCCtx();
+            ZSTD_CCtx_setParameter(z, ZSTD_c_contentSizeFlag, 0);
+            ZSTD_CCtx_setParameter(z, ZSTD_c_checksumFlag, 1);
+            size_t cap = ZSTD_compressBound(sz);
+            uint8_t *zb = malloc(cap);
+            size_t zn = ZSTD_compress2(z, zb, cap, raw, sz);
+            ZSTD_freeCCtx(z);
+            KT_REQUIRE(!ZSTD_isError(zn), "compress");
+            KT_REQUIRE(ZSTD_getFrameContentSize(zb, zn) == ZSTD_CONTENTSIZE_UNKNOWN, "size recorded");
+            kvc_file *f = NULL;
+            kv_status st = kvc_open_mem(zb, zn, &f);
+            KT_CHECK(st == KV_OK, "%zu bytes: %s", sz, kv_errdetail());
+            if (!st) KT_CHECK(kvc_was_zstd(f) && kvc_find(f, "layers.0.v")->nbytes == (sz - 8 - h) / 2, "content");
+            kvc_close(f);
+            free(zb);
+            free(raw);
+        }
+}
+
+/* A decompression bomb: a valid sample followed, inside the same zstd
+ * stream, by 64 MiB of zeros (about 2 KB compressed).  The reader stops
+ * one byte past the size the header describes; it used to inflate all of
+ * it (up to its 64 GiB cap) before the tiling check refused the file. */
+static void test_zstd_bomb_stops_at_the_described_size(void)
+{
+    char path[300];
+    tmp_path(path, sizeof path, "plain.kvc");
+    REQUIRE_OK(write_sample(path, 0));
+    size_t len;
+    uint8_t *raw = slurp(path, &len);
+    KT_REQUIRE(raw, "sample");
+    ZSTD_CCtx *z = ZSTD_createCCtx();
+    size_t cap = 1 << 20, zn = 0;
+    uint8_t *zb = malloc(cap), *zeros = calloc(1, 1 << 20);
+    ZSTD_inBuffer in = {raw, len, 0};
+    ZSTD_outBuffer out = {zb, cap, 0};
+    while (in.pos < in.size) ZSTD_compressStream2(z, &out, &in, ZSTD_e_continue);
+    for (int i = 0; i < 64; i++) {
+        in = (ZSTD_inBuffer){zeros, 1 << 20, 0};
+        while (in.pos < in.size) ZSTD_compressStream2(z, &out, &in, ZSTD_e_continue);
+    }
+    in = (ZSTD_inBuffer){NULL, 0, 0};
+    while (ZSTD_compressStream2(z, &out, &in, ZSTD_e_end) != 0) {}
+    zn = out.pos;
+    ZSTD_freeCCtx(z);
+    KT_REQUIRE(zn < 64 * 1024, "bomb is %zu bytes", zn);
+    kvc_file *f = NULL;
+    kv_status st = kvc_open_mem(zb, zn, &f);
+    KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), "header describes"), "status %d: %s", st, kv_errdetail());
+    kvc_close(f);
+    free(zb);
+    free(zeros);
+    free(raw);
+}
+
+/* A pipe that delivers a valid file and then runs on: the reader takes what
+ * the header describes plus one byte and stops (it read to end of input). */
+static void test_pipe_is_read_only_as_far_as_the_header_says(void)
+{
+    char path[300];
+    tmp_path(path, sizeof path, "plain.kvc");
+    REQUIRE_OK(write_sample(path, 0));
+    size_t len;
+    uint8_t *raw = slurp(path, &len);
+    KT_REQUIRE(raw, "sample");
+    for (int zstd = 0; zstd < 2; zstd++) {
+        int pfd[2];
+        KT_REQUIRE(pipe(pfd) == 0, "pipe");
+        pid_t pid = fork();
+        KT_REQUIRE(pid >= 0, "fork");
+        if (pid == 0) { /* writer: the file (or its zstd form), then 256 MiB */
+            close(pfd[0]);
+            signal(SIGPIPE, SIG_DFL);
+            static uint8_t junk[1 << 16];
+            if (zstd) {
+                size_t zc = ZSTD_compressBound(len);
+                uint8_t *zb = malloc(zc);
+                size_t zn = ZSTD_compress(zb, zc, raw, len, 1);
+                if (write(pfd[1], zb, zn) != (ssize_t)zn) _exit(1);
+            } else if (write(pfd[1], raw, len) != (ssize_t)len) {
+                _exit(1);
+            }
+            for (int i = 0; i < 4096; i++)
+                if (write(pfd[1], junk, sizeof junk) < 0) _exit(2);
+            _exit(0);
+        }
+        close(pfd[1]);
+        kvc_file *f = NULL;
+        char dev[32];
+        snprintf(dev, sizeof dev, "/dev/fd/%d", pfd[0]);
+        kv_status st = kvc_open(dev, &f);
+        close(pfd[0]);
+        int ws = 0;
+        waitpid(pid, &ws, 0);
+        KT_CHECK(st == KV_E_DATA, "%s: status %d: %s", zstd ? "zstd" : "plain", st, kv_errdetail());
+        /* the writer was cut off by the closed pipe: the reader stopped early */
+        KT_CHECK(WIFSIGNALED(ws) || (WIFEXITED(ws) && WEXITSTATUS(ws) == 2), "%s: the reader drained "
+                 "the whole pipe (writer status %d)", zstd ? "zstd" : "plain", ws);
+        kvc_close(f);
+    }
+    free(raw);
 }
 
 // --- atomic output ---------------------------------------------------------
@@ -778,6 +921,9 @@ int main(int argc, char **argv)
     KT_RUN(test_roundtrip_metadata_and_geometry);
     KT_RUN(test_geometry_derived_without_metadata);
     KT_RUN(test_zstd_roundtrip);
+    KT_RUN(test_zstd_without_content_size_at_buffer_sizes);
+    KT_RUN(test_zstd_bomb_stops_at_the_described_size);
+    KT_RUN(test_pipe_is_read_only_as_far_as_the_header_says);
     KT_RUN(test_atomic_write_leaves_nothing_on_failure);
     KT_RUN(test_outfile_commit_and_abort);
     KT_RUN(test_open_missing_file_is_noinput);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kt.h"
 #include "engine/kv_engine.h"
@@ -315,6 +316,71 @@ static void test_gguf_bad_files_fail_cleanly(void)
     free_tensors(t, n);
 }
 
+/* A GGUF of nk distinct u32 keys and nt one-float F32 tensors; dup_key /
+ * dup_tensor: give the last one the first one's name. */
+static buf many_names(int nk, int nt, bool dup_key, bool dup_tensor)
+{
+    buf o = {0};
+    put_u32(&o, KV_GGUF_MAGIC);
+    put_u32(&o, 3);
+    put_u64(&o, (uint64_t)nt);
+    put_u64(&o, (uint64_t)nk);
+    char name[32];
+    for (int i = 0; i < nk; i++) {
+        snprintf(name, sizeof name, "key.%d", dup_key && i == nk - 1 ? 0 : i);
+        kv_u32(&o, name, (uint32_t)i);
+    }
+    for (int i = 0; i < nt; i++) {
+        snprintf(name, sizeof name, "t.%d", dup_tensor && i == nt - 1 ? 0 : i);
+        put_str(&o, name);
+        put_u32(&o, 1);
+        put_u64(&o, 1);
+        put_u32(&o, 0); /* F32 */
+        put_u64(&o, (uint64_t)i * 32);
+    }
+    while (o.n % 32) put(&o, "", 1);
+    static const uint8_t zero[32];
+    for (int i = 0; i < nt; i++) put(&o, zero, 32);
+    return o;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Duplicate keys and tensor names are found in linear time: 200k keys and
+ * 60k tensors parse in well under a second (the pairwise checks took more
+ * than 120 s and 5.8 s), duplicates are still refused, lookups still work. */
+static void test_gguf_names_are_checked_in_linear_time(void)
+{
+    buf g = many_names(200000, 60000, false, false);
+    double t0 = now_s();
+    kv_gguf *p = NULL;
+    kv_status st = kv_gguf_parse(g.b, g.n, &p);
+    double dt = now_s() - t0;
+    KT_REQUIRE(st == KV_OK, "%s", kv_errdetail());
+    printf("# %zu-byte GGUF, 200000 keys + 60000 tensors parsed in %.3f s\n", g.n, dt);
+    KT_CHECK(dt < 5.0, "parse took %.1f s", dt);
+    int64_t v = -1;
+    KT_CHECK(kv_gguf_get_int(p, "key.123456", &v, NULL) && v == 123456, "key lookup %lld", (long long)v);
+    const kv_gguf_tensor *t = kv_gguf_tensor_find(p, "t.59999");
+    KT_CHECK(t && t->offset == 59999 * 32, "tensor lookup");
+    KT_CHECK(!kv_gguf_find(p, "key.200000") && !kv_gguf_tensor_find(p, "t.60000"), "absent names found");
+    kv_gguf_free(p);
+    free(g.b);
+    for (int d = 0; d < 2; d++) {
+        g = many_names(1000, 1000, d == 0, d == 1);
+        st = kv_gguf_parse(g.b, g.n, &p);
+        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), "appears twice") &&
+                     strstr(kv_errdetail(), d ? "t.0" : "key.0"),
+                 "duplicate %s: %s", d ? "tensor" : "key", kv_errdetail());
+        free(g.b);
+    }
+}
+
 static void test_real_gguf_files_load(void)
 {
     kv_model *m;
@@ -550,6 +616,7 @@ int main(void)
 {
     KT_RUN(test_gguf_weight_types_match_f32);
     KT_RUN(test_gguf_bad_files_fail_cleanly);
+    KT_RUN(test_gguf_names_are_checked_in_linear_time);
     KT_RUN(test_real_gguf_files_load);
     KT_RUN(test_llama2c_legacy_and_v1_agree);
     KT_RUN(test_kernels_match_plain_loops);

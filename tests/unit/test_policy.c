@@ -718,6 +718,52 @@ static uint64_t kivi_formula(int H, int T, int D, int b, int G, int R)
     return (uint64_t)H * (keys + vals + res);
 }
 
+/* NaN and inf in keys or queries: the selection must terminate, stay
+ * inside its buffers and be deterministic.  Keys whose every channel is
+ * NaN score NaN in both modes and rank last, so with enough finite
+ * candidates none is fetched and the output stays finite.  (Before NaN
+ * ranked as -inf, the quickselect's scans ran off the candidate array.) */
+static void test_sparse_selection_survives_nan_and_inf(void)
+{
+    const int nh = 4, nkv = 2, D = 16, T = 160, T0 = 150;
+    const char *specs[] = {"sparse:s=2,w=8,k=6,c=4", "sparse:s=2,w=8,k=6,select=exact",
+                           "sparse:s=2,w=8,k=6,c=4,reduce=max"};
+    for (int sp = 0; sp < 3; sp++) {
+        fixture f = mkfix(nh, nkv, D, T);
+        for (int h = 0; h < nkv; h++)
+            for (int t = 10; t < 140; t += 9)
+                for (int c = 0; c < D; c++) f.k[((size_t)h * T + t) * D + c] = NAN;
+        float *q = randv((size_t)nh * D, 1.0f), o1[64], o2[64];
+        kv_policy *p = mkpol(&f, specs[sp], 256);
+        KT_REQUIRE(p, "create %s", specs[sp]);
+        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+        REQ_OK(p->ops->attend(p, q, o1), "attend");
+        REQ_OK(p->ops->attend(p, q, o2), "attend");
+        int finite = 1;
+        for (int i = 0; i < nh * D; i++) finite &= isfinite(o1[i]) != 0;
+        KT_CHECK(finite, "%s: a NaN key was fetched while finite candidates were left", specs[sp]);
+        KT_CHECK(!memcmp(o1, o2, sizeof o1), "%s: selection is not deterministic", specs[sp]);
+        /* a NaN query and infinite keys: any output, but an answer */
+        q[3] = NAN;
+        f.k[((size_t)1 * T + 50) * D + 2] = INFINITY;
+        kv_policy_free(p);
+        p = mkpol(&f, specs[sp], 256);
+        KT_REQUIRE(p, "create %s", specs[sp]);
+        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+        REQ_OK(p->ops->attend(p, q, o1), "attend with a NaN query");
+        /* every candidate NaN */
+        for (size_t i = 0; i < (size_t)nkv * T * D; i++) f.k[i] = NAN;
+        kv_policy_free(p);
+        p = mkpol(&f, specs[sp], 256);
+        KT_REQUIRE(p, "create %s", specs[sp]);
+        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+        REQ_OK(p->ops->attend(p, q, o1), "attend over NaN keys only");
+        kv_policy_free(p);
+        free(q);
+        freefix(&f);
+    }
+}
+
 static void test_quant_bytes(void)
 {
     const int nh = 4, nkv = 2, D = 32, T = 300;
@@ -878,6 +924,7 @@ int main(void)
     KT_RUN(test_sparse_resident_selection);
     KT_RUN(test_select_index);
     KT_RUN(test_sparse_pages);
+    KT_RUN(test_sparse_selection_survives_nan_and_inf);
     KT_RUN(test_quant_bytes);
     KT_RUN(test_quant_accuracy);
     KT_RUN(test_dsq);
