@@ -223,6 +223,32 @@ size_t eng_topk_wide_ws(int nkv);
 cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
                           cudaStream_t s);
 
+// --- the resident page index (select=pages; eng_select.cu) ---------------
+
+/*
+ * Quest's page bounds of keys k (nkv, ld, hd) fp16, tokens [0, T), pages
+ * of P tokens: pmin, pmax (nkv, np, hd) fp16, np = ceil(T / P), as
+ * kv_select_page_bounds (the last page may be short).
+ */
+cudaError_t eng_page_bounds(const uint16_t *k, int nkv, int T, int ld, int hd, int P,
+                            uint16_t *pmin, uint16_t *pmax, cudaStream_t s);
+
+/*
+ * Upper-bound scores of pages [p0, p0 + np) of every query head:
+ * score (nq_heads, np) = sum_c max(q_c min_c, q_c max_c) / sqrt(hd), as
+ * kv_select_score_pages.  pmin, pmax: eng_page_bounds' (nkv, ldp, hd).
+ */
+cudaError_t eng_score_pages(const float *q, const uint16_t *pmin, const uint16_t *pmax, int ldp,
+                            int nq_heads, int nkv, int hd, int p0, int np, float *score,
+                            cudaStream_t s);
+
+/* Each candidate token t in [cs, cs + n) takes its page's combined score:
+ * tok (nkv, n) = comb[kh][t / P - p0] of comb (nkv, np), so that eng_topk
+ * on tok takes the best pages first, ties to the lower token, as the CPU's
+ * page order. */
+cudaError_t eng_pages_expand(const float *comb, int nkv, int np, int P, int p0, int cs, int n,
+                             float *tok, cudaStream_t s);
+
 /* Device-to-device and zero-copy read bandwidth probes (bench): read n bytes
  * of src (device or mapped host) with 16-byte loads, write a checksum. */
 cudaError_t eng_read_probe(const void *src, size_t n, unsigned *sink, cudaStream_t s);

@@ -1138,6 +1138,107 @@ extern "C" cudaError_t eng_score_rows(const float *q, const int *pool, const int
     return cudaSuccess;
 }
 
+// --- the page index (select=pages) ---------------------------------------------------
+
+/* One block per (page, KV head), a thread per channel: min and max over
+ * the page's tokens, exact in fp16. */
+__global__ void page_bounds_kernel(const __half *k, int T, int ld, int hd, int P, int np,
+                                   uint16_t *pmin, uint16_t *pmax)
+{
+    const int p = blockIdx.x, h = blockIdx.y, t0 = p * P, t1 = min(T, t0 + P);
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float mn = __half2float(k[((size_t)h * ld + t0) * hd + c]), mx = mn;
+        for (int t = t0 + 1; t < t1; t++) {
+            float v = __half2float(k[((size_t)h * ld + t) * hd + c]);
+            mn = fminf(mn, v);
+            mx = fmaxf(mx, v);
+        }
+        size_t o = ((size_t)h * np + p) * hd + c;
+        pmin[o] = __half_as_ushort(__float2half_rn(mn));
+        pmax[o] = __half_as_ushort(__float2half_rn(mx));
+    }
+}
+
+extern "C" cudaError_t eng_page_bounds(const uint16_t *k, int nkv, int T, int ld, int hd, int P,
+                                       uint16_t *pmin, uint16_t *pmax, cudaStream_t s)
+{
+    KV_CHECK_ARGS(P >= 1 && hd >= 1);
+    if (T <= 0) return cudaSuccess;
+    const int np = (T + P - 1) / P;
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, page_bounds_kernel, dim3((unsigned)np, (unsigned)nkv),
+                         dim3(hd < 256 ? hd : 256), 0, s, (const __half *)k, T, ld, hd, P, np, pmin,
+                         pmax));
+    return cudaSuccess;
+}
+
+/* A warp per page of one KV head (8 pages a block), lanes over channels,
+ * every query head of the group at once. */
+__global__ void __launch_bounds__(256) score_pages_kernel(const float *q, const __half *pmin,
+                                                          const __half *pmax, int ldp, int g,
+                                                          int hd, int p0, int np, float *score)
+{
+    extern __shared__ float qs[]; /* (g, hd) */
+    const int kh = blockIdx.y, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < g * hd; i += blockDim.x) qs[i] = q[(size_t)kh * g * hd + i];
+    __syncthreads();
+    const int pi = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (pi >= np) return;
+    const size_t row = ((size_t)kh * ldp + (size_t)(p0 + pi)) * hd;
+    float acc[SEL_MAXG];
+#pragma unroll
+    for (int h = 0; h < SEL_MAXG; h++) acc[h] = 0.0f;
+    for (int c = lane; c < hd; c += 32) {
+        const float mn = __half2float(pmin[row + c]), mx = __half2float(pmax[row + c]);
+#pragma unroll
+        for (int h = 0; h < SEL_MAXG; h++)
+            if (h < g) {
+                float qc = qs[h * hd + c];
+                acc[h] += fmaxf(qc * mn, qc * mx);
+            }
+    }
+    const float sc = rsqrtf((float)hd);
+#pragma unroll
+    for (int h = 0; h < SEL_MAXG; h++)
+        if (h < g) {
+            float v = acc[h];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) score[(size_t)(kh * g + h) * np + pi] = v * sc;
+        }
+}
+
+extern "C" cudaError_t eng_score_pages(const float *q, const uint16_t *pmin, const uint16_t *pmax,
+                                       int ldp, int nq_heads, int nkv, int hd, int p0, int np,
+                                       float *score, cudaStream_t s)
+{
+    KV_CHECK_ARGS(nq_heads % nkv == 0 && nq_heads / nkv <= SEL_MAXG && p0 >= 0 && p0 + np <= ldp);
+    if (np <= 0) return cudaSuccess;
+    const int g = nq_heads / nkv;
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, score_pages_kernel, dim3((unsigned)((np + 7) / 8), (unsigned)nkv),
+                         dim3(256), (size_t)g * hd * sizeof(float), s, q, (const __half *)pmin,
+                         (const __half *)pmax, ldp, g, hd, p0, np, score));
+    return cudaSuccess;
+}
+
+__global__ void pages_expand_kernel(const float *comb, int np, int P, int p0, int cs, int n,
+                                    float *tok)
+{
+    const int kh = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        tok[(size_t)kh * n + i] = comb[(size_t)kh * np + (cs + i) / P - p0];
+}
+
+extern "C" cudaError_t eng_pages_expand(const float *comb, int nkv, int np, int P, int p0, int cs,
+                                        int n, float *tok, cudaStream_t s)
+{
+    KV_CHECK_ARGS(P >= 1 && cs / P >= p0 && (n <= 0 || (cs + n - 1) / P - p0 < np));
+    if (n <= 0) return cudaSuccess;
+    unsigned bx = (unsigned)((n + 255) / 256);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, pages_expand_kernel, dim3(bx < 64 ? bx : 64, (unsigned)nkv),
+                         dim3(256), 0, s, comb, np, P, p0, cs, n, tok));
+    return cudaSuccess;
+}
+
 // --- gather of selected rows (zero-copy) -------------------------------------------
 
 /* A warp copies GATHER_ROWS rows of one head: a selected token's K and V,

@@ -71,6 +71,9 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
             BAD(KV_E_USAGE, "select=sketch is a GPU engine selection (a resident key sketch): use "
                             "--device cuda, or select=channels on the CPU");
         if (cpu && g->head_dim > 1024) BAD(KV_E_UNSUPPORTED, "head dim %d > 1024", g->head_dim);
+        if (gpu && p->select == KV_SELECT_PCA)
+            BAD(KV_E_UNSUPPORTED, "select=pca is a CPU engine selection for now: use --device cpu, "
+                                  "or select=resident on the GPU");
         if (p->select == KV_SELECT_PCA && g->head_dim > 256)
             BAD(KV_E_UNSUPPORTED, "select=pca needs head dim <= 256 (got %d)", g->head_dim);
         /* the GPU keeps channel-major keys of exactly head_dim channels */
