@@ -13,7 +13,7 @@ mkdir -p "$D/lib"
 for f in "$BIN/kv-bench" "$B/unit/test_gpu_engine"; do
     [ -x "$f" ] || { echo "g-pack: $f is missing (build with CUDA first: make)" >&2; exit 66; }
     strip -o "$D/$(basename "$f")" "$f"
-    gzip -f "$D/$(basename "$f")"
+    gzip -9 -f "$D/$(basename "$f")"
 done
 # the file itself, not a link: the device tool does not carry links
 cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 "$D/lib/libcjson.so.1"
