@@ -704,6 +704,57 @@ static void test_sparse_pages(void)
     freefix(&f);
 }
 
+/* select=pca (Loki): with every principal direction kept (C = D) the
+ * projected score is q . (k - mean) / sqrt(D), the exact score less a
+ * constant per head, so the selection and the output equal select=exact's;
+ * with C < D it still finds the planted tokens; the basis is orthonormal. */
+static void test_sparse_pca(void)
+{
+    const int nh = 4, nkv = 2, D = 32, T = 512, T0 = 500;
+    fixture f = mkfix(nh, nkv, D, T);
+    float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128], o3[128];
+    for (int kh = 0; kh < nkv; kh++)
+        for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
+    const char *spec[3] = {"sparse:s=8,w=56,k=16,select=exact", "sparse:s=8,w=56,k=16,c=32,select=pca",
+                           "sparse:s=8,w=56,k=16,c=8,select=pca"};
+    float *out[3] = {o1, o2, o3};
+    for (int i = 0; i < 3; i++) {
+        kv_policy *p = mkpol(&f, spec[i], 600);
+        KT_REQUIRE(p, "create %s", spec[i]);
+        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+        REQ_OK(p->ops->attend(p, q, out[i]), "attend");
+        kv_policy_free(p);
+    }
+    KT_CHECK(max_abs_diff(o1, o2, 128) < 1e-4, "pca with C = D differs from exact: %g", max_abs_diff(o1, o2, 128));
+    kv_attend_dense(q, f.k, f.v, T, T, nh, nkv, D, o1);
+    double e = rel_err(o3, o1, 128);
+    printf("# pca C=8 rel err vs dense %g\n", e);
+    KT_CHECK(e < 0.5, "pca C=8 rel err %g", e);
+    float mean[32], basis[8 * 32];
+    kv_select_pca(f.k, (size_t)D, T, D, 8, mean, basis);
+    double worst = 0;
+    for (int a = 0; a < 8; a++)
+        for (int b = 0; b < 8; b++) {
+            double d = 0;
+            for (int c = 0; c < D; c++) d += (double)basis[a * D + c] * basis[b * D + c];
+            worst = fmax(worst, fabs(d - (a == b)));
+        }
+    KT_CHECK(worst < 1e-4, "basis not orthonormal: %g", worst);
+    /* the GPU engine refuses it, the CPU takes it */
+    const kv_policy_geom g = {0, nh, nkv, D, 1024};
+    kv_policy_params prm;
+    kv_policy_params_default(&prm, KV_POL_SPARSE);
+    prm.select = KV_SELECT_PCA;
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CUDA) == KV_E_UNSUPPORTED, "pca on the GPU accepted");
+    prm.select = KV_SELECT_PAGES;
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CUDA) == KV_OK, "pages on the GPU: %s", kv_errdetail());
+    prm.select = KV_SELECT_RESIDENT;
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CUDA) == KV_OK, "resident on the GPU: %s", kv_errdetail());
+    free(q);
+    freefix(&f);
+}
+
 // --- quant ------------------------------------------------------------
 
 /* Formula from lib/common/kv_layout.h, written out independently of lib/kv_quant. */
@@ -924,6 +975,7 @@ int main(void)
     KT_RUN(test_sparse_resident_selection);
     KT_RUN(test_select_index);
     KT_RUN(test_sparse_pages);
+    KT_RUN(test_sparse_pca);
     KT_RUN(test_sparse_selection_survives_nan_and_inf);
     KT_RUN(test_quant_bytes);
     KT_RUN(test_quant_accuracy);
