@@ -33,7 +33,7 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->topk = 128;
     p->topk_frac = 0.0;
     p->select = KV_SELECT_DEFAULT;
-    p->cbits = 16;
+    p->cbits = 2; /* docs/BENCHMARKS.md, issue 17: equal to full on niah4k at 1/8 of fp16 rows */
     p->page = 16;
     p->offload = false;
     p->dsq_window = 64;

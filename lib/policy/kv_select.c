@@ -78,7 +78,10 @@ void kv_select_channel_row(const float *x, size_t ldx, int T, int cbits, uint8_t
             v = v < maxq ? v : maxq;
             uint8_t code = (uint8_t)(int)v;
             if (codes) codes[t0 + i] = code;
-            out[(size_t)(t0 + i) * ldo] = z + (sd < INFINITY ? s : 0.0f) * (float)code;
+            /* a NaN key stays NaN in the index, so that its score ranks last
+             * as at 16 bits (its code is 0) */
+            const float xv = x[(size_t)(t0 + i) * ldx];
+            out[(size_t)(t0 + i) * ldo] = isnan(xv) ? xv : z + (sd < INFINITY ? s : 0.0f) * (float)code;
         }
     }
 }

@@ -571,7 +571,7 @@ static void test_sparse_resident_selection(void)
     for (int pass = 0; pass < 2; pass++) { /* pool = C (TailorKV's static channels), then 12 */
     const int R = pass ? 12 : C;
     char sp[96];
-    snprintf(sp, sizeof sp, "sparse:s=4,w=20,k=10,c=6,pool=%d", R);
+    snprintf(sp, sizeof sp, "sparse:s=4,w=20,k=10,c=6,pool=%d,cbits=16", R);
     p = mkpol(&f, sp, 512);
     KT_REQUIRE(p && p->ops->observe, "create");
     p->ops->observe(p, obs, NO);
@@ -715,8 +715,8 @@ static void test_sparse_pca(void)
     float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128], o3[128];
     for (int kh = 0; kh < nkv; kh++)
         for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
-    const char *spec[3] = {"sparse:s=8,w=56,k=16,select=exact", "sparse:s=8,w=56,k=16,c=32,select=pca",
-                           "sparse:s=8,w=56,k=16,c=8,select=pca"};
+    const char *spec[3] = {"sparse:s=8,w=56,k=16,select=exact", "sparse:s=8,w=56,k=16,c=32,select=pca,cbits=16",
+                           "sparse:s=8,w=56,k=16,c=8,select=pca,cbits=16"};
     float *out[3] = {o1, o2, o3};
     for (int i = 0; i < 3; i++) {
         kv_policy *p = mkpol(&f, spec[i], 600);
