@@ -37,6 +37,7 @@
 #include "model/kv_quants.h"
 #include "model/kv_tokenizer.h"
 #include "policy/kv_policy.h"
+#include "policy/kv_select.h"
 #include "quant/kv_dsq.h"
 #include "quant/kv_quant.h"
 #include "eval/kv_niah.h"
@@ -779,6 +780,169 @@ static void check_kivi_expand(int hd, int bits)
     }
 }
 
+/*
+ * select=resident and select=pages (kernels/eng_select.cu) against their
+ * CPU references in lib/policy/kv_select.c on the same fp16 keys: the rows
+ * of R pool channels (fp16 and 8/4/2/1-bit codes), this step's C of them
+ * and the scores from those rows (kv_select_channel_row,
+ * kv_select_pool_channels, kv_select_score_rows); page bounds and page
+ * scores (kv_select_page_bounds, kv_select_score_pages), the pages'
+ * probabilities spread to their tokens and the top-K; and the many-block
+ * top-K (eng_topk_wide) equal to eng_topk's ids.
+ */
+static void test_resident_and_page_kernels_match_cpu(void)
+{
+    const int nqh = 8, nkv = 2, hd = 128, T = 1000, R = 24, C = 8, cs = 5, cend = 900, n = cend - cs;
+    const int g = nqh / nkv, ldt = (T + 63) / 64 * 64;
+    float *K = malloc((size_t)nkv * T * hd * 4), *q = malloc((size_t)nqh * hd * 4);
+    uint16_t *kh = malloc((size_t)nkv * T * hd * 2);
+    for (int i = 0; i < nkv * T * hd; i++) {
+        kh[i] = kv_f32_to_half(kt_randn(&seed) * ((i % hd) % 16 == 3 ? 5.0f : 1.0f));
+        K[i] = kv_half_to_f32(kh[i]);
+    }
+    for (int i = 0; i < nqh * hd; i++) q[i] = kt_randn(&seed);
+    int pool[2 * 24];
+    for (int h = 0; h < nkv; h++) /* ascending, as kv_select_pick_channels gives them */
+        for (int j = 0; j < R; j++) pool[h * R + j] = j * 5 + h;
+    uint16_t *dK = dput(kh, (size_t)nkv * T * hd * 2);
+    float *dq = dput(q, (size_t)nqh * hd * 4);
+    int *dpool = dput(pool, sizeof pool);
+    float *chmax, *mean, *mad, *qscale, *score;
+    int *cols;
+    void *rows;
+    uint16_t *scl, *zer;
+    cudaMalloc((void **)&chmax, nkv * hd * 4);
+    cudaMalloc((void **)&mean, nkv * hd * 4);
+    cudaMalloc((void **)&mad, nkv * hd * 4);
+    cudaMalloc((void **)&qscale, nqh * 4);
+    cudaMalloc((void **)&score, (size_t)nqh * n * 4);
+    cudaMalloc((void **)&cols, nkv * C * 4);
+    cudaMalloc(&rows, (size_t)nkv * R * ldt * 2);
+    cudaMalloc((void **)&scl, (size_t)nkv * R * (ldt / 64) * 2);
+    cudaMalloc((void **)&zer, (size_t)nkv * R * (ldt / 64) * 2);
+    KT_REQUIRE(dK && dq && dpool && score && rows && zer, "alloc");
+    CU(eng_key_stats(dK, nkv, T, T, hd, KV_DT_F16, chmax, mean, mad, 0));
+    float hmax[2 * 128];
+    CU(cudaMemcpy(hmax, chmax, sizeof hmax, cudaMemcpyDeviceToHost));
+    float *got = malloc((size_t)nqh * n * 4), *vals = malloc((size_t)T * R * 4);
+    double *ref = malloc((size_t)nqh * n * sizeof(double));
+    float *rs = malloc((size_t)g * n * 4);
+    const int bits[5] = {16, 8, 4, 2, 1};
+    for (int b = 0; b < 5; b++) {
+        CU(eng_rows_build(dK, nkv, T, T, hd, dpool, R, bits[b], rows, scl, zer, ldt, 0));
+        CU(eng_select_pool(dq, chmax, dpool, nqh, nkv, hd, R, C, cols, qscale, 0));
+        CU(eng_score_rows(dq, dpool, cols, qscale, rows, scl, zer, ldt, bits[b], nqh, nkv, hd, R, C,
+                          cs, cend, score, 0));
+        int hcols[2 * 8];
+        CU(cudaMemcpy(got, score, (size_t)nqh * n * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(hcols, cols, sizeof hcols, cudaMemcpyDeviceToHost));
+        int colbad = 0;
+        for (int h = 0; h < nkv; h++) {
+            for (int j = 0; j < R; j++)
+                kv_select_channel_row(K + (size_t)h * T * hd + pool[h * R + j], (size_t)hd, T, bits[b],
+                                      NULL, NULL, NULL, vals + j, (size_t)R);
+            int rc[8], ch[8];
+            kv_select_pool_channels(q + (size_t)h * g * hd, g, hd, hmax + h * hd, pool + h * R, R, C, rc);
+            for (int j = 0; j < C; j++) {
+                colbad += rc[j] != hcols[h * C + j];
+                ch[j] = pool[h * R + rc[j]];
+            }
+            kv_select_score_rows(q + (size_t)h * g * hd, g, hd, ch, rc, C, vals + (size_t)cs * R,
+                                 (size_t)R, n, rs);
+            for (size_t i = 0; i < (size_t)g * n; i++) ref[(size_t)h * g * n + i] = rs[i];
+        }
+        double e = nerr(got, ref, (size_t)nqh * n);
+        printf("# resident rows at %d bits: score error %.3g\n", bits[b], e);
+        KT_CHECK(colbad == 0, "%d bits: %d pool positions differ", bits[b], colbad);
+        /* codes: the GPU rounds (x - zero) / scale as the CPU does, so a
+         * code may differ only where the quotient sits at a half */
+        KT_CHECK(e < (bits[b] >= 8 ? 1e-5 : 1e-3), "%d bits: resident scores error %g", bits[b], e);
+    }
+    /* pages: bounds, scores, the pages' probabilities spread to tokens, top-K */
+    const int P = 16, np_all = (T + P - 1) / P, p0 = cs / P, np = (cend - 1) / P - p0 + 1, kk = 64;
+    uint16_t *pmin, *pmax;
+    float *comb;
+    int *sel;
+    cudaMalloc((void **)&pmin, (size_t)nkv * np_all * hd * 2);
+    cudaMalloc((void **)&pmax, (size_t)nkv * np_all * hd * 2);
+    cudaMalloc((void **)&comb, (size_t)nkv * n * 4);
+    cudaMalloc((void **)&sel, (size_t)nkv * kk * 4);
+    float *tmp;
+    cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4);
+    CU(eng_page_bounds(dK, nkv, T, T, hd, P, pmin, pmax, 0));
+    CU(eng_score_pages(dq, pmin, pmax, np_all, nqh, nkv, hd, p0, np, score, 0));
+    CU(cudaMemcpy(got, score, (size_t)nqh * np * 4, cudaMemcpyDeviceToHost));
+    float *bmin = malloc((size_t)np_all * hd * 4), *bmax = malloc((size_t)np_all * hd * 4);
+    uint16_t *gmin = malloc((size_t)nkv * np_all * hd * 2);
+    CU(cudaMemcpy(gmin, pmin, (size_t)nkv * np_all * hd * 2, cudaMemcpyDeviceToHost));
+    int bbad = 0;
+    for (int h = 0; h < nkv; h++) {
+        kv_select_page_bounds(K + (size_t)h * T * hd, (size_t)hd, T, hd, P, bmin, bmax);
+        for (int i = 0; i < np_all * hd; i++)
+            bbad += kv_half_to_f32(gmin[(size_t)h * np_all * hd + i]) != bmin[i];
+        kv_select_score_pages(q + (size_t)h * g * hd, g, hd, bmin + (size_t)p0 * hd,
+                              bmax + (size_t)p0 * hd, np, rs);
+        for (size_t i = 0; i < (size_t)g * np; i++) ref[(size_t)h * g * np + i] = rs[i];
+    }
+    double ep = nerr(got, ref, (size_t)nqh * np);
+    printf("# page scores error %.3g\n", ep);
+    KT_CHECK(bbad == 0, "%d page minima differ", bbad);
+    KT_CHECK(ep < 1e-5, "page scores error %g", ep);
+    CU(eng_softmax_combine(score, nqh, nkv, np, 0, tmp, comb, 0));
+    CU(eng_pages_expand(comb, nkv, np, P, p0, cs, n, score, 0));
+    CU(eng_topk(score, nkv, n, kk, cs, sel, 0));
+    float *hc = malloc((size_t)nkv * np * 4), *tok = malloc((size_t)nkv * n * 4);
+    int hsel[2 * 64];
+    CU(cudaMemcpy(hc, comb, (size_t)nkv * np * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(tok, score, (size_t)nkv * n * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hsel, sel, sizeof hsel, cudaMemcpyDeviceToHost));
+    int xbad = 0, sbad = 0;
+    for (int h = 0; h < nkv; h++) {
+        for (int i = 0; i < n; i++) xbad += tok[(size_t)h * n + i] != hc[(size_t)h * np + (cs + i) / P - p0];
+        /* the CPU's page order on these probabilities: best page first (ties
+         * to the lower page), its candidate tokens ascending, until kk */
+        char taken[1024] = {0}, pdone[128] = {0};
+        int m = 0;
+        while (m < kk) {
+            int best = -1;
+            for (int i = 0; i < np; i++)
+                if (!pdone[i] && (best < 0 || hc[h * np + i] > hc[h * np + best])) best = i;
+            pdone[best] = 1;
+            for (int t = (p0 + best) * P; t < (p0 + best + 1) * P && m < kk; t++)
+                if (t >= cs && t < cend) taken[t] = 1, m++;
+        }
+        for (int j = 0, t = 0; j < kk; j++) {
+            while (!taken[t]) t++;
+            sbad += hsel[h * kk + j] != t++;
+        }
+    }
+    KT_CHECK(xbad == 0 && sbad == 0, "pages: %d expanded scores, %d selected ids differ", xbad, sbad);
+    /* many blocks per head: the same ids as the one-block top-K */
+    const int shapes[4][3] = {{8, 131072, 1024}, {2, 40000, 300}, {1, 5003, 97}, {1, 20000, 1500}};
+    for (int c = 0; c < 4; c++) {
+        const int H = shapes[c][0], N = shapes[c][1], Kk = shapes[c][2];
+        float *x = malloc((size_t)H * N * 4);
+        for (int i = 0; i < H * N; i++) x[i] = (float)(int)(kt_rand(&seed) * 400) / 400.0f;
+        float *dx = dput(x, (size_t)H * N * 4);
+        int *s1, *s2, *h1 = malloc((size_t)H * Kk * 4), *h2 = malloc((size_t)H * Kk * 4);
+        void *ws;
+        cudaMalloc((void **)&s1, (size_t)H * Kk * 4);
+        cudaMalloc((void **)&s2, (size_t)H * Kk * 4);
+        cudaMalloc(&ws, eng_topk_wide_ws(H));
+        CU(eng_topk(dx, H, N, Kk, 3, s1, 0));
+        CU(eng_topk_wide(dx, H, N, Kk, 3, s2, ws, 0));
+        CU(cudaMemcpy(h1, s1, (size_t)H * Kk * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(h2, s2, (size_t)H * Kk * 4, cudaMemcpyDeviceToHost));
+        KT_CHECK(!memcmp(h1, h2, (size_t)H * Kk * 4), "topk_wide n %d k %d: ids differ from eng_topk", N, Kk);
+        cudaFree(dx), cudaFree(s1), cudaFree(s2), cudaFree(ws);
+        free(x), free(h1), free(h2);
+    }
+    void *dev[] = {dK, dq, dpool, chmax, mean, mad, qscale, score, cols, rows, scl, zer, pmin, pmax, comb, sel, tmp};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    free(K), free(q), free(kh), free(got), free(vals), free(ref), free(rs), free(bmin), free(bmax);
+    free(gmin), free(hc), free(tok);
+}
+
 static void test_kivi_expand_matches_cpu_unpack(void)
 {
     check_kivi_expand(8, 2);
@@ -1187,6 +1351,19 @@ static void test_niah4k_sparse_matches_cpu(void)
      * The exact-selection path below keeps the tight one. */
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=16", KV_SELECT_CHANNELS, 1e-1, 1);
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,select=exact", KV_SELECT_CHANNELS, 5e-2, 1);
+}
+
+/* The resident selections (rows of the pool channels chosen at ingest from
+ * the prompt's last queries, fp16 and 4-bit codes; page bounds) against the
+ * CPU engine's same policies: as the channel path, a swapped near-tie in
+ * the top-K moves the logits by a few percent, so the same loose bound. */
+static void test_niah4k_resident_and_pages_match_cpu(void)
+{
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=16,select=resident", KV_SELECT_RESIDENT,
+             1e-1, 1);
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=8,pool=32,cbits=4,select=resident",
+             KV_SELECT_RESIDENT, 1e-1, 1);
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,page=16,select=pages", KV_SELECT_PAGES, 1e-1, 1);
 }
 
 static void test_niah4k_sketch_runs_close_to_full(void)
@@ -2082,6 +2259,7 @@ int main(void)
         KT_SKIP(test_selection_ranks_nan_and_inf_as_the_cpu_does, why);
         KT_SKIP(test_rmsnorm_swiglu_rope_match_float64, why);
         KT_SKIP(test_selection_kernels_match_float64, why);
+        KT_SKIP(test_resident_and_page_kernels_match_cpu, why);
         KT_SKIP(test_kivi_expand_matches_cpu_unpack, why);
         KT_SKIP(test_attn_importance_matches_float64, why);
         KT_SKIP(test_stories260k_full_matches_cpu, why);
@@ -2092,6 +2270,7 @@ int main(void)
         KT_SKIP(test_pdl_levels_generate_the_same_ids, why);
         KT_SKIP(test_niah4k_full_matches_cpu, why);
         KT_SKIP(test_niah4k_sparse_matches_cpu, why);
+        KT_SKIP(test_niah4k_resident_and_pages_match_cpu, why);
         KT_SKIP(test_niah4k_sketch_runs_close_to_full, why);
         KT_SKIP(test_niah4k_quant_matches_cpu, why);
         KT_SKIP(test_niah4k_streaming_matches_cpu, why);
@@ -2122,6 +2301,7 @@ int main(void)
     RUN_ONE(test_selection_ranks_nan_and_inf_as_the_cpu_does);
     RUN_ONE(test_rmsnorm_swiglu_rope_match_float64);
     RUN_ONE(test_selection_kernels_match_float64);
+    RUN_ONE(test_resident_and_page_kernels_match_cpu);
     RUN_ONE(test_kivi_expand_matches_cpu_unpack);
     RUN_ONE(test_attn_importance_matches_float64);
     RUN_ONE(test_stories260k_full_matches_cpu);
@@ -2132,6 +2312,7 @@ int main(void)
     RUN_ONE(test_pdl_levels_generate_the_same_ids);
     RUN_ONE(test_niah4k_full_matches_cpu);
     RUN_ONE(test_niah4k_sparse_matches_cpu);
+    RUN_ONE(test_niah4k_resident_and_pages_match_cpu);
     RUN_ONE(test_niah4k_sketch_runs_close_to_full);
     RUN_ONE(test_niah4k_quant_matches_cpu);
     RUN_ONE(test_niah4k_streaming_matches_cpu);
