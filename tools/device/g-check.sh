@@ -46,7 +46,7 @@ if has m; then
 fi
 if has d; then
     log "kv-bench decode --context prefill"
-    timeout 100 "$D/kv-bench" decode --json --context prefill -c "${DCTX:-32768,131072}" \
+    timeout ${DTIME:-240} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-32768,131072}" \
         --policies "${DPOL:-full,offload,hybrid,hybrid-resident,hybrid-pages,hybrid-sketch}" \
         -n 8 --warmup 2 --offload-tokens 3 --nofetch-tokens 8 > "$OUT/decode.json" 2>> "$OUT/summary.txt"
     log "rc=$?"
