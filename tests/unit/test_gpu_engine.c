@@ -1833,7 +1833,8 @@ static void test_hybrid_bytes_follow_the_layout(void)
     kv_model *m = NULL;
     OK(kv_model_synthetic("tiny", 3, KV_DT_F16, &m));
     kv_policy_params *pp = calloc((size_t)m->cfg.n_layers, sizeof *pp);
-    OK(kv_policy_parse("*=sparse:k=32,sink=4,window=16,channels=4", m->cfg.n_layers, pp));
+    /* the channel layout this test counts is select=channels's (the default is resident) */
+    OK(kv_policy_parse("*=sparse:k=32,sink=4,window=16,channels=4,select=channels", m->cfg.n_layers, pp));
     kv_gpu_engine *g = NULL;
     kv_status st = kv_gpu_engine_new(m, pp, 1100, NULL, &g);
     KT_CHECK(st == KV_OK, "%s", kv_errdetail());
