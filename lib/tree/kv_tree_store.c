@@ -628,6 +628,12 @@ kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, i
     if (!tt || tt->dtype != KV_DT_I32 || tt->ndim != 1 || tt->shape[0] != T)
         return kv_fail(KV_E_DATA, "input has no tokens tensor I32 [%d]; kv-tree keys caches by token ids", T);
     if (T <= 0) return kv_fail(KV_E_DATA, "input holds no tokens");
+    /* kvc(5): a reader that cannot honour positions must reject the file.
+     * A subset (what get --important writes) is not a prefix: storing its
+     * rows as positions 0..n-1 would hand later requests wrong K/V. */
+    if (kvc_find(f, "positions"))
+        return kv_fail(KV_E_DATA, "input has a positions tensor (a token subset, as get --important writes); "
+                                  "a subset is not a prefix, and kv-tree stores whole prefixes only");
     kv_dtype dt = KV_DT_F32;
     kv_status st = input_dtype(f, &dt);
     if (st) return st;
