@@ -102,8 +102,9 @@ int main(int argc, char **argv)
      * importance and the report's attention error attend causally by row
      * index, which a subset's rows are not. */
     if (kvc_find(in, "positions")) {
-        rc = kv_report(KV_E_DATA, "%s has a positions tensor (a token subset, as kv-tree get --important writes); "
-                                  "kv-quant packs whole caches only", in_path);
+        rc = kv_report(kv_fail(KV_E_DATA, "it has a positions tensor (a token subset, as kv-tree get --important "
+                                          "writes); kv-quant packs whole caches only"),
+                       "%s", in_path);
         goto done;
     }
     const kv_geom *g = kvc_geom(in);

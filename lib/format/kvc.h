@@ -126,6 +126,8 @@ kv_status kvc_writer_add_copy(kvc_writer *w, const char *name, kv_dtype dt, int 
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level);
 /* Same, with kv_outfile_open_ex flags (KV_OUT_NOFOLLOW). */
 kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags);
+/* Same, into memory: *buf (malloc'd, *len bytes) holds the whole file. */
+kv_status kvc_writer_write_mem(kvc_writer *w, int zstd_level, uint8_t **buf, size_t *len);
 void kvc_writer_free(kvc_writer *w);
 
 

@@ -60,6 +60,7 @@ char *kv_get_report_json(const kv_get_report *r)
     cJSON_AddNumberToObject(o, "skipped", r->skipped);
     cJSON_AddNumberToObject(o, "nodes", r->nodes);
     cJSON_AddBoolToObject(o, "positions", r->positions);
+    cJSON_AddNumberToObject(o, "n_q", r->n_q);
     cJSON *br = cJSON_AddObjectToObject(o, "bytes_read"), *kb = cJSON_AddObjectToObject(o, "kv_bytes_out");
     for (int t = 0; t < KV_TIER_COUNT; t++) {
         cJSON_AddNumberToObject(br, kv_tier_name((kv_tier)t), (double)r->bytes_read[t]);
@@ -72,6 +73,7 @@ char *kv_place_report_json(const kv_place_report *r, uint64_t gpu_budget, uint64
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "moved", r->moved);
+    cJSON_AddNumberToObject(o, "reencoded", r->reencoded);
     cJSON_AddNumberToObject(o, "bytes_rewritten", (double)r->bytes_rewritten);
     for (int t = 0; t < KV_TIER_COUNT; t++) {
         cJSON *e = cJSON_AddObjectToObject(o, kv_tier_name((kv_tier)t));
@@ -124,6 +126,10 @@ void tree_node_json(struct cJSON *o, const kv_tree_node *nd)
     tree_json_u64(o, "bytes", nd->bytes);
     tree_json_u64(o, "kv_bytes", nd->kv_bytes);
     cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
+    cJSON_AddNumberToObject(o, "chunk", nd->chunk_version);
+    char enc[24];
+    kv_tree_enc_format(&nd->enc, enc, sizeof enc);
+    cJSON_AddStringToObject(o, "encoding", enc);
     tree_json_u64(o, "hits", nd->hits);
     tree_json_i64(o, "last_use", nd->last_use);
     cJSON *im = cJSON_AddObjectToObject(o, "importance");
