@@ -379,6 +379,7 @@ int main(int argc, char **argv)
                                     "Prefix-sharing KV-cache store with importance-aware tiers (IMPRESS).", no_opts,
                                     "Time: KV_TREE_NOW=SECONDS replaces the clock (for reproducible tests)."};
     static char extra[64];
-    snprintf(extra, sizeof extra, "kv-tree index version %d", KV_TREE_INDEX_VERSION);
+    snprintf(extra, sizeof extra, "kv-tree index version %d, chunk version %d", KV_TREE_INDEX_VERSION,
+             KV_TREE_CHUNK_VERSION);
     return kv_cli_subcommands(&top, specs, subs, (int)(sizeof subs / sizeof subs[0]), extra, argc, argv);
 }
