@@ -135,7 +135,13 @@ void tree_chunk_free(tree_chunk *c)
     c->fd = -1;
 }
 
-static uint64_t raw_row_bytes(const tree_chunk *c) { return 2ull * (uint64_t)c->L * (uint64_t)c->Hkv * (uint64_t)c->D * kv_dtype_size(c->dt); }
+/* a * b, saturating at UINT64_MAX: sizes from a damaged head must not wrap */
+static uint64_t smul(uint64_t a, uint64_t b) { return a && b > UINT64_MAX / a ? UINT64_MAX : a * b; }
+
+static uint64_t raw_row_bytes(const tree_chunk *c)
+{
+    return smul(smul(smul(2ull * (uint64_t)c->L, (uint64_t)c->Hkv), (uint64_t)c->D), kv_dtype_size(c->dt));
+}
 
 kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
 {
@@ -206,13 +212,14 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
             goto out;
         }
     }
-    uint64_t q_bytes = 4ull * L * qh * nq * D; /* each factor < 2^20 and the whole checked below */
+    uint64_t q_bytes = smul(smul(smul(4ull * L, qh), nq), D);
     c->q_off = HEAD_BYTES + tables;
-    uint64_t pos = c->q_off + q_bytes, frame_max = raw_row_bytes(c) * R * 2 + (1u << 20);
-    if (q_bytes > c->size || pos > c->size) {
+    uint64_t frame_max = smul(smul(raw_row_bytes(c), R), 2) + (1u << 20);
+    if (q_bytes > c->size - c->q_off) {
         st = kv_fail(KV_E_DATA, "chunk %s: truncated query samples", c->name);
         goto out;
     }
+    uint64_t pos = c->q_off + q_bytes;
     for (uint32_t f = 0; f < nf; f++) {
         const uint8_t *e = tb + 12ull * n + (uint64_t)FRAME_ENTRY * f;
         tree_frame *fr = &c->frames[f];
@@ -297,14 +304,19 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
     /* frames needed, each decoded once */
     int R = c->group_rows;
     char *need = calloc((size_t)c->n_frames, 1);
-    float *x = malloc((size_t)Hkv * R * D * sizeof *x + 1);
-    kv_status st = need && x ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
+    float *x = NULL; /* allocated once a frame has shown its rows exist */
+    kv_status st = need ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
     for (int i = 0; i < k && !st; i++) need[c->rank[sel[i]] / R] = 1;
     for (int f = 0; f < c->n_frames && !st; f++) {
         if (!need[f]) continue;
         kvc_file *fk = NULL;
         if ((st = frame_open(c, f, &fk))) break;
         int rows = c->frames[f].rows;
+        if (!x && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1))) {
+            kvc_close(fk);
+            st = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
+            break;
+        }
         for (int l = 0; l < L && !st; l++)
             for (int w = 0; w < 2 && !st; w++) {
                 char which = w ? 'v' : 'k';
@@ -355,19 +367,21 @@ kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
     snprintf(c.name, sizeof c.name, "(memory)");
     *n_rows = 0;
     kv_status st = tree_chunk_parse(&c, NULL);
-    size_t row = st ? 0 : (size_t)c.Hkv * c.n * c.D * kv_dtype_size(c.dt);
+    uint64_t row = st ? 0 : smul(smul(smul((uint64_t)c.Hkv, (uint64_t)c.n), (uint64_t)c.D), kv_dtype_size(c.dt));
     void **k = NULL, **v = NULL;
     int *sel = NULL;
     float *q = NULL;
     if (!st) {
         k = calloc((size_t)c.L, sizeof *k), v = calloc((size_t)c.L, sizeof *v);
         sel = malloc((size_t)c.n * sizeof *sel);
+        /* the query samples are bounded by the file (checked by the parse);
+         * the decoded rows are not: refuse heads that claim more than this
+         * verifier will allocate */
         q = malloc((size_t)c.L * c.q_heads * c.n_q * c.D * 4 + 4);
-        /* rows decoded are bounded by what the frames hold: fail before
-         * allocating for a head that claims more than its frames can */
-        if (!k || !v || !sel || !q || row > (size_t)1 << 28) st = kv_fail(KV_E_NOMEM, "too large to verify");
+        if (!k || !v || !sel || !q || row > (1u << 28) || smul(row, 2ull * c.L) > (1u << 30))
+            st = kv_fail(KV_E_NOMEM, "chunk too large to verify in memory");
         for (int l = 0; l < c.L && !st; l++)
-            if (!(k[l] = malloc(row)) || !(v[l] = malloc(row))) st = kv_fail(KV_E_NOMEM, "no memory");
+            if (!(k[l] = malloc((size_t)row + 1)) || !(v[l] = malloc((size_t)row + 1))) st = kv_fail(KV_E_NOMEM, "no memory");
     }
     if (!st) {
         for (int i = 0; i < c.n; i++) sel[i] = i;
