@@ -197,10 +197,12 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
         uint32_t fb = rd32(tb + 4ull * n + 4 * i);
         float f;
         memcpy(&f, &fb, 4);
-        if (tk < 0 || !isfinite(f) || o < 0 || (uint32_t)o >= n || c->rank[o] >= 0) {
-            st = kv_fail(KV_E_DATA, "chunk %s: row %u: bad token id, importance or row order", c->name, i);
-            goto out;
-        }
+        if (tk < 0) st = kv_fail(KV_E_DATA, "chunk %s: token %u has the negative id %d", c->name, i, tk);
+        else if (!isfinite(f))
+            st = kv_fail(KV_E_DATA, "chunk %s: importance %u is %s", c->name, i, isnan(f) ? "NaN" : "infinite");
+        else if (o < 0 || (uint32_t)o >= n || c->rank[o] >= 0)
+            st = kv_fail(KV_E_DATA, "chunk %s: row order is not a permutation (row %u)", c->name, i);
+        if (st) goto out;
         c->tokens[i] = tk, c->imp[i] = f, c->order[i] = o, c->rank[o] = (int)i;
     }
     /* the order table must be importance order (ties to the earlier token):
