@@ -192,12 +192,15 @@ kv_status kv_tree_ls_write(FILE *f, bool json, const kv_tree *t, const char *sto
     kv_tree_totals(t, &tot);
     fprintf(f, "%s: %d nodes, %ld tokens, %llu bytes in chunks (%llu bytes of K/V)\n", store, tot.nodes, tot.tokens,
             (unsigned long long)tot.bytes, (unsigned long long)tot.kv_bytes);
-    fprintf(f, "%5s %6s %7s %7s %10s %10s %-5s %6s %8s %8s  %s\n", "id", "parent", "start", "tokens", "bytes",
-            "kv_bytes", "tier", "hits", "imp_mean", "imp_max", "source");
+    fprintf(f, "%5s %6s %7s %7s %10s %10s %-5s %-11s %6s %8s %8s  %s\n", "id", "parent", "start", "tokens", "bytes",
+            "kv_bytes", "tier", "encoding", "hits", "imp_mean", "imp_max", "source");
     for (int i = 1; i < t->n_nodes; i++) {
         const kv_tree_node *nd = &t->nodes[i];
-        fprintf(f, "%5d %6d %7d %7d %10llu %10llu %-5s %6llu %8.3f %8.3f  %s\n", i, nd->parent, nd->start, nd->n,
-                (unsigned long long)nd->bytes, (unsigned long long)nd->kv_bytes, kv_tier_name(nd->tier),
+        if (!nd->live) continue;
+        char enc[24];
+        kv_tree_enc_format(&nd->enc, enc, sizeof enc);
+        fprintf(f, "%5d %6d %7d %7d %10llu %10llu %-5s %-11s %6llu %8.3f %8.3f  %s\n", i, nd->parent, nd->start, nd->n,
+                (unsigned long long)nd->bytes, (unsigned long long)nd->kv_bytes, kv_tier_name(nd->tier), enc,
                 (unsigned long long)nd->hits, nd->imp_mean, nd->imp_max, nd->imp_attention ? "attention" : "key-norm");
     }
     return ferror(f) ? kv_fail(KV_E_IO, "write error") : KV_OK;

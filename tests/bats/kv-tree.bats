@@ -479,6 +479,7 @@ next_chunk() {
     assert_output --partial "3 nodes"
     assert_output --partial "imp_mean"
     assert_output --partial "attention"
+    assert_output --partial "raw+zstd"
 }
 
 @test "kv-tree get refuses to write a .kvc to a terminal" {
