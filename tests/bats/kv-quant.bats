@@ -121,7 +121,7 @@ PYEOF
 }
 
 @test "kv-quant --profile accepts kv-profile output unchanged" {
-    kv-profile --json --tau 0.99 "$WORK/r.kvc" > "$WORK/p.json"
+    kv-profile --json --rule tau --tau 0.99 "$WORK/r.kvc" > "$WORK/p.json"
     run --separate-stderr kv-quant --profile "$WORK/p.json" --report - -o "$WORK/pq.kvc" "$WORK/r.kvc"
     assert_success
     # tau 0.99: no layer is dense enough, nothing is quantized
