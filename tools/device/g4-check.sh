@@ -1,7 +1,7 @@
 #!/bin/sh
 # Helper G4's device step (issue 17, "Overlap for real"): the sparse step's
 # variants on the GPU engine, one device call of about 200 s (timeouts
-# 40 + 30 + 30 + 110 + 40 s; the lead runs `sh tools/device/unpack.sh DIR`
+# 30 + 20 + 20 + 100 + 2 x 25 s; the lead runs `sh tools/device/unpack.sh DIR`
 # first):
 #   STEPS=emrdn sh tools/device/g4-check.sh DIR     (from the repository root)
 # DIR holds the lead's pack (tools/device/pack.sh): kv-run, kv-bench,
@@ -39,21 +39,21 @@ N=tests/data/niah4k
 S=s=8,w=32,frac=0.03
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
 if has e; then
-    KV_TEST_FILTER=step_variants,resident_and_page,niah4k_resident timeout 40 \
+    KV_TEST_FILTER=step_variants,resident_and_page,niah4k_resident timeout 30 \
         "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine (filtered) rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok (skips included), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (step|resident|page|niah4k)|^#   ' "$OUT/engine.tap" | head -40 | tee -a "$OUT/summary.txt"
 fi
 for tool in memcheck racecheck; do
     case $tool in memcheck) has m || continue;; racecheck) has r || continue;; esac
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout 30 compute-sanitizer \
+    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout 20 compute-sanitizer \
         --tool $tool --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/$tool.log" 2>&1
     log "$tool (step variants, short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -n 4 | tee -a "$OUT/summary.txt"
 done
 if has d; then
     log "kv-bench decode --context prefill, variants"
-    timeout ${DTIME:-110} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-32768,131072}" \
+    timeout ${DTIME:-100} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-32768,131072}" \
         --policies "${DPOL:-full,offload,hybrid-resident,hybrid-pages}" \
         --variants "${DVAR:-base,wide,cache,wide+cache,serial}" \
         -n 8 --warmup 2 --offload-tokens 3 --nofetch-tokens 8 > "$OUT/decode.json" 2>> "$OUT/summary.txt"
@@ -81,7 +81,7 @@ PY
 fi
 ruler() { # name, device, extra options...
     n=$1; dev=$2; shift 2
-    timeout 40 "$D/kv-bench" ruler --device $dev --limit "${RLIMIT:-20}" -m $N/niah4k.bin --tokenizer $N/tok259.bin \
+    timeout 25 "$D/kv-bench" ruler --device $dev --limit "${RLIMIT:-20}" -m $N/niah4k.bin --tokenizer $N/tok259.bin \
         --tasks $N/tasks-dev.jsonl --json --no-progress "$@" > "$OUT/ruler-$n.json" 2>> "$OUT/summary.txt"
     log "ruler $n rc=$?"
     python3 - "$OUT/ruler-$n.json" "$n" <<'PY' | tee -a "$OUT/summary.txt"
