@@ -257,6 +257,36 @@ size_t eng_topk_wide_ws(int nkv);
 cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
                           cudaStream_t s);
 
+// --- the selection cache (opts.sel_cache; eng_select.cu) ------------------
+
+/*
+ * A sparse layer's gathered rows kept between decode steps, so that only
+ * the chosen tokens not already held cross PCIe.  tag (nkv, ntag): the
+ * token each row of the attention buffer holds (-1: none).
+ *   eng_sel_cache_reset: row r holds first_tok + (r - first_row) from
+ *     first_row on (the prompt's tail, in place), nothing before it.
+ *   eng_sel_cache_plan: the wanted tokens, the ns sink tokens 0..ns-1 then
+ *     the k ids of sel (nkv, k) ascending (>= ns), are to be held in rows
+ *     [r0, r0 + ns + k): a row whose tag is wanted keeps it (the first, when
+ *     two hold one token), the wanted tokens held nowhere go in order to the
+ *     other rows in order; plan (nkv, 1 + 2*mcap): their count, then (token,
+ *     row) pairs; tags updated; stat (nkv, 4) unsigned 64-bit: [0] += rows
+ *     kept, [1] += rows wanted, [2] = this step's misses read from host
+ *     rows (tokens >= ns), [3] += the same.  ns + k <= mcap.
+ *   eng_sel_cache_gather: the planned pairs' K and V from the host rows
+ *     (T, nkv, 2, hd) (tokens >= ns) or the resident sink rows (ns, nkv, 2,
+ *     hd) into rows of kdst/vdst (nkv, ld, hd).
+ * The rows attended are then the same set as eng_gather_rows' in another
+ * order.
+ */
+cudaError_t eng_sel_cache_reset(int *tag, int nkv, int ntag, int first_row, int first_tok,
+                                cudaStream_t s);
+cudaError_t eng_sel_cache_plan(const int *sel, int k, int ns, int nkv, int *tag, int ntag, int r0,
+                               int mcap, int *plan, unsigned long long *stat, cudaStream_t s);
+cudaError_t eng_sel_cache_gather(const void *rows, int nkv, int hd, const int *plan, int mcap,
+                                 int ns, const void *sink, void *kdst, void *vdst, size_t ld,
+                                 cudaStream_t s);
+
 // --- the resident page index (select=pages; eng_select.cu) ---------------
 
 /*

@@ -109,6 +109,23 @@ load helper
     [ "$status" -eq 69 ]
 }
 
+@test "kv-bench decode takes step variants joined by + and refuses an unknown word or a repeat (64)" {
+    run --separate-stderr kv-bench decode --variants base,wide+fast
+    assert_fails_with 64 "'fast' is not one of serial, wide, cache"
+    [ -z "$output" ]
+    run --separate-stderr kv-bench decode --variants wide,wide
+    assert_fails_with 64 "'wide' twice"
+    run --separate-stderr kv-bench decode --variants cache+
+    assert_fails_with 64 "ends in '+'"
+    run --separate-stderr kv-bench decode --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"--variants"* ]]
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    run --separate-stderr kv-bench decode --variants base,serial,wide+cache --policies hybrid-resident \
+        -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny

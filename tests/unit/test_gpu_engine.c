@@ -1366,6 +1366,112 @@ static void test_niah4k_resident_and_pages_match_cpu(void)
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,page=16,select=pages", KV_SELECT_PAGES, 1e-1, 1);
 }
 
+/*
+ * The sparse step's ways to run (opts.sel_serial, topk_wide, sel_cache)
+ * against the serial path, which runs the predicted query's selection and
+ * gather on the main stream where they are issued: the overlapped path
+ * (side streams ordered by events) and the wide top-K must give the same
+ * logits bit for bit (the same kernels on the same inputs: a difference is a
+ * race or a wrong id); the selection cache attends the same rows in another
+ * order, so within float rounding, with the same greedy tokens, and it must
+ * hit (tokens chosen again) and read fewer host bytes.  Also the cache
+ * switched on between steps (kv_gpu_engine_set_step_opts: its tags start
+ * from the buffer's content).  niah4k, the default resident hybrid.
+ */
+typedef struct {
+    const char *name;
+    bool serial, wide, cache, switch_on;
+} step_variant;
+
+static void run_step_variant(kv_model *m, const kv_policy_params *pp, const int *prompt, int n,
+                             int steps, const step_variant *v, float *logits, int *ids,
+                             kv_gpu_timing *t, uint64_t *fetched)
+{
+    const int V = m->cfg.vocab_size;
+    kv_gpu_engine_opts o;
+    kv_gpu_engine_opts_default(&o);
+    o.sel_serial = v->serial;
+    o.topk_wide = v->wide;
+    o.sel_cache = v->cache && !v->switch_on;
+    o.profile = true;
+    kv_gpu_engine *g = NULL;
+    kv_status st = kv_gpu_engine_new(m, pp, n + steps + 8, &o, &g);
+    KT_CHECK(st == KV_OK, "%s: %s", v->name, kv_errdetail());
+    memset(t, 0, sizeof *t);
+    *fetched = 0;
+    if (!g) return;
+    OK(kv_gpu_engine_prefill(g, prompt, n, logits));
+    /* every variant is fed the serial path's tokens (ids, filled by the first) */
+    for (int i = 0; i < steps; i++) {
+        if (v->switch_on && i == 3) OK(kv_gpu_engine_set_step_opts(g, v->serial, v->wide, true, true));
+        int tok = v->serial ? argmax(logits + (size_t)i * V, V) : ids[i];
+        if (v->serial) ids[i] = tok;
+        OK(kv_gpu_engine_step(g, tok, logits + (size_t)(i + 1) * V));
+        kv_bytes b;
+        kv_gpu_engine_bytes(g, &b);
+        *fetched += b.fetched_last;
+    }
+    kv_gpu_engine_timing(g, t);
+    kv_gpu_engine_free(g);
+}
+
+static void test_sparse_step_variants_match_the_serial_path(void)
+{
+    kv_model *m = NULL;
+    OK(kv_model_open(NIAH "niah4k.bin", &m));
+    const int n = short_run() ? 200 : 700, steps = short_run() ? 6 : 24, V = m->cfg.vocab_size;
+    int *prompt = malloc(n * sizeof(int)), ids[32];
+    prompt[0] = 1;
+    for (int i = 1; i < n; i++) prompt[i] = 3 + 32 + (int)(kt_rand(&seed) * 90);
+    kv_policy_params *pp = calloc((size_t)m->cfg.n_layers, sizeof *pp);
+    OK(kv_policy_parse("0=full;*=sparse:frac=0.03,sink=8,window=32,select=resident", m->cfg.n_layers, pp));
+    for (int l = 0; l < m->cfg.n_layers; l++) pp[l].dtype = KV_DT_F16;
+    const step_variant vs[] = {
+        {"serial", true, false, false, false},      {"base", false, false, false, false},
+        {"wide", false, true, false, false},        {"serial+wide", true, true, false, false},
+        {"cache", false, false, true, false},       {"wide+cache", false, true, true, false},
+        {"serial+cache", true, false, true, false}, {"cache switched on", false, false, true, true},
+    };
+    const size_t nl = (size_t)(steps + 1) * V;
+    float *ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));
+    uint64_t fetched_ref = 0;
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+        kv_gpu_timing t;
+        uint64_t fetched = 0;
+        run_step_variant(m, pp, prompt, n, steps, &vs[i], i ? lg : ref, ids, &t, &fetched);
+        if (!i) {
+            fetched_ref = fetched;
+            continue;
+        }
+        double err = 0;
+        int diff = 0;
+        for (int s = 1; s <= steps; s++) {
+            double e = nerr_f(lg + (size_t)s * V, ref + (size_t)s * V, (size_t)V);
+            if (e > err) err = e;
+            diff += argmax(lg + (size_t)s * V, V) != argmax(ref + (size_t)s * V, V);
+        }
+        printf("# step %-18s %d steps: max logit error %.3g against serial, argmax differences %d, "
+               "host bytes %llu (serial %llu), cache hits %llu of %llu\n", vs[i].name, steps, err, diff,
+               (unsigned long long)fetched, (unsigned long long)fetched_ref,
+               (unsigned long long)t.cache_hits, (unsigned long long)t.cache_rows);
+        if (!vs[i].cache) {
+            KT_CHECK(err == 0, "%s: logits differ from the serial path (%g)", vs[i].name, err);
+        } else {
+            KT_CHECK(err < 1e-3, "%s: logits normalized error %g against the serial path", vs[i].name, err);
+            KT_CHECK(diff == 0, "%s: %d greedy tokens differ", vs[i].name, diff);
+            KT_CHECK(t.cache_rows > 0 && t.cache_hits > 0, "%s: no cache hits (%llu rows)", vs[i].name,
+                     (unsigned long long)t.cache_rows);
+            KT_CHECK(fetched < fetched_ref, "%s: %llu host bytes, serial %llu", vs[i].name,
+                     (unsigned long long)fetched, (unsigned long long)fetched_ref);
+        }
+    }
+    free(ref);
+    free(lg);
+    free(pp);
+    free(prompt);
+    kv_model_close(m);
+}
+
 static void test_niah4k_sketch_runs_close_to_full(void)
 {
     /* the sketch is a different selector: compare with full, loosely */
@@ -2272,6 +2378,7 @@ int main(void)
         KT_SKIP(test_niah4k_full_matches_cpu, why);
         KT_SKIP(test_niah4k_sparse_matches_cpu, why);
         KT_SKIP(test_niah4k_resident_and_pages_match_cpu, why);
+        KT_SKIP(test_sparse_step_variants_match_the_serial_path, why);
         KT_SKIP(test_niah4k_sketch_runs_close_to_full, why);
         KT_SKIP(test_niah4k_quant_matches_cpu, why);
         KT_SKIP(test_niah4k_streaming_matches_cpu, why);
@@ -2314,6 +2421,7 @@ int main(void)
     RUN_ONE(test_niah4k_full_matches_cpu);
     RUN_ONE(test_niah4k_sparse_matches_cpu);
     RUN_ONE(test_niah4k_resident_and_pages_match_cpu);
+    RUN_ONE(test_sparse_step_variants_match_the_serial_path);
     RUN_ONE(test_niah4k_sketch_runs_close_to_full);
     RUN_ONE(test_niah4k_quant_matches_cpu);
     RUN_ONE(test_niah4k_streaming_matches_cpu);
