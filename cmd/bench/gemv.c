@@ -19,13 +19,13 @@
 
 int kv_bench_gemv_main(int argc, char **argv);
 
-enum { O_TYPES = 't', O_SHAPES = 's', O_VARIANTS = 'V', O_ITERS = 256, O_REPS, O_NOCHECK, O_JSON };
+enum { O_TYPES = 't', O_SHAPES = 's', O_VARIANTS = 256, O_ITERS, O_REPS, O_NOCHECK, O_JSON };
 
 static const kv_option opts[] = {
     {O_TYPES, 't', "types", "LIST", "weight types: q8_0, q4_k, q6_k, f16 (default all four)"},
     {O_SHAPES, 's', "shapes", "LIST", "ROWSxCOLS shapes (default Llama-3.2-1B's: 2048x2048, 512x2048, "
                                       "8192x2048, 2048x8192, 128256x2048)"},
-    {O_VARIANTS, 'V', "variants", "LIST", "packed kernels: old, rows, dp4a (default all three)"},
+    {O_VARIANTS, 0, "variants", "LIST", "packed kernels: old, rows, dp4a (default all three)"},
     {O_ITERS, 0, "iters", "N", "launches per timing (default 100)"},
     {O_REPS, 0, "reps", "N", "timings per kernel; the median is reported (default 5)"},
     {O_NOCHECK, 0, "no-check", NULL, "skip the comparison with the CPU reference"},
