@@ -71,7 +71,11 @@ cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pit
  * the device measurements (kv-bench gemv) pick another.
  */
 enum { ENG_GEMVQ_DEFAULT = 0, ENG_GEMVQ_OLD, ENG_GEMVQ_ROWS, ENG_GEMVQ_DP4A, ENG_GEMVQ_N };
-#define ENG_GEMVQ_BEST ENG_GEMVQ_DP4A
+/* rows until the device says otherwise: it keeps the float arithmetic, so
+ * the engine tests' tolerances against the float32 CPU engine (5e-3 on the
+ * logits) still hold; dp4a adds the activations' int8 rounding (~1e-3 a
+ * projection), which those tolerances were not set for. */
+#define ENG_GEMVQ_BEST ENG_GEMVQ_ROWS
 
 /* "old", "rows", "dp4a" (NULL for another number, "default" for 0). */
 static inline const char *eng_gemvq_name(int v)
