@@ -64,6 +64,32 @@ static inline int eng_packed_type(kv_dtype t)
 cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pitch, const float *x,
                        float *y, int accumulate, cudaStream_t s);
 
+/*
+ * Variants of the packed GEMV (kernels/eng_gemv_qv.cu says how they differ),
+ * by number for eng_gemv_qv and by name for kv-bench gemv.  ENG_GEMVQ_DEFAULT
+ * takes ENG_GEMVQ_BEST, what the engine uses: the one line to change when
+ * the device measurements (kv-bench gemv) pick another.
+ */
+enum { ENG_GEMVQ_DEFAULT = 0, ENG_GEMVQ_OLD, ENG_GEMVQ_ROWS, ENG_GEMVQ_DP4A, ENG_GEMVQ_N };
+/* rows until the device says otherwise: it keeps the float arithmetic, so
+ * the engine tests' tolerances against the float32 CPU engine (5e-3 on the
+ * logits) still hold; dp4a adds the activations' int8 rounding (~1e-3 a
+ * projection), which those tolerances were not set for. */
+#define ENG_GEMVQ_BEST ENG_GEMVQ_ROWS
+
+/* "old", "rows", "dp4a" (NULL for another number, "default" for 0). */
+static inline const char *eng_gemvq_name(int v)
+{
+    static const char *const n[ENG_GEMVQ_N] = {"default", "old", "rows", "dp4a"};
+    return v >= 0 && v < ENG_GEMVQ_N ? n[v] : NULL;
+}
+
+/* eng_gemv_q by variant: "old" is eng_gemv_q itself; "dp4a" rounds x to int8
+ * per 32 values (as the CPU path rounds its activations) and falls back to
+ * "rows" for cols above 38000 (its shared memory). */
+cudaError_t eng_gemv_qv(int variant, const void *W, kv_dtype t, int rows, int cols, size_t pitch, const float *x,
+                        float *y, int accumulate, cudaStream_t s);
+
 /* dst (16-bit dt: F16 or BF16) row r * step (ldd apart) = the values of packed
  * row r (cols), then zeros up to ldd: the engine's 16-bit layout (step 2
  * interleaves two matrices' rows).  Values as kv_quant_dequant_row's, rounded

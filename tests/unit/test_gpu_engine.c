@@ -106,6 +106,16 @@ static double nerr_f(const float *a, const float *b, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+static double nerr_d(const double *a, const double *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 static int argmax(const float *x, int n)
 {
     int b = 0;
@@ -2011,6 +2021,34 @@ static void check_packed(kv_dtype t, int rows, int cols)
            cols, e, eq);
     KT_CHECK(e < 1e-5, "gemv %s %dx%d: normalized error %g against float64", tn, rows, cols, e);
     KT_CHECK(eq < 2e-2, "gemv %s %dx%d: normalized error %g against kv_quant_dot_ref", tn, rows, cols, eq);
+    /* the variants of eng_gemv_qv (kernels/eng_gemv_qv.cu): "rows" keeps the
+     * float arithmetic (as tight as old); "dp4a" rounds x to int8 per 32
+     * values, an error of the size of the CPU path's own activation rounding
+     * (kv_quant_dot_ref's distance from float64), so it is held to 2e-2 of
+     * float64 and to what the CPU path itself reaches times 2 */
+    const double eq_cpu = nerr_d(refq, ref, (size_t)rows);
+    for (int v = ENG_GEMVQ_OLD; v < ENG_GEMVQ_N; v++) {
+        float *hv = malloc((size_t)rows * 4);
+        KT_REQUIRE(hv, "alloc");
+        for (int r = 0; r < rows; r++) hv[r] = 1.0f; /* accumulate onto y = 1 */
+        float *yv = dput(hv, (size_t)rows * 4);
+        KT_REQUIRE(yv, "alloc");
+        CU(eng_gemv_qv(v, dW, t, rows, cols, pitch, dx, yv, 1, 0));
+        CU(cudaMemcpy(hv, yv, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+        double ev = nerr(hv, ref, (size_t)rows), evq = nerr(hv, refq, (size_t)rows);
+        printf("# gemv %s %dx%d variant %s: normalized error %.3g against float64, %.3g against kv_quant_dot_ref "
+               "(which is %.3g from float64)\n", tn, rows, cols, eng_gemvq_name(v), ev, evq, eq_cpu);
+        if (v == ENG_GEMVQ_DP4A)
+            KT_CHECK(ev < 2e-2 && ev < 2 * eq_cpu + 1e-6, "gemv %s %dx%d dp4a: normalized error %g against "
+                     "float64 (the CPU path's %g)", tn, rows, cols, ev, eq_cpu);
+        else
+            KT_CHECK(ev < 1e-5, "gemv %s %dx%d %s: normalized error %g against float64", tn, rows, cols,
+                     eng_gemvq_name(v), ev);
+        KT_CHECK(evq < 2e-2, "gemv %s %dx%d %s: normalized error %g against kv_quant_dot_ref", tn, rows, cols,
+                 eng_gemvq_name(v), evq);
+        free(hv);
+        cudaFree(yv);
+    }
     /* dequantization: fp16 rows two apart with padding, and bf16 */
     const int ld = cols + 8;
     uint16_t *h = malloc((size_t)2 * rows * ld * 2);
