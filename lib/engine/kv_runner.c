@@ -98,6 +98,16 @@ kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logit
                   : kv_engine_prefill(r->cpu, tokens, n, logits_last);
 }
 
+kv_status kv_runner_prefill_from(kv_runner *r, const kv_prefix *pre, const int *tokens, int n,
+                                 float *logits_last)
+{
+    kv_status st = r->gpu ? kv_gpu_engine_prefill_from(r->gpu, pre, tokens, n, logits_last)
+                          : kv_engine_prefill_from(r->cpu, pre, tokens, n, logits_last);
+    if (r->cpu) /* packed layers now run with the file's encoding */
+        for (int l = 0; l < r->m->cfg.n_layers; l++) r->prm[l] = *kv_engine_params(r->cpu, l);
+    return st;
+}
+
 kv_status kv_runner_step(kv_runner *r, int token, float *logits)
 {
     return r->gpu ? kv_gpu_engine_step(r->gpu, token, logits) : kv_engine_step(r->cpu, token, logits);

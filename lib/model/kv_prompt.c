@@ -132,7 +132,7 @@ kv_status kv_prompt_tokens(const kv_prompt *p, const kv_tokenizer *tok, int voca
         if (!kv_tokenizer_can_encode(tok, &why))
             return kv_fail(KV_E_UNSUPPORTED,
                            "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens", why);
-        st = kv_tokenizer_encode(tok, p->text, p->text_len, true, false, ids, n);
+        st = kv_tokenizer_encode(tok, p->text, p->text_len, !p->continuation, false, ids, n);
     } else {
         int len = p->random > 0 ? p->random : 1;
         *ids = malloc((size_t)len * sizeof **ids);

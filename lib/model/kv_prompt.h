@@ -7,6 +7,7 @@
 #ifndef KV_PROMPT_H
 #define KV_PROMPT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,6 +60,7 @@ typedef struct {
     size_t ids_len;
     int random;          /* > 0: BOS and random - 1 seeded ids (benchmarks) */
     uint64_t seed;
+    bool continuation;   /* text continues a cached prompt (kv-run --kv): no BOS */
 } kv_prompt;
 
 /*
