@@ -397,15 +397,21 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
     const int D = c->dim, Hd = c->hidden_dim, hd = c->head_dim;
     const int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, nkv = c->n_kv_heads;
     const int C = n < PREFILL_CHUNK ? n : PREFILL_CHUNK;
+    /* Matmuls run on whole 4-token tiles (pad rows are zero and dropped):
+     * kv_matmul computes a row differently in a tile and in the tail, so
+     * padding makes every prompt row's numbers independent of how the
+     * prompt is split into chunks, and a cache dumped after N tokens and
+     * continued equals the whole prompt's prefill bit for bit. */
+    const int C4 = (C + 3) & ~3;
     free_prompt(e);
     float *X = malloc((size_t)n * D * sizeof(float));       /* (n, dim) residual stream */
-    float *XB = malloc((size_t)C * D * sizeof(float));      /* (C, dim) */
-    float *Qc = malloc((size_t)C * qd * sizeof(float));     /* (C, qd) */
-    float *Kc = malloc((size_t)C * kvd * sizeof(float));    /* (C, kvd) */
-    float *Vc = malloc((size_t)C * kvd * sizeof(float));    /* (C, kvd) */
-    float *Oc = malloc((size_t)C * qd * sizeof(float));     /* (C, qd) */
-    float *H1 = malloc((size_t)C * Hd * sizeof(float));     /* (C, hidden) */
-    float *H2 = malloc((size_t)C * Hd * sizeof(float));     /* (C, hidden) */
+    float *XB = calloc((size_t)C4 * D, sizeof(float));      /* (C4, dim) */
+    float *Qc = malloc((size_t)C4 * qd * sizeof(float));    /* (C4, qd) */
+    float *Kc = malloc((size_t)C4 * kvd * sizeof(float));   /* (C4, kvd) */
+    float *Vc = malloc((size_t)C4 * kvd * sizeof(float));   /* (C4, kvd) */
+    float *Oc = calloc((size_t)C4 * qd, sizeof(float));     /* (C4, qd) */
+    float *H1 = calloc((size_t)C4 * Hd, sizeof(float));     /* (C4, hidden) */
+    float *H2 = malloc((size_t)C4 * Hd * sizeof(float));    /* (C4, hidden) */
     float *cs = malloc((size_t)n * hd * sizeof(float));     /* (n, hd) rope cos/sin */
     float *KT = malloc((size_t)nkv * hd * N * sizeof(float)); /* (n_kv, hd, N) */
     float *VT = malloc((size_t)nkv * hd * N * sizeof(float)); /* (n_kv, hd, N) */
@@ -462,12 +468,13 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
                 }
         }
         for (int t0 = 0; t0 < n; t0 += C) {
-            int nc = t0 + C <= n ? C : n - t0;
+            int nc = t0 + C <= n ? C : n - t0, nc4 = (nc + 3) & ~3;
             for (int i = 0; i < nc; i++)
                 rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->attn_norm, D, c->norm_eps);
-            kv_matmul(&w->wq, XB, nc, Qc);
-            kv_matmul(&w->wk, XB, nc, Kc);
-            kv_matmul(&w->wv, XB, nc, Vc);
+            memset(XB + (size_t)nc * D, 0, (size_t)(nc4 - nc) * D * sizeof(float));
+            kv_matmul(&w->wq, XB, nc4, Qc);
+            kv_matmul(&w->wk, XB, nc4, Kc);
+            kv_matmul(&w->wv, XB, nc4, Vc);
             if (!finite_all(Qc, (size_t)nc * qd) || !finite_all(Kc, (size_t)nc * kvd) ||
                 !finite_all(Vc, (size_t)nc * kvd)) {
                 st = nonfinite(e, l, t0, "queries, keys or values of the prompt chunk");
@@ -497,14 +504,17 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
                 }
             }
             prefill_attention(c, Qc, KT, VT, N, P + t0, nc, Oc);
-            kv_matmul(&w->wo, Oc, nc, XB);
+            memset(Oc + (size_t)nc * qd, 0, (size_t)(nc4 - nc) * qd * sizeof(float));
+            kv_matmul(&w->wo, Oc, nc4, XB);
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
             for (int i = 0; i < nc; i++)
                 rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->ffn_norm, D, c->norm_eps);
-            kv_matmul(&w->w_gate, XB, nc, H1);
-            kv_matmul(&w->w_up, XB, nc, H2);
+            memset(XB + (size_t)nc * D, 0, (size_t)(nc4 - nc) * D * sizeof(float));
+            kv_matmul(&w->w_gate, XB, nc4, H1);
+            kv_matmul(&w->w_up, XB, nc4, H2);
             swiglu(H1, H2, nc * Hd);
-            kv_matmul(&w->w_down, H1, nc, XB);
+            memset(H1 + (size_t)nc * Hd, 0, (size_t)(nc4 - nc) * Hd * sizeof(float));
+            kv_matmul(&w->w_down, H1, nc4, XB);
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
         }
     }
