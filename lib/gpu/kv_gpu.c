@@ -48,8 +48,36 @@ int kv_gpu_probe(char *name, size_t n)
     }
     return count;
 }
+
+kv_status kv_gpu_buffer_upload(const void *host, size_t n, void **dev)
+{
+    *dev = NULL;
+    if (!n) return KV_OK;
+    cudaError_t e = cudaMalloc(dev, n);
+    if (e == cudaSuccess) e = cudaMemcpy(*dev, host, n, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        if (*dev) cudaFree(*dev);
+        *dev = NULL;
+        return kv_cuda_fail(e, "cache tier upload", __FILE__, __LINE__);
+    }
+    return KV_OK;
+}
+
+void kv_gpu_buffer_free(void *dev)
+{
+    if (dev) cudaFree(dev);
+}
 #else
 bool kv_gpu_built(void) { return false; }
+
+kv_status kv_gpu_buffer_upload(const void *host, size_t n, void **dev)
+{
+    (void)host, (void)n;
+    *dev = NULL;
+    return kv_fail(KV_E_UNAVAILABLE, "GPU buffers: CUDA not built in");
+}
+
+void kv_gpu_buffer_free(void *dev) { (void)dev; }
 
 int kv_gpu_probe(char *name, size_t n)
 {

@@ -94,15 +94,61 @@ kv_status kv_prefix_rows_f32(const kv_prefix *p, int layer, char which, float *o
         kv_status st = kv_layer_decode(p->f, layer, which, out);
         if (st) return st;
     } else {
-        const void *src = which == 'k' ? p->k[layer] : p->v[layer];
-        if (p->dt == KV_DT_F32) memcpy(out, src, n * sizeof(float));
-        else if (p->dt == KV_DT_F16)
-            for (size_t i = 0; i < n; i++) out[i] = kv_half_to_f32(((const uint16_t *)src)[i]);
-        else if (p->dt == KV_DT_BF16)
-            for (size_t i = 0; i < n; i++) out[i] = kv_bf16_to_f32(((const uint16_t *)src)[i]);
-        else return kv_fail(KV_E_INTERNAL, "prefix rows of type %s", kv_dtype_name(p->dt));
+        if (p->device) return kv_fail(KV_E_INTERNAL, "a prefix in GPU memory cannot be read on the host");
+        const size_t es = p->dt == KV_DT_F32 ? 4 : 2, D = (size_t)p->head_dim;
+        if (p->dt != KV_DT_F32 && p->dt != KV_DT_F16 && p->dt != KV_DT_BF16)
+            return kv_fail(KV_E_INTERNAL, "prefix rows of type %s", kv_dtype_name(p->dt));
+        kv_prefix_seg one = {p->T, p->ld, p->k, p->v};
+        const kv_prefix_seg *sg = p->nseg ? p->seg : &one;
+        const int ns = p->nseg ? p->nseg : 1;
+        for (int h = 0; h < p->n_kv_heads; h++) {
+            size_t t0 = 0;
+            for (int i = 0; i < ns && t0 < (size_t)p->T; i++) {
+                const size_t ld = (size_t)(sg[i].ld ? sg[i].ld : sg[i].T), rows = (size_t)sg[i].T;
+                const char *hs = (const char *)(which == 'k' ? sg[i].k[layer] : sg[i].v[layer]) + (size_t)h * ld * D * es;
+                float *o = out + ((size_t)h * (size_t)p->T + t0) * D;
+                const size_t m = rows * D;
+                if (p->dt == KV_DT_F32) memcpy(o, hs, m * 4);
+                else if (p->dt == KV_DT_F16)
+                    for (size_t j = 0; j < m; j++) o[j] = kv_half_to_f32(((const uint16_t *)hs)[j]);
+                else
+                    for (size_t j = 0; j < m; j++) o[j] = kv_bf16_to_f32(((const uint16_t *)hs)[j]);
+                t0 += rows;
+            }
+        }
+        (void)n;
     }
     return kv_check_finite3(name, out, p->n_kv_heads, p->T, p->head_dim, "the continued cache");
+}
+
+kv_status kv_prefix_rows_f16(const kv_prefix *p, int layer, char which, uint16_t *out)
+{
+    const size_t n = (size_t)p->n_kv_heads * (size_t)p->T * (size_t)p->head_dim;
+    /* plain F16 tensors of a file (the common case, kv-tree's chunks): straight copies */
+    if (p->f) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.%c", layer, which);
+        const kvc_tensor *t = kvc_find(p->f, name);
+        if (t && t->dtype == KV_DT_F16 && (uint64_t)t->nbytes == n * 2) {
+            memcpy(out, t->data, n * 2);
+            for (size_t i = 0; i < n; i++) /* non-finite halves: exponent all ones */
+                if ((out[i] & 0x7c00) == 0x7c00)
+                    return kv_fail(KV_E_DATA, "%s holds a NaN or infinite value: the continued cache needs finite values", name);
+            return KV_OK;
+        }
+    } else if (!p->device && p->dt == KV_DT_F16 && !p->nseg) {
+        const char *src = which == 'k' ? p->k[layer] : p->v[layer];
+        const size_t ld = (size_t)(p->ld ? p->ld : p->T), row = (size_t)p->T * (size_t)p->head_dim;
+        for (int h = 0; h < p->n_kv_heads; h++)
+            memcpy(out + (size_t)h * row, src + (size_t)h * ld * (size_t)p->head_dim * 2, row * 2);
+        return KV_OK;
+    }
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f) return kv_fail(KV_E_NOMEM, "out of memory for %zu cached values", n);
+    kv_status st = kv_prefix_rows_f32(p, layer, which, f);
+    for (size_t i = 0; !st && i < n; i++) out[i] = kv_f32_to_half(f[i]);
+    free(f);
+    return st;
 }
 
 kv_status kv_prefix_layer_packed(const kv_prefix *p, int layer, bool *packed, kv_policy_params *prm)

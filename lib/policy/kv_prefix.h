@@ -25,6 +25,14 @@
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
 
+/* Consecutive rows of a prefix held apart (one kv-tree node's chunk in
+ * kv-bench prefix's in-process tiers): per layer (n_kv_heads, T, head_dim). */
+typedef struct {
+    int T;                           /* rows taken */
+    int ld;                          /* rows per head in k[l], v[l] (>= T; 0 means T) */
+    const void *const *k, *const *v; /* (n_layers) */
+} kv_prefix_seg;
+
 typedef struct {
     int T;                     /* rows (cached tokens) */
     int n_kv_heads, head_dim;  /* of every layer's rows */
@@ -34,8 +42,12 @@ typedef struct {
     /* the rows: from a file ... */
     const kvc_file *f;         /* or NULL */
     /* ... or from memory (f NULL): per layer (n_kv_heads, T, head_dim) of dt */
-    kv_dtype dt;               /* F32, F16 or BF16 */
+    kv_dtype dt;               /* F32, F16 or BF16 (F16 when device) */
     const void *const *k, *const *v; /* (n_layers) */
+    int ld;                    /* rows per head in k[l], v[l] (>= T; 0 means T) */
+    bool device;               /* k, v are fp16 in the GPU engine's device memory (kv-bench's GPU tier) */
+    const kv_prefix_seg *seg;  /* or the rows in nseg segments (k, v unused), their T summing to T */
+    int nseg;
 } kv_prefix;
 
 /*
@@ -60,6 +72,9 @@ kv_status kv_prefix_check_model(const kv_model *m, const kv_geom *g);
  * decoded from whatever the file stores (packed layers are dequantized:
  * the values the packed data stands for); non-finite values are KV_E_DATA. */
 kv_status kv_prefix_rows_f32(const kv_prefix *p, int layer, char which, float *out);
+
+/* The same rows as fp16 (IEEE half bits), for the GPU engine. */
+kv_status kv_prefix_rows_f16(const kv_prefix *p, int layer, char which, uint16_t *out);
 
 /*
  * Is layer l packed in the file (KIVI or DSQ)?  Then *prm is the policy
