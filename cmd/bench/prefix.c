@@ -28,7 +28,7 @@
 int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
-       O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE };
+       O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -40,6 +40,7 @@ static const kv_option opts[] = {
     {O_HOST, 0, "host-bytes", "N", "host tier budget, bytes of fp16 K/V (default 4G)"},
     {O_MODES, 0, "modes", "LIST", "full,gpu,host,disk,disk-important or all (default all)"},
     {O_IMPORTANT, 0, "important", "F", "disk-important: share of disk tokens loaded (default 0.25)"},
+    {O_PUT_TIER, 0, "put-tier", "TIER", "store tier of inserted prompts: disk (zstd chunks, default), host or gpu (plain chunks)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
     {O_CTX, 'c', "ctx", "N", "context capacity (default: the longest request plus -n)"},
@@ -92,7 +93,9 @@ int kv_bench_prefix_main(int argc, char **argv)
     kv_device dev = KV_DEVICE_CPU;
     int ordinal = 0, ctx = 0;
     unsigned long seed = 42;
-    kv_pbench_opts po = {1ull << 30, 4ull << 30, 0.25, KV_TREE_HALF_LIFE, (1u << KV_PM_COUNT) - 1, 8, NULL, NULL, 0, on_progress, NULL};
+    kv_pbench_opts po = {.gpu_bytes = 1ull << 30, .host_bytes = 4ull << 30, .important = 0.25,
+                         .half_life = KV_TREE_HALF_LIFE, .modes = (1u << KV_PM_COUNT) - 1, .max_new = 8,
+                         .progress = on_progress, .put_tier = KV_TIER_DISK};
     const char *a;
     int oi;
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -111,6 +114,12 @@ int kv_bench_prefix_main(int argc, char **argv)
             po.important = kv_cli_double("--important", a, 0, 1);
             if (!(po.important > 0)) kv_cli_usage_error("--important must be in (0, 1]");
             break;
+        case O_PUT_TIER: {
+            int t = kv_tier_parse(a);
+            if (t < 0) kv_cli_usage_error("--put-tier must be gpu, host or disk");
+            po.put_tier = (kv_tier)t;
+            break;
+        }
         case O_HALF: po.half_life = kv_cli_double("--half-life", a, 1e-3, 1e12); break;
         case O_STEPS: po.max_new = (int)kv_cli_long("-n", a, 1, 1 << 16); break;
         case O_CTX: ctx = (int)kv_cli_long("--ctx", a, 1, 1 << 24); break;

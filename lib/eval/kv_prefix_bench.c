@@ -159,7 +159,10 @@ static void entry_drop_dev(pcache *c, pentry *x)
 static void entry_free(pcache *c, pentry *x)
 {
     entry_drop_dev(c, x);
-    for (int l = 0; x->hk && l < c->L; l++) free(x->hk[l]), free(x->hv[l]);
+    for (int l = 0; x->hk && l < c->L; l++) {
+        if (c->gpu) kv_gpu_host_free(x->hk[l]), kv_gpu_host_free(x->hv[l]);
+        else free(x->hk[l]), free(x->hv[l]);
+    }
     free(x->hk), free(x->hv);
     memset(x, 0, sizeof *x);
 }
@@ -210,9 +213,12 @@ static kv_status cache_add_path(pcache *c, const kv_tree *t, const int *tok, int
                 char name[64];
                 snprintf(name, sizeof name, "layers.%d.%c", l, w ? 'v' : 'k');
                 const kvc_tensor *ten = kvc_find(f, name);
-                uint16_t *dst = malloc((size_t)c->nkv * nd->n * c->hd * 2 + 2);
+                /* pinned on the GPU engine: the host tier copies at full PCIe speed */
+                uint16_t *dst = c->gpu ? kv_gpu_host_alloc((size_t)c->nkv * nd->n * c->hd * 2 + 2)
+                                       : malloc((size_t)c->nkv * nd->n * c->hd * 2 + 2);
                 if (!dst || !ten || ten->dtype != KV_DT_F16) {
-                    free(dst);
+                    if (c->gpu) kv_gpu_host_free(dst);
+                    else free(dst);
                     st = dst ? kv_fail(KV_E_INTERNAL, "the insert dump is not f16") : kv_fail(KV_E_NOMEM, "out of memory");
                     break;
                 }
@@ -488,7 +494,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                 st = kv_runner_dump_kvc(r, ids, len, KV_DT_F16, path, 0);
                 if (!st) st = kvc_open(path, &f);
                 unlink(path);
-                if (!st) st = kv_tree_store_put(s, f, KV_TIER_DISK, 3, now, &pr);
+                if (!st) st = kv_tree_store_put(s, f, o->put_tier, 3, now, &pr);
                 if (!st) st = kv_tree_store_save(s);
                 if (!st) st = cache_add_path(&c, kv_tree_store_tree(s), ids, len, f);
                 if (!st) st = cache_place(&c, kv_tree_store_tree(s), o, now);

@@ -20,6 +20,7 @@
 
 #include "engine/kv_runner.h"
 #include "model/kv_tokenizer.h"
+#include "tree/kv_tree.h"
 
 /* One request: a line {"id": ..., "input": TEXT | "tokens": [ids],
  * "outputs": [answers]} (RULER's field names; outputs optional). */
@@ -52,6 +53,7 @@ typedef struct {
     int64_t now;       /* Unix seconds of the first request; each next one is 1 s later */
     void (*progress)(void *user, int done, int total);
     void *user;
+    kv_tier put_tier;  /* tier the store records for inserted nodes: disk (zstd chunks) or host/gpu (plain) */
 } kv_pbench_opts;
 
 typedef struct {

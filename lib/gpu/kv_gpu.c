@@ -7,6 +7,7 @@
 #include "gpu/kv_gpu.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef KV_HAVE_CUDA
@@ -67,6 +68,28 @@ void kv_gpu_buffer_free(void *dev)
 {
     if (dev) cudaFree(dev);
 }
+
+/* A one-byte header says how the block was allocated. */
+void *kv_gpu_host_alloc(size_t n)
+{
+    unsigned char *p = NULL;
+    if (cudaHostAlloc((void **)&p, n + 64, cudaHostAllocPortable) == cudaSuccess) {
+        p[0] = 1;
+        return p + 64;
+    }
+    (void)cudaGetLastError();
+    if (!(p = malloc(n + 64))) return NULL;
+    p[0] = 0;
+    return p + 64;
+}
+
+void kv_gpu_host_free(void *q)
+{
+    if (!q) return;
+    unsigned char *p = (unsigned char *)q - 64;
+    if (p[0]) cudaFreeHost(p);
+    else free(p);
+}
 #else
 bool kv_gpu_built(void) { return false; }
 
@@ -78,6 +101,9 @@ kv_status kv_gpu_buffer_upload(const void *host, size_t n, void **dev)
 }
 
 void kv_gpu_buffer_free(void *dev) { (void)dev; }
+
+void *kv_gpu_host_alloc(size_t n) { return malloc(n ? n : 1); }
+void kv_gpu_host_free(void *p) { free(p); }
 
 int kv_gpu_probe(char *name, size_t n)
 {

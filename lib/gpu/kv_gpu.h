@@ -23,5 +23,9 @@ int kv_gpu_probe(char *name, size_t n);
  * its release.  KV_E_UNAVAILABLE without CUDA, KV_E_NOMEM when full. */
 kv_status kv_gpu_buffer_upload(const void *host, size_t n, void **dev);
 void kv_gpu_buffer_free(void *dev);
+/* Pinned host memory (copies to the GPU at full PCIe speed), for a host
+ * tier; plain malloc without CUDA or a device.  Free with kv_gpu_host_free. */
+void *kv_gpu_host_alloc(size_t n);
+void kv_gpu_host_free(void *p);
 
 #endif

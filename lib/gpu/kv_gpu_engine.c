@@ -724,16 +724,20 @@ static kv_status put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, 
 {
     const int P = pre->T, hd = e->hd;
     const size_t rb = (size_t)hd * 2;
-    if (pre->device) { /* one block of rows, or the segments one after the other */
+    if (pre->device || (!pre->f && pre->dt == KV_DT_F16)) {
+        /* fp16 rows on this GPU, or fp16 rows in host memory (copied straight,
+         * at full speed when the caller pinned them): one block of rows, or
+         * the segments one after the other */
+        const enum cudaMemcpyKind kind = pre->device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
         kv_prefix_seg one = {P, pre->ld, pre->k, pre->v};
         const kv_prefix_seg *sg = pre->nseg ? pre->seg : &one;
         size_t t0 = 0;
         for (int i = 0; i < (pre->nseg ? pre->nseg : 1); i++) {
             const size_t pitch = (size_t)(sg[i].ld ? sg[i].ld : sg[i].T) * rb;
             CK(cudaMemcpy2DAsync(K + t0 * hd, (size_t)ld * rb, sg[i].k[l], pitch, (size_t)sg[i].T * rb,
-                                 e->nkv, cudaMemcpyDeviceToDevice, e->s_main));
+                                 e->nkv, kind, e->s_main));
             CK(cudaMemcpy2DAsync(V + t0 * hd, (size_t)ld * rb, sg[i].v[l], pitch, (size_t)sg[i].T * rb,
-                                 e->nkv, cudaMemcpyDeviceToDevice, e->s_main));
+                                 e->nkv, kind, e->s_main));
             t0 += (size_t)sg[i].T;
         }
         return KV_OK;
@@ -947,7 +951,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
     int *dt = NULL;
     uint16_t *stage = NULL;
     kv_status st = cap_begin(e, n);
-    if (!st && P && !pre->device)
+    if (!st && P && !pre->device && !(!pre->f && pre->dt == KV_DT_F16))
         st = gl_halloc(&stage, NULL, (size_t)2 * e->nkv * P * e->hd * 2, "cached rows staging");
     if (!chunked) {
         /* one token at a time: every layer's prompt cache at once */
