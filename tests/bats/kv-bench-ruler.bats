@@ -201,9 +201,6 @@ no_gpu_or_skip() {
     [ "$output" = "$cpu" ]
 }
 
-<<<<<<< HEAD
-# bats test_tags=slow
-=======
 @test "kv-bench ruler and fidelity say in their JSON how the prompts were prefilled" {
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" -l 1024 --limit 1 -P full --device cpu
     [ "$status" -eq 0 ]
@@ -218,7 +215,7 @@ no_gpu_or_skip() {
     [ "$(json_get 'j["prefill"]["chunk"]')" = 128 ]
 }
 
->>>>>>> wt-F2
+# bats test_tags=slow
 @test "kv-bench ruler and fidelity name the device in their table" {
     command -v script >/dev/null || skip "no script(1) to give a terminal"
     # stdout on a terminal: the table; stderr (progress) dropped
