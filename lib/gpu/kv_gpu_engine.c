@@ -766,7 +766,9 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
     pf_hook_ctx *c = ctx;
     kv_gpu_engine *e = c->e;
     gl_layer *y = &e->lay[l];
-    if (y->pl->chunk && !e->o.prefill_copy_sync)
+    /* after a continued cache the rows before the first chunk were never
+     * streamed: the placement's ingest then copies them all */
+    if (y->pl->chunk && !e->o.prefill_copy_sync && !c->pre)
         TRY(y->pl->chunk(e, y, c->K, c->V, c->T, p0, n, c->T));
     TRY(cap_queries(e, l, p0, n, c->T, q, (size_t)ldq, (cudaStream_t)stream));
     if (!y->pl->observe) return KV_OK;
@@ -951,6 +953,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
     int *dt = NULL;
     uint16_t *stage = NULL;
     kv_status st = cap_begin(e, n);
+    if (!st && P && e->cap.q_n > nn) e->cap.q_n = nn; /* only the new rows' queries are computed */
     if (!st && P && !pre->device && !(!pre->f && pre->dt == KV_DT_F16))
         st = gl_halloc(&stage, NULL, (size_t)2 * e->nkv * P * e->hd * 2, "cached rows staging");
     if (!chunked) {
