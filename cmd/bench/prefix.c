@@ -28,7 +28,7 @@
 int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
-       O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER };
+       O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -41,6 +41,7 @@ static const kv_option opts[] = {
     {O_MODES, 0, "modes", "LIST", "full,gpu,host,disk,disk-important or all (default all)"},
     {O_IMPORTANT, 0, "important", "F", "disk-important: share of disk tokens loaded (default 0.25)"},
     {O_PUT_TIER, 0, "put-tier", "TIER", "store tier of inserted prompts: disk (zstd chunks, default), host or gpu (plain chunks)"},
+    {O_ZSTD, 0, "zstd", "N", "zstd level of the store's disk chunks (1-19, default 3)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
     {O_CTX, 'c', "ctx", "N", "context capacity (default: the longest request plus -n)"},
@@ -95,7 +96,7 @@ int kv_bench_prefix_main(int argc, char **argv)
     unsigned long seed = 42;
     kv_pbench_opts po = {.gpu_bytes = 1ull << 30, .host_bytes = 4ull << 30, .important = 0.25,
                          .half_life = KV_TREE_HALF_LIFE, .modes = (1u << KV_PM_COUNT) - 1, .max_new = 8,
-                         .progress = on_progress, .put_tier = KV_TIER_DISK};
+                         .progress = on_progress, .put_tier = KV_TIER_DISK, .zstd_level = 3};
     const char *a;
     int oi;
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -120,6 +121,7 @@ int kv_bench_prefix_main(int argc, char **argv)
             po.put_tier = (kv_tier)t;
             break;
         }
+        case O_ZSTD: po.zstd_level = (int)kv_cli_long("--zstd", a, 1, 19); break;
         case O_HALF: po.half_life = kv_cli_double("--half-life", a, 1e-3, 1e12); break;
         case O_STEPS: po.max_new = (int)kv_cli_long("-n", a, 1, 1 << 16); break;
         case O_CTX: ctx = (int)kv_cli_long("--ctx", a, 1, 1 << 24); break;

@@ -494,7 +494,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                 st = kv_runner_dump_kvc(r, ids, len, KV_DT_F16, path, 0);
                 if (!st) st = kvc_open(path, &f);
                 unlink(path);
-                if (!st) st = kv_tree_store_put(s, f, o->put_tier, 3, now, &pr);
+                if (!st) st = kv_tree_store_put(s, f, o->put_tier, o->zstd_level > 0 ? o->zstd_level : 3, now, &pr);
                 if (!st) st = kv_tree_store_save(s);
                 if (!st) st = cache_add_path(&c, kv_tree_store_tree(s), ids, len, f);
                 if (!st) st = cache_place(&c, kv_tree_store_tree(s), o, now);

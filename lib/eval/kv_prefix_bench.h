@@ -54,6 +54,7 @@ typedef struct {
     void (*progress)(void *user, int done, int total);
     void *user;
     kv_tier put_tier;  /* tier the store records for inserted nodes: disk (zstd chunks) or host/gpu (plain) */
+    int zstd_level;    /* of the store's disk chunks (3) */
 } kv_pbench_opts;
 
 typedef struct {

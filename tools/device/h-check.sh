@@ -18,7 +18,13 @@ D=${1:-build-dev-H}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tkns}
 mkdir -p "$OUT"
-for z in "$D"/*.gz; do [ -e "$z" ] && gunzip -f "$z" && chmod +x "${z%.gz}"; done
+# unpack the xz-compressed binaries (with xz, or Python's lzma where xz is missing)
+for z in "$D"/*.xz; do
+    [ -e "$z" ] || continue
+    xz -d -f "$z" 2>/dev/null ||
+        python3 -c "import lzma, sys; open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$z"
+    chmod +x "${z%.xz}"
+done
 export PATH="$PATH:/usr/local/cuda/bin"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TMPDIR=${TMPDIR:-/tmp}
@@ -41,7 +47,7 @@ for r in d["requests"]:
 PY
 }
 if has t; then
-    timeout 60 "$D/test_gpu_prefix" > "$OUT/gpu_prefix.tap" 2>&1; log "test_gpu_prefix rc=$?"
+    timeout 45 "$D/test_gpu_prefix" > "$OUT/gpu_prefix.tap" 2>&1; log "test_gpu_prefix rc=$?"
     grep -E '^(not )?ok|^#' "$OUT/gpu_prefix.tap" | head -30 | tee -a "$OUT/summary.txt"
 fi
 if has k; then
@@ -69,14 +75,14 @@ print('same greedy ids:', a['generated_ids'] == b['generated_ids'])" 2>&1 | tee 
 fi
 if has n; then
     python3 "$D/prefix-requests.py" niah --tasks $N/tasks-dev.jsonl --length 3900 -n 8 > "$TMPDIR/h-niah.jsonl"
-    timeout 60 "$D/kv-bench" prefix --json -m $N/niah4k.bin --device cuda -n 8 --gpu-bytes 2G --host-bytes 4G \
+    timeout 45 "$D/kv-bench" prefix --json -m $N/niah4k.bin --device cuda -n 8 --gpu-bytes 2G --host-bytes 4G \
         "$TMPDIR/h-niah.jsonl" > "$OUT/niah.json" 2>> "$OUT/summary.txt"; log "kv-bench prefix niah4k rc=$?"
     summ "$OUT/niah.json"
 fi
 if has s; then
     python3 "$D/prefix-requests.py" synthetic --vocab 128256 --length 32768 --shared 0.9 -n 3 > "$TMPDIR/h-synth.jsonl"
-    timeout 120 "$D/kv-bench" prefix --json --synthetic llama-3.1-8b --device cuda -n 4 --gpu-bytes 16G \
-        --host-bytes 32G --put-tier host "$TMPDIR/h-synth.jsonl" > "$OUT/synth.json" 2>> "$OUT/summary.txt"
+    timeout 150 "$D/kv-bench" prefix --json --synthetic llama-3.1-8b --device cuda -n 4 --gpu-bytes 16G \
+        --host-bytes 32G --zstd 1 "$TMPDIR/h-synth.jsonl" > "$OUT/synth.json" 2>> "$OUT/summary.txt"
     log "kv-bench prefix llama-3.1-8b 32k rc=$?"
     summ "$OUT/synth.json"
 fi
