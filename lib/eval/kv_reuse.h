@@ -33,6 +33,7 @@ typedef struct {
     kv_get_report get;
     kv_put_report put;
     bool inserted;
+    const char *skipped;  /* why the insert was left out, or NULL */
     double lookup_ms, insert_ms;
     char path[4096];      /* the lookup's file */
 } kv_reuse;
