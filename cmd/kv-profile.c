@@ -1,9 +1,10 @@
 /*
  * kv-profile: profile the layers and heads of one or more .kvc caches (with
- * query samples) and classify each layer as quantization- or sparsity-
- * friendly; prints JSON (or a table on a terminal) that ends with the
- * deployment config kv-run --profile and kv-quant --profile read.  The
- * measurements live in lib/eval/kv_profile.c.
+ * query samples), measure what each policy a layer may get costs in error
+ * and bytes, and choose per layer under a KV byte budget (or by TailorKV's
+ * tau rule); prints JSON (or a table on a terminal) that ends with the
+ * deployment config kv-run --profile, kv-quant --profile and kv-bench
+ * read.  The measurements live in lib/eval/kv_profile.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,16 +19,19 @@
 
 enum {
     OPT_TAU = 256, OPT_ALPHA, OPT_NQ, OPT_BUDGET, OPT_CHANNELS, OPT_BITS, OPT_GROUP,
-    OPT_RESIDUAL, OPT_SINK, OPT_WINDOW, OPT_SVG, OPT_JSON
+    OPT_RESIDUAL, OPT_SINK, OPT_WINDOW, OPT_SVG, OPT_JSON, OPT_KV_BUDGET, OPT_RULE, OPT_SELECT
 };
 
 static const kv_option opts[] = {
-    {OPT_TAU, 0, "tau", "T", "score above T: quantization-friendly (0.2)"},
+    {OPT_KV_BUDGET, 0, "kv-budget", "B", "resident KV bytes: a fraction of full's fp16 (<= 1) or bytes (0.25)"},
+    {OPT_RULE, 0, "rule", "budget|tau", "choose by the errors under --kv-budget, or TailorKV's tau rule (budget)"},
+    {OPT_TAU, 0, "tau", "T", "tau rule: score above T is quantization-friendly (0.2)"},
     {OPT_ALPHA, 0, "alpha", "A", "top share of keys for the score (0.05)"},
     {OPT_NQ, 0, "nq", "N", "use the last N stored queries (32; 0 = all)"},
     {OPT_BUDGET, 0, "budget", "K", "top-K tokens for sparse layers: a count, or a fraction < 1 (128)"},
     {OPT_CHANNELS, 0, "channels", "C", "critical channels for sparse selection (8)"},
-    {OPT_BITS, 'b', "bits", "B", "bits for quantized layers in the deploy config: 1, 2 or 4 (1)"},
+    {OPT_SELECT, 0, "select", "MODE", "sparse selection: resident, channels, exact or pages (resident)"},
+    {OPT_BITS, 'b', "bits", "B", "tau rule: bits of the quantized layers, 1, 2 or 4 (1)"},
     {OPT_GROUP, 0, "group", "G", "KIVI group size (64)"},
     {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
     {OPT_SINK, 0, "sink", "S", "sink tokens always kept by sparse layers (8)"},
@@ -39,26 +43,36 @@ static const kv_option opts[] = {
 
 static const kv_cli_spec spec = {
     "kv-profile", "[OPTIONS] FILE.kvc...",
-    "Profile KV cache layers: dense preference score, quantization and sparse errors.", opts,
-    "Several files are averaged per layer and head.  Output: JSON on stdout (a table on a\n"
-    "terminal) whose \"deploy\" member kv-run --profile and kv-quant --profile accept."};
+    "Profile KV cache layers and choose each one's policy under a KV byte budget.", opts,
+    "Each layer gets full, quant (1, 2, 4 bits), sparse or dsq: the least total attention\n"
+    "error whose resident bytes fit --kv-budget (--rule budget), or TailorKV's rule (--rule\n"
+    "tau).  Several files are averaged per layer and head.  Output: JSON on stdout (a table\n"
+    "on a terminal) whose \"deploy\" member kv-run, kv-quant and kv-bench take with --profile."};
 
-static void print_table(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d)
+static void print_table(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d,
+                        const kv_profile_choice *c)
 {
     printf("%d file(s), %d layers, %d heads (%d KV), head dim %d, %d queries\n\n",
            a->n_docs < 0 ? -a->n_docs : a->n_docs, a->n_layers, a->n_heads, a->n_kv_heads,
            a->head_dim, a->n_q);
-    printf("layer   score  err 1-bit  err 2-bit  err sparse  class\n");
-    for (int l = 0; l < a->n_layers; l++)
-        printf("%5d  %6.3f  %9.4f  %9.4f  %10.4f  %s\n", l, a->layer_score[l], a->layer_q1[l],
-               a->layer_q2[l], a->layer_sparse[l], a->layer_score[l] > p->tau ? "quant" : "sparse");
-    printf("\nquant layers (%d-bit, G %d, R %d):", d->quant.bits, d->quant.group, d->quant.residual);
-    for (int i = 0; i < d->n_quant; i++) printf(" %d", d->quant_layers[i]);
-    printf("\nsparse layers (budget %g, C %d, sink %d, window %d):",
-           d->sparse.topk ? (double)d->sparse.topk : d->sparse.topk_frac, d->sparse.channels,
-           d->sparse.sink, d->sparse.window);
-    for (int i = 0; i < d->n_sparse; i++) printf(" %d", d->sparse_layers[i]);
+    printf("errors (bytes / full)                      1-bit         2-bit         4-bit        sparse           dsq\n");
+    printf("layer   score  tau    choice\n");
+    for (int l = 0; l < a->n_layers; l++) {
+        printf("%5d  %6.3f  %-6s %-7s", l, a->layer_score[l], a->layer_score[l] > p->tau ? "quant" : "sparse",
+               kv_profile_opt_name(c->opt[l]));
+        for (int o = KV_OPT_Q1; o < KV_OPT_COUNT; o++)
+            printf("  %6.4f (%.2f)", a->layer_err[o][l], a->bytes[o][l] / a->bytes[KV_OPT_FULL][l]);
+        printf("\n");
+    }
+    printf("\nrule %s: %.0f of %.0f bytes (%.3f)", d->rule, c->bytes, c->full_bytes,
+           c->full_bytes > 0 ? c->bytes / c->full_bytes : 0.0);
+    if (p->rule == KV_RULE_BUDGET) printf(", budget %.0f%s", c->budget_bytes, c->budget_met ? "" : " (not met)");
     printf("\n");
+    for (int l = 0; l < a->n_layers; l++) {
+        char sp[512];
+        if (kv_policy_spec_write(&d->per_layer[l], sp, sizeof sp)) sp[0] = 0;
+        printf("  layer %d: %s\n", l, sp);
+    }
 }
 
 int main(int argc, char **argv)
@@ -72,6 +86,16 @@ int main(int argc, char **argv)
     while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
         switch (c) {
         case OPT_TAU: p.tau = kv_cli_double("--tau", arg, 0, 1); break;
+        case OPT_KV_BUDGET: p.kv_budget = kv_cli_double("--kv-budget", arg, 1e-9, 1e18); break;
+        case OPT_RULE:
+            if (!strcmp(arg, "budget")) p.rule = KV_RULE_BUDGET;
+            else if (!strcmp(arg, "tau")) p.rule = KV_RULE_TAU;
+            else kv_cli_usage_error("--rule must be budget or tau, not '%s'", arg);
+            break;
+        case OPT_SELECT:
+            if (kv_select_mode_parse(arg, &p.sparse.select) || p.sparse.select == KV_SELECT_SKETCH)
+                kv_cli_usage_error("--select must be resident, channels, exact or pages, not '%s'", arg);
+            break;
         case OPT_ALPHA: p.alpha = kv_cli_double("--alpha", arg, 1e-6, 1); break;
         case OPT_NQ: p.nq = (int)kv_cli_long("--nq", arg, 0, 1 << 20); break;
         case OPT_BUDGET: {
@@ -103,6 +127,7 @@ int main(int argc, char **argv)
     memset(&acc, 0, sizeof acc);
     kv_deploy dep;
     kv_deploy_defaults(&dep);
+    kv_profile_choice ch = {0};
     kv_status st;
     /* The SVG is opened first, so that a bad path fails before the work,
        and committed last, so that a failed stdout leaves no SVG behind. */
@@ -127,13 +152,16 @@ int main(int argc, char **argv)
     }
     kv_progress_done();
     kv_profile_finish(&acc);
-    if ((st = kv_profile_deploy(&acc, &p, &dep))) {
+    if ((st = kv_profile_deploy(&acc, &p, &dep, &ch))) {
         rc = kv_report(st, "deploy config");
         goto done;
     }
+    if (p.rule == KV_RULE_BUDGET && !ch.budget_met)
+        kv_warn("--kv-budget %g: even the fewest bytes per layer (%.0f) exceed it (%.0f); "
+                "writing the fewest", p.kv_budget, ch.bytes, ch.budget_bytes);
     if (svg_open) kv_profile_write_svg(&acc, &p, svg_out.fp);
-    if (kv_want_json(stdout, json)) kv_profile_write_json(&acc, &p, &dep, stdout);
-    else print_table(&acc, &p, &dep);
+    if (kv_want_json(stdout, json)) kv_profile_write_json(&acc, &p, &dep, &ch, stdout);
+    else print_table(&acc, &p, &dep, &ch);
     if (fflush(stdout) || ferror(stdout)) {
         rc = kv_report(kv_fail(KV_E_IO, "write error: %s", strerror(errno)), "stdout");
         goto done;
@@ -144,6 +172,7 @@ int main(int argc, char **argv)
     }
 done:
     if (svg_open) kv_outfile_abort(&svg_out);
+    kv_profile_choice_clear(&ch);
     kv_deploy_clear(&dep);
     kv_profile_clear(&acc);
     return rc;

@@ -15,7 +15,7 @@
 #include "format/kvc.h"
 
 enum {
-    OPT_METHOD = 256, OPT_BITS, OPT_GROUP, OPT_RESIDUAL, OPT_WINDOW, OPT_SALIENT, OPT_PROFILE,
+    OPT_METHOD = 256, OPT_BITS, OPT_GROUP, OPT_RESIDUAL, OPT_WINDOW, OPT_SALIENT, OPT_BASE, OPT_PROFILE,
     OPT_LAYERS, OPT_REPORT, OPT_ZSTD, OPT_DECODE = 'd', OPT_OUT = 'o'
 };
 
@@ -26,6 +26,7 @@ static const kv_option opts[] = {
     {OPT_RESIDUAL, 0, "residual", "R", "KIVI recent tokens kept in fp16 (128)"},
     {OPT_WINDOW, 0, "window", "W", "DSQ tokens per window (64)"},
     {OPT_SALIENT, 0, "salient", "F", "DSQ share of salient tokens per window (0.2)"},
+    {OPT_BASE, 0, "base", "rest|salient", "DSQ key base: mean of the other keys (rest) or of the salient ones (KVO-LLM)"},
     {OPT_PROFILE, 0, "profile", "P.json", "quantize only the layers a kv-profile deploy config marks"},
     {OPT_LAYERS, 0, "layers", "LIST", "quantize only these layers, e.g. 0,2,4-7"},
     {OPT_DECODE, 'd', "decode", NULL, "decode every layer to a plain F16 .kvc"},
@@ -47,6 +48,7 @@ int main(int argc, char **argv)
     const char *method = NULL;
     long bits = -1, group = -1, residual = -1, window = -1; /* -1: not given */
     double salient = -1;
+    int base = -1;
     bool decode = false;
     int c, optind_, zstd_level = 0;
     while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
@@ -65,6 +67,9 @@ int main(int argc, char **argv)
         case OPT_RESIDUAL: residual = kv_cli_long("--residual", arg, 0, 1L << 30); break;
         case OPT_WINDOW: window = kv_cli_long("--window", arg, 8, 4096); break;
         case OPT_SALIENT: salient = kv_cli_double("--salient", arg, 0, 1); break;
+        case OPT_BASE:
+            if (kv_dsq_base_parse(arg, &base)) kv_cli_usage_error("--base must be rest or salient, not '%s'", arg);
+            break;
         case OPT_PROFILE: profile = arg; break;
         case OPT_LAYERS: layers = arg; break;
         case OPT_DECODE: decode = true; break;
@@ -84,6 +89,7 @@ int main(int argc, char **argv)
     kvc_file *in = NULL;
     kvc_writer *w = NULL;
     bool *sel = NULL;
+    kv_quant_layer *per = NULL;
     kv_deploy dep;
     kv_deploy_defaults(&dep);
     kv_quant_report rep;
@@ -96,6 +102,15 @@ int main(int argc, char **argv)
 
     if ((st = kvc_open(in_path, &in))) {
         rc = kv_report(st, "%s", in_path);
+        goto done;
+    }
+    /* kvc(5): a reader that cannot honour positions rejects the file.  DSQ's
+     * importance and the report's attention error attend causally by row
+     * index, which a subset's rows are not. */
+    if (kvc_find(in, "positions")) {
+        rc = kv_report(kv_fail(KV_E_DATA, "it has a positions tensor (a token subset, as kv-tree get --important "
+                                          "writes); kv-quant packs whole caches only"),
+                       "%s", in_path);
         goto done;
     }
     const kv_geom *g = kvc_geom(in);
@@ -115,6 +130,26 @@ int main(int argc, char **argv)
         }
         kv_deploy_quant_mask(&dep, g->n_layers, sel);
         o.layers = sel;
+        if (dep.per_layer) { /* version 2: every layer's own encoding */
+            if (method || bits > 0 || group > 0 || residual >= 0 || window > 0 || salient >= 0 || base >= 0)
+                kv_cli_usage_error("--profile %s gives each layer's parameters: no --method, --bits, "
+                                   "--group, --residual, --window, --salient or --base with it", profile);
+            if (!(per = calloc((size_t)g->n_layers + 1, sizeof *per))) {
+                rc = kv_report(KV_E_NOMEM, "layer table");
+                goto done;
+            }
+            for (int l = 0; l < g->n_layers; l++) {
+                const kv_policy_params *x = &dep.per_layer[l];
+                per[l].method = x->kind == KV_POL_QUANT ? KV_ENC_KIVI : x->kind == KV_POL_DSQ ? KV_ENC_DSQ
+                                                                                            : KV_ENC_PLAIN;
+                per[l].kivi = (kv_kivi_params){x->bits, x->group, x->residual};
+                kv_dsq_params_default(&per[l].dsq);
+                per[l].dsq.window = x->dsq_window;
+                per[l].dsq.salient = kv_dsq_salient_count(x->dsq_window, x->dsq_salient);
+                per[l].dsq.base = x->dsq_base;
+            }
+            o.per_layer = per;
+        }
         o.kivi = (kv_kivi_params){dep.quant.bits, dep.quant.group, dep.quant.residual};
         if (!method && dep.quant.kind == KV_POL_DSQ) o.method = KV_ENC_DSQ;
         dsq_window = dep.quant.dsq_window;
@@ -134,15 +169,16 @@ int main(int argc, char **argv)
     if (salient >= 0) dsq_salient = salient;
     o.dsq.window = dsq_window;
     o.dsq.salient = kv_dsq_salient_count(dsq_window, dsq_salient);
+    if (base >= 0) o.dsq.base = base;
     if (bits > 0 && o.method == KV_ENC_DSQ) o.dsq.bits = (int)bits;
     if (group > 0 && o.method == KV_ENC_DSQ) o.dsq.group = (int)group;
     o.decode = decode;
     /* An option of the other method would silently do nothing. */
-    if (!decode && o.method == KV_ENC_KIVI && (window > 0 || salient >= 0))
-        kv_cli_usage_error("--window and --salient go with --method dsq");
+    if (!decode && o.method == KV_ENC_KIVI && (window > 0 || salient >= 0 || base >= 0))
+        kv_cli_usage_error("--window, --salient and --base go with --method dsq");
     if (!decode && o.method == KV_ENC_DSQ && residual >= 0)
         kv_cli_usage_error("--residual goes with --method kivi");
-    if (!decode) {
+    if (!decode && !o.per_layer) {
         st = o.method == KV_ENC_DSQ ? kv_dsq_check(&o.dsq, g->head_dim)
                                     : kv_kivi_check(&o.kivi, g->head_dim);
         if (st) kv_cli_usage_error("%s", kv_errdetail());
@@ -189,6 +225,7 @@ done:
     kv_quant_report_clear(&rep);
     kv_deploy_clear(&dep);
     kvc_writer_free(w);
+    free(per);
     free(sel);
     kvc_close(in);
     return rc;

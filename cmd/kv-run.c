@@ -2,9 +2,12 @@
  * kv-run: run a Llama-family model on the CPU or a CUDA GPU (--device) with a
  * KV cache policy per layer: generate text (stdout), dump the prompt's cache
  * (--dump-kv), report timings and KV bytes (--report), score a text
- * (--score-file) or compare two policies on it (--compare).  It parses, calls
- * lib/ (kv_prompt, kv_runner on either engine, kv_compare) and prints.
- */#include <errno.h>
+ * (--score-file) or compare two policies on it (--compare); print a prompt's
+ * token ids (--tokenize) or every position's next-token probabilities
+ * (--probs).  It parses, calls lib/ (kv_prompt, kv_runner on either
+ * engine, kv_compare) and prints.
+ */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +17,6 @@
 
 #include "kv_cli.h"
 #include "common/kv_outfile.h"
-#include "common/kv_file.h"
 #include "common/kv_stats.h"
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
@@ -31,18 +33,25 @@ enum {
     O_MODEL = 'm', O_STEPS = 'n', O_PROMPT = 'p', O_TEMP = 't', O_SEED = 's', O_CTX = 'c',
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
-    O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_KV, O_STORE, O_IMPORTANT, O_NO_INSERT
+    O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
+    O_PRINT_IDS, O_KV, O_STORE,
+    O_IMPORTANT, O_NO_INSERT
 };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
-    {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-2-7b, tiny"},
+    {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads"},
     {O_WEIGHTS, 0, "weights", "TYPE", "synthetic weight type f32|f16|bf16 (default bf16; tiny f32)"},
     {O_TOKENIZER, 0, "tokenizer", "FILE", "llama2.c tokenizer (default: tok*.bin beside the model)"},
     {O_PROMPT, 'p', "prompt", "TEXT", "prompt text (after BOS)"},
     {O_PROMPT_FILE, 0, "prompt-file", "FILE", "prompt text from FILE or - (stdin)"},
     {O_TOKENS, 0, "tokens", "FILE", "prompt as token ids (whitespace or JSON array), FILE or -"},
     {O_RANDOM_PROMPT, 0, "random-prompt", "N", "prompt of N seeded random token ids (benchmarks)"},
+    {O_TOKENIZE, 0, "tokenize", NULL, "print the prompt's token ids as a JSON array and exit"},
+    {O_SPECIAL, 0, "special", NULL, "recognise special tokens (<|eot_id|>, <s>) written in the prompt"},
+    {O_CHAT, 0, "chat", "TEMPLATE", "wrap the prompt as a user turn: llama3, chatml, auto, none or a text with {prompt}"},
+    {O_PROBS, 0, "probs", "K", "print each prompt position's top-K next-token probabilities (JSON) and exit"},
+    {O_PRINT_IDS, 0, "print-ids", NULL, "write the generated token ids instead of their text"},
     {O_STEPS, 'n', "steps", "N", "tokens to generate (default 128; 0: prefill only)"},
     {O_TEMP, 0, "temp", "T", "temperature; 0 is greedy (default 0)"},
     {O_TEMP, 't', NULL, "T", NULL}, /* deprecated: -t is --tokens elsewhere */
@@ -81,8 +90,9 @@ typedef struct {
     kv_policy_defaults def; /* --kv-dtype, --select */
     kv_device dev;
     kv_dtype wt; /* --weights */
-    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk;
-    bool nq_given, no_insert;
+    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs;
+    bool nq_given, tokenize, special, print_ids, no_insert;
+    kv_chat chat; /* --chat */
     double temp, top_p, important;
     unsigned long seed;
 } run_opts;
@@ -139,6 +149,13 @@ static void parse_opts(int argc, char **argv, run_opts *o)
             o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
             if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
             break;
+        case O_TOKENIZE: o->tokenize = true; break;
+        case O_SPECIAL: o->special = true; break;
+        case O_CHAT:
+            if (kv_chat_parse(arg, &o->chat)) kv_cli_usage_error("--chat must be llama3, chatml, auto, none or a text holding {prompt}");
+            break;
+        case O_PROBS: o->probs = (int)kv_cli_long("--probs", arg, 1, 1 << 20); break;
+        case O_PRINT_IDS: o->print_ids = true; break;
         }
     }
     if (optind_ < argc) kv_cli_usage_error("unexpected argument '%s'", argv[optind_]);
@@ -164,14 +181,43 @@ static void parse_opts(int argc, char **argv, run_opts *o)
     if (o->dev == KV_DEVICE_CUDA && o->score)
         kv_cli_usage_error("--score-file runs on the CPU: use --device cpu");
     if (o->kv && o->store) kv_cli_usage_error("--kv and --store are exclusive");
-    if ((o->kv || o->store) && (o->score || o->compare))
-        kv_cli_usage_error("%s goes with generation, not --score-file or --compare", o->kv ? "--kv" : "--store");
+    if ((o->kv || o->store) && (o->score || o->compare || o->probs || o->tokenize))
+        kv_cli_usage_error("%s goes with generation, not --score-file, --compare, --probs or --tokenize", o->kv ? "--kv" : "--store");
     if (!o->store && (o->important < 1 || o->no_insert))
         kv_cli_usage_error("%s goes with --store", o->no_insert ? "--no-insert" : "--important");
     if (o->kv && !o->prompt && !o->prompt_file && !o->tokens && !o->random_prompt)
         kv_cli_usage_error("--kv needs the continuation: --prompt, --prompt-file or --tokens");
     if (o->prompt_file && o->tokens && is_stdout(o->prompt_file) && is_stdout(o->tokens))
         kv_cli_usage_error("stdin can only be read once");
+    if ((o->chat.kind || o->special) && (o->tokens || o->random_prompt))
+        kv_cli_usage_error("--chat and --special apply to text: not with --tokens or --random-prompt");
+    const bool other = o->score || o->compare || o->dump || o->report;
+    if (o->tokenize && (other || o->tokens || o->random_prompt || o->synth))
+        kv_cli_usage_error("--tokenize takes a model or vocabulary and a text (--prompt or --prompt-file) only");
+    if (o->probs && (other || o->tokenize || o->dev != KV_DEVICE_CPU))
+        kv_cli_usage_error("--probs runs the prompt on the CPU and prints JSON: no --score-file, --compare, "
+                           "--dump-kv, --report, --tokenize or --device");
+}
+
+/* The prompt as the options give it. */
+static kv_prompt prompt_of(const run_opts *o)
+{
+    return (kv_prompt){.text = o->prompt, .text_len = o->prompt ? strlen(o->prompt) : 0, .random = o->random_prompt,
+                       .path = o->prompt_file ? o->prompt_file : o->score ? o->score : o->tokens,
+                       .path_ids = o->tokens != NULL, .seed = o->seed, .chat = o->chat, .special = o->special,
+                       .continuation = o->kv != NULL};
+}
+
+/* --tokenize: the prompt's ids as one JSON array; a GGUF needs only its
+ * vocabulary. */
+static int run_tokenize(const run_opts *o)
+{
+    char *json = NULL;
+    kv_prompt p = prompt_of(o);
+    kv_status st = kv_prompt_json(o->model, o->tokenizer, &p, &json);
+    if (!st) st = kv_outfile_write("-", json);
+    free(json);
+    return st ? kv_report(st, "--tokenize") : 0;
 }
 
 /* The model, its tokenizer (optional unless the prompt is text) and the
@@ -190,17 +236,10 @@ static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int 
     kv_errclear();
     if (*tok && kv_tokenizer_vocab(*tok) != c->vocab_size)
         kv_note(0, "tokenizer has %d tokens, model %d", kv_tokenizer_vocab(*tok), c->vocab_size);
-    kv_prompt p = {.random = o->random_prompt, .seed = o->seed, .continuation = o->kv != NULL};
-    char *buf = NULL;
-    size_t len = 0;
-    const char *src = o->prompt_file ? o->prompt_file : o->score ? o->score : o->tokens;
-    if (src && (st = kv_file_slurp(src, 0, "file", &buf, &len))) return kv_report(st, "cannot read the prompt");
-    if (o->tokens) p.ids = buf, p.ids_len = len;
-    else if (o->prompt) p.text = o->prompt, p.text_len = strlen(o->prompt);
-    else if (buf) p.text = buf, p.text_len = len;
-    st = kv_prompt_tokens(&p, *tok, c->vocab_size, prompt, n_prompt);
-    free(buf);
-    return st ? kv_report(st, "cannot tokenize the prompt") : 0;
+    kv_prompt p = prompt_of(o);
+    if ((st = kv_prompt_tokens(&p, *tok, c->vocab_size, prompt, n_prompt))) return kv_report(st, "cannot tokenize the prompt");
+    if (o->chat.kind == KV_CHAT_AUTO) kv_note(1, "chat template %s", kv_chat_name(p.chat.kind));
+    return 0;
 }
 
 /* The policies of every layer: --policy or --profile, then the defaults
@@ -216,37 +255,18 @@ static int load_policies(const run_opts *o, int L, kv_policy_params **prm)
  * default full) and under SPEC, both on --device's engine. */
 static int run_compare(const run_opts *o, const kv_model *m, const int *ids, int n, const kv_policy_params *ref)
 {
-    const int L = m->cfg.n_layers;
-    kv_policy_params *pol = calloc((size_t)L, sizeof *pol);
     kv_compare_opts co;
     kv_compare_opts_default(&co);
     co.prefix = o->prefix, co.device = o->dev, co.ordinal = o->device_ordinal;
     kv_compare_result res = {0};
-    kv_status st = pol ? kv_policies_load(o->compare, NULL, &o->def, L, pol) : kv_fail(KV_E_NOMEM, "out of memory");
-    if (!st) st = kv_compare_run(m, ids, n, ref, pol, &co, &res);
-    int rc = 0;
-    if (st) rc = kv_report(st, "--compare %s", o->compare);
+    kv_status st = kv_compare_run_spec(m, ids, n, ref, o->compare, &o->def, &co, &res);
+    int rc = st ? kv_report(st, "--compare %s", o->compare) : 0;
     const char *names[1] = {o->compare}, *rname = o->profile ? o->profile : o->policy ? o->policy : "full";
-    if (!st && (st = kv_compare_print(stdout, kv_want_json(stdout, false), m->cfg.name, rname, names, &res, 1, L, false)))
+    if (!st && (st = kv_compare_print(stdout, kv_want_json(stdout, false), m->cfg.name, rname, names, &res, 1,
+                                      m->cfg.n_layers, false)))
         rc = kv_report(st, "stdout");
     kv_compare_result_clear(&res);
-    free(pol);
     return rc;
-}
-
-static int run_score(kv_runner *r, const int *ids, int n)
-{
-    double *nll = malloc((size_t)(n > 1 ? n - 1 : 1) * sizeof *nll), t0 = kv_now_ms();
-    char *json = NULL;
-    kv_status st = nll ? kv_runner_score(r, ids, n, nll) : kv_fail(KV_E_NOMEM, "out of memory");
-    if (st) {
-        free(nll);
-        return kv_report(st, "scoring failed");
-    }
-    if (!(st = kv_score_report(nll, n, kv_now_ms() - t0, &json))) st = kv_outfile_write("-", json);
-    free(json);
-    free(nll);
-    return st ? kv_report(st, "cannot write the scores") : 0;
 }
 
 /* Where the prefill starts: position 0, a .kvc (--kv) or a store's longest
@@ -326,6 +346,7 @@ int main(int argc, char **argv)
     kv_cli_init(&spec, argc, argv);
     run_opts o;
     parse_opts(argc, argv, &o);
+    if (o.tokenize) return run_tokenize(&o);
     if (o.threads) kv_engine_set_threads(o.threads);
     if (is_stdout(o.dump)) kv_refuse_binary_tty(stdout, "a .kvc file");
     int rc = 0, *prompt = NULL, n_prompt = 0, ctx = 0;
@@ -357,7 +378,7 @@ int main(int argc, char **argv)
         goto out;
     }
     bool grown;
-    const int trained = m->cfg.seq_len, n_gen = o.score ? 0 : o.steps;
+    const int trained = m->cfg.seq_len, n_gen = o.score || o.probs ? 0 : o.steps;
     if ((st = kv_run_ctx(o.ctx, trained, n_prompt + ru.pre.T, n_gen, &ctx, &grown))) {
         rc = kv_report(st, "cannot run");
         goto out;
@@ -370,16 +391,16 @@ int main(int argc, char **argv)
     kv_device dev = o.score ? KV_DEVICE_CPU : o.dev;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
-    go.device = o.device_ordinal;
-    go.prefill_chunk = o.prefill_chunk;
+    go.device = o.device_ordinal, go.prefill_chunk = o.prefill_chunk;
     if ((st = kv_runner_new(m, prm, ctx, dev, &go, &r))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "cannot build the engine");
         goto out;
     }
     if (kv_runner_fallback(r)[0]) kv_note(1, "--device auto: using the CPU (%s)", kv_runner_fallback(r));
     else if (kv_runner_is_gpu(r)) kv_note(1, "running on %s", kv_runner_device(r));
-    if (o.score) {
-        rc = run_score(r, prompt, n_prompt);
+    if (o.score || o.probs) { /* JSON to stdout, no decode */
+        st = o.score ? kv_runner_score_json(r, prompt, n_prompt, &json) : kv_runner_probs(r, prompt, n_prompt, o.probs, &json);
+        if (st || (st = kv_outfile_write("-", json))) rc = kv_report(st, o.score ? "scoring failed" : "--probs");
         goto flush;
     }
 
@@ -413,8 +434,10 @@ int main(int argc, char **argv)
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }
-    printer pr = {{tok, prompt[n_prompt - 1], stdout}, !is_stdout(o.report) && !is_stdout(o.dump), o.steps};
-    kv_generate_opts gopt = {o.steps, {tok ? kv_tokenizer_bos(tok) : 1, tok ? kv_tokenizer_eos(tok) : 2}, on_token, &pr};
+    printer pr = {{o.print_ids ? NULL : tok, prompt[n_prompt - 1], stdout}, !is_stdout(o.report) && !is_stdout(o.dump),
+                  o.steps};
+    kv_generate_opts gopt = {o.steps, {tok ? kv_tokenizer_bos(tok) : 1, tok ? kv_tokenizer_eos(tok) : 2}, on_token, &pr,
+                             tok};
     st = kv_runner_generate(r, &smp, logits, &gopt, &gen);
     kv_progress_done();
     if (st) {

@@ -5,8 +5,8 @@
 
 /* Pack window blockIdx.x of head blockIdx.y.  Dynamic shared memory:
  * (W - S) * D floats of non-salient rows (key deltas or values). */
-__global__ void dsq_pack_window_kernel(kv_kivi_axis axis, int W, int S, int bits, int gd, int T,
-                                       int D, int nw, const __half *__restrict__ x,
+__global__ void dsq_pack_window_kernel(kv_kivi_axis axis, int W, int S, int bits, int gd, int base,
+                                       int T, int D, int nw, const __half *__restrict__ x,
                                        const float *__restrict__ imp, kv_cuda_dsq_out o)
 {
     __shared__ int sidx[KV_DSQ_MAX_WINDOW], nidx[KV_DSQ_MAX_WINDOW];
@@ -59,9 +59,19 @@ __global__ void dsq_pack_window_kernel(kv_kivi_axis axis, int W, int S, int bits
     const float sdiv = (s > 0.0f && s < INFINITY) ? s : INFINITY;
     float bf = 0.0f;
     if (axis == KV_KIVI_KEYS) {
-        if (S == 0)
+        /* the mean of the salient keys, or of the others (KV_DSQ_BASE_REST),
+         * in token order as lib/quant/kv_dsq.c sums them; of all W when the
+         * set is empty */
+        const bool rest = base == KV_DSQ_BASE_REST && S < W;
+        int nb = rest ? W - S : S;
+        if (rest) {
+            sum = 0.0;
+            for (int i = 0; i < W - S; i++) sum += (double)__half2float(xw[(size_t)nidx[i] * D + c]);
+        } else if (S == 0) {
             for (int t = 0; t < W; t++) sum += (double)__half2float(xw[(size_t)t * D + c]);
-        const __half hb = __float2half_rn((float)__ddiv_rn(sum, (double)(S ? S : W)));
+            nb = W;
+        }
+        const __half hb = __float2half_rn((float)__ddiv_rn(sum, (double)nb));
         o.base[hw * D + c] = __half_as_ushort(hb);
         bf = __half2float(hb);
     }
@@ -156,7 +166,8 @@ extern "C" int kv_cuda_dsq_supported(const kv_dsq_params *p, int head_dim)
 {
     if (!p || (head_dim != 64 && head_dim != 128) || p->window < 8 || p->window % 8 ||
         p->window > KV_DSQ_MAX_WINDOW || p->salient < 0 || p->salient > p->window ||
-        (p->bits != 1 && p->bits != 2 && p->bits != 4) || p->group < 1)
+        (p->bits != 1 && p->bits != 2 && p->bits != 4) || p->group < 1 ||
+        (p->base != KV_DSQ_BASE_SALIENT && p->base != KV_DSQ_BASE_REST))
         return 0;
     int gd = kv_kivi_vgroup(p->group, head_dim);
     return head_dim % gd == 0 && head_dim / gd <= 4 && gd >= 8 / p->bits;
@@ -179,8 +190,8 @@ extern "C" cudaError_t kv_cuda_dsq_pack(kv_kivi_axis axis, const kv_dsq_params *
         CUDA_CHECK(cudaFuncSetAttribute(dsq_pack_window_kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_pack_window_kernel, dim3(nw, H), dim3(D), smem,
-                             stream, axis, p->window, p->salient, p->bits, gd, T, D, nw, xh, imp,
-                             *out));
+                             stream, axis, p->window, p->salient, p->bits, gd, p->base, T, D, nw,
+                             xh, imp, *out));
     }
     if (T > nw * p->window) {
         CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_resid_kernel, dim3(256), dim3(256), 0, stream, H, T,

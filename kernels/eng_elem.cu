@@ -44,6 +44,27 @@ extern "C" cudaError_t eng_swiglu(const float *gu, int n, float *h, cudaStream_t
     return cudaSuccess;
 }
 
+// --- biases ------------------------------------------------------------------
+
+__global__ void add_bias_kernel(float *y, long long ldy, const float *b, int n, int rows)
+{
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        float *row = y + (size_t)r * ldy;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) row[i] += b[i];
+    }
+}
+
+extern "C" cudaError_t eng_add_bias_rows(float *y, long long ldy, const float *b, int n, int rows,
+                                         cudaStream_t s)
+{
+    if (n <= 0 || rows <= 0) return cudaSuccess;
+    KV_CHECK_ARGS(y && b && (rows == 1 || ldy >= n));
+    const unsigned gy = (unsigned)(rows < 65535 ? rows : 65535);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, add_bias_kernel, dim3((unsigned)((n + 255) / 256), gy), dim3(256), 0, s,
+                         y, ldy, b, n, rows));
+    return cudaSuccess;
+}
+
 // --- RoPE and the K/V store --------------------------------------------------
 
 __global__ void rope_store_kernel(float *q, __half *q16, int nqh, float *k, const float *v,

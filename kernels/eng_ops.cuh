@@ -46,7 +46,41 @@ cudaError_t eng_gemv_norm(const void *W, kv_dtype t, int rows, int ld, const flo
 cudaError_t eng_embed(const void *W, kv_dtype t, int ld, int n, const int *tok, float *out,
                       cudaStream_t s);
 
+// --- packed weights (eng_gemv_q.cu, eng_dequant.cu) ----------------------
+
+/*
+ * The ggml block types the engine keeps packed on the device, as they are
+ * stored (lib/common/kv_ggml.h): Q8_0, Q4_K and Q6_K, what Q8_0 and Q4_K_M
+ * files hold.  A packed matrix is rows of pitch bytes, each cols values in
+ * cols / block blocks (pitch even; 16-byte aligned rows for Q4_K).
+ */
+static inline int eng_packed_type(kv_dtype t)
+{
+    return t == KV_DT_Q8_0 || t == KV_DT_Q4_K || t == KV_DT_Q6_K;
+}
+
+/* y (rows) = W (rows, cols) x (cols), or y += W x when accumulate; x float32,
+ * 16-byte aligned.  CPU reference: kv_quant_dequant_row / kv_quant_dot_ref. */
+cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pitch, const float *x,
+                       float *y, int accumulate, cudaStream_t s);
+
+/* dst (16-bit dt: F16 or BF16) row r * step (ldd apart) = the values of packed
+ * row r (cols), then zeros up to ldd: the engine's 16-bit layout (step 2
+ * interleaves two matrices' rows).  Values as kv_quant_dequant_row's, rounded
+ * once. */
+cudaError_t eng_dequant_rows(const void *W, kv_dtype t, int rows, int cols, size_t pitch, void *dst,
+                             kv_dtype dt, int ldd, int step, cudaStream_t s);
+
+/* x (n, ldx) float32, first cols values = packed row tok[i] (device ids):
+ * embedding rows. */
+cudaError_t eng_embed_rows_q(const void *W, kv_dtype t, int cols, size_t pitch, const int *tok, int n,
+                             float *x, int ldx, cudaStream_t s);
+
 // --- small fused kernels (eng_elem.cu) ------------------------------------
+
+/* y (rows, ldy) += b (n) on each row: the projections' biases (qwen2's q, k,
+ * v) after a GEMV (rows 1) or a prefill chunk's GEMM. */
+cudaError_t eng_add_bias_rows(float *y, long long ldy, const float *b, int n, int rows, cudaStream_t s);
 
 /* o (n) = w (n) * (x / sqrt(mean(x^2) + eps)), as the CPU engine computes it. */
 cudaError_t eng_rmsnorm(const float *x, const float *w, int n, float eps, float *o,
@@ -169,6 +203,85 @@ cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int base, int *se
 cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dtype t, const int *sel, int k,
                             const void *sink, int nsink, void *kdst, void *vdst, size_t ld,
                             cudaStream_t s);
+
+// --- the resident channel index (select=resident; eng_select.cu) ----------
+
+/*
+ * The resident rows of R pool channels of a sparse layer, built from keys
+ * k (nkv, ld, hd) fp16, tokens [0, T), as lib/policy/kv_select.c's
+ * kv_select_channel_row: row j of head h is channel pool[h*R + j].
+ *   bits 16: rows (nkv, R, ldt) fp16 values;
+ *   bits 1, 2, 4, 8: rows (nkv, R, ldt*bits/8) bytes, token t's code at bit
+ *     t*bits of its row (least significant first), with scale and zero
+ *     (nkv, R, ldt/64) fp16 per group of 64 tokens (scale = fp16((max -
+ *     min) / (2^bits - 1)), zero = fp16(min), code = clamp(rint((x - zero) /
+ *     scale))).  scale and zero are unused (may be NULL) at 16 bits.
+ * ldt: T rounded up to 64; tokens past T are zero codes.
+ */
+cudaError_t eng_rows_build(const uint16_t *k, int nkv, int T, int ld, int hd, const int *pool, int R,
+                           int bits, void *rows, uint16_t *scale, uint16_t *zero, int ldt,
+                           cudaStream_t s);
+
+/*
+ * The C of R pool channels each KV head scores with this step: by (sum over
+ * its query heads of |q_hc|) * chmax_c over the pool, the top C (ties to the
+ * lower position), positions ascending into cols (nkv, C); and per query
+ * head SparQ's scale 1/sqrt(hd * |q_C|_1 / |q|_1) into qscale (nq_heads).
+ * As kv_select_pool_channels and kv_select_score_rows.
+ */
+cudaError_t eng_select_pool(const float *q, const float *chmax, const int *pool, int nq_heads,
+                            int nkv, int hd, int R, int C, int *cols, float *qscale,
+                            cudaStream_t s);
+
+/*
+ * Scores of candidates [cs, cend) of every query head from the resident
+ * rows (eng_rows_build's layout) of the C positions cols (nkv, C) of the
+ * pool: score (nq_heads, n) = qscale * sum_j q[pool[cols[j]]] * value.
+ * As kv_select_score_rows.
+ */
+cudaError_t eng_score_rows(const float *q, const int *pool, const int *cols, const float *qscale,
+                           const void *rows, const uint16_t *scale, const uint16_t *zero, int ldt,
+                           int bits, int nq_heads, int nkv, int hd, int R, int C, int cs, int cend,
+                           float *score, cudaStream_t s);
+
+/*
+ * Top k of each row of comb (nkv, n), exactly as eng_topk (ties to the
+ * lower index, ids base + i ascending into sel (nkv, k)), with the pass over
+ * the scores spread over many blocks per KV head: a threshold from a
+ * sample, the candidates above it counted and compacted in index order by
+ * segments, then the exact selection among them (the one-block radix
+ * select over all scores when the sample misjudged).  ws: device scratch
+ * of eng_topk_wide_ws(nkv) bytes.
+ */
+size_t eng_topk_wide_ws(int nkv);
+cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
+                          cudaStream_t s);
+
+// --- the resident page index (select=pages; eng_select.cu) ---------------
+
+/*
+ * Quest's page bounds of keys k (nkv, ld, hd) fp16, tokens [0, T), pages
+ * of P tokens: pmin, pmax (nkv, np, hd) fp16, np = ceil(T / P), as
+ * kv_select_page_bounds (the last page may be short).
+ */
+cudaError_t eng_page_bounds(const uint16_t *k, int nkv, int T, int ld, int hd, int P,
+                            uint16_t *pmin, uint16_t *pmax, cudaStream_t s);
+
+/*
+ * Upper-bound scores of pages [p0, p0 + np) of every query head:
+ * score (nq_heads, np) = sum_c max(q_c min_c, q_c max_c) / sqrt(hd), as
+ * kv_select_score_pages.  pmin, pmax: eng_page_bounds' (nkv, ldp, hd).
+ */
+cudaError_t eng_score_pages(const float *q, const uint16_t *pmin, const uint16_t *pmax, int ldp,
+                            int nq_heads, int nkv, int hd, int p0, int np, float *score,
+                            cudaStream_t s);
+
+/* Each candidate token t in [cs, cs + n) takes its page's combined score:
+ * tok (nkv, n) = comb[kh][t / P - p0] of comb (nkv, np), so that eng_topk
+ * on tok takes the best pages first, ties to the lower token, as the CPU's
+ * page order. */
+cudaError_t eng_pages_expand(const float *comb, int nkv, int np, int P, int p0, int cs, int n,
+                             float *tok, cudaStream_t s);
 
 /* Device-to-device and zero-copy read bandwidth probes (bench): read n bytes
  * of src (device or mapped host) with 16-byte loads, write a checksum. */

@@ -750,6 +750,495 @@ extern "C" cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int ba
     return cudaSuccess;
 }
 
+// --- top-K over many blocks per KV head ---------------------------------------------
+
+/*
+ * eng_topk's sample-select with its pass over the scores spread over
+ * TW_SEG blocks per KV head, so that it fits beside the main stream's
+ * kernels (one 1024-thread block per head waits for a whole free SM):
+ *  1. tw_thr: per head, the threshold from a strided sample (block_kth), as
+ *     topk_kernel's step 1 (none when every score fits TOPK_CAP);
+ *  2. tw_count: each segment's scores >= thr;
+ *  3. tw_compact: each segment writes its candidates (key, index) in index
+ *     order at the prefix of the earlier segments' counts;
+ *  4. tw_final: per head, the exact k-th key among the candidates and the
+ *     ordered placement (topk_kernel's step 3), or the radix select over all
+ *     scores when the sample misjudged (fewer than k or more than TOPK_CAP).
+ * Workspace per head: thr, TW_SEG counts, TOPK_CAP keys and indices.
+ */
+#define TW_SEG 32
+#define TW_THREADS 256
+
+typedef struct {
+    uint32_t thr;
+    int cnt[TW_SEG];
+    uint32_t key[TOPK_CAP];
+    int idx[TOPK_CAP];
+} tw_head;
+
+extern "C" size_t eng_topk_wide_ws(int nkv) { return (size_t)nkv * sizeof(tw_head); }
+
+__global__ void __launch_bounds__(TOPK_THREADS) tw_thr_kernel(const float *comb, int n, int k,
+                                                              tw_head *ws)
+{
+    __shared__ uint32_t sk[TOPK_THREADS];
+    __shared__ unsigned hist[256];
+    const int kh = blockIdx.x;
+    const float *x = comb + (size_t)kh * n;
+    uint32_t thr = 0u;
+    if (n > TOPK_CAP) { /* uniform */
+        const size_t stride = (size_t)n / TOPK_THREADS;
+        sk[threadIdx.x] = ord_key(x[(size_t)threadIdx.x * stride]);
+        long r = 2L * k * TOPK_THREADS / n + 8;
+        int n_gt;
+        thr = block_kth(sk, TOPK_THREADS, (int)(r < TOPK_THREADS ? r : TOPK_THREADS), hist, &n_gt);
+    }
+    if (threadIdx.x == 0) ws[kh].thr = thr;
+}
+
+__global__ void __launch_bounds__(TW_THREADS) tw_count_kernel(const float *comb, int n, tw_head *ws)
+{
+    __shared__ int red[TW_THREADS / 32];
+    const int kh = blockIdx.y, sg = blockIdx.x;
+    const int seg = (n + TW_SEG - 1) / TW_SEG, i0 = sg * seg, i1 = min(n, i0 + seg);
+    const float *x = comb + (size_t)kh * n;
+    const uint32_t thr = ws[kh].thr;
+    int c = 0;
+    for (int i = i0 + threadIdx.x; i < i1; i += TW_THREADS) c += ord_key(x[i]) >= thr;
+    c = eng_warp_sum_int(c);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int t = 0;
+        for (int w = 0; w < TW_THREADS / 32; w++) t += red[w];
+        ws[kh].cnt[sg] = t;
+    }
+}
+
+__global__ void __launch_bounds__(TW_THREADS) tw_compact_kernel(const float *comb, int n, int k,
+                                                                tw_head *ws)
+{
+    __shared__ int wt[TW_THREADS / 32], s_at, s_tot;
+    const int kh = blockIdx.y, sg = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int seg = (n + TW_SEG - 1) / TW_SEG, i0 = sg * seg, i1 = min(n, i0 + seg);
+    tw_head *hw = ws + kh;
+    if (threadIdx.x == 0) {
+        int at = 0, tot = 0;
+        for (int b = 0; b < TW_SEG; b++) {
+            if (b < sg) at += hw->cnt[b];
+            tot += hw->cnt[b];
+        }
+        s_at = at;
+        s_tot = tot;
+    }
+    __syncthreads();
+    if (s_tot < k || s_tot > TOPK_CAP) return; /* tw_final takes the radix path */
+    const float *x = comb + (size_t)kh * n;
+    const uint32_t thr = hw->thr;
+    int at = s_at;
+    for (int c0 = i0; c0 < i1; c0 += TW_THREADS) { /* uniform trip count */
+        int i = c0 + threadIdx.x;
+        uint32_t kk = i < i1 ? ord_key(x[i]) : 0u;
+        bool take = i < i1 && kk >= thr;
+        unsigned b = __ballot_sync(0xffffffffu, take);
+        if (lane == 0) wt[w] = __popc(b);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int v = 0; v < TW_THREADS / 32; v++) {
+            before += v < w ? wt[v] : 0;
+            all += wt[v];
+        }
+        if (take) {
+            int slot = at + before + __popc(b & ((1u << lane) - 1u));
+            hw->key[slot] = kk;
+            hw->idx[slot] = i;
+        }
+        at += all;
+        __syncthreads(); /* wt is rewritten by the next chunk */
+    }
+}
+
+__global__ void __launch_bounds__(TOPK_THREADS) tw_final_kernel(const float *comb, int n, int k,
+                                                                int base, int *sel,
+                                                                const tw_head *ws)
+{
+    extern __shared__ uint32_t tk_key[]; /* (TOPK_CAP) keys, then (TOPK_CAP) ids */
+    int *tk_idx = (int *)(tk_key + TOPK_CAP);
+    __shared__ unsigned hist[256];
+    __shared__ int wcnt[TOPK_WARPS], weq[TOPK_WARPS], s_tot[2];
+    const int kh = blockIdx.x;
+    const tw_head *hw = ws + kh;
+    int cnt = 0;
+    for (int b = 0; b < TW_SEG; b++) cnt += hw->cnt[b];
+    if (cnt < k || cnt > TOPK_CAP) { /* the sample misjudged: exact radix select */
+        topk_radix(comb, n, k, base, sel);
+        return;
+    }
+    int *out = sel + (size_t)kh * k;
+    for (int i = threadIdx.x; i < cnt; i += TOPK_THREADS) {
+        tk_key[i] = hw->key[i];
+        tk_idx[i] = hw->idx[i];
+    }
+    __syncthreads();
+    int n_gt;
+    const uint32_t kth = block_kth(tk_key, cnt, k, hist, &n_gt);
+    const int need_eq = k - n_gt;
+    int out_base = 0, eq_base = 0;
+    for (int i0 = 0; i0 < cnt; i0 += TOPK_THREADS) { /* uniform */
+        int i = i0 + threadIdx.x;
+        uint32_t kk = i < cnt ? tk_key[i] : 0u;
+        bool gt = i < cnt && kk > kth, eq = i < cnt && kk == kth;
+        place_ordered(gt, eq, i < cnt ? base + tk_idx[i] : 0, need_eq, k, out, wcnt, weq, s_tot,
+                      out_base, eq_base);
+    }
+}
+
+extern "C" cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, int *sel,
+                                     void *ws, cudaStream_t s)
+{
+    if (k <= 0) return cudaSuccess;
+    KV_CHECK_ARGS(k <= n && ws != NULL);
+    if (k > TOPK_CAP / 2) return eng_topk(comb, nkv, n, k, base, sel, s);
+    tw_head *hw = (tw_head *)ws;
+    size_t smem = (size_t)2 * TOPK_CAP * sizeof(uint32_t);
+    static int attr_set = -1; /* per process; the engine uses one device */
+    if (attr_set < 0) {
+        CUDA_CHECK(cudaFuncSetAttribute(tw_final_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr_set = 1;
+    }
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, tw_thr_kernel, dim3(nkv), dim3(TOPK_THREADS), 0, s, comb, n, k,
+                         hw));
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, tw_count_kernel, dim3(TW_SEG, nkv), dim3(TW_THREADS), 0, s,
+                         comb, n, hw));
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, tw_compact_kernel, dim3(TW_SEG, nkv), dim3(TW_THREADS), 0, s,
+                         comb, n, k, hw));
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, tw_final_kernel, dim3(nkv), dim3(TOPK_THREADS), smem, s, comb,
+                         n, k, base, sel, (const tw_head *)hw));
+    return cudaSuccess;
+}
+
+// --- the resident channel index (select=resident) ------------------------------------
+
+#define RB_GROUP 64 /* KV_SELECT_CGROUP */
+
+/* One block per (group of 64 tokens, pool channel, KV head), one thread per
+ * token: min and max of the group, fp16 scale and zero, the codes packed. */
+__global__ void __launch_bounds__(RB_GROUP) rows_build_kernel(const __half *k, int T, int ld, int hd,
+                                                              const int *pool, int R, int bits,
+                                                              void *rows, uint16_t *scale,
+                                                              uint16_t *zero, int ldt)
+{
+    __shared__ float smn[2], smx[2];
+    __shared__ uint8_t sc[RB_GROUP];
+    const int gi = blockIdx.x, j = blockIdx.y, h = blockIdx.z, t0 = gi * RB_GROUP;
+    const int t = t0 + threadIdx.x, ch = pool[h * R + j];
+    const bool valid = t < T;
+    const float x = valid ? __half2float(k[((size_t)h * ld + t) * hd + ch]) : 0.0f;
+    const size_t row = (size_t)h * R + j;
+    if (bits >= 16) {
+        if (t < ldt) ((uint16_t *)rows)[row * ldt + t] = valid ? __half_as_ushort(__float2half_rn(x)) : 0;
+        return;
+    }
+    float mn = valid ? x : INFINITY, mx = valid ? x : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        smn[threadIdx.x >> 5] = mn;
+        smx[threadIdx.x >> 5] = mx;
+    }
+    __syncthreads();
+    mn = fminf(smn[0], smn[1]);
+    mx = fmaxf(smx[0], smx[1]);
+    const float maxq = (float)((1 << bits) - 1);
+    const __half hs = __float2half_rn(__fdiv_rn(__fsub_rn(mx, mn), maxq)), hz = __float2half_rn(mn);
+    const float s = __half2float(hs), z = __half2float(hz);
+    const float sd = (s > 0.0f && s < INFINITY) ? s : INFINITY;
+    if (threadIdx.x == 0) {
+        scale[row * (ldt / RB_GROUP) + gi] = __half_as_ushort(hs);
+        zero[row * (ldt / RB_GROUP) + gi] = __half_as_ushort(hz);
+    }
+    float v = rintf(__fdiv_rn(__fsub_rn(x, z), sd));
+    v = v > 0.0f ? v : 0.0f;
+    v = v < maxq ? v : maxq;
+    sc[threadIdx.x] = valid ? (uint8_t)(int)v : 0;
+    __syncthreads();
+    const int per = 8 / bits, nbytes = RB_GROUP * bits / 8;
+    if (threadIdx.x < nbytes) {
+        unsigned b = 0;
+        for (int i = 0; i < per; i++) b |= (unsigned)sc[threadIdx.x * per + i] << (i * bits);
+        ((uint8_t *)rows)[row * ((size_t)ldt * bits / 8) + (size_t)t0 * bits / 8 + threadIdx.x] = (uint8_t)b;
+    }
+}
+
+extern "C" cudaError_t eng_rows_build(const uint16_t *k, int nkv, int T, int ld, int hd,
+                                      const int *pool, int R, int bits, void *rows,
+                                      uint16_t *scale, uint16_t *zero, int ldt, cudaStream_t s)
+{
+    KV_CHECK_ARGS((bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16) && ldt % RB_GROUP == 0 &&
+                  ldt >= T && R >= 1 && (bits == 16 || (scale && zero)));
+    if (T <= 0) return cudaSuccess;
+    dim3 grid((unsigned)(ldt / RB_GROUP), (unsigned)R, (unsigned)nkv);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, rows_build_kernel, grid, dim3(RB_GROUP), 0, s,
+                         (const __half *)k, T, ld, hd, pool, R, bits, rows, scale, zero, ldt));
+    return cudaSuccess;
+}
+
+/* One block per KV head: pool channel scores, the top C by rank (ties to
+ * the lower position), then the SparQ scale per query head. */
+__global__ void select_pool_kernel(const float *q, const float *chmax, const int *pool, int g,
+                                   int hd, int R, int C, int *cols, float *qscale)
+{
+    extern __shared__ float ps[]; /* (R) pool channel scores */
+    __shared__ float red[32];
+    __shared__ int scol[1024];
+    const int kh = blockIdx.x;
+    const float *qg = q + (size_t)kh * g * hd;
+    const int *pl = pool + (size_t)kh * R;
+    for (int j = threadIdx.x; j < R; j += blockDim.x) {
+        float a = 0.0f;
+        for (int h = 0; h < g; h++) a += fabsf(qg[(size_t)h * hd + pl[j]]);
+        float v = a * chmax[(size_t)kh * hd + pl[j]];
+        ps[j] = isnan(v) ? -INFINITY : v;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < R; j += blockDim.x) {
+        float sj = ps[j];
+        int rank = 0;
+        for (int i = 0; i < R; i++) rank += ps[i] > sj || (ps[i] == sj && i < j);
+        if (rank < C) {
+            int pos = 0; /* ascending position among the chosen */
+            for (int i = 0; i < j; i++) {
+                float si = ps[i];
+                int ri = 0;
+                for (int m = 0; m < R; m++) ri += ps[m] > si || (ps[m] == si && m < i);
+                pos += ri < C;
+            }
+            cols[kh * C + pos] = j;
+            scol[pos] = pl[j];
+        }
+    }
+    __syncthreads();
+    for (int h = 0; h < g; h++) {
+        const float *qh = qg + (size_t)h * hd;
+        float all = 0.0f, part = 0.0f;
+        for (int c = threadIdx.x; c < hd; c += blockDim.x) all += fabsf(qh[c]);
+        for (int j = threadIdx.x; j < C; j += blockDim.x) part += fabsf(qh[scol[j]]);
+        all = eng_block_sum(all, red);
+        part = eng_block_sum(part, red);
+        if (threadIdx.x == 0) {
+            float temp = all <= 0.0f ? (float)hd : (float)hd * part / all;
+            qscale[kh * g + h] = temp > 0.0f ? 1.0f / sqrtf(temp) : 0.0f;
+        }
+    }
+}
+
+extern "C" cudaError_t eng_select_pool(const float *q, const float *chmax, const int *pool,
+                                       int nq_heads, int nkv, int hd, int R, int C, int *cols,
+                                       float *qscale, cudaStream_t s)
+{
+    KV_CHECK_ARGS(C >= 1 && C <= R && R <= hd && R <= 1024 && nq_heads % nkv == 0);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, select_pool_kernel, dim3(nkv), dim3(128),
+                         (size_t)R * sizeof(float), s, q, chmax, pool, nq_heads / nkv, hd, R, C, cols,
+                         qscale));
+    return cudaSuccess;
+}
+
+/* Each thread scores 8 consecutive tokens (from the 8-aligned base below
+ * cs): per chosen row one load of their 8 values (16 bytes in fp16, bits
+ * bytes in codes), decoded as zero + scale * code. */
+template <int BITS>
+__global__ void score_rows_kernel(const float *q, const int *pool, const int *cols,
+                                  const float *qscale, const uint8_t *rows, const uint16_t *scale,
+                                  const uint16_t *zero, int ldt, int g, int hd, int R, int C, int cs,
+                                  int cend, float *score)
+{
+    extern __shared__ float qc[]; /* (g, C) q_c * qscale, then (C) row offsets as ints */
+    int *rj = (int *)(qc + (size_t)g * C);
+    const int kh = blockIdx.y, n = cend - cs, base = cs & ~7;
+    for (int i = threadIdx.x; i < g * C; i += blockDim.x) {
+        int h = i / C, j = i % C, qh = kh * g + h;
+        qc[i] = q[(size_t)qh * hd + pool[kh * R + cols[kh * C + j]]] * qscale[qh];
+    }
+    for (int j = threadIdx.x; j < C; j += blockDim.x) rj[j] = kh * R + cols[kh * C + j];
+    __syncthreads();
+    const int t8 = base + 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (t8 >= cend) return;
+    float acc[SEL_MAXG][8];
+#pragma unroll
+    for (int h = 0; h < SEL_MAXG; h++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
+    for (int j = 0; j < C; j++) {
+        const size_t row = (size_t)rj[j];
+        float f[8];
+        if (BITS == 16) {
+            uint4 u = *(const uint4 *)(rows + (row * ldt + t8) * 2);
+            eng_f16::unpack8(u, f);
+        } else {
+            const size_t gi = row * (ldt / RB_GROUP) + t8 / RB_GROUP;
+            const float sc = __half2float(__ushort_as_half(scale[gi]));
+            const float z = __half2float(__ushort_as_half(zero[gi]));
+            const uint8_t *r = rows + row * ((size_t)ldt * BITS / 8) + (size_t)t8 * BITS / 8;
+            uint64_t w = 0; /* the 8 codes, 8*BITS bits */
+#pragma unroll
+            for (int b = 0; b < BITS; b++) w |= (uint64_t)r[b] << (8 * b);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                unsigned code = (unsigned)(w >> (i * BITS)) & ((1u << BITS) - 1u);
+                f[i] = __fadd_rn(z, __fmul_rn(sc, (float)code));
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < SEL_MAXG; h++)
+            if (h < g) {
+                float wq = qc[h * C + j];
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[h][i] += wq * f[i];
+            }
+    }
+#pragma unroll
+    for (int h = 0; h < SEL_MAXG; h++)
+        if (h < g)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int t = t8 + i;
+                if (t >= cs && t < cend) score[(size_t)(kh * g + h) * n + (t - cs)] = acc[h][i];
+            }
+}
+
+extern "C" cudaError_t eng_score_rows(const float *q, const int *pool, const int *cols,
+                                      const float *qscale, const void *rows, const uint16_t *scale,
+                                      const uint16_t *zero, int ldt, int bits, int nq_heads, int nkv,
+                                      int hd, int R, int C, int cs, int cend, float *score,
+                                      cudaStream_t s)
+{
+    KV_CHECK_ARGS(nq_heads / nkv <= SEL_MAXG && ldt % RB_GROUP == 0 && cend <= ldt && C <= R &&
+                  (bits == 16 || (scale && zero)));
+    if (cend <= cs) return cudaSuccess;
+    const int g = nq_heads / nkv, base = cs & ~7, threads8 = (cend - base + 7) / 8;
+    dim3 grid((unsigned)((threads8 + 127) / 128), (unsigned)nkv);
+    size_t smem = ((size_t)g * C + C) * sizeof(float);
+    const uint8_t *r = (const uint8_t *)rows;
+#define SR(B)                                                                                       \
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, score_rows_kernel<B>, grid, dim3(128), smem, s, q, pool, cols, \
+                         qscale, r, scale, zero, ldt, g, hd, R, C, cs, cend, score))
+    switch (bits) {
+    case 16: SR(16); break;
+    case 8: SR(8); break;
+    case 4: SR(4); break;
+    case 2: SR(2); break;
+    case 1: SR(1); break;
+    default: KV_CHECK_ARGS(!"bits");
+    }
+#undef SR
+    return cudaSuccess;
+}
+
+// --- the page index (select=pages) ---------------------------------------------------
+
+/* One block per (page, KV head), a thread per channel: min and max over
+ * the page's tokens, exact in fp16. */
+__global__ void page_bounds_kernel(const __half *k, int T, int ld, int hd, int P, int np,
+                                   uint16_t *pmin, uint16_t *pmax)
+{
+    const int p = blockIdx.x, h = blockIdx.y, t0 = p * P, t1 = min(T, t0 + P);
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        float mn = __half2float(k[((size_t)h * ld + t0) * hd + c]), mx = mn;
+        for (int t = t0 + 1; t < t1; t++) {
+            float v = __half2float(k[((size_t)h * ld + t) * hd + c]);
+            mn = fminf(mn, v);
+            mx = fmaxf(mx, v);
+        }
+        size_t o = ((size_t)h * np + p) * hd + c;
+        pmin[o] = __half_as_ushort(__float2half_rn(mn));
+        pmax[o] = __half_as_ushort(__float2half_rn(mx));
+    }
+}
+
+extern "C" cudaError_t eng_page_bounds(const uint16_t *k, int nkv, int T, int ld, int hd, int P,
+                                       uint16_t *pmin, uint16_t *pmax, cudaStream_t s)
+{
+    KV_CHECK_ARGS(P >= 1 && hd >= 1);
+    if (T <= 0) return cudaSuccess;
+    const int np = (T + P - 1) / P;
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, page_bounds_kernel, dim3((unsigned)np, (unsigned)nkv),
+                         dim3(hd < 256 ? hd : 256), 0, s, (const __half *)k, T, ld, hd, P, np, pmin,
+                         pmax));
+    return cudaSuccess;
+}
+
+/* A warp per page of one KV head (8 pages a block), lanes over channels,
+ * every query head of the group at once. */
+__global__ void __launch_bounds__(256) score_pages_kernel(const float *q, const __half *pmin,
+                                                          const __half *pmax, int ldp, int g,
+                                                          int hd, int p0, int np, float *score)
+{
+    extern __shared__ float qs[]; /* (g, hd) */
+    const int kh = blockIdx.y, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < g * hd; i += blockDim.x) qs[i] = q[(size_t)kh * g * hd + i];
+    __syncthreads();
+    const int pi = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (pi >= np) return;
+    const size_t row = ((size_t)kh * ldp + (size_t)(p0 + pi)) * hd;
+    float acc[SEL_MAXG];
+#pragma unroll
+    for (int h = 0; h < SEL_MAXG; h++) acc[h] = 0.0f;
+    for (int c = lane; c < hd; c += 32) {
+        const float mn = __half2float(pmin[row + c]), mx = __half2float(pmax[row + c]);
+#pragma unroll
+        for (int h = 0; h < SEL_MAXG; h++)
+            if (h < g) {
+                float qc = qs[h * hd + c];
+                acc[h] += fmaxf(qc * mn, qc * mx);
+            }
+    }
+    const float sc = rsqrtf((float)hd);
+#pragma unroll
+    for (int h = 0; h < SEL_MAXG; h++)
+        if (h < g) {
+            float v = acc[h];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) score[(size_t)(kh * g + h) * np + pi] = v * sc;
+        }
+}
+
+extern "C" cudaError_t eng_score_pages(const float *q, const uint16_t *pmin, const uint16_t *pmax,
+                                       int ldp, int nq_heads, int nkv, int hd, int p0, int np,
+                                       float *score, cudaStream_t s)
+{
+    KV_CHECK_ARGS(nq_heads % nkv == 0 && nq_heads / nkv <= SEL_MAXG && p0 >= 0 && p0 + np <= ldp);
+    if (np <= 0) return cudaSuccess;
+    const int g = nq_heads / nkv;
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, score_pages_kernel, dim3((unsigned)((np + 7) / 8), (unsigned)nkv),
+                         dim3(256), (size_t)g * hd * sizeof(float), s, q, (const __half *)pmin,
+                         (const __half *)pmax, ldp, g, hd, p0, np, score));
+    return cudaSuccess;
+}
+
+__global__ void pages_expand_kernel(const float *comb, int np, int P, int p0, int cs, int n,
+                                    float *tok)
+{
+    const int kh = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        tok[(size_t)kh * n + i] = comb[(size_t)kh * np + (cs + i) / P - p0];
+}
+
+extern "C" cudaError_t eng_pages_expand(const float *comb, int nkv, int np, int P, int p0, int cs,
+                                        int n, float *tok, cudaStream_t s)
+{
+    KV_CHECK_ARGS(P >= 1 && cs / P >= p0 && (n <= 0 || (cs + n - 1) / P - p0 < np));
+    if (n <= 0) return cudaSuccess;
+    unsigned bx = (unsigned)((n + 255) / 256);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, pages_expand_kernel, dim3(bx < 64 ? bx : 64, (unsigned)nkv),
+                         dim3(256), 0, s, comb, np, P, p0, cs, n, tok));
+    return cudaSuccess;
+}
+
 // --- gather of selected rows (zero-copy) -------------------------------------------
 
 /* A warp copies GATHER_ROWS rows of one head: a selected token's K and V,

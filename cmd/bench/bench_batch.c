@@ -48,10 +48,10 @@ void bench_batch_check(const bench_batch *b)
 
 int bench_batch_precheck(const bench_batch *b)
 {
+    /* the syntax only: the layer ranges wait for the model's layer count */
     for (int i = 0; i < b->npol; i++) {
-        kv_policy_params tmp[1];
         kv_status st;
-        if (!b->pol[i].profile && (st = kv_policy_parse(b->pol[i].arg, 1, tmp)))
+        if (!b->pol[i].profile && (st = kv_policy_spec_check(b->pol[i].arg)))
             return kv_report(st, "--policy %s", b->pol[i].arg);
     }
     return 0;

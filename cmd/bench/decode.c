@@ -38,7 +38,7 @@ static const kv_option opts[] = {
     {O_WARMUP, 0, "warmup", "N", "untimed tokens first (default 4)"},
     {O_OFFTOK, 0, "offload-tokens", "N", "timed tokens for offload, which is slow (default 16)"},
     {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse fetching off (default 16)"},
-    {O_POLICIES, 0, "policies", "LIST", "of full,quant,hybrid,hybrid-sketch,offload (default all)"},
+    {O_POLICIES, 0, "policies", "LIST", "of full,quant,hybrid,hybrid-sketch,offload,hybrid-resident,hybrid-pages (default all)"},
     {O_QBITS, 0, "quant-bits", "B", "bits of quantized layers, 1 or 2 (default 2)"},
     {O_QLAYERS, 0, "quant-layers", "N", "hybrid: the first N layers quantized (default 2)"},
     {O_TOPK, 0, "topk", "K", "hybrid: tokens fetched per step and KV head (default 1024)"},
@@ -90,7 +90,8 @@ int kv_bench_decode_main(int argc, char **argv)
     int cmode = CTX_SYNTH;
     bool pf_sync = false;
     unsigned long long seed = 1;
-    bool want[KV_DEC_COUNT] = {true, true, true, true, true}, json = false;
+    bool want[KV_DEC_COUNT], json = false;
+    for (int p = 0; p < KV_DEC_COUNT; p++) want[p] = true;
     const char *a;
     int oi;
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -198,12 +199,12 @@ int kv_bench_decode_main(int argc, char **argv)
             kv_gpu_engine_opts_default(&o);
             o.device = device;
             st = kv_decode_layers_fill((kv_decode_placement)p, &bc, L, pp);
-            o.profile = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH || p == KV_DEC_OFFLOAD;
+            o.profile = kv_decode_is_hybrid(p) || p == KV_DEC_OFFLOAD;
             o.pdl = pdl;
             o.sel_skip = sel_skip;
             o.prefill_copy_sync = pf_sync;
             const int ntok = p == KV_DEC_OFFLOAD ? offtok : tokens;
-            const int nnf = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH ? nofetch : 0;
+            const int nnf = kv_decode_is_hybrid(p) ? nofetch : 0;
             if (!st)
                 st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, cmode == CTX_PREFILL,
                                          warmup, ntok, nnf, &r->r);
@@ -310,9 +311,9 @@ int kv_bench_decode_main(int argc, char **argv)
             printf("\n    }}%s\n", ci + 1 < nctx ? "," : "");
         }
         printf("  ],\n  \"targets_at_T\": %d,\n  \"targets\": {\n", ctx[nctx - 1]);
-        const prun *hy[2] = {H, S};
-        const char *hn[2] = {"hybrid", "hybrid_sketch"};
-        for (int i = 0; i < 2; i++) {
+        const prun *hy[4] = {H, S, &last[KV_DEC_RESIDENT], &last[KV_DEC_PAGES]};
+        const char *hn[4] = {"hybrid", "hybrid_sketch", "hybrid_resident", "hybrid_pages"};
+        for (int i = 0; i < 4; i++) {
             const prun *h = hy[i];
             if (!h->ran) continue;
             if (O->ran)

@@ -17,13 +17,14 @@
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
 #include "model/kv_tokenizer.h"
+#include "policy/kv_deploy.h"
 
 int kv_bench_fidelity_main(int argc, char **argv);
 
 /* getopt returns the short letter for a short option: ids of options with
  * one are that letter */
 enum { O_MODEL = 'm', O_TOK = 't', O_POLICY = 'p', O_TEXT = 256, O_TOKENS, O_PREFIX,
-       O_MAXTOK, O_REF, O_PERPOS, O_JSON, O_THREADS, O_DEVICE };
+       O_MAXTOK, O_REF, O_PERPOS, O_JSON, O_THREADS, O_DEVICE, O_PROFILE };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
@@ -33,6 +34,7 @@ static const kv_option opts[] = {
     {O_TOKENS, 0, "tokens", "FILE|-", "token ids instead of text (whitespace or JSON array)"},
     {O_POLICY, 'P', "policy", "SPEC", "policy spec to compare with the reference, repeatable"},
     {O_POLICY, 'p', NULL, "SPEC", NULL}, /* deprecated: -p is --prompt elsewhere */
+    {O_PROFILE, 0, "profile", "FILE", "per-layer policies from a kv-profile JSON, repeatable"},
     {O_REF, 0, "reference", "SPEC", "reference policy (default: full; f32 on the CPU, fp16 on the GPU)"},
     {O_PREFIX, 0, "prefix", "N", "tokens prefilled densely (default: half of the sequence)"},
     {O_MAXTOK, 0, "max-tokens", "N", "use the first N tokens (default: the model's context)"},
@@ -44,7 +46,8 @@ static const kv_option opts[] = {
 };
 
 static const kv_cli_spec spec = {
-    "kv-bench fidelity", "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) -P SPEC...",
+    "kv-bench fidelity",
+    "--model FILE [--tokenizer FILE] (--text FILE | --tokens FILE) (-P SPEC | --profile FILE)...",
     "KL divergence, top-1 agreement and perplexity of KV policies against full.", opts,
     "KL(reference || policy) in nats per position, over the positions predicted by\n"
     "decode steps after the prefix.  On the GPU (--device cuda) the reference and\n"
@@ -55,6 +58,8 @@ int kv_bench_fidelity_main(int argc, char **argv)
     kv_cli_init(&spec, argc, argv);
     const char *model = NULL, *tokp = NULL, *text = NULL, *tokfile = NULL, *refspec = NULL, *a;
     const char *pols[64];
+    bool prof[64];
+    char *labels[64] = {0};
     int npol = 0, maxtok = 0, oi;
     bool json = false, per_pos = false;
     kv_compare_opts co;
@@ -66,7 +71,9 @@ int kv_bench_fidelity_main(int argc, char **argv)
         case O_TEXT: text = a; break;
         case O_TOKENS: tokfile = a; break;
         case O_POLICY:
+        case O_PROFILE:
             if (npol == 64) kv_cli_usage_error("at most 64 policies");
+            prof[npol] = c == O_PROFILE;
             pols[npol++] = a;
             break;
         case O_REF: refspec = a; break;
@@ -83,7 +90,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
     if (oi < argc) kv_cli_usage_error("unexpected operand '%s'", argv[oi]);
     if (!model) kv_cli_usage_error("--model is required");
     if (!text == !tokfile) kv_cli_usage_error("give one of --text and --tokens");
-    if (npol == 0) kv_cli_usage_error("give at least one --policy");
+    if (npol == 0) kv_cli_usage_error("give at least one --policy or --profile");
 
     int rc = KV_EXIT_OK;
     kv_model *m = NULL;
@@ -95,10 +102,9 @@ int kv_bench_fidelity_main(int argc, char **argv)
     const kv_policy_params **pp = NULL;
     kv_compare_result *res = NULL;
     kv_status st;
-    for (int i = 0; i <= npol; i++) { /* check specs before any loading */
-        kv_policy_params tmp[1];
+    for (int i = 0; i <= npol; i++) { /* check specs before any loading (ranges: later) */
         const char *s = i < npol ? pols[i] : refspec;
-        if (s && (st = kv_policy_parse(s, 1, tmp))) {
+        if (s && !(i < npol && prof[i]) && (st = kv_policy_spec_check(s))) {
             rc = kv_report(st, "policy %s", s);
             goto out;
         }
@@ -140,9 +146,18 @@ int kv_bench_fidelity_main(int argc, char **argv)
     }
     for (int i = 0; i < npol; i++) {
         pp[i] = all + (size_t)i * (size_t)L;
-        if ((st = kv_policy_parse(pols[i], L, all + (size_t)i * (size_t)L))) {
-            rc = kv_report(st, "--policy %s", pols[i]);
+        st = prof[i] ? kv_deploy_load(pols[i], L, all + (size_t)i * (size_t)L)
+                     : kv_policy_parse(pols[i], L, all + (size_t)i * (size_t)L);
+        if (st) {
+            rc = kv_report(st, prof[i] ? "--profile %s" : "--policy %s", pols[i]);
             goto out;
+        }
+        if (prof[i]) { /* reported as "profile:FILE", as kv-bench ruler does */
+            size_t l = strlen(pols[i]) + 9;
+            if ((labels[i] = malloc(l))) {
+                snprintf(labels[i], l, "profile:%s", pols[i]);
+                pols[i] = labels[i];
+            }
         }
     }
     if ((st = kv_compare_run_many(m, ids, n, refspec ? ref : NULL, pp, npol, &co, res))) {
@@ -156,6 +171,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
                                refspec ? refspec : "full", pols, res, npol, L, per_pos)))
         rc = kv_report(st, "stdout");
 out:
+    for (int i = 0; i < npol; i++) free(labels[i]);
     for (int i = 0; res && i < npol; i++) kv_compare_result_clear(&res[i]);
     free(res);
     free(pp);

@@ -32,7 +32,7 @@ static const kv_option opts[] = {
     BENCH_BATCH_OPTIONS,
     {O_MAXLENGTH, 0, "max-length", "N", "cut prompts over N tokens in the middle (default: context - max gen)"},
     {O_MAXGEN, 0, "max-gen", "N", "generate at most N tokens per sample whatever maxlen says"},
-    {O_CHAT, 0, "chat", "TEMPLATE", "wrap prompts, e.g. '[INST]{prompt}[/INST]' (not few-shot/code sets)"},
+    {O_CHAT, 0, "chat", "TEMPLATE", "wrap prompts: llama3, chatml, auto or a text like '[INST]{prompt}[/INST]' (not few-shot/code sets)"},
     {O_MODE, 0, "mode", "MODE", "question (context dense, the rest decoded; default) or prefill"},
     {O_LIMIT, 0, "limit", "N", "the first N samples of each file"},
     {O_E, 0, "e", NULL, "score every file as LongBench-E (length bins); *_e.jsonl always are"},
@@ -66,7 +66,7 @@ int kv_bench_longbench_main(int argc, char **argv)
     kv_device dev = KV_DEVICE_CPU;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
-    kv_lb_opts lo = {0, 0, NULL, KV_NIAH_QUESTION, 0, 1, 1, false};
+    kv_lb_opts lo = {0, 0, {KV_CHAT_NONE, NULL}, KV_NIAH_QUESTION, 0, 1, 1, false};
     bench_batch bb;
     bench_batch_init(&bb);
     int oi;
@@ -80,8 +80,8 @@ int kv_bench_longbench_main(int argc, char **argv)
         case O_MAXLENGTH: lo.max_length = (int)kv_cli_long("--max-length", a, 2, 1 << 30); break;
         case O_MAXGEN: lo.max_gen = (int)kv_cli_long("--max-gen", a, 1, 65536); break;
         case O_CHAT:
-            if (!strstr(a, "{prompt}")) kv_cli_usage_error("--chat needs \"{prompt}\" in its template");
-            lo.chat = a;
+            if (kv_chat_parse(a, &lo.chat))
+                kv_cli_usage_error("--chat must be llama3, chatml, auto, none or a template holding \"{prompt}\"");
             break;
         case O_MODE:
             if (!strcmp(a, "question")) lo.mode = KV_NIAH_QUESTION;
@@ -174,6 +174,10 @@ int kv_bench_longbench_main(int argc, char **argv)
     }
     if ((st = kv_compare_open_model(model, tokp, &m, &tok))) {
         rc = kv_report(st, "%s", model);
+        goto out;
+    }
+    if ((st = kv_chat_resolve(&lo.chat, tok, m->cfg.arch))) {
+        rc = kv_report(st, "--chat auto");
         goto out;
     }
     if ((rc = bench_batch_policies(&bb, m->cfg.n_layers, sketch, &pols, &prm, &np))) goto out;

@@ -1,17 +1,30 @@
 /*
- * kv_dtype: names and sizes of the element types (kv_dtype.h).
+ * kv_dtype: names and sizes of the element types (kv_dtype.h).  The block
+ * types take their names and block sizes from ggml's table (kv_ggml.c), so
+ * the two spellings cannot drift apart.
  */
 #include "common/kv_dtype.h"
 
 #include <string.h>
 
+#include "common/kv_ggml.h"
+
+#define NO_GGML UINT32_MAX
+
 static const struct {
     const char *name;
-    size_t size;
+    size_t size;   /* bytes of one element; 0 for a block type */
+    uint32_t ggml; /* ggml type number of a weight type, else NO_GGML */
 } dtype_table[KV_DT_ALL] = {
-    [KV_DT_F32] = {"F32", 4}, [KV_DT_F16] = {"F16", 2}, [KV_DT_BF16] = {"BF16", 2},
-    [KV_DT_I32] = {"I32", 4}, [KV_DT_U8] = {"U8", 1},   [KV_DT_I8] = {"I8", 1},
-    [KV_DT_I64] = {"I64", 8}, [KV_DT_U32] = {"U32", 4}, [KV_DT_Q8_0] = {"Q8_0", 0},
+    [KV_DT_F32] = {"F32", 4, KV_GGML_F32},    [KV_DT_F16] = {"F16", 2, KV_GGML_F16},
+    [KV_DT_BF16] = {"BF16", 2, KV_GGML_BF16}, [KV_DT_I32] = {"I32", 4, NO_GGML},
+    [KV_DT_U8] = {"U8", 1, NO_GGML},          [KV_DT_I8] = {"I8", 1, NO_GGML},
+    [KV_DT_I64] = {"I64", 8, NO_GGML},        [KV_DT_U32] = {"U32", 4, NO_GGML},
+    [KV_DT_Q8_0] = {"Q8_0", 0, KV_GGML_Q8_0}, [KV_DT_Q4_0] = {"Q4_0", 0, KV_GGML_Q4_0},
+    [KV_DT_Q4_1] = {"Q4_1", 0, KV_GGML_Q4_1}, [KV_DT_Q5_0] = {"Q5_0", 0, KV_GGML_Q5_0},
+    [KV_DT_Q5_1] = {"Q5_1", 0, KV_GGML_Q5_1}, [KV_DT_Q2_K] = {"Q2_K", 0, KV_GGML_Q2_K},
+    [KV_DT_Q3_K] = {"Q3_K", 0, KV_GGML_Q3_K}, [KV_DT_Q4_K] = {"Q4_K", 0, KV_GGML_Q4_K},
+    [KV_DT_Q5_K] = {"Q5_K", 0, KV_GGML_Q5_K}, [KV_DT_Q6_K] = {"Q6_K", 0, KV_GGML_Q6_K},
 };
 
 size_t kv_dtype_size(kv_dtype dt)
@@ -37,8 +50,31 @@ kv_status kv_dtype_parse(const char *s, kv_dtype *out)
 
 size_t kv_dtype_row_bytes(kv_dtype dt, int64_t cols)
 {
-    if (dt == KV_DT_Q8_0) return (size_t)(cols / KV_Q8_0_BLOCK) * KV_Q8_0_BYTES;
-    return (size_t)cols * kv_dtype_size(dt);
+    if (!kv_dtype_is_block(dt)) return (size_t)cols * kv_dtype_size(dt);
+    const kv_ggml_type_info *i = kv_ggml_type_info_of(dtype_table[dt].ggml);
+    return (size_t)(cols / i->block) * (size_t)i->bytes;
+}
+
+bool kv_dtype_is_block(kv_dtype dt)
+{
+    return dt >= KV_DT_Q8_0 && dt < KV_DT_ALL;
+}
+
+int kv_dtype_block(kv_dtype dt)
+{
+    return kv_dtype_is_block(dt) ? kv_ggml_type_info_of(dtype_table[dt].ggml)->block : 1;
+}
+
+uint32_t kv_dtype_ggml(kv_dtype dt)
+{
+    return (unsigned)dt < KV_DT_ALL ? dtype_table[dt].ggml : NO_GGML;
+}
+
+kv_dtype kv_dtype_from_ggml(uint32_t ggml_type)
+{
+    for (int t = 0; t < KV_DT_ALL; t++)
+        if (dtype_table[t].ggml == ggml_type) return (kv_dtype)t;
+    return KV_DT_AUTO;
 }
 
 const char *kv_float_dtype_name(kv_dtype d)

@@ -125,8 +125,12 @@ static_assert(sizeof(uint16_t) == 2, "fp16 scale/zero are 2 bytes");
  *     sscale F16 [kv_heads, nw, head_dim] = fp16(max|x| / 127),
  *     code = clamp(rint(x / s), -127, 127) (0 when s == 0), x' = s * code;
  *   - keys only: base F16 [kv_heads, nw, head_dim] = fp16 of the mean, per
- *     channel, of the window's salient keys (of all W keys when S == 0);
- *     the other keys are stored as deltas d = x - base;
+ *     channel, of a set of the window's keys chosen by the writer
+ *     (kv_dsq_params.base): the salient keys, as KVO-LLM specifies
+ *     (KV_DSQ_BASE_SALIENT), or the non-salient keys, the ones stored as
+ *     deltas (KV_DSQ_BASE_REST); all W keys when that set is empty.  The
+ *     other keys are stored as deltas d = x - base; a reader needs only the
+ *     stored base, whichever set it came from;
  *   - codes:  U8 [kv_heads, nw, W - S, head_dim*b/8], the non-salient rows in
  *     token order (key deltas, or values), b-bit asymmetric per token over
  *     groups of Gd channels exactly as KIVI values:
@@ -136,17 +140,22 @@ static_assert(sizeof(uint16_t) == 2, "fp16 scale/zero are 2 bytes");
  * Subtracting the per-channel base removes the channel outliers of keys, so
  * that per-token groups see a small range.
  */
+/* Which keys a window's key base is the mean of (see above). */
+typedef enum { KV_DSQ_BASE_SALIENT = 0, KV_DSQ_BASE_REST = 1 } kv_dsq_base;
+
 typedef struct {
     int window;   /* W tokens per window, a multiple of 8 */
     int salient;  /* S salient tokens per window, 0..W */
     int bits;     /* b: 1, 2 or 4 for non-salient tokens */
     int group;    /* channels per non-salient group (clipped to head_dim) */
+    int base;     /* kv_dsq_base: the keys the base is the mean of (writers only) */
 } kv_dsq_params;
 
 #define KV_DSQ_DEFAULT_WINDOW 64
 #define KV_DSQ_DEFAULT_SALIENT_FRAC 0.2
 #define KV_DSQ_DEFAULT_BITS 2
 #define KV_DSQ_DEFAULT_GROUP 32
+#define KV_DSQ_DEFAULT_BASE KV_DSQ_BASE_REST /* docs/BENCHMARKS.md, 2026-12-01 */
 
 static inline KV_HD int kv_dsq_nwindows(int T, int window) { return T / window; }
 

@@ -80,3 +80,12 @@ kv_status kv_tokens_parse(const char *text, size_t len, int **ids, int *n_out)
     *n_out = n;
     return KV_OK;
 }
+
+kv_status kv_tokens_json(const int *ids, int n, char **json)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    *json = a ? cJSON_PrintUnformatted(a) : NULL;
+    cJSON_Delete(a);
+    return *json ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory for %d token ids", n);
+}

@@ -14,5 +14,8 @@
 /* Token ids from text: whitespace-separated integers or a JSON array of
  * non-negative integers.  *ids malloc'd; a bad list is KV_E_DATA. */
 kv_status kv_tokens_parse(const char *text, size_t len, int **ids, int *n);
+/* The inverse: ids (n) as one JSON array on one line ("[1,2,3]"), which
+ * kv_tokens_parse reads back.  *json malloc'd. */
+kv_status kv_tokens_json(const int *ids, int n, char **json);
 
 #endif

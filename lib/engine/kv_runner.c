@@ -225,3 +225,11 @@ void kv_runner_prefill_info(kv_runner *r, kv_prefill_info *p)
         snprintf(p->why, sizeof p->why, "the CPU engine's float32 matrix-matrix products");
     }
 }
+
+kv_status kv_runner_prefill_all(kv_runner *r, const int *tokens, int n, float *logits_all)
+{
+    if (r->gpu)
+        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's prefill gives the last position's logits only "
+                                         "(every position's runs on the CPU engine)");
+    return kv_engine_prefill_all(r->cpu, tokens, n, logits_all);
+}

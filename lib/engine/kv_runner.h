@@ -6,9 +6,9 @@
  * and forwards to the engine with the same meaning (positions, context,
  * reset, byte accounting: see the two engine headers).
  *
- * On the GPU the weights are fp16 (bf16 for bf16 models) and the KV cache is
- * fp16, so `full` there is not the CPU's f32 `full`: compare runners of the
- * same device with each other.
+ * On the GPU the weights are fp16 (bf16 for bf16 models; Q8_0, Q4_K and Q6_K
+ * matrices stay packed) and the KV cache is fp16, so `full` there is not the
+ * CPU's f32 `full`: compare runners of the same device with each other.
  *
  * Above the two engines it drives whole runs the same way on either device:
  * generation (kv_runner_generate), teacher-forced scoring
@@ -33,6 +33,7 @@
 #include "gpu/kv_gpu_engine.h"
 #include "model/kv_model.h"
 #include "model/kv_sampler.h"
+#include "model/kv_tokenizer.h"
 #include "policy/kv_policy.h"
 #include "policy/kv_prefix.h"
 #include "common/kv_status.h"
@@ -64,6 +65,9 @@ kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logit
  * file run with the file's encoding afterwards (kv_runner_params says so). */
 kv_status kv_runner_prefill_from(kv_runner *r, const kv_prefix *pre, const int *tokens, int n,
                                  float *logits_last);
+/* Dense prefill that keeps every position's logits (n, vocab): the CPU
+ * engine's kv_engine_prefill_all; KV_E_UNSUPPORTED on the GPU engine. */
+kv_status kv_runner_prefill_all(kv_runner *r, const int *tokens, int n, float *logits_all);
 /* One decode step at position kv_runner_pos(); logits (vocab) or NULL. */
 kv_status kv_runner_step(kv_runner *r, int token, float *logits);
 
@@ -127,12 +131,23 @@ struct cJSON *kv_prefill_info_json(const kv_prefill_info *p);
  */
 kv_status kv_runner_score(kv_runner *r, const int *tokens, int n, double *nll);
 
+/*
+ * The k most probable next tokens after every prompt position (kv-run
+ * --probs, the llama.cpp cross-check): reset, kv_runner_prefill_all, then
+ * one JSON array [{"pos": i, "token": id, "top": [[id, p], ...]}, ...] in
+ * *json (malloc'd, one line).  CPU engine only (KV_E_UNSUPPORTED on the GPU).
+ */
+kv_status kv_runner_probs(kv_runner *r, const int *tokens, int n, int k, char **json);
+
 typedef struct {
     int n;           /* tokens to generate (>= 0) */
     int stop[2];     /* ids that end generation unemitted (BOS, EOS); -1: none */
     /* called with each emitted token (i counts from 0); may be NULL */
     void (*on_token)(void *user, int token, int i);
     void *user;
+    /* when set, every id it calls end-of-generation (kv_tokenizer_is_eog:
+     * EOS, <|eot_id|>, <|im_end|>, ...) stops too, unemitted */
+    const kv_tokenizer *eog;
 } kv_generate_opts;
 
 typedef enum { KV_GEN_STEPS = 0, KV_GEN_STOP_TOKEN, KV_GEN_CTX_FULL } kv_gen_end;
@@ -169,6 +184,8 @@ kv_status kv_run_ctx(int asked, int trained, int n_prompt, int n_gen, int *ctx, 
 /* The JSON of a teacher-forced score (kv-run --score-file): nll (n-1) of
  * n tokens, their mean, the perplexity and the time taken.  *json malloc'd. */
 kv_status kv_score_report(const double *nll, int n, double ms, char **json);
+/* kv_runner_score timed, then kv_score_report of it. */
+kv_status kv_runner_score_json(kv_runner *r, const int *tokens, int n, char **json);
 
 /* A run that continued from a stored cache (kv-run --kv, --store), for its
  * report: tokens taken from the cache and prefilled, the time to the

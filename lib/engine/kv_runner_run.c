@@ -1,7 +1,8 @@
 /*
  * kv_runner_run: whole runs over a kv_runner, written once for both
- * engines: teacher-forced scoring, generation with its stop rules and step
- * timings, and the JSON report of a run (kv-run(1) REPORT).
+ * engines: teacher-forced scoring, next-token probabilities per position,
+ * generation with its stop rules and step timings, and the JSON report of
+ * a run (kv-run(1) REPORT).
  */
 #include "engine/kv_runner.h"
 
@@ -33,6 +34,51 @@ kv_status kv_runner_score(kv_runner *r, const int *tokens, int n, double *nll)
         if (i + 1 < n) st = kv_runner_step(r, tokens[i], lg);
     }
     free(lg);
+    return st;
+}
+
+kv_status kv_runner_score_json(kv_runner *r, const int *tokens, int n, char **json)
+{
+    *json = NULL;
+    double *nll = malloc((size_t)(n > 1 ? n - 1 : 1) * sizeof *nll), t0 = kv_now_ms();
+    kv_status st = nll ? kv_runner_score(r, tokens, n, nll) : kv_fail(KV_E_NOMEM, "out of memory");
+    if (!st) st = kv_score_report(nll, n, kv_now_ms() - t0, json);
+    free(nll);
+    return st;
+}
+
+kv_status kv_runner_probs(kv_runner *r, const int *tokens, int n, int k, char **json)
+{
+    *json = NULL;
+    const int V = kv_runner_vocab(r);
+    if (n < 1 || k < 1) return kv_fail(KV_E_USAGE, "probabilities of %d positions, top %d", n, k);
+    float *lg = malloc((size_t)n * (size_t)V * sizeof *lg);
+    int *ids = malloc((size_t)k * sizeof *ids);
+    double *p = malloc((size_t)k * sizeof *p);
+    cJSON *a = NULL;
+    kv_status st = !lg || !ids || !p ? kv_fail(KV_E_NOMEM, "out of memory for %d x %d logits", n, V)
+                                     : kv_runner_reset(r, NULL);
+    if (!st) st = kv_runner_prefill_all(r, tokens, n, lg);
+    if (!st && !(a = cJSON_CreateArray())) st = kv_fail(KV_E_NOMEM, "out of memory");
+    for (int i = 0; !st && i < n; i++) {
+        int m = kv_top_probs(lg + (size_t)i * V, V, k, ids, p);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "pos", i);
+        cJSON_AddNumberToObject(o, "token", tokens[i]);
+        cJSON *top = cJSON_AddArrayToObject(o, "top");
+        for (int j = 0; j < m; j++) {
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(ids[j]));
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(p[j]));
+            cJSON_AddItemToArray(top, pair);
+        }
+        cJSON_AddItemToArray(a, o);
+    }
+    if (!st && !(*json = cJSON_PrintUnformatted(a))) st = kv_fail(KV_E_NOMEM, "out of memory writing JSON");
+    cJSON_Delete(a);
+    free(lg);
+    free(ids);
+    free(p);
     return st;
 }
 
@@ -95,7 +141,7 @@ kv_status kv_runner_generate(kv_runner *r, kv_sampler *s, float *logits, const k
     g->end = KV_GEN_STEPS;
     while (g->n_gen < o->n) {
         int next = kv_sampler_next(s, logits);
-        if (next == o->stop[0] || next == o->stop[1]) {
+        if (next == o->stop[0] || next == o->stop[1] || (o->eog && kv_tokenizer_is_eog(o->eog, next))) {
             g->end = KV_GEN_STOP_TOKEN;
             break;
         }

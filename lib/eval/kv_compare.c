@@ -13,6 +13,7 @@
 #include "common/kv_json.h"
 #include "engine/kv_runner.h"
 #include "model/kv_tokenizer.h"
+#include "policy/kv_deploy.h"
 
 void kv_compare_opts_default(kv_compare_opts *o)
 {
@@ -134,6 +135,18 @@ kv_status kv_compare_run(const kv_model *m, const int *tokens, int n,
 {
     const kv_policy_params *pols[1] = {pol};
     return kv_compare_run_many(m, tokens, n, ref, pols, 1, o, res);
+}
+
+kv_status kv_compare_run_spec(const kv_model *m, const int *tokens, int n, const kv_policy_params *ref,
+                              const char *spec, const kv_policy_defaults *def, const kv_compare_opts *o,
+                              kv_compare_result *res)
+{
+    const int L = m->cfg.n_layers;
+    kv_policy_params *pol = calloc((size_t)L, sizeof *pol);
+    kv_status st = pol ? kv_policies_load(spec, NULL, def, L, pol) : kv_fail(KV_E_NOMEM, "out of memory");
+    if (!st) st = kv_compare_run(m, tokens, n, ref, pol, o, res);
+    free(pol);
+    return st;
 }
 
 kv_status kv_compare_open_model(const char *model, const char *tokenizer, kv_model **m,

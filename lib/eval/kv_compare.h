@@ -71,6 +71,12 @@ kv_status kv_compare_run(const kv_model *m, const int *tokens, int n,
                          const kv_policy_params *ref, const kv_policy_params *pol,
                          const kv_compare_opts *o, kv_compare_result *res);
 
+/* One policy given as a spec, filled in by def (kv_policies_load): what
+ * kv-run --compare SPEC calls. */
+kv_status kv_compare_run_spec(const kv_model *m, const int *tokens, int n, const kv_policy_params *ref,
+                              const char *spec, const kv_policy_defaults *def, const kv_compare_opts *o,
+                              kv_compare_result *res);
+
 void kv_compare_result_clear(kv_compare_result *r);
 
 /*

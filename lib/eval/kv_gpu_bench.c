@@ -24,14 +24,14 @@ static double median(double *v, int n)
 const char *kv_decode_placement_name(kv_decode_placement p)
 {
     static const char *const names[KV_DEC_COUNT] = {"full", "quant", "hybrid", "hybrid-sketch",
-                                                    "offload"};
+                                                    "offload", "hybrid-resident", "hybrid-pages"};
     return (unsigned)p < KV_DEC_COUNT ? names[p] : "?";
 }
 
 kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c, int n_layers,
                                 kv_policy_params *per_layer)
 {
-    bool hybrid = p == KV_DEC_HYBRID || p == KV_DEC_SKETCH;
+    bool hybrid = kv_decode_is_hybrid(p);
     if (hybrid && c->qlayers > n_layers)
         return kv_fail(KV_E_USAGE, "%d quantized layers: the model has %d", c->qlayers, n_layers);
     for (int l = 0; l < n_layers; l++) {
@@ -50,6 +50,8 @@ kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c
             x->sink = c->sink;
             x->window = c->window;
             if (p == KV_DEC_SKETCH) x->select = KV_SELECT_SKETCH;
+            if (p == KV_DEC_RESIDENT) x->select = KV_SELECT_RESIDENT;
+            if (p == KV_DEC_PAGES) x->select = KV_SELECT_PAGES;
         }
         x->dtype = KV_DT_F16;
     }

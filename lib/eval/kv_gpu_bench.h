@@ -49,11 +49,19 @@ typedef enum {
     KV_DEC_HYBRID,
     KV_DEC_SKETCH,
     KV_DEC_OFFLOAD,
+    KV_DEC_RESIDENT, /* the hybrid with select=resident (pool channel rows on the GPU) */
+    KV_DEC_PAGES,    /* the hybrid with select=pages (per-page key bounds on the GPU) */
     KV_DEC_COUNT
 } kv_decode_placement;
 
-/* "full", "quant", "hybrid", "hybrid-sketch", "offload". */
+/* "full", "quant", "hybrid", "hybrid-sketch", "offload", "hybrid-resident", "hybrid-pages". */
 const char *kv_decode_placement_name(kv_decode_placement p);
+
+/* Is p one of the hybrids (quant layers, then sparse ones)? */
+static inline int kv_decode_is_hybrid(int p)
+{
+    return p == KV_DEC_HYBRID || p == KV_DEC_SKETCH || p == KV_DEC_RESIDENT || p == KV_DEC_PAGES;
+}
 
 typedef struct {
     int qbits;    /* bits of the quantized layers (quant, the hybrid's first layers) */

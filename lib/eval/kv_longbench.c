@@ -372,11 +372,11 @@ kv_status kv_lb_table_load(const char *path, bool prompts, kv_lb_table *out)
 // --- prompts ------------------------------------------------------------------------------
 
 kv_status kv_lb_prepare(const kv_tokenizer *tok, const char *tmpl, const kv_lb_sample *s,
-                        const kv_lb_dataset *ds, int max_length, const char *chat,
+                        const kv_lb_dataset *ds, int max_length, const kv_chat *chat,
                         kv_niah_mode mode, kv_lb_prompt *p)
 {
     memset(p, 0, sizeof *p);
-    char *prompt = NULL, *cut = NULL, *wrapped = NULL;
+    char *prompt = NULL, *cut = NULL;
     long ctx_end;
     kv_status st = kv_lb_format(tmpl, s->obj, &prompt, &ctx_end);
     if (st) return st;
@@ -407,34 +407,22 @@ kv_status kv_lb_prepare(const kv_tokenizer *tok, const char *tmpl, const kv_lb_s
     long split_at = -1; /* byte offset of the context's end in text */
     if (tail && (!cut || (tlen >= tail_len && !memcmp(text + tlen - tail_len, tail, tail_len))))
         split_at = (long)(tlen - tail_len);
-    if (!st && chat && ds->chat) {
-        const char *at = strstr(chat, "{prompt}");
-        size_t pre = (size_t)(at - chat), post = strlen(at + 8);
-        if (!(wrapped = malloc(pre + tlen + post + 1))) {
-            st = kv_fail(KV_E_NOMEM, "prompt");
-        } else {
-            memcpy(wrapped, chat, pre);
-            memcpy(wrapped + pre, text, tlen);
-            memcpy(wrapped + pre + tlen, at + 8, post + 1);
-            if (split_at >= 0) split_at += (long)pre;
-            text = wrapped;
-            tlen = strlen(text);
-        }
-    }
-    if (!st && (cut || wrapped)) { /* encode the prompt that runs */
+    const bool wrap = chat && chat->kind != KV_CHAT_NONE && ds->chat;
+    if (!st && (cut || wrap)) { /* encode the prompt that runs */
         free(ids);
         ids = NULL;
-        st = kv_tokenizer_encode(tok, text, tlen, true, false, &ids, &n);
+        st = wrap ? kv_chat_encode(tok, chat, NULL, text, tlen, false, &ids, &n)
+                  : kv_tokenizer_encode(tok, text, tlen, true, false, &ids, &n);
     }
     p->mode = KV_NIAH_PREFILL;
     p->split = n;
     if (!st && mode == KV_NIAH_QUESTION && split_at > 0) {
-        st = kv_gen_split(tok, text, (size_t)split_at, ids, n, &p->split);
+        st = wrap ? kv_chat_split(tok, chat, NULL, text, (size_t)split_at, false, ids, n, &p->split)
+                  : kv_gen_split(tok, text, (size_t)split_at, ids, n, &p->split);
         p->mode = KV_NIAH_QUESTION;
     }
     free(prompt);
     free(cut);
-    free(wrapped);
     if (st) {
         free(ids);
         return st;
@@ -467,7 +455,8 @@ cJSON *kv_lb_header(const char *model, const char *tokenizer, const char *device
     cJSON_AddStringToObject(c, "mode", o->mode == KV_NIAH_QUESTION ? "question" : "prefill");
     cJSON_AddNumberToObject(c, "max_length", o->max_length);
     cJSON_AddNumberToObject(c, "max_gen", o->max_gen);
-    if (o->chat) cJSON_AddStringToObject(c, "chat", o->chat);
+    if (o->chat.kind == KV_CHAT_TEMPLATE) cJSON_AddStringToObject(c, "chat", o->chat.tmpl);
+    else if (o->chat.kind != KV_CHAT_NONE) cJSON_AddStringToObject(c, "chat", kv_chat_name(o->chat.kind));
     else cJSON_AddNullToObject(c, "chat");
     cJSON_AddNumberToObject(c, "limit", o->limit);
     snprintf(hex, sizeof hex, "%016llx", prompts->hash);
@@ -593,7 +582,7 @@ kv_status kv_lb_batch(kv_runner *e, const kv_tokenizer *tok, const kv_jieba *jb,
                 todo += !(done && kv_batch_done_has(done, f->stem, s->id, pols[pi].label, s->length));
             if (!todo) continue;
             kv_lb_prompt pr;
-            kv_status ps = kv_lb_prepare(tok, prompts->text[ti], s, f->ds, max_length, o->chat, o->mode, &pr);
+            kv_status ps = kv_lb_prepare(tok, prompts->text[ti], s, f->ds, max_length, &o->chat, o->mode, &pr);
             char why[200] = "";
             if (ps == KV_E_DATA) snprintf(why, sizeof why, "%s", kv_errdetail());
             else if (ps) {

@@ -13,7 +13,8 @@
  * {field}, {{ and }}); when it encodes to more than max_length tokens it is
  * cut in the middle as pred.py does -- the first and the last
  * int(max_length/2) tokens, each half decoded on its own, then joined and
- * encoded again.  A chat template ("...{prompt}...") wraps it, except for
+ * encoded again.  A chat format (model/kv_chat: Llama-3's, ChatML, or a
+ * template of one's own, "...{prompt}...") wraps it, except for
  * trec, triviaqa, samsum, lsht, lcc and repobench-p.  Generation is greedy
  * for dataset2maxlen tokens, stopping at EOS (samsum also at "\n", and not
  * before its first token).  In question mode (the default) the prompt up to
@@ -35,6 +36,7 @@
 #include "eval/kv_jieba.h"
 #include "eval/kv_metrics.h"
 #include "eval/kv_niah.h"
+#include "model/kv_chat.h"
 #include "model/kv_tokenizer.h"
 
 typedef struct {
@@ -95,7 +97,7 @@ kv_status kv_lb_format(const char *tmpl, const cJSON *obj, char **out, long *ctx
 typedef struct {
     int max_length;      /* pred.py's max_length; 0: the context minus the dataset's max_gen */
     int max_gen;         /* > 0: cap every dataset's generation length */
-    const char *chat;    /* chat template holding "{prompt}", or NULL */
+    kv_chat chat;        /* the chat format (KV_CHAT_NONE: none; AUTO resolved before the batch) */
     kv_niah_mode mode;
     int limit;           /* the first N samples of each file (before sharding); 0: all */
     int shard_i, shard_n;
@@ -112,7 +114,7 @@ typedef struct {
 } kv_lb_prompt;
 
 kv_status kv_lb_prepare(const kv_tokenizer *tok, const char *tmpl, const kv_lb_sample *s,
-                        const kv_lb_dataset *ds, int max_length, const char *chat,
+                        const kv_lb_dataset *ds, int max_length, const kv_chat *chat,
                         kv_niah_mode mode, kv_lb_prompt *p);
 
 cJSON *kv_lb_header(const char *model, const char *tokenizer, const char *device_kind,

@@ -111,7 +111,7 @@ kv_status kv_prefill_bench_run(const kv_model_config *c, const kv_prefill_bench_
     const int hd = c->head_dim, H = c->n_heads, G = c->n_kv_heads, dim = c->dim, hid = c->hidden_dim;
     const int qd = H * hd, kvd = G * hd;
     kv_pf_geom g = {dim, hid, H, G, hd, pad8(dim), pad8(qd), pad8(hid), c->norm_eps,
-                    1.0f / sqrtf((float)hd), o->wbf16, o->kvbf16, o->variant, 0};
+                    1.0f / sqrtf((float)hd), o->wbf16, o->kvbf16, o->variant, 0, 0};
     const size_t nqkv = (size_t)(qd + 2 * kvd) * g.ld_dim, no = (size_t)dim * g.ld_qd;
     const size_t ngu = (size_t)2 * hid * g.ld_dim, ndn = (size_t)dim * g.ld_hid;
     const long long kvs = (long long)T * hd;
@@ -184,12 +184,13 @@ kv_status kv_prefill_bench_run(const kv_model_config *c, const kv_prefill_bench_
     kv_pf_layer *lws = calloc((size_t)L, sizeof *lws);
     if (!lws && !st) st = kv_fail(KV_E_NOMEM, "out of memory");
     for (int l = 0; lws && l < L; l++)
-        lws[l] = (kv_pf_layer){wb, wb + nqkv, wb + nqkv + no, wb + nqkv + no + ngu, norms, norms + dim};
+        lws[l] = (kv_pf_layer){.qkv = wb, .o = wb + nqkv, .gu = wb + nqkv + no, .down = wb + nqkv + no + ngu,
+                               .attn_norm = norms, .ffn_norm = norms + dim};
     for (int rep = -1; rep < reps && !st; rep++) {
         ev.n = 0;
         BCK(cudaEventRecord(e0, s));
         if (!st)
-            st = kv_gpu_prefill_model(cb, &g, lws, L, emb, g.ld_dim, tok, T, &ws, X, kc, vc, kvs, inv,
+            st = kv_gpu_prefill_model(cb, &g, lws, L, emb, g.ld_dim, NULL, tok, T, &ws, X, kc, vc, kvs, inv,
                                       NULL, s, &ev);
         BCK(cudaEventRecord(e1, s));
         BCK(cudaEventSynchronize(e1));

@@ -1,9 +1,9 @@
 /*
- * Layer/head profiling (see kv_profile.h): dense preference score, KIVI
- * and top-K retrieval errors on the stored queries, averaging over files,
- * classification, JSON and SVG output.  Everything is computed in float32
- * with float64 sums, one query at a time; the cost is
- * O(layers * heads * n_q * T * D), a few seconds for a 4k-token cache.
+ * Layer/head profiling (see kv_profile.h): the dense preference score, the
+ * error and bytes of each option measured by running its CPU policy on the
+ * cache, averaging over files, the budget and tau rules, JSON and SVG
+ * output.  Float32 with float64 sums; the cost is O(layers * options * n_q *
+ * T * D), seconds for a 4k-token cache.
  */
 #include "eval/kv_profile.h"
 
@@ -15,6 +15,7 @@
 #include "attn/kv_attn.h"
 #include "common/kv_finite.h"
 #include "common/kv_json.h"
+#include "policy/kv_policy.h"
 #include "quant/kv_quant.h"
 
 void kv_profile_params_default(kv_profile_params *p)
@@ -26,8 +27,11 @@ void kv_profile_params_default(kv_profile_params *p)
     p->alpha = 0.05;
     p->tau = 0.2;
     p->nq = 32;
+    p->rule = KV_RULE_BUDGET;
+    p->kv_budget = 0.25;
     p->quant = d.quant;
     p->sparse = d.sparse;
+    kv_policy_params_default(&p->dsq, KV_POL_DSQ);
 }
 
 /* Selection order everywhere in this file: descending, NaN ranked as -inf
@@ -56,69 +60,31 @@ static double mass_outside_top(float *p, int n, double alpha)
     return all > 0 ? 1.0 - top / all : 0;
 }
 
-typedef struct {
-    float val;
-    int idx;
-} scored;
+static const char *const opt_names[KV_OPT_COUNT] = {"full", "quant1", "quant2", "quant4", "sparse",
+                                                      "dsq"};
 
-static int cmp_scored(const void *a, const void *b)
+const char *kv_profile_opt_name(kv_profile_opt o)
 {
-    const scored *x = a, *y = b;
-    float u = rank_of(x->val), v = rank_of(y->val);
-    if (u != v) return u > v ? -1 : 1;
-    return (x->idx > y->idx) - (x->idx < y->idx);
+    return (unsigned)o < KV_OPT_COUNT ? opt_names[o] : "?";
 }
 
-/*
- * TailorKV retrieval for one query over n visible tokens: channel scores
- * |q_c| * max_t |K_tc|, top C channels, approximate token scores on them,
- * sink + window + top-K tokens, exact attention over the selection.
- * o (D) gets the output.  scratch: n scored + n floats.
- */
-static void sparse_out(const float *qv, const float *k, const float *v, int n, int D,
-                       const kv_profile_params *p, scored *sc, float *pr, double *o)
+/* The policy parameters of option o (full: fp16, as the GPU keeps it). */
+static void opt_params(const kv_profile_params *p, kv_profile_opt o, kv_policy_params *x)
 {
-    scored ch[KV_QUANT_MAX_DIM];
-    int C = p->sparse.channels < D ? p->sparse.channels : D;
-    for (int c = 0; c < D; c++) {
-        float m = 0;
-        for (int t = 0; t < n; t++) {
-            float a = fabsf(k[(size_t)t * D + c]);
-            m = a > m ? a : m;
-        }
-        ch[c].val = fabsf(qv[c]) * m;
-        ch[c].idx = c;
+    switch (o) {
+    case KV_OPT_Q1:
+    case KV_OPT_Q2:
+    case KV_OPT_Q4:
+        *x = p->quant;
+        x->kind = KV_POL_QUANT;
+        x->bits = o == KV_OPT_Q1 ? 1 : o == KV_OPT_Q2 ? 2 : 4;
+        break;
+    case KV_OPT_SPARSE: *x = p->sparse; break;
+    case KV_OPT_DSQ: *x = p->dsq; break;
+    default: kv_policy_params_default(x, KV_POL_FULL);
     }
-    qsort(ch, (size_t)D, sizeof *ch, cmp_scored);
-    int K = p->sparse.topk > 0 ? p->sparse.topk : (int)ceil(p->sparse.topk_frac * n);
-    int m = 0;
-    for (int t = 0; t < n; t++) {
-        if (t < p->sparse.sink || t >= n - p->sparse.window) continue;
-        float s = 0;
-        for (int i = 0; i < C; i++) s += qv[ch[i].idx] * k[(size_t)t * D + ch[i].idx];
-        sc[m].val = s;
-        sc[m].idx = t;
-        m++;
-    }
-    if (K < m) qsort(sc, (size_t)m, sizeof *sc, cmp_scored);
-    else K = m;
-    /* selection mask in pr: 1 = selected */
-    for (int t = 0; t < n; t++) pr[t] = (t < p->sparse.sink || t >= n - p->sparse.window) ? 1.0f : 0.0f;
-    for (int i = 0; i < K; i++) pr[sc[i].idx] = 1.0f;
-    const float s = 1.0f / sqrtf((float)D);
-    float mx = -INFINITY;
-    for (int t = 0; t < n; t++)
-        if (pr[t] != 0) {
-            float l = kv_attn_dot(qv, k + (size_t)t * D, D) * s;
-            pr[t] = l; /* the flag becomes the logit */
-            mx = l > mx ? l : mx;
-        } else {
-            pr[t] = -INFINITY;
-        }
-    double z = 0;
-    for (int t = 0; t < n; t++) z += (pr[t] = pr[t] == -INFINITY ? 0.0f : expf(pr[t] - mx));
-    for (int t = 0; t < n; t++) pr[t] = (float)(pr[t] / z);
-    kv_attn_out(pr, v, n, D, o);
+    x->dtype = KV_DT_F16;
+    x->given = 0;
 }
 
 // --- one file --------------------------------------------------------------------
@@ -130,30 +96,23 @@ static kv_status alloc_acc(kv_profile *a, int L, int NH, int H, int D)
     a->n_kv_heads = H;
     a->head_dim = D;
     size_t n = (size_t)L * NH;
-    a->score = calloc(n, sizeof(double));
-    a->err_q1 = calloc(n, sizeof(double));
-    a->err_q2 = calloc(n, sizeof(double));
-    a->err_sparse = calloc(n, sizeof(double));
-    a->layer_score = calloc((size_t)L, sizeof(double));
-    a->layer_q1 = calloc((size_t)L, sizeof(double));
-    a->layer_q2 = calloc((size_t)L, sizeof(double));
-    a->layer_sparse = calloc((size_t)L, sizeof(double));
-    if (!a->score || !a->err_q1 || !a->err_q2 || !a->err_sparse || !a->layer_score ||
-        !a->layer_q1 || !a->layer_q2 || !a->layer_sparse)
-        return kv_fail(KV_E_NOMEM, "profile tables");
-    return KV_OK;
+    bool ok = (a->score = calloc(n, sizeof(double))) && (a->layer_score = calloc((size_t)L, sizeof(double)));
+    for (int o = 0; o < KV_OPT_COUNT; o++)
+        ok = ok && (a->err[o] = calloc(n, sizeof(double))) &&
+             (a->layer_err[o] = calloc((size_t)L, sizeof(double))) &&
+             (a->bytes[o] = calloc((size_t)L, sizeof(double)));
+    return ok ? KV_OK : kv_fail(KV_E_NOMEM, "profile tables");
 }
 
 void kv_profile_clear(kv_profile *a)
 {
     free(a->score);
-    free(a->err_q1);
-    free(a->err_q2);
-    free(a->err_sparse);
     free(a->layer_score);
-    free(a->layer_q1);
-    free(a->layer_q2);
-    free(a->layer_sparse);
+    for (int o = 0; o < KV_OPT_COUNT; o++) {
+        free(a->err[o]);
+        free(a->layer_err[o]);
+        free(a->bytes[o]);
+    }
     memset(a, 0, sizeof *a);
 }
 
@@ -177,15 +136,95 @@ static kv_status load_queries(const kvc_file *f, int layer, int NH, int nq_s, in
     return st;
 }
 
-static kv_status check_params(const kv_profile_params *p, int D)
+static kv_status check_params(const kv_profile_params *p)
 {
     if (!(p->alpha > 0 && p->alpha <= 1)) return kv_fail(KV_E_USAGE, "alpha must be in (0, 1]");
     if (p->sparse.channels < 1) return kv_fail(KV_E_USAGE, "channels must be >= 1");
     if (p->sparse.topk < 0 || (p->sparse.topk == 0 && !(p->sparse.topk_frac > 0 && p->sparse.topk_frac <= 1)))
         return kv_fail(KV_E_USAGE, "budget must be a token count or a fraction in (0, 1]");
     if (p->quant.group < 1 || p->quant.residual < 0) return kv_fail(KV_E_USAGE, "bad KIVI group or residual");
-    (void)D; /* a head dim KIVI cannot pack gives null errors, not a failure */
+    if (!(p->kv_budget > 0)) return kv_fail(KV_E_USAGE, "--kv-budget must be above 0");
     return KV_OK;
+}
+
+/* (H, T, D) -> the first n tokens of every head, contiguous: out (H, n, D). */
+static void prefix_of(const float *x, int H, int T, int D, int n, float *out)
+{
+    for (int h = 0; h < H; h++)
+        memcpy(out + (size_t)h * n * D, x + (size_t)h * T * D, (size_t)n * D * sizeof *out);
+}
+
+/*
+ * Run option prm on one layer as the engine would: observe the nq queries,
+ * ingest tokens [0, T - nq), then append each of the last nq tokens and
+ * attend its query.  eh (NH) += the relative error of each head's output
+ * over the nq steps, against exact attention over the same tokens.  Then
+ * *resident = the resident bytes of the policy holding the whole cache
+ * (plus, for sparse, the K rows its attention buffer gathers).
+ * Returns KV_E_USAGE (detail cleared) when the option does not apply to
+ * this geometry.  kp, vp: (H*T*D) scratch; row: (2*H*D); o: (2*NH*D).
+ */
+static kv_status run_option(const kv_policy_params *prm, int layer, const float *q, int NH, int nq,
+                            const float *k, const float *v, int H, int T, int D, float *kp,
+                            float *vp, float *row, float *o, double *eh, double *resident)
+{
+    const kv_policy_geom g = {layer, NH, H, D, T};
+    kv_status st = kv_policy_check(prm, &g, KV_DEVICE_CPU);
+    if (st) {
+        kv_errclear();
+        return KV_E_USAGE;
+    }
+    kv_policy *pol = NULL;
+    if ((st = kv_policy_new(&g, prm, &pol))) return st;
+    const int T0 = T - nq;
+    float *qj = o + (size_t)2 * NH * D, *ref = o + (size_t)NH * D;
+    double *en = calloc((size_t)2 * NH, sizeof(double)), *ed = en ? en + NH : NULL;
+    if (!en) st = kv_fail(KV_E_NOMEM, "profile errors");
+    if (!st && pol->ops->observe) pol->ops->observe(pol, q, nq);
+    if (!st) {
+        prefix_of(k, H, T, D, T0, kp);
+        prefix_of(v, H, T, D, T0, vp);
+        st = pol->ops->ingest(pol, kp, vp, T0);
+    }
+    for (int j = 0; j < nq && !st; j++) {
+        const int t = T0 + j;
+        for (int h = 0; h < H; h++) {
+            memcpy(row + (size_t)h * D, k + ((size_t)h * T + t) * D, (size_t)D * sizeof *row);
+            memcpy(row + (size_t)(H + h) * D, v + ((size_t)h * T + t) * D, (size_t)D * sizeof *row);
+        }
+        if ((st = pol->ops->append(pol, t, row, row + (size_t)H * D))) break;
+        for (int qh = 0; qh < NH; qh++)
+            memcpy(qj + (size_t)qh * D, q + ((size_t)qh * nq + j) * D, (size_t)D * sizeof *qj);
+        if ((st = pol->ops->attend(pol, qj, o))) break;
+        kv_attend_dense(qj, k, v, t + 1, T, NH, H, D, ref);
+        for (int qh = 0; qh < NH; qh++)
+            for (int c = 0; c < D; c++) {
+                double d = (double)o[(size_t)qh * D + c] - ref[(size_t)qh * D + c];
+                en[qh] += d * d;
+                ed[qh] += (double)ref[(size_t)qh * D + c] * ref[(size_t)qh * D + c];
+            }
+    }
+    kv_policy_free(pol);
+    pol = NULL;
+    if (!st)
+        for (int qh = 0; qh < NH; qh++) eh[qh] += ed[qh] > 0 ? sqrt(en[qh] / ed[qh]) : 0;
+    /* the bytes of the whole cache held */
+    if (!st && (st = kv_policy_new(&g, prm, &pol)) == KV_OK) {
+        if (pol->ops->observe) pol->ops->observe(pol, q, nq);
+        st = pol->ops->ingest(pol, k, v, T);
+        kv_bytes b;
+        pol->ops->bytes(pol, &b);
+        *resident = (double)b.resident;
+        if (prm->kind == KV_POL_SPARSE) {
+            int kk = prm->topk > 0 ? prm->topk : (int)ceil(prm->topk_frac * T);
+            int ncand = T - (prm->sink < T ? prm->sink : T) - prm->window;
+            if (kk > ncand) kk = ncand > 0 ? ncand : 0;
+            *resident += 2.0 * H * kk * D * 2;
+        }
+        kv_policy_free(pol);
+    }
+    free(en);
+    return st;
 }
 
 kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_params *p)
@@ -200,7 +239,7 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
     if (T < 1) return kv_fail(KV_E_DATA, "the cache holds no tokens");
     if (nq_s > T) return kv_fail(KV_E_DATA, "%d query samples but only %d tokens", nq_s, T);
     if (acc->n_docs < 0) return kv_fail(KV_E_INTERNAL, "kv_profile_add after kv_profile_finish");
-    kv_status st = check_params(p, D);
+    kv_status st = check_params(p);
     if (st) return st;
     if (acc->n_docs == 0) {
         if ((st = alloc_acc(acc, L, NH, H, D))) return st;
@@ -214,11 +253,11 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
     const size_t n = (size_t)H * T * D;
     float *q = malloc((size_t)NH * nq * D * sizeof *q);
     float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
-    float *k2 = malloc(n * sizeof *k2), *v2 = malloc(n * sizeof *v2);
+    float *kp = malloc(n * sizeof *kp), *vp = malloc(n * sizeof *vp);
     float *pr = malloc((size_t)T * sizeof *pr);
-    scored *sc = malloc((size_t)T * sizeof *sc);
-    double *o = malloc((size_t)2 * D * sizeof *o), *eh = malloc((size_t)NH * sizeof *eh);
-    if (!q || !k || !v || !k2 || !v2 || !pr || !sc || !o || !eh) {
+    float *row = malloc((size_t)2 * H * D * sizeof *row), *o = malloc((size_t)3 * NH * D * sizeof *o);
+    double *eh = malloc((size_t)NH * sizeof *eh);
+    if (!q || !k || !v || !kp || !vp || !pr || !row || !o || !eh) {
         st = kv_fail(KV_E_NOMEM, "profile buffers for %d tokens", T);
         goto out;
     }
@@ -234,46 +273,32 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
             (st = kv_check_finite3(nm[1], k, H, T, D, "profiling")) ||
             (st = kv_check_finite3(nm[2], v, H, T, D, "profiling")))
             break;
-        double *row = acc->score + (size_t)l * NH;
+        double *row_s = acc->score + (size_t)l * NH;
         for (int qh = 0; qh < NH; qh++) {
             const float *kh = k + (size_t)(qh / (NH / H)) * T * D;
-            const float *vh = v + (size_t)(qh / (NH / H)) * T * D;
-            double ssum = 0, en = 0, ed = 0;
+            double ssum = 0;
             for (int j = 0; j < nq; j++) {
-                const float *qv = q + ((size_t)qh * nq + j) * D;
                 int nv = T - nq + j + 1;
-                kv_attn_probs(qv, kh, nv, D, pr);
-                kv_attn_out(pr, vh, nv, D, o);
+                kv_attn_probs(q + ((size_t)qh * nq + j) * D, kh, nv, D, pr);
                 ssum += mass_outside_top(pr, nv, p->alpha);
-                sparse_out(qv, kh, vh, nv, D, p, sc, pr, o + D);
-                for (int c = 0; c < D; c++) {
-                    en += (o[D + c] - o[c]) * (o[D + c] - o[c]);
-                    ed += o[c] * o[c];
-                }
             }
-            row[qh] += ssum / nq;
-            acc->err_sparse[(size_t)l * NH + qh] += ed > 0 ? sqrt(en / ed) : 0;
+            row_s[qh] += ssum / nq;
         }
-        for (int b = 1; b <= 2; b++) {
-            kv_kivi_params kp = {b, p->quant.group, p->quant.residual};
-            double *dst = (b == 1 ? acc->err_q1 : acc->err_q2) + (size_t)l * NH;
-            if (kv_kivi_check(&kp, D)) { /* e.g. head dim 12 at 1 bit */
+        acc->bytes[KV_OPT_FULL][l] += 2.0 * H * T * D * 2;
+        for (int oi = KV_OPT_Q1; oi < KV_OPT_COUNT && !st; oi++) {
+            kv_policy_params x;
+            opt_params(p, (kv_profile_opt)oi, &x);
+            double *dst = acc->err[oi] + (size_t)l * NH, res = 0;
+            for (int qh = 0; qh < NH; qh++) eh[qh] = 0;
+            st = run_option(&x, l, q, NH, nq, k, v, H, T, D, kp, vp, row, o, eh, &res);
+            if (st == KV_E_USAGE) { /* e.g. head dim 12 at 1 bit: not an option */
+                st = KV_OK;
                 for (int qh = 0; qh < NH; qh++) dst[qh] = NAN;
-                kv_errclear();
+                acc->bytes[oi][l] = NAN;
                 continue;
             }
-            kv_kivi_packed pk, pv;
-            if ((st = kv_kivi_pack(k, KV_KIVI_KEYS, &kp, H, T, D, &pk))) break;
-            if ((st = kv_kivi_pack(v, KV_KIVI_VALUES, &kp, H, T, D, &pv))) {
-                kv_kivi_clear(&pk);
-                break;
-            }
-            kv_kivi_unpack(&pk, k2);
-            kv_kivi_unpack(&pv, v2);
-            kv_kivi_clear(&pk);
-            kv_kivi_clear(&pv);
-            kv_attn_rel_error(q, NH, nq, k, v, k2, v2, H, T, D, eh);
             for (int qh = 0; qh < NH; qh++) dst[qh] += eh[qh];
+            acc->bytes[oi][l] += res;
         }
         if (st) kv_errcontext("layer %d", l);
     }
@@ -285,10 +310,10 @@ out:
     free(q);
     free(k);
     free(v);
-    free(k2);
-    free(v2);
+    free(kp);
+    free(vp);
     free(pr);
-    free(sc);
+    free(row);
     free(o);
     free(eh);
     return st;
@@ -299,39 +324,138 @@ void kv_profile_finish(kv_profile *a)
     if (a->n_docs < 1) return;
     const int NH = a->n_heads;
     for (int l = 0; l < a->n_layers; l++) {
-        double s[4] = {0, 0, 0, 0};
-        for (int h = 0; h < NH; h++) {
-            size_t i = (size_t)l * NH + h;
-            s[0] += a->score[i] /= a->n_docs;
-            s[1] += a->err_q1[i] /= a->n_docs;
-            s[2] += a->err_q2[i] /= a->n_docs;
-            s[3] += a->err_sparse[i] /= a->n_docs;
+        double s = 0;
+        for (int h = 0; h < NH; h++) s += a->score[(size_t)l * NH + h] /= a->n_docs;
+        a->layer_score[l] = s / NH;
+        for (int o = 0; o < KV_OPT_COUNT; o++) {
+            double e = 0;
+            for (int h = 0; h < NH; h++) e += a->err[o][(size_t)l * NH + h] /= a->n_docs;
+            a->layer_err[o][l] = e / NH;
+            a->bytes[o][l] /= a->n_docs;
         }
-        a->layer_score[l] = s[0] / NH;
-        a->layer_q1[l] = s[1] / NH;
-        a->layer_q2[l] = s[2] / NH;
-        a->layer_sparse[l] = s[3] / NH;
     }
     a->n_docs = -a->n_docs; /* finished: further adds are an error */
 }
 
-kv_status kv_profile_deploy(const kv_profile *a, const kv_profile_params *p, kv_deploy *d)
+void kv_profile_choice_clear(kv_profile_choice *c)
+{
+    if (!c) return;
+    free(c->opt);
+    memset(c, 0, sizeof *c);
+}
+
+/* Multiple-choice knapsack: per layer one option, least total error with
+ * the bytes (in steps of 1/U of each layer's full bytes) within B steps. */
+#define STEPS 1000
+static kv_status choose_budget(const kv_profile *a, double budget_frac, kv_profile_opt *opt,
+                               bool *met)
+{
+    const int L = a->n_layers;
+    const long B = (long)floor(budget_frac * STEPS * L + 1e-9);
+    int cost[KV_OPT_COUNT];
+    double *dp = malloc((size_t)(B + 1) * sizeof *dp), *nx = malloc((size_t)(B + 1) * sizeof *nx);
+    unsigned char *ch = malloc((size_t)L * (size_t)(B + 1));
+    if (!dp || !nx || !ch) {
+        free(dp);
+        free(nx);
+        free(ch);
+        return kv_fail(KV_E_NOMEM, "budget choice over %ld steps", B);
+    }
+    for (long b = 0; b <= B; b++) dp[b] = 0;
+    for (int l = 0; l < L; l++) {
+        for (int o = 0; o < KV_OPT_COUNT; o++) {
+            double fr = a->bytes[o][l] / a->bytes[KV_OPT_FULL][l];
+            cost[o] = isfinite(a->layer_err[o][l]) && isfinite(fr) ? (int)ceil(fr * STEPS - 1e-6) : -1;
+        }
+        for (long b = 0; b <= B; b++) {
+            double best = INFINITY;
+            int bo = -1;
+            for (int o = 0; o < KV_OPT_COUNT; o++) {
+                if (cost[o] < 0 || cost[o] > b) continue;
+                double e = dp[b - cost[o]] + a->layer_err[o][l];
+                /* less error; on a tie the fewer bytes */
+                if (e < best - 1e-12 || (bo >= 0 && fabs(e - best) <= 1e-12 && cost[o] < cost[bo])) {
+                    best = e;
+                    bo = o;
+                }
+            }
+            nx[b] = best;
+            ch[(size_t)l * (B + 1) + b] = (unsigned char)(bo < 0 ? 255 : bo);
+        }
+        double *t = dp;
+        dp = nx;
+        nx = t;
+    }
+    *met = isfinite(dp[B]);
+    if (*met) {
+        long b = B;
+        for (int l = L - 1; l >= 0; l--) {
+            int o = ch[(size_t)l * (B + 1) + b];
+            opt[l] = (kv_profile_opt)o;
+            b -= (int)ceil(a->bytes[o][l] / a->bytes[KV_OPT_FULL][l] * STEPS - 1e-6);
+        }
+    } else { /* over budget whatever is chosen: the fewest bytes per layer */
+        for (int l = 0; l < L; l++) {
+            int bo = KV_OPT_FULL;
+            for (int o = 0; o < KV_OPT_COUNT; o++)
+                if (isfinite(a->bytes[o][l]) && isfinite(a->layer_err[o][l]) && a->bytes[o][l] < a->bytes[bo][l])
+                    bo = o;
+            opt[l] = (kv_profile_opt)bo;
+        }
+    }
+    free(dp);
+    free(nx);
+    free(ch);
+    return KV_OK;
+}
+
+kv_status kv_profile_deploy(const kv_profile *a, const kv_profile_params *p, kv_deploy *d,
+                            kv_profile_choice *c)
 {
     kv_deploy_defaults(d);
-    d->n_layers = a->n_layers;
-    d->quant = p->quant;
-    d->sparse = p->sparse;
-    d->quant_layers = malloc(((size_t)a->n_layers + 1) * sizeof(int));
-    d->sparse_layers = malloc(((size_t)a->n_layers + 1) * sizeof(int));
-    if (!d->quant_layers || !d->sparse_layers) {
+    kv_profile_choice local = {0};
+    if (!c) c = &local;
+    memset(c, 0, sizeof *c);
+    const int L = a->n_layers;
+    d->version = 2;
+    d->n_layers = L;
+    d->per_layer = malloc(((size_t)L + 1) * sizeof *d->per_layer);
+    c->opt = malloc(((size_t)L + 1) * sizeof *c->opt);
+    kv_status st = KV_OK;
+    if (!d->per_layer || !c->opt) st = kv_fail(KV_E_NOMEM, "deploy config");
+    double full = 0;
+    for (int l = 0; l < L; l++) full += a->bytes[KV_OPT_FULL][l];
+    c->full_bytes = full;
+    if (!st && p->rule == KV_RULE_TAU) {
+        snprintf(d->rule, sizeof d->rule, "tau");
+        int qo = p->quant.bits == 1 ? KV_OPT_Q1 : p->quant.bits == 2 ? KV_OPT_Q2 : KV_OPT_Q4;
+        for (int l = 0; l < L; l++) c->opt[l] = a->layer_score[l] > p->tau ? (kv_profile_opt)qo : KV_OPT_SPARSE;
+        c->budget_met = true;
+    } else if (!st) {
+        snprintf(d->rule, sizeof d->rule, "budget");
+        double frac = p->kv_budget <= 1 ? p->kv_budget : p->kv_budget / (full > 0 ? full : 1);
+        d->kv_budget = p->kv_budget;
+        c->budget_bytes = frac * full;
+        st = choose_budget(a, frac, c->opt, &c->budget_met);
+    }
+    if (!st) {
+        for (int l = 0; l < L; l++) {
+            kv_policy_params *x = &d->per_layer[l];
+            opt_params(p, c->opt[l], x);
+            /* deployed in the storage type asked for, not the fp16 measured */
+            x->dtype = c->opt[l] == KV_OPT_SPARSE ? p->sparse.dtype
+                       : c->opt[l] == KV_OPT_DSQ  ? p->dsq.dtype
+                       : c->opt[l] == KV_OPT_FULL ? KV_DT_F32
+                                                  : p->quant.dtype;
+            c->bytes += a->bytes[c->opt[l]][l];
+        }
+    }
+    if (st) {
         kv_deploy_clear(d);
-        return kv_fail(KV_E_NOMEM, "deploy lists");
+        kv_profile_choice_clear(c);
     }
-    for (int l = 0; l < a->n_layers; l++) {
-        if (a->layer_score[l] > p->tau) d->quant_layers[d->n_quant++] = l;
-        else d->sparse_layers[d->n_sparse++] = l;
-    }
-    return KV_OK;
+    if (c == &local) kv_profile_choice_clear(&local);
+    return st;
 }
 
 // --- output ------------------------------------------------------------------------
@@ -343,39 +467,82 @@ static void heads_json(FILE *f, const char *name, const double *row, int n, bool
     fputs(last ? "}" : ", ", f);
 }
 
+/* The JSON names of the per-option errors, as kv-profile has always written them. */
+static const char *const err_names[KV_OPT_COUNT] = {NULL, "err_1bit", "err_2bit", "err_4bit",
+                                                    "err_sparse", "err_dsq"};
+
 void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d,
-                           FILE *f)
+                           const kv_profile_choice *c, FILE *f)
 {
     const int NH = a->n_heads;
+    char sp[512], dq[512];
+    kv_policy_params x;
+    opt_params(p, KV_OPT_SPARSE, &x);
+    if (kv_policy_spec_write(&x, sp, sizeof sp)) sp[0] = 0;
+    opt_params(p, KV_OPT_DSQ, &x);
+    if (kv_policy_spec_write(&x, dq, sizeof dq)) dq[0] = 0;
     fprintf(f, "{\n  \"files\": %d,\n  \"n_layers\": %d,\n  \"n_heads\": %d,\n"
                "  \"n_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"n_q\": %d,\n",
             a->n_docs < 0 ? -a->n_docs : a->n_docs, a->n_layers, NH, a->n_kv_heads, a->head_dim,
             a->n_q);
-    fprintf(f, "  \"params\": {\"alpha\": %g, \"tau\": %g, \"nq\": %d, \"group\": %d, "
-               "\"residual\": %d, \"budget\": %g, \"channels\": %d, \"sink\": %d, \"window\": %d},\n",
-            p->alpha, p->tau, p->nq, p->quant.group, p->quant.residual,
-            p->sparse.topk > 0 ? (double)p->sparse.topk : p->sparse.topk_frac, p->sparse.channels, p->sparse.sink, p->sparse.window);
+    fprintf(f, "  \"params\": {\"rule\": \"%s\", \"kv_budget\": %.17g, \"alpha\": %g, \"tau\": %g, "
+               "\"nq\": %d, \"bits\": %d, \"group\": %d, \"residual\": %d, \"budget\": %g, "
+               "\"channels\": %d, \"sink\": %d, \"window\": %d,\n             \"sparse\": \"%s\", "
+               "\"dsq\": \"%s\"},\n",
+            p->rule == KV_RULE_TAU ? "tau" : "budget", p->kv_budget, p->alpha, p->tau, p->nq,
+            p->quant.bits, p->quant.group, p->quant.residual,
+            p->sparse.topk > 0 ? (double)p->sparse.topk : p->sparse.topk_frac, p->sparse.channels,
+            p->sparse.sink, p->sparse.window, sp, dq);
+    if (c && c->opt) {
+        fprintf(f, "  \"choice\": {\"kv_bytes\": %.0f, \"full_bytes\": %.0f, \"ratio\": ", c->bytes,
+                c->full_bytes);
+        kv_json_number(f, c->full_bytes > 0 ? c->bytes / c->full_bytes : NAN);
+        if (p->rule == KV_RULE_BUDGET)
+            fprintf(f, ", \"budget_bytes\": %.0f, \"budget_met\": %s", c->budget_bytes,
+                    c->budget_met ? "true" : "false");
+        fputs("},\n", f);
+    }
     fputs("  \"layers\": [\n", f);
     for (int l = 0; l < a->n_layers; l++) {
         size_t o = (size_t)l * NH;
         fprintf(f, "    {\"layer\": %d, \"score\": ", l);
         kv_json_number(f, a->layer_score[l]);
-        fputs(", \"err_1bit\": ", f);
-        kv_json_number(f, a->layer_q1[l]);
-        fputs(", \"err_2bit\": ", f);
-        kv_json_number(f, a->layer_q2[l]);
-        fputs(", \"err_sparse\": ", f);
-        kv_json_number(f, a->layer_sparse[l]);
-        fprintf(f, ", \"class\": \"%s\",\n     \"heads\": {",
-                a->layer_score[l] > p->tau ? "quant" : "sparse");
+        for (int oi = KV_OPT_Q1; oi < KV_OPT_COUNT; oi++) {
+            fprintf(f, ", \"%s\": ", err_names[oi]);
+            kv_json_number(f, a->layer_err[oi][l]);
+        }
+        fprintf(f, ", \"tau_class\": \"%s\"", a->layer_score[l] > p->tau ? "quant" : "sparse");
+        if (c && c->opt) {
+            kv_profile_opt ch = c->opt[l];
+            fprintf(f, ", \"class\": \"%s\", \"choice\": \"%s\"",
+                    kv_policy_kind_name(d && d->per_layer ? d->per_layer[l].kind : KV_POL_FULL),
+                    kv_profile_opt_name(ch));
+        }
+        fputs(",\n     \"bytes\": {", f);
+        for (int oi = 0; oi < KV_OPT_COUNT; oi++) {
+            fprintf(f, "%s\"%s\": ", oi ? ", " : "", kv_profile_opt_name((kv_profile_opt)oi));
+            kv_json_number(f, a->bytes[oi][l]);
+        }
+        fputs("},\n     \"heads\": {", f);
         heads_json(f, "score", a->score + o, NH, false);
-        heads_json(f, "err_1bit", a->err_q1 + o, NH, false);
-        heads_json(f, "err_2bit", a->err_q2 + o, NH, false);
-        heads_json(f, "err_sparse", a->err_sparse + o, NH, true);
+        for (int oi = KV_OPT_Q1; oi < KV_OPT_COUNT; oi++)
+            heads_json(f, err_names[oi], a->err[oi] + o, NH, oi + 1 == KV_OPT_COUNT);
         fprintf(f, "}%s\n", l + 1 < a->n_layers ? "," : "");
     }
     fputs("  ],\n  \"deploy\": ", f);
-    kv_deploy_write_json(d, f, 2);
+    if (d) {
+        double *e = malloc(((size_t)a->n_layers + 1) * sizeof *e), *by = malloc(((size_t)a->n_layers + 1) * sizeof *by);
+        for (int l = 0; e && by && c && c->opt && l < a->n_layers; l++) {
+            e[l] = a->layer_err[c->opt[l]][l];
+            by[l] = a->bytes[c->opt[l]][l];
+        }
+        bool ext = e && by && c && c->opt;
+        kv_deploy_write_json_ext(d, ext ? e : NULL, ext ? by : NULL, f, 2);
+        free(e);
+        free(by);
+    } else {
+        fputs("null", f);
+    }
     fputs("\n}\n", f);
 }
 

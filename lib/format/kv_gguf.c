@@ -8,6 +8,7 @@
 #include "format/kv_gguf.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,21 +213,16 @@ static kv_status ggml_nbytes(uint32_t type, const int64_t *ne, int nd, uint64_t 
             return kv_fail(KV_E_DATA, "GGUF tensor %s: too many elements", name);
         n *= (uint64_t)ne[i];
     }
-    switch (type) {
-    case KV_GGML_F32: *out = n * 4; return KV_OK;
-    case KV_GGML_F16:
-    case KV_GGML_BF16: *out = n * 2; return KV_OK;
-    case KV_GGML_Q8_0:
-        if (ne[0] % 32)
-            return kv_fail(KV_E_DATA, "GGUF tensor %s: Q8_0 row length %lld not a multiple of 32",
-                           name, (long long)ne[0]);
-        *out = n / 32 * 34;
-        return KV_OK;
-    default:
-        return kv_fail(KV_E_UNSUPPORTED,
-                       "GGUF tensor %s: ggml type %u not supported (F32, F16, BF16, Q8_0 are)",
-                       name, type);
-    }
+    char tb[16];
+    const kv_ggml_type_info *ti = kv_ggml_type_info_of(type);
+    if (!ti || !ti->bytes)
+        return kv_fail(KV_E_UNSUPPORTED, "GGUF tensor %s: ggml type %s is not supported", name,
+                       kv_ggml_type_name(type, tb));
+    if (ne[0] % ti->block)
+        return kv_fail(KV_E_DATA, "GGUF tensor %s: %s row length %lld is not a multiple of %d", name,
+                       ti->name, (long long)ne[0], ti->block);
+    *out = n / (uint64_t)ti->block * (uint64_t)ti->bytes;
+    return KV_OK;
 }
 
 kv_status kv_gguf_parse(const void *buf, size_t len, kv_gguf **out)
@@ -475,4 +471,14 @@ double kv_gguf_arr_num(const kv_gguf_kv *kv, uint64_t i)
         kv->arr_type == KV_GGUF_STRING || kv->arr_type == KV_GGUF_ARRAY)
         return NAN;
     return scalar_at(kv->arr_type, kv->arr_data + i * scalar_size[kv->arr_type]);
+}
+
+bool kv_gguf_is_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char m[4];
+    bool yes = fread(m, 1, 4, f) == 4 && !memcmp(m, "GGUF", 4);
+    fclose(f);
+    return yes;
 }

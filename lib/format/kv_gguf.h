@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_ggml.h"
 #include "common/kv_status.h"
 
 #define KV_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
@@ -23,8 +24,8 @@ typedef enum {
     KV_GGUF_F64, KV_GGUF_TYPE_COUNT
 } kv_gguf_type;
 
-/* ggml tensor types this reader can size (others are rejected). */
-enum { KV_GGML_F32 = 0, KV_GGML_F16 = 1, KV_GGML_Q8_0 = 8, KV_GGML_BF16 = 30 };
+/* Tensor types are ggml's (common/kv_ggml.h); the reader sizes every type
+ * that table sizes and refuses the others by name. */
 
 typedef struct {
     char *key;
@@ -62,6 +63,9 @@ typedef struct kv_gguf {
     uint64_t *kv_slot, *t_slot; /* (kv_mask + 1), (t_mask + 1) */
     uint64_t kv_mask, t_mask;
 } kv_gguf;
+
+/* Does the file at path start with the GGUF magic?  (false if unreadable) */
+bool kv_gguf_is_file(const char *path);
 
 /* Parse buf (len bytes, borrowed). */
 kv_status kv_gguf_parse(const void *buf, size_t len, kv_gguf **out);

@@ -45,6 +45,7 @@ static void dsq_params_of(const kv_policy_params *p, kv_dsq_params *dp)
     kv_dsq_params_default(dp);
     dp->window = p->dsq_window;
     dp->salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
+    dp->base = p->dsq_base;
 }
 
 static kv_status dsq_configure(kv_gpu_engine *e, gl_layer *y)

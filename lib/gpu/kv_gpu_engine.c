@@ -389,8 +389,7 @@ static kv_status predict_ahead(kv_gpu_engine *e, int l)
     CK(cudaEventRecord(e->ev_x[l], e->s_main));
     CK(cudaStreamWaitEvent(e->s_side, e->ev_x[l], 0));
     if (e->o.profile) CK(cudaEventRecord(e->ev_p0[l], e->s_side));
-    if (!(e->o.sel_skip & KV_GPU_SKIP_QUERY))
-        CK(eng_gemv(e->w[l].qkv, e->wt, e->qd, e->ld_dim, xp, e->qpred, 0, e->s_side));
+    if (!(e->o.sel_skip & KV_GPU_SKIP_QUERY)) TRY(gl_q_only(e, l, xp, e->qpred, e->s_side));
     CK(eng_rope_store(e->qpred, NULL, e->nqh, NULL, NULL, 0, e->hd, e->inv_freq, e->pos + e->rope_off, NULL,
                       NULL, 0, e->s_side));
     TRY(y->pl->select(e, y, e->qpred, e->s_side, e->s_gath));
@@ -410,18 +409,16 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
 {
     const int pos = e->pos, hd = e->hd, nkv = e->nkv;
     cudaStream_t s = e->s_main;
-    CK(eng_embed(e->embd, e->wt, e->ld_dim, e->dim, dtok, e->x, s));
+    TRY(gl_embed(e, dtok, s));
     e->sel.side_last = -1;
     e->off.next = 0;
     for (int l = 0; !pf && l < e->L; l++)
         if (e->lay[l].pl->step_begin) TRY(e->lay[l].pl->step_begin(e, &e->lay[l]));
     for (int l = 0; l < e->L; l++) {
-        const gw_layer *w = &e->w[l];
         gl_layer *y = &e->lay[l];
         /* one layer ahead: the next layer's query and token selection */
         if (!pf && l + 1 < e->L && gl_wants_pred(e, l + 1)) TRY(predict_ahead(e, l + 1));
-        CK(eng_gemv_norm(w->qkv, e->wt, e->qd + 2 * e->kvd, e->ld_dim, e->x, w->attn_norm, e->dim,
-                         e->eps, e->qkv, 0, s));
+        TRY(gl_qkv(e, l, s));
         float *q = e->qkv, *k = q + e->qd, *v = k + e->kvd;
         gl_row r;
         if (pf) {
@@ -442,15 +439,10 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
             y->T = pos + 1;
             y->attends++;
         }
-        CK(eng_gemv(w->o, e->wt, e->dim, e->ld_qd, e->att, e->x, 1, s));
-        CK(eng_gemv_norm(w->gu, e->wt, e->hidden, e->ld_dim, e->x, w->ffn_norm, e->dim, e->eps,
-                         e->hb, 1, s));
-        CK(eng_gemv(w->down, e->wt, e->dim, e->ld_hid, e->hb, e->x, 1, s));
+        TRY(gl_attn_out(e, l, s));
+        TRY(gl_ffn(e, l, s));
     }
-    if (want_logits) {
-        CK(eng_gemv_norm(e->outw, e->wt, e->vocab, e->ld_dim, e->x, e->out_norm, e->dim, e->eps,
-                         e->logits, 0, s));
-    }
+    if (want_logits) TRY(gl_logits(e, s));
     return KV_OK;
 }
 
@@ -537,6 +529,7 @@ static kv_status engine_init(kv_gpu_engine *e)
         {&e->x, gl_pad8(e->dim)},    {&e->xp[0], e->ld_dim},
         {&e->xp[1], e->ld_dim},      {&e->qkv, e->qd + 2 * e->kvd}, {&e->att, e->ld_qd},
         {&e->hb, e->ld_hid},          {&e->logits, e->vocab},
+        {&e->xn, e->ld_dim},          {&e->gu32, 2 * e->hidden},
         {&e->qpred, e->qd},          {&e->sel.qscale, e->nqh},
         {&e->sel.sm_tmp, (int)eng_softmax_tmp(e->nqh)},
     };
@@ -623,7 +616,7 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     release_all(e);
     gl_weights_free(e);
     gl_dfree(&e->inv_freq);
-    float **acts[] = {&e->x, &e->xp[0], &e->xp[1], &e->qkv, &e->att, &e->hb,
+    float **acts[] = {&e->x, &e->xp[0], &e->xp[1], &e->qkv, &e->att, &e->hb, &e->xn, &e->gu32,
                       &e->logits, &e->qpred, &e->sel.qscale, &e->sel.sm_tmp, &e->sel.score,
                       &e->sel.comb};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) gl_dfree(acts[i]);
@@ -839,7 +832,8 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     n = P + nn;
     const int C = C0 < nn ? C0 : nn;
     kv_pf_geom g = {e->dim, e->hidden, e->nqh, e->nkv, e->hd, e->ld_dim, e->ld_qd, e->ld_hid,
-                    e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0, pre ? pre->matched - P : 0};
+                    e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0, gl_weights_packed(e),
+                    pre ? pre->matched - P : 0};
     kv_pf_layer *lw = calloc((size_t)e->L, sizeof *lw);
     void **kc = calloc((size_t)e->L, sizeof *kc), **vc = calloc((size_t)e->L, sizeof *vc);
     float *X = NULL;
@@ -854,8 +848,7 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     if (!st) st = gl_dalloc(&tmp, ingest_scratch(e, n) * 2, "ingest scratch");
     if (!st) st = kv_gpu_prefill_ws_alloc(&g, C, &ws);
     for (int l = 0; !st && l < e->L; l++) {
-        const gw_layer *w = &e->w[l];
-        lw[l] = (kv_pf_layer){w->qkv, w->o, w->gu, w->down, w->attn_norm, w->ffn_norm};
+        gl_prefill_layer(e, l, &lw[l]);
         kc[l] = K;
         vc[l] = V;
     }
@@ -877,16 +870,13 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
         }
     }
     if (!st)
-        st = kv_gpu_prefill_model_from(e->cb, &g, lw, e->L, e->embd, e->ld_dim, dt, P, n, &ws, X, kc,
-                                       vc, (long long)n * e->hd, e->inv_freq, &hooks, e->s_main,
+        st = kv_gpu_prefill_model_from(e->cb, &g, lw, e->L, e->embd, e->ld_dim, &e->pembd, dt, P, n, &ws, X,
+                                       kc, vc, (long long)n * e->hd, e->inv_freq, &hooks, e->s_main,
                                        e->o.time_prefill ? &ev : NULL);
     if (!st && want_logits) {
         cudaError_t ce = cudaMemcpyAsync(e->x, X + (size_t)(nn - 1) * e->ld_dim, (size_t)e->dim * 4,
                                          cudaMemcpyDeviceToDevice, e->s_main);
-        if (ce == cudaSuccess)
-            ce = eng_gemv_norm(e->outw, e->wt, e->vocab, e->ld_dim, e->x, e->out_norm, e->dim,
-                               e->eps, e->logits, 0, e->s_main);
-        if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prefill logits", __FILE__, __LINE__);
+        st = ce == cudaSuccess ? gl_logits(e, e->s_main) : kv_cuda_fail(ce, "prefill logits", __FILE__, __LINE__);
     }
     cudaDeviceSynchronize();
     for (int i = 0; i < ev.cap; i++) {

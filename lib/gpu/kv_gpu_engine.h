@@ -1,9 +1,13 @@
 /*
  * kv_gpu_engine: the forward pass of lib/engine/kv_engine.h on a CUDA GPU, with
  * TailorKV's placement on real hardware.  Same model structure and the same
- * per-layer kv_policy_params as the CPU engine; weights are converted at
- * load to fp16 (bf16 when the model is bf16) and live on the GPU; the KV
- * cache is fp16.  Per layer, by policy:
+ * per-layer kv_policy_params as the CPU engine; weights live on the GPU,
+ * the Q8_0, Q4_K and Q6_K matrices of a GGUF (what Q8_0 and Q4_K_M files
+ * hold) packed as stored, read by a GEMV on the blocks and dequantized per
+ * prefill chunk for the tensor-core products, every other matrix converted
+ * at load to fp16 (bf16 when the model is bf16); qwen2's q/k/v biases are
+ * added after their projections; the KV cache is fp16.  Per layer, by
+ * policy:
  *   full    — the K/V cache on the GPU (or, with offload=on, in pinned host
  *             memory, each layer copied in per step on a copy stream while
  *             the previous layer computes: the `offload` baseline);
@@ -68,7 +72,8 @@ enum {
 
 typedef struct {
     int device;           /* CUDA device ordinal */
-    kv_dtype wtype;   /* weights on the GPU: auto = bf16 for bf16 models, else f16 */
+    kv_dtype wtype;   /* weights on the GPU: auto = Q8_0/Q4_K/Q6_K kept packed, the rest
+                             bf16 for bf16 models, else f16; f16 or bf16 converts every matrix */
     bool no_fetch;        /* measurement only: skip sparse selection and gathering (the
                              attention then reads stale rows) to time the fetch-free step */
     bool profile;         /* time the side streams per layer (kv_gpu_engine_timing) */

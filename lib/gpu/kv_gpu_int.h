@@ -14,7 +14,8 @@
  *   kv_gpu_sparse.c     sparse: the prompt in pinned host memory, selection and
  *                       gather one layer ahead on the selection streams
  *   kv_gpu_streaming.c  streaming: sink + recent ring on the GPU
- *   kv_gpu_weights.c    the weights' upload (not a placement)
+ *   kv_gpu_weights.c    the weights (not a placement): their upload, 16-bit or
+ *                       packed, and the projections that read them
  *
  * The core knows no placement: it asks gl_placement_for() for the table of a
  * policy kind, and a placement's state lives in its own file's struct
@@ -35,6 +36,7 @@
 #include "eng_ops.cuh"
 #include "gpu/kv_gpu_cuda.h"
 #include "gpu/kv_gpu_engine.h"
+#include "gpu/kv_gpu_prefill.h"
 #include "kv_kernels.h"
 
 // --- errors and memory ----------------------------------------------------------
@@ -152,11 +154,24 @@ kv_status gl_state_new(gl_layer *y, size_t n);
 
 // --- the engine -----------------------------------------------------------------------
 
+/*
+ * One layer's weights.  Each group (q/k/v, o, gate/up, down) is either a
+ * 16-bit matrix in the fused layout below or, when every matrix of the
+ * group has a type the engine keeps packed (eng_packed_type: Q8_0, Q4_K,
+ * Q6_K) and opts.wtype is auto, its packed parts as stored in the file
+ * (the 16-bit pointer is then NULL).
+ */
 typedef struct {
     void *qkv;        /* (n_heads*hd + 2*n_kv*hd, ld_dim) */
     void *o;          /* (dim, ld_qd) */
     void *gu;         /* (2*hidden, ld_dim): gate and up rows interleaved */
     void *down;       /* (dim, ld_hid) */
+    kv_gpu_packed pqkv[3]; /* wq, wk, wv when qkv is NULL */
+    kv_gpu_packed po;      /* when o is NULL */
+    kv_gpu_packed pgu[2];  /* w_gate, w_up when gu is NULL */
+    kv_gpu_packed pdown;   /* when down is NULL */
+    float *bqkv;      /* (n_heads*hd + 2*n_kv*hd) q/k/v biases (qwen2; absent ones 0), or NULL */
+    float *bo;        /* (dim) output projection bias, or NULL */
     float *attn_norm; /* (dim) */
     float *ffn_norm;  /* (dim) */
     bool owner;       /* false when the matrices are an earlier layer's (synthetic models) */
@@ -175,7 +190,8 @@ struct kv_gpu_engine {
     int q_f32;           /* fp16 attention takes the float32 query (gl_attend_dense) */
     kv_dtype wt;
     gw_layer *w;         /* (L) */
-    void *embd, *outw;   /* (vocab, ld_dim) */
+    void *embd, *outw;   /* (vocab, ld_dim), or NULL when packed: */
+    kv_gpu_packed pembd, pout; /* packed embedding and classifier (data NULL: 16-bit) */
     float *out_norm;     /* (dim) */
     float *inv_freq;     /* (hd/2) device */
     uint64_t wbytes, wread;
@@ -186,6 +202,8 @@ struct kv_gpu_engine {
     float *qkv;          /* (n_heads*hd + 2*n_kv*hd) projections, q then k then v */
     float *att;          /* (ld_qd) attention output */
     float *hb;           /* (ld_hid) SwiGLU output */
+    float *xn;           /* (ld_dim) normalized input of packed projections */
+    float *gu32;         /* (2*hidden) packed gate and up outputs */
     float *logits;       /* (vocab) */
     float *qpred;        /* (n_heads*hd) predicted query (selection stream) */
     uint16_t *q16;       /* (n_heads*hd) fp16 query for kernels/ */
@@ -264,6 +282,27 @@ float gl_elapsed(cudaEvent_t a, cudaEvent_t b);
 
 kv_status gl_weights_load(kv_gpu_engine *e);
 void gl_weights_free(kv_gpu_engine *e);
+/* Does any matrix live packed on the device? */
+bool gl_weights_packed(const kv_gpu_engine *e);
+
+/* The projections of one token on stream s, whatever form the weights take
+ * (16-bit fused GEMVs, or packed GEMVs after a separate RMSNorm), biases
+ * included:
+ *   gl_embed    e->x = embedding row of the device id *dtok
+ *   gl_qkv      e->qkv = [Wq; Wk; Wv] rmsnorm(e->x, attn_norm) + b
+ *   gl_q_only   q (qd) = Wq xn + bq for an already normalized xn (the
+ *               query predicted one layer ahead)
+ *   gl_attn_out e->x += Wo e->att + bo
+ *   gl_ffn      e->x += Wdown (silu(Wgate xn) * (Wup xn)), xn = rmsnorm(e->x, ffn_norm)
+ *   gl_logits   e->logits = Wout rmsnorm(e->x, output_norm) */
+kv_status gl_embed(kv_gpu_engine *e, const int *dtok, cudaStream_t s);
+kv_status gl_qkv(kv_gpu_engine *e, int l, cudaStream_t s);
+kv_status gl_q_only(kv_gpu_engine *e, int l, const float *xn, float *q, cudaStream_t s);
+kv_status gl_attn_out(kv_gpu_engine *e, int l, cudaStream_t s);
+kv_status gl_ffn(kv_gpu_engine *e, int l, cudaStream_t s);
+kv_status gl_logits(kv_gpu_engine *e, cudaStream_t s);
+/* A layer's weights as the chunked prefill takes them. */
+void gl_prefill_layer(const kv_gpu_engine *e, int l, kv_pf_layer *out);
 /* n floats to the device, zero-padded to a multiple of 8 (GEMV inputs are read in 8s). */
 kv_status gl_upload_f32(const float *src, int n, float **dst, const char *what);
 

@@ -1,7 +1,9 @@
 /*
  * kv_gpu_prefill: one layer over one prefill chunk (see kv_gpu_prefill.h):
  * the row kernels of kernels/prefill_elem.cu, the attention of
- * kernels/prefill_attn.cu and four cuBLAS products per layer.
+ * kernels/prefill_attn.cu and four cuBLAS products per layer (a packed
+ * matrix group dequantized by kernels/eng_dequant.cu before its product,
+ * biases added by eng_add_bias_rows after).
  */
 #include "gpu/kv_gpu_prefill.h"
 
@@ -21,17 +23,29 @@ static size_t pf_f32_cols(const kv_pf_geom *g)
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* 16-bit values of the largest matrix group in the engine's layout. */
+static size_t pf_wdq_elems(const kv_pf_geom *g)
+{
+    const size_t qkv = (size_t)(g->n_heads + 2 * g->n_kv_heads) * g->head_dim * g->ld_dim;
+    const size_t o = (size_t)g->dim * g->ld_qd, gu = 2 * (size_t)g->hidden * g->ld_dim;
+    const size_t dn = (size_t)g->dim * g->ld_hid;
+    size_t m = qkv > o ? qkv : o;
+    m = m > gu ? m : gu;
+    return m > dn ? m : dn;
+}
+
 size_t kv_gpu_prefill_ws_bytes(const kv_pf_geom *g, int C)
 {
     const size_t c = (size_t)C, qd = (size_t)g->n_heads * g->head_dim;
     return al256(c * g->ld_dim * 2) + al256(c * pf_f32_cols(g) * 4) + al256(c * qd * 2) +
-           al256(c * g->ld_qd * 2) + al256(c * g->ld_hid * 2);
+           al256(c * g->ld_qd * 2) + al256(c * g->ld_hid * 2) + (g->packed ? al256(pf_wdq_elems(g) * 2) : 0);
 }
 
 #ifdef KV_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
 
+#include "eng_ops.cuh"
 #include "gpu/kv_gpu_cuda.h"
 #include "prefill_ops.h"
 
@@ -67,6 +81,8 @@ kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
     ws->att = b;
     b += al256(c * g->ld_qd * 2);
     ws->h = b;
+    b += al256(c * g->ld_hid * 2);
+    ws->wdq = g->packed ? b : NULL;
     /* the 16-bit GEMM inputs are read up to their padded pitch */
     e = cudaMemset(ws->base, 0, bytes);
     if (e != cudaSuccess) {
@@ -82,6 +98,32 @@ void kv_gpu_prefill_ws_free(kv_pf_ws *ws)
     memset(ws, 0, sizeof *ws);
 }
 
+/*
+ * The weights of one product: the 16-bit matrix when there is one, else the
+ * group's packed parts dequantized into ws->wdq in the 16-bit layout (rows
+ * of pitch ld, parts one after another, or interleaved when inter), which
+ * the product then reads.  Stream order keeps wdq's uses apart.
+ */
+static kv_status pf_weights(const kv_pf_geom *g, const kv_pf_ws *ws, const void *w16, const kv_gpu_packed *parts,
+                            int nparts, bool inter, int ld, cudaStream_t s, const void **out)
+{
+    *out = w16;
+    if (w16) return KV_OK;
+    if (!ws->wdq) return kv_fail(KV_E_INTERNAL, "packed weights without a dequantization workspace");
+    const kv_dtype dt = g->wbf16 ? KV_DT_BF16 : KV_DT_F16;
+    size_t row0 = 0;
+    for (int i = 0; i < nparts; i++) {
+        const kv_gpu_packed *p = &parts[i];
+        void *dst = (uint16_t *)ws->wdq + (inter ? (size_t)i : row0) * ld;
+        kv_status st = pf_cuda(eng_dequant_rows(p->data, p->type, p->rows, p->cols, p->pitch, dst, dt, ld,
+                                                inter ? nparts : 1, s), "weight dequantization");
+        if (st) return st;
+        row0 += (size_t)p->rows;
+    }
+    *out = ws->wdq;
+    return KV_OK;
+}
+
 kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
                                const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,
                                long long kv_stride, const float *inv_freq, void *stream,
@@ -93,12 +135,16 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
     const kv_gemm_type gt = g->wbf16 ? KV_GEMM_BF16 : KV_GEMM_F16;
     const int hd = g->head_dim, qd = g->n_heads * hd, kvd = g->n_kv_heads * hd;
     const int fcols = (int)pf_f32_cols(g);
+    const void *W;
     kv_status st;
     st = pf_cuda(pf_rmsnorm_rows(X, g->ld_dim, w->attn_norm, g->dim, g->eps, n, ws->xn, wt,
                                  g->ld_dim, s), "attention RMSNorm");
+    if (!st) st = pf_weights(g, ws, w->qkv, w->pqkv, 3, false, g->ld_dim, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, qd + 2 * kvd, g->dim, w->qkv, g->ld_dim, ws->xn, g->ld_dim, gt,
+        st = kv_cublas_gemm(cb, s, n, qd + 2 * kvd, g->dim, W, g->ld_dim, ws->xn, g->ld_dim, gt,
                             ws->f32, fcols, KV_GEMM_F32, false);
+    if (!st && w->bqkv)
+        st = pf_cuda(eng_add_bias_rows(ws->f32, fcols, w->bqkv, qd + 2 * kvd, n, s), "q/k/v biases");
     if (!st)
         st = pf_cuda(pf_rope_rows_at(ws->f32, fcols, g->n_heads, g->n_kv_heads, hd, inv_freq, p0,
                                      g->rope_off, n, ws->q, qd, kc, vc, kv_stride, kt, s), "RoPE");
@@ -116,35 +162,41 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
             ev->n++;
         }
     }
+    if (!st) st = pf_weights(g, ws, w->o, &w->po, 1, false, g->ld_qd, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, g->dim, qd, w->o, g->ld_qd, ws->att, g->ld_qd, gt, X,
+        st = kv_cublas_gemm(cb, s, n, g->dim, qd, W, g->ld_qd, ws->att, g->ld_qd, gt, X,
                             g->ld_dim, KV_GEMM_F32, true);
+    if (!st && w->bo) st = pf_cuda(eng_add_bias_rows(X, g->ld_dim, w->bo, g->dim, n, s), "output bias");
     if (!st)
         st = pf_cuda(pf_rmsnorm_rows(X, g->ld_dim, w->ffn_norm, g->dim, g->eps, n, ws->xn, wt,
                                      g->ld_dim, s), "FFN RMSNorm");
+    if (!st) st = pf_weights(g, ws, w->gu, w->pgu, 2, true, g->ld_dim, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, 2 * g->hidden, g->dim, w->gu, g->ld_dim, ws->xn, g->ld_dim,
+        st = kv_cublas_gemm(cb, s, n, 2 * g->hidden, g->dim, W, g->ld_dim, ws->xn, g->ld_dim,
                             gt, ws->f32, fcols, KV_GEMM_F32, false);
     if (!st)
         st = pf_cuda(pf_swiglu_rows(ws->f32, fcols, g->hidden, n, ws->h, wt, g->ld_hid, s), "SwiGLU");
+    if (!st) st = pf_weights(g, ws, w->down, &w->pdown, 1, false, g->ld_hid, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, g->dim, g->hidden, w->down, g->ld_hid, ws->h, g->ld_hid, gt,
+        st = kv_cublas_gemm(cb, s, n, g->dim, g->hidden, W, g->ld_hid, ws->h, g->ld_hid, gt,
                             X, g->ld_dim, KV_GEMM_F32, true);
     return st;
 }
 
 kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
-                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                               const int *dtok, int T,
                                const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
                                long long kv_stride, const float *inv_freq,
                                const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
 {
-    return kv_gpu_prefill_model_from(cb, g, w, L, embd, ld_embd, dtok, 0, T, ws, X, kc, vc, kv_stride,
-                                     inv_freq, hooks, stream, ev);
+    return kv_gpu_prefill_model_from(cb, g, w, L, embd, ld_embd, embd_packed, dtok, 0, T, ws, X, kc, vc,
+                                     kv_stride, inv_freq, hooks, stream, ev);
 }
 
 kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
-                                    const void *embd, int ld_embd, const int *dtok, int p_start,
+                                    const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                                    const int *dtok, int p_start,
                                     int T, const kv_pf_ws *ws, float *X, void *const *kc,
                                     void *const *vc, long long kv_stride, const float *inv_freq,
                                     const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
@@ -155,8 +207,11 @@ kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv
         return kv_fail(KV_E_USAGE, "prefill cache of %lld values per head holds fewer than %d tokens",
                        kv_stride, T);
     cudaStream_t s = (cudaStream_t)stream;
-    kv_status st = pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok,
-                                         T - p_start, X, g->ld_dim, s), "embedding");
+    kv_status st = embd_packed && embd_packed->data
+                       ? pf_cuda(eng_embed_rows_q(embd_packed->data, embd_packed->type, g->dim, embd_packed->pitch,
+                                                  dtok, T - p_start, X, g->ld_dim, s), "embedding")
+                       : pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok,
+                                               T - p_start, X, g->ld_dim, s), "embedding");
     const int qd = g->n_heads * g->head_dim;
     for (int l = 0; l < L && !st; l++) {
         if (p_start && hooks && hooks->begin) st = hooks->begin(hooks->ctx, l, stream);
@@ -175,7 +230,8 @@ kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv
 #else
 
 kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
-                                    const void *embd, int ld_embd, const int *dtok, int p_start,
+                                    const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                                    const int *dtok, int p_start,
                                     int T, const kv_pf_ws *ws, float *X, void *const *kc,
                                     void *const *vc, long long kv_stride, const float *inv_freq,
                                     const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
@@ -184,7 +240,8 @@ kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv
 }
 
 kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
-                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                               const int *dtok, int T,
                                const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
                                long long kv_stride, const float *inv_freq,
                                const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)

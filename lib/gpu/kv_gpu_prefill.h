@@ -4,31 +4,49 @@
  * the prefill benchmark.  For rows X (n, ld_dim) float32 of the residual
  * stream at positions [p0, p0 + n):
  *   xn  = rmsnorm(X, attn_norm)                     (pf_rmsnorm_rows, 16-bit)
- *   qkv = xn Wqkv^T                                 (cuBLAS, float32)
+ *   qkv = xn Wqkv^T (+ q/k/v biases)                (cuBLAS, float32)
  *   q, k, v = RoPE(qkv); k, v -> the layer's cache  (pf_rope_rows)
  *   att = causal attention of q over cache [0, p0+n) (pf_attn, tensor cores)
- *   X  += att Wo^T                                  (cuBLAS, beta = 1)
+ *   X  += att Wo^T (+ its bias)                     (cuBLAS, beta = 1)
  *   xn  = rmsnorm(X, ffn_norm)
  *   gu  = xn Wgu^T  (gate and up rows interleaved)  (cuBLAS, float32)
  *   h   = silu(gate) * up                           (pf_swiglu_rows, 16-bit)
  *   X  += h Wdown^T                                 (cuBLAS, beta = 1)
- * The weights are laid out as lib/gpu/kv_gpu_engine.c keeps them.  Every
- * call only enqueues work on the stream.  CUDA builds only (KV_HAVE_CUDA).
+ * The weights are laid out as lib/gpu/kv_gpu_engine.c keeps them: 16-bit
+ * matrices, or packed ggml blocks (kv_gpu_packed), which each chunk
+ * dequantizes to the 16-bit layout in the workspace just before its GEMM
+ * (kernels/eng_dequant.cu), one matrix group at a time.  Every call only
+ * enqueues work on the stream.  CUDA builds only (KV_HAVE_CUDA).
  *
  * Workspace for chunks of up to C rows (kv_gpu_prefill_ws_bytes):
  *   C * (2*ld_dim + 2*qd + 2*ld_qd + 2*ld_hid + 4*max(qd + 2*kvd, 2*hidden))
  * bytes (qd = n_heads*hd, kvd = kv_heads*hd): bounded by the chunk, never by
- * the prompt.
+ * the prompt; with packed weights (g->packed) also one 16-bit copy of the
+ * largest matrix group, 2*max((qd + 2*kvd)*ld_dim, dim*ld_qd,
+ * 2*hidden*ld_dim, dim*ld_hid) bytes.
  */
 #ifndef KV_GPU_PREFILL_H
 #define KV_GPU_PREFILL_H
 
 #include <stddef.h>
 
+#include "common/kv_dtype.h"
 #include "common/kv_status.h"
 #include "gpu/kv_cublas.h"
 
-/* One layer's device weights (borrowed). */
+/* A matrix kept on the device in ggml blocks as stored in the GGUF (Q8_0,
+ * Q4_K, Q6_K: kernels/eng_ops.cuh, eng_packed_type); data NULL when the
+ * matrix is 16-bit instead. */
+typedef struct {
+    void *data;              /* (rows, pitch bytes) */
+    kv_dtype type;
+    int rows, cols;
+    size_t pitch;            /* bytes per row: kv_dtype_row_bytes(type, cols) */
+} kv_gpu_packed;
+
+/* One layer's device weights (borrowed).  A group (q/k/v, o, gate/up,
+ * down) is either its 16-bit matrix or, when that pointer is NULL, its
+ * packed parts. */
 typedef struct {
     const void *qkv;         /* (qd + 2*kvd, ld_dim): wq, wk, wv rows */
     const void *o;           /* (dim, ld_qd) */
@@ -36,6 +54,12 @@ typedef struct {
     const void *down;        /* (dim, ld_hid) */
     const float *attn_norm;  /* (dim) */
     const float *ffn_norm;   /* (dim) */
+    const float *bqkv;       /* (qd + 2*kvd) q/k/v biases, or NULL */
+    const float *bo;         /* (dim) output projection bias, or NULL */
+    kv_gpu_packed pqkv[3];   /* wq, wk, wv when qkv is NULL */
+    kv_gpu_packed po;        /* when o is NULL */
+    kv_gpu_packed pgu[2];    /* w_gate, w_up when gu is NULL */
+    kv_gpu_packed pdown;     /* when down is NULL */
 } kv_pf_layer;
 
 typedef struct {
@@ -45,6 +69,7 @@ typedef struct {
     int wbf16;                 /* weights (and GEMM inputs) bf16, else fp16 */
     int kvbf16;                /* cache and queries bf16, else fp16 (the engine: fp16) */
     int attn_variant;          /* pf_attn tile variant, 0 = default */
+    int packed;                /* some layer has packed matrices: the workspace holds ws->wdq */
     int rope_off;              /* RoPE position minus cache row (a continued subset; 0) */
 } kv_pf_geom;
 
@@ -55,6 +80,7 @@ typedef struct {
     void *q;        /* (C, qd) cache type */
     void *att;      /* (C, ld_qd) weight type */
     void *h;        /* (C, ld_hid) weight type */
+    void *wdq;      /* packed weights: one matrix group dequantized (g->packed), else NULL */
     void *base;     /* the one allocation */
 } kv_pf_ws;
 
@@ -102,7 +128,8 @@ typedef struct {
  * The dense causal prefill of T tokens dtok (device ids) through L layers,
  * layer by layer in chunks of ws->C rows, as lib/engine/kv_engine.c orders
  * it: X (T, ld_dim) float32 = embedding rows of embd (vocab, ld_embd) of the
- * weight type, then each layer over each chunk (kv_gpu_prefill_layer).  kc[l],
+ * weight type (or of embd_packed when it is given with data), then each
+ * layer over each chunk (kv_gpu_prefill_layer).  kc[l],
  * vc[l]: layer l's dense cache (kv_heads, kv_stride) rows [0, T) — distinct
  * per layer, or one scratch shared by all when hooks->layer moves each
  * layer's K/V into its placement.  On return X holds the final residual
@@ -116,7 +143,8 @@ typedef struct {
  * linear in T, never T^2.
  */
 kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
-                               const void *embd, int ld_embd, const int *dtok, int T,
+                               const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                               const int *dtok, int T,
                                const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
                                long long kv_stride, const float *inv_freq,
                                const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev);
@@ -125,7 +153,8 @@ kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
  * first: dtok and X hold the T - p_start new rows only, at cache rows
  * [p_start, T) (RoPE at row + g->rope_off). */
 kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
-                                    const void *embd, int ld_embd, const int *dtok, int p_start,
+                                    const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                                    const int *dtok, int p_start,
                                     int T, const kv_pf_ws *ws, float *X, void *const *kc,
                                     void *const *vc, long long kv_stride, const float *inv_freq,
                                     const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev);

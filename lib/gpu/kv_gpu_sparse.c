@@ -10,8 +10,12 @@
  * Each step the layer's query (predicted one layer early by the core, on
  * the selection stream) scores the candidates between the sink and the
  * tail: from C critical key channels read from host memory (channels), from
- * every channel of the host rows (exact), or from a resident 1-bit sketch
- * of the keys (sketch, so that only the chosen rows cross PCIe); softmax
+ * every channel of the host rows (exact), from a resident 1-bit sketch of
+ * the keys (sketch), from the resident rows of R critical channels chosen
+ * at ingest from the prompt's last queries, fp16 or cbits-bit codes, of
+ * which each step scores with C (resident: TailorKV's static channels), or
+ * from resident per-page key bounds (pages: Quest), the last three so that
+ * only the chosen rows cross PCIe; softmax
  * and the GQA combine, top-K, then the chosen rows are gathered into the
  * buffer on the gather stream while the next layer's selection runs.
  *
@@ -25,10 +29,12 @@
  * attention buffer) is built at ingest from the dense cache on the GPU.
  */
 #include "gpu/kv_gpu_int.h"
+#include "policy/kv_select.h"
 
 #ifdef KV_HAVE_CUDA
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -43,12 +49,25 @@ typedef struct {
     uint16_t *sink;           /* (cs0, nkv, 2, hd) device */
     uint8_t *sketch;          /* (nkv, Tp, hd/8) device (sketch) */
     float *chmax, *kmean, *kmad; /* (nkv, hd) device */
+    /* resident: R pool channels (nkv, R) and their rows (eng_rows_build's
+     * layout, ldt tokens a row); the prompt's last queries observed */
+    int R, ldt;
+    int *pool;
+    void *rrows;
+    uint16_t *rscale, *rzero;
+    float *obs;               /* (SPARSE_OBSERVE, n_heads*hd) device */
+    int obs_n;
+    /* pages: (nkv, np, hd) fp16 bounds */
+    int np;
+    uint16_t *pmin, *pmax;
     uint16_t *ak, *av;        /* (nkv, cap, hd) the attention buffer */
     int start, natt;          /* rows attended in the current step */
     int streamed;             /* prompt rows already copied to rows_h (and kcm_h) by
                                  sparse_chunk, of streamed_T; 0 when ingest copies them */
     int streamed_T;
 } sparse_state;
+
+#define SPARSE_OBSERVE 32 /* prompt queries observed: PREFILL_OBSERVE of kv_engine.c */
 
 static int topk_of(const kv_policy_params *p, int T)
 {
@@ -76,8 +95,78 @@ static kv_status sparse_configure(kv_gpu_engine *e, gl_layer *y)
 /* Everything depends on the prompt: allocated at ingest. */
 static kv_status sparse_alloc(kv_gpu_engine *e, gl_layer *y)
 {
-    (void)e;
-    return gl_state_new(y, sizeof(sparse_state));
+    TRY(gl_state_new(y, sizeof(sparse_state)));
+    sparse_state *sp = y->st;
+    if (y->prm.select == KV_SELECT_RESIDENT)
+        TRY(gl_dalloc(&sp->obs, (size_t)SPARSE_OBSERVE * (size_t)e->qd * 4, "sparse observed queries"));
+    return KV_OK;
+}
+
+/* The prompt's last queries, for the resident channels (as the CPU engine
+ * gives them to observe()). */
+static kv_status sparse_observe(kv_gpu_engine *e, gl_layer *y, const float *q, int pos, int n)
+{
+    sparse_state *sp = y->st;
+    if (!sp->obs) return KV_OK;
+    int nobs = n < SPARSE_OBSERVE ? n : SPARSE_OBSERVE, j = pos - (n - nobs);
+    if (j >= 0) {
+        CK(cudaMemcpyAsync(sp->obs + (size_t)j * e->qd, q, (size_t)e->qd * 4,
+                           cudaMemcpyDeviceToDevice, e->s_main));
+        sp->obs_n = nobs;
+    }
+    return KV_OK;
+}
+
+/* select=resident at ingest: the pool of R channels per KV head from the
+ * observed queries and the key maxima (kv_select_pick_channels on the
+ * host, as the CPU policy), then the rows of those channels. */
+static kv_status resident_build(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, int ld, int T)
+{
+    sparse_state *sp = y->st;
+    const kv_policy_params *p = &y->prm;
+    const int nkv = e->nkv, hd = e->hd, nqh = e->nqh, nobs = sp->obs_n <= T ? sp->obs_n : 0;
+    const int R = kv_select_pool_size(p->pool, p->channels, hd);
+    cudaStream_t s = e->s_main;
+    sp->R = R;
+    sp->ldt = (T + KV_SELECT_CGROUP - 1) / KV_SELECT_CGROUP * KV_SELECT_CGROUP;
+    float *chm = malloc((size_t)nkv * hd * sizeof(float));
+    float *oq = nobs ? malloc((size_t)nobs * e->qd * sizeof(float) * 2) : NULL;
+    int *pool = malloc((size_t)nkv * R * sizeof(int));
+    kv_status st = KV_OK;
+    if (!chm || !pool || (nobs && !oq)) st = kv_fail(KV_E_NOMEM, "resident channel staging");
+    if (!st) {
+        cudaError_t ce = cudaMemcpyAsync(chm, sp->chmax, (size_t)nkv * hd * 4, cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess && nobs)
+            ce = cudaMemcpyAsync(oq, sp->obs, (size_t)nobs * e->qd * 4, cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        if (ce != cudaSuccess) st = kv_fail(KV_E_UNAVAILABLE, "CUDA: %s", cudaGetErrorString(ce));
+    }
+    if (!st) {
+        float *q = nobs ? oq + (size_t)nobs * e->qd : NULL; /* (n_heads, nobs, hd) */
+        for (int j = 0; j < nobs; j++)
+            for (int h = 0; h < nqh; h++)
+                memcpy(q + ((size_t)h * nobs + j) * hd, oq + (size_t)j * e->qd + (size_t)h * hd,
+                       (size_t)hd * sizeof(float));
+        kv_select_pick_channels(q, nobs, chm, nqh, nkv, hd, R, pool);
+        st = gl_dalloc(&sp->pool, (size_t)nkv * R * sizeof(int), "resident channels");
+        if (!st) st = gl_h2d_sync(e, sp->pool, pool, (size_t)nkv * R * sizeof(int));
+    }
+    free(chm);
+    free(oq);
+    free(pool);
+    TRY(st);
+    const int bits = p->cbits;
+    size_t rbytes = bits >= 16 ? (size_t)nkv * R * sp->ldt * 2 : (size_t)nkv * R * sp->ldt * bits / 8;
+    TRY(gl_dalloc(&sp->rrows, rbytes, "resident channel rows"));
+    if (bits < 16) {
+        size_t g = (size_t)nkv * R * (sp->ldt / KV_SELECT_CGROUP) * 2;
+        TRY(gl_dalloc(&sp->rscale, g, "resident channel scales"));
+        TRY(gl_dalloc(&sp->rzero, g, "resident channel zeros"));
+    }
+    CK(eng_rows_build(K, nkv, T, ld, hd, sp->pool, R, bits, sp->rrows, sp->rscale, sp->rzero,
+                      sp->ldt, s));
+    sp->obs_n = 0;
+    return KV_OK;
 }
 
 /* The pinned host buffers of a T-token prompt: rows (and the channel-major
@@ -158,6 +247,7 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     cudaStream_t s = e->s_main;
     bool sketch = p->select == KV_SELECT_SKETCH;
     bool channels = p->select == KV_SELECT_CHANNELS;
+    bool pages = p->select == KV_SELECT_PAGES;
     /* the chunks have been copied out (sparse_chunk): the next layer may
      * overwrite the dense cache once the last one is staged */
     const bool streamed = sp->streamed == T && sp->streamed_T == T && sp->rows_h;
@@ -195,6 +285,14 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     if (sketch) {
         TRY(gl_dalloc(&sp->sketch, (size_t)nkv * T * (hd / 8), "key sketch"));
         CK(eng_sketch_build(K, nkv, T, ld, hd, KV_DT_F16, sp->kmean, sp->sketch, s));
+    }
+    if (p->select == KV_SELECT_RESIDENT) TRY(resident_build(e, y, K, ld, T));
+    if (pages) {
+        sp->np = (T + p->page - 1) / p->page;
+        size_t pb = (size_t)nkv * sp->np * hd * 2;
+        TRY(gl_dalloc(&sp->pmin, pb, "page key minima"));
+        TRY(gl_dalloc(&sp->pmax, pb, "page key maxima"));
+        CK(eng_page_bounds(K, nkv, T, ld, hd, p->page, sp->pmin, sp->pmax, s));
     }
     size_t asz = (size_t)nkv * sp->cap * hd * 2;
     TRY(gl_dalloc(&sp->ak, asz, "sparse resident K"));
@@ -274,6 +372,30 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                 if (!(skip & KV_GPU_SKIP_SCORES))
                     CK(eng_score_sketch(q, sp->sketch, sp->Tp, sp->kmad, e->nqh, nkv, hd, cs, cend,
                                         e->sel.score, s));
+            } else if (p->select == KV_SELECT_RESIDENT) {
+                const int C = p->channels < sp->R ? p->channels : sp->R;
+                if (!(skip & KV_GPU_SKIP_SCORES)) {
+                    CK(eng_select_pool(q, sp->chmax, sp->pool, e->nqh, nkv, hd, sp->R, C,
+                                       e->sel.chans, e->sel.qscale, s));
+                    CK(eng_score_rows(q, sp->pool, e->sel.chans, e->sel.qscale, sp->rrows,
+                                      sp->rscale, sp->rzero, sp->ldt, p->cbits, e->nqh, nkv, hd,
+                                      sp->R, C, cs, cend, e->sel.score, s));
+                }
+            } else if (p->select == KV_SELECT_PAGES) {
+                const int P = p->page, p0 = cs / P, np = (cend - 1) / P - p0 + 1;
+                if (!(skip & KV_GPU_SKIP_SCORES))
+                    CK(eng_score_pages(q, sp->pmin, sp->pmax, sp->np, e->nqh, nkv, hd, p0, np,
+                                       e->sel.score, s));
+                /* pages' probabilities, then each token takes its page's */
+                if (!(skip & KV_GPU_SKIP_SOFTMAX)) {
+                    CK(eng_softmax_combine(e->sel.score, e->nqh, nkv, np,
+                                           p->group_reduce == KV_REDUCE_MAX, e->sel.sm_tmp,
+                                           e->sel.comb, s));
+                    CK(eng_pages_expand(e->sel.comb, nkv, np, P, p0, cs, ncand, e->sel.score, s));
+                }
+                if (!(skip & KV_GPU_SKIP_TOPK))
+                    CK(eng_topk(e->sel.score, nkv, ncand, kk, cs, sel, s));
+                goto gather;
             } else if (p->select == KV_SELECT_EXACT) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
                 g0_done = true;
@@ -301,6 +423,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
         }
         if (!(skip & KV_GPU_SKIP_TOPK)) CK(eng_topk(e->sel.comb, nkv, ncand, kk, cs, sel, s));
     }
+gather:
     if (sg != s) {
         CK(cudaEventRecord(e->ev_topk[l], s));
         CK(cudaStreamWaitEvent(sg, e->ev_topk[l], 0));
@@ -354,7 +477,14 @@ static void sparse_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
     b->host = 2 * nkv * Tp * hd * 2 + (sp->kcm_h ? nkv * hd * (uint64_t)sp->ldc * 2 : 0);
     b->resident = 2 * nkv * (uint64_t)sp->cap * hd * 2 + 3 * nkv * hd * 4 +
                   (sp->sink ? (uint64_t)sp->cs0 * nkv * 2 * hd * 2 : 0) +
-                  (sp->sketch ? nkv * Tp * hd / 8 : 0);
+                  (sp->sketch ? nkv * Tp * hd / 8 : 0) +
+                  (sp->pool ? nkv * (uint64_t)sp->R * 4 : 0) +
+                  (sp->rrows ? nkv * (uint64_t)sp->R *
+                                   (y->prm.cbits >= 16 ? (uint64_t)sp->ldt * 2
+                                                       : (uint64_t)sp->ldt * y->prm.cbits / 8 +
+                                                             (uint64_t)sp->ldt / KV_SELECT_CGROUP * 4)
+                              : 0) +
+                  (sp->pmin ? 2 * nkv * (uint64_t)sp->np * hd * 2 : 0);
 }
 
 static void sparse_timing(const kv_gpu_engine *e, const gl_layer *y, kv_gpu_timing *t)
@@ -370,7 +500,8 @@ static void sparse_release(gl_layer *y)
     gl_hfree(&sp->rows_h);
     gl_hfree(&sp->kcm_h);
     sp->rows_d = sp->kcm_d = NULL;
-    void *dev[] = {&sp->sink, &sp->sketch, &sp->chmax, &sp->kmean, &sp->kmad, &sp->ak, &sp->av};
+    void *dev[] = {&sp->sink, &sp->sketch, &sp->chmax, &sp->kmean, &sp->kmad, &sp->ak, &sp->av,
+                   &sp->pool, &sp->rrows, &sp->rscale, &sp->rzero, &sp->obs, &sp->pmin, &sp->pmax};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);
 }
 
@@ -380,6 +511,7 @@ const gl_placement gl_sparse = {
     .alloc = sparse_alloc,
     .ingest = sparse_ingest,
     .chunk = sparse_chunk,
+    .observe = sparse_observe,
     .select = sparse_select,
     .slot = sparse_slot,
     .attend = sparse_attend,

@@ -14,7 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kv_ggml.h"
 #include "common/kv_half.h"
+#include "model/kv_matmul_q.h"
+#include "model/kv_quants.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -53,18 +56,6 @@ static void row_bf16_port(const void *row, float *out, int n)
     }
 }
 
-static void row_q8_port(const void *row, float *out, int n)
-{
-    const uint8_t *p = row;
-    for (int b = 0; b < n / KV_Q8_0_BLOCK; b++, p += KV_Q8_0_BYTES) {
-        uint16_t dh;
-        memcpy(&dh, p, 2);
-        float d = f16_table[dh];
-        const int8_t *q = (const int8_t *)(p + 2);
-        for (int j = 0; j < KV_Q8_0_BLOCK; j++) out[b * KV_Q8_0_BLOCK + j] = d * (float)q[j];
-    }
-}
-
 static float dot_f16_port(const void *row, const float *x, int n)
 {
     const uint16_t *w = row;
@@ -95,24 +86,6 @@ static float dot_bf16_port(const void *row, const float *x, int n)
         float f;
         memcpy(&f, &b, 4);
         s += f * x[i];
-    }
-    return s;
-}
-
-static float dot_q8_port(const void *row, const float *x, int n)
-{
-    const uint8_t *p = row;
-    float s = 0;
-    for (int b = 0; b < n / KV_Q8_0_BLOCK; b++, p += KV_Q8_0_BYTES) {
-        uint16_t dh;
-        memcpy(&dh, p, 2);
-        const int8_t *q = (const int8_t *)(p + 2);
-        const float *xb = x + b * KV_Q8_0_BLOCK;
-        float acc[8] = {0};
-        for (int i = 0; i < KV_Q8_0_BLOCK; i += 8)
-            for (int j = 0; j < 8; j++) acc[j] += (float)q[i + j] * xb[i + j];
-        s += f16_table[dh] *
-             (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
     }
     return s;
 }
@@ -206,25 +179,6 @@ KV_AVX2 static float dot_bf16_avx2(const void *row, const float *x, int n)
     return s;
 }
 
-KV_AVX2 static float dot_q8_avx2(const void *row, const float *x, int n)
-{
-    const uint8_t *p = row;
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < n / KV_Q8_0_BLOCK; b++, p += KV_Q8_0_BYTES) {
-        uint16_t dh;
-        memcpy(&dh, p, 2);
-        const float *xb = x + b * KV_Q8_0_BLOCK;
-        __m256 bs = _mm256_setzero_ps();
-        for (int i = 0; i < KV_Q8_0_BLOCK; i += 8) {
-            __m128i q8 = _mm_loadl_epi64((const __m128i *)(p + 2 + i));
-            __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-            bs = _mm256_fmadd_ps(qf, _mm256_loadu_ps(xb + i), bs);
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_table[dh]), bs, acc);
-    }
-    return hsum256(acc);
-}
-
 KV_AVX2 static void row_f16_avx2(const void *row, float *out, int n)
 {
     const uint16_t *w = row;
@@ -296,8 +250,9 @@ static void tile_2x4_port(const float *w0, const float *w1, const float *x, size
 
 static struct {
     tile_fn tile;
-    dot_w_fn dot[KV_DT_ALL];
+    dot_w_fn dot[KV_DT_ALL];     /* float rows (F32, F16, BF16) with a float vector */
     row_fn row[KV_DT_ALL];
+    kv_qdot_fn qdot[KV_DT_ALL];  /* block rows with a quantized vector */
     float (*dot_f32)(const float *, const float *, int);
     void (*axpy)(float, const float *, float *, int);
     const char *isa;
@@ -306,6 +261,24 @@ static struct {
 static pthread_once_t k_once = PTHREAD_ONCE_INIT;
 
 static void row_f32(const void *row, float *out, int n) { memcpy(out, row, (size_t)n * 4); }
+
+/* block rows decode through the reference (embedding lookups, GPU upload) */
+#define ROWQ(name, wt)                                                                    \
+    static void name(const void *row, float *out, int n)                                 \
+    {                                                                                     \
+        kv_quant_dequant_row(kv_dtype_ggml(wt), row, out, n);                             \
+    }
+ROWQ(row_q8_0, KV_DT_Q8_0)
+ROWQ(row_q4_0, KV_DT_Q4_0)
+ROWQ(row_q4_1, KV_DT_Q4_1)
+ROWQ(row_q5_0, KV_DT_Q5_0)
+ROWQ(row_q5_1, KV_DT_Q5_1)
+ROWQ(row_q2_k, KV_DT_Q2_K)
+ROWQ(row_q3_k, KV_DT_Q3_K)
+ROWQ(row_q4_k, KV_DT_Q4_K)
+ROWQ(row_q5_k, KV_DT_Q5_K)
+ROWQ(row_q6_k, KV_DT_Q6_K)
+#undef ROWQ
 
 static bool force_portable; /* kv_matmul_set_portable */
 
@@ -316,11 +289,20 @@ static void k_choose(void)
     K.dot[KV_DT_F32] = dot_w_f32_port;
     K.dot[KV_DT_F16] = dot_f16_port;
     K.dot[KV_DT_BF16] = dot_bf16_port;
-    K.dot[KV_DT_Q8_0] = dot_q8_port;
     K.row[KV_DT_F32] = row_f32;
     K.row[KV_DT_F16] = row_f16_port;
     K.row[KV_DT_BF16] = row_bf16_port;
-    K.row[KV_DT_Q8_0] = row_q8_port;
+    K.row[KV_DT_Q8_0] = row_q8_0;
+    K.row[KV_DT_Q4_0] = row_q4_0;
+    K.row[KV_DT_Q4_1] = row_q4_1;
+    K.row[KV_DT_Q5_0] = row_q5_0;
+    K.row[KV_DT_Q5_1] = row_q5_1;
+    K.row[KV_DT_Q2_K] = row_q2_k;
+    K.row[KV_DT_Q3_K] = row_q3_k;
+    K.row[KV_DT_Q4_K] = row_q4_k;
+    K.row[KV_DT_Q5_K] = row_q5_k;
+    K.row[KV_DT_Q6_K] = row_q6_k;
+    for (int t = 0; t < KV_DT_ALL; t++) K.qdot[t] = kv_qdot_select(kv_dtype_ggml((kv_dtype)t), false);
     K.dot_f32 = dot_f32_port;
     K.axpy = axpy_port;
     K.tile = tile_2x4_port;
@@ -331,8 +313,8 @@ static void k_choose(void)
         K.dot[KV_DT_F32] = dot_w_f32_avx2;
         K.dot[KV_DT_F16] = dot_f16_avx2;
         K.dot[KV_DT_BF16] = dot_bf16_avx2;
-        K.dot[KV_DT_Q8_0] = dot_q8_avx2;
         K.row[KV_DT_F16] = row_f16_avx2;
+        for (int t = 0; t < KV_DT_ALL; t++) K.qdot[t] = kv_qdot_select(kv_dtype_ggml((kv_dtype)t), true);
         K.dot_f32 = dot_f32_avx2;
         K.axpy = axpy_avx2;
         K.tile = tile_2x4_avx2;
@@ -374,25 +356,86 @@ void kv_axpy_f32(float a, const float *x, float *y, int n)
     K.axpy(a, x, y, n);
 }
 
+/* Stored row of output row r. */
+static inline const uint8_t *wrow(const kv_weight *w, size_t rb, int r)
+{
+    return (const uint8_t *)w->data + (size_t)(w->perm ? w->perm[r] : r) * rb;
+}
+
 void kv_weight_row(const kv_weight *w, int r, float *out)
 {
     k_ready();
-    size_t rb = kv_dtype_row_bytes(w->type, w->cols);
-    K.row[w->type]((const uint8_t *)w->data + (size_t)r * rb, out, w->cols);
+    K.row[w->type](wrow(w, kv_dtype_row_bytes(w->type, w->cols), r), out, w->cols);
+}
+
+/* Quantized copies of an input vector, one per activation format a set of
+ * block-type weights needs (a matvec_multi may mix Q8_0 and Q8_K users).
+ * Small vectors live on the stack; a failed allocation leaves the outputs
+ * NaN rather than silently wrong. */
+#define XQ_STACK 32768
+typedef struct {
+    uint32_t vt[4];
+    uint8_t *buf[4];
+    int n;
+    _Alignas(32) uint8_t stack[XQ_STACK];
+    size_t stack_used;
+    void *heap[4];
+} xq_set;
+
+static const uint8_t *xq_get(xq_set *q, uint32_t vt, const float *x, int cols)
+{
+    for (int i = 0; i < q->n; i++)
+        if (q->vt[i] == vt) return q->buf[i];
+    if (q->n == 4) return NULL;
+    size_t nb = kv_quant_vec_bytes(vt, cols), pad = (nb + 31) & ~(size_t)31;
+    uint8_t *b;
+    if (q->stack_used + pad <= XQ_STACK) {
+        b = q->stack + q->stack_used;
+        q->stack_used += pad;
+        q->heap[q->n] = NULL;
+    } else {
+        b = q->heap[q->n] = malloc(nb);
+        if (!b) return NULL;
+    }
+    kv_quant_activations(vt, x, b, cols);
+    q->vt[q->n] = vt;
+    q->buf[q->n++] = b;
+    return b;
+}
+
+static void xq_free(xq_set *q)
+{
+    for (int i = 0; i < q->n; i++) free(q->heap[i]);
+}
+
+/* One output of a matvec: the row's dot product with x (or its quantized
+ * copy for block types), plus the bias. */
+static inline float row_out(const kv_weight *w, size_t rb, int r, const float *x, const uint8_t *xq)
+{
+    const uint8_t *p = wrow(w, rb, r);
+    float v = xq ? K.qdot[w->type](p, xq, w->cols) : K.dot[w->type](p, x, w->cols);
+    return w->bias ? v + w->bias[r] : v;
 }
 
 void kv_matvec(const kv_weight *w, const float *x, float *y)
 {
     k_ready();
-    const dot_w_fn dot = K.dot[w->type];
     const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
-    const uint8_t *base = w->data;
     const int rows = w->rows, cols = w->cols;
+    xq_set q;
+    q.n = 0, q.stack_used = 0;
+    const uint8_t *xq = NULL;
+    if (kv_dtype_is_block(w->type) &&
+        !(xq = xq_get(&q, kv_quant_vec_type(kv_dtype_ggml(w->type)), x, cols))) {
+        for (int r = 0; r < rows; r++) y[r] = NAN;
+        return;
+    }
     /* Below ~256k multiply-adds (a few microseconds of AVX2) waking the
      * thread team costs as much as it saves, and far more when the cores
      * are shared with other work. */
 #pragma omp parallel for schedule(static) if ((long)rows * cols > KV_PAR_MIN)
-    for (int r = 0; r < rows; r++) y[r] = dot(base + (size_t)r * rb, x, cols);
+    for (int r = 0; r < rows; r++) y[r] = row_out(w, rb, r, x, xq);
+    xq_free(&q);
 }
 
 void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *const *y)
@@ -400,28 +443,72 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
     k_ready();
     int start[5] = {0};
     long work = 0;
+    xq_set q;
+    q.n = 0, q.stack_used = 0;
+    const uint8_t *xqs[4] = {NULL, NULL, NULL, NULL};
+    size_t rbs[4];
     for (int i = 0; i < n; i++) {
         start[i + 1] = start[i] + w[i]->rows;
         work += (long)w[i]->rows * w[i]->cols;
+        rbs[i] = kv_dtype_row_bytes(w[i]->type, w[i]->cols);
+        if (kv_dtype_is_block(w[i]->type) &&
+            !(xqs[i] = xq_get(&q, kv_quant_vec_type(kv_dtype_ggml(w[i]->type)), x, w[i]->cols))) {
+            for (int j = 0; j < n; j++)
+                for (int r = 0; r < w[j]->rows; r++) y[j][r] = NAN;
+            xq_free(&q);
+            return;
+        }
     }
     const int total = start[n];
 #pragma omp parallel for schedule(static) if (work > KV_PAR_MIN)
     for (int r = 0; r < total; r++) {
         int i = 0;
         while (r >= start[i + 1]) i++;
-        const kv_weight *wi = w[i];
-        size_t rb = kv_dtype_row_bytes(wi->type, wi->cols);
-        y[i][r - start[i]] = K.dot[wi->type]((const uint8_t *)wi->data + (size_t)(r - start[i]) * rb, x, wi->cols);
+        y[i][r - start[i]] = row_out(w[i], rbs[i], r - start[i], x, xqs[i]);
     }
+    xq_free(&q);
 }
 
 #define KV_MM_TOKENS 64 /* tokens per tile: one decoded row serves this many */
 
+/* Prefill with block weights: each token's activations are quantized once
+ * per tile, then every row meets every token of the tile while it is in
+ * cache, with the same kernels (and so the same numbers) as a decode step. */
+static void matmul_block(const kv_weight *w, const float *X, int n, float *Y)
+{
+    const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
+    const int rows = w->rows, cols = w->cols;
+    const uint32_t vt = kv_quant_vec_type(kv_dtype_ggml(w->type));
+    const size_t vb = kv_quant_vec_bytes(vt, cols);
+    const int tile = n < KV_MM_TOKENS ? n : KV_MM_TOKENS;
+    uint8_t *xq = malloc(vb * (size_t)tile);
+    if (!xq) {
+        for (size_t i = 0; i < (size_t)n * rows; i++) Y[i] = NAN;
+        return;
+    }
+    for (int t0 = 0; t0 < n; t0 += KV_MM_TOKENS) {
+        int t1 = t0 + KV_MM_TOKENS < n ? t0 + KV_MM_TOKENS : n;
+        for (int t = t0; t < t1; t++)
+            kv_quant_activations(vt, X + (size_t)t * cols, xq + (size_t)(t - t0) * vb, cols);
+#pragma omp parallel for schedule(static) if ((long)rows * cols * (t1 - t0) > 32768)
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *p = wrow(w, rb, r);
+            const float b = w->bias ? w->bias[r] : 0.0f;
+            for (int t = t0; t < t1; t++)
+                Y[(size_t)t * rows + r] = K.qdot[w->type](p, xq + (size_t)(t - t0) * vb, cols) + b;
+        }
+    }
+    free(xq);
+}
+
 void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
 {
     k_ready();
+    if (kv_dtype_is_block(w->type)) {
+        matmul_block(w, X, n, Y);
+        return;
+    }
     const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
-    const uint8_t *base = w->data;
     const int rows = w->rows, cols = w->cols;
     const bool is_f32 = w->type == KV_DT_F32;
     for (int t0 = 0; t0 < n; t0 += KV_MM_TOKENS) {
@@ -436,19 +523,17 @@ void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
                 int r0 = 2 * rp, r1 = r0 + 1 < rows ? r0 + 1 : r0;
                 const float *w0, *w1;
                 if (is_f32) {
-                    w0 = (const float *)(base + (size_t)r0 * rb);
-                    w1 = (const float *)(base + (size_t)r1 * rb);
+                    w0 = (const float *)wrow(w, rb, r0);
+                    w1 = (const float *)wrow(w, rb, r1);
                 } else if (buf) {
-                    K.row[w->type](base + (size_t)r0 * rb, buf, cols);
-                    K.row[w->type](base + (size_t)r1 * rb, buf + cols, cols);
+                    K.row[w->type](wrow(w, rb, r0), buf, cols);
+                    K.row[w->type](wrow(w, rb, r1), buf + cols, cols);
                     w0 = buf;
                     w1 = buf + cols;
                 } else { /* no scratch: decode per token instead */
                     for (int t = t0; t < t1; t++) {
-                        Y[(size_t)t * rows + r0] =
-                            K.dot[w->type](base + (size_t)r0 * rb, X + (size_t)t * cols, cols);
-                        Y[(size_t)t * rows + r1] =
-                            K.dot[w->type](base + (size_t)r1 * rb, X + (size_t)t * cols, cols);
+                        Y[(size_t)t * rows + r0] = K.dot[w->type](wrow(w, rb, r0), X + (size_t)t * cols, cols);
+                        Y[(size_t)t * rows + r1] = K.dot[w->type](wrow(w, rb, r1), X + (size_t)t * cols, cols);
                     }
                     continue;
                 }
@@ -468,6 +553,9 @@ void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
             }
             free(buf);
         }
+        if (w->bias)
+            for (int t = t0; t < t1; t++)
+                for (int r = 0; r < rows; r++) Y[(size_t)t * rows + r] += w->bias[r];
     }
 }
 

@@ -20,6 +20,7 @@
 
 #include "format/kv_gguf.h"
 #include "common/kv_finite.h"
+#include "common/kv_ggml.h"
 #include "common/kv_half.h"
 #include "model/kv_matmul.h"
 
@@ -35,12 +36,16 @@ static kv_status check_config(kv_model_config *c)
         return kv_fail(KV_E_DATA, "model hidden_dim %d out of range", c->hidden_dim);
     if (c->n_layers <= 0 || c->n_layers > 1024)
         return kv_fail(KV_E_DATA, "model n_layers %d out of range", c->n_layers);
-    if (c->n_heads <= 0 || c->n_heads > 1024 || c->dim % c->n_heads)
+    /* head_dim is dim / n_heads unless the file says otherwise (GGUF
+     * attention.key_length, as in Mistral-Nemo-style files) */
+    if (c->n_heads <= 0 || c->n_heads > 1024 || (c->head_dim == 0 && c->dim % c->n_heads))
         return kv_fail(KV_E_DATA, "model n_heads %d does not divide dim %d", c->n_heads, c->dim);
     if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
         return kv_fail(KV_E_DATA, "model n_kv_heads %d does not divide n_heads %d", c->n_kv_heads,
                        c->n_heads);
-    c->head_dim = c->dim / c->n_heads;
+    if (c->head_dim == 0) c->head_dim = c->dim / c->n_heads;
+    if (c->head_dim <= 0 || c->head_dim > 4096)
+        return kv_fail(KV_E_DATA, "model head_dim %d out of range", c->head_dim);
     if (c->head_dim % 2) return kv_fail(KV_E_DATA, "model head_dim %d is odd", c->head_dim);
     if (c->vocab_size <= 0 || c->vocab_size > 1 << 24)
         return kv_fail(KV_E_DATA, "model vocab_size %d out of range", c->vocab_size);
@@ -64,13 +69,14 @@ static kv_status check_config(kv_model_config *c)
 static void config_defaults(kv_model_config *c)
 {
     memset(c, 0, sizeof *c);
+    snprintf(c->arch, sizeof c->arch, "llama");
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0;
 }
 
 static kv_weight wview(kv_dtype t, int rows, int cols, const void *data)
 {
-    return (kv_weight){t, rows, cols, data};
+    return (kv_weight){.type = t, .rows = rows, .cols = cols, .data = data};
 }
 
 // --- llama2.c --------------------------------------------------------------------
@@ -183,13 +189,13 @@ static kv_status gguf_weight(const kv_gguf *g, const char *name, int rows, int c
     if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
         return kv_fail(KV_E_DATA, "GGUF tensor %s has shape [%lld, %lld] (ne0, ne1), expected [%d, %d]",
                        name, (long long)t->ne[0], (long long)t->ne[1], cols, rows);
-    kv_dtype wt;
-    switch (t->ggml_type) {
-    case KV_GGML_F32: wt = KV_DT_F32; break;
-    case KV_GGML_F16: wt = KV_DT_F16; break;
-    case KV_GGML_BF16: wt = KV_DT_BF16; break;
-    case KV_GGML_Q8_0: wt = KV_DT_Q8_0; break;
-    default: return kv_fail(KV_E_UNSUPPORTED, "GGUF tensor %s: type %u not supported", name, t->ggml_type);
+    kv_dtype wt = kv_dtype_from_ggml(t->ggml_type);
+    if (wt == KV_DT_AUTO) {
+        char tb[16];
+        return kv_fail(KV_E_UNSUPPORTED,
+                       "GGUF tensor %s: weight type %s is not supported (F32, F16, BF16, Q4_0, Q4_1, "
+                       "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)",
+                       name, kv_ggml_type_name(t->ggml_type, tb));
     }
     if (wt == KV_DT_F32 && ((uintptr_t)t->data & 3))
         return kv_fail(KV_E_DATA, "GGUF tensor %s: F32 data is not 4-byte aligned", name);
@@ -216,8 +222,11 @@ static kv_status gguf_vector(const kv_gguf *g, const char *name, int n, float *d
             uint16_t b;
             memcpy(&b, s + 2 * i, 2);
             dst[i] = t->ggml_type == KV_GGML_F16 ? kv_half_to_f32(b) : kv_bf16_to_f32(b);
-        } else
-            return kv_fail(KV_E_UNSUPPORTED, "GGUF tensor %s: a vector must be F32, F16 or BF16", name);
+        } else {
+            char tb[16];
+            return kv_fail(KV_E_UNSUPPORTED, "GGUF tensor %s: a vector must be F32, F16 or BF16, not %s",
+                           name, kv_ggml_type_name(t->ggml_type, tb));
+        }
     }
     return KV_OK;
 }
@@ -244,6 +253,46 @@ static kv_status gguf_num(const kv_gguf *g, const char *key, double *v)
     return KV_OK;
 }
 
+/* The architectures this loader knows; every other one is refused by name. */
+static const char *const gguf_archs[] = {"llama", "qwen2"};
+
+/* "<arch>.<rest>" */
+static const char *akey(char *buf, size_t n, const char *arch, const char *rest)
+{
+    snprintf(buf, n, "%s.%s", arch, rest);
+    return buf;
+}
+
+/* Row order that maps a NEOX-rotated projection (pairs i, i + hd/2 of each
+ * head) onto the interleaved order (pairs 2i, 2i + 1): output row
+ * h*hd + 2i is stored row h*hd + i, output row h*hd + 2i + 1 is stored row
+ * h*hd + i + hd/2.  Rotating the permuted q and k by interleaved pairs is
+ * then NEOX RoPE, and q·k is unchanged by the common permutation. */
+static void neox_perm(int32_t *perm, int heads, int hd)
+{
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < hd / 2; i++) {
+            perm[h * hd + 2 * i] = h * hd + i;
+            perm[h * hd + 2 * i + 1] = h * hd + i + hd / 2;
+        }
+}
+
+/* An optional bias "blk.L.<what>.bias" of n floats into dst (permuted when
+ * perm is set); *out = dst when present. */
+static kv_status gguf_bias(const kv_gguf *g, int l, const char *what, int n, float *dst,
+                           const int32_t *perm, float *tmp, const float **out)
+{
+    char nm[96];
+    bool found;
+    snprintf(nm, sizeof nm, "blk.%d.%s.bias", l, what);
+    kv_status st = gguf_vector(g, nm, n, perm ? tmp : dst, true, &found);
+    if (st || !found) return st;
+    if (perm)
+        for (int i = 0; i < n; i++) dst[i] = tmp[perm[i]];
+    *out = dst;
+    return KV_OK;
+}
+
 static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
 {
     kv_status st = kv_gguf_parse(p, len, &m->gguf);
@@ -251,43 +300,56 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     const kv_gguf *g = m->gguf;
     kv_model_config *c = &m->cfg;
     snprintf(c->format, sizeof c->format, "gguf");
-    char arch[32] = "";
+    char arch[32] = "", k[96];
     if (!kv_gguf_get_str(g, "general.architecture", arch, sizeof arch, &st))
-        return st ? st : kv_fail(KV_E_DATA, "GGUF general.architecture is missing");
-    if (strcmp(arch, "llama"))
-        return kv_fail(KV_E_UNSUPPORTED, "GGUF architecture '%s' not supported (only llama)", arch);
+        return st ? st : kv_fail(KV_E_DATA, "GGUF general.architecture is missing (a vocabulary-only file?)");
+    size_t ai = 0;
+    while (ai < sizeof gguf_archs / sizeof *gguf_archs && strcmp(arch, gguf_archs[ai])) ai++;
+    if (ai == sizeof gguf_archs / sizeof *gguf_archs)
+        return kv_fail(KV_E_UNSUPPORTED, "GGUF architecture '%s' is not supported (llama, qwen2 are)", arch);
+    const bool qwen2 = !strcmp(arch, "qwen2");
+    snprintf(c->arch, sizeof c->arch, "%s", gguf_archs[ai]);
     kv_gguf_get_str(g, "general.name", c->name, sizeof c->name, NULL);
     if (!c->name[0]) snprintf(c->name, sizeof c->name, "gguf");
     c->n_kv_heads = 0;
-    if ((st = gguf_int(g, "llama.embedding_length", &c->dim, true, 1, 65536)) ||
-        (st = gguf_int(g, "llama.block_count", &c->n_layers, true, 1, 1024)) ||
-        (st = gguf_int(g, "llama.feed_forward_length", &c->hidden_dim, true, 1, 1 << 20)) ||
-        (st = gguf_int(g, "llama.attention.head_count", &c->n_heads, true, 1, 1024)) ||
-        (st = gguf_int(g, "llama.attention.head_count_kv", &c->n_kv_heads, false, 1, 1024)) ||
-        (st = gguf_int(g, "llama.context_length", &c->seq_len, false, 1, 1 << 24)) ||
-        (st = gguf_int(g, "llama.rope.dimension_count", &c->rope_dim, false, 1, 65536)))
+    int key_len = 0, val_len = 0;
+    if ((st = gguf_int(g, akey(k, sizeof k, arch, "embedding_length"), &c->dim, true, 1, 65536)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "block_count"), &c->n_layers, true, 1, 1024)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "feed_forward_length"), &c->hidden_dim, true, 1, 1 << 20)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "attention.head_count"), &c->n_heads, true, 1, 1024)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "attention.head_count_kv"), &c->n_kv_heads, false, 1, 1024)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "attention.key_length"), &key_len, false, 1, 4096)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "attention.value_length"), &val_len, false, 1, 4096)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "context_length"), &c->seq_len, false, 1, 1 << 24)) ||
+        (st = gguf_int(g, akey(k, sizeof k, arch, "rope.dimension_count"), &c->rope_dim, false, 1, 65536)))
         return st;
+    if (key_len && val_len && key_len != val_len)
+        return kv_fail(KV_E_UNSUPPORTED, "GGUF key_length %d != value_length %d is not supported", key_len,
+                       val_len);
+    c->head_dim = key_len ? key_len : val_len;
     if (!c->n_kv_heads) c->n_kv_heads = c->n_heads;
     if (!c->seq_len) c->seq_len = 2048;
     double eps = c->norm_eps;
-    if ((st = gguf_num(g, "llama.attention.layer_norm_rms_epsilon", &eps)) ||
-        (st = gguf_num(g, "llama.rope.freq_base", &c->rope_theta)))
+    if ((st = gguf_num(g, akey(k, sizeof k, arch, "attention.layer_norm_rms_epsilon"), &eps)) ||
+        (st = gguf_num(g, akey(k, sizeof k, arch, "rope.freq_base"), &c->rope_theta)))
         return st;
     c->norm_eps = (float)eps;
     char stype[32] = "";
-    kv_gguf_get_str(g, "llama.rope.scaling.type", stype, sizeof stype, &st);
+    kv_gguf_get_str(g, akey(k, sizeof k, arch, "rope.scaling.type"), stype, sizeof stype, &st);
     if (st) return st;
+    /* Llama-3.1 files carry their frequency scaling as rope_freqs.weight
+     * (read below); "llama3" here is the same rule given by parameters. */
     if (!strcmp(stype, "llama3")) {
         c->rope_scaling = KV_ROPE_SCALING_LLAMA3;
         c->rope_factor = 8;
         c->rope_low_freq_factor = 1;
         c->rope_high_freq_factor = 4;
         c->rope_orig_ctx = 8192;
-        if ((st = gguf_num(g, "llama.rope.scaling.factor", &c->rope_factor)) ||
-            (st = gguf_num(g, "llama.rope.scaling.low_freq_factor", &c->rope_low_freq_factor)) ||
-            (st = gguf_num(g, "llama.rope.scaling.high_freq_factor", &c->rope_high_freq_factor)) ||
-            (st = gguf_int(g, "llama.rope.scaling.original_context_length", &c->rope_orig_ctx, false,
-                           1, 1 << 24)))
+        if ((st = gguf_num(g, akey(k, sizeof k, arch, "rope.scaling.factor"), &c->rope_factor)) ||
+            (st = gguf_num(g, akey(k, sizeof k, arch, "rope.scaling.low_freq_factor"), &c->rope_low_freq_factor)) ||
+            (st = gguf_num(g, akey(k, sizeof k, arch, "rope.scaling.high_freq_factor"), &c->rope_high_freq_factor)) ||
+            (st = gguf_int(g, akey(k, sizeof k, arch, "rope.scaling.original_context_length"), &c->rope_orig_ctx,
+                           false, 1, 1 << 24)))
             return st;
     } else if (stype[0] && strcmp(stype, "none")) {
         return kv_fail(KV_E_UNSUPPORTED, "GGUF rope scaling type '%s' not supported (none, llama3)", stype);
@@ -300,9 +362,17 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     if ((st = check_config(c))) return st;
     int d = c->dim, L = c->n_layers, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, V = c->vocab_size, H = c->hidden_dim;
+    /* norm store: output norm, 2 norms per layer, rope_freqs, 4 biases per
+     * layer (q, k, v, o), and one scratch vector for permuting biases */
+    size_t per_layer = 2 * (size_t)d + (size_t)qd + 2 * (size_t)kvd + (size_t)d;
+    size_t nstore = (size_t)d + (size_t)L * per_layer + (size_t)hd / 2 + (size_t)qd + (size_t)d;
     m->layers = calloc((size_t)L, sizeof *m->layers);
-    m->norm_store = malloc(((size_t)(2 * L + 1) * d + hd / 2) * sizeof(float));
-    if (!m->layers || !m->norm_store) return kv_fail(KV_E_NOMEM, "out of memory for %d layers", L);
+    m->norm_store = malloc(nstore * sizeof(float));
+    if (qwen2) m->perm_store = malloc((size_t)qd * sizeof *m->perm_store);
+    if (!m->layers || !m->norm_store || (qwen2 && !m->perm_store))
+        return kv_fail(KV_E_NOMEM, "out of memory for %d layers", L);
+    if (qwen2) neox_perm(m->perm_store, c->n_heads, hd);
+    const int32_t *perm = m->perm_store;
     if ((st = gguf_weight(g, "token_embd.weight", V, d, &m->tok_embd, false))) return st;
     if ((st = gguf_weight(g, "output.weight", V, d, &m->output, true))) return st;
     c->shared_classifier = m->output.data == NULL;
@@ -312,9 +382,17 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     m->output_norm = ns;
     ns += d;
     bool have_rf;
-    if ((st = gguf_vector(g, "rope_freqs.weight", hd / 2, ns + 2 * (size_t)L * d, true, &have_rf)))
-        return st;
-    if (have_rf) c->rope_freq_factors = ns + 2 * (size_t)L * d;
+    if ((st = gguf_vector(g, "rope_freqs.weight", hd / 2, ns, true, &have_rf))) return st;
+    if (have_rf) {
+        c->rope_freq_factors = ns;
+        /* the factors already hold the scaling: do not apply it twice */
+        c->rope_scaling = KV_ROPE_SCALING_NONE;
+        for (int i = 0; i < hd / 2; i++)
+            if (!(ns[i] > 0) || !isfinite(ns[i]))
+                return kv_fail(KV_E_DATA, "GGUF rope_freqs.weight[%d] = %g is not a positive factor", i, ns[i]);
+    }
+    ns += hd / 2;
+    float *tmp = m->norm_store + nstore - (size_t)(qd > d ? qd : d);
     char nm[96];
     for (int l = 0; l < L; l++) {
         kv_layer_weights *lw = &m->layers[l];
@@ -329,6 +407,16 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
         W(w_down, "ffn_down", d, H);
         W(w_up, "ffn_up", H, d);
 #undef W
+        lw->wq.perm = perm;
+        lw->wk.perm = perm; /* the first kvd rows of the same order */
+        if ((st = gguf_bias(g, l, "attn_q", qd, ns, perm, tmp, &lw->wq.bias))) return st;
+        ns += qd;
+        if ((st = gguf_bias(g, l, "attn_k", kvd, ns, perm, tmp, &lw->wk.bias))) return st;
+        ns += kvd;
+        if ((st = gguf_bias(g, l, "attn_v", kvd, ns, NULL, tmp, &lw->wv.bias))) return st;
+        ns += kvd;
+        if ((st = gguf_bias(g, l, "attn_output", d, ns, NULL, tmp, &lw->wo.bias))) return st;
+        ns += d;
         snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l);
         if ((st = gguf_vector(g, nm, d, ns, false, NULL))) return st;
         lw->attn_norm = ns;
@@ -459,14 +547,26 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_mo
         c.rope_scaling = KV_ROPE_SCALING_LLAMA3;
         c.rope_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
         c.rope_orig_ctx = 8192;
+    } else if (!strcmp(name, "llama-3.2-1b")) {
+        c.dim = 2048, c.hidden_dim = 8192, c.n_layers = 16, c.n_heads = 32, c.n_kv_heads = 8;
+        c.vocab_size = 128256, c.seq_len = 131072, c.rope_theta = 500000;
+        c.rope_scaling = KV_ROPE_SCALING_LLAMA3;
+        c.rope_factor = 32, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
+        c.rope_orig_ctx = 8192;
     } else if (!strcmp(name, "llama-2-7b")) {
         c.dim = 4096, c.hidden_dim = 11008, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 32;
         c.vocab_size = 32000, c.seq_len = 4096;
+    } else if (!strcmp(name, "tiny-wide-heads")) {
+        /* Mistral-Nemo's shape in small: heads wider than dim / n_heads */
+        c.dim = 128, c.hidden_dim = 256, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64;
+        c.vocab_size = 512, c.seq_len = 1024;
     } else if (!strcmp(name, "tiny")) {
         c.dim = 128, c.hidden_dim = 344, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 4;
         c.vocab_size = 512, c.seq_len = 4096;
     } else {
-        return kv_fail(KV_E_USAGE, "unknown synthetic model '%s' (llama-3.1-8b, llama-2-7b, tiny)", name);
+        return kv_fail(KV_E_USAGE,
+                       "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads)",
+                       name);
     }
     if (wt != KV_DT_F32 && wt != KV_DT_F16 && wt != KV_DT_BF16)
         return kv_fail(KV_E_USAGE, "synthetic weights must be F32, F16 or BF16");
@@ -524,6 +624,7 @@ void kv_model_close(kv_model *m)
     if (m->map) munmap(m->map, m->map_len);
     free(m->owned);
     free(m->norm_store);
+    free(m->perm_store);
     free(m->layers);
     free(m);
 }

@@ -1,10 +1,14 @@
 /*
  * kv_model: a Llama-family model's geometry and weights, loaded from a
  * llama2.c checkpoint (legacy 7-int header or v1 "ak42"), a GGUF v3 file of
- * llama architecture, or built in memory from a seeded random generator
- * (--synthetic).  Files are mmapped and the weight views point into the
- * mapping; nothing is converted except the small norm vectors, which are
- * always float32.  Every header field, offset and tensor shape is checked:
+ * architecture llama (Llama 1/2/3, Mistral-style files) or qwen2, or built
+ * in memory from a seeded random generator (--synthetic).  Files are
+ * mmapped and the weight views point into the mapping, packed types
+ * included (Q4_0 ... Q6_K: resident memory stays about the file's size);
+ * nothing is converted except the small norm and bias vectors, which are
+ * always float32.  qwen2's q/k projections are stored in the NEOX rotary
+ * order; their views carry a row permutation into the interleaved order
+ * the engines rotate, so the attention scores are those of NEOX RoPE.  Every header field, offset and tensor shape is checked:
  * a bad file is KV_E_DATA / KV_E_UNSUPPORTED with a one-line detail.
  */
 #ifndef KV_MODEL_H
@@ -18,11 +22,18 @@
 #include "common/kv_geom.h"
 #include "common/kv_status.h"
 
-/* A row-major weight matrix: y = W x with W (rows, cols). */
+/* A row-major weight matrix: y = W x (+ bias) with W (rows, cols).  Its
+ * type is F32, F16, BF16 or a ggml block type (KV_DT_Q8_0 ... KV_DT_Q6_K,
+ * common/kv_dtype.h).  perm, when set, reorders the stored rows: output
+ * row r is stored row perm[r] (used to turn NEOX-ordered q/k projections
+ * into the interleaved RoPE order the engines use, without copying the
+ * mapping). */
 typedef struct {
-    kv_dtype type; /* F32, F16, BF16 or Q8_0 */
+    kv_dtype type; /* F32, F16, BF16 or a block type */
     int rows, cols;
-    const void *data; /* (rows, cols) in `type`; borrowed from the mapping */
+    const void *data;     /* (rows, cols) in `type`; borrowed from the mapping */
+    const float *bias;    /* (rows) added to W x, or NULL (qwen2's q/k/v) */
+    const int32_t *perm;  /* (rows) stored row of each output row, or NULL */
 } kv_weight;
 
 typedef struct {
@@ -43,6 +54,7 @@ typedef struct {
     const float *rope_freq_factors; /* (head_dim/2) divisors of each pair's
                                        frequency (GGUF rope_freqs), or NULL */
     bool shared_classifier; /* output == token embedding */
+    char arch[16];    /* GGUF general.architecture ("llama", "qwen2"); "llama" otherwise */
     char name[64];    /* "stories260K", "llama-3.1-8b (synthetic)", ... */
     char format[16];  /* "llama2c", "gguf", "synthetic" */
 } kv_model_config;
@@ -71,7 +83,8 @@ typedef struct kv_model {
     void *map;                  /* mmapped file or NULL */
     size_t map_len;
     void *owned;                /* heap block holding owned data (buffer copy, synthetic) */
-    float *norm_store;          /* f32 copies of norm vectors when converted */
+    float *norm_store;          /* f32 copies of norm vectors (and biases) */
+    int32_t *perm_store;        /* (n_heads*head_dim) NEOX -> interleaved row order (qwen2) */
     struct kv_gguf *gguf;       /* parsed GGUF metadata (NULL for llama2.c) */
 } kv_model;
 
@@ -80,7 +93,9 @@ typedef struct kv_model {
 kv_status kv_model_open(const char *path, kv_model **out);
 /* Same from a memory buffer (copied; for fuzzing and tests). */
 kv_status kv_model_open_mem(const void *buf, size_t len, kv_model **out);
-/* Seeded random weights for "llama-3.1-8b", "llama-2-7b" or "tiny", big
+/* Seeded random weights for "llama-3.1-8b", "llama-3.2-1b", "llama-2-7b", "tiny" or
+ * "tiny-wide-heads" (4 heads of 64 on a width of 128, as Mistral-Nemo's heads are wider
+ * than dim / n_heads), big
  * matrices stored as wt.  To keep memory and start-up time sane, every layer
  * shares one random set of layer weights (compute and bytes read per layer
  * are those of the real geometry); the embedding and classifier are

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kv_file.h"
+#include "format/kv_gguf.h"
+
 kv_status kv_tokenizer_find(const char *model_path, int vocab, kv_tokenizer **out)
 {
     *out = NULL;
@@ -56,6 +59,18 @@ kv_status kv_tokenizer_for_model(const kv_model *m, const char *model_path, cons
     if (model_path) return kv_tokenizer_find(model_path, m->cfg.vocab_size, out);
     return kv_fail(KV_E_NOINPUT, "the %s model has no tokenizer (use --tokenizer, or --tokens for token ids)",
                    m->cfg.name);
+}
+
+kv_status kv_tokenizer_for_file(const char *model_path, const char *path, kv_tokenizer **out)
+{
+    *out = NULL;
+    if (!path && kv_gguf_is_file(model_path)) return kv_tokenizer_load_gguf(model_path, out);
+    kv_model *m;
+    kv_status st = kv_model_open(model_path, &m);
+    if (st) return st;
+    st = kv_tokenizer_for_model(m, model_path, path, out);
+    kv_model_close(m);
+    return st;
 }
 
 const char *kv_token_piece(const kv_tokenizer *t, int prev, int tok, size_t *len)
@@ -117,22 +132,47 @@ static kv_status random_ids(int n, int vocab, int bos, uint64_t seed, int *ids)
     return KV_OK;
 }
 
-kv_status kv_prompt_tokens(const kv_prompt *p, const kv_tokenizer *tok, int vocab, int **ids, int *n)
+static kv_status prompt_text(kv_prompt *p, const kv_tokenizer *tok, int **ids, int *n)
+{
+    const char *why;
+    if (!tok)
+        return kv_fail(KV_E_NOINPUT, "no tokenizer for text input (give --tokenizer, or token ids with --tokens)");
+    if (!kv_tokenizer_can_encode(tok, &why))
+        return kv_fail(KV_E_UNSUPPORTED,
+                       "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens", why);
+    kv_status st = kv_chat_resolve(&p->chat, tok, NULL);
+    if (st) return st;
+    /* a continuation (kv-run --kv) has no BOS and no chat wrapper: it follows a cached prompt */
+    if (p->chat.kind != KV_CHAT_NONE && !p->continuation)
+        return kv_chat_encode(tok, &p->chat, NULL, p->text, p->text_len, p->special, ids, n);
+    kv_encode_opts eo = {kv_tokenizer_add_bos(tok) && !p->continuation, kv_tokenizer_add_eos(tok) && !p->continuation,
+                         p->special};
+    return kv_tokenizer_encode_ex(tok, p->text, p->text_len, &eo, ids, n);
+}
+
+kv_status kv_prompt_tokens(kv_prompt *p, const kv_tokenizer *tok, int vocab, int **ids, int *n)
 {
     *ids = NULL;
     *n = 0;
     const int bos = tok ? kv_tokenizer_bos(tok) : 1;
     kv_status st;
+    if (p->path) {
+        char *buf;
+        size_t len;
+        if ((st = kv_file_slurp(p->path, 0, "file", &buf, &len))) return st;
+        kv_prompt q = *p;
+        q.path = NULL;
+        if (p->path_ids) q.ids = buf, q.ids_len = len;
+        else q.text = buf, q.text_len = len;
+        st = kv_prompt_tokens(&q, tok, vocab, ids, n);
+        p->chat = q.chat;
+        free(buf);
+        return st;
+    }
     if (p->ids) {
         st = kv_tokens_parse(p->ids, p->ids_len, ids, n);
     } else if (p->text) {
-        const char *why;
-        if (!tok)
-            return kv_fail(KV_E_NOINPUT, "no tokenizer for text input (give --tokenizer, or token ids with --tokens)");
-        if (!kv_tokenizer_can_encode(tok, &why))
-            return kv_fail(KV_E_UNSUPPORTED,
-                           "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens", why);
-        st = kv_tokenizer_encode(tok, p->text, p->text_len, !p->continuation, false, ids, n);
+        st = prompt_text(p, tok, ids, n);
     } else {
         int len = p->random > 0 ? p->random : 1;
         *ids = malloc((size_t)len * sizeof **ids);
@@ -151,5 +191,18 @@ kv_status kv_prompt_tokens(const kv_prompt *p, const kv_tokenizer *tok, int voca
         *ids = NULL;
         *n = 0;
     }
+    return st;
+}
+
+kv_status kv_prompt_json(const char *model_path, const char *tok_path, kv_prompt *p, char **json)
+{
+    *json = NULL;
+    kv_tokenizer *tok = NULL;
+    int *ids = NULL, n = 0;
+    kv_status st = kv_tokenizer_for_file(model_path, tok_path, &tok);
+    if (!st) st = kv_prompt_tokens(p, tok, kv_tokenizer_vocab(tok), &ids, &n);
+    if (!st) st = kv_tokens_json(ids, n, json);
+    free(ids);
+    kv_tokenizer_free(tok);
     return st;
 }

@@ -161,3 +161,24 @@ int kv_sampler_next(kv_sampler *s, float *logits)
     }
     return s->cand[last].index;
 }
+
+int kv_top_probs(const float *logits, int n, int k, int *ids, double *p)
+{
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) mx = fmax(mx, (double)logits[i]);
+    for (int i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+    int m = 0; /* insertion into a sorted top-k list: k is small */
+    for (int i = 0; i < n; i++) {
+        if (m == k && !(logits[i] > logits[ids[m - 1]])) continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && logits[i] > logits[ids[j - 1]]) {
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        ids[j] = i;
+    }
+    for (int j = 0; j < k; j++) p[j] = exp((double)logits[ids[j]] - mx) / sum;
+    return k;
+}

@@ -30,5 +30,9 @@ int kv_argmax(const float *x, int n);
 void kv_softmax(float *x, int n);
 /* -log softmax(logits)[tok], computed stably in double. */
 double kv_nll(const float *logits, int n, int tok);
+/* The k most probable tokens of softmax(logits) (n), most probable first
+ * (ties: lower id first): ids (k) and probabilities p (k), the softmax
+ * taken in double.  k is clipped to n; returns it. */
+int kv_top_probs(const float *logits, int n, int k, int *ids, double *p);
 
 #endif

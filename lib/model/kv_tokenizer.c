@@ -1,7 +1,10 @@
 /*
- * kv_tokenizer: llama2.c and SentencePiece-llama tokenizers (see
- * kv_tokenizer.h).  The vocabulary lives in one blob with a hash table from
- * piece to id.  Encoding keeps the symbols in a doubly linked list and the
+ * kv_tokenizer: llama2.c, SentencePiece-llama and (with kv_bpe.c) GPT-2
+ * style byte-level BPE tokenizers (see kv_tokenizer.h).  The vocabulary
+ * lives in one blob with a hash table from piece to id.  Text is first cut
+ * at special tokens (user-defined ones always, control ones when asked),
+ * longest first, as llama.cpp does; each raw fragment then goes through
+ * the vocabulary's own algorithm.  Encoding keeps the symbols in a doubly linked list and the
  * candidate merges in a max-heap ordered by (score, leftmost), validating a
  * popped merge against per-symbol versions, so a 4096-token prompt takes
  * O(n log n) rather than llama2.c's O(n^2) rescans, with the same result.
@@ -11,6 +14,10 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,27 +25,7 @@
 
 #include "format/kv_gguf.h"
 #include "common/kv_file.h"
-
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
-typedef enum { TK_LLAMA2C, TK_SPM, TK_OTHER } tok_kind;
-
-struct kv_tokenizer {
-    tok_kind kind;
-    char kind_name[32];
-    int n;              /* vocabulary size */
-    char *blob;         /* pieces, each NUL-terminated */
-    uint32_t *off;      /* (n) piece offsets into blob */
-    uint32_t *len;      /* (n) piece lengths */
-    float *score;       /* (n) */
-    uint8_t *type;      /* (n) TT_* */
-    char *dblob;        /* decoded pieces, NUL-terminated */
-    uint32_t *doff, *dlen; /* (n) */
-    int32_t *slots;     /* hash table of ids, -1 empty; size nslots (power of two) */
-    uint32_t nslots;
-    int byte_id[256];   /* id of <0xHH>, or -1 */
-    int bos, eos, unk;
-    bool add_space_prefix;
-};
+#include "model/kv_tokenizer_int.h"
 
 static uint64_t fnv(const char *s, size_t n)
 {
@@ -47,7 +34,7 @@ static uint64_t fnv(const char *s, size_t n)
     return h;
 }
 
-static int lookup(const kv_tokenizer *t, const char *s, size_t n)
+int kv_tok_lookup(const kv_tokenizer *t, const char *s, size_t n)
 {
     uint32_t mask = t->nslots - 1;
     for (uint32_t i = (uint32_t)fnv(s, n) & mask;; i = (i + 1) & mask) {
@@ -101,8 +88,11 @@ static kv_status finish(kv_tokenizer *t)
         size_t dn = 0;
         if (t->type[id] == TT_BYTE) {
             d[dn++] = (char)bv;
-        } else if (t->type[id] == TT_CONTROL && t->kind != TK_LLAMA2C) {
-            /* control tokens (<s>, </s>) print as nothing */
+        } else if ((t->type[id] == TT_CONTROL || t->type[id] == TT_UNKNOWN) && t->kind != TK_LLAMA2C &&
+                   (t->kind == TK_BPE || t->type[id] == TT_CONTROL)) {
+            /* control tokens (<s>, </s>, <|eot_id|>) print as nothing */
+        } else if (t->kind == TK_BPE && t->type[id] != TT_USER) {
+            dn = kv_bpe_piece_bytes(p, n, d);
         } else if (t->kind == TK_SPM) {
             for (size_t k = 0; k < n; k++) {
                 if (k + 2 < n && (uint8_t)p[k] == 0xE2 && (uint8_t)p[k + 1] == 0x96 &&
@@ -120,6 +110,27 @@ static kv_status finish(kv_tokenizer *t)
         d[dn] = 0;
         t->dlen[id] = (uint32_t)dn;
         dp += dn + 1;
+    }
+    /* tokens recognised in text: user-defined always, control and unknown
+     * with special parsing; longest first, as llama.cpp partitions */
+    t->max_piece = 0;
+    for (int id = 0; id < t->n; id++)
+        if (t->len[id] > t->max_piece) t->max_piece = t->len[id];
+    t->special = malloc((size_t)(t->n ? t->n : 1) * sizeof *t->special);
+    if (!t->special) return kv_fail(KV_E_NOMEM, "out of memory for a %d-token vocabulary", t->n);
+    t->n_special = 0;
+    for (int id = 0; id < t->n; id++)
+        if ((t->type[id] == TT_CONTROL || t->type[id] == TT_USER || t->type[id] == TT_UNKNOWN) && t->len[id] > 0)
+            t->special[t->n_special++] = id;
+    /* insertion sort by decreasing length, stable: a few hundred entries */
+    for (int i = 1; i < t->n_special; i++) {
+        int32_t v = t->special[i];
+        int j = i;
+        while (j > 0 && t->len[t->special[j - 1]] < t->len[v]) {
+            t->special[j] = t->special[j - 1];
+            j--;
+        }
+        t->special[j] = v;
     }
     return KV_OK;
 }
@@ -140,6 +151,8 @@ static kv_tokenizer *tok_alloc(int n)
     t->bos = 1;
     t->eos = 2;
     t->unk = 0;
+    t->add_bos = true;
+    t->pre = PRE_DEFAULT;
     return t;
 }
 
@@ -155,6 +168,9 @@ void kv_tokenizer_free(kv_tokenizer *t)
     free(t->doff);
     free(t->dlen);
     free(t->slots);
+    free(t->special);
+    free(t->chat_template);
+    free(t->merges);
     free(t);
 }
 
@@ -262,7 +278,7 @@ kv_status kv_tokenizer_from_gguf(const kv_gguf *g, kv_tokenizer **out)
         kv_tokenizer_free(t);
         return kv_fail(KV_E_NOMEM, "out of memory for the tokenizer");
     }
-    t->kind = !strcmp(model, "llama") ? TK_SPM : TK_OTHER;
+    t->kind = !strcmp(model, "llama") ? TK_SPM : !strcmp(model, "gpt2") ? TK_BPE : TK_OTHER;
     snprintf(t->kind_name, sizeof t->kind_name, "%s", !strcmp(model, "llama") ? "spm" : model);
     size_t bp = 0;
     for (int i = 0; i < n; i++) {
@@ -283,13 +299,30 @@ kv_status kv_tokenizer_from_gguf(const kv_gguf *g, kv_tokenizer **out)
     if (kv_gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &v, NULL) && v >= 0 && v < n) t->unk = (int)v;
     if (t->bos >= n) t->bos = 0;
     if (t->eos >= n) t->eos = 0;
-    t->add_space_prefix = true;
+    /* llama.cpp's defaults: SentencePiece prefixes a space and adds BOS;
+     * BPE does neither unless its pre-tokenizer says so (kv_bpe_load) */
+    t->add_space_prefix = t->kind != TK_BPE;
+    t->add_bos = t->kind != TK_BPE;
+    t->add_eos = false;
     const kv_gguf_kv *asp = kv_gguf_find(g, "tokenizer.ggml.add_space_prefix");
     if (asp && asp->type == KV_GGUF_BOOL) t->add_space_prefix = asp->num.u != 0;
-    if ((st = finish(t))) {
+    kv_gguf_get_str(g, "general.architecture", t->arch, sizeof t->arch, NULL);
+    const kv_gguf_kv *ct = kv_gguf_find(g, "tokenizer.chat_template");
+    if (ct && ct->type == KV_GGUF_STRING && ct->str_len < (1u << 20)) {
+        t->chat_template = malloc(ct->str_len + 1);
+        if (t->chat_template) {
+            memcpy(t->chat_template, ct->str, ct->str_len);
+            t->chat_template[ct->str_len] = 0;
+        }
+    }
+    if ((st = finish(t)) || (t->kind == TK_BPE && (st = kv_bpe_load(t, g)))) {
         kv_tokenizer_free(t);
         return st;
     }
+    const kv_gguf_kv *ab = kv_gguf_find(g, "tokenizer.ggml.add_bos_token");
+    if (ab && ab->type == KV_GGUF_BOOL) t->add_bos = ab->num.u != 0;
+    const kv_gguf_kv *ae = kv_gguf_find(g, "tokenizer.ggml.add_eos_token");
+    if (ae && ae->type == KV_GGUF_BOOL) t->add_eos = ae->num.u != 0;
     *out = t;
     return KV_OK;
 }
@@ -366,7 +399,7 @@ static bool try_bigram(const kv_tokenizer *t, sym *S, int l, int r, heap *q, cha
         memcpy(tmp + S[l].n, S[r].s, (size_t)S[r].n);
         s = tmp;
     }
-    int id = lookup(t, s, n);
+    int id = kv_tok_lookup(t, s, n);
     if (id < 0) return true;
     return heap_push(q, (bigram){t->score[id], l, r, id, S[l].ver, S[r].ver});
 }
@@ -389,16 +422,22 @@ bool kv_tokenizer_can_encode(const kv_tokenizer *t, const char **why)
     return true;
 }
 
-kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, bool bos,
-                              bool eos, int **ids, int *n_out)
+bool kv_idvec_push(kv_idvec *v, int id)
 {
-    *ids = NULL;
-    *n_out = 0;
-    if (t->kind == TK_OTHER)
-        return kv_fail(KV_E_UNSUPPORTED,
-                       "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens",
-                       t->kind_name);
-    if (len > (1u << 28)) return kv_fail(KV_E_USAGE, "text of %zu bytes is too long", len);
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? 2 * v->cap : 64;
+        int *nv = realloc(v->v, nc * sizeof *nv);
+        if (!nv) return false;
+        v->v = nv, v->cap = nc;
+    }
+    v->v[v->n++] = id;
+    return true;
+}
+
+/* SentencePiece / llama2.c merging of one fragment; prefix: give it the
+ * dummy-prefix space (the start of the text, or after a special token). */
+static kv_status spm_encode(const kv_tokenizer *t, const char *text, size_t len, bool prefix, kv_idvec *out)
+{
     /* SPM: prefix and escape spaces into a working copy */
     char *work = NULL;
     const char *src = text;
@@ -407,7 +446,7 @@ kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t le
         work = malloc(3 * (len + 1) + 1);
         if (!work) return kv_fail(KV_E_NOMEM, "out of memory");
         size_t w = 0;
-        if (len > 0 && t->add_space_prefix) {
+        if (len > 0 && prefix && t->add_space_prefix) {
             memcpy(work, "\xE2\x96\x81", 3);
             w = 3;
         }
@@ -424,27 +463,23 @@ kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t le
     }
     size_t maxsym = n + 2;
     sym *S = malloc(maxsym * sizeof *S);
-    int *res = malloc((4 * n + 4) * sizeof *res);
-    size_t maxpiece = 0;
-    for (int i = 0; i < t->n; i++)
-        if (t->len[i] > maxpiece) maxpiece = t->len[i];
-    char *tmp = malloc(2 * maxpiece + 16);
+    char *tmp = malloc(2 * (size_t)t->max_piece + 16);
     heap q = {0};
     kv_status st = KV_OK;
-    if (!S || !res || !tmp) {
+    if (!S || !tmp) {
         st = kv_fail(KV_E_NOMEM, "out of memory");
         goto done;
     }
     int ns = 0;
     if (t->kind == TK_LLAMA2C) {
-        int sp = len > 0 ? lookup(t, " ", 1) : -1;
+        int sp = len > 0 && prefix ? kv_tok_lookup(t, " ", 1) : -1;
         if (sp >= 0) S[ns++] = (sym){t->blob + t->off[sp], (int)t->len[sp], sp, 0, 0, 0};
         /* codepoints as in llama2.c: a lead byte plus up to 3 continuation bytes */
         size_t i = 0;
         while (i < n) {
             size_t j = i + 1;
             while (j < n && ((uint8_t)src[j] & 0xC0) == 0x80 && j - i < 4) j++;
-            int id = lookup(t, src + i, j - i);
+            int id = kv_tok_lookup(t, src + i, j - i);
             if (id >= 0) {
                 S[ns++] = (sym){t->blob + t->off[id], (int)t->len[id], id, 0, 0, 0};
             } else {
@@ -462,7 +497,7 @@ kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t le
         while (i < n) {
             size_t l = (size_t)utf8_len((uint8_t)src[i]);
             if (l > n - i) l = n - i;
-            S[ns++] = (sym){src + i, (int)l, lookup(t, src + i, l), 0, 0, 0};
+            S[ns++] = (sym){src + i, (int)l, kv_tok_lookup(t, src + i, l), 0, 0, 0};
             i += l;
         }
     }
@@ -471,10 +506,7 @@ kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t le
         S[i].next = i + 1 < ns ? i + 1 : -1;
     }
     for (int i = 0; i + 1 < ns; i++)
-        if (!try_bigram(t, S, i, i + 1, &q, tmp)) {
-            st = kv_fail(KV_E_NOMEM, "out of memory");
-            goto done;
-        }
+        if (!try_bigram(t, S, i, i + 1, &q, tmp)) goto oom;
     while (q.n) {
         bigram b = heap_pop(&q);
         sym *L = &S[b.left], *R = &S[b.right];
@@ -487,35 +519,121 @@ kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t le
         R->ver++;
         L->next = R->next;
         if (R->next >= 0) S[R->next].prev = b.left;
-        if (!try_bigram(t, S, L->prev, b.left, &q, tmp) || !try_bigram(t, S, b.left, L->next, &q, tmp)) {
-            st = kv_fail(KV_E_NOMEM, "out of memory");
-            goto done;
-        }
+        if (!try_bigram(t, S, L->prev, b.left, &q, tmp) || !try_bigram(t, S, b.left, L->next, &q, tmp)) goto oom;
     }
-    int nr = 0;
-    if (bos) res[nr++] = t->bos;
     for (int i = ns ? 0 : -1; i >= 0; i = S[i].next) {
         if (S[i].n == 0) continue;
         if (S[i].id >= 0) {
-            res[nr++] = S[i].id;
+            if (!kv_idvec_push(out, S[i].id)) goto oom;
         } else {
             for (int k = 0; k < S[i].n; k++) {
                 int bid = t->byte_id[(uint8_t)S[i].s[k]];
-                res[nr++] = bid >= 0 ? bid : t->unk;
+                if (!kv_idvec_push(out, bid >= 0 ? bid : t->unk)) goto oom;
             }
         }
     }
-    if (eos) res[nr++] = t->eos;
-    *ids = res;
-    *n_out = nr;
-    res = NULL;
+    goto done;
+oom:
+    st = kv_fail(KV_E_NOMEM, "out of memory");
 done:
     free(q.h);
     free(tmp);
-    free(res);
     free(S);
     free(work);
     return st;
+}
+
+/* One fragment of raw text through the vocabulary's own algorithm. */
+static kv_status encode_fragment(const kv_tokenizer *t, const char *text, size_t len, bool prefix, kv_idvec *out)
+{
+    if (len == 0) return KV_OK;
+    return t->kind == TK_BPE ? kv_bpe_encode(t, text, len, out) : spm_encode(t, text, len, prefix, out);
+}
+
+kv_status kv_tokenizer_encode_ex(const kv_tokenizer *t, const char *text, size_t len, const kv_encode_opts *o,
+                                 int **ids, int *n_out)
+{
+    *ids = NULL;
+    *n_out = 0;
+    if (t->kind == TK_OTHER)
+        return kv_fail(KV_E_UNSUPPORTED,
+                       "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens",
+                       t->kind_name);
+    if (len > (1u << 28)) return kv_fail(KV_E_USAGE, "text of %zu bytes is too long", len);
+    kv_idvec out = {0};
+    kv_status st = KV_OK;
+    if (o->bos && !kv_idvec_push(&out, t->bos)) goto oom;
+    /* Special tokens split the text first (llama.cpp's partition): for each
+     * one, longest first, every occurrence in the remaining raw fragments.
+     * Fragments are (start, length, token) with token -1 for raw text. */
+    typedef struct { size_t a, n; int tok; } frag;
+    size_t nf = 1, capf = 16;
+    frag *F = malloc(capf * sizeof *F);
+    if (!F) goto oom;
+    F[0] = (frag){0, len, -1};
+    for (int si = 0; si < t->n_special; si++) {
+        int id = t->special[si];
+        if (!o->special && t->type[id] != TT_USER) continue;
+        const char *pat = t->blob + t->off[id];
+        size_t pl = t->len[id];
+        for (size_t f = 0; f < nf; f++) {
+            if (F[f].tok >= 0 || F[f].n < pl) continue;
+            const char *hit = memmem(text + F[f].a, F[f].n, pat, pl);
+            if (!hit) continue;
+            size_t at = (size_t)(hit - text);
+            /* [a, at) raw, the token, [at + pl, a + n) raw (scanned next) */
+            if (nf + 2 > capf) {
+                capf = 2 * capf + 2;
+                frag *nF = realloc(F, capf * sizeof *F);
+                if (!nF) {
+                    free(F);
+                    goto oom;
+                }
+                F = nF;
+            }
+            frag rest = {at + pl, F[f].a + F[f].n - at - pl, -1};
+            memmove(&F[f + 3], &F[f + 1], (nf - f - 1) * sizeof *F);
+            F[f + 1] = (frag){at, pl, id};
+            F[f + 2] = rest;
+            F[f].n = at - F[f].a;
+            nf += 2;
+            f++; /* continue with the rest */
+        }
+    }
+    bool prev_special = true; /* SentencePiece prefixes a space after a special token */
+    for (size_t f = 0; f < nf && !st; f++) {
+        if (F[f].tok >= 0) {
+            if (!kv_idvec_push(&out, F[f].tok)) st = kv_fail(KV_E_NOMEM, "out of memory");
+            prev_special = true;
+        } else if (F[f].n) {
+            st = encode_fragment(t, text + F[f].a, F[f].n, prev_special, &out);
+            prev_special = false;
+        }
+    }
+    free(F);
+    if (st) {
+        free(out.v);
+        return st;
+    }
+    if (o->eos && !kv_idvec_push(&out, t->eos)) goto oom;
+    if (!out.v && !(out.v = malloc(sizeof *out.v))) goto oom; /* an empty list is still a buffer */
+    if (out.n > INT32_MAX) {
+        free(out.v);
+        return kv_fail(KV_E_USAGE, "text makes more than 2^31 tokens");
+    }
+    *ids = out.v;
+    *n_out = (int)out.n;
+    return KV_OK;
+oom:
+    free(out.v);
+    return kv_fail(KV_E_NOMEM, "out of memory");
+}
+
+kv_status kv_tokenizer_encode(const kv_tokenizer *t, const char *text, size_t len, bool bos,
+                              bool eos, int **ids, int *n_out)
+{
+    kv_encode_opts o = {bos, eos, false};
+    return kv_tokenizer_encode_ex(t, text, len, &o, ids, n_out);
 }
 
 const char *kv_tokenizer_decode(const kv_tokenizer *t, int prev, int tok, size_t *len)
@@ -526,7 +644,7 @@ const char *kv_tokenizer_decode(const kv_tokenizer *t, int prev, int tok, size_t
     }
     const char *d = t->dblob + t->doff[tok];
     size_t n = t->dlen[tok];
-    if (prev == t->bos && n > 0 && d[0] == ' ' && t->type[tok] != TT_BYTE) {
+    if (prev == t->bos && t->add_space_prefix && n > 0 && d[0] == ' ' && t->type[tok] != TT_BYTE) {
         d++;
         n--;
     }
@@ -538,6 +656,66 @@ int kv_tokenizer_vocab(const kv_tokenizer *t) { return t->n; }
 int kv_tokenizer_bos(const kv_tokenizer *t) { return t->bos; }
 int kv_tokenizer_eos(const kv_tokenizer *t) { return t->eos; }
 const char *kv_tokenizer_kind(const kv_tokenizer *t) { return t->kind_name; }
+bool kv_tokenizer_add_bos(const kv_tokenizer *t) { return t->add_bos; }
+bool kv_tokenizer_add_eos(const kv_tokenizer *t) { return t->add_eos; }
+const char *kv_tokenizer_pre(const kv_tokenizer *t) { return t->pre_name; }
+const char *kv_tokenizer_chat_template(const kv_tokenizer *t) { return t->chat_template; }
+const char *kv_tokenizer_arch(const kv_tokenizer *t) { return t->arch; }
+
+const char *kv_tokenizer_piece(const kv_tokenizer *t, int id, size_t *len)
+{
+    if (id < 0 || id >= t->n) {
+        *len = 0;
+        return NULL;
+    }
+    *len = t->len[id];
+    return t->blob + t->off[id];
+}
+
+float kv_tokenizer_score(const kv_tokenizer *t, int id) { return id >= 0 && id < t->n ? t->score[id] : 0.0f; }
+int kv_tokenizer_token_type(const kv_tokenizer *t, int id) { return id >= 0 && id < t->n ? t->type[id] : 0; }
+
+int kv_tokenizer_piece_id(const kv_tokenizer *t, const char *piece)
+{
+    return kv_tok_lookup(t, piece, strlen(piece));
+}
+
+bool kv_tokenizer_is_eog(const kv_tokenizer *t, int id)
+{
+    if (id < 0 || id >= t->n) return false;
+    if (id == t->eos) return true;
+    /* end-of-turn tokens by their text, as llama.cpp recognises them */
+    static const char *const eog[] = {"<|eot_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>",
+                                      "<|eom_id|>", "<end_of_turn>", "<|end|>", NULL};
+    if (t->type[id] != TT_CONTROL && t->type[id] != TT_USER) return false;
+    for (int i = 0; eog[i]; i++)
+        if (t->len[id] == strlen(eog[i]) && !memcmp(t->blob + t->off[id], eog[i], t->len[id])) return true;
+    return false;
+}
+
+kv_status kv_tokenizer_load_gguf(const char *path, kv_tokenizer **out)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return kv_fail(KV_E_NOINPUT, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode) || sb.st_size == 0) {
+        close(fd);
+        return kv_fail(sb.st_size == 0 ? KV_E_DATA : KV_E_NOINPUT, "%s is not a non-empty regular file", path);
+    }
+    size_t n = (size_t)sb.st_size;
+    void *map = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return kv_fail(KV_E_IO, "cannot map %s: %s", path, strerror(errno));
+    kv_gguf *g = NULL;
+    kv_status st = n >= 4 && !memcmp(map, "GGUF", 4) ? kv_gguf_parse(map, n, &g)
+                                                     : kv_fail(KV_E_DATA, "not a GGUF file (bad magic)");
+    if (!st) st = kv_tokenizer_from_gguf(g, out); /* copies everything it keeps */
+    kv_gguf_free(g);
+    munmap(map, n);
+    if (st) kv_errcontext("%s", path);
+    return st;
+}
 
 // --- token id lists ------------------------------------------------------------
 

@@ -6,8 +6,10 @@
  */
 #include "policy/kv_deploy.h"
 #include "common/kv_file.h"
+#include "common/kv_json.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@ void kv_deploy_defaults(kv_deploy *d)
     /* The policy defaults are the one source of these numbers, so that a
        deploy config that names no sizes deploys what --policy would. */
     memset(d, 0, sizeof *d);
+    d->version = 1;
     kv_policy_params_default(&d->quant, KV_POL_QUANT);
     kv_policy_params_default(&d->sparse, KV_POL_SPARSE);
 }
@@ -26,6 +29,8 @@ void kv_deploy_clear(kv_deploy *d)
 {
     free(d->quant_layers);
     free(d->sparse_layers);
+    free(d->per_layer);
+    d->per_layer = NULL;
     d->quant_layers = d->sparse_layers = NULL;
     d->n_quant = d->n_sparse = 0;
 }
@@ -74,12 +79,11 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
+/* Version 2: one spec per layer. */
+static kv_status parse_v2(const cJSON *o, int n_layers, kv_deploy *d)
 {
-    static const char *const known[] = {"version", "n_layers", "method", "quant_layers",
-                                        "sparse_layers", "bits", "group", "residual", "budget",
-                                        "channels", "sink", "window", "dsq_window",
-                                        "dsq_salient", NULL};
+    static const char *const known[] = {"version", "n_layers", "rule", "kv_budget", "layers", NULL};
+    static const char *const known_l[] = {"layer", "policy", "error", "bytes", NULL};
     kv_status st;
     const cJSON *it;
     cJSON_ArrayForEach(it, o)
@@ -88,13 +92,109 @@ static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
         while (known[k] && strcmp(known[k], it->string)) k++;
         if (!known[k]) return kv_fail(KV_E_DATA, "deploy config: unknown member \"%s\"", it->string);
     }
-    int ver = KV_DEPLOY_VERSION;
+    d->version = 2;
+    if (!(it = cJSON_GetObjectItemCaseSensitive(o, "n_layers")))
+        return kv_fail(KV_E_DATA, "deploy config: version 2 needs \"n_layers\"");
+    if ((st = get_int(it, "n_layers", 1, 1 << 20, &d->n_layers))) return st;
+    if (n_layers > 0 && d->n_layers != n_layers)
+        return kv_fail(KV_E_DATA, "deploy config is for %d layers, the model has %d", d->n_layers,
+                       n_layers);
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "rule"))) {
+        if (!cJSON_IsString(it) || strlen(it->valuestring) >= sizeof d->rule)
+            return kv_fail(KV_E_DATA, "deploy config: \"rule\" must be a short string");
+        snprintf(d->rule, sizeof d->rule, "%s", it->valuestring);
+    }
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "kv_budget"))) {
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0))
+            return kv_fail(KV_E_DATA, "deploy config: \"kv_budget\" must be a number >= 0");
+        d->kv_budget = it->valuedouble;
+    }
+    const cJSON *ls = cJSON_GetObjectItemCaseSensitive(o, "layers");
+    if (!ls || !cJSON_IsArray(ls))
+        return kv_fail(KV_E_DATA, "deploy config: version 2 needs a \"layers\" array");
+    const int L = d->n_layers;
+    d->per_layer = malloc((size_t)L * sizeof *d->per_layer);
+    bool *seen = calloc((size_t)L, 1);
+    if (!d->per_layer || !seen) {
+        free(seen);
+        return kv_fail(KV_E_NOMEM, "deploy config");
+    }
+    for (int l = 0; l < L; l++) kv_policy_params_default(&d->per_layer[l], KV_POL_FULL);
+    st = KV_OK;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ls)
+    {
+        if (!cJSON_IsObject(e)) {
+            st = kv_fail(KV_E_DATA, "deploy config: \"layers\" must hold objects");
+            break;
+        }
+        cJSON_ArrayForEach(it, e)
+        {
+            int k = 0;
+            while (known_l[k] && strcmp(known_l[k], it->string)) k++;
+            if (!known_l[k]) {
+                st = kv_fail(KV_E_DATA, "deploy config: unknown member \"%s\" in \"layers\"", it->string);
+                break;
+            }
+            if (k >= 2 && !cJSON_IsNumber(it)) {
+                st = kv_fail(KV_E_DATA, "deploy config: \"%s\" must be a number", it->string);
+                break;
+            }
+        }
+        if (st) break;
+        int l;
+        const cJSON *ly = cJSON_GetObjectItemCaseSensitive(e, "layer");
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "policy");
+        if (!ly || !sp) {
+            st = kv_fail(KV_E_DATA, "deploy config: a \"layers\" entry lacks \"%s\"", ly ? "policy" : "layer");
+            break;
+        }
+        if ((st = get_int(ly, "layer", 0, L - 1, &l))) break;
+        if (seen[l]) {
+            st = kv_fail(KV_E_DATA, "deploy config: layer %d listed twice", l);
+            break;
+        }
+        seen[l] = true;
+        if (!cJSON_IsString(sp)) {
+            st = kv_fail(KV_E_DATA, "deploy config: layer %d: \"policy\" must be a string", l);
+            break;
+        }
+        /* one kind for this layer: a per-layer list inside would be ambiguous */
+        if (!isalpha((unsigned char)sp->valuestring[0]) ||
+            (st = kv_policy_parse(sp->valuestring, 1, &d->per_layer[l]))) {
+            if (!st) kv_fail(KV_E_DATA, "not a policy of one kind");
+            st = kv_fail(KV_E_DATA, "deploy config: layer %d: policy \"%s\": %s", l, sp->valuestring,
+                         kv_errdetail());
+            break;
+        }
+        d->per_layer[l].given = 0; /* front-end defaults still apply */
+    }
+    free(seen);
+    return st;
+}
+
+static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
+{
+    static const char *const known[] = {"version", "n_layers", "method", "quant_layers",
+                                        "sparse_layers", "bits", "group", "residual", "budget",
+                                        "channels", "sink", "window", "dsq_window",
+                                        "dsq_salient", NULL};
+    kv_status st;
+    const cJSON *it;
+    int ver = 1;
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "version")) &&
         (st = get_int(it, "version", 1, 1 << 20, &ver)))
         return st;
-    if (ver != KV_DEPLOY_VERSION)
-        return kv_fail(KV_E_DATA, "deploy config: version %d not supported (this is %d)", ver,
-                       KV_DEPLOY_VERSION);
+    if (ver > KV_DEPLOY_VERSION)
+        return kv_fail(KV_E_DATA, "deploy config: version %d not supported (this reads 1 and %d)",
+                       ver, KV_DEPLOY_VERSION);
+    if (ver == 2) return parse_v2(o, n_layers, d);
+    cJSON_ArrayForEach(it, o)
+    {
+        int k = 0;
+        while (known[k] && strcmp(known[k], it->string)) k++;
+        if (!known[k]) return kv_fail(KV_E_DATA, "deploy config: unknown member \"%s\"", it->string);
+    }
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "n_layers"))) {
         if ((st = get_int(it, "n_layers", 1, 1 << 20, &d->n_layers))) return st;
         if (n_layers > 0 && d->n_layers != n_layers)
@@ -185,6 +285,10 @@ kv_status kv_deploy_parse(const char *json, size_t len, int n_layers, kv_deploy 
 void kv_deploy_apply(const kv_deploy *d, int n_layers, kv_policy_params *per_layer)
 {
     for (int i = 0; i < n_layers; i++) kv_policy_params_default(&per_layer[i], KV_POL_FULL);
+    if (d->per_layer) {
+        for (int i = 0; i < n_layers && i < d->n_layers; i++) per_layer[i] = d->per_layer[i];
+        return;
+    }
     for (int i = 0; i < d->n_quant; i++)
         if (d->quant_layers[i] < n_layers) per_layer[d->quant_layers[i]] = d->quant;
     for (int i = 0; i < d->n_sparse; i++)
@@ -226,6 +330,11 @@ kv_status kv_policies_load(const char *spec, const char *profile_path, const kv_
 void kv_deploy_quant_mask(const kv_deploy *d, int n_layers, bool *quant)
 {
     for (int i = 0; i < n_layers; i++) quant[i] = false;
+    if (d->per_layer) {
+        for (int i = 0; i < n_layers && i < d->n_layers; i++)
+            quant[i] = d->per_layer[i].kind == KV_POL_QUANT || d->per_layer[i].kind == KV_POL_DSQ;
+        return;
+    }
     for (int i = 0; i < d->n_quant; i++)
         if (d->quant_layers[i] < n_layers) quant[d->quant_layers[i]] = true;
 }
@@ -239,9 +348,34 @@ static void write_list(FILE *f, const int *a, int n)
 
 void kv_deploy_write_json(const kv_deploy *d, FILE *f, int indent)
 {
+    kv_deploy_write_json_ext(d, NULL, NULL, f, indent);
+}
+
+void kv_deploy_write_json_ext(const kv_deploy *d, const double *errors, const double *bytes, FILE *f,
+                              int indent)
+{
     const char *pad = "                                ";
     int in = indent + 2 < 32 ? indent + 2 : 32;
-    fprintf(f, "{\n%.*s\"version\": %d,\n", in, pad, KV_DEPLOY_VERSION);
+    if (d->per_layer) {
+        fprintf(f, "{\n%.*s\"version\": 2,\n%.*s\"n_layers\": %d,\n", in, pad, in, pad, d->n_layers);
+        if (d->rule[0]) fprintf(f, "%.*s\"rule\": \"%s\",\n", in, pad, d->rule);
+        if (d->kv_budget > 0) fprintf(f, "%.*s\"kv_budget\": %.17g,\n", in, pad, d->kv_budget);
+        fprintf(f, "%.*s\"layers\": [", in, pad);
+        for (int l = 0; l < d->n_layers; l++) {
+            char spec[512];
+            if (kv_policy_spec_write(&d->per_layer[l], spec, sizeof spec)) snprintf(spec, sizeof spec, "full");
+            fprintf(f, "%s\n%.*s  {\"layer\": %d, \"policy\": \"%s\"", l ? "," : "", in, pad, l, spec);
+            if (errors) {
+                fputs(", \"error\": ", f);
+                kv_json_number(f, errors[l]);
+            }
+            if (bytes) fprintf(f, ", \"bytes\": %.0f", bytes[l]);
+            fputc('}', f);
+        }
+        fprintf(f, "\n%.*s]\n%.*s}", in, pad, indent < 32 ? indent : 32, pad);
+        return;
+    }
+    fprintf(f, "{\n%.*s\"version\": 1,\n", in, pad);
     if (d->n_layers) fprintf(f, "%.*s\"n_layers\": %d,\n", in, pad, d->n_layers);
     fprintf(f, "%.*s\"method\": \"%s\",\n", in, pad, d->quant.kind == KV_POL_DSQ ? "dsq" : "kivi");
     fprintf(f, "%.*s\"quant_layers\": ", in, pad);

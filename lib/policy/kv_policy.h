@@ -34,12 +34,20 @@ typedef enum {
  * turned into softmax probabilities over the candidates). */
 typedef enum { KV_REDUCE_SUM = 0, KV_REDUCE_MAX } kv_group_reduce;
 
-/* sparse: how the tokens fetched each step are chosen. */
+/* sparse: how the tokens fetched each step are chosen (kv-run(1) POLICIES). */
 typedef enum {
-    KV_SELECT_CHANNELS = 0, /* TailorKV: scores from the C critical key channels */
-    KV_SELECT_EXACT,        /* scores from every key channel */
-    KV_SELECT_SKETCH        /* scores from a resident 1-bit key sketch (GPU engine only) */
+    KV_SELECT_CHANNELS = 0, /* TailorKV: C critical channels chosen per step, read from the host */
+    KV_SELECT_EXACT,        /* scores from every key channel (host) */
+    KV_SELECT_SKETCH,       /* scores from a resident 1-bit key sketch (GPU engine only) */
+    KV_SELECT_RESIDENT,     /* C critical channels chosen once at ingest, their rows resident
+                               (fp16, or cbits-bit codes): only the chosen rows are fetched */
+    KV_SELECT_PAGES,        /* Quest: per page of P tokens a resident per-channel min and max */
+    KV_SELECT_PCA,          /* Loki: the keys' C principal coordinates (fp16 or codes) resident */
+    KV_SELECT_COUNT
 } kv_select_mode;
+
+/* The selection mode a sparse layer gets when its spec names none. */
+#define KV_SELECT_DEFAULT KV_SELECT_RESIDENT
 
 /* Keys a front end may set for every layer (kv_policy_defaults), as bits of
  * kv_policy_params.given and kv_policy_defaults.given. */
@@ -62,11 +70,18 @@ typedef struct {
     int channels;         /* C critical channels (sparse) */
     int topk;             /* K tokens fetched per step; 0 = use topk_frac */
     double topk_frac;     /* K as a fraction of the context when topk == 0 */
-    kv_select_mode select; /* sparse: token selection (channels) */
+    kv_select_mode select; /* sparse: token selection (KV_SELECT_DEFAULT) */
+    int cbits;            /* sparse, select=resident: bits of the resident channel rows:
+                             16 (fp16), 8 or 4 (codes per channel over 64-token groups) */
+    int page;             /* sparse, select=pages: tokens per page (16) */
+    int pool;             /* sparse, select=resident: channels kept resident, R >= C (0:
+                             head_dim / 2); each step scores with C of them by |q|·max|K| */
     bool offload;         /* full: K/V in host memory, copied in per step (GPU engine) */
     /* dsq */
     int dsq_window;       /* tokens per DSQ window (64) */
     double dsq_salient;   /* fraction of salient tokens per window (0.2) */
+    int dsq_base;         /* kv_dsq_base: key base from the salient keys (KVO-LLM) or the
+                             rest (KV_DSQ_DEFAULT_BASE) */
     double hcap_channel_thresh; /* HCAP: prune channels under this share (0 = off) */
     double hcap_token_keep;     /* HCAP: fraction of tokens kept (1 = off) */
     /* sparse (added by E; defaults from kv_policy_params_default) */
@@ -78,7 +93,7 @@ typedef struct {
 void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind);
 const char *kv_policy_kind_name(kv_policy_kind k);
 kv_status kv_policy_kind_parse(const char *s, kv_policy_kind *out);
-/* "channels", "exact", "sketch" ("approx" parses as channels). */
+/* "channels", "exact", "sketch", "resident", "pages" ("approx" parses as channels). */
 const char *kv_select_mode_name(kv_select_mode m);
 kv_status kv_select_mode_parse(const char *s, kv_select_mode *out);
 
@@ -162,14 +177,21 @@ void kv_policy_free(kv_policy *p);
  *   quant:     bits (1,2,4), group|g, residual|r
  *   sparse:    sink|s, window|w, channels|c, k|topk, frac, budget (a
  *              count >= 1 or a fraction < 1, as in a deploy config),
- *              select=channels|approx|exact|sketch,
+ *              select=resident|channels|approx|exact|sketch|pages, cbits (16, 8,
+ *              4), page,
  *              predict=on|off, reduce=sum|max, dtype
  *   streaming: sink|s, window|w, dtype
- *   dsq:       window|w, salient, chan (HCAP channel share), keep (HCAP tokens)
+ *   dsq:       window|w, salient, base=rest|salient, chan (HCAP channel share),
+ *              keep (HCAP tokens)
  * Strict: an unknown kind or key, or a bad number, is KV_E_USAGE with a
  * message naming it.
  */
 kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_layer);
+
+/* The spec's syntax, kinds, keys and values, for any number of layers (a
+ * front end checks a spec with it before it loads the model that says how
+ * many layers there are; kv_policy_parse then checks the ranges). */
+kv_status kv_policy_spec_check(const char *spec);
 
 /*
  * Front-end defaults for every layer (--kv-dtype, --select): each field in
@@ -191,6 +213,11 @@ void kv_policy_defaults_apply(const kv_policy_defaults *d, kv_policy_params *per
 
 /* Shorthand: kv_policy_defaults_apply with only `select` given. */
 void kv_policy_set_select(kv_policy_params *per_layer, int n_layers, kv_select_mode m);
+
+/* The spec of one layer's parameters, every key of its kind written, so
+ * that kv_policy_parse gives them back (the `given` marks aside); what a
+ * deploy config stores per layer.  KV_E_USAGE when it does not fit in n. */
+kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n);
 
 /* One line describing a layer's parameters ("sparse sink=4 window=32 ..."). */
 void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n);

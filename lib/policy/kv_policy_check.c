@@ -45,6 +45,7 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
         kv_dsq_params_default(&dp);
         dp.window = p->dsq_window;
         dp.salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
+        dp.base = p->dsq_base;
         if ((st = kv_dsq_check(&dp, g->head_dim))) {
             kv_errcontext("layer %d policy %s", g->layer, kind);
             return st;
@@ -62,13 +63,19 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
         break;
     case KV_POL_SPARSE:
         if (p->sink < 0 || p->window < 0 || p->channels < 1 || p->topk < 0 ||
-            !(p->topk_frac >= 0.0 && p->topk_frac <= 1.0) || (unsigned)p->select > KV_SELECT_SKETCH)
-            BAD(KV_E_USAGE, "bad parameters (sink %d, window %d, channels %d, k %d, frac %g)", p->sink,
-                p->window, p->channels, p->topk, p->topk_frac);
+            !(p->topk_frac >= 0.0 && p->topk_frac <= 1.0) || (unsigned)p->select >= KV_SELECT_COUNT || p->page < 1 ||
+            (p->cbits != 1 && p->cbits != 2 && p->cbits != 4 && p->cbits != 8 && p->cbits != 16))
+            BAD(KV_E_USAGE, "bad parameters (sink %d, window %d, channels %d, k %d, frac %g, page %d, "
+                "cbits %d)", p->sink, p->window, p->channels, p->topk, p->topk_frac, p->page, p->cbits);
         if (cpu && p->select == KV_SELECT_SKETCH)
             BAD(KV_E_USAGE, "select=sketch is a GPU engine selection (a resident key sketch): use "
                             "--device cuda, or select=channels on the CPU");
         if (cpu && g->head_dim > 1024) BAD(KV_E_UNSUPPORTED, "head dim %d > 1024", g->head_dim);
+        if (gpu && p->select == KV_SELECT_PCA)
+            BAD(KV_E_UNSUPPORTED, "select=pca is a CPU engine selection for now: use --device cpu, "
+                                  "or select=resident on the GPU");
+        if (p->select == KV_SELECT_PCA && g->head_dim > 256)
+            BAD(KV_E_UNSUPPORTED, "select=pca needs head dim <= 256 (got %d)", g->head_dim);
         /* the GPU keeps channel-major keys of exactly head_dim channels */
         if (gpu && p->channels > g->head_dim)
             BAD(KV_E_USAGE, "channels %d > head dim %d", p->channels, g->head_dim);

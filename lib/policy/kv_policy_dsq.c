@@ -362,6 +362,7 @@ kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm
     kv_dsq_params_default(&dp);
     dp.window = prm->dsq_window;
     dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient); /* checked by kv_policy_new */
+    dp.base = prm->dsq_base;
     kv_status st;
     dsq_policy *d = calloc(1, sizeof *d);
     if (!d) return kv_fail(KV_E_NOMEM, "dsq policy");

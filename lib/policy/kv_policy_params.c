@@ -8,7 +8,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,33 +32,37 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->channels = 8;
     p->topk = 128;
     p->topk_frac = 0.0;
-    p->select = KV_SELECT_CHANNELS;
+    p->select = KV_SELECT_DEFAULT;
+    p->cbits = 2; /* docs/BENCHMARKS.md, issue 17: equal to full on niah4k at 1/8 of fp16 rows */
+    p->page = 16;
     p->offload = false;
     p->dsq_window = 64;
-    p->dsq_salient = 0.2;
+    p->dsq_salient = KV_DSQ_DEFAULT_SALIENT_FRAC;
+    p->dsq_base = KV_DSQ_DEFAULT_BASE;
     p->hcap_channel_thresh = 0.0;
     p->hcap_token_keep = 1.0;
     p->predict = true;
     p->group_reduce = KV_REDUCE_SUM;
 }
 
-static const char *const select_names[] = {
-    [KV_SELECT_CHANNELS] = "channels", [KV_SELECT_EXACT] = "exact", [KV_SELECT_SKETCH] = "sketch"};
+static const char *const select_names[KV_SELECT_COUNT] = {
+    [KV_SELECT_CHANNELS] = "channels", [KV_SELECT_EXACT] = "exact", [KV_SELECT_SKETCH] = "sketch",
+    [KV_SELECT_RESIDENT] = "resident", [KV_SELECT_PAGES] = "pages", [KV_SELECT_PCA] = "pca"};
 
 const char *kv_select_mode_name(kv_select_mode m)
 {
-    return (unsigned)m <= KV_SELECT_SKETCH ? select_names[m] : "?";
+    return (unsigned)m < KV_SELECT_COUNT ? select_names[m] : "?";
 }
 
 kv_status kv_select_mode_parse(const char *s, kv_select_mode *out)
 {
     if (!strcmp(s, "approx")) s = "channels"; /* the first name of the channel mode */
-    for (int m = 0; m <= KV_SELECT_SKETCH; m++)
+    for (int m = 0; m < KV_SELECT_COUNT; m++)
         if (!strcmp(s, select_names[m])) {
             *out = (kv_select_mode)m;
             return KV_OK;
         }
-    return kv_fail(KV_E_USAGE, "policy key select: '%s' (channels, exact or sketch)", s);
+    return kv_fail(KV_E_USAGE, "policy key select: '%s' (resident, channels, exact, sketch, pages or pca)", s);
 }
 
 void kv_policy_defaults_apply(const kv_policy_defaults *d, kv_policy_params *per_layer,
@@ -202,6 +208,14 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         p->given |= KV_KEY_SELECT;
         return kv_select_mode_parse(val, &p->select);
     }
+    if (IS("cbits", K_(KV_POL_SPARSE))) {
+        kv_status st = parse_int(key, val, 1, 16, &p->cbits);
+        if (st == KV_OK && p->cbits != 1 && p->cbits != 2 && p->cbits != 4 && p->cbits != 8 && p->cbits != 16)
+            return kv_fail(KV_E_USAGE, "policy key cbits: %d is not 1, 2, 4, 8 or 16", p->cbits);
+        return st;
+    }
+    if (IS("page", K_(KV_POL_SPARSE))) return parse_int(key, val, 1, 1 << 16, &p->page);
+    if (IS("pool", K_(KV_POL_SPARSE))) return parse_int(key, val, 0, 1 << 16, &p->pool);
     if (IS("offload", K_(KV_POL_FULL))) {
         p->given |= KV_KEY_OFFLOAD;
         return parse_bool(key, val, &p->offload);
@@ -214,6 +228,12 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         return KV_OK;
     }
     if (IS("salient", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->dsq_salient);
+    if (IS("base", K_(KV_POL_DSQ))) {
+        if (!strcmp(val, "salient")) p->dsq_base = KV_DSQ_BASE_SALIENT;
+        else if (!strcmp(val, "rest")) p->dsq_base = KV_DSQ_BASE_REST;
+        else return kv_fail(KV_E_USAGE, "policy key base: '%s' (rest or salient)", val);
+        return KV_OK;
+    }
     if (IS("chan", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_channel_thresh);
     if (IS("keep", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_token_keep);
 #undef IS
@@ -341,6 +361,79 @@ kv_status kv_policy_parse(const char *spec, int n_layers, kv_policy_params *per_
     return st;
 }
 
+kv_status kv_policy_spec_check(const char *spec)
+{
+    if (!spec || !*spec) return kv_fail(KV_E_USAGE, "empty policy spec");
+    kv_policy_params p;
+    if (!isdigit((unsigned char)spec[0]) && spec[0] != '*') return parse_one(spec, strlen(spec), &p);
+    bool star_seen = false;
+    for (const char *s = spec; *s;) {
+        const char *semi = strchr(s, ';');
+        size_t len = semi ? (size_t)(semi - s) : strlen(s);
+        const char *eq = memchr(s, '=', len);
+        if (len == 0) return kv_fail(KV_E_USAGE, "empty entry in policy spec");
+        if (!eq) return kv_fail(KV_E_USAGE, "policy entry '%.*s' lacks LAYERS=", (int)len, s);
+        int lo, hi;
+        bool star;
+        kv_status st = parse_range(s, (size_t)(eq - s), INT_MAX, &lo, &hi, &star);
+        if (st == KV_OK) st = parse_one(eq + 1, len - (size_t)(eq + 1 - s), &p);
+        if (st) return st;
+        if (star && star_seen) return kv_fail(KV_E_USAGE, "policy spec has two '*' entries");
+        star_seen |= star;
+        s = semi ? semi + 1 : s + len;
+    }
+    return KV_OK;
+}
+
+// --- a spec from parameters -----------------------------------------------
+
+/* Append to buf (capacity n, used *at) with printf format. */
+static void app(char *buf, size_t n, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void app(char *buf, size_t n, size_t *at, const char *fmt, ...)
+{
+    if (*at >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *at, n - *at, fmt, ap);
+    va_end(ap);
+    if (w > 0) *at += (size_t)w;
+}
+
+kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
+{
+    size_t at = 0;
+    const char *dt = kv_float_dtype_name(p->dtype);
+    app(buf, n, &at, "%s", kv_policy_kind_name(p->kind));
+    switch (p->kind) {
+    case KV_POL_FULL:
+        app(buf, n, &at, ":dtype=%s%s", dt, p->offload ? ",offload=on" : "");
+        break;
+    case KV_POL_QUANT:
+        app(buf, n, &at, ":bits=%d,group=%d,residual=%d", p->bits, p->group, p->residual);
+        break;
+    case KV_POL_SPARSE:
+        app(buf, n, &at, ":sink=%d,window=%d,channels=%d,", p->sink, p->window, p->channels);
+        if (p->topk > 0) app(buf, n, &at, "k=%d", p->topk);
+        else app(buf, n, &at, "frac=%.17g", p->topk_frac);
+        app(buf, n, &at, ",select=%s,cbits=%d,pool=%d,page=%d,predict=%s,reduce=%s,dtype=%s",
+            kv_select_mode_name(p->select), p->cbits, p->pool, p->page, p->predict ? "on" : "off",
+            p->group_reduce == KV_REDUCE_MAX ? "max" : "sum", dt);
+        break;
+    case KV_POL_STREAMING:
+        app(buf, n, &at, ":sink=%d,window=%d,dtype=%s", p->sink, p->window, dt);
+        break;
+    case KV_POL_DSQ:
+        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s", p->dsq_window, p->dsq_salient,
+            p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest");
+        if (p->hcap_channel_thresh > 0.0) app(buf, n, &at, ",chan=%.17g", p->hcap_channel_thresh);
+        if (p->hcap_token_keep < 1.0) app(buf, n, &at, ",keep=%.17g", p->hcap_token_keep);
+        break;
+    default: return kv_fail(KV_E_USAGE, "unknown policy kind %d", (int)p->kind);
+    }
+    if (at >= n) return kv_fail(KV_E_USAGE, "policy spec longer than %zu bytes", n);
+    return KV_OK;
+}
 
 // --- description --------------------------------------------------------
 
@@ -351,20 +444,29 @@ void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n)
     case KV_POL_QUANT:
         snprintf(buf, n, "quant bits=%d group=%d residual=%d dtype=%s", p->bits, p->group, p->residual, dt);
         break;
-    case KV_POL_SPARSE:
-        if (p->topk)
-            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk=%d dtype=%s", p->sink, p->window,
-                     p->channels, p->topk, dt);
+    case KV_POL_SPARSE: {
+        char sel[48];
+        if (p->select == KV_SELECT_RESIDENT && p->cbits != 16)
+            snprintf(sel, sizeof sel, "resident cbits=%d", p->cbits);
+        else if (p->select == KV_SELECT_PAGES)
+            snprintf(sel, sizeof sel, "pages page=%d", p->page);
         else
-            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk_frac=%g dtype=%s", p->sink,
-                     p->window, p->channels, p->topk_frac, dt);
+            snprintf(sel, sizeof sel, "%s", kv_select_mode_name(p->select));
+        if (p->topk)
+            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk=%d select=%s dtype=%s", p->sink,
+                     p->window, p->channels, p->topk, sel, dt);
+        else
+            snprintf(buf, n, "sparse sink=%d window=%d channels=%d topk_frac=%g select=%s dtype=%s",
+                     p->sink, p->window, p->channels, p->topk_frac, sel, dt);
         break;
+    }
     case KV_POL_STREAMING:
         snprintf(buf, n, "streaming sink=%d window=%d dtype=%s", p->sink, p->window, dt);
         break;
     case KV_POL_DSQ:
-        snprintf(buf, n, "dsq window=%d salient=%g hcap_channel=%g hcap_token_keep=%g", p->dsq_window,
-                 p->dsq_salient, p->hcap_channel_thresh, p->hcap_token_keep);
+        snprintf(buf, n, "dsq window=%d salient=%g base=%s hcap_channel=%g hcap_token_keep=%g",
+                 p->dsq_window, p->dsq_salient, p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
+                 p->hcap_channel_thresh, p->hcap_token_keep);
         break;
     default:
         snprintf(buf, n, "%s dtype=%s", kv_policy_kind_name(p->kind), dt);

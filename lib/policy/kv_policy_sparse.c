@@ -1,27 +1,40 @@
 /*
  * The `sparse` policy (TailorKV's retrieval side).  The prompt's K/V live in
  * "host" memory; resident (fast) memory keeps the first S sink tokens, the
- * W most recent tokens, every generated token, and one max|K| per channel.
- * Each attend:
+ * W most recent tokens, every generated token, one max|K| per channel, and
+ * the selection index of the mode.  Each attend:
  *   1. take the query predicted for this layer (predict(), from the engine
  *      one layer ahead) or, without one, the actual query;
- *   2. per KV head, score channels by sum_h |q_hc| * max_t |K_tc| over the
- *      query heads h of its group, and take the top C channels;
- *   3. approximate every non-resident token's score from those C channels
- *      only (reading them is the fetched "channel" traffic), with SparQ's
- *      temperature correction sqrt(D * |q_C|_1 / |q|_1) per head;
- *   4. turn each head's scores into softmax probabilities over the
+ *   2. score every non-resident ("candidate") token per query head, by mode:
+ *        resident (default): from the C critical channels chosen once at
+ *          ingest (kv_select_pick_channels: |q̂|·max|K| over the prompt's
+ *          last queries), whose rows of every prompt key stay resident in
+ *          fp16 (cbits=16) or as 8- or 4-bit codes: nothing is read from the
+ *          host to score;
+ *        channels: from C channels chosen per step by sum_h |q_hc| * max_t
+ *          |K_tc|, read from the host copy (the "channel" traffic);
+ *        exact: from every channel of the host keys;
+ *        pages (Quest): per page of P tokens, the upper bound sum_c
+ *          max(q_c min_c, q_c max_c) from resident fp16 page bounds;
+ *      channel scores get SparQ's temperature sqrt(D * |q_C|_1 / |q|_1);
+ *   3. turn each head's scores into softmax probabilities over the
  *      candidates and combine the group's heads (sum by default, or max);
- *   5. take the top K candidates, "fetch" their K and V rows, and attend
- *      exactly over resident + fetched tokens, in token order.
- * select=exact replaces 2-3 by exact scores from every candidate's full key.
+ *   4. take the top K candidates (pages: the best pages' tokens, in page
+ *      order, until K), "fetch" their K and V rows, and attend exactly over
+ *      resident + fetched tokens, in token order.
  * Selection is per KV head: heads of one layer may fetch different tokens.
+ * lib/policy/kv_select.c holds the index and score arithmetic, which the
+ * GPU engine reproduces.
  *
- * Byte accounting (eb = bytes per element of prm.dtype, H = KV heads):
- *   host      = 2 * H * T_prompt * D * eb            (the ingested prompt)
+ * Byte accounting (eb = bytes per element of prm.dtype, H = KV heads,
+ * Tp = prompt tokens):
+ *   host      = 2 * H * Tp * D * eb                  (the ingested prompt)
  *   resident  = 2 * H * n_resident * D * eb + H * D * 4   (channel maxima, f32)
- *   fetched   = approx: H * C * n_cand * eb  +  2 * H * K' * D * eb
- *               exact:  H * n_cand * D * eb  +      H * K' * D * eb
+ *               + resident: H * kv_select_rows_bytes(C, Tp, cbits)
+ *               + pages:    H * ceil(Tp / P) * D * 2 * 2  (fp16 min and max)
+ *   fetched   = channels: H * C * n_cand * eb  +  2 * H * K' * D * eb
+ *               exact:    H * n_cand * D * eb  +      H * K' * D * eb
+ *               resident, pages:                  2 * H * K' * D * eb
  *               (K' = min(K, n_cand); when K' == n_cand nothing is scored
  *               and fetched = 2 * H * n_cand * D * eb)
  * where n_cand = prompt tokens neither sink nor within the W most recent.
@@ -31,6 +44,7 @@
 #include <string.h>
 
 #include "policy/kv_policy_int.h"
+#include "policy/kv_select.h"
 
 typedef struct {
     kv_policy base;
@@ -38,8 +52,18 @@ typedef struct {
     float *chmax;    /* (n_kv_heads, head_dim) max_t |K_tc| */
     float *qpred;    /* (n_heads, head_dim) predicted query */
     bool have_pred;
+    float *obs_q;    /* (n_heads, obs_n, head_dim) the prompt's last queries, until ingest */
+    int obs_n;
     int T_prompt;    /* tokens ingested: the host-resident part */
     kv_bytes acc;    /* fetched counters */
+    /* the resident selection index, built at ingest */
+    int C;           /* resident: channels of the index */
+    int *rch;        /* (n_kv_heads, C) resident channels, ascending */
+    float *rval;     /* (n_kv_heads, T_prompt, C) their values as the index holds them */
+    float *pbasis, *pmean; /* pca: (n_kv_heads, C, head_dim) directions, (n_kv_heads, head_dim) mean */
+    int npages;      /* pages: ceil(T_prompt / page) */
+    float *pmin, *pmax; /* (n_kv_heads, npages, head_dim) fp16-rounded page bounds */
+    uint64_t index_bytes; /* resident bytes of the index */
 } sparse_policy;
 
 /* Candidates: [cs, cend); resident: [0, cs) and [cend, T). */
@@ -70,6 +94,89 @@ static void chmax_update(sparse_policy *s, int h, const float *k)
     }
 }
 
+static void free_index(sparse_policy *s)
+{
+    free(s->rch);
+    free(s->rval);
+    free(s->pmin);
+    free(s->pmax);
+    free(s->pbasis);
+    free(s->pmean);
+    s->rch = NULL;
+    s->rval = s->pmin = s->pmax = s->pbasis = s->pmean = NULL;
+    s->npages = 0;
+    s->index_bytes = 0;
+}
+
+/* The resident index of select=resident or pages over the prompt's keys k
+ * ([n_kv_heads, T, D], as ingested) and the observed queries. */
+static kv_status build_index(sparse_policy *s, const float *k, int T)
+{
+    const kv_policy_params *prm = &s->base.prm;
+    const int H = s->base.g.n_kv_heads, D = s->base.g.head_dim;
+    free_index(s);
+    if (prm->select == KV_SELECT_RESIDENT) {
+        const int C = kv_select_pool_size(prm->pool, prm->channels, D);
+        s->C = C;
+        s->rch = malloc((size_t)H * (size_t)C * sizeof(int));
+        s->rval = malloc(((size_t)H * (size_t)T * (size_t)C + 1) * sizeof(float));
+        if (!s->rch || !s->rval) return kv_fail(KV_E_NOMEM, "sparse channel index");
+        kv_select_pick_channels(s->obs_n > 0 ? s->obs_q : NULL, s->obs_n, s->chmax, s->base.g.n_heads,
+                                H, D, C, s->rch);
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < C; j++)
+                kv_select_channel_row(k + (size_t)h * T * D + s->rch[(size_t)h * C + j], (size_t)D, T,
+                                      prm->cbits, NULL, NULL, NULL,
+                                      s->rval + (size_t)h * T * C + j, (size_t)C);
+        s->index_bytes = (uint64_t)H * kv_select_rows_bytes(C, T, prm->cbits);
+    } else if (prm->select == KV_SELECT_PCA) {
+        const int C = prm->channels < D ? prm->channels : D;
+        s->C = C;
+        s->pbasis = malloc((size_t)H * (size_t)C * (size_t)D * sizeof(float));
+        s->pmean = malloc((size_t)H * (size_t)D * sizeof(float));
+        s->rval = malloc(((size_t)H * (size_t)T * (size_t)C + 1) * sizeof(float));
+        float *proj = malloc(((size_t)T * (size_t)C + 1) * sizeof(float));
+        if (!s->pbasis || !s->pmean || !s->rval || !proj) {
+            free(proj);
+            return kv_fail(KV_E_NOMEM, "sparse principal index");
+        }
+        for (int h = 0; h < H; h++) {
+            const float *kh = k + (size_t)h * T * D;
+            float *b = s->pbasis + (size_t)h * C * D, *mu = s->pmean + (size_t)h * D;
+            kv_select_pca(kh, (size_t)D, T, D, C, mu, b);
+            for (int t = 0; t < T; t++)
+                kv_select_project(b, mu, C, D, kh + (size_t)t * D, proj + (size_t)t * C);
+            for (int j = 0; j < C; j++)
+                kv_select_channel_row(proj + j, (size_t)C, T, prm->cbits, NULL, NULL, NULL,
+                                      s->rval + (size_t)h * T * C + j, (size_t)C);
+        }
+        free(proj);
+        s->index_bytes = (uint64_t)H * (kv_select_rows_bytes(C, T, prm->cbits) +
+                                        (uint64_t)(C + 1) * (uint64_t)D * 4u);
+    } else if (prm->select == KV_SELECT_PAGES) {
+        const int P = prm->page, np = (T + P - 1) / P;
+        s->npages = np;
+        s->pmin = malloc(((size_t)H * (size_t)np * (size_t)D + 1) * sizeof(float));
+        s->pmax = malloc(((size_t)H * (size_t)np * (size_t)D + 1) * sizeof(float));
+        if (!s->pmin || !s->pmax) return kv_fail(KV_E_NOMEM, "sparse page index");
+        for (int h = 0; h < H; h++)
+            kv_select_page_bounds(k + (size_t)h * T * D, (size_t)D, T, D, P,
+                                  s->pmin + (size_t)h * np * D, s->pmax + (size_t)h * np * D);
+        s->index_bytes = (uint64_t)H * (uint64_t)np * (uint64_t)D * 4u;
+    }
+    return KV_OK;
+}
+
+static void sparse_observe(kv_policy *p, const float *q, int n)
+{
+    sparse_policy *s = (sparse_policy *)p;
+    size_t sz = (size_t)p->g.n_heads * (size_t)n * (size_t)p->g.head_dim * sizeof(float);
+    free(s->obs_q);
+    s->obs_q = n > 0 ? malloc(sz) : NULL;
+    s->obs_n = s->obs_q ? n : 0; /* without them the channel maxima alone choose */
+    if (s->obs_q) memcpy(s->obs_q, q, sz);
+}
+
 static kv_status sparse_ingest(kv_policy *p, const float *k, const float *v, int T)
 {
     sparse_policy *s = (sparse_policy *)p;
@@ -86,7 +193,11 @@ static kv_status sparse_ingest(kv_policy *p, const float *k, const float *v, int
         }
     p->n_tokens = s->T_prompt = T;
     s->acc = (kv_bytes){0};
-    return KV_OK;
+    kv_status st = build_index(s, k, T);
+    free(s->obs_q);
+    s->obs_q = NULL;
+    s->obs_n = 0;
+    return st;
 }
 
 static kv_status sparse_append(kv_policy *p, int pos, const float *k, const float *v)
@@ -163,10 +274,48 @@ static void select_top(scored *c, int m, int n)
     }
 }
 
+/* The top kk of n combined scores (cand[i].idx preset), ids ascending into sel. */
+static void take_top(scored *cand, int n, int kk, int *sel)
+{
+    select_top(cand, n, kk);
+    for (int i = 0; i < kk; i++) sel[i] = cand[i].idx;
+    qsort(sel, (size_t)kk, sizeof(int), cmp_int);
+}
+
+/* pages: the candidates [cs, cend) of KV head kh by page upper bounds; the
+ * best pages' candidate tokens, best page first, until kk are taken. */
+static void choose_pages(sparse_policy *s, int kh, const float *q, int cs, int cend, int kk,
+                         int *sel, scored *cand, float *work)
+{
+    const kv_policy_geom *g = &s->base.g;
+    const kv_policy_params *prm = &s->base.prm;
+    const int D = g->head_dim, grp = g->n_heads / g->n_kv_heads, P = prm->page;
+    const int p0 = cs / P, p1 = (cend - 1) / P, np = p1 - p0 + 1;
+    const float *mn = s->pmin + ((size_t)kh * s->npages + (size_t)p0) * D;
+    const float *mx = s->pmax + ((size_t)kh * s->npages + (size_t)p0) * D;
+    float *sc = work, *comb = work + (size_t)grp * np; /* (grp, np), (np) */
+    kv_select_score_pages(q, grp, D, mn, mx, np, sc);
+    kv_select_combine(sc, grp, np, prm->group_reduce == KV_REDUCE_MAX, comb);
+    for (int i = 0; i < np; i++) {
+        cand[i].score = comb[i];
+        cand[i].idx = p0 + i;
+    }
+    qsort(cand, (size_t)np, sizeof *cand, cmp_scored);
+    int m = 0;
+    for (int i = 0; i < np && m < kk; i++) {
+        int a = cand[i].idx * P, e = a + P;
+        if (a < cs) a = cs;
+        if (e > cend) e = cend;
+        for (int t = a; t < e && m < kk; t++) sel[m++] = t;
+    }
+    qsort(sel, (size_t)kk, sizeof(int), cmp_int);
+}
+
 /*
  * Score the candidates [cs, cend) of KV head kh for the group's queries q
  * (grp, D) and write the chosen K' token ids (ascending) to sel.
- * Returns the bytes read to score.
+ * Returns the bytes read from the host to score.
+ * work: (grp + 1) * n floats; cand: n.
  */
 static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cend, int kk,
                        int *sel, scored *cand, float *work)
@@ -175,74 +324,84 @@ static uint64_t choose(sparse_policy *s, int kh, const float *q, int cs, int cen
     const kv_policy_params *prm = &s->base.prm;
     const int D = g->head_dim, grp = g->n_heads / g->n_kv_heads, n = cend - cs;
     const size_t eb = kv_dtype_size(s->k.dt);
-    int chans[1024];
-    int C = prm->channels < D ? prm->channels : D;
-    uint64_t bytes;
-    if (prm->select == KV_SELECT_EXACT) {
-        C = D;
-        for (int c = 0; c < D; c++) chans[c] = c;
-        bytes = (uint64_t)n * (uint64_t)D * eb;
-    } else {
-        /* channel scores: (sum over the group of |q_hc|) * max_t |K_tc| */
-        scored cs_[1024];
-        const float *m = s->chmax + (size_t)kh * (size_t)D;
-        for (int c = 0; c < D; c++) {
-            float a = 0.0f;
-            for (int h = 0; h < grp; h++) a += fabsf(q[(size_t)h * (size_t)D + (size_t)c]);
-            cs_[c].score = a * m[c];
-            cs_[c].idx = c;
-        }
-        select_top(cs_, D, C);
-        for (int i = 0; i < C; i++) chans[i] = cs_[i].idx;
-        qsort(chans, (size_t)C, sizeof(int), cmp_int);
-        bytes = (uint64_t)n * (uint64_t)C * eb;
+    if (prm->select == KV_SELECT_PAGES) {
+        choose_pages(s, kh, q, cs, cend, kk, sel, cand, work);
+        return 0;
     }
-    /* per head: scores over the candidates -> softmax -> combined */
-    float *sc = work;           /* (n) one head's scores */
+    float *sc = work, *comb = work + (size_t)grp * n; /* (grp, n), (n) */
+    uint64_t bytes = 0;
+    if (prm->select == KV_SELECT_PCA) {
+        const int C = s->C;
+        float qp[8 * 1024];
+        int gg = grp < 8 ? grp : 8;
+        for (int h = 0; h < gg; h++)
+            kv_select_project(s->pbasis + (size_t)kh * C * D, NULL, C, D, q + (size_t)h * D, qp + (size_t)h * C);
+        kv_select_score_proj(qp, gg, C, D, s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * C,
+                             (size_t)C, n, sc);
+        for (int h = gg; h < grp; h++) /* past 8 heads a group: each projected in turn */
+            kv_select_project(s->pbasis + (size_t)kh * C * D, NULL, C, D, q + (size_t)h * D, qp),
+                kv_select_score_proj(qp, 1, C, D, s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * C,
+                                     (size_t)C, n, sc + (size_t)h * n);
+    } else if (prm->select == KV_SELECT_RESIDENT) {
+        const int R = s->C, *pool = s->rch + (size_t)kh * R;
+        int C = prm->channels < R ? prm->channels : R;
+        const float *rows = s->rval + ((size_t)kh * s->T_prompt + (size_t)cs) * R;
+        if (C == R) {
+            kv_select_score_rows(q, grp, D, pool, NULL, C, rows, (size_t)R, n, sc);
+        } else { /* this step's C of the R resident channels */
+            int cols[1024], chans[1024];
+            kv_select_pool_channels(q, grp, D, s->chmax + (size_t)kh * D, pool, R, C, cols);
+            for (int j = 0; j < C; j++) chans[j] = pool[cols[j]];
+            kv_select_score_rows(q, grp, D, chans, cols, C, rows, (size_t)R, n, sc);
+        }
+    } else {
+        int chans[1024];
+        int C = prm->channels < D ? prm->channels : D;
+        if (prm->select == KV_SELECT_EXACT) {
+            C = D;
+            for (int c = 0; c < D; c++) chans[c] = c;
+            bytes = (uint64_t)n * (uint64_t)D * eb;
+        } else {
+            /* channel scores: (sum over the group of |q_hc|) * max_t |K_tc| */
+            scored cs_[1024];
+            const float *m = s->chmax + (size_t)kh * (size_t)D;
+            for (int c = 0; c < D; c++) {
+                float a = 0.0f;
+                for (int h = 0; h < grp; h++) a += fabsf(q[(size_t)h * (size_t)D + (size_t)c]);
+                cs_[c].score = a * m[c];
+                cs_[c].idx = c;
+            }
+            select_top(cs_, D, C);
+            for (int i = 0; i < C; i++) chans[i] = cs_[i].idx;
+            qsort(chans, (size_t)C, sizeof(int), cmp_int);
+            bytes = (uint64_t)n * (uint64_t)C * eb;
+        }
+        for (int h = 0; h < grp; h++) {
+            const float *qh = q + (size_t)h * (size_t)D;
+            double l1_all = 0.0, l1_c = 0.0;
+            for (int c = 0; c < D; c++) l1_all += fabsf(qh[c]);
+            for (int i = 0; i < C; i++) l1_c += fabsf(qh[chans[i]]);
+            double temp = prm->select == KV_SELECT_EXACT || l1_all <= 0.0 ? (double)D : (double)D * l1_c / l1_all;
+            float scale = temp > 0.0 ? (float)(1.0 / sqrt(temp)) : 0.0f;
+            float *o = sc + (size_t)h * n;
+            for (int i = 0; i < n; i++) {
+                float d = 0.0f;
+                if (s->k.dt == KV_DT_F32) {
+                    const float *kt = kv_store_f32(&s->k, kh, cs + i);
+                    for (int j = 0; j < C; j++) d += qh[chans[j]] * kt[chans[j]];
+                } else {
+                    for (int j = 0; j < C; j++) d += qh[chans[j]] * kv_store_at(&s->k, kh, cs + i, chans[j]);
+                }
+                o[i] = d * scale;
+            }
+        }
+    }
+    kv_select_combine(sc, grp, n, prm->group_reduce == KV_REDUCE_MAX, comb);
     for (int i = 0; i < n; i++) {
-        cand[i].score = 0.0f;
+        cand[i].score = comb[i];
         cand[i].idx = cs + i;
     }
-    for (int h = 0; h < grp; h++) {
-        const float *qh = q + (size_t)h * (size_t)D;
-        double l1_all = 0.0, l1_c = 0.0;
-        for (int c = 0; c < D; c++) l1_all += fabsf(qh[c]);
-        for (int i = 0; i < C; i++) l1_c += fabsf(qh[chans[i]]);
-        double temp = prm->select == KV_SELECT_EXACT || l1_all <= 0.0 ? (double)D : (double)D * l1_c / l1_all;
-        float scale = temp > 0.0 ? (float)(1.0 / sqrt(temp)) : 0.0f;
-        float mx = -INFINITY;
-        for (int i = 0; i < n; i++) {
-            float d = 0.0f;
-            if (s->k.dt == KV_DT_F32) {
-                const float *kt = kv_store_f32(&s->k, kh, cs + i);
-                for (int j = 0; j < C; j++) d += qh[chans[j]] * kt[chans[j]];
-            } else {
-                for (int j = 0; j < C; j++) d += qh[chans[j]] * kv_store_at(&s->k, kh, cs + i, chans[j]);
-            }
-            sc[i] = rank_of(d * scale);
-            if (sc[i] > mx) mx = sc[i];
-        }
-        /* a NaN score weighs 0 (through the sum it would blank every
-         * probability of the head); +inf scores share the head's mass, and
-         * a head without a finite score adds nothing */
-        double sum = 0.0;
-        for (int i = 0; i < n; i++) {
-            sc[i] = mx == INFINITY ? (float)(sc[i] == INFINITY) : mx == -INFINITY ? 0.0f : expf(sc[i] - mx);
-            sum += sc[i];
-        }
-        float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
-        for (int i = 0; i < n; i++) {
-            float pr = sc[i] * inv;
-            if (prm->group_reduce == KV_REDUCE_MAX) {
-                if (pr > cand[i].score) cand[i].score = pr;
-            } else {
-                cand[i].score += pr;
-            }
-        }
-    }
-    select_top(cand, n, kk);
-    for (int i = 0; i < kk; i++) sel[i] = cand[i].idx;
-    qsort(sel, (size_t)kk, sizeof(int), cmp_int);
+    take_top(cand, n, kk, sel);
     return bytes;
 }
 
@@ -266,7 +425,7 @@ static kv_status sparse_attend(kv_policy *p, const float *q, float *out)
     int *idx = malloc(((size_t)H * (size_t)n + 1) * sizeof(int));
     float *scratch = malloc(((size_t)2 * (size_t)n + 1) * (size_t)D * sizeof(float));
     scored *cand = malloc(((size_t)ncand + 1) * sizeof(scored));
-    float *work = malloc(((size_t)ncand + 1) * sizeof(float));
+    float *work = malloc(((size_t)(grp + 1) * (size_t)ncand + 1) * sizeof(float));
     if (!idx || !scratch || !cand || !work) {
         free(idx);
         free(scratch);
@@ -310,13 +469,15 @@ static void sparse_bytes(const kv_policy *p, kv_bytes *b)
     uint64_t nres = (uint64_t)cs + (uint64_t)(p->n_tokens - cend);
     *b = s->acc;
     b->host = 2u * H * (uint64_t)s->T_prompt * D * eb;
-    b->resident = 2u * H * nres * D * eb + H * D * 4u;
+    b->resident = 2u * H * nres * D * eb + H * D * 4u + s->index_bytes;
     b->disk = 0;
 }
 
 static void sparse_destroy(kv_policy *p)
 {
     sparse_policy *s = (sparse_policy *)p;
+    free_index(s);
+    free(s->obs_q);
     free(s->qpred);
     free(s->chmax);
     kv_store_clear(&s->v);
@@ -331,6 +492,7 @@ static const kv_policy_ops sparse_ops = {
     .predict = sparse_predict,
     .bytes = sparse_bytes,
     .destroy = sparse_destroy,
+    .observe = sparse_observe,
 };
 
 kv_status kv_policy_sparse_new(const kv_policy_geom *g, const kv_policy_params *prm,

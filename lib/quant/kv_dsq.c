@@ -6,6 +6,7 @@
 #include "quant/kv_dsq.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,20 @@ void kv_dsq_params_default(kv_dsq_params *p)
     p->salient = kv_dsq_salient_count(KV_DSQ_DEFAULT_WINDOW, KV_DSQ_DEFAULT_SALIENT_FRAC);
     p->bits = KV_DSQ_DEFAULT_BITS;
     p->group = KV_DSQ_DEFAULT_GROUP;
+    p->base = KV_DSQ_DEFAULT_BASE;
+}
+
+const char *kv_dsq_base_name(int base)
+{
+    return base == KV_DSQ_BASE_REST ? "rest" : base == KV_DSQ_BASE_SALIENT ? "salient" : "?";
+}
+
+kv_status kv_dsq_base_parse(const char *s, int *out)
+{
+    if (!strcmp(s, "salient")) *out = KV_DSQ_BASE_SALIENT;
+    else if (!strcmp(s, "rest")) *out = KV_DSQ_BASE_REST;
+    else return kv_fail(KV_E_USAGE, "DSQ key base: '%s' (salient or rest)", s);
+    return KV_OK;
 }
 
 int kv_dsq_salient_count(int window, double frac)
@@ -32,6 +47,8 @@ kv_status kv_dsq_check(const kv_dsq_params *p, int head_dim)
         return kv_fail(KV_E_USAGE, "DSQ window must be a multiple of 8 in 8..4096, not %d", p->window);
     if (p->salient < 0 || p->salient > p->window)
         return kv_fail(KV_E_USAGE, "DSQ salient count %d outside 0..%d", p->salient, p->window);
+    if (p->base != KV_DSQ_BASE_SALIENT && p->base != KV_DSQ_BASE_REST)
+        return kv_fail(KV_E_USAGE, "DSQ key base %d is not salient (0) or rest (1)", p->base);
     kv_kivi_params k = {p->bits, p->group, 0};
     return kv_kivi_check(&k, head_dim);
 }
@@ -209,11 +226,21 @@ void kv_dsq_pack_window(const float *x, size_t ld, kv_kivi_axis axis, const kv_d
         sdiv[c] = (s > 0.0f && s < INFINITY) ? s : INFINITY;
     }
     if (axis == KV_KIVI_KEYS) {
-        if (S == 0)
-            for (int t = 0; t < W; t++)
-                for (int c = 0; c < D; c++) sum[c] += x[(size_t)t * ld + c];
+        /* the mean of the salient keys (summed above) or of the others, in
+         * token order; of every key when the chosen set is empty */
+        const bool rest = p->base == KV_DSQ_BASE_REST && S < W;
+        int nb = rest ? W - S : S;
+        if (rest || S == 0) {
+            for (int c = 0; c < D; c++) sum[c] = 0;
+            for (int t = 0; t < W; t++) {
+                if (rest && kv_dsq_mask_get(mask, t)) continue;
+                const float *r = x + (size_t)t * ld;
+                for (int c = 0; c < D; c++) sum[c] += r[c];
+            }
+            if (!rest) nb = W;
+        }
         for (int c = 0; c < D; c++) {
-            base[c] = kv_f32_to_half((float)(sum[c] / (S ? S : W)));
+            base[c] = kv_f32_to_half((float)(sum[c] / nb));
             bf[c] = kv_half_to_f32(base[c]);
         }
     }

@@ -18,8 +18,13 @@
 #include "common/kv_layout.h"
 #include "common/kv_status.h"
 
-/* window 64, salient round(0.2*64) = 13, bits 2, group 32 */
+/* window 64, salient round(0.2*64) = 13, bits 2, group 32, key base from
+ * the non-salient keys (KV_DSQ_DEFAULT_BASE; KVO-LLM's salient mean is
+ * KV_DSQ_BASE_SALIENT) */
 void kv_dsq_params_default(kv_dsq_params *p);
+/* "salient" / "rest" for a kv_dsq_base, and back (KV_E_USAGE otherwise). */
+const char *kv_dsq_base_name(int base);
+kv_status kv_dsq_base_parse(const char *s, int *out);
 /* round(frac * window), clamped to 0..window. */
 int kv_dsq_salient_count(int window, double frac);
 kv_status kv_dsq_check(const kv_dsq_params *p, int head_dim);

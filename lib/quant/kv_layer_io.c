@@ -29,6 +29,14 @@ static kv_status add_meta_int(kvc_writer *w, int layer, char which, const char *
     return kvc_writer_meta(w, name, val);
 }
 
+/* Which keys a DSQ key base is the mean of: informative, readers do not need it. */
+static kv_status add_base_of(kvc_writer *w, int layer, char which, int base)
+{
+    char name[KVC_NAME_MAX];
+    snprintf(name, sizeof name, "layers.%d.%c.base_of", layer, which);
+    return kvc_writer_meta(w, name, kv_dsq_base_name(base));
+}
+
 static kv_status add_encoding(kvc_writer *w, int layer, char which, kv_encoding e)
 {
     char name[KVC_NAME_MAX];
@@ -71,6 +79,7 @@ kv_status kv_dsq_write(kvc_writer *w, int layer, char which, const kv_dsq_packed
         (st = add_meta_int(w, layer, which, "salient", p->prm.salient)) ||
         (st = add_meta_int(w, layer, which, "bits", p->prm.bits)) ||
         (st = add_meta_int(w, layer, which, "group", p->prm.group)) ||
+        (p->base && (st = add_base_of(w, layer, which, p->prm.base))) ||
         (st = add_part(w, layer, which, "mask", KV_DT_U8, 3, mask, p->mask)) ||
         (st = add_part(w, layer, which, "sal", KV_DT_I8, 4, sal, p->sal)) ||
         (st = add_part(w, layer, which, "sscale", KV_DT_F16, 3, hd, p->sscale)) ||
@@ -208,6 +217,12 @@ kv_status kv_dsq_read(const kvc_file *f, int layer, char which, kv_dsq_packed *p
         (st = meta_int(f, layer, which, "group", 1, 65536, &prm.group)))
         return st;
     kv_kivi_axis axis = which == 'k' ? KV_KIVI_KEYS : KV_KIVI_VALUES;
+    /* optional (files before it have the salient mean); unknown names are refused */
+    const char *bo = layer_meta(f, layer, which, "base_of");
+    prm.base = KV_DSQ_BASE_SALIENT;
+    if (bo && kv_dsq_base_parse(bo, &prm.base))
+        return kv_fail(KV_E_DATA, "layers.%d.%c.base_of: \"%s\" is not salient or rest", layer,
+                       which, bo);
     if ((st = kv_dsq_check(&prm, D))) {
         kv_errcontext("layers.%d.%c", layer, which);
         return kv_fail(KV_E_DATA, "%s", kv_errdetail());

@@ -154,16 +154,28 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
     kv_quant_report local;
     if (!rep) rep = &local;
     if ((st = report_alloc(rep, L))) goto out_rep;
-    if (!o->decode) {
+    if (!o->decode && !o->per_layer) {
         st = o->method == KV_ENC_DSQ ? kv_dsq_check(&o->dsq, D) : kv_kivi_check(&o->kivi, D);
         if (st) goto out_rep;
+    }
+    for (int l = 0; o->per_layer && !o->decode && l < L && !st; l++) {
+        const kv_quant_layer *y = &o->per_layer[l];
+        st = y->method == KV_ENC_DSQ    ? kv_dsq_check(&y->dsq, D)
+             : y->method == KV_ENC_KIVI ? kv_kivi_check(&y->kivi, D)
+                                        : KV_OK;
+        if (st) {
+            kv_errcontext("layer %d", l);
+            goto out_rep;
+        }
     }
     bool *sel = calloc((size_t)L + 1, sizeof *sel);
     if (!sel) {
         st = kv_fail(KV_E_NOMEM, "layer table");
         goto out_rep;
     }
-    for (int l = 0; l < L; l++) sel[l] = o->decode || !o->layers || o->layers[l];
+    for (int l = 0; l < L; l++)
+        sel[l] = o->decode || (o->per_layer ? o->per_layer[l].method != KV_ENC_PLAIN
+                                            : !o->layers || o->layers[l]);
 
     /* metadata and tensors of layers left alone, borrowed from the input */
     for (int i = 0; i < kvc_n_meta(in) && !st; i++) {
@@ -198,6 +210,12 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
             continue;
         }
         if ((st = kv_layer_decode(in, l, 'k', k)) || (st = kv_layer_decode(in, l, 'v', v))) break;
+        kv_quant_opts lo = *o; /* this layer's encoding */
+        if (o->per_layer && !o->decode) {
+            lo.method = o->per_layer[l].method;
+            lo.kivi = o->per_layer[l].kivi;
+            lo.dsq = o->per_layer[l].dsq;
+        }
         char nk[32], nv[32];
         snprintf(nk, sizeof nk, "layers.%d.k", l);
         snprintf(nv, sizeof nv, "layers.%d.v", l);
@@ -211,13 +229,13 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
             NH % H == 0 && nq <= T)
             have_q = kvc_tensor_to_f32(qt, q) == KV_OK;
         const float *ip = NULL;
-        if (!o->decode && o->method == KV_ENC_DSQ && have_q) {
+        if (!o->decode && lo.method == KV_ENC_DSQ && have_q) {
             if ((st = kv_dsq_importance(q, NH, nq, k, H, T, D, imp))) break;
             ip = imp;
         }
         uint64_t ok_bytes = 0, ov_bytes = 0;
-        if ((st = encode_part(w, l, 'k', k, ip, o, g, k2, &ok_bytes, &rep->enc_k[l], rep)) ||
-            (st = encode_part(w, l, 'v', v, ip, o, g, v2, &ov_bytes, &rep->enc_v[l], rep))) {
+        if ((st = encode_part(w, l, 'k', k, ip, &lo, g, k2, &ok_bytes, &rep->enc_k[l], rep)) ||
+            (st = encode_part(w, l, 'v', v, ip, &lo, g, v2, &ov_bytes, &rep->enc_v[l], rep))) {
             kv_errcontext("layer %d", l);
             break;
         }
@@ -240,13 +258,17 @@ out_rep:
 
 void kv_quant_report_json(const kv_quant_report *r, const kv_quant_opts *o, FILE *f)
 {
-    fprintf(f, "{\n  \"method\": \"%s\",\n", o->decode ? "decode" : kv_encoding_name(o->method));
-    if (!o->decode && o->method == KV_ENC_KIVI)
+    fprintf(f, "{\n  \"method\": \"%s\",\n",
+            o->decode ? "decode" : o->per_layer ? "per-layer" : kv_encoding_name(o->method));
+    if (o->per_layer) {
+        /* each layer's parameters are in its entry below */
+    } else if (!o->decode && o->method == KV_ENC_KIVI)
         fprintf(f, "  \"bits\": %d,\n  \"group\": %d,\n  \"residual\": %d,\n", o->kivi.bits,
                 o->kivi.group, o->kivi.residual);
     else if (!o->decode)
-        fprintf(f, "  \"window\": %d,\n  \"salient\": %d,\n  \"bits\": %d,\n  \"group\": %d,\n",
-                o->dsq.window, o->dsq.salient, o->dsq.bits, o->dsq.group);
+        fprintf(f, "  \"window\": %d,\n  \"salient\": %d,\n  \"bits\": %d,\n  \"group\": %d,\n"
+                   "  \"base\": \"%s\",\n",
+                o->dsq.window, o->dsq.salient, o->dsq.bits, o->dsq.group, kv_dsq_base_name(o->dsq.base));
     fprintf(f, "  \"bytes_before\": %llu,\n  \"bytes_after\": %llu,\n  \"bytes_f16\": %llu,\n",
             (unsigned long long)r->kv_bytes_in, (unsigned long long)r->kv_bytes_out,
             (unsigned long long)r->f16_bytes);
@@ -271,6 +293,16 @@ void kv_quant_report_json(const kv_quant_report *r, const kv_quant_opts *o, FILE
         kv_json_number(f, r->v_max[l]);
         fputs(", \"attn_rel_err\": ", f);
         kv_json_number(f, r->attn_err[l]);
+        if (o->per_layer && !o->decode) {
+            const kv_quant_layer *y = &o->per_layer[l];
+            if (y->method == KV_ENC_KIVI)
+                fprintf(f, ", \"bits\": %d, \"group\": %d, \"residual\": %d", y->kivi.bits,
+                        y->kivi.group, y->kivi.residual);
+            else if (y->method == KV_ENC_DSQ)
+                fprintf(f, ", \"window\": %d, \"salient\": %d, \"bits\": %d, \"group\": %d, \"base\": \"%s\"",
+                        y->dsq.window, y->dsq.salient, y->dsq.bits, y->dsq.group,
+                        kv_dsq_base_name(y->dsq.base));
+        }
         fprintf(f, "}%s\n", l + 1 < r->n_layers ? "," : "");
     }
     fputs("  ]\n}\n", f);

@@ -11,12 +11,22 @@
 
 // --- transcoding a whole file (kv-quant) ----------------------------------------
 
+/* One layer's encoding when layers differ (a version 2 deploy config):
+ * method KV_ENC_PLAIN leaves the layer as it is. */
+typedef struct {
+    kv_encoding method;
+    kv_kivi_params kivi;
+    kv_dsq_params dsq;
+} kv_quant_layer;
+
 typedef struct {
     kv_encoding method;    /* KV_ENC_KIVI or KV_ENC_DSQ */
     kv_kivi_params kivi;
     kv_dsq_params dsq;
     const bool *layers;    /* (n_layers) layers to quantize; NULL = all */
     bool decode;           /* instead: write every layer as plain F16 */
+    const kv_quant_layer *per_layer; /* (n_layers) or NULL: each layer's own encoding,
+                                        instead of method/kivi/dsq/layers */
 } kv_quant_opts;
 
 /* What kv-quant --report prints; arrays are (n_layers). */

@@ -7,7 +7,7 @@ load helper
 
 # "letter long" for every short option each tool and subcommand shows in --help
 help_pairs() {
-    for t in kv-run kv-info kv-quant kv-profile \
+    for t in kv-run kv-info kv-quant kv-profile kv-convert \
              "kv-tree init" "kv-tree put" "kv-tree get" "kv-tree ls" "kv-tree place" \
              "kv-tree rm" "kv-tree gc" "kv-tree check" \
              "kv-bench attn" "kv-bench pack" "kv-bench ruler" "kv-bench fidelity" "kv-bench decode" \

@@ -98,6 +98,17 @@ load helper
     [ "$status" -eq 69 ]
 }
 
+@test "kv-bench decode takes the resident and page hybrids by name and refuses an unknown one (64)" {
+    run --separate-stderr kv-bench decode --policies hybrid-resident,hybridx
+    assert_fails_with 64 "unknown policy 'hybridx'"
+    run --separate-stderr kv-bench decode --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"hybrid-resident,hybrid-pages"* ]]
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    run --separate-stderr kv-bench decode --policies hybrid-resident,hybrid-pages -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny

@@ -60,17 +60,54 @@ q.write_kvc('$WORK/noq.kvc', {k: np.array(v) for k, v in t.items() if not k.ends
     assert_success
     [ "$(json_get 'j["n_layers"], j["n_heads"], j["n_q"]')" = "(3, 4, 4)" ]
     [ "$(json_get 'all(len(l["heads"]["score"]) == 4 and 0 <= l["score"] <= 1 for l in j["layers"])')" = True ]
-    [ "$(json_get 'all(l["err_1bit"] >= 0 and l["err_2bit"] >= 0 and l["err_sparse"] >= 0 for l in j["layers"])')" = True ]
-    [ "$(json_get 'sorted(j["deploy"]["quant_layers"] + j["deploy"]["sparse_layers"])')" = "[0, 1, 2]" ]
-    [ "$(json_get 'all((l["class"] == "quant") == (l["score"] > 0.2) for l in j["layers"])')" = True ]
+    [ "$(json_get 'all(l[e] >= 0 for l in j["layers"] for e in ("err_1bit", "err_2bit", "err_4bit", "err_sparse", "err_dsq"))')" = True ]
+    [ "$(json_get 'all(len(l["heads"]["err_dsq"]) == 4 for l in j["layers"])')" = True ]
+    [ "$(json_get 'j["deploy"]["version"], sorted(e["layer"] for e in j["deploy"]["layers"])')" = "(2, [0, 1, 2])" ]
+    [ "$(json_get 'all((l["tau_class"] == "quant") == (l["score"] > 0.2) for l in j["layers"])')" = True ]
+    # every layer's choice is one of the options, its class the policy kind deployed
+    [ "$(json_get 'all(l["choice"] in l["bytes"] and j["deploy"]["layers"][i]["policy"].startswith(l["class"]) for i, l in enumerate(j["layers"]))')" = True ]
 }
 
-@test "kv-profile --tau moves layers between the two classes" {
-    run --separate-stderr kv-profile --tau 0 "$WORK/a.kvc"
+@test "kv-profile --rule tau moves layers between quant and sparse with --tau" {
+    run --separate-stderr kv-profile --rule tau --tau 0 "$WORK/a.kvc"
     assert_success
-    [ "$(json_get 'j["deploy"]["quant_layers"]')" = "[0, 1, 2]" ]
-    run --separate-stderr kv-profile --tau 1 "$WORK/a.kvc"
-    [ "$(json_get 'j["deploy"]["sparse_layers"]')" = "[0, 1, 2]" ]
+    [ "$(json_get '[e["policy"].split(":")[0] for e in j["deploy"]["layers"]]')" = "['quant', 'quant', 'quant']" ]
+    [ "$(json_get 'j["deploy"]["rule"]')" = tau ]
+    run --separate-stderr kv-profile --rule tau --tau 1 "$WORK/a.kvc"
+    [ "$(json_get '[e["policy"].split(":")[0] for e in j["deploy"]["layers"]]')" = "['sparse', 'sparse', 'sparse']" ]
+}
+
+@test "kv-profile --kv-budget keeps the chosen bytes within the budget, and a budget of full keeps every layer full" {
+    for b in 0.35 0.5 0.75; do
+        run --separate-stderr kv-profile --json --kv-budget "$b" "$WORK/a.kvc"
+        assert_success
+        [ "$(json_get "j['choice']['budget_met'] and j['choice']['kv_bytes'] <= $b * j['choice']['full_bytes'] + 1")" = True ]
+        [ "$(json_get "sum(l['bytes'][l['choice']] for l in j['layers']) == j['choice']['kv_bytes']")" = True ]
+    done
+    run --separate-stderr kv-profile --json --kv-budget 1 "$WORK/a.kvc"
+    [ "$(json_get '[l["choice"] for l in j["layers"]]')" = "['full', 'full', 'full']" ]
+    # a budget in bytes: the same choice as the fraction it is of full's bytes
+    full=$(json_get 'int(j["choice"]["full_bytes"])')
+    run --separate-stderr kv-profile --json --kv-budget 0.5 "$WORK/a.kvc"
+    frac=$(json_get '[l["choice"] for l in j["layers"]]')
+    run --separate-stderr kv-profile --json --kv-budget $((full / 2)) "$WORK/a.kvc"
+    [ "$(json_get '[l["choice"] for l in j["layers"]]')" = "$frac" ]
+}
+
+@test "kv-profile warns when no choice fits the budget and writes the fewest bytes" {
+    run --separate-stderr kv-profile --json --kv-budget 0.0001 "$WORK/a.kvc"
+    assert_success
+    [[ "$stderr" == *"exceed"* ]]
+    [ "$(json_get 'j["choice"]["budget_met"]')" = False ]
+}
+
+@test "kv-profile rejects a bad --rule, --kv-budget or --select with exit 64" {
+    run --separate-stderr kv-profile --rule best "$WORK/a.kvc"
+    assert_fails_with 64 "--rule"
+    run --separate-stderr kv-profile --kv-budget 0 "$WORK/a.kvc"
+    assert_fails_with 64 "--kv-budget"
+    run --separate-stderr kv-profile --select sketch "$WORK/a.kvc"
+    assert_fails_with 64 "--select"
 }
 
 @test "kv-profile aggregates several files as the mean per layer and head" {
@@ -99,11 +136,21 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
 }
 
 @test "kv-profile output drives kv-quant --profile" {
-    kv-profile --tau 0 --bits 2 "$WORK/a.kvc" > "$WORK/p.json"
+    kv-profile --rule tau --tau 0 --bits 2 "$WORK/a.kvc" > "$WORK/p.json"
     run --separate-stderr kv-quant --profile "$WORK/p.json" --report - -o "$WORK/q.kvc" "$WORK/a.kvc"
     assert_success
-    [ "$(json_get 'j["bits"]')" = 2 ]
-    [ "$(json_get 'all(l["k_encoding"] == "kivi" for l in j["layers"])')" = True ]
+    [ "$(json_get 'j["method"]')" = per-layer ]
+    [ "$(json_get 'all(l["k_encoding"] == "kivi" and l["bits"] == 2 for l in j["layers"])')" = True ]
+}
+
+@test "kv-quant --profile packs each layer of a version 2 config with its own encoding" {
+    printf '{"version": 2, "n_layers": 3, "layers": [{"layer": 0, "policy": "quant:bits=4,group=32,residual=16"}, {"layer": 2, "policy": "dsq:window=32,base=salient"}, {"layer": 1, "policy": "sparse"}]}' > "$WORK/v2.json"
+    run --separate-stderr kv-quant --profile "$WORK/v2.json" --report - -o "$WORK/q2.kvc" "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get '[l["k_encoding"] for l in j["layers"]]')" = "['kivi', 'plain', 'dsq']" ]
+    [ "$(json_get 'j["layers"][0]["bits"], j["layers"][2]["window"], j["layers"][2]["base"]')" = "(4, 32, 'salient')" ]
+    run --separate-stderr kv-quant --profile "$WORK/v2.json" --bits 2 -o "$WORK/q3.kvc" "$WORK/a.kvc"
+    assert_fails_with 64 "each layer"
 }
 
 @test "kv-profile classifies every layer of a real stories260K cache" {
@@ -112,7 +159,7 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
         --prompt-file "$DATA/stories260K/reference/greedy_bos_200.txt" -n 1 --dump-kv "$WORK/real.kvc" > /dev/null 2>&1
     run --separate-stderr kv-profile --budget 32 --group 32 --residual 32 "$WORK/real.kvc"
     assert_success
-    [ "$(json_get 'sorted(j["deploy"]["quant_layers"] + j["deploy"]["sparse_layers"])')" = "[0, 1, 2, 3, 4]" ]
+    [ "$(json_get 'sorted(e["layer"] for e in j["deploy"]["layers"])')" = "[0, 1, 2, 3, 4]" ]
     # 2-bit quantization loses less than 1-bit on every layer of the real model
     [ "$(json_get 'all(l["err_2bit"] < l["err_1bit"] for l in j["layers"])')" = True ]
     run --separate-stderr kv-quant --profile /dev/stdin --report - -o "$WORK/rq.kvc" "$WORK/real.kvc" <<< "$output"

@@ -62,7 +62,7 @@ stories_report() { # policy [extra args]
 }
 
 @test "kv-run sparse: prompt on the host, sink + window + generated resident, fetches per step" {
-    stories_report sparse:sink=8,window=56,channels=4,k=32
+    stories_report sparse:sink=8,window=56,channels=4,k=32,select=channels
     # prompt 300 tokens in host memory; resident: 8 sink + the most recent
     # 56 + all generated (19 steps); channel maxima 4 heads x 8 x 4 bytes
     [ "$(json_get 'all(l["host_bytes"] == 2*4*300*8*4 for l in j["layers"])')" = True ]

@@ -35,8 +35,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_deploy back;
     if (kv_deploy_parse(buf, len, n_layers, &back)) abort();
     if (back.n_quant != d.n_quant || back.n_sparse != d.n_sparse || back.quant.bits != d.quant.bits ||
-        back.sparse.topk != d.sparse.topk || back.quant.dsq_window != d.quant.dsq_window)
+        back.sparse.topk != d.sparse.topk || back.quant.dsq_window != d.quant.dsq_window ||
+        back.version != d.version || !back.per_layer != !d.per_layer)
         abort();
+    /* version 2: every layer's parameters come back (what a spec sets) */
+    for (int i = 0; d.per_layer && i < n_layers; i++) {
+        kv_policy_params a = d.per_layer[i], b = back.per_layer[i];
+        if (memcmp(&a, &b, sizeof a)) abort();
+        if (pl[i].kind != a.kind) abort();
+    }
     for (int i = 0; i < d.n_quant; i++)
         if (back.quant_layers[i] != d.quant_layers[i]) abort();
     kv_deploy_clear(&back);

@@ -131,8 +131,10 @@ def kivi_decode(p, which, bits, G, T, D):
     return np.concatenate([q, p["resid"].astype(np.float32)], axis=1)
 
 
-def dsq_encode(x, which, mask, W, S, bits, group):
-    """DSQ of x (H,T,D) given the file's salient mask bytes (H,nw,W/8)."""
+def dsq_encode(x, which, mask, W, S, bits, group, base_of="salient"):
+    """DSQ of x (H,T,D) given the file's salient mask bytes (H,nw,W/8); the
+    key base is the mean of the salient keys or (base_of "rest") of the
+    others, of all W keys when that set is empty."""
     H, T, D = x.shape
     nw = T // W
     gd = min(group, D)
@@ -149,8 +151,11 @@ def dsq_encode(x, which, mask, W, S, bits, group):
     sc = np.where(ok, np.clip(sc, -127, 127), 0).astype(np.int8)
     out = {"mask": mask, "sal": sc, "sscale": sscale}
     if which == "k":
-        src = sal if S else xw
-        base = (src.astype(np.float64).sum(axis=2) / (S if S else W)).astype(np.float32).astype(np.float16)
+        if base_of == "rest" and S < W:
+            src, nb = non, W - S
+        else:
+            src, nb = (sal, S) if S else (xw, W)
+        base = (src.astype(np.float64).sum(axis=2) / nb).astype(np.float32).astype(np.float16)
         out["base"] = base
         non = non - base.astype(np.float32)[:, :, None, :]
     g = non.reshape(H, nw, W - S, D // gd, gd)
@@ -239,7 +244,8 @@ def check_file(src, tag, work):
     L = int(meta.get("kvc.n_layers", 0)) or len([k for k in orig if k.endswith(".k")])
     for method, args in [("kivi", ["--bits", "1"]), ("kivi", ["--bits", "2", "--group", "32", "--residual", "16"]),
                          ("kivi", ["--bits", "4", "--group", "16", "--residual", "0"]),
-                         ("dsq", ["--method", "dsq"]), ("dsq", ["--method", "dsq", "--bits", "1", "--group", "16"])]:
+                         ("dsq", ["--method", "dsq"]), ("dsq", ["--method", "dsq", "--base", "salient"]),
+                         ("dsq", ["--method", "dsq", "--bits", "1", "--group", "16"])]:
         label = "%s %s %s" % (tag, method, " ".join(args))
         packed = os.path.join(work, "p.kvc")
         dec = os.path.join(work, "d.kvc")
@@ -270,7 +276,8 @@ def check_file(src, tag, work):
                     mine = kivi_decode(p, which, m("bits"), m("group"), T, D)
                 else:
                     W, S = m("window"), m("salient")
-                    want = dsq_encode(x, which, p["mask"], W, S, m("bits"), m("group"))
+                    want = dsq_encode(x, which, p["mask"], W, S, m("bits"), m("group"),
+                                      pm.get(pre + ".base_of", "salient"))
                     mine = dsq_decode(p, which, W, S, m("bits"), m("group"), T, D)
                 for k, v in want.items():
                     if not same(p[k], v):

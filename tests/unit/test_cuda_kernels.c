@@ -542,7 +542,7 @@ static void test_dsq_pack_and_unpack_are_identical_to_cpu(void)
     float *xf = malloc(n * 4), *imp = malloc((size_t)H * T * 4);
     char why[256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kv_dsq_params p = {cases[i].W, cases[i].S, cases[i].bits, cases[i].group};
+        kv_dsq_params p = {cases[i].W, cases[i].S, cases[i].bits, cases[i].group, KV_DSQ_BASE_SALIENT};
         const int D = cases[i].D;
         KT_REQUIRE(kv_cuda_dsq_supported(&p, D), "case %zu is supported", i);
         for (int a = 0; a < 2; a++) {
@@ -594,7 +594,7 @@ static void test_launchers_reject_bad_arguments(void)
     kv_kivi_params prm = {4, 64, 128};
     d.head_dim = 128;
     KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention claimed");
-    kv_dsq_params dp = {256, 51, 2, 32};
+    kv_dsq_params dp = {256, 51, 2, 32, KV_DSQ_BASE_SALIENT};
     KT_CHECK(!kv_cuda_dsq_supported(&dp, 128), "DSQ window 256 claimed");
     dp.window = 64, dp.salient = 13;
     kv_cuda_dsq_out o = {0};

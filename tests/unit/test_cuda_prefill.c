@@ -468,7 +468,7 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
     KT_REQUIRE(kv_cublas_open(&cb) == KV_OK, "%s", kv_errdetail());
     const int dim = 192, hid = 320, H = 6, G = 2, hd = 64, T = 150, C = 48;
     const int qd = H * hd, kvd = G * hd, ldd = 200, ldq = 384, ldh = 320;
-    kv_pf_geom g = {dim, hid, H, G, hd, ldd, ldq, ldh, 1e-5f, 1.0f / sqrtf((float)hd), 0, 0, 0, 0};
+    kv_pf_geom g = {dim, hid, H, G, hd, ldd, ldq, ldh, 1e-5f, 1.0f / sqrtf((float)hd), 0, 0, 0, 0, 0};
     const size_t nqkv = (size_t)(qd + 2 * kvd) * ldd, no = (size_t)dim * ldq;
     const size_t ngu = (size_t)2 * hid * ldd, ndn = (size_t)dim * ldh;
     float *wqkv = calloc(nqkv, 4), *wo = calloc(no, 4), *wgu = calloc(ngu, 4), *wdn = calloc(ndn, 4);
@@ -501,8 +501,8 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
             upload(dw, h, nqkv * 2 + no * 2 + ngu * 2 + ndn * 2);
             upload(dan, an, dim * 4), upload(dfn, fn, dim * 4), upload(dinv, inv, sizeof inv);
             upload(dX, X, (size_t)T * ldd * 4);
-            kv_pf_layer lw = {dw, (uint16_t *)dw + nqkv, (uint16_t *)dw + nqkv + no,
-                              (uint16_t *)dw + nqkv + no + ngu, dan, dfn};
+            kv_pf_layer lw = {.qkv = dw, .o = (uint16_t *)dw + nqkv, .gu = (uint16_t *)dw + nqkv + no,
+                              .down = (uint16_t *)dw + nqkv + no + ngu, .attn_norm = dan, .ffn_norm = dfn};
             kv_pf_ws ws;
             KT_REQUIRE(kv_gpu_prefill_ws_alloc(&g, C, &ws) == KV_OK, "%s", kv_errdetail());
             kv_status st = KV_OK;
@@ -617,7 +617,7 @@ static void test_prefill_model_matches_cpu_engine_on_niah4k(void)
     const int T = 700, C = 128, L = c->n_layers, hd = c->head_dim, nkv = c->n_kv_heads;
     const int qd = c->n_heads * hd, kvd = nkv * hd;
     kv_pf_geom g = {c->dim, c->hidden_dim, c->n_heads, nkv, hd, (c->dim + 7) & ~7, (qd + 7) & ~7,
-                    (c->hidden_dim + 7) & ~7, c->norm_eps, 1.0f / sqrtf((float)hd), 0, 0, 0, 0};
+                    (c->hidden_dim + 7) & ~7, c->norm_eps, 1.0f / sqrtf((float)hd), 0, 0, 0, 0, 0};
     int *tok = malloc(T * sizeof(int));
     for (int t = 0; t < T; t++) tok[t] = 3 + (int)(kt_rand(&seed) * (c->vocab_size - 3));
     /* the CPU engine, full cache, keeping the prompt K/V */
@@ -663,7 +663,7 @@ static void test_prefill_model_matches_cpu_engine_on_niah4k(void)
     KT_REQUIRE(kv_cublas_open(&cb) == KV_OK, "%s", kv_errdetail());
     kv_pf_ws ws;
     KT_REQUIRE(kv_gpu_prefill_ws_alloc(&g, C, &ws) == KV_OK, "%s", kv_errdetail());
-    kv_status st = kv_gpu_prefill_model(cb, &g, lw, L, demb, g.ld_dim, dtok, T, &ws, dX, kc, vc, kvs,
+    kv_status st = kv_gpu_prefill_model(cb, &g, lw, L, demb, g.ld_dim, NULL, dtok, T, &ws, dX, kc, vc, kvs,
                                         dinv, NULL, NULL, NULL);
     KT_CHECK(st == KV_OK, "prefill: %s", kv_errdetail());
     KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());

@@ -293,7 +293,8 @@ static void test_middle_truncation(void)
              "20 + 20 tokens keep the question: split %d of %d", cut40.split, cut40.n);
     free(cut40.ids);
     kv_lb_prompt chat;
-    KT_REQUIRE(!kv_lb_prepare(tok, tmpl, &f.v[0], f.ds, 1000, "[INST]{prompt}[/INST]", KV_NIAH_QUESTION, &chat), "chat");
+    const kv_chat inst = {KV_CHAT_TEMPLATE, "[INST]{prompt}[/INST]"};
+    KT_REQUIRE(!kv_lb_prepare(tok, tmpl, &f.v[0], f.ds, 1000, &inst, KV_NIAH_QUESTION, &chat), "chat");
     KT_CHECK(chat.n > full.n && chat.mode == KV_NIAH_QUESTION, "chat wraps hotpotqa");
     kv_lb_prompt pre;
     KT_REQUIRE(!kv_lb_prepare(tok, tmpl, &f.v[0], f.ds, 1000, NULL, KV_NIAH_PREFILL, &pre), "prefill");
@@ -302,6 +303,37 @@ static void test_middle_truncation(void)
     free(cut.ids);
     free(chat.ids);
     free(pre.ids);
+    kv_lb_file_free(&f);
+    kv_tokenizer_free(tok);
+}
+
+/* --chat llama3 wraps a sample in Llama-3's user turn (one chat
+ * implementation, model/kv_chat), and question mode still splits where the
+ * context ends: the dense part is BOS, the user header and the story. */
+static void test_llama3_chat_prompt(void)
+{
+    kv_tokenizer *tok;
+    KT_REQUIRE(!kv_tokenizer_load_gguf("tests/data/gguf/llama3-vocab.gguf", &tok), "%s", kv_errdetail());
+    const char *line = "{\"input\": \"Who had a cat?\", \"context\": \"Lily had a ball. Tom had a cat\", "
+                       "\"answers\": [\"Tom\"], \"_id\": \"1\"}";
+    kv_lb_file f;
+    KT_REQUIRE(!kv_lb_file_parse(line, strlen(line), "hotpotqa.jsonl", &f), "%s", kv_errdetail());
+    const char *tmpl = "Story: {context}\nQuestion: {input}\nAnswer:";
+    const kv_chat l3 = {KV_CHAT_LLAMA3, NULL};
+    kv_lb_prompt p;
+    KT_REQUIRE(!kv_lb_prepare(tok, tmpl, &f.v[0], f.ds, 1000, &l3, KV_NIAH_QUESTION, &p), "%s", kv_errdetail());
+    int *ref, nr;
+    const char *want = "<|start_header_id|>user<|end_header_id|>\n\nStory: Lily had a ball. Tom had a cat\n"
+                       "Question: Who had a cat?\nAnswer:<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    kv_encode_opts eo = {true, false, true};
+    KT_REQUIRE(!kv_tokenizer_encode_ex(tok, want, strlen(want), &eo, &ref, &nr), "%s", kv_errdetail());
+    KT_CHECK(p.n == nr && !memcmp(p.ids, ref, (size_t)nr * sizeof *ref), "the Llama-3 turn: %d ids, expected %d", p.n, nr);
+    free(ref);
+    const char *dense = "<|start_header_id|>user<|end_header_id|>\n\nStory: Lily had a ball. Tom had a cat";
+    KT_REQUIRE(!kv_tokenizer_encode_ex(tok, dense, strlen(dense), &eo, &ref, &nr), "%s", kv_errdetail());
+    KT_CHECK(p.mode == KV_NIAH_QUESTION && p.split == nr, "split after the context: %d, expected %d", p.split, nr);
+    free(ref);
+    free(p.ids);
     kv_lb_file_free(&f);
     kv_tokenizer_free(tok);
 }
@@ -319,6 +351,7 @@ int main(void)
     KT_RUN(test_tables);
     KT_RUN(test_data_files);
     KT_RUN(test_middle_truncation);
+    KT_RUN(test_llama3_chat_prompt);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) {}

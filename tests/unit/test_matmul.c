@@ -30,7 +30,7 @@ static double check_matvec(kv_dtype t, int rows, int cols)
         else wq = kv_bf16_to_f32(((uint16_t *)data)[i] = kv_f32_to_bf16(w));
         ref[i / (size_t)cols] += (double)wq * x[i % (size_t)cols];
     }
-    kv_weight w = {t, rows, cols, data};
+    kv_weight w = {.type = t, .rows = rows, .cols = cols, .data = data};
     kv_matmul_set_portable(false);
     kv_matvec(&w, x, y0);
     kv_matmul_set_portable(true);

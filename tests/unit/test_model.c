@@ -1,7 +1,8 @@
 /*
  * Model loading: the GGUF parser and llama-architecture loader (built from
  * small GGUF files written here, in F32, F16, BF16 and Q8_0, which must all
- * compute the same logits as an F32 copy of the same weights), the real GGUF
+ * compute the same logits as an F32 copy of the same weights: exactly for
+ * the float types, within the error of the Q8_0 activations for Q8_0), the real GGUF
  * files in tests/data, llama2.c legacy and v1 ("ak42") checkpoints, the
  * weight kernels against a plain loop, and every kind of bad file (truncated
  * at many positions, bad magic, bad version, tensor out of bounds, shape
@@ -19,6 +20,7 @@
 #include "common/kv_half.h"
 #include "model/kv_matmul.h"
 #include "model/kv_model.h"
+#include "model/kv_quants.h"
 
 #define OK(expr)                                                               \
     do {                                                                       \
@@ -251,7 +253,11 @@ static void test_gguf_weight_types_match_f32(void)
                 d = fmax(d, fabs(lq[i] - lf[i]));
                 mag = fmax(mag, fabs(lf[i]));
             }
-            KT_CHECK(d <= 1e-4 * (1 + mag) && mag > 0, "type %u tied %d: logits differ by %g (|max| %g)",
+            /* Q8_0 weights meet Q8_0-quantized activations (as in llama.cpp),
+             * which moves these small random logits by a few percent; the
+             * kernels themselves are checked exactly in test_quants */
+            double tol = types[ti] == KV_GGML_Q8_0 ? 0.05 : 1e-4;
+            KT_CHECK(d <= tol * (1 + mag) && mag > 0, "type %u tied %d: logits differ by %g (|max| %g)",
                      types[ti], tied, d, mag);
             kv_model_close(mq);
             kv_model_close(mf);
@@ -533,14 +539,21 @@ static void test_kernels_match_plain_loops(void)
         }
         if (types[ti] == KV_DT_Q8_0)
             for (int r = 0; r < rows; r++) q8_roundtrip(ref + (size_t)r * cols, (size_t)cols, raw + (size_t)r * (cols / 32) * 34);
-        kv_weight w = {types[ti], rows, cols, raw};
-        float y[37], Y[9 * 37], row[96];
+        kv_weight w = {.type = types[ti], .rows = rows, .cols = cols, .data = raw};
+        float y[37], Y[9 * 37], row[96], xd[96];
         double worst = 0;
         for (int t = 0; t < nt; t++) {
             kv_matvec(&w, x + (size_t)t * cols, y);
+            /* Q8_0 rows meet the input quantized to Q8_0 blocks */
+            memcpy(xd, x + (size_t)t * cols, sizeof xd);
+            if (types[ti] == KV_DT_Q8_0) {
+                uint8_t xq[3 * 34];
+                kv_quant_activations(KV_GGML_Q8_0, xd, xq, cols);
+                kv_quant_dequant_row(KV_GGML_Q8_0, xq, xd, cols);
+            }
             for (int r = 0; r < rows; r++) {
                 double e = 0;
-                for (int k = 0; k < cols; k++) e += (double)ref[r * cols + k] * x[t * cols + k];
+                for (int k = 0; k < cols; k++) e += (double)ref[r * cols + k] * xd[k];
                 worst = fmax(worst, fabs(y[r] - e));
             }
         }

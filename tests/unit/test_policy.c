@@ -11,6 +11,7 @@
 #include "common/kv_half.h"
 #include "attn/kv_attn.h"
 #include "policy/kv_policy.h"
+#include "policy/kv_select.h"
 
 /* KT_REQUIRE evaluates its condition twice: run a call once, then require. */
 #define REQ_OK(call, ...)                                                     \
@@ -187,7 +188,7 @@ static void test_defaults_fill_what_the_spec_leaves_out(void)
     kv_policy_defaults d = {.given = KV_KEY_DTYPE | KV_KEY_SELECT, .dtype = KV_DT_BF16,
                             .select = KV_SELECT_SKETCH};
     kv_policy_defaults_apply(&d, p, 3);
-    KT_CHECK(p[0].dtype == KV_DT_BF16 && p[0].select == KV_SELECT_CHANNELS, "full layer: dtype only");
+    KT_CHECK(p[0].dtype == KV_DT_BF16 && p[0].select == KV_SELECT_DEFAULT, "full layer: dtype only");
     KT_CHECK(p[1].dtype == KV_DT_F16 && p[1].select == KV_SELECT_EXACT, "spec keys win");
     KT_CHECK(p[2].dtype == KV_DT_BF16 && p[2].select == KV_SELECT_SKETCH, "defaults fill");
     kv_policy_defaults none = {0};
@@ -497,7 +498,7 @@ static void test_sparse_approx(void)
     /* plant needles at token 200: keys = 3 * query of the group's first head */
     for (int kh = 0; kh < nkv; kh++)
         for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
-    kv_policy *p = mkpol(&f, "sparse:s=8,w=56,c=8,k=16", 600);
+    kv_policy *p = mkpol(&f, "sparse:s=8,w=56,c=8,k=16,select=channels", 600);
     KT_REQUIRE(p, "create");
     REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
     REQ_OK(p->ops->attend(p, q, o1), "attend");
@@ -517,6 +518,239 @@ static void test_sparse_approx(void)
     KT_CHECK(b.attends == 2 && b.fetched_total == 2 * b.fetched_last, "totals");
     kv_policy_free(p);
     free(qp);
+    free(q);
+    freefix(&f);
+}
+
+/* select=resident with one query head per KV head: the channels are the
+ * top C of sum_j |q_obs,jc| * fp16(max_t |K_tc|), fixed at ingest; each step
+ * attends over sink + window + the K candidates with the largest q_C . k_C
+ * (fp16 keys on those channels), and fetches only their rows. */
+/* The reference of select=resident for one query head per KV head: the
+ * pool of R from the observed queries, then this step's C of it. */
+static void resident_reference(const fixture *f, const float *obs, int NO, int T0, int R, int C,
+                               const float *q, int h, char *chan)
+{
+    const int D = f->D, T = f->T;
+    float cs[64], mx[64];
+    char pool[64] = {0};
+    for (int c = 0; c < D; c++) {
+        float m = 0, a = 0;
+        for (int t = 0; t < T0; t++) m = fmaxf(m, fabsf(f->k[((size_t)h * T + t) * D + c]));
+        for (int j = 0; j < NO; j++) a += fabsf(obs[((size_t)h * NO + j) * D + c]);
+        mx[c] = kv_round_half(m);
+        cs[c] = a * mx[c];
+    }
+    for (int r = 0; r < R; r++) {
+        int best = -1;
+        for (int c = 0; c < D; c++)
+            if (!pool[c] && (best < 0 || cs[c] > cs[best])) best = c;
+        pool[best] = 1;
+    }
+    memset(chan, 0, (size_t)D);
+    for (int r = 0; r < C; r++) {
+        int best = -1;
+        for (int c = 0; c < D; c++)
+            if (pool[c] && !chan[c] && (best < 0 || fabsf(q[c]) * mx[c] > fabsf(q[best]) * mx[best])) best = c;
+        chan[best] = 1;
+    }
+}
+
+static void test_sparse_resident_selection(void)
+{
+    const int nh = 2, nkv = 2, D = 32, T = 400, T0 = 380, S = 4, W = 20, K = 10, C = 6, NO = 3;
+    fixture f = mkfix(nh, nkv, D, T);
+    /* a few large channels, as real keys have */
+    for (int h = 0; h < nkv; h++)
+        for (int t = 0; t < T; t++) f.k[((size_t)h * T + t) * D + 5 + h] *= 4.0f;
+    float *q = randv((size_t)nh * D, 1.0f), *obs = randv((size_t)nh * NO * D, 1.0f), o1[64], o2[64];
+    const int cend = T - W;
+    kv_policy *p;
+    kv_bytes b;
+    float o0[64];
+    for (int pass = 0; pass < 2; pass++) { /* pool = C (TailorKV's static channels), then 12 */
+    const int R = pass ? 12 : C;
+    char sp[96];
+    snprintf(sp, sizeof sp, "sparse:s=4,w=20,k=10,c=6,pool=%d,cbits=16", R);
+    p = mkpol(&f, sp, 512);
+    KT_REQUIRE(p && p->ops->observe, "create");
+    p->ops->observe(p, obs, NO);
+    REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+    REQ_OK(p->ops->attend(p, q, o1), "attend");
+    for (int h = 0; h < nh; h++) {
+        char chan[64];
+        resident_reference(&f, obs, NO, T0, R, C, q + h * D, h, chan);
+        char chosen[512] = {0};
+        for (int r = 0; r < K; r++) {
+            int best = -1;
+            float bs = -INFINITY;
+            for (int t = S; t < cend; t++) {
+                if (chosen[t]) continue;
+                float d = 0;
+                for (int c = 0; c < D; c++)
+                    if (chan[c]) d += q[h * D + c] * kv_round_half(f.k[((size_t)h * T + t) * D + c]);
+                if (d > bs) bs = d, best = t;
+            }
+            chosen[best] = 1;
+        }
+        int toks[512], n = 0;
+        for (int t = 0; t < T; t++)
+            if (t < S || t >= cend || chosen[t]) toks[n++] = t;
+        fixture one = {1, 1, D, T, f.k + (size_t)h * T * D, f.v + (size_t)h * T * D};
+        dense_subset(&one, toks, n, q + h * D, o2 + h * D);
+    }
+    KT_CHECK(max_abs_diff(o1, o2, 64) < 1e-6, "pool %d: resident selection differs: %g", R,
+             max_abs_diff(o1, o2, 64));
+    if (pass == 0) memcpy(o0, o1, sizeof o0);
+    p->ops->bytes(p, &b);
+    KT_CHECK(b.resident == 2ull * nkv * (S + (T - cend)) * D * 4 + (uint64_t)nkv * D * 4 +
+                               (uint64_t)nkv * R * T0 * 2,
+             "resident %llu", (unsigned long long)b.resident);
+    KT_CHECK(b.fetched_last == 2ull * nkv * K * D * 4, "fetched %llu (rows only)",
+             (unsigned long long)b.fetched_last);
+    kv_policy_free(p);
+    }
+    /* codes of the channel rows: resident bytes by cbits, selection close */
+    const int cb[2] = {8, 4};
+    for (int i = 0; i < 2; i++) {
+        char spec[80];
+        snprintf(spec, sizeof spec, "sparse:s=4,w=20,k=10,c=6,pool=6,cbits=%d", cb[i]);
+        p = mkpol(&f, spec, 512);
+        KT_REQUIRE(p, "create");
+        p->ops->observe(p, obs, NO);
+        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+        float o3[64];
+        REQ_OK(p->ops->attend(p, q, o3), "attend");
+        p->ops->bytes(p, &b);
+        uint64_t rows = (uint64_t)C * (((uint64_t)T0 * cb[i] + 7) / 8 + (uint64_t)(T0 + 63) / 64 * 4);
+        KT_CHECK(b.resident == 2ull * nkv * (S + (T - cend)) * D * 4 + (uint64_t)nkv * D * 4 + nkv * rows,
+                 "cbits %d resident %llu", cb[i], (unsigned long long)b.resident);
+        double e = rel_err(o3, o0, 64);
+        printf("# cbits %d: output vs fp16 channel rows %g\n", cb[i], e);
+        KT_CHECK(e < 0.5, "cbits %d rel err %g", cb[i], e);
+        kv_policy_free(p);
+    }
+    free(obs);
+    free(q);
+    freefix(&f);
+}
+
+/* The channel index arithmetic: codes decode within half a step of the
+ * input, fp16 rows round, ties in the channel choice go to the lower one. */
+static void test_select_index(void)
+{
+    float x[300], y[300];
+    uint8_t codes[300];
+    kv_half sc[5], zr[5];
+    for (int t = 0; t < 300; t++) x[t] = 3.0f * kt_randn(&seed);
+    for (int b = 4; b <= 8; b += 4) {
+        kv_select_channel_row(x, 1, 300, b, codes, sc, zr, y, 1);
+        double worst = 0;
+        for (int t = 0; t < 300; t++) {
+            float s = kv_half_to_f32(sc[t / 64]), z = kv_half_to_f32(zr[t / 64]);
+            KT_CHECK(codes[t] < (1 << b) && y[t] == z + s * (float)codes[t], "code %d at %d", codes[t], t);
+            double d = fabs(y[t] - x[t]) / (s > 0 ? s : 1);
+            worst = d > worst ? d : worst;
+        }
+        KT_CHECK(worst <= 0.5 + 1e-2, "%d-bit codes: error %g steps", b, worst);
+    }
+    kv_select_channel_row(x, 1, 300, 16, NULL, NULL, NULL, y, 1);
+    KT_CHECK(y[7] == kv_round_half(x[7]), "fp16 row");
+    KT_CHECK(kv_select_rows_bytes(8, 100, 16) == 1600 && kv_select_rows_bytes(8, 100, 4) == 8 * (50 + 8),
+             "row bytes");
+    /* equal maxima, no queries: the lowest channels; NaN is never chosen */
+    float chmax[8] = {1, 2, 2, 2, NAN, 0.5f, 2, 1};
+    int ch[3];
+    kv_select_pick_channels(NULL, 0, chmax, 1, 1, 8, 3, ch);
+    KT_CHECK(ch[0] == 1 && ch[1] == 2 && ch[2] == 3, "ties: %d %d %d", ch[0], ch[1], ch[2]);
+    /* pages: each bound holds its page's keys (up to fp16 rounding) */
+    float k[40 * 4], mn[3 * 4], mx[3 * 4];
+    for (int i = 0; i < 160; i++) k[i] = kt_randn(&seed);
+    kv_select_page_bounds(k, 4, 40, 4, 16, mn, mx);
+    int ok = 1;
+    for (int t = 0; t < 40; t++)
+        for (int c = 0; c < 4; c++) {
+            float v = k[t * 4 + c];
+            ok &= v >= mn[(t / 16) * 4 + c] - 1e-3f && v <= mx[(t / 16) * 4 + c] + 1e-3f;
+        }
+    KT_CHECK(ok, "page bounds");
+}
+
+/* select=pages: with a needle the page holding it is chosen, the tokens
+ * fetched are exactly K, bytes follow the page index. */
+static void test_sparse_pages(void)
+{
+    const int nh = 4, nkv = 2, D = 32, T = 512, T0 = 500, K = 16, P = 8;
+    fixture f = mkfix(nh, nkv, D, T);
+    float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128];
+    for (int kh = 0; kh < nkv; kh++)
+        for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
+    kv_policy *p = mkpol(&f, "sparse:s=8,w=56,k=16,select=pages,page=8", 600);
+    KT_REQUIRE(p, "create");
+    REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+    REQ_OK(p->ops->attend(p, q, o1), "attend");
+    kv_attend_dense(q, f.k, f.v, T, T, nh, nkv, D, o2);
+    double e = rel_err(o1, o2, 128);
+    printf("# pages rel err %g\n", e);
+    KT_CHECK(e < 0.5, "pages rel err %g", e);
+    kv_bytes b;
+    p->ops->bytes(p, &b);
+    uint64_t np = (T0 + P - 1) / P;
+    KT_CHECK(b.fetched_last == 2ull * nkv * K * D * 4, "fetched %llu", (unsigned long long)b.fetched_last);
+    KT_CHECK(b.resident == 2ull * nkv * (8 + (T - (T - 56))) * D * 4 + (uint64_t)nkv * D * 4 + nkv * np * D * 4,
+             "resident %llu", (unsigned long long)b.resident);
+    kv_policy_free(p);
+    free(q);
+    freefix(&f);
+}
+
+/* select=pca (Loki): with every principal direction kept (C = D) the
+ * projected score is q . (k - mean) / sqrt(D), the exact score less a
+ * constant per head, so the selection and the output equal select=exact's;
+ * with C < D it still finds the planted tokens; the basis is orthonormal. */
+static void test_sparse_pca(void)
+{
+    const int nh = 4, nkv = 2, D = 32, T = 512, T0 = 500;
+    fixture f = mkfix(nh, nkv, D, T);
+    float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128], o3[128];
+    for (int kh = 0; kh < nkv; kh++)
+        for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
+    const char *spec[3] = {"sparse:s=8,w=56,k=16,select=exact", "sparse:s=8,w=56,k=16,c=32,select=pca,cbits=16",
+                           "sparse:s=8,w=56,k=16,c=8,select=pca,cbits=16"};
+    float *out[3] = {o1, o2, o3};
+    for (int i = 0; i < 3; i++) {
+        kv_policy *p = mkpol(&f, spec[i], 600);
+        KT_REQUIRE(p, "create %s", spec[i]);
+        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
+        REQ_OK(p->ops->attend(p, q, out[i]), "attend");
+        kv_policy_free(p);
+    }
+    KT_CHECK(max_abs_diff(o1, o2, 128) < 1e-4, "pca with C = D differs from exact: %g", max_abs_diff(o1, o2, 128));
+    kv_attend_dense(q, f.k, f.v, T, T, nh, nkv, D, o1);
+    double e = rel_err(o3, o1, 128);
+    printf("# pca C=8 rel err vs dense %g\n", e);
+    KT_CHECK(e < 0.5, "pca C=8 rel err %g", e);
+    float mean[32], basis[8 * 32];
+    kv_select_pca(f.k, (size_t)D, T, D, 8, mean, basis);
+    double worst = 0;
+    for (int a = 0; a < 8; a++)
+        for (int b = 0; b < 8; b++) {
+            double d = 0;
+            for (int c = 0; c < D; c++) d += (double)basis[a * D + c] * basis[b * D + c];
+            worst = fmax(worst, fabs(d - (a == b)));
+        }
+    KT_CHECK(worst < 1e-4, "basis not orthonormal: %g", worst);
+    /* the GPU engine refuses it, the CPU takes it */
+    const kv_policy_geom g = {0, nh, nkv, D, 1024};
+    kv_policy_params prm;
+    kv_policy_params_default(&prm, KV_POL_SPARSE);
+    prm.select = KV_SELECT_PCA;
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CUDA) == KV_E_UNSUPPORTED, "pca on the GPU accepted");
+    prm.select = KV_SELECT_PAGES;
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CUDA) == KV_OK, "pages on the GPU: %s", kv_errdetail());
+    prm.select = KV_SELECT_RESIDENT;
+    KT_CHECK(kv_policy_check(&prm, &g, KV_DEVICE_CUDA) == KV_OK, "resident on the GPU: %s", kv_errdetail());
     free(q);
     freefix(&f);
 }
@@ -738,6 +972,10 @@ int main(void)
     KT_RUN(test_sparse_large_k_is_dense);
     KT_RUN(test_sparse_exact_selection);
     KT_RUN(test_sparse_approx);
+    KT_RUN(test_sparse_resident_selection);
+    KT_RUN(test_select_index);
+    KT_RUN(test_sparse_pages);
+    KT_RUN(test_sparse_pca);
     KT_RUN(test_sparse_selection_survives_nan_and_inf);
     KT_RUN(test_quant_bytes);
     KT_RUN(test_quant_accuracy);

@@ -89,28 +89,70 @@ static void test_scores_on_uniform_and_one_hot_attention(void)
     KT_NEAR(a.layer_score[0], want, 1e-5);
     KT_CHECK(a.layer_score[1] < 0.02, "one-hot score %g", a.layer_score[1]);
     /* one-hot attention: the top-K approximation finds the one key */
-    KT_CHECK(a.layer_sparse[1] < 0.02, "one-hot sparse error %g", a.layer_sparse[1]);
+    const double *sp = a.layer_err[KV_OPT_SPARSE], *q1 = a.layer_err[KV_OPT_Q1],
+                 *q2 = a.layer_err[KV_OPT_Q2], *q4 = a.layer_err[KV_OPT_Q4];
+    KT_CHECK(sp[1] < 0.02, "one-hot sparse error %g", sp[1]);
     /* uniform attention over 200 tokens with 20 kept: large error */
-    KT_CHECK(a.layer_sparse[0] > 0.3, "uniform sparse error %g", a.layer_sparse[0]);
-    KT_CHECK(a.layer_q2[0] < a.layer_q1[0], "2-bit %g not below 1-bit %g", a.layer_q2[0],
-             a.layer_q1[0]);
+    KT_CHECK(sp[0] > 0.3, "uniform sparse error %g", sp[0]);
+    KT_CHECK(q4[0] < q2[0] && q2[0] < q1[0], "4-bit %g, 2-bit %g, 1-bit %g not in order", q4[0],
+             q2[0], q1[0]);
+    KT_CHECK(a.layer_err[KV_OPT_FULL][0] == 0 && a.bytes[KV_OPT_FULL][0] == 2.0 * H * T * D * 2,
+             "full: no error, fp16 bytes");
+    KT_CHECK(a.bytes[KV_OPT_Q1][0] < a.bytes[KV_OPT_Q2][0] && a.bytes[KV_OPT_Q2][0] < a.bytes[KV_OPT_Q4][0] &&
+                 a.bytes[KV_OPT_Q4][0] < a.bytes[KV_OPT_FULL][0],
+             "quant bytes grow with the bits");
+    /* the tau rule: uniform attention is quantized, one-hot is sparse */
+    p.rule = KV_RULE_TAU;
+    p.quant.bits = 2;
     kv_deploy d;
-    KT_OK(kv_profile_deploy(&a, &p, &d));
-    KT_CHECK(d.n_quant == 1 && d.quant_layers[0] == 0 && d.n_sparse == 1 && d.sparse_layers[0] == 1,
-             "classification");
-    /* the JSON output parses back as a deploy config */
+    kv_profile_choice c;
+    KT_OK(kv_profile_deploy(&a, &p, &d, &c));
+    KT_CHECK(d.version == 2 && d.per_layer[0].kind == KV_POL_QUANT && d.per_layer[0].bits == 2 &&
+                 d.per_layer[1].kind == KV_POL_SPARSE && c.opt[0] == KV_OPT_Q2,
+             "tau classification");
+    /* the JSON output parses back as the same deploy config */
     char *buf = NULL;
     size_t len = 0;
     FILE *mf = open_memstream(&buf, &len);
-    kv_profile_write_json(&a, &p, &d, mf);
+    kv_profile_write_json(&a, &p, &d, &c, mf);
     fclose(mf);
     kv_deploy back;
     KT_OK(kv_deploy_parse(buf, len, 2, &back));
-    KT_CHECK(back.n_quant == 1 && back.quant_layers[0] == 0 && back.sparse.topk == 16 && back.sparse.sink == 2,
+    KT_CHECK(back.per_layer && back.per_layer[1].kind == KV_POL_SPARSE && back.per_layer[1].topk == 16 &&
+                 back.per_layer[1].sink == 2 && back.per_layer[0].bits == 2 && !strcmp(back.rule, "tau"),
              "round trip");
     kv_deploy_clear(&back);
     free(buf);
     kv_deploy_clear(&d);
+    kv_profile_choice_clear(&c);
+    /* the budget rule: a budget of full's bytes keeps every layer full, a
+     * small one gives the one-hot layer sparse */
+    p.rule = KV_RULE_BUDGET;
+    p.kv_budget = 1.0;
+    KT_OK(kv_profile_deploy(&a, &p, &d, &c));
+    KT_CHECK(c.budget_met && c.opt[0] == KV_OPT_FULL && c.opt[1] == KV_OPT_FULL, "budget 1: full");
+    kv_deploy_clear(&d);
+    kv_profile_choice_clear(&c);
+    /* every budget: the choice fits and no pair of options that fits has
+     * less error (brute force over the 6 x 6 choices) */
+    for (int bi = 1; bi <= 20; bi++) {
+        p.kv_budget = bi / 20.0;
+        KT_OK(kv_profile_deploy(&a, &p, &d, &c));
+        double best = INFINITY, got = a.layer_err[c.opt[0]][0] + a.layer_err[c.opt[1]][1];
+        for (int o0 = 0; o0 < KV_OPT_COUNT; o0++)
+            for (int o1 = 0; o1 < KV_OPT_COUNT; o1++) {
+                double b = a.bytes[o0][0] + a.bytes[o1][1], e = a.layer_err[o0][0] + a.layer_err[o1][1];
+                /* the solver rounds each layer's bytes up to 1/1000 of its full bytes */
+                if (isfinite(e) && b <= p.kv_budget * c.full_bytes - 2 * 0.001 * a.bytes[KV_OPT_FULL][0] && e < best)
+                    best = e;
+            }
+        KT_CHECK(!c.budget_met || c.bytes <= p.kv_budget * c.full_bytes + 1e-6, "budget %g: %g bytes of %g",
+                 p.kv_budget, c.bytes, c.full_bytes);
+        KT_CHECK(!isfinite(best) || got <= best + 1e-12, "budget %g: error %g, %g possible (%s, %s)",
+                 p.kv_budget, got, best, kv_profile_opt_name(c.opt[0]), kv_profile_opt_name(c.opt[1]));
+        kv_deploy_clear(&d);
+        kv_profile_choice_clear(&c);
+    }
     kv_profile_clear(&a);
     kvc_close(f);
     unlink(path);
@@ -211,6 +253,81 @@ static void test_deploy_rejects_bad_configs(void)
     KT_CHECK(kv_deploy_load("/nonexistent/p.json", 4, pl) == KV_E_NOINPUT, "missing file");
 }
 
+/* Version 2: every layer's own spec; layers not listed are full; front-end
+ * defaults still apply; the writer's output parses back to the same params. */
+static void test_deploy_v2(void)
+{
+    const char *v2 = "{\"version\": 2, \"n_layers\": 4, \"rule\": \"budget\", \"kv_budget\": 0.25, "
+                     "\"layers\": [{\"layer\": 0, \"policy\": \"quant:bits=4,group=32\", \"error\": 0.01}, "
+                     "{\"layer\": 2, \"policy\": \"dsq:base=salient,salient=0.5\"}, "
+                     "{\"layer\": 3, \"policy\": \"sparse:k=16,select=pages,page=8,dtype=f16\", \"bytes\": 12}]}";
+    kv_deploy d;
+    KT_OK(kv_deploy_parse(v2, strlen(v2), 4, &d));
+    kv_policy_params pl[4];
+    kv_deploy_apply(&d, 4, pl);
+    KT_CHECK(pl[0].kind == KV_POL_QUANT && pl[0].bits == 4 && pl[0].group == 32, "layer 0");
+    KT_CHECK(pl[1].kind == KV_POL_FULL, "layer 1 full");
+    KT_CHECK(pl[2].kind == KV_POL_DSQ && pl[2].dsq_base == KV_DSQ_BASE_SALIENT && pl[2].dsq_salient == 0.5,
+             "layer 2");
+    KT_CHECK(pl[3].kind == KV_POL_SPARSE && pl[3].select == KV_SELECT_PAGES && pl[3].page == 8, "layer 3");
+    bool m[4];
+    kv_deploy_quant_mask(&d, 4, m);
+    KT_CHECK(m[0] && !m[1] && m[2] && !m[3], "mask");
+    kv_policy_defaults def = {.given = KV_KEY_DTYPE | KV_KEY_SELECT, .dtype = KV_DT_BF16, .select = KV_SELECT_EXACT};
+    kv_policy_defaults_apply(&def, pl, 4);
+    KT_CHECK(pl[3].dtype == KV_DT_BF16 && pl[3].select == KV_SELECT_EXACT, "front-end defaults apply");
+    /* write, parse back */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    kv_deploy_write_json(&d, mf, 0);
+    fclose(mf);
+    kv_deploy back;
+    KT_OK(kv_deploy_parse(buf, len, 4, &back));
+    for (int l = 0; l < 4; l++) {
+        kv_policy_params a = d.per_layer[l], b = back.per_layer[l];
+        a.given = b.given = 0;
+        KT_CHECK(!memcmp(&a, &b, sizeof a), "layer %d round trip", l);
+    }
+    KT_CHECK(!strcmp(back.rule, "budget") && back.kv_budget == 0.25, "informative members");
+    kv_deploy_clear(&back);
+    free(buf);
+    kv_deploy_clear(&d);
+    /* every kind's spec_write round-trips through the parser */
+    const char *specs[] = {"full:dtype=bf16", "quant:bits=2,g=32,r=16", "sparse:frac=0.015,s=4,w=8,cbits=8",
+                           "streaming:s=2,w=9", "dsq:w=32,salient=0.3,keep=0.5,chan=0.01"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kv_policy_params a, b;
+        char sp[512];
+        KT_OK(kv_policy_parse(specs[i], 1, &a));
+        KT_OK(kv_policy_spec_write(&a, sp, sizeof sp));
+        KT_OK(kv_policy_parse(sp, 1, &b));
+        a.given = b.given = 0;
+        KT_CHECK(!memcmp(&a, &b, sizeof a), "%s -> %s", specs[i], sp);
+    }
+    const char *bad[] = {
+        "{\"version\": 2, \"layers\": []}", /* no n_layers */
+        "{\"version\": 2, \"n_layers\": 4}", /* no layers */
+        "{\"version\": 2, \"n_layers\": 5, \"layers\": []}", /* model has 4 */
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 4, \"policy\": \"full\"}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"full\"}, {\"layer\": 1, \"policy\": \"dsq\"}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"0=full\"}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"quant:bits=3\"}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": 7}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"full\", \"extra\": 1}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"full\", \"error\": \"x\"}]}",
+        "{\"version\": 2, \"n_layers\": 4, \"layers\": [], \"quant_layers\": []}",
+        "{\"version\": 3, \"n_layers\": 4, \"layers\": []}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kv_errclear();
+        kv_status st = kv_deploy_parse(bad[i], strlen(bad[i]), 4, &d);
+        KT_CHECK(st == KV_E_DATA && kv_errdetail()[0], "accepted %s", bad[i]);
+        KT_CHECK(d.per_layer == NULL, "per_layer freed for %s", bad[i]);
+    }
+}
+
 static void test_layer_list(void)
 {
     bool s[8];
@@ -232,5 +349,6 @@ int main(void)
     KT_RUN(test_deploy_parse_and_apply);
     KT_RUN(test_deploy_rejects_bad_configs);
     KT_RUN(test_layer_list);
+    KT_RUN(test_deploy_v2);
     return kt_done();
 }

@@ -129,7 +129,7 @@ static void test_salient_choice_follows_importance(void)
     float x[64 * 16], imp[64];
     for (int i = 0; i < T * D; i++) x[i] = kt_randn(&seed);
     for (int t = 0; t < T; t++) imp[t] = t == 7 || t == 40 ? 10.0f : 0.0f;
-    kv_dsq_params p = {64, 2, 2, 16};
+    kv_dsq_params p = {64, 2, 2, 16, KV_DSQ_BASE_SALIENT};
     kv_dsq_packed d;
     KT_OK(kv_dsq_pack(x, imp, KV_KIVI_VALUES, &p, 1, T, D, &d));
     for (int t = 0; t < T; t++)

@@ -190,7 +190,7 @@ static void test_generate_score_report(void)
     OK(kv_runner_prefill(r, prompt, NPROMPT, lg));
     kv_sampler smp;
     OK(kv_sampler_init(&smp, V, 0.0f, 0.9f, 1));
-    kv_generate_opts go = {NSTEP, {-1, -1}, NULL, NULL};
+    kv_generate_opts go = {NSTEP, {-1, -1}, NULL, NULL, NULL};
     kv_generation g;
     OK(kv_runner_generate(r, &smp, lg, &go, &g));
     KT_CHECK(g.n_gen == NSTEP && g.n_steps == NSTEP - 1 && g.end == KV_GEN_STEPS, "gen %d steps %d end %d",

@@ -1,0 +1,277 @@
+#!/usr/bin/env node
+// Cross-check kv-run against llama.cpp itself (through the npm package
+// node-llama-cpp, a prebuilt llama.cpp): the same GGUF files through both,
+// comparing
+//   1. tokenization ids: llama.cpp's test vectors, multilingual text, digits,
+//      whitespace runs, contractions, emoji, special tokens (--special);
+//   2. greedy continuations (token ids) and the next-token probabilities at
+//      every prompt position (kv-run --probs against controlledEvaluate with
+//      probabilities), for GGUF versions of the bundled models in every
+//      weight type kv-convert writes, a qwen2-architecture file with q/k/v
+//      biases and a Llama-3.1 rope_freqs file;
+//   3. with --bench, CPU decode speed on the same GGUF at the same thread
+//      count (both measured in this run, alternating), and kv-run's peak
+//      resident memory against the file size.
+// Not part of `make check` (it needs node and the package).
+//
+//   mkdir -p /work/peer/nlc && (cd /work/peer/nlc && npm i -E node-llama-cpp@3.21.1)
+//   make && node tools/crosscheck-llamacpp.mjs --nlc /work/peer/nlc [--threads 2] [--bench] [--big]
+//
+// --bench-only skips the checks; --reps N sets the big model's repetitions.
+// --big also converts a synthetic Llama-3.2-1B geometry (random weights,
+// the Llama-3 vocabulary) to Q4_K and benchmarks decode on it.  The exit
+// status is 0 when every comparison meets its target, 1 otherwise.
+import { spawnSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const args = process.argv.slice(2);
+const opt = (name, def) => {
+    const i = args.indexOf(name);
+    return i >= 0 && i + 1 < args.length ? args[i + 1] : def;
+};
+const flag = (name) => args.includes(name);
+const ROOT = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..');
+const BIN = path.resolve(opt('--bin', path.join(ROOT, 'bin')));
+const NLC = path.resolve(opt('--nlc', process.cwd()));
+const THREADS = parseInt(opt('--threads', '2'), 10);
+const WORK = opt('--work', fs.mkdtempSync(path.join(os.tmpdir(), 'kv-crosscheck-')));
+const PROB_TOL = 1e-3;
+const DATA = path.join(ROOT, 'tests', 'data');
+fs.mkdirSync(WORK, { recursive: true });
+
+const { getLlama } = await import(pathToFileURL(path.join(NLC, 'node_modules', 'node-llama-cpp', 'dist', 'index.js')).href);
+const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' });
+
+let failures = 0;
+const log = (...a) => console.log(...a);
+const fail = (...a) => { failures++; console.log('FAIL', ...a); };
+
+function run(bin, argv, input) {
+    const r = spawnSync(path.join(BIN, bin), argv, { input, maxBuffer: 1 << 28, encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`${bin} ${argv.join(' ')}: exit ${r.status}: ${r.stderr}`);
+    return r.stdout;
+}
+
+// --- 1. tokenization -------------------------------------------------------------
+
+function vectors(inp) {
+    return fs.readFileSync(inp, 'utf8').split('\n__ggml_vocab_test__\n').slice(0, -1);
+}
+
+const EXTRA = [
+    'Hello, y\'all! How are you? I\'m fine; we\'ve been told they\'d ARE\'NT. DON\'T \'S \'ll',
+    'Ünïcödé façade naïve café — “quotes” ‘single’ … ½ ¾ ² ³',
+    'Привет, как дела? Съешь же ещё этих мягких французских булок.',
+    'Γειά σου Κόσμε· ελληνικά κείμενα με τόνους.',
+    '日本語のテキスト、漢字とひらがなとカタカナ。中文文本：你好，世界！한국어 텍스트입니다.',
+    'العربية: مرحبا بالعالم. עברית: שלום עולם. हिन्दी: नमस्ते दुनिया। ไทย: สวัสดีชาวโลก',
+    '0 1 12 123 1234 12345 123456 1234567 3.14159 1,000,000 2024-11-29 0x1F ٣٤٥ ૧૨૩ Ⅻ ①②',
+    'tabs\tand\t\ttabs   spaces    and\nnewlines\n\n\r\n\r\rmixed \n \t \u00a0nbsp\u2003em\u3000ideographic',
+    '      leading spaces',
+    'trailing spaces      ',
+    '😀😃😄😁 👩‍👩‍👧‍👦 🏳️‍🌈 👍🏽 🇺🇳 ❤️ 🦙🦙🦙',
+    'code: for (int i = 0; i < n; ++i) { x[i] += y[i] * 2; } // done\n    return x;',
+    '<html><body class="x">&amp; &lt;tag&gt;</body></html>',
+    'MiXeD CaSe WoRdS aNd ALLCAPS lowercase',
+    '!!!???...,,,;;;:::---___===+++***&&&%%%$$$###@@@',
+    'a\u0301 e\u0308 combining marks, ﬁ ligature, ｆｕｌｌｗｉｄｔｈ',
+];
+const SPECIAL = [
+    '<|begin_of_text|>Hello<|eot_id|>',
+    '<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n',
+    'text <|reserved_special_token_5|> more<|end_of_text|>',
+    '<s> sentencepiece </s> control',
+];
+
+async function checkTokenizer(label, gguf, texts, specialTexts) {
+    const model = await llama.loadModel({ modelPath: gguf, vocabOnly: true });
+    const bos = model.tokens.bos, addsBos = model.tokens.shouldPrependBosToken;
+    let n = 0, bad = 0;
+    const one = (text, special) => {
+        const ref = Array.from(model.tokenize(text, special));
+        const argv = ['-m', gguf, '--tokenize', '--prompt-file', '-'];
+        if (special) argv.push('--special');
+        let ids = JSON.parse(run('kv-run', argv, text));
+        if (addsBos && ids[0] === bos) ids = ids.slice(1); // kv-run adds BOS as the file says; tokenize() does not
+        n++;
+        if (JSON.stringify(ids) !== JSON.stringify(ref)) {
+            bad++;
+            fail(`${label}: ${JSON.stringify(text).slice(0, 60)}${special ? ' (special)' : ''}: kv-run ${JSON.stringify(ids).slice(0, 80)} llama.cpp ${JSON.stringify(ref).slice(0, 80)}`);
+        }
+    };
+    for (const t of texts) one(t, false);
+    for (const t of specialTexts) one(t, true);
+    log(`tokenize ${label}: ${n - bad}/${n} identical`);
+    await model.dispose();
+}
+
+// --- 2. models -----------------------------------------------------------------------
+
+function convert(name, argv) {
+    const out = path.join(WORK, name + '.gguf');
+    if (!fs.existsSync(out)) spawnSync(path.join(BIN, 'kv-convert'), [...argv, '-q', '-o', out], { stdio: 'inherit' });
+    if (!fs.existsSync(out)) throw new Error(`kv-convert did not write ${out}`);
+    return out;
+}
+
+async function checkModel(label, gguf, promptText, steps) {
+    const model = await llama.loadModel({ modelPath: gguf });
+    const ctx = await model.createContext({
+        contextSize: 1024, batchSize: 1024, threads: THREADS, flashAttention: false,
+        experimentalKvCacheKeyType: 'F32', experimentalKvCacheValueType: 'F32',
+    });
+    const prompt = Array.from(model.tokenize(promptText, false));
+    if (model.tokens.bos != null && model.tokens.shouldPrependBosToken) prompt.unshift(model.tokens.bos);
+    // probabilities at every prompt position
+    const seq = ctx.getSequence();
+    const res = await seq.controlledEvaluate(prompt.map((t) => [t, { generateNext: { probabilities: true } }]));
+    const kv = JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '8', '-T', String(THREADS)],
+                              JSON.stringify(prompt)));
+    let worst = 0, worstAt = '', within = 0, firstOver = -1;
+    const perPos = [];
+    for (let i = 0; i < prompt.length; i++) {
+        let w = 0;
+        const ref = res[i]?.next?.probabilities;
+        if (!ref) { fail(`${label}: llama.cpp gave no probabilities at ${i}`); break; }
+        const refTop = [...ref.entries()].slice(0, 8);
+        const kvTop = new Map(kv[i].top);
+        for (const [id, p] of kv[i].top) {
+            const d = Math.abs(p - (ref.get(id) ?? 0));
+            w = Math.max(w, d);
+            if (d > worst) { worst = d; worstAt = `pos ${i} token ${id}`; }
+        }
+        for (const [id, p] of refTop) {
+            const d = Math.abs(p - (kvTop.get(id) ?? 0));
+            w = Math.max(w, d);
+            if (d > worst) { worst = d; worstAt = `pos ${i} token ${id}`; }
+        }
+        perPos.push(w);
+        if (w <= PROB_TOL) within++;
+        else if (firstOver < 0) firstOver = i;
+    }
+    const sorted = [...perPos].sort((a, b) => a - b);
+    const median = sorted[Math.floor(sorted.length / 2)];
+    await seq.clearHistory();
+    // greedy continuation
+    const ref = [];
+    for await (const t of seq.evaluate(prompt, { temperature: 0 })) {
+        ref.push(t);
+        if (ref.length >= steps) break;
+    }
+    const out = run('kv-run', ['-m', gguf, '--tokens', '-', '-n', String(steps), '--temp', '0', '--print-ids',
+                               '-T', String(THREADS)], JSON.stringify(prompt));
+    const ids = out.trim() ? out.trim().split(/\s+/).map(Number) : [];
+    const same = JSON.stringify(ids) === JSON.stringify(ref.slice(0, ids.length)) && (ids.length === ref.length ||
+                 (ids.length < ref.length && model.isEogToken?.(ref[ids.length])));
+    let firstDiff = -1;
+    for (let i = 0; i < Math.max(ids.length, ref.length); i++) if (ids[i] !== ref[i]) { firstDiff = i; break; }
+    const ok = worst <= PROB_TOL && (same || firstDiff < 0);
+    log(`model ${label}: ${prompt.length} positions, top-8 max |dp| ${worst.toExponential(2)} (${worstAt}), ` +
+        `median ${median.toExponential(1)}, first 3 positions ${perPos.slice(0, 3).map((x) => x.toExponential(1)).join(' ')}, ` +
+        `${within}/${prompt.length} positions within ${PROB_TOL}` +
+        `${firstOver >= 0 ? ' (first beyond: ' + firstOver + ')' : ''}; ` +
+        `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff} ${ok ? 'ok' : ''}`);
+    if (!ok) fail(`${label}: probabilities ${worst} > ${PROB_TOL} or greedy differs`);
+    await ctx.dispose();
+    await model.dispose();
+}
+
+// --- 3. speed and memory --------------------------------------------------------------
+
+function peakRss(bin, argv) {
+    return new Promise((resolve) => {
+        const p = spawn(path.join(BIN, bin), argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+        let out = '', peak = 0;
+        p.stdout.on('data', (d) => { out += d; });
+        const timer = setInterval(() => {
+            try {
+                const s = fs.readFileSync(`/proc/${p.pid}/status`, 'utf8');
+                const m = /VmHWM:\s+(\d+) kB/.exec(s);
+                if (m) peak = Math.max(peak, parseInt(m[1], 10) * 1024);
+            } catch { /* exited */ }
+        }, 20);
+        p.on('close', () => { clearInterval(timer); resolve({ out, peak }); });
+    });
+}
+
+async function bench(label, gguf, steps, reps) {
+    const model = await llama.loadModel({ modelPath: gguf });
+    const ctx = await model.createContext({ contextSize: 512, batchSize: 512, threads: THREADS, flashAttention: false });
+    const prompt = [model.tokens.bos ?? 1];
+    const lc = [], kr = [];
+    let rss = 0;
+    const seq = ctx.getSequence();
+    for (let r = 0; r < reps; r++) {
+        await seq.clearHistory();
+        let n = 0, t0 = 0;
+        for await (const t of seq.evaluate(prompt, { temperature: 0, yieldEogToken: true })) {
+            void t;
+            if (n === 0) t0 = performance.now(); // after the first token: decode steps only
+            if (++n > steps) break;
+        }
+        lc.push(steps / ((performance.now() - t0) / 1000));
+        const { out, peak } = await peakRss('kv-run', ['-m', gguf, '--random-prompt', '1', '-n', String(steps + 1),
+            '--temp', '0', '--ctx', '512', '-T', String(THREADS), '--report', '-']);
+        kr.push(JSON.parse(out).tokens_per_s);
+        rss = Math.max(rss, peak);
+    }
+    const med = (a) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
+    const size = fs.statSync(gguf).size;
+    const ratio = med(kr) / med(lc);
+    log(`bench ${label} (${(size / 1e6).toFixed(1)} MB, ${THREADS} threads, ${steps} decode steps, median of ${reps}): ` +
+        `kv-run ${med(kr).toFixed(1)} tok/s, llama.cpp ${med(lc).toFixed(1)} tok/s, ratio ${ratio.toFixed(2)}; ` +
+        `kv-run peak RSS ${(rss / 1e6).toFixed(1)} MB = ${(100 * rss / size).toFixed(0)}% of the file`);
+    log(`  kv-run runs: ${kr.map((x) => x.toFixed(1)).join(' ')}; llama.cpp runs: ${lc.map((x) => x.toFixed(1)).join(' ')}`);
+    await ctx.dispose();
+    await model.dispose();
+    return { ratio, rss, size };
+}
+
+// --- main --------------------------------------------------------------------------------
+
+log(`crosscheck: kv-run ${BIN}, llama.cpp via node-llama-cpp ${NLC}, ${THREADS} threads, work ${WORK}`);
+log(`date ${new Date().toISOString()}, ${os.cpus()[0].model}, ${os.cpus().length} cpus`);
+
+const l3 = path.join(DATA, 'gguf', 'llama3-vocab.gguf');
+const spm = path.join(DATA, 'gguf', 'ggml-vocab-llama-spm.gguf');
+const st = ['-m', path.join(DATA, 'stories260K', 'stories260K.bin'), '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin')];
+const ni = ['-m', path.join(DATA, 'niah4k', 'niah4k.bin'), '--tokenizer', path.join(DATA, 'niah4k', 'tok259.bin')];
+if (!flag('--bench-only')) {
+await checkTokenizer('llama-bpe (Llama-3)', l3,
+                     [...vectors(path.join(DATA, 'gguf', 'ggml-vocab-llama-bpe.gguf.inp')), ...EXTRA], SPECIAL);
+await checkTokenizer('llama-spm (Llama-2)', spm,
+                     [...vectors(path.join(DATA, 'gguf', 'ggml-vocab-llama-spm.gguf.inp')), ...EXTRA], SPECIAL);
+
+const storyPrompt = 'Once upon a time, there was a little girl named Lily. She loved to';
+const niahTask = JSON.parse(fs.readFileSync(path.join(DATA, 'niah4k', 'tasks-dev.jsonl'), 'utf8').split('\n')[0]);
+const niahPrompt = niahTask.input.slice(-700);
+await checkTokenizer('stories260K vocabulary', convert('stories260K-F32', [...st, '--type', 'F32']), EXTRA, SPECIAL);
+for (const t of ['F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1'])
+    await checkModel(`stories260K ${t}`, convert(`stories260K-${t}`, [...st, '--type', t]), storyPrompt, 40);
+for (const t of ['F16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q2_K', 'Q3_K', 'Q4_K', 'Q5_K', 'Q6_K'])
+    await checkModel(`niah4k ${t}`, convert(`niah4k-${t}`, [...ni, '--type', t]), niahPrompt, 12);
+await checkModel('stories260K qwen2 + q/k/v biases F32', convert('stories260K-qwen2-F32', [...st, '--type', 'F32', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
+await checkModel('stories260K qwen2 + biases Q8_0', convert('stories260K-qwen2-Q8_0', [...st, '--type', 'Q8_0', '--arch', 'qwen2', '--qkv-bias', '7']), storyPrompt, 40);
+await checkModel('niah4k qwen2 + biases Q4_K', convert('niah4k-qwen2-Q4_K', [...ni, '--type', 'Q4_K', '--arch', 'qwen2', '--qkv-bias', '7']), niahPrompt, 12);
+await checkModel('synthetic tiny-wide-heads (head_dim 64 x 4 heads on dim 128) F32',
+                 convert('tiny-wide-heads-F32', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '--type', 'F32']), storyPrompt, 40);
+await checkModel('synthetic tiny-wide-heads Q8_0',
+                 convert('tiny-wide-heads-Q8_0', ['--synthetic', 'tiny-wide-heads', '--tokenizer', path.join(DATA, 'stories260K', 'tok512.bin'), '--type', 'Q8_0']), storyPrompt, 40);
+await checkModel('stories260K Llama-3.1 rope_freqs F32', convert('stories260K-rope31-F32', [...st, '--type', 'F32', '--rope-freqs', 'llama3:8,1,4,512']), storyPrompt, 40);
+await checkModel('niah4k Llama-3.1 rope_freqs theta 5e5 Q6_K', convert('niah4k-rope31-Q6_K', [...ni, '--type', 'Q6_K', '--rope-theta', '500000', '--rope-freqs', 'llama3:8,1,4,1024']), niahPrompt, 12);
+
+}
+
+if (flag('--bench') || flag('--bench-only')) {
+    await bench('niah4k Q4_K', convert('niah4k-Q4_K', [...ni, '--type', 'Q4_K']), 64, 5);
+    if (flag('--big')) {
+        const big = convert('synthetic-llama-3.2-1b-Q4_K', ['--synthetic', 'llama-3.2-1b', '--vocab', l3, '--type', 'Q4_K', '--embd-type', 'Q6_K']);
+        const r = await bench('synthetic Llama-3.2-1B geometry Q4_K (Q6_K embeddings)', big, 32, parseInt(opt('--reps', '3'), 10));
+        if (r.rss > 1.1 * r.size) fail(`resident memory ${r.rss} is more than 110% of the file (${r.size})`);
+    }
+}
+log(failures ? `${failures} FAILED` : 'all checks passed');
+process.exit(failures ? 1 : 0);
