@@ -298,7 +298,8 @@ static kv_status dsq_load(kv_policy *p, const kvc_file *f, int layer)
     const int H = p->g.n_kv_heads, D = p->g.head_dim, T = K.T;
     float *x = NULL;
     if (K.prm.window != d->dp.window || K.prm.salient != d->dp.salient || K.n_kv_heads != H ||
-        K.head_dim != D || V.T != T || memcmp(&K.prm, &V.prm, sizeof K.prm)) {
+        K.head_dim != D || V.T != T || K.prm.bits != V.prm.bits || K.prm.group != V.prm.group ||
+        K.prm.salient != V.prm.salient || K.prm.window != V.prm.window) {
         st = kv_fail(KV_E_INTERNAL, "layer %d: packed parameters differ from the policy's", layer);
         goto out;
     }

@@ -178,7 +178,9 @@ kv_status kv_prefix_layer_packed(const kv_prefix *p, int layer, bool *packed, kv
             kv_dsq_clear(&k);
             return st;
         }
-        bool same = !memcmp(&k.prm, &v.prm, sizeof k.prm);
+        /* the layout parameters (base says how a writer chose the keys' base) */
+        bool same = k.prm.window == v.prm.window && k.prm.salient == v.prm.salient &&
+                    k.prm.bits == v.prm.bits && k.prm.group == v.prm.group;
         kv_dsq_params dp = k.prm;
         kv_dsq_clear(&k);
         kv_dsq_clear(&v);
