@@ -22,6 +22,7 @@ int kv_bench_merge_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_report_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_prefill_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_gemv_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_prefix_main(int argc, char **argv) __attribute__((weak));
 
 static const struct {
     const char *name;
@@ -38,6 +39,7 @@ static const struct {
     {"merge", "combine result files of shards into the summary one run gives"},
     {"report", "SVG charts from result files (accuracy, KV bytes, ms/token)"},
     {"prefill", "dense causal prefill tokens/s and attention TFLOP/s on the GPU"},
+    {"prefix", "requests sharing prefixes from GPU/host/disk tiers: time to first token, accuracy"},
 };
 
 static bench_fn lookup(const char *name)
@@ -53,6 +55,7 @@ static bench_fn lookup(const char *name)
     if (!strcmp(name, "merge")) return kv_bench_merge_main;
     if (!strcmp(name, "report")) return kv_bench_report_main;
     if (!strcmp(name, "prefill")) return kv_bench_prefill_main;
+    if (!strcmp(name, "prefix")) return kv_bench_prefix_main;
     return NULL;
 }
 

@@ -8,9 +8,12 @@
  * engine, kv_compare) and prints.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "kv_cli.h"
 #include "common/kv_outfile.h"
@@ -21,7 +24,9 @@
 #include "model/kv_matmul.h"
 #include "model/kv_model.h"
 #include "model/kv_prompt.h"
+#include "eval/kv_reuse.h"
 #include "policy/kv_deploy.h"
+#include "policy/kv_prefix.h"
 
 enum {
     /* an option with a short name must use it as its id (getopt returns it) */
@@ -29,7 +34,8 @@ enum {
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
     O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
-    O_PRINT_IDS, O_GEMV
+    O_PRINT_IDS, O_GEMV, O_KV, O_STORE,
+    O_IMPORTANT, O_NO_INSERT
 };
 
 static const kv_option opts[] = {
@@ -67,6 +73,10 @@ static const kv_option opts[] = {
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
     {O_GEMV, 0, "gemv-variant", "NAME", "GPU decode GEMV of packed weights: default, old, rows, dp4a (measurement)"},
+    {O_KV, 0, "kv", "FILE", "start from this .kvc cache; the prompt is its continuation"},
+    {O_STORE, 0, "store", "DIR", "reuse the prompt's longest cached prefix from a kv-tree store, then insert the prompt"},
+    {O_IMPORTANT, 0, "important", "F", "with --store: disk-tier prefix nodes give only their top F of tokens"},
+    {O_NO_INSERT, 0, "no-insert", NULL, "with --store: do not insert the prompt's cache afterwards"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -77,14 +87,14 @@ static const kv_cli_spec spec = {
 
 typedef struct {
     const char *model, *synth, *weights, *tokenizer, *prompt, *prompt_file, *tokens;
-    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *compare;
+    const char *policy, *profile, *kv_dtype, *report, *dump, *score, *compare, *kv, *store;
     kv_policy_defaults def; /* --kv-dtype, --select */
     kv_device dev;
     kv_dtype wt; /* --weights */
     int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs, gemv;
-    bool nq_given, tokenize, special, print_ids;
+    bool nq_given, tokenize, special, print_ids, no_insert;
     kv_chat chat; /* --chat */
-    double temp, top_p;
+    double temp, top_p, important;
     unsigned long seed;
 } run_opts;
 
@@ -92,7 +102,7 @@ static bool is_stdout(const char *path) { return path && !strcmp(path, "-"); }
 
 static void parse_opts(int argc, char **argv, run_opts *o)
 {
-    *o = (run_opts){.steps = 128, .nq = 32, .top_p = 0.9, .seed = 42, .dev = KV_DEVICE_CPU};
+    *o = (run_opts){.steps = 128, .nq = 32, .top_p = 0.9, .seed = 42, .dev = KV_DEVICE_CPU, .important = 1};
     const char *arg;
     int id, optind_;
     while ((id = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
@@ -138,6 +148,13 @@ static void parse_opts(int argc, char **argv, run_opts *o)
             if (o->gemv < 0) kv_cli_usage_error("--gemv-variant: '%s' is not default, old, rows or dp4a", arg);
             break;
         }
+        case O_KV: o->kv = arg; break;
+        case O_STORE: o->store = arg; break;
+        case O_IMPORTANT:
+            o->important = kv_cli_double("--important", arg, 0, 1);
+            if (!(o->important > 0)) kv_cli_usage_error("--important must be in (0, 1]");
+            break;
+        case O_NO_INSERT: o->no_insert = true; break;
         case O_PREFILL_CHUNK:
             o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
             if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
@@ -173,6 +190,13 @@ static void parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("--select sketch is a GPU engine selection: add --device cuda (or auto)");
     if (o->dev == KV_DEVICE_CUDA && o->score)
         kv_cli_usage_error("--score-file runs on the CPU: use --device cpu");
+    if (o->kv && o->store) kv_cli_usage_error("--kv and --store are exclusive");
+    if ((o->kv || o->store) && (o->score || o->compare || o->probs || o->tokenize))
+        kv_cli_usage_error("%s goes with generation, not --score-file, --compare, --probs or --tokenize", o->kv ? "--kv" : "--store");
+    if (!o->store && (o->important < 1 || o->no_insert))
+        kv_cli_usage_error("%s goes with --store", o->no_insert ? "--no-insert" : "--important");
+    if (o->kv && !o->prompt && !o->prompt_file && !o->tokens && !o->random_prompt)
+        kv_cli_usage_error("--kv needs the continuation: --prompt, --prompt-file or --tokens");
     if (o->prompt_file && o->tokens && is_stdout(o->prompt_file) && is_stdout(o->tokens))
         kv_cli_usage_error("stdin can only be read once");
     if ((o->chat.kind || o->special) && (o->tokens || o->random_prompt))
@@ -190,7 +214,8 @@ static kv_prompt prompt_of(const run_opts *o)
 {
     return (kv_prompt){.text = o->prompt, .text_len = o->prompt ? strlen(o->prompt) : 0, .random = o->random_prompt,
                        .path = o->prompt_file ? o->prompt_file : o->score ? o->score : o->tokens,
-                       .path_ids = o->tokens != NULL, .seed = o->seed, .chat = o->chat, .special = o->special};
+                       .path_ids = o->tokens != NULL, .seed = o->seed, .chat = o->chat, .special = o->special,
+                       .continuation = o->kv != NULL};
 }
 
 /* --tokenize: the prompt's ids as one JSON array; a GGUF needs only its
@@ -254,6 +279,65 @@ static int run_compare(const run_opts *o, const kv_model *m, const int *ids, int
     return rc;
 }
 
+/* Where the prefill starts: position 0, a .kvc (--kv) or a store's longest
+ * cached prefix (--store, its files in a temporary directory of ours). */
+typedef struct {
+    kvc_file *f;
+    kv_prefix pre;
+    kv_reuse ru;
+    bool ru_open;
+    kv_reuse_opts ro;
+    kv_reuse_info info;
+    char tmp[4096];
+    int *all, n_all; /* --kv: the cached tokens and the prompt (for --dump-kv) */
+} reuse_state;
+
+static int reuse_begin(const run_opts *o, const kv_model *m, reuse_state *u)
+{
+    kv_status st = KV_OK;
+    if (o->kv) {
+        if ((st = kvc_open(o->kv, &u->f)) || (st = kv_prefix_from_kvc(m, u->f, &u->pre)))
+            return kv_report(st, "--kv %s", o->kv);
+        if (u->pre.T < 1) return kv_report(kv_fail(KV_E_DATA, "the cache holds no tokens"), "--kv %s", o->kv);
+        return 0;
+    }
+    if (!o->store) return 0;
+    const char *td = getenv("TMPDIR");
+    snprintf(u->tmp, sizeof u->tmp, "%s/kv-run.XXXXXX", td && *td ? td : "/tmp");
+    if (!mkdtemp(u->tmp)) {
+        u->tmp[0] = 0;
+        return kv_report(kv_fail(KV_E_CANTCREATE, "cannot create a temporary directory: %s", strerror(errno)), "--store");
+    }
+    const char *now = getenv("KV_TREE_NOW");
+    u->ro = (kv_reuse_opts){o->important, !o->no_insert, KV_TIER_DISK, 3, u->tmp, now ? strtoll(now, NULL, 10) : (int64_t)time(NULL)};
+    if ((st = kv_reuse_open(&u->ru, o->store, m, &u->ro))) return kv_report(st, "--store %s", o->store);
+    u->ru_open = true;
+    return 0;
+}
+
+static kv_status reuse_prefill(const run_opts *o, kv_runner *r, reuse_state *u, const int *ids, int n, float *logits)
+{
+    if (o->store) return kv_reuse_prefill(&u->ru, r, ids, n, &u->ro, logits, &u->info);
+    if (!o->kv) return kv_runner_prefill(r, ids, n, logits);
+    double t0 = kv_now_ms();
+    kv_status st = kv_runner_prefill_from(r, &u->pre, ids, n, logits);
+    u->info = (kv_reuse_info){"kv", u->pre.T, u->pre.matched, n, kv_now_ms() - t0, 0, {0, 0, kvc_file_bytes(u->f)}, NULL};
+    if (!st && u->pre.tokens && u->pre.matched == u->pre.T && (u->all = malloc((size_t)(u->pre.T + n) * sizeof *u->all))) {
+        for (int i = 0; i < u->pre.T; i++) memcpy(&u->all[i], (const char *)u->pre.tokens + 4 * (size_t)i, 4);
+        memcpy(u->all + u->pre.T, ids, (size_t)n * sizeof *ids);
+        u->n_all = u->pre.T + n;
+    }
+    return st;
+}
+
+static void reuse_end(reuse_state *u)
+{
+    if (u->ru_open) kv_reuse_close(&u->ru);
+    if (u->tmp[0]) rmdir(u->tmp);
+    kvc_close(u->f);
+    free(u->all);
+}
+
 typedef struct {
     kv_token_writer w;
     bool print; /* stdout is free for the text */
@@ -287,6 +371,7 @@ int main(int argc, char **argv)
     kv_outfile rep;
     bool rep_open = false;
     kv_status st;
+    reuse_state ru = {0};
 
     /* Open --report before any output is committed, so that an unwritable
        path fails at once (73) rather than after a run and a --dump-kv. */
@@ -297,13 +382,14 @@ int main(int argc, char **argv)
     rep_open = o.report != NULL;
     if ((rc = load_inputs(&o, &m, &tok, &prompt, &n_prompt))) goto out;
     if ((rc = load_policies(&o, m->cfg.n_layers, &prm))) goto out;
+    if ((rc = reuse_begin(&o, m, &ru))) goto out;
     if (o.compare) {
         rc = run_compare(&o, m, prompt, n_prompt, prm);
         goto out;
     }
     bool grown;
     const int trained = m->cfg.seq_len, n_gen = o.score || o.probs ? 0 : o.steps;
-    if ((st = kv_run_ctx(o.ctx, trained, n_prompt, n_gen, &ctx, &grown))) {
+    if ((st = kv_run_ctx(o.ctx, trained, n_prompt + ru.pre.T, n_gen, &ctx, &grown))) {
         rc = kv_report(st, "cannot run");
         goto out;
     }
@@ -334,13 +420,13 @@ int main(int argc, char **argv)
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "decode buffers");
         goto out;
     }
-    if (o.dump && (st = kv_runner_keep(r, o.nq, true))) {
+    if ((o.dump || (o.store && !o.no_insert)) && (st = kv_runner_keep(r, o.nq, true))) {
         rc = kv_report(st, "--dump-kv");
         goto out;
     }
     double t0 = kv_now_ms();
-    if ((st = kv_runner_prefill(r, prompt, n_prompt, logits))) {
-        rc = kv_report(st, "prefill failed");
+    if ((st = reuse_prefill(&o, r, &ru, prompt, n_prompt, logits))) {
+        rc = kv_report(st, o.store ? "--store %s" : o.kv ? "--kv %s" : "prefill failed", o.store ? o.store : o.kv);
         goto out;
     }
     double prefill_ms = kv_now_ms() - t0;
@@ -350,7 +436,11 @@ int main(int argc, char **argv)
         kv_runner_prefill_info(r, &pi);
         kv_note(1, "GPU prefill %s (%s)", pi.chunked ? "in chunks" : "one token at a time", pi.why);
     }
-    if (o.dump && (st = kv_runner_dump_kvc(r, prompt, n_prompt, o.def.dtype, o.dump, o.zstd))) {
+    if (o.dump && o.kv && !ru.all) {
+        rc = kv_report(kv_fail(KV_E_USAGE, "--dump-kv after --kv needs a cache of a whole prefix with its tokens"), "--dump-kv");
+        goto out;
+    }
+    if (o.dump && (st = kv_runner_dump_kvc(r, o.kv ? ru.all : prompt, o.kv ? ru.n_all : n_prompt, o.def.dtype, o.dump, o.zstd))) {
         rc = kv_report(st, "cannot write %s", o.dump);
         goto out;
     }
@@ -367,11 +457,16 @@ int main(int argc, char **argv)
     if (pr.print && gen.n_gen) putchar('\n');
     if (gen.end == KV_GEN_CTX_FULL)
         kv_warn("the context (%d tokens) is full: %d of -n %d tokens generated", ctx, gen.n_gen, o.steps);
+    if (o.store && !o.no_insert && (st = kv_reuse_insert(&ru.ru, r, prompt, n_prompt, &ru.ro))) {
+        rc = kv_report(st, "--store %s: cannot insert the prompt", o.store);
+        goto out;
+    }
+    if (o.store) ru.info.extra = kv_reuse_json(&ru.ru);
     if (o.report) { /* the text as printed (none without a tokenizer) */
         if (tok) st = kv_tokens_text(tok, prompt[n_prompt - 1], gen.tokens, gen.n_gen, &text);
         kv_prefill_info pfi;
         kv_runner_prefill_info(r, &pfi);
-        kv_run_info info = {n_prompt, prefill_ms, &gen, text, o.kv_dtype, &pfi};
+        kv_run_info info = {n_prompt, prefill_ms, &gen, text, o.kv_dtype, &pfi, (o.kv || o.store) ? &ru.info : NULL};
         if (!st) st = kv_runner_report(r, &info, &json);
         if (!st) rep_open = false, st = kv_outfile_put(&rep, json); /* commits or aborts */
         if (st) rc = kv_report(st, "cannot write %s", o.report);
@@ -390,6 +485,8 @@ out:
     kv_sampler_clear(&smp);
     free(logits);
     kv_runner_free(r);
+    free((char *)ru.info.extra);
+    reuse_end(&ru);
     free(prm);
     free(prompt);
     kv_tokenizer_free(tok);

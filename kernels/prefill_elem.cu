@@ -84,21 +84,21 @@ __global__ void rmsnorm_rows_kernel(const float *x, int ldx, const float *w, int
 /* One thread per rotated pair (q and k) or per value pair (v), per row. */
 template <int BF>
 __global__ void rope_rows_kernel(const float *qkv, int ldqkv, int nqh, int nkv, int hd,
-                                 const float *inv_freq, int p0, typename cv<BF>::T *qout, int ldq,
-                                 typename cv<BF>::T *kc, typename cv<BF>::T *vc,
-                                 long long kv_stride)
+                                 const float *inv_freq, int p0, int rope_off,
+                                 typename cv<BF>::T *qout, int ldq, typename cv<BF>::T *kc,
+                                 typename cv<BF>::T *vc, long long kv_stride)
 {
     typedef typename cv<BF>::T T;
     const int i = blockIdx.y; /* row of the chunk */
     const int half = hd / 2;
     const int nrot = (nqh + nkv) * half, nall = nrot + nkv * half;
-    const int pos = p0 + i;
+    const int pos = p0 + i; /* the cache row; RoPE at pos + rope_off */
     const float *row = qkv + (size_t)i * ldqkv;
     for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < nall; p += gridDim.x * blockDim.x) {
         const int head = p / half, j = p % half;
         float2 x = *reinterpret_cast<const float2 *>(row + (size_t)head * hd + 2 * j);
         if (p < nrot) {
-            float a = (float)pos * inv_freq[j]; /* float angle, as the CPU engine */
+            float a = (float)(pos + rope_off) * inv_freq[j]; /* float angle, as the CPU engine */
             float c = cosf(a), sn = sinf(a);
             float y0 = x.x * c - x.y * sn, y1 = x.x * sn + x.y * c;
             x.x = y0;
@@ -173,16 +173,25 @@ extern "C" cudaError_t pf_rope_rows(const float *qkv, int ldqkv, int n_heads, in
                                     void *kc, void *vc, long long kv_stride, pf_dtype t,
                                     cudaStream_t s)
 {
+    return pf_rope_rows_at(qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0, 0, n, qout, ldq, kc, vc,
+                           kv_stride, t, s);
+}
+
+extern "C" cudaError_t pf_rope_rows_at(const float *qkv, int ldqkv, int n_heads, int kv_heads, int hd,
+                                       const float *inv_freq, int p0, int rope_off, int n, void *qout,
+                                       int ldq, void *kc, void *vc, long long kv_stride, pf_dtype t,
+                                       cudaStream_t s)
+{
     if (n <= 0) return cudaSuccess;
     KV_CHECK_ARGS(!(hd & 1) && !(ldqkv & 1));
     const int nall = (n_heads + 2 * kv_heads) * hd / 2;
     dim3 grid((unsigned)((nall + 255) / 256), (unsigned)n);
     if (t == PF_BF16)
-        CUDA_CHECK(kv_launch(KV_PDL_NONE, rope_rows_kernel<1>, dim3(grid), dim3(256), 0, s, qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0,
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rope_rows_kernel<1>, dim3(grid), dim3(256), 0, s, qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0, rope_off,
                                                  (__nv_bfloat16 *)qout, ldq, (__nv_bfloat16 *)kc,
                                                  (__nv_bfloat16 *)vc, kv_stride));
     else
-        CUDA_CHECK(kv_launch(KV_PDL_NONE, rope_rows_kernel<0>, dim3(grid), dim3(256), 0, s, qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0,
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, rope_rows_kernel<0>, dim3(grid), dim3(256), 0, s, qkv, ldqkv, n_heads, kv_heads, hd, inv_freq, p0, rope_off,
                                                  (__half *)qout, ldq, (__half *)kc, (__half *)vc,
                                                  kv_stride));
     return cudaSuccess;

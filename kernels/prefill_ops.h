@@ -91,6 +91,11 @@ cudaError_t pf_rmsnorm_rows(const float *x, int ldx, const float *w, int dim, fl
 cudaError_t pf_rope_rows(const float *qkv, int ldqkv, int n_heads, int kv_heads, int hd,
                          const float *inv_freq, int p0, int n, void *qout, int ldq, void *kc,
                          void *vc, long long kv_stride, pf_dtype t, cudaStream_t s);
+/* Same, rotating row p0 + i at position p0 + i + rope_off (a continued
+ * cache subset: rows and positions differ by rope_off past it). */
+cudaError_t pf_rope_rows_at(const float *qkv, int ldqkv, int n_heads, int kv_heads, int hd,
+                            const float *inv_freq, int p0, int rope_off, int n, void *qout, int ldq,
+                            void *kc, void *vc, long long kv_stride, pf_dtype t, cudaStream_t s);
 
 /* h (n, ldh) 16-bit = silu(g) * u per row of gu (n, ldgu) float32 whose
  * columns are gate and up interleaved (g0 u0 g1 u1 ...; hidden pairs). */

@@ -25,6 +25,7 @@
 #include "model/kv_matmul.h"
 #include "model/kv_sampler.h"
 #include "format/kvc.h"
+#include "policy/kv_prefix.h"
 
 #define PREFILL_CHUNK KV_ENGINE_PREFILL_CHUNK /* prompt tokens per projection batch */
 #define PREFILL_OBSERVE 32 /* prompt queries given to observe() */
@@ -32,6 +33,9 @@
 struct kv_engine {
     const kv_model *m;
     int ctx, pos, L;
+    int rope_off;           /* position - row of every row past a continued cache (kv_engine_prefill_from) */
+    int cont_P;             /* rows of that cache */
+    int *cont_pos;          /* (cont_P) their positions when rope_off != 0 */
     kv_policy_params *prm;  /* (L) */
     kv_policy **pol;        /* (L) */
     float *inv_freq;        /* (head_dim/2) RoPE frequency of each pair */
@@ -214,6 +218,7 @@ void kv_engine_free(kv_engine *e)
     free(e->pol);
     free(e->prm);
     free(e->qring);
+    free(e->cont_pos);
     free(e->inv_freq);
     free(e->rope_cs);
     free(e->x);
@@ -234,6 +239,10 @@ kv_status kv_engine_reset(kv_engine *e, const kv_policy_params *per_layer)
     free_policies(e);
     free_prompt(e);
     e->pos = 0;
+    e->rope_off = 0;
+    e->cont_P = 0;
+    free(e->cont_pos);
+    e->cont_pos = NULL;
     e->q_seen = 0;
     if (per_layer) memcpy(e->prm, per_layer, (size_t)e->L * sizeof *e->prm);
     return make_policies(e);
@@ -335,14 +344,52 @@ static void prefill_attention(const kv_model_config *c, const float *Q, const fl
     }
 }
 
+/* Layers of a continued cache that are packed: rebuild their policies
+ * with the file's encoding and load the packed rows into them. */
+static kv_status load_packed(kv_engine *e, const kv_prefix *pre, bool *loaded)
+{
+    const kv_model_config *c = &e->m->cfg;
+    for (int l = 0; l < e->L; l++) {
+        kv_policy_params prm;
+        kv_status st = kv_prefix_layer_packed(pre, l, &loaded[l], &prm);
+        if (st) return st;
+        if (!loaded[l]) continue;
+        prm.dtype = e->prm[l].dtype;
+        kv_policy *pol;
+        kv_policy_geom g = {l, c->n_heads, c->n_kv_heads, c->head_dim, e->ctx};
+        if ((st = kv_policy_new(&g, &prm, &pol))) return st;
+        kv_policy_free(e->pol[l]);
+        e->pol[l] = pol;
+        e->prm[l] = prm;
+        if ((st = kv_policy_load(pol, pre, l))) {
+            kv_errcontext("layer %d", l);
+            return st;
+        }
+    }
+    return KV_OK;
+}
+
+/*
+ * The dense prefill of tokens (n) after pre's P cached rows (pre NULL: P =
+ * 0, a prefill from position 0).  Row r of the result is the cached row r
+ * (r < P) or new token r - P, rotated at position r + (matched - P); the
+ * new tokens attend causally over every row before them.  Layers whose
+ * cache is packed in the file hold it packed (load_packed) and get the new
+ * rows appended; every other layer ingests all P + n rows.
+ */
 static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *logits,
-                              bool all_logits)
+                              bool all_logits, const kv_prefix *pre)
 {
     const kv_model *m = e->m;
     const kv_model_config *c = &m->cfg;
     if (n < 1) return kv_fail(KV_E_USAGE, "prefill needs at least one token");
     if (e->pos != 0) return kv_fail(KV_E_USAGE, "prefill on an engine at position %d: reset it first", e->pos);
-    if (n > e->ctx) return kv_fail(KV_E_USAGE, "prompt of %d tokens exceeds the context of %d", n, e->ctx);
+    const int P = pre ? pre->T : 0, N = P + n, off = pre ? pre->matched - P : 0;
+    if (N > e->ctx)
+        return P ? kv_fail(KV_E_USAGE, "the cache (%d tokens) and the prompt (%d) exceed the context of %d", P, n, e->ctx)
+                 : kv_fail(KV_E_USAGE, "prompt of %d tokens exceeds the context of %d", n, e->ctx);
+    if (pre && (pre->n_kv_heads != c->n_kv_heads || pre->head_dim != c->head_dim || off < 0))
+        return kv_fail(KV_E_DATA, "the cache's rows do not fit this model");
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return kv_fail(KV_E_DATA, "token %d at position %d is outside the vocabulary (%d)",
@@ -350,18 +397,26 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
     const int D = c->dim, Hd = c->hidden_dim, hd = c->head_dim;
     const int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, nkv = c->n_kv_heads;
     const int C = n < PREFILL_CHUNK ? n : PREFILL_CHUNK;
+    /* Matmuls run on whole 4-token tiles (pad rows are zero and dropped):
+     * kv_matmul computes a row differently in a tile and in the tail, so
+     * padding makes every prompt row's numbers independent of how the
+     * prompt is split into chunks, and a cache dumped after N tokens and
+     * continued equals the whole prompt's prefill bit for bit. */
+    const int C4 = (C + 3) & ~3;
     free_prompt(e);
     float *X = malloc((size_t)n * D * sizeof(float));       /* (n, dim) residual stream */
-    float *XB = malloc((size_t)C * D * sizeof(float));      /* (C, dim) */
-    float *Qc = malloc((size_t)C * qd * sizeof(float));     /* (C, qd) */
-    float *Kc = malloc((size_t)C * kvd * sizeof(float));    /* (C, kvd) */
-    float *Vc = malloc((size_t)C * kvd * sizeof(float));    /* (C, kvd) */
-    float *Oc = malloc((size_t)C * qd * sizeof(float));     /* (C, qd) */
-    float *H1 = malloc((size_t)C * Hd * sizeof(float));     /* (C, hidden) */
-    float *H2 = malloc((size_t)C * Hd * sizeof(float));     /* (C, hidden) */
+    float *XB = calloc((size_t)C4 * D, sizeof(float));      /* (C4, dim) */
+    float *Qc = malloc((size_t)C4 * qd * sizeof(float));    /* (C4, qd) */
+    float *Kc = malloc((size_t)C4 * kvd * sizeof(float));   /* (C4, kvd) */
+    float *Vc = malloc((size_t)C4 * kvd * sizeof(float));   /* (C4, kvd) */
+    float *Oc = calloc((size_t)C4 * qd, sizeof(float));     /* (C4, qd) */
+    float *H1 = calloc((size_t)C4 * Hd, sizeof(float));     /* (C4, hidden) */
+    float *H2 = malloc((size_t)C4 * Hd * sizeof(float));    /* (C4, hidden) */
     float *cs = malloc((size_t)n * hd * sizeof(float));     /* (n, hd) rope cos/sin */
-    float *KT = malloc((size_t)nkv * hd * n * sizeof(float)); /* (n_kv, hd, n) */
-    float *VT = malloc((size_t)nkv * hd * n * sizeof(float)); /* (n_kv, hd, n) */
+    float *KT = malloc((size_t)nkv * hd * N * sizeof(float)); /* (n_kv, hd, N) */
+    float *VT = malloc((size_t)nkv * hd * N * sizeof(float)); /* (n_kv, hd, N) */
+    float *PK = P ? malloc((size_t)2 * nkv * P * hd * sizeof(float)) : NULL; /* (2, n_kv, P, hd) cached rows */
+    bool *loaded = calloc((size_t)e->L, sizeof *loaded);
     /* Policies that observe the prompt (dsq) get its last PREFILL_OBSERVE
      * queries, an observation window as in SnapKV/H2O: recent queries are
      * what decides which prompt tokens later steps attend to. */
@@ -374,33 +429,52 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
         st = kv_fail(KV_E_NOMEM, "out of memory for the observed queries");
         goto done;
     }
-    if (!X || !XB || !Qc || !Kc || !Vc || !Oc || !H1 || !H2 || !cs || !KT || !VT) {
+    if (!X || !XB || !Qc || !Kc || !Vc || !Oc || !H1 || !H2 || !cs || !KT || !VT || (P && !PK) || !loaded) {
         st = kv_fail(KV_E_NOMEM, "out of memory for a %d-token prefill", n);
         goto done;
     }
     for (int l = 0; l < e->L; l++) {
-        e->pk[l] = malloc((size_t)nkv * n * hd * sizeof(float));
-        e->pv[l] = malloc((size_t)nkv * n * hd * sizeof(float));
+        e->pk[l] = malloc((size_t)nkv * N * hd * sizeof(float));
+        e->pv[l] = malloc((size_t)nkv * N * hd * sizeof(float));
         if (!e->pk[l] || !e->pv[l]) {
-            st = kv_fail(KV_E_NOMEM, "out of memory for the prompt K/V (%d tokens)", n);
+            st = kv_fail(KV_E_NOMEM, "out of memory for the prompt K/V (%d tokens)", N);
             goto done;
         }
     }
-    e->prompt_T = n;
+    e->prompt_T = N;
+    if (pre && (st = load_packed(e, pre, loaded))) goto done;
     for (int t = 0; t < n; t++) {
         kv_weight_row(&m->tok_embd, tokens[t], X + (size_t)t * D);
-        rope_table(e->inv_freq, hd, t, cs + (size_t)t * hd);
+        rope_table(e->inv_freq, hd, P + off + t, cs + (size_t)t * hd);
     }
     for (int l = 0; l < e->L; l++) {
         const kv_layer_weights *w = &m->layers[l];
         float *K = e->pk[l], *V = e->pv[l];
+        if (P) { /* the cached rows: first in K/V and in the channel-major copies */
+            float *pk = PK, *pv = PK + (size_t)nkv * P * hd;
+            if ((st = kv_prefix_rows_f32(pre, l, 'k', pk)) || (st = kv_prefix_rows_f32(pre, l, 'v', pv))) {
+                kv_errcontext("the cache to continue from");
+                goto done;
+            }
+            for (int h = 0; h < nkv; h++)
+                for (int t = 0; t < P; t++) {
+                    const float *kr = pk + ((size_t)h * P + t) * hd, *vr = pv + ((size_t)h * P + t) * hd;
+                    memcpy(K + ((size_t)h * N + t) * hd, kr, (size_t)hd * sizeof(float));
+                    memcpy(V + ((size_t)h * N + t) * hd, vr, (size_t)hd * sizeof(float));
+                    for (int d = 0; d < hd; d++) {
+                        KT[((size_t)h * hd + d) * N + t] = kr[d];
+                        VT[((size_t)h * hd + d) * N + t] = vr[d];
+                    }
+                }
+        }
         for (int t0 = 0; t0 < n; t0 += C) {
-            int nc = t0 + C <= n ? C : n - t0;
+            int nc = t0 + C <= n ? C : n - t0, nc4 = (nc + 3) & ~3;
             for (int i = 0; i < nc; i++)
                 rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->attn_norm, D, c->norm_eps);
-            kv_matmul(&w->wq, XB, nc, Qc);
-            kv_matmul(&w->wk, XB, nc, Kc);
-            kv_matmul(&w->wv, XB, nc, Vc);
+            memset(XB + (size_t)nc * D, 0, (size_t)(nc4 - nc) * D * sizeof(float));
+            kv_matmul(&w->wq, XB, nc4, Qc);
+            kv_matmul(&w->wk, XB, nc4, Kc);
+            kv_matmul(&w->wv, XB, nc4, Vc);
             if (!finite_all(Qc, (size_t)nc * qd) || !finite_all(Kc, (size_t)nc * kvd) ||
                 !finite_all(Vc, (size_t)nc * kvd)) {
                 st = nonfinite(e, l, t0, "queries, keys or values of the prompt chunk");
@@ -410,14 +484,15 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
                 const float *tcs = cs + (size_t)(t0 + i) * hd;
                 rope_apply(Qc + (size_t)i * qd, c->n_heads, hd, tcs);
                 rope_apply(Kc + (size_t)i * kvd, nkv, hd, tcs);
+                const size_t r = (size_t)P + t0 + i; /* the row */
                 for (int h = 0; h < nkv; h++) {
-                    memcpy(K + ((size_t)h * n + t0 + i) * hd, Kc + (size_t)i * kvd + (size_t)h * hd,
+                    memcpy(K + ((size_t)h * N + r) * hd, Kc + (size_t)i * kvd + (size_t)h * hd,
                            (size_t)hd * sizeof(float));
-                    memcpy(V + ((size_t)h * n + t0 + i) * hd, Vc + (size_t)i * kvd + (size_t)h * hd,
+                    memcpy(V + ((size_t)h * N + r) * hd, Vc + (size_t)i * kvd + (size_t)h * hd,
                            (size_t)hd * sizeof(float));
                     for (int d = 0; d < hd; d++) {
-                        KT[((size_t)h * hd + d) * n + t0 + i] = Kc[(size_t)i * kvd + (size_t)h * hd + d];
-                        VT[((size_t)h * hd + d) * n + t0 + i] = Vc[(size_t)i * kvd + (size_t)h * hd + d];
+                        KT[((size_t)h * hd + d) * N + r] = Kc[(size_t)i * kvd + (size_t)h * hd + d];
+                        VT[((size_t)h * hd + d) * N + r] = Vc[(size_t)i * kvd + (size_t)h * hd + d];
                     }
                 }
                 if (e->nq && t0 + i >= n - e->nq) capture_q(e, l, t0 + i, Qc + (size_t)i * qd);
@@ -428,28 +503,58 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
                                Qc + (size_t)i * qd + (size_t)h * hd, (size_t)hd * sizeof(float));
                 }
             }
-            prefill_attention(c, Qc, KT, VT, n, t0, nc, Oc);
-            kv_matmul(&w->wo, Oc, nc, XB);
+            prefill_attention(c, Qc, KT, VT, N, P + t0, nc, Oc);
+            memset(Oc + (size_t)nc * qd, 0, (size_t)(nc4 - nc) * qd * sizeof(float));
+            kv_matmul(&w->wo, Oc, nc4, XB);
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
             for (int i = 0; i < nc; i++)
                 rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->ffn_norm, D, c->norm_eps);
-            kv_matmul(&w->w_gate, XB, nc, H1);
-            kv_matmul(&w->w_up, XB, nc, H2);
+            memset(XB + (size_t)nc * D, 0, (size_t)(nc4 - nc) * D * sizeof(float));
+            kv_matmul(&w->w_gate, XB, nc4, H1);
+            kv_matmul(&w->w_up, XB, nc4, H2);
             swiglu(H1, H2, nc * Hd);
-            kv_matmul(&w->w_down, H1, nc, XB);
+            memset(H1 + (size_t)nc * Hd, 0, (size_t)(nc4 - nc) * Hd * sizeof(float));
+            kv_matmul(&w->w_down, H1, nc4, XB);
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
         }
     }
     e->q_seen = n;
     for (int l = 0; l < e->L; l++) {
+        if (loaded[l]) { /* packed rows held as packed: the new rows follow as appends */
+            for (int t = P; t < N && !st; t++) {
+                for (int h = 0; h < nkv; h++) {
+                    memcpy(Kc + (size_t)h * hd, e->pk[l] + ((size_t)h * N + t) * hd, (size_t)hd * sizeof(float));
+                    memcpy(Vc + (size_t)h * hd, e->pv[l] + ((size_t)h * N + t) * hd, (size_t)hd * sizeof(float));
+                }
+                st = e->pol[l]->ops->append(e->pol[l], t, Kc, Vc);
+            }
+            if (st) {
+                kv_errcontext("layer %d append after the cache", l);
+                goto done;
+            }
+            continue;
+        }
         if (nobs && e->pol[l]->ops->observe)
             e->pol[l]->ops->observe(e->pol[l], obs + (size_t)l * qd * nobs, nobs);
-        if ((st = e->pol[l]->ops->ingest(e->pol[l], e->pk[l], e->pv[l], n))) {
+        if ((st = e->pol[l]->ops->ingest(e->pol[l], e->pk[l], e->pv[l], N))) {
             kv_errcontext("layer %d ingest", l);
             goto done;
         }
     }
-    e->pos = n;
+    e->pos = N;
+    e->rope_off = off;
+    e->cont_P = P;
+    free(e->cont_pos);
+    e->cont_pos = NULL;
+    if (off && !(e->cont_pos = malloc((size_t)P * sizeof *e->cont_pos))) {
+        st = kv_fail(KV_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int t = 0; off && t < P; t++) {
+        int32_t x = t;
+        if (pre->positions) memcpy(&x, (const char *)pre->positions + 4 * (size_t)t, 4);
+        e->cont_pos[t] = x;
+    }
     if (logits) {
         int first = all_logits ? 0 : n - 1;
         for (int t = first; t < n; t += C) {
@@ -467,6 +572,7 @@ done:
     if (st || !e->keep_prompt) free_prompt(e);
     if (st) {
         e->pos = 0;
+        e->rope_off = 0;
         e->q_seen = 0;
     }
     free(X);
@@ -480,18 +586,27 @@ done:
     free(cs);
     free(KT);
     free(VT);
+    free(PK);
+    free(loaded);
     free(obs);
     return st;
 }
 
 kv_status kv_engine_prefill(kv_engine *e, const int *tokens, int n, float *logits_last)
 {
-    return prefill_impl(e, tokens, n, logits_last, false);
+    return prefill_impl(e, tokens, n, logits_last, false, NULL);
+}
+
+kv_status kv_engine_prefill_from(kv_engine *e, const kv_prefix *pre, const int *tokens, int n,
+                                 float *logits_last)
+{
+    if (n < 1) return kv_fail(KV_E_USAGE, "a continued cache needs at least one new token");
+    return prefill_impl(e, tokens, n, logits_last, false, pre);
 }
 
 kv_status kv_engine_prefill_all(kv_engine *e, const int *tokens, int n, float *logits_all)
 {
-    return prefill_impl(e, tokens, n, logits_all, true);
+    return prefill_impl(e, tokens, n, logits_all, true, NULL);
 }
 
 // --- decode ------------------------------------------------------------------
@@ -503,7 +618,7 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
          * and every policy then starts from ingest(). */
         bool keep = e->keep_prompt;
         e->keep_prompt = false;
-        kv_status st = prefill_impl(e, &token, 1, logits, false);
+        kv_status st = prefill_impl(e, &token, 1, logits, false, NULL);
         e->keep_prompt = keep;
         return st;
     }
@@ -514,7 +629,7 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
     if (e->pos >= e->ctx) return kv_fail(KV_E_USAGE, "context of %d tokens is full", e->ctx);
     const int D = c->dim, hd = c->head_dim, pos = e->pos;
     kv_weight_row(&m->tok_embd, token, e->x);
-    rope_table(e->inv_freq, hd, pos, e->rope_cs);
+    rope_table(e->inv_freq, hd, pos + e->rope_off, e->rope_cs);
     for (int l = 0; l < e->L; l++) {
         const kv_layer_weights *w = &m->layers[l];
         kv_policy *p = e->pol[l];
@@ -668,27 +783,51 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dt
                              const char *path, int zstd_level)
 {
     const kv_model_config *c = &e->m->cfg;
-    if (!e->pk[0] || e->prompt_T != n)
+    if (!e->pk[0] || (e->rope_off ? e->prompt_T + e->rope_off != n : e->prompt_T != n))
         return kv_fail(KV_E_INTERNAL, "no prompt K/V kept for the dump (call kv_engine_keep first)");
     const int nq = e->nq ? (int)(e->q_seen < e->nq ? e->q_seen : e->nq) : 0;
     const size_t qn = (size_t)c->n_heads * (size_t)nq * (size_t)c->head_dim;
     float *qbuf = nq ? malloc((size_t)e->L * qn * sizeof(float)) : NULL;
     const void **ptr = malloc((size_t)3 * e->L * sizeof *ptr);
+    float *ex = NULL;
     kv_status st = KV_OK;
     if (!ptr || (nq && !qbuf)) {
         st = kv_fail(KV_E_NOMEM, "out of memory for queries");
         goto done;
     }
+    /* After a continued subset the rows are not positions 0 .. n-1: the
+     * dump has every position, the ones the subset left out as zero rows
+     * (a store that already holds them keeps its own). */
+    const int nkv = c->n_kv_heads, hd = c->head_dim, R = e->prompt_T;
+    ex = e->rope_off ? calloc((size_t)2 * e->L * nkv * n * hd, sizeof(float)) : NULL;
+    if (e->rope_off && !ex) {
+        st = kv_fail(KV_E_NOMEM, "out of memory for the dump");
+        goto done;
+    }
     for (int l = 0; l < e->L; l++) {
         ptr[l] = e->pk[l];
         ptr[e->L + l] = e->pv[l];
+        if (ex) {
+            float *xk = ex + (size_t)2 * l * nkv * n * hd, *xv = xk + (size_t)nkv * n * hd;
+            for (int h = 0; h < nkv; h++)
+                for (int r = 0; r < R; r++) {
+                    int at = r < e->cont_P ? e->cont_pos[r] : r + e->rope_off;
+                    memcpy(xk + ((size_t)h * n + at) * hd, e->pk[l] + ((size_t)h * R + r) * hd, (size_t)hd * sizeof(float));
+                    memcpy(xv + ((size_t)h * n + at) * hd, e->pv[l] + ((size_t)h * R + r) * hd, (size_t)hd * sizeof(float));
+                }
+            ptr[l] = xk;
+            ptr[e->L + l] = xv;
+        }
         ptr[2 * e->L + l] = qbuf ? qbuf + (size_t)l * qn : NULL;
         if (nq) kv_engine_queries(e, l, qbuf + (size_t)l * qn);
     }
     kv_prompt_dump d = {KV_DT_F32, n, nq, ptr, ptr + e->L, nq ? ptr + 2 * e->L : NULL};
     st = kv_prompt_dump_write(e->m, tokens, &d, dt, path, zstd_level);
 done:
+    free(ex);
     free(ptr);
     free(qbuf);
     return st;
 }
+
+int kv_engine_rope_off(const kv_engine *e) { return e->rope_off; }

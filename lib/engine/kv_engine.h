@@ -27,6 +27,7 @@
 
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
+#include "policy/kv_prefix.h"
 #include "common/kv_status.h"
 
 typedef struct kv_engine kv_engine;
@@ -55,6 +56,22 @@ kv_status kv_engine_reset(kv_engine *e, const kv_policy_params *per_layer);
  * logits_last: (vocab) logits after the last token, or NULL.
  */
 kv_status kv_engine_prefill(kv_engine *e, const int *tokens, int n, float *logits_last);
+
+/*
+ * Continue from a stored cache (kv-run --kv, --store): the engine must be
+ * fresh or reset.  pre's P rows become the first P cache rows (packed
+ * layers are held packed: their policies are replaced by the file's
+ * encoding, see kv_prefix_layer_packed, and kv_engine_params says so),
+ * then tokens (n >= 1) are prefilled densely after them at positions
+ * pre->matched, matched + 1, ... and every later step continues there.
+ * kv_engine_pos() counts rows (P + n), not positions.  With f32 `full`
+ * and a cache this engine dumped, the logits equal those of a prefill of
+ * the whole prompt bit for bit.
+ */
+kv_status kv_engine_prefill_from(kv_engine *e, const kv_prefix *pre, const int *tokens, int n,
+                                 float *logits_last);
+/* Positions minus rows of the tokens after a continued subset (0 otherwise). */
+int kv_engine_rope_off(const kv_engine *e);
 
 /* Same, returning every position's logits: logits_all (n, vocab), row i is
  * the next-token distribution after tokens[0..i] (for scoring). */

@@ -98,6 +98,16 @@ kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logit
                   : kv_engine_prefill(r->cpu, tokens, n, logits_last);
 }
 
+kv_status kv_runner_prefill_from(kv_runner *r, const kv_prefix *pre, const int *tokens, int n,
+                                 float *logits_last)
+{
+    kv_status st = r->gpu ? kv_gpu_engine_prefill_from(r->gpu, pre, tokens, n, logits_last)
+                          : kv_engine_prefill_from(r->cpu, pre, tokens, n, logits_last);
+    if (r->cpu) /* packed layers now run with the file's encoding */
+        for (int l = 0; l < r->m->cfg.n_layers; l++) r->prm[l] = *kv_engine_params(r->cpu, l);
+    return st;
+}
+
 kv_status kv_runner_step(kv_runner *r, int token, float *logits)
 {
     return r->gpu ? kv_gpu_engine_step(r->gpu, token, logits) : kv_engine_step(r->cpu, token, logits);
@@ -169,8 +179,11 @@ static kv_status gpu_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_d
     const kv_model_config *c = &r->m->cfg;
     const int L = c->n_layers, nq = kv_gpu_engine_queries(r->gpu, 0, NULL);
     int T = 0;
-    if (!kv_gpu_engine_prompt_kv(r->gpu, 0, 'k', &T) || T != n)
+    if (!kv_gpu_engine_prompt_kv(r->gpu, 0, 'k', &T))
         return kv_fail(KV_E_INTERNAL, "no prompt K/V kept for the dump (call kv_runner_keep first)");
+    if (T != n) /* a continued subset: rows are not positions 0 .. n-1 */
+        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine continued a subset of %d tokens in %d rows: "
+                       "no plain cache to dump (the CPU engine dumps one)", n, T);
     const size_t per = (size_t)c->n_heads * (size_t)nq * (size_t)c->head_dim;
     const void **ptr = malloc((size_t)3 * L * sizeof *ptr);
     uint16_t *q = nq ? malloc((size_t)L * per * 2) : NULL;

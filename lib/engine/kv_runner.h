@@ -35,6 +35,7 @@
 #include "model/kv_sampler.h"
 #include "model/kv_tokenizer.h"
 #include "policy/kv_policy.h"
+#include "policy/kv_prefix.h"
 #include "common/kv_status.h"
 
 typedef struct kv_runner kv_runner;
@@ -58,6 +59,12 @@ void kv_runner_free(kv_runner *r);
 kv_status kv_runner_reset(kv_runner *r, const kv_policy_params *per_layer);
 /* Dense prefill of tokens (n >= 1) from position 0; logits_last (vocab) or NULL. */
 kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logits_last);
+/* Continue from a stored cache (kv_engine_prefill_from and
+ * kv_gpu_engine_prefill_from; the runner must be fresh or reset): pre's
+ * rows, then tokens (n >= 1) prefilled after them.  Layers packed in the
+ * file run with the file's encoding afterwards (kv_runner_params says so). */
+kv_status kv_runner_prefill_from(kv_runner *r, const kv_prefix *pre, const int *tokens, int n,
+                                 float *logits_last);
 /* Dense prefill that keeps every position's logits (n, vocab): the CPU
  * engine's kv_engine_prefill_all; KV_E_UNSUPPORTED on the GPU engine. */
 kv_status kv_runner_prefill_all(kv_runner *r, const int *tokens, int n, float *logits_all);
@@ -180,6 +187,22 @@ kv_status kv_score_report(const double *nll, int n, double ms, char **json);
 /* kv_runner_score timed, then kv_score_report of it. */
 kv_status kv_runner_score_json(kv_runner *r, const int *tokens, int n, char **json);
 
+/* A run that continued from a stored cache (kv-run --kv, --store), for its
+ * report: tokens taken from the cache and prefilled, the time to the
+ * first token (lookup, load and the prefill of the rest) and the cache
+ * bytes read from each tier (gpu, host, disk). */
+typedef struct {
+    const char *source;   /* "kv" (a file) or "store" */
+    int reused_tokens;    /* rows taken from the cache */
+    int matched;          /* prompt tokens the cache covered (>= reused with --important) */
+    int prefilled_tokens; /* tokens prefilled after it */
+    double ttft_ms;       /* lookup + load + prefill, to the first token's logits */
+    double lookup_ms;     /* finding and reading the cache */
+    uint64_t bytes_read[3]; /* gpu, host, disk */
+    const char *extra;    /* more JSON members of the "reuse" object (store: the get and
+                             put reports), an object's text, or NULL */
+} kv_reuse_info;
+
 /* What a run did, for its report. */
 typedef struct {
     int n_prompt;
@@ -188,6 +211,7 @@ typedef struct {
     const char *text;         /* the generated text as written, or NULL (no tokenizer) */
     const char *kv_dtype;     /* the --kv-dtype name, NULL for "f32" */
     const kv_prefill_info *prefill; /* how the prefill ran (kv_runner_prefill_info), or NULL */
+    const kv_reuse_info *reuse; /* a continued cache, or NULL: prefilled from position 0 */
 } kv_run_info;
 
 /*

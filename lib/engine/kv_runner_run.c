@@ -236,6 +236,28 @@ kv_status kv_runner_report(const kv_runner *run, const kv_run_info *info, char *
     cJSON_AddNumberToObject(r, "prefill_ms", info->prefill_ms);
     cJSON_AddNumberToObject(r, "prefill_tokens_per_s",
                             info->prefill_ms > 0 ? info->n_prompt / (info->prefill_ms / 1e3) : 0);
+    if (info->reuse) {
+        const kv_reuse_info *u = info->reuse;
+        cJSON_AddNumberToObject(r, "reused_tokens", u->reused_tokens);
+        cJSON_AddNumberToObject(r, "prefilled_tokens", u->prefilled_tokens);
+        cJSON_AddNumberToObject(r, "ttft_ms", u->ttft_ms);
+        cJSON *br = cJSON_AddObjectToObject(r, "bytes_read");
+        static const char *tn[3] = {"gpu", "host", "disk"};
+        for (int i = 0; i < 3; i++) cJSON_AddNumberToObject(br, tn[i], (double)u->bytes_read[i]);
+        cJSON *ro = u->extra ? cJSON_Parse(u->extra) : NULL;
+        if (!ro || !cJSON_IsObject(ro)) {
+            cJSON_Delete(ro);
+            ro = cJSON_CreateObject();
+        }
+        cJSON_AddStringToObject(ro, "source", u->source ? u->source : "kv");
+        cJSON_AddNumberToObject(ro, "matched", u->matched);
+        cJSON_AddNumberToObject(ro, "lookup_ms", u->lookup_ms);
+        cJSON_AddItemToObject(r, "reuse", ro);
+    } else {
+        cJSON_AddNumberToObject(r, "reused_tokens", 0);
+        cJSON_AddNumberToObject(r, "prefilled_tokens", info->n_prompt);
+        cJSON_AddNumberToObject(r, "ttft_ms", info->prefill_ms);
+    }
     cJSON_AddNumberToObject(r, "decode_steps", n_steps);
     cJSON_AddNumberToObject(r, "ms_per_token_median", st.median);
     cJSON_AddNumberToObject(r, "ms_per_token_p90", st.p90);

@@ -111,7 +111,7 @@ kv_status kv_prefill_bench_run(const kv_model_config *c, const kv_prefill_bench_
     const int hd = c->head_dim, H = c->n_heads, G = c->n_kv_heads, dim = c->dim, hid = c->hidden_dim;
     const int qd = H * hd, kvd = G * hd;
     kv_pf_geom g = {dim, hid, H, G, hd, pad8(dim), pad8(qd), pad8(hid), c->norm_eps,
-                    1.0f / sqrtf((float)hd), o->wbf16, o->kvbf16, o->variant, 0};
+                    1.0f / sqrtf((float)hd), o->wbf16, o->kvbf16, o->variant, 0, 0};
     const size_t nqkv = (size_t)(qd + 2 * kvd) * g.ld_dim, no = (size_t)dim * g.ld_qd;
     const size_t ngu = (size_t)2 * hid * g.ld_dim, ndn = (size_t)dim * g.ld_hid;
     const long long kvs = (long long)T * hd;

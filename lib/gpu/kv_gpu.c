@@ -7,6 +7,7 @@
 #include "gpu/kv_gpu.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef KV_HAVE_CUDA
@@ -48,8 +49,61 @@ int kv_gpu_probe(char *name, size_t n)
     }
     return count;
 }
+
+kv_status kv_gpu_buffer_upload(const void *host, size_t n, void **dev)
+{
+    *dev = NULL;
+    if (!n) return KV_OK;
+    cudaError_t e = cudaMalloc(dev, n);
+    if (e == cudaSuccess) e = cudaMemcpy(*dev, host, n, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        if (*dev) cudaFree(*dev);
+        *dev = NULL;
+        return kv_cuda_fail(e, "cache tier upload", __FILE__, __LINE__);
+    }
+    return KV_OK;
+}
+
+void kv_gpu_buffer_free(void *dev)
+{
+    if (dev) cudaFree(dev);
+}
+
+/* A one-byte header says how the block was allocated. */
+void *kv_gpu_host_alloc(size_t n)
+{
+    unsigned char *p = NULL;
+    if (cudaHostAlloc((void **)&p, n + 64, cudaHostAllocPortable) == cudaSuccess) {
+        p[0] = 1;
+        return p + 64;
+    }
+    (void)cudaGetLastError();
+    if (!(p = malloc(n + 64))) return NULL;
+    p[0] = 0;
+    return p + 64;
+}
+
+void kv_gpu_host_free(void *q)
+{
+    if (!q) return;
+    unsigned char *p = (unsigned char *)q - 64;
+    if (p[0]) cudaFreeHost(p);
+    else free(p);
+}
 #else
 bool kv_gpu_built(void) { return false; }
+
+kv_status kv_gpu_buffer_upload(const void *host, size_t n, void **dev)
+{
+    (void)host, (void)n;
+    *dev = NULL;
+    return kv_fail(KV_E_UNAVAILABLE, "GPU buffers: CUDA not built in");
+}
+
+void kv_gpu_buffer_free(void *dev) { (void)dev; }
+
+void *kv_gpu_host_alloc(size_t n) { return malloc(n ? n : 1); }
+void kv_gpu_host_free(void *p) { free(p); }
 
 int kv_gpu_probe(char *name, size_t n)
 {

@@ -208,6 +208,7 @@ static void release_all(kv_gpu_engine *e)
     }
     e->off.n = 0;
     e->pos = 0;
+    e->rope_off = 0;
 }
 
 /* Check each layer's params and settle its placement (no allocation yet). */
@@ -392,7 +393,7 @@ static kv_status predict_ahead(kv_gpu_engine *e, int l)
     if (ss != e->s_main) CK(cudaStreamWaitEvent(ss, e->ev_x[l], 0));
     if (e->o.profile) CK(cudaEventRecord(e->ev_p0[l], ss));
     if (!(e->o.sel_skip & KV_GPU_SKIP_QUERY)) TRY(gl_q_only(e, l, xp, e->qpred, ss));
-    CK(eng_rope_store(e->qpred, NULL, e->nqh, NULL, NULL, 0, e->hd, e->inv_freq, e->pos, NULL,
+    CK(eng_rope_store(e->qpred, NULL, e->nqh, NULL, NULL, 0, e->hd, e->inv_freq, e->pos + e->rope_off, NULL,
                       NULL, 0, ss));
     TRY(y->pl->select(e, y, e->qpred, ss, sg));
     if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l], sg));
@@ -430,7 +431,8 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
         } else {
             TRY(y->pl->slot(e, y, pos, &r));
         }
-        CK(eng_rope_store(q, e->q16, e->nqh, k, v, nkv, hd, e->inv_freq, pos, r.k, r.v, r.hs, s));
+        CK(eng_rope_store(q, e->q16, e->nqh, k, v, nkv, hd, e->inv_freq, pos + e->rope_off, r.k, r.v,
+                          r.hs, s));
         if (pf) {
             TRY(cap_queries(e, l, pos, 1, pf->n, e->q16, (size_t)e->qd, s));
             if (y->pl->observe) TRY(y->pl->observe(e, y, q, pos, pf->n));
@@ -712,7 +714,53 @@ typedef struct {
     kv_gpu_engine *e;
     uint16_t *K, *V, *tmp; /* the dense layer cache (nkv, T, hd) shared by the layers; ingest scratch */
     int T;
+    const kv_prefix *pre;  /* a continued cache: its rows go first (pf_on_begin), or NULL */
+    uint16_t *stage;       /* (2, nkv, P, hd) pinned host staging of one layer's cached rows */
 } pf_hook_ctx;
+
+/* Rows [0, P) of layer l's dense cache (nkv, ld, hd) from the continued
+ * cache: fp16 from a file or host memory through pinned staging, or a
+ * device-to-device copy when the rows are already on this GPU. */
+static kv_status put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *K,
+                                 uint16_t *V, int ld, uint16_t *stage)
+{
+    const int P = pre->T, hd = e->hd;
+    const size_t rb = (size_t)hd * 2;
+    if (pre->device || (!pre->f && pre->dt == KV_DT_F16)) {
+        /* fp16 rows on this GPU, or fp16 rows in host memory (copied straight,
+         * at full speed when the caller pinned them): one block of rows, or
+         * the segments one after the other */
+        const enum cudaMemcpyKind kind = pre->device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+        kv_prefix_seg one = {P, pre->ld, pre->k, pre->v};
+        const kv_prefix_seg *sg = pre->nseg ? pre->seg : &one;
+        size_t t0 = 0;
+        for (int i = 0; i < (pre->nseg ? pre->nseg : 1); i++) {
+            const size_t pitch = (size_t)(sg[i].ld ? sg[i].ld : sg[i].T) * rb;
+            CK(cudaMemcpy2DAsync(K + t0 * hd, (size_t)ld * rb, sg[i].k[l], pitch, (size_t)sg[i].T * rb,
+                                 e->nkv, kind, e->s_main));
+            CK(cudaMemcpy2DAsync(V + t0 * hd, (size_t)ld * rb, sg[i].v[l], pitch, (size_t)sg[i].T * rb,
+                                 e->nkv, kind, e->s_main));
+            t0 += (size_t)sg[i].T;
+        }
+        return KV_OK;
+    }
+    /* the staging is reused layer after layer: the previous copy must be done */
+    CK(cudaStreamSynchronize(e->s_main));
+    TRY(kv_prefix_rows_f16(pre, l, 'k', stage));
+    TRY(kv_prefix_rows_f16(pre, l, 'v', stage + (size_t)e->nkv * P * hd));
+    CK(cudaMemcpy2DAsync(K, (size_t)ld * rb, stage, (size_t)P * rb, (size_t)P * rb, e->nkv,
+                         cudaMemcpyHostToDevice, e->s_main));
+    CK(cudaMemcpy2DAsync(V, (size_t)ld * rb, stage + (size_t)e->nkv * P * hd, (size_t)P * rb,
+                         (size_t)P * rb, e->nkv, cudaMemcpyHostToDevice, e->s_main));
+    return KV_OK;
+}
+
+static kv_status pf_on_begin(void *ctx, int l, void *stream)
+{
+    (void)stream;
+    pf_hook_ctx *c = ctx;
+    return put_prefix_rows(c->e, c->pre, l, c->K, c->V, c->T, c->stage);
+}
 
 /* The chunk's last queries, float32, to an observing placement (dsq). */
 static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int ldq, void *stream)
@@ -720,7 +768,9 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
     pf_hook_ctx *c = ctx;
     kv_gpu_engine *e = c->e;
     gl_layer *y = &e->lay[l];
-    if (y->pl->chunk && !e->o.prefill_copy_sync)
+    /* after a continued cache the rows before the first chunk were never
+     * streamed: the placement's ingest then copies them all */
+    if (y->pl->chunk && !e->o.prefill_copy_sync && !c->pre)
         TRY(y->pl->chunk(e, y, c->K, c->V, c->T, p0, n, c->T));
     TRY(cap_queries(e, l, p0, n, c->T, q, (size_t)ldq, (cudaStream_t)stream));
     if (!y->pl->observe) return KV_OK;
@@ -783,12 +833,16 @@ bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_
  * float32, the dense cache 2*(nkv, n, hd) fp16, the ingest scratch and the
  * chunk workspace.
  */
-static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool want_logits)
+static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool want_logits,
+                                 const kv_prefix *pre, uint16_t *stage)
 {
     const int C0 = e->o.prefill_chunk > 0 ? e->o.prefill_chunk : KV_GPU_PREFILL_CHUNK;
-    const int C = C0 < n ? C0 : n;
+    const int P = pre ? pre->T : 0, nn = n; /* n: all rows from here on; nn new ones */
+    n = P + nn;
+    const int C = C0 < nn ? C0 : nn;
     kv_pf_geom g = {e->dim, e->hidden, e->nqh, e->nkv, e->hd, e->ld_dim, e->ld_qd, e->ld_hid,
-                    e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0, gl_weights_packed(e)};
+                    e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0, gl_weights_packed(e),
+                    pre ? pre->matched - P : 0};
     kv_pf_layer *lw = calloc((size_t)e->L, sizeof *lw);
     void **kc = calloc((size_t)e->L, sizeof *kc), **vc = calloc((size_t)e->L, sizeof *vc);
     float *X = NULL;
@@ -797,7 +851,7 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     memset(&ws, 0, sizeof ws);
     kv_status st = lw && kc && vc ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
     const size_t kvn = (size_t)e->nkv * n * e->hd;
-    if (!st) st = gl_dalloc(&X, (size_t)n * e->ld_dim * 4, "prefill residual stream");
+    if (!st) st = gl_dalloc(&X, (size_t)nn * e->ld_dim * 4, "prefill residual stream");
     if (!st) st = gl_dalloc(&K, kvn * 2, "prefill K");
     if (!st) st = gl_dalloc(&V, kvn * 2, "prefill V");
     if (!st) st = gl_dalloc(&tmp, ingest_scratch(e, n) * 2, "ingest scratch");
@@ -807,13 +861,13 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
         kc[l] = K;
         vc[l] = V;
     }
-    pf_hook_ctx hc = {e, K, V, tmp, n};
-    kv_pf_hooks hooks = {pf_on_chunk, pf_on_layer, &hc};
+    pf_hook_ctx hc = {e, K, V, tmp, n, pre, stage};
+    kv_pf_hooks hooks = {pf_on_chunk, pf_on_layer, &hc, pf_on_begin};
     /* measurement: an event pair around every chunk's attention */
     kv_pf_events ev = {NULL, NULL, 0, 0};
     e->pf_attn_ms = 0;
     if (!st && e->o.time_prefill) {
-        int cap = e->L * ((n + C - 1) / C);
+        int cap = e->L * ((nn + C - 1) / C);
         ev.start = calloc((size_t)cap, sizeof(void *));
         ev.stop = calloc((size_t)cap, sizeof(void *));
         if (!ev.start || !ev.stop) st = kv_fail(KV_E_NOMEM, "out of memory");
@@ -825,11 +879,11 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
         }
     }
     if (!st)
-        st = kv_gpu_prefill_model(e->cb, &g, lw, e->L, e->embd, e->ld_dim, &e->pembd, dt, n, &ws, X, kc, vc,
-                                  (long long)n * e->hd, e->inv_freq, &hooks, e->s_main,
-                                  e->o.time_prefill ? &ev : NULL);
+        st = kv_gpu_prefill_model_from(e->cb, &g, lw, e->L, e->embd, e->ld_dim, &e->pembd, dt, P, n, &ws, X,
+                                       kc, vc, (long long)n * e->hd, e->inv_freq, &hooks, e->s_main,
+                                       e->o.time_prefill ? &ev : NULL);
     if (!st && want_logits) {
-        cudaError_t ce = cudaMemcpyAsync(e->x, X + (size_t)(n - 1) * e->ld_dim, (size_t)e->dim * 4,
+        cudaError_t ce = cudaMemcpyAsync(e->x, X + (size_t)(nn - 1) * e->ld_dim, (size_t)e->dim * 4,
                                          cudaMemcpyDeviceToDevice, e->s_main);
         st = ce == cudaSuccess ? gl_logits(e, e->s_main) : kv_cuda_fail(ce, "prefill logits", __FILE__, __LINE__);
     }
@@ -865,16 +919,42 @@ static kv_status check_token(const kv_gpu_engine *e, int t, int i)
     return KV_OK;
 }
 
-kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last)
+/*
+ * The prefill of tokens (n) after pre's P rows (pre NULL: from position 0):
+ * every layer's dense cache gets the P cached rows first, the new tokens
+ * are rotated at row + (matched - P), and each placement then ingests all
+ * P + n rows (packed layers in a file are refused: no placement loads
+ * packed planes yet).
+ */
+static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last,
+                             const kv_prefix *pre)
 {
     if (n < 1) return kv_fail(KV_E_USAGE, "prefill needs at least one token");
     if (e->pos != 0) return kv_fail(KV_E_USAGE, "prefill on an engine at position %d: reset it first", e->pos);
-    if (n > e->ctx) return kv_fail(KV_E_USAGE, "prompt of %d tokens exceeds the context of %d", n, e->ctx);
+    const int P = pre ? pre->T : 0, nn = n;
+    if (P + n > e->ctx)
+        return kv_fail(KV_E_USAGE, "%d cached and %d new tokens exceed the context of %d", P, n, e->ctx);
+    if (pre && (pre->n_kv_heads != e->nkv || pre->head_dim != e->hd || pre->matched < P))
+        return kv_fail(KV_E_DATA, "the cache's rows do not fit this model");
+    for (int l = 0; pre && l < e->L; l++) {
+        bool packed;
+        kv_policy_params pp;
+        TRY(kv_prefix_layer_packed(pre, l, &packed, &pp));
+        if (packed)
+            return kv_fail(KV_E_UNSUPPORTED, "layer %d of the cache is packed (%s): the GPU engine continues only "
+                           "from plain f32/f16/bf16 layers (decode it with kv-quant -d, or use --device cpu)",
+                           l, kv_policy_kind_name(pp.kind));
+    }
     for (int i = 0; i < n; i++) TRY(check_token(e, tokens[i], i));
     const bool chunked = pf_chunked_ok(e);
+    n = P + nn; /* rows from here on */
     prefill_cache pf = {NULL, NULL, n};
     int *dt = NULL;
+    uint16_t *stage = NULL;
     kv_status st = cap_begin(e, n);
+    if (!st && P && e->cap.q_n > nn) e->cap.q_n = nn; /* only the new rows' queries are computed */
+    if (!st && P && !pre->device && !(!pre->f && pre->dt == KV_DT_F16))
+        st = gl_halloc(&stage, NULL, (size_t)2 * e->nkv * P * e->hd * 2, "cached rows staging");
     if (!chunked) {
         /* one token at a time: every layer's prompt cache at once */
         pf.k = calloc((size_t)e->L, sizeof(uint16_t *));
@@ -886,7 +966,7 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
             if (!st) st = gl_dalloc(&pf.v[l], per, "prompt V");
         }
     }
-    if (!st) st = gl_dalloc(&dt, (size_t)n * sizeof(int), "prompt tokens");
+    if (!st) st = gl_dalloc(&dt, (size_t)nn * sizeof(int), "prompt tokens");
     if (!st) {
         /* On the main stream, not cudaMemcpy: from pageable memory that may
          * return before the DMA lands, and the legacy stream it runs on does
@@ -894,16 +974,18 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
          * kernel could read ids not yet written (seen as illegal-address
          * faults under multi-process load).  A pageable source is staged
          * before cudaMemcpyAsync returns. */
-        cudaError_t ce = cudaMemcpyAsync(dt, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
+        cudaError_t ce = cudaMemcpyAsync(dt, tokens, (size_t)nn * sizeof(int), cudaMemcpyHostToDevice,
                                          e->s_main);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prompt upload", __FILE__, __LINE__);
     }
+    e->rope_off = pre ? pre->matched - P : 0;
     if (chunked) {
-        if (!st) st = prefill_chunked(e, dt, n, logits_last != NULL);
+        if (!st) st = prefill_chunked(e, dt, nn, logits_last != NULL, pre, stage);
     } else {
-        for (int i = 0; i < n && !st; i++) {
+        for (int l = 0; P && l < e->L && !st; l++) st = put_prefix_rows(e, pre, l, pf.k[l], pf.v[l], n, stage);
+        for (int i = P; i < n && !st; i++) {
             e->pos = i;
-            st = forward(e, dt + i, i == n - 1 && logits_last, &pf);
+            st = forward(e, dt + (i - P), i == n - 1 && logits_last, &pf);
         }
         e->pos = 0;
         if (!st) st = ingest_all(e, pf.k, pf.v, n, n);
@@ -925,9 +1007,24 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
     free(pf.k);
     free(pf.v);
     gl_dfree(&dt);
+    gl_hfree(&stage);
     if (!st) e->pos = n;
-    else cap_clear(e);
+    else {
+        cap_clear(e);
+        e->rope_off = 0;
+    }
     return st;
+}
+
+kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last)
+{
+    return gpu_prefill(e, tokens, n, logits_last, NULL);
+}
+
+kv_status kv_gpu_engine_prefill_from(kv_gpu_engine *e, const kv_prefix *pre, const int *tokens,
+                                     int n, float *logits_last)
+{
+    return gpu_prefill(e, tokens, n, logits_last, pre);
 }
 
 kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)

@@ -52,6 +52,7 @@
 
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
+#include "policy/kv_prefix.h"
 #include "common/kv_status.h"
 
 typedef struct kv_gpu_engine kv_gpu_engine;
@@ -135,6 +136,16 @@ kv_status kv_gpu_engine_reset_opts(kv_gpu_engine *e, const kv_policy_params *per
  * time where the chunked path does not apply (opts.prefill_chunk < 0,
  * head_dim outside 64/128, no cuBLAS).  logits_last: (vocab) or NULL. */
 kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last);
+
+/* Continue from a stored cache (kv-run --kv, --store; lib/policy/kv_prefix.h):
+ * the engine must be fresh or reset.  Every layer's dense fp16 cache gets
+ * pre's P rows first, then tokens (n >= 1) are prefilled after them in
+ * chunks (or one at a time, as kv_gpu_engine_prefill would), rotated at
+ * positions pre->matched, ...; each layer's placement then ingests all
+ * P + n rows.  Packed layers in the file are KV_E_UNSUPPORTED on the GPU
+ * (the placements cannot load packed planes yet). */
+kv_status kv_gpu_engine_prefill_from(kv_gpu_engine *e, const kv_prefix *pre, const int *tokens,
+                                     int n, float *logits_last);
 
 /* One decode step at position kv_gpu_engine_pos(); logits (vocab) or NULL. */
 kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits);

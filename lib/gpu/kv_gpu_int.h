@@ -185,6 +185,7 @@ struct kv_gpu_engine {
     kv_gpu_engine_opts o;
     char devname[384];
     int L, ctx, pos;
+    int rope_off;        /* RoPE position minus row past a continued cache subset (0) */
     int dim, hidden, nqh, nkv, hd, vocab, qd, kvd;
     int ld_dim, ld_qd, ld_hid;
     float eps, scale;

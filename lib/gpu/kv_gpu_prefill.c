@@ -146,8 +146,8 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
     if (!st && w->bqkv)
         st = pf_cuda(eng_add_bias_rows(ws->f32, fcols, w->bqkv, qd + 2 * kvd, n, s), "q/k/v biases");
     if (!st)
-        st = pf_cuda(pf_rope_rows(ws->f32, fcols, g->n_heads, g->n_kv_heads, hd, inv_freq, p0, n,
-                                  ws->q, qd, kc, vc, kv_stride, kt, s), "RoPE");
+        st = pf_cuda(pf_rope_rows_at(ws->f32, fcols, g->n_heads, g->n_kv_heads, hd, inv_freq, p0,
+                                     g->rope_off, n, ws->q, qd, kc, vc, kv_stride, kt, s), "RoPE");
     if (!st) {
         pf_attn_args a = {ws->q, kc, vc, ws->att, qd, g->ld_qd, kv_stride, g->n_heads,
                           g->n_kv_heads, hd, p0, n, g->scale};
@@ -190,21 +190,34 @@ kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
                                long long kv_stride, const float *inv_freq,
                                const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
 {
-    if (T < 1 || L < 1) return kv_fail(KV_E_USAGE, "prefill of %d tokens through %d layers", T, L);
+    return kv_gpu_prefill_model_from(cb, g, w, L, embd, ld_embd, embd_packed, dtok, 0, T, ws, X, kc, vc,
+                                     kv_stride, inv_freq, hooks, stream, ev);
+}
+
+kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                                    const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                                    const int *dtok, int p_start,
+                                    int T, const kv_pf_ws *ws, float *X, void *const *kc,
+                                    void *const *vc, long long kv_stride, const float *inv_freq,
+                                    const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
+{
+    if (T < 1 || L < 1 || p_start < 0 || p_start >= T)
+        return kv_fail(KV_E_USAGE, "prefill of rows %d..%d through %d layers", p_start, T, L);
     if (kv_stride < (long long)T * g->head_dim)
         return kv_fail(KV_E_USAGE, "prefill cache of %lld values per head holds fewer than %d tokens",
                        kv_stride, T);
     cudaStream_t s = (cudaStream_t)stream;
     kv_status st = embd_packed && embd_packed->data
                        ? pf_cuda(eng_embed_rows_q(embd_packed->data, embd_packed->type, g->dim, embd_packed->pitch,
-                                                  dtok, T, X, g->ld_dim, s), "embedding")
-                       : pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok, T,
-                                               X, g->ld_dim, s), "embedding");
+                                                  dtok, T - p_start, X, g->ld_dim, s), "embedding")
+                       : pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok,
+                                               T - p_start, X, g->ld_dim, s), "embedding");
     const int qd = g->n_heads * g->head_dim;
     for (int l = 0; l < L && !st; l++) {
-        for (int p0 = 0; p0 < T && !st; p0 += ws->C) {
+        if (p_start && hooks && hooks->begin) st = hooks->begin(hooks->ctx, l, stream);
+        for (int p0 = p_start; p0 < T && !st; p0 += ws->C) {
             int n = T - p0 < ws->C ? T - p0 : ws->C;
-            st = kv_gpu_prefill_layer(cb, g, &w[l], ws, X + (size_t)p0 * g->ld_dim, p0, n, kc[l], vc[l],
+            st = kv_gpu_prefill_layer(cb, g, &w[l], ws, X + (size_t)(p0 - p_start) * g->ld_dim, p0, n, kc[l], vc[l],
                                       kv_stride, inv_freq, stream, ev);
             if (!st && hooks && hooks->chunk) st = hooks->chunk(hooks->ctx, l, p0, n, ws->q, qd, stream);
         }
@@ -215,6 +228,16 @@ kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
 }
 
 #else
+
+kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                                    const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                                    const int *dtok, int p_start,
+                                    int T, const kv_pf_ws *ws, float *X, void *const *kc,
+                                    void *const *vc, long long kv_stride, const float *inv_freq,
+                                    const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev)
+{
+    return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
+}
 
 kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
                                const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,

@@ -70,6 +70,7 @@ typedef struct {
     int kvbf16;                /* cache and queries bf16, else fp16 (the engine: fp16) */
     int attn_variant;          /* pf_attn tile variant, 0 = default */
     int packed;                /* some layer has packed matrices: the workspace holds ws->wdq */
+    int rope_off;              /* RoPE position minus cache row (a continued subset; 0) */
 } kv_pf_geom;
 
 typedef struct {
@@ -118,6 +119,9 @@ typedef struct {
     kv_status (*chunk)(void *ctx, int layer, int p0, int n, const void *q, int ldq, void *stream);
     kv_status (*layer)(void *ctx, int layer, void *stream);
     void *ctx;
+    /* Optional (kv_gpu_prefill_model_from): before layer l's chunks, fill
+     * rows [0, p_start) of its cache (a continued cache's rows). */
+    kv_status (*begin)(void *ctx, int layer, void *stream);
 } kv_pf_hooks;
 
 /*
@@ -144,6 +148,16 @@ kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
                                const kv_pf_ws *ws, float *X, void *const *kc, void *const *vc,
                                long long kv_stride, const float *inv_freq,
                                const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev);
+
+/* Same after p_start rows that hooks->begin puts in each layer's cache
+ * first: dtok and X hold the T - p_start new rows only, at cache rows
+ * [p_start, T) (RoPE at row + g->rope_off). */
+kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
+                                    const void *embd, int ld_embd, const kv_gpu_packed *embd_packed,
+                                    const int *dtok, int p_start,
+                                    int T, const kv_pf_ws *ws, float *X, void *const *kc,
+                                    void *const *vc, long long kv_stride, const float *inv_freq,
+                                    const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev);
 
 /* FLOPs of the causal attention of a T-token prompt (all chunks): 4*T^2*H*D/2. */
 double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim);

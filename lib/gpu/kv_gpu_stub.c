@@ -52,6 +52,13 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
     return no_cuda();
 }
 
+kv_status kv_gpu_engine_prefill_from(kv_gpu_engine *e, const kv_prefix *pre, const int *tokens,
+                                     int n, float *logits_last)
+{
+    (void)e; (void)pre; (void)tokens; (void)n; (void)logits_last;
+    return no_cuda();
+}
+
 kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
 {
     (void)e; (void)token; (void)logits;

@@ -142,8 +142,11 @@ static kv_status prompt_text(kv_prompt *p, const kv_tokenizer *tok, int **ids, i
                        "text tokenization is not supported for the '%s' vocabulary; pass token ids with --tokens", why);
     kv_status st = kv_chat_resolve(&p->chat, tok, NULL);
     if (st) return st;
-    if (p->chat.kind != KV_CHAT_NONE) return kv_chat_encode(tok, &p->chat, NULL, p->text, p->text_len, p->special, ids, n);
-    kv_encode_opts eo = {kv_tokenizer_add_bos(tok), kv_tokenizer_add_eos(tok), p->special};
+    /* a continuation (kv-run --kv) has no BOS and no chat wrapper: it follows a cached prompt */
+    if (p->chat.kind != KV_CHAT_NONE && !p->continuation)
+        return kv_chat_encode(tok, &p->chat, NULL, p->text, p->text_len, p->special, ids, n);
+    kv_encode_opts eo = {kv_tokenizer_add_bos(tok) && !p->continuation, kv_tokenizer_add_eos(tok) && !p->continuation,
+                         p->special};
     return kv_tokenizer_encode_ex(tok, p->text, p->text_len, &eo, ids, n);
 }
 

@@ -8,6 +8,7 @@
 #ifndef KV_PROMPT_H
 #define KV_PROMPT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +77,7 @@ typedef struct {
     kv_chat chat;        /* text only: wrapped as one user turn unless KV_CHAT_NONE;
                             AUTO is replaced by its pick (kv_chat_resolve) */
     bool special;        /* text only: control tokens written in it (<|eot_id|>) count */
+    bool continuation;   /* text continues a cached prompt (kv-run --kv): no BOS */
 } kv_prompt;
 
 /*

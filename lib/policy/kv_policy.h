@@ -114,6 +114,7 @@ typedef struct {
 } kv_bytes;
 
 typedef struct kv_policy kv_policy;
+struct kvc_file; /* format/kvc.h */
 
 typedef struct {
     /* Take the whole prompt's K and V ([n_kv_heads, T, head_dim] each) after
@@ -132,6 +133,12 @@ typedef struct {
      * takes its token importance from them; without them it packs the
      * prompt's windows after the first attend, by that attention. */
     void (*observe)(kv_policy *p, const float *q, int n);
+    /* Optional (quant, dsq; added by H1): take layer `layer` of a .kvc whose
+     * K and V are packed in this policy's encoding and parameters as the
+     * first rows, exactly as packed (kv-run --kv: attended from the packed
+     * data, not re-quantized); appends continue after them.  Called through
+     * kv_policy_load (policy/kv_prefix.h), instead of ingest. */
+    kv_status (*load)(kv_policy *p, const struct kvc_file *f, int layer);
 } kv_policy_ops;
 
 struct kv_policy {

@@ -35,6 +35,7 @@
 #include "quant/kv_dsq.h"
 #include "common/kv_half.h"
 #include "policy/kv_policy_int.h"
+#include "quant/kv_layer_io.h"
 
 typedef struct {
     kv_policy base;
@@ -280,7 +281,71 @@ static void dsq_destroy(kv_policy *p)
     free(d);
 }
 
+/* The file's packed windows, decoded once into the float32 view exactly as
+ * pack_window leaves its own (the values the packed data stands for), and
+ * the unpacked tail in fp16; later windows are packed with the file's
+ * parameters. */
+static kv_status dsq_load(kv_policy *p, const kvc_file *f, int layer)
+{
+    dsq_policy *d = (dsq_policy *)p;
+    kv_dsq_packed K, V;
+    kv_status st = kv_dsq_read(f, layer, 'k', &K);
+    if (st) return st;
+    if ((st = kv_dsq_read(f, layer, 'v', &V))) {
+        kv_dsq_clear(&K);
+        return st;
+    }
+    const int H = p->g.n_kv_heads, D = p->g.head_dim, T = K.T;
+    float *x = NULL;
+    if (K.prm.window != d->dp.window || K.prm.salient != d->dp.salient || K.n_kv_heads != H ||
+        K.head_dim != D || V.T != T || K.prm.bits != V.prm.bits || K.prm.group != V.prm.group ||
+        K.prm.salient != V.prm.salient || K.prm.window != V.prm.window) {
+        st = kv_fail(KV_E_INTERNAL, "layer %d: packed parameters differ from the policy's", layer);
+        goto out;
+    }
+    if (T > p->g.max_tokens) {
+        st = kv_fail(KV_E_USAGE, "the cache holds %d tokens, more than the context of %d", T, p->g.max_tokens);
+        goto out;
+    }
+    if (K.prm.bits != d->dp.bits || K.prm.group != d->dp.group) {
+        /* the window buffers are sized by bits and group: regrow them */
+        const size_t W = (size_t)K.prm.window, S = (size_t)K.prm.salient;
+        const size_t gd = (size_t)kv_kivi_vgroup(K.prm.group, D);
+        uint8_t *codes = calloc((W - S) * kv_kivi_row_bytes(D, K.prm.bits) + 1, 1);
+        kv_half *scale = calloc((W - S) * ((size_t)D / gd) + 1, sizeof(kv_half));
+        kv_half *zero = calloc((W - S) * ((size_t)D / gd) + 1, sizeof(kv_half));
+        if (!codes || !scale || !zero) {
+            free(codes), free(scale), free(zero);
+            st = kv_fail(KV_E_NOMEM, "dsq load");
+            goto out;
+        }
+        free(d->codes), free(d->scale), free(d->zero);
+        d->codes = codes, d->scale = scale, d->zero = zero;
+    }
+    d->dp = K.prm; /* bits and group too: the file's windows and the ones to come agree */
+    if (!(x = malloc(((size_t)H * (size_t)T * (size_t)D + 1) * sizeof(float)))) {
+        st = kv_fail(KV_E_NOMEM, "dsq load of %d tokens", T);
+        goto out;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        kv_dsq_unpack(pass ? &V : &K, x);
+        kv_store *s = pass ? &d->v : &d->k;
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) kv_store_put(s, h, t, x + ((size_t)h * (size_t)T + (size_t)t) * (size_t)D);
+    }
+    memset(d->imp, 0, (size_t)H * (size_t)p->g.max_tokens * sizeof(float));
+    memset(d->contrib, 0, (size_t)H * (size_t)D * sizeof(float));
+    p->n_tokens = T;
+    d->packed = K.nw;
+out:
+    free(x);
+    kv_dsq_clear(&K);
+    kv_dsq_clear(&V);
+    return st;
+}
+
 static const kv_policy_ops dsq_ops = {
+    .load = dsq_load,
     .ingest = dsq_ingest,
     .append = dsq_append,
     .attend = dsq_attend,

@@ -24,6 +24,7 @@
 
 #include "common/kv_half.h"
 #include "policy/kv_policy_int.h"
+#include "quant/kv_layer_io.h"
 #include "quant/kv_quant.h"
 
 typedef struct {
@@ -196,7 +197,54 @@ static void quant_destroy(kv_policy *p)
     free(q);
 }
 
+/* The file's planes into this policy's (same parameters: the caller built
+ * the policy from them): codes and scales row for row, the fp16 residual
+ * into the ring. */
+static kv_status quant_load(kv_policy *p, const kvc_file *f, int layer)
+{
+    quant_policy *q = (quant_policy *)p;
+    kv_kivi_packed K, V;
+    kv_status st = kv_kivi_read(f, layer, 'k', &K);
+    if (st) return st;
+    if ((st = kv_kivi_read(f, layer, 'v', &V))) {
+        kv_kivi_clear(&K);
+        return st;
+    }
+    const int H = p->g.n_kv_heads, D = p->g.head_dim, T = K.T, G = q->kp.group;
+    if (K.prm.bits != q->kp.bits || K.prm.group != G || K.prm.residual != q->kp.residual ||
+        memcmp(&K.prm, &V.prm, sizeof K.prm) || K.n_kv_heads != H || K.head_dim != D || V.T != T) {
+        st = kv_fail(KV_E_INTERNAL, "layer %d: packed parameters differ from the policy's", layer);
+        goto out;
+    }
+    if (T > p->g.max_tokens) {
+        st = kv_fail(KV_E_USAGE, "the cache holds %d tokens, more than the context of %d", T, p->g.max_tokens);
+        goto out;
+    }
+    const size_t cap = (size_t)p->g.max_tokens, ng = kgroups(q), nvg = (size_t)(D / q->gv);
+    const size_t nq = (size_t)K.nq, fng = nq / (size_t)G;
+    for (int h = 0; h < H; h++) {
+        memcpy(q->kcode + (size_t)h * cap * q->rb, K.codes + (size_t)h * nq * q->rb, nq * q->rb);
+        memcpy(q->vcode + (size_t)h * cap * q->rb, V.codes + (size_t)h * nq * q->rb, nq * q->rb);
+        memcpy(q->ks + (size_t)h * ng * D, K.scale + (size_t)h * fng * D, fng * D * sizeof(kv_half));
+        memcpy(q->kz + (size_t)h * ng * D, K.zero + (size_t)h * fng * D, fng * D * sizeof(kv_half));
+        memcpy(q->vs + (size_t)h * cap * nvg, V.scale + (size_t)h * nq * nvg, nq * nvg * sizeof(kv_half));
+        memcpy(q->vz + (size_t)h * cap * nvg, V.zero + (size_t)h * nq * nvg, nq * nvg * sizeof(kv_half));
+        for (int t = (int)nq; t < T; t++) {
+            size_t r = ((size_t)h * (size_t)(T - (int)nq) + (size_t)(t - (int)nq)) * (size_t)D;
+            memcpy(res_row(q, q->rk, h, t), K.resid + r, (size_t)D * sizeof(kv_half));
+            memcpy(res_row(q, q->rv, h, t), V.resid + r, (size_t)D * sizeof(kv_half));
+        }
+    }
+    q->nq = (int)nq;
+    p->n_tokens = T;
+out:
+    kv_kivi_clear(&K);
+    kv_kivi_clear(&V);
+    return st;
+}
+
 static const kv_policy_ops quant_ops = {
+    .load = quant_load,
     .ingest = quant_ingest,
     .append = quant_append,
     .attend = quant_attend,

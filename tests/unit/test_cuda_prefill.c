@@ -468,7 +468,7 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
     KT_REQUIRE(kv_cublas_open(&cb) == KV_OK, "%s", kv_errdetail());
     const int dim = 192, hid = 320, H = 6, G = 2, hd = 64, T = 150, C = 48;
     const int qd = H * hd, kvd = G * hd, ldd = 200, ldq = 384, ldh = 320;
-    kv_pf_geom g = {dim, hid, H, G, hd, ldd, ldq, ldh, 1e-5f, 1.0f / sqrtf((float)hd), 0, 0, 0, 0};
+    kv_pf_geom g = {dim, hid, H, G, hd, ldd, ldq, ldh, 1e-5f, 1.0f / sqrtf((float)hd), 0, 0, 0, 0, 0};
     const size_t nqkv = (size_t)(qd + 2 * kvd) * ldd, no = (size_t)dim * ldq;
     const size_t ngu = (size_t)2 * hid * ldd, ndn = (size_t)dim * ldh;
     float *wqkv = calloc(nqkv, 4), *wo = calloc(no, 4), *wgu = calloc(ngu, 4), *wdn = calloc(ndn, 4);
@@ -617,7 +617,7 @@ static void test_prefill_model_matches_cpu_engine_on_niah4k(void)
     const int T = 700, C = 128, L = c->n_layers, hd = c->head_dim, nkv = c->n_kv_heads;
     const int qd = c->n_heads * hd, kvd = nkv * hd;
     kv_pf_geom g = {c->dim, c->hidden_dim, c->n_heads, nkv, hd, (c->dim + 7) & ~7, (qd + 7) & ~7,
-                    (c->hidden_dim + 7) & ~7, c->norm_eps, 1.0f / sqrtf((float)hd), 0, 0, 0, 0};
+                    (c->hidden_dim + 7) & ~7, c->norm_eps, 1.0f / sqrtf((float)hd), 0, 0, 0, 0, 0};
     int *tok = malloc(T * sizeof(int));
     for (int t = 0; t < T; t++) tok[t] = 3 + (int)(kt_rand(&seed) * (c->vocab_size - 3));
     /* the CPU engine, full cache, keeping the prompt K/V */

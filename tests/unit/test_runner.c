@@ -196,7 +196,7 @@ static void test_generate_score_report(void)
     KT_CHECK(g.n_gen == NSTEP && g.n_steps == NSTEP - 1 && g.end == KV_GEN_STEPS, "gen %d steps %d end %d",
              g.n_gen, g.n_steps, (int)g.end);
     KT_CHECK(!memcmp(g.tokens, want, sizeof want), "generated ids differ from prefill + argmax + steps");
-    kv_run_info info = {NPROMPT, 1.0, &g, "text", NULL, NULL};
+    kv_run_info info = {NPROMPT, 1.0, &g, "text", NULL, NULL, NULL};
     char *json = NULL;
     OK(kv_runner_report(r, &info, &json));
     cJSON *j = cJSON_Parse(json);

@@ -1,0 +1,585 @@
+/*
+ * kv_prefix_bench (see kv_prefix_bench.h): the request list, the in-process
+ * tiers of prefix chunks and the serving loop.
+ */
+#include "eval/kv_prefix_bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/kv_stats.h"
+#include "eval/kv_jsonl.h"
+#include "format/kvc.h"
+#include "gpu/kv_gpu.h"
+#include "model/kv_prompt.h"
+#include "model/kv_sampler.h"
+#include "policy/kv_prefix.h"
+#include "tree/kv_tree.h"
+
+// --- requests -----------------------------------------------------------------------
+
+void kv_preq_free(kv_preq *r, int n)
+{
+    for (int i = 0; r && i < n; i++) {
+        free(r[i].id);
+        free(r[i].input);
+        free(r[i].tok);
+        kv_strings_free(r[i].outputs, r[i].n_out);
+    }
+    free(r);
+}
+
+static kv_status parse_line(const cJSON *j, int line, kv_preq *q)
+{
+    if (!cJSON_IsObject(j)) return kv_fail(KV_E_DATA, "line %d: not a JSON object", line);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
+    if (!id) id = cJSON_GetObjectItemCaseSensitive(j, "index");
+    char buf[32];
+    if (cJSON_IsString(id)) q->id = kv_strdup(id->valuestring);
+    else if (cJSON_IsNumber(id)) snprintf(buf, sizeof buf, "%.17g", id->valuedouble), q->id = kv_strdup(buf);
+    else snprintf(buf, sizeof buf, "%d", line), q->id = kv_strdup(buf);
+    if (!q->id) return kv_fail(KV_E_NOMEM, "out of memory");
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(j, "input");
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    if (!!in == !!tk) return kv_fail(KV_E_DATA, "line %d: give exactly one of \"input\" (text) and \"tokens\" (ids)", line);
+    if (in) {
+        if (!cJSON_IsString(in)) return kv_fail(KV_E_DATA, "line %d: \"input\" must be a string", line);
+        if (!(q->input = kv_strdup(in->valuestring))) return kv_fail(KV_E_NOMEM, "out of memory");
+    } else {
+        int n = cJSON_IsArray(tk) ? cJSON_GetArraySize(tk) : -1;
+        if (n < 1 || n > (1 << 24)) return kv_fail(KV_E_DATA, "line %d: \"tokens\" must be a non-empty array of ids", line);
+        if (!(q->tok = malloc((size_t)n * sizeof *q->tok))) return kv_fail(KV_E_NOMEM, "out of memory");
+        int i = 0;
+        for (const cJSON *x = tk->child; x; x = x->next, i++) {
+            long long v;
+            if (!kv_json_int(x, 0, (1 << 30), &v)) return kv_fail(KV_E_DATA, "line %d: tokens[%d] is not an id", line, i);
+            q->tok[i] = (int)v;
+        }
+        q->n = n;
+    }
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(j, "outputs");
+    if (out) return kv_json_strings(out, "outputs", &q->outputs, &q->n_out);
+    return KV_OK;
+}
+
+kv_status kv_preq_parse(const char *text, size_t len, kv_preq **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    kv_jsonl it;
+    kv_jsonl_init(&it, text, len);
+    const char *s;
+    size_t sl;
+    bool partial;
+    kv_preq *r = NULL;
+    int cnt = 0, cap = 0;
+    kv_status st = KV_OK;
+    while (!st && kv_jsonl_next(&it, &s, &sl, &partial)) {
+        if (cnt == cap) {
+            cap = cap ? 2 * cap : 16;
+            kv_preq *nr = realloc(r, (size_t)cap * sizeof *nr);
+            if (!nr) {
+                st = kv_fail(KV_E_NOMEM, "out of memory");
+                break;
+            }
+            r = nr;
+        }
+        memset(&r[cnt], 0, sizeof r[cnt]);
+        cJSON *j = cJSON_ParseWithLength(s, sl);
+        if (!j) st = kv_fail(KV_E_DATA, "line %d: not valid JSON", it.line);
+        else st = parse_line(j, it.line, &r[cnt]);
+        cJSON_Delete(j);
+        cnt++;
+    }
+    if (!st && !cnt) st = kv_fail(KV_E_DATA, "no requests");
+    if (st) {
+        kv_preq_free(r, cnt);
+        return st;
+    }
+    *out = r;
+    *n = cnt;
+    return KV_OK;
+}
+
+static const char *mode_names[KV_PM_COUNT] = {"full", "gpu", "host", "disk", "disk-important"};
+const char *kv_pmode_name(kv_pmode m) { return m < KV_PM_COUNT ? mode_names[m] : "?"; }
+
+kv_status kv_pmode_parse(const char *s, unsigned *bits)
+{
+    *bits = 0;
+    if (!strcmp(s, "all")) {
+        *bits = (1u << KV_PM_COUNT) - 1;
+        return KV_OK;
+    }
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        int m = -1;
+        for (int i = 0; i < KV_PM_COUNT; i++)
+            if (strlen(mode_names[i]) == n && !strncmp(s, mode_names[i], n)) m = i;
+        if (m < 0) return kv_fail(KV_E_USAGE, "unknown mode '%.*s' (full, gpu, host, disk, disk-important, all)", (int)n, s);
+        *bits |= 1u << m;
+        s += n + (s[n] == ',');
+    }
+    return *bits ? KV_OK : kv_fail(KV_E_USAGE, "no mode given");
+}
+
+// --- the in-process tiers -------------------------------------------------------------
+
+/* One store node's rows held in memory (its chunk file names it: a split
+ * writes new chunks, so an entry of a replaced node is dropped). */
+typedef struct {
+    char file[KV_TREE_FILE_MAX];
+    int n;                 /* rows */
+    kv_tier tier;          /* KV_TIER_GPU or KV_TIER_HOST while held */
+    uint16_t **hk, **hv;   /* (L) (nkv, n, hd) fp16 host */
+    void **dk, **dv;       /* (L) device copies on the GPU tier (GPU engine), else NULL */
+    uint64_t bytes;        /* K and V bytes of one copy */
+} pentry;
+
+typedef struct {
+    pentry *e;
+    int n, cap;
+    int L, nkv, hd;
+    bool gpu;              /* the runner is the GPU engine: the GPU tier is device memory */
+} pcache;
+
+static void entry_drop_dev(pcache *c, pentry *x)
+{
+    for (int l = 0; x->dk && l < c->L; l++) kv_gpu_buffer_free(x->dk[l]), kv_gpu_buffer_free(x->dv[l]);
+    free(x->dk), free(x->dv);
+    x->dk = x->dv = NULL;
+}
+
+static void entry_free(pcache *c, pentry *x)
+{
+    entry_drop_dev(c, x);
+    for (int l = 0; x->hk && l < c->L; l++) {
+        if (c->gpu) kv_gpu_host_free(x->hk[l]), kv_gpu_host_free(x->hv[l]);
+        else free(x->hk[l]), free(x->hv[l]);
+    }
+    free(x->hk), free(x->hv);
+    memset(x, 0, sizeof *x);
+}
+
+static int entry_find(const pcache *c, const char *file)
+{
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->e[i].file, file)) return i;
+    return -1;
+}
+
+/* Hold the nodes on the path of a prompt just put (rows from its dump f). */
+static kv_status cache_add_path(pcache *c, const kv_tree *t, const int *tok, int n, const kvc_file *f)
+{
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    int *path = malloc((size_t)n * sizeof *path), np, used;
+    if (!ids || !path) {
+        free(ids), free(path);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) ids[i] = tok[i];
+    kv_tree_match(t, ids, n, path, &np, &used);
+    kv_status st = KV_OK;
+    for (int j = 0; j < np && !st; j++) {
+        const kv_tree_node *nd = &t->nodes[path[j]];
+        if (entry_find(c, nd->file) >= 0 || nd->start + nd->n > n) continue;
+        if (c->n == c->cap) {
+            int cap = c->cap ? 2 * c->cap : 16;
+            pentry *ne = realloc(c->e, (size_t)cap * sizeof *ne);
+            if (!ne) {
+                st = kv_fail(KV_E_NOMEM, "out of memory");
+                break;
+            }
+            c->e = ne, c->cap = cap;
+        }
+        pentry *x = &c->e[c->n];
+        memset(x, 0, sizeof *x);
+        snprintf(x->file, sizeof x->file, "%s", nd->file);
+        x->n = nd->n;
+        x->tier = KV_TIER_HOST;
+        x->bytes = 2ull * c->L * c->nkv * (uint64_t)nd->n * c->hd * 2;
+        x->hk = calloc((size_t)c->L, sizeof *x->hk), x->hv = calloc((size_t)c->L, sizeof *x->hv);
+        if (!x->hk || !x->hv) st = kv_fail(KV_E_NOMEM, "out of memory");
+        c->n++;
+        const int T = kvc_geom(f)->n_tokens;
+        for (int l = 0; l < c->L && !st; l++) {
+            for (int w = 0; w < 2 && !st; w++) {
+                char name[64];
+                snprintf(name, sizeof name, "layers.%d.%c", l, w ? 'v' : 'k');
+                const kvc_tensor *ten = kvc_find(f, name);
+                /* pinned on the GPU engine: the host tier copies at full PCIe speed */
+                uint16_t *dst = c->gpu ? kv_gpu_host_alloc((size_t)c->nkv * nd->n * c->hd * 2 + 2)
+                                       : malloc((size_t)c->nkv * nd->n * c->hd * 2 + 2);
+                if (!dst || !ten || ten->dtype != KV_DT_F16) {
+                    if (c->gpu) kv_gpu_host_free(dst);
+                    else free(dst);
+                    st = dst ? kv_fail(KV_E_INTERNAL, "the insert dump is not f16") : kv_fail(KV_E_NOMEM, "out of memory");
+                    break;
+                }
+                for (int h = 0; h < c->nkv; h++)
+                    memcpy(dst + (size_t)h * nd->n * c->hd,
+                           (const uint16_t *)ten->data + ((size_t)h * T + nd->start) * c->hd, (size_t)nd->n * c->hd * 2);
+                (w ? x->hv : x->hk)[l] = dst;
+            }
+        }
+    }
+    free(ids), free(path);
+    return st;
+}
+
+static int node_of(const kv_tree *t, const char *file)
+{
+    for (int i = 1; i < t->n_nodes; i++)
+        if (t->nodes[i].live && !strcmp(t->nodes[i].file, file)) return i;
+    return -1;
+}
+
+typedef struct {
+    int ent, node;
+    double score;
+} pscore;
+
+static int cmp_score(const void *a, const void *b)
+{
+    const pscore *x = a, *y = b;
+    return x->score > y->score ? -1 : x->score < y->score ? 1 : x->ent - y->ent;
+}
+
+/* Entries of replaced nodes go; the rest are placed greedily by score
+ * (kv_tree_score), the GPU tier first, each node only below a parent that
+ * is the root or on a tier at least as fast; what does not fit is dropped. */
+static kv_status cache_place(pcache *c, const kv_tree *t, const kv_pbench_opts *o, int64_t now)
+{
+    for (int i = 0; i < c->n;) {
+        if (node_of(t, c->e[i].file) < 0) {
+            entry_free(c, &c->e[i]);
+            c->e[i] = c->e[--c->n];
+        } else i++;
+    }
+    pscore *ps = malloc((size_t)(c->n ? c->n : 1) * sizeof *ps);
+    kv_tier *tier_of = malloc((size_t)t->n_nodes * sizeof *tier_of);
+    if (!ps || !tier_of) {
+        free(ps), free(tier_of);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < t->n_nodes; i++) tier_of[i] = KV_TIER_DISK;
+    for (int i = 0; i < c->n; i++) {
+        ps[i].ent = i, ps[i].node = node_of(t, c->e[i].file);
+        ps[i].score = kv_tree_score(&t->nodes[ps[i].node], now, o->half_life);
+    }
+    qsort(ps, (size_t)c->n, sizeof *ps, cmp_score);
+    uint64_t used[2] = {0, 0}, budget[2] = {o->gpu_bytes, o->host_bytes};
+    for (int tier = 0; tier < 2; tier++)
+        for (bool more = true; more;) { /* passes until nothing more fits (parents first) */
+            more = false;
+            for (int i = 0; i < c->n; i++) {
+                int nd = ps[i].node, par = t->nodes[nd].parent;
+                if (tier_of[nd] != KV_TIER_DISK) continue;
+                bool parent_ok = par <= 0 || (int)tier_of[par] <= tier;
+                if (!parent_ok || used[tier] + c->e[ps[i].ent].bytes > budget[tier]) continue;
+                tier_of[nd] = (kv_tier)tier;
+                used[tier] += c->e[ps[i].ent].bytes;
+                more = true;
+            }
+        }
+    kv_status st = KV_OK;
+    for (int i = 0; i < c->n && !st; i++) {
+        pentry *x = &c->e[ps[i].ent];
+        kv_tier nt = tier_of[ps[i].node];
+        if (nt == KV_TIER_GPU && c->gpu && !x->dk) { /* onto the device */
+            x->dk = calloc((size_t)c->L, sizeof *x->dk), x->dv = calloc((size_t)c->L, sizeof *x->dv);
+            if (!x->dk || !x->dv) st = kv_fail(KV_E_NOMEM, "out of memory");
+            size_t b = (size_t)c->nkv * x->n * c->hd * 2;
+            for (int l = 0; l < c->L && !st; l++)
+                if (!(st = kv_gpu_buffer_upload(x->hk[l], b, &x->dk[l]))) st = kv_gpu_buffer_upload(x->hv[l], b, &x->dv[l]);
+        } else if (nt != KV_TIER_GPU && x->dk) {
+            entry_drop_dev(c, x);
+        }
+        x->tier = nt;
+    }
+    /* dropped from memory: the store on disk still has them */
+    for (int i = 0; i < c->n;) {
+        if (c->e[i].tier == KV_TIER_DISK) {
+            entry_free(c, &c->e[i]);
+            c->e[i] = c->e[--c->n];
+        } else i++;
+    }
+    free(ps), free(tier_of);
+    return st;
+}
+
+static void cache_clear(pcache *c)
+{
+    for (int i = 0; i < c->n; i++) entry_free(c, &c->e[i]);
+    free(c->e);
+}
+
+// --- serving ---------------------------------------------------------------------------
+
+typedef struct {
+    kv_prefix pre;
+    kv_prefix_seg *seg;
+    kvc_file *f;
+    char path[4200];
+} psource;
+
+static void source_clear(psource *s)
+{
+    free(s->seg);
+    kvc_close(s->f);
+    if (s->path[0]) unlink(s->path);
+    memset(s, 0, sizeof *s);
+}
+
+/* The prefix of tok[0..n-1) for mode m: from the memory tiers (all nodes of
+ * the path held; the GPU mode takes the GPU copies where they exist) or
+ * from the store.  *tier: what was used; hit: bytes per tier. */
+static kv_status source_get(kv_pmode m, pcache *c, kv_tree_store *s, const kv_model *model, const int *tok, int n,
+                            const kv_pbench_opts *o, int64_t now, psource *src, const char **tier, uint64_t *hit)
+{
+    const kv_tree *t = kv_tree_store_tree(s);
+    *tier = "none";
+    if (!t->has_geom || n < 2) return KV_OK;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    int *path = malloc((size_t)n * sizeof *path), np = 0, used = 0;
+    if (!ids || !path) {
+        free(ids), free(path);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) ids[i] = tok[i];
+    int matched = kv_tree_match(t, ids, n - 1, path, &np, &used);
+    kv_status st = KV_OK;
+    bool mem = matched > 0 && (m == KV_PM_GPU || m == KV_PM_HOST);
+    if (mem) { /* the leading nodes held in memory; the rest of the match is prefilled */
+        int held = 0;
+        while (held < np && entry_find(c, t->nodes[path[held]].file) >= 0) held++;
+        if (held < np) {
+            matched = held ? t->nodes[path[held - 1]].start + t->nodes[path[held - 1]].n : 0;
+            used = held ? t->nodes[path[held - 1]].n : 0;
+            np = held;
+        }
+        mem = held > 0;
+    }
+    if (mem) {
+        bool dev = m == KV_PM_GPU && c->gpu;
+        for (int j = 0; dev && j < np; j++) dev = c->e[entry_find(c, t->nodes[path[j]].file)].dk != NULL;
+        if (!(src->seg = calloc((size_t)np, sizeof *src->seg))) st = kv_fail(KV_E_NOMEM, "out of memory");
+        bool all_gpu = true;
+        for (int j = 0; !st && j < np; j++) {
+            const pentry *x = &c->e[entry_find(c, t->nodes[path[j]].file)];
+            int rows = j == np - 1 ? used : x->n;
+            src->seg[j] = (kv_prefix_seg){rows, x->n, dev ? (const void *const *)x->dk : (const void *const *)x->hk,
+                                          dev ? (const void *const *)x->dv : (const void *const *)x->hv};
+            all_gpu &= x->tier == KV_TIER_GPU;
+            hit[x->tier == KV_TIER_GPU && m == KV_PM_GPU ? 0 : 1] += x->bytes / (uint64_t)x->n * (uint64_t)rows;
+        }
+        src->pre = (kv_prefix){.T = matched, .matched = matched, .n_kv_heads = c->nkv, .head_dim = c->hd,
+                               .dt = KV_DT_F16, .device = dev, .seg = src->seg, .nseg = np};
+        *tier = m == KV_PM_GPU && all_gpu ? "gpu" : "host";
+    } else if (matched > 0 && m != KV_PM_FULL) {
+        snprintf(src->path, sizeof src->path, "%s/lookup.kvc", o->tmp_dir);
+        kv_get_report gr;
+        st = kv_tree_store_get(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, false, now, src->path, &gr);
+        if (!st) st = kvc_open(src->path, &src->f);
+        if (!st) st = kv_prefix_from_kvc(model, src->f, &src->pre);
+        for (int i = 0; i < 3; i++) hit[2] += gr.bytes_read[i];
+        *tier = "disk";
+    }
+    free(ids), free(path);
+    return st;
+}
+
+static int greedy(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *reqs, int n,
+                        const kv_pbench_opts *o, kv_pbench_row **rows, int *nrows)
+{
+    *rows = NULL;
+    *nrows = 0;
+    const kv_model *m = kv_runner_model(r);
+    const kv_model_config *mc = &m->cfg;
+    int nm = 0;
+    for (int i = 0; i < KV_PM_COUNT; i++) nm += (o->modes >> i) & 1;
+    kv_pbench_row *out = calloc((size_t)n * nm + 1, sizeof *out);
+    float *logits = malloc((size_t)mc->vocab_size * sizeof *logits);
+    pcache c = {.L = mc->n_layers, .nkv = mc->n_kv_heads, .hd = mc->head_dim, .gpu = kv_runner_is_gpu(r)};
+    kv_tree_store *s = NULL;
+    kv_status st = out && logits ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
+    struct stat sb;
+    if (!st && stat(o->store, &sb) != 0) st = kv_tree_store_create(o->store);
+    if (!st) st = kv_tree_store_open(o->store, true, &s);
+    if (!st && kv_tree_store_tree(s)->has_geom) st = kv_prefix_check_model(m, &kv_tree_store_tree(s)->geom.g);
+    int k = 0;
+    for (int i = 0; i < n && !st; i++) {
+        const kv_preq *q = &reqs[i];
+        int *ids = NULL, len = 0;
+        if (q->tok) {
+            if (!(ids = malloc((size_t)q->n * sizeof *ids))) st = kv_fail(KV_E_NOMEM, "out of memory");
+            else memcpy(ids, q->tok, (size_t)q->n * sizeof *ids), len = q->n;
+            for (int j = 0; !st && j < len; j++)
+                if (ids[j] >= mc->vocab_size) st = kv_fail(KV_E_DATA, "request %s: token %d outside the vocabulary", q->id, ids[j]);
+        } else {
+            kv_prompt p = {.text = q->input, .text_len = strlen(q->input)};
+            st = kv_prompt_tokens(&p, tok, mc->vocab_size, &ids, &len);
+        }
+        if (!st && len + o->max_new > kv_runner_ctx(r))
+            st = kv_fail(KV_E_USAGE, "request %s: %d tokens and %d new exceed the context of %d", q->id, len, o->max_new, kv_runner_ctx(r));
+        const int64_t now = o->now + i;
+        /* reuse modes first, then full, whose capture is put into the store */
+        static const kv_pmode order[KV_PM_COUNT] = {KV_PM_GPU, KV_PM_HOST, KV_PM_DISK, KV_PM_DISK_IMP, KV_PM_FULL};
+        for (int mi = 0; mi < KV_PM_COUNT && !st; mi++) {
+            kv_pmode mode = order[mi];
+            bool is_full = mode == KV_PM_FULL;
+            if (!is_full && !((o->modes >> mode) & 1)) continue;
+            kv_pbench_row *row = NULL;
+            if ((o->modes >> mode) & 1) row = &out[k++];
+            psource src;
+            memset(&src, 0, sizeof src);
+            uint64_t hit[3] = {0, 0, 0};
+            const char *tier = "none";
+            if ((st = kv_runner_reset(r, NULL))) break;
+            if ((st = kv_runner_keep(r, is_full ? 32 : 0, is_full))) break;
+            double t0 = kv_now_ms();
+            st = source_get(mode, &c, s, m, ids, len, o, now, &src, &tier, hit);
+            int reused = src.pre.T, start = src.pre.matched;
+            if (!st) st = reused ? kv_runner_prefill_from(r, &src.pre, ids + start, len - start, logits)
+                                 : kv_runner_prefill(r, ids, len, logits);
+            double ttft = kv_now_ms() - t0;
+            source_clear(&src);
+            if (st) {
+                kv_errcontext("request %s, mode %s", q->id, kv_pmode_name(mode));
+                break;
+            }
+            int *gen = malloc((size_t)(o->max_new + 1) * sizeof *gen), ng = 0;
+            if (!gen) st = kv_fail(KV_E_NOMEM, "out of memory");
+            for (int g = 0; !st && g < o->max_new; g++) {
+                gen[ng++] = greedy(logits, mc->vocab_size);
+                if (g + 1 < o->max_new) st = kv_runner_step(r, gen[ng - 1], logits);
+            }
+            char *text = NULL;
+            if (!st && tok) st = kv_tokens_text(tok, ids[len - 1], gen, ng, &text);
+            if (!st && !tok && (text = malloc((size_t)ng * 12 + 1))) {
+                text[0] = 0;
+                for (int g = 0; g < ng; g++) sprintf(text + strlen(text), "%s%d", g ? " " : "", gen[g]);
+            }
+            free(gen);
+            if (st) break;
+            if (row) {
+                *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, {hit[0], hit[1], hit[2]}, -1, text};
+                if (q->n_out) {
+                    row->correct = 1;
+                    for (int a = 0; a < q->n_out; a++)
+                        if (!text || !strstr(text, q->outputs[a])) row->correct = 0;
+                }
+            } else {
+                free(text);
+            }
+            if (is_full) { /* the prompt into the store, its path into memory */
+                char path[4200];
+                snprintf(path, sizeof path, "%s/insert.kvc", o->tmp_dir);
+                kvc_file *f = NULL;
+                kv_put_report pr;
+                st = kv_runner_dump_kvc(r, ids, len, KV_DT_F16, path, 0);
+                if (!st) st = kvc_open(path, &f);
+                unlink(path);
+                if (!st) st = kv_tree_store_put(s, f, o->put_tier, o->zstd_level > 0 ? o->zstd_level : 3, now, &pr);
+                if (!st) st = kv_tree_store_save(s);
+                if (!st) st = cache_add_path(&c, kv_tree_store_tree(s), ids, len, f);
+                if (!st) st = cache_place(&c, kv_tree_store_tree(s), o, now);
+                kvc_close(f);
+            }
+        }
+        free(ids);
+        if (o->progress) o->progress(o->user, i + 1, n);
+    }
+    cache_clear(&c);
+    kv_tree_store_close(s);
+    free(logits);
+    if (st) {
+        kv_pbench_rows_free(out, k);
+        return st;
+    }
+    *rows = out;
+    *nrows = k;
+    return KV_OK;
+}
+
+void kv_pbench_rows_free(kv_pbench_row *rows, int n)
+{
+    for (int i = 0; rows && i < n; i++) free(rows[i].text);
+    free(rows);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
+{
+    cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "requests");
+    static const char *tn[3] = {"gpu", "host", "disk"};
+    for (int i = 0; i < n; i++) {
+        const kv_pbench_row *r = &rows[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "request", r->req);
+        cJSON_AddStringToObject(x, "mode", kv_pmode_name(r->mode));
+        cJSON_AddStringToObject(x, "tier", r->tier);
+        cJSON_AddNumberToObject(x, "tokens", r->tokens);
+        cJSON_AddNumberToObject(x, "reused_tokens", r->reused);
+        cJSON_AddNumberToObject(x, "prefilled_tokens", r->prefilled);
+        cJSON_AddNumberToObject(x, "ttft_ms", r->ttft_ms);
+        cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes");
+        for (int t = 0; t < 3; t++) cJSON_AddNumberToObject(h, tn[t], (double)r->hit_bytes[t]);
+        if (r->correct < 0) cJSON_AddNullToObject(x, "correct");
+        else cJSON_AddBoolToObject(x, "correct", r->correct);
+        cJSON_AddStringToObject(x, "text", r->text ? r->text : "");
+        cJSON_AddItemToArray(arr, x);
+    }
+    /* per mode over the requests after the first (the first has nothing to reuse) */
+    cJSON *sum = cJSON_AddObjectToObject(j, "summary");
+    double full_med = 0;
+    for (int m = 0; m < KV_PM_COUNT; m++) {
+        if (!((o->modes >> m) & 1)) continue;
+        double *t = malloc((size_t)(n + 1) * sizeof *t), acc = 0, hb[3] = {0, 0, 0};
+        int cnt = 0, nacc = 0, reused = 0;
+        for (int i = 0; t && i < n; i++) {
+            if (rows[i].mode != (kv_pmode)m || rows[i].req == 0) continue;
+            t[cnt++] = rows[i].ttft_ms;
+            reused += rows[i].reused > 0;
+            if (rows[i].correct >= 0) acc += rows[i].correct, nacc++;
+            for (int k = 0; k < 3; k++) hb[k] += (double)rows[i].hit_bytes[k];
+        }
+        if (!t) continue;
+        qsort(t, (size_t)cnt, sizeof *t, cmp_d);
+        double med = cnt ? (cnt % 2 ? t[cnt / 2] : (t[cnt / 2 - 1] + t[cnt / 2]) / 2) : 0;
+        if (m == KV_PM_FULL) full_med = med;
+        cJSON *x = cJSON_AddObjectToObject(sum, kv_pmode_name((kv_pmode)m));
+        cJSON_AddNumberToObject(x, "requests", cnt);
+        cJSON_AddNumberToObject(x, "reused", reused);
+        cJSON_AddNumberToObject(x, "ttft_ms_median", med);
+        if (full_med > 0 && med > 0) cJSON_AddNumberToObject(x, "speedup_vs_full", full_med / med);
+        else cJSON_AddNullToObject(x, "speedup_vs_full");
+        if (nacc) cJSON_AddNumberToObject(x, "accuracy", acc / nacc);
+        else cJSON_AddNullToObject(x, "accuracy");
+        cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes_mean");
+        for (int k = 0; k < 3; k++) cJSON_AddNumberToObject(h, tn[k], cnt ? hb[k] / cnt : 0);
+        free(t);
+    }
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
+}

@@ -1,0 +1,125 @@
+/*
+ * kv_reuse: kv-run --store (see kv_reuse.h): lookup with kv_tree_store_get
+ * into a file, continue with kv_runner_prefill_from, insert with the dump
+ * writer and kv_tree_store_put.
+ */
+#include "eval/kv_reuse.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/kv_stats.h"
+
+kv_status kv_reuse_open(kv_reuse *u, const char *store, const kv_model *m, const kv_reuse_opts *o)
+{
+    memset(u, 0, sizeof *u);
+    kv_status st = kv_tree_store_open(store, o->insert, &u->s);
+    if (st) return st;
+    const kv_tree *t = kv_tree_store_tree(u->s);
+    if (t->has_geom && (st = kv_prefix_check_model(m, &t->geom.g))) {
+        kv_errcontext("store %s", store);
+        kv_tree_store_close(u->s);
+        u->s = NULL;
+    }
+    return st;
+}
+
+kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, const kv_reuse_opts *o,
+                           float *logits, kv_reuse_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->source = "store";
+    if (n < 1) return kv_fail(KV_E_USAGE, "an empty prompt");
+    double t0 = kv_now_ms();
+    kv_status st = KV_OK;
+    int matched = 0;
+    const kv_tree *t = kv_tree_store_tree(u->s);
+    if (t->has_geom && n > 1) {
+        int32_t *ids = malloc((size_t)n * sizeof *ids);
+        if (!ids) return kv_fail(KV_E_NOMEM, "out of memory");
+        for (int i = 0; i < n; i++) ids[i] = tok[i];
+        snprintf(u->path, sizeof u->path, "%s/prefix.kvc", o->tmp_dir);
+        st = kv_tree_store_get(u->s, ids, n - 1, o->important, o->insert, o->now, u->path, &u->get);
+        free(ids);
+        if (st) return st;
+        matched = u->get.matched;
+        if (matched > 0) {
+            if ((st = kvc_open(u->path, &u->f))) return st;
+            if ((st = kv_prefix_from_kvc(kv_runner_model(r), u->f, &u->pre))) return st;
+            if (u->pre.matched != matched)
+                return kv_fail(KV_E_DATA, "the store's prefix says %d tokens, the lookup matched %d", u->pre.matched, matched);
+        }
+        unlink(u->path); /* mapped (or read) already: the name is not needed */
+    }
+    u->lookup_ms = kv_now_ms() - t0;
+    if (matched > 0) st = kv_runner_prefill_from(r, &u->pre, tok + matched, n - matched, logits);
+    else st = kv_runner_prefill(r, tok, n, logits);
+    if (st) return st;
+    info->ttft_ms = kv_now_ms() - t0;
+    info->lookup_ms = u->lookup_ms;
+    info->matched = matched;
+    info->reused_tokens = matched ? u->pre.T : 0;
+    info->prefilled_tokens = n - matched;
+    for (int i = 0; i < 3; i++) info->bytes_read[i] = u->get.bytes_read[i];
+    return KV_OK;
+}
+
+kv_status kv_reuse_insert(kv_reuse *u, kv_runner *r, const int *tok, int n, const kv_reuse_opts *o)
+{
+    double t0 = kv_now_ms();
+    if (kv_runner_is_gpu(r) && u->f && u->pre.T < u->pre.matched) {
+        /* the GPU engine keeps no positions of a subset: nothing to dump;
+         * the store already holds the prefix, only this prompt's suffix is lost */
+        u->skipped = "the GPU engine continued an --important subset and cannot dump it";
+        return KV_OK;
+    }
+    const kv_tree *t = kv_tree_store_tree(u->s);
+    kv_dtype dt = t->has_geom ? t->geom.dtype : KV_DT_F16;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/insert.kvc", o->tmp_dir);
+    kv_status st = kv_runner_dump_kvc(r, tok, n, dt, path, 0);
+    kvc_file *f = NULL;
+    if (!st) st = kvc_open(path, &f);
+    unlink(path);
+    if (!st) st = kv_tree_store_put(u->s, f, o->tier, o->zstd_level, o->now, &u->put);
+    kvc_close(f);
+    if (!st) st = kv_tree_store_save(u->s);
+    if (!st) u->inserted = true;
+    u->insert_ms = kv_now_ms() - t0;
+    return st;
+}
+
+char *kv_reuse_json(const kv_reuse *u)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    char *g = kv_get_report_json(&u->get);
+    cJSON *gj = g ? cJSON_Parse(g) : NULL;
+    free(g);
+    if (gj) cJSON_AddItemToObject(o, "get", gj);
+    if (u->inserted) {
+        char *p = kv_put_report_json(&u->put);
+        cJSON *pj = p ? cJSON_Parse(p) : NULL;
+        free(p);
+        if (pj) cJSON_AddItemToObject(o, "put", pj);
+        cJSON_AddNumberToObject(o, "insert_ms", u->insert_ms);
+    } else {
+        cJSON_AddNullToObject(o, "put");
+    }
+    if (u->skipped) cJSON_AddStringToObject(o, "insert_skipped", u->skipped);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+void kv_reuse_close(kv_reuse *u)
+{
+    kvc_close(u->f);
+    u->f = NULL;
+    kv_tree_store_close(u->s);
+    u->s = NULL;
+}

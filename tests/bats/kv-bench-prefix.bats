@@ -1,0 +1,57 @@
+#!/usr/bin/env bats
+# kv-bench prefix: requests sharing prefixes served from GPU/host/disk tiers.
+
+load helper
+
+NIAH="$DATA/niah4k/niah4k.bin"
+
+setup() { T="$BATS_TEST_TMPDIR"; }
+
+@test "kv-bench prefix --help lists every option" {
+    run --separate-stderr kv-bench prefix --help
+    assert_success
+    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --half-life --steps --ctx --device --output --json; do
+        [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
+    done
+}
+
+@test "tools/prefix-requests.py writes niah questions that share about 90% of their prompt" {
+    run "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 1000 -n 4
+    assert_success
+    printf '%s\n' "$output" > "$T/r.jsonl"
+    "$PY" - "$T/r.jsonl" <<'PY'
+import json, os, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 4 and all(len(x["outputs"]) == 1 and x["outputs"][0] in x["input"] for x in r)
+shared = len(os.path.commonprefix([x["input"] for x in r]))
+assert all(0.8 < shared / len(x["input"]) < 0.97 for x in r), shared
+PY
+}
+
+@test "kv-bench prefix reuses the shared prefix from every tier and reports TTFT and accuracy" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 400 -n 3 > "$T/r.jsonl"
+    run --separate-stderr kv-bench prefix -m "$NIAH" -n 8 --gpu-bytes 2M --host-bytes 8M --store "$T/st" "$T/r.jsonl"
+    assert_success
+    [ "$(json_get 'len(j["requests"]), sorted(j["summary"])')" = "(15, ['disk', 'disk-important', 'full', 'gpu', 'host'])" ]
+    # after the first request every reuse mode takes a prefix from the tier it names
+    [ "$(json_get 'sorted({(r["mode"], r["tier"]) for r in j["requests"] if r["request"] > 0})')" = \
+      "[('disk', 'disk'), ('disk-important', 'disk'), ('full', 'none'), ('gpu', 'gpu'), ('host', 'host')]" ]
+    [ "$(json_get 'all(r["reused_tokens"] > 0.6 * r["tokens"] for r in j["requests"] if r["request"] > 0 and r["mode"] in ("gpu", "host", "disk"))')" = True ]
+    [ "$(json_get 'all(r["prefilled_tokens"] + (r["tokens"] - r["prefilled_tokens"]) == r["tokens"] and r["ttft_ms"] > 0 for r in j["requests"])')" = True ]
+    [ "$(json_get 'all(r["hit_bytes"]["gpu"] > 0 for r in j["requests"] if r["tier"] == "gpu")')" = True ]
+    [ "$(json_get 'all(r["hit_bytes"]["disk"] > 0 for r in j["requests"] if r["tier"] == "disk")')" = True ]
+    # disk-important loads a quarter of the disk tokens (the shared node is on disk)
+    [ "$(json_get 'all(r["reused_tokens"] < 0.4 * r["tokens"] for r in j["requests"] if r["mode"] == "disk-important" and r["request"] > 0)')" = True ]
+    # reuse of the exact cached rows answers as the full prefill does
+    [ "$(json_get 'all(a["text"] == b["text"] for a in j["requests"] for b in j["requests"] if a["request"] == b["request"] and a["mode"] == "full" and b["mode"] in ("gpu", "host", "disk"))')" = True ]
+    run kv-tree check "$T/st"
+    assert_success
+}
+
+@test "kv-bench prefix refuses a bad request line with exit 65 naming it" {
+    printf '{"input": "a"}\n{"tokens": "x"}\n' > "$T/bad.jsonl"
+    run --separate-stderr kv-bench prefix -m "$NIAH" "$T/bad.jsonl"
+    assert_fails_with 65 "line 2"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --modes full,warp "$T/bad.jsonl"
+    assert_fails_with 64 "unknown mode 'warp'"
+}

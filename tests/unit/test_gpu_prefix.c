@@ -1,0 +1,237 @@
+/*
+ * The GPU engine continuing from a stored cache (kv_gpu_engine_prefill_from):
+ * on niah4k, "dump the first 90% of a needle prompt, continue with the rest"
+ * gives the whole prompt's logits within fp16 tolerance and its greedy
+ * answer, with the GPU's own dump and with the CPU's f32 dump, chunked and
+ * one token at a time; a positions subset continues as the CPU engine does;
+ * rows already in GPU memory (kv-bench prefix's GPU tier, in segments) give
+ * exactly the host path's logits; packed layers are refused.  Without a
+ * usable GPU every test is a TAP skip.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kt.h"
+#include "common/kv_half.h"
+#include "engine/kv_engine.h"
+#include "engine/kv_runner.h"
+#include "format/kvc.h"
+#include "gpu/kv_gpu.h"
+#include "model/kv_model.h"
+#include "model/kv_tokenizer.h"
+#include "policy/kv_prefix.h"
+
+#define OK(x) KT_REQUIRE((x) == KV_OK, "%s: %s", #x, kv_errdetail())
+#define NIAH "tests/data/niah4k/"
+
+static kv_model *model;
+static int *ids, n_ids;
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static double nerr(const float *a, const float *b, int n)
+{
+    double d = 0, s = 0;
+    for (int i = 0; i < n; i++) d += (double)(a[i] - b[i]) * (a[i] - b[i]), s += (double)a[i] * a[i];
+    return sqrt(d / (s > 0 ? s : 1));
+}
+
+static kv_status runner(kv_device dev, int chunk, kv_runner **r)
+{
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
+    go.prefill_chunk = chunk;
+    return kv_runner_new(model, NULL, n_ids + 16, dev, &go, r);
+}
+
+/* The whole prompt on the GPU: logits after the prefill and 8 greedy ids. */
+static void whole_gpu(int chunk, float *logits, int *gen)
+{
+    kv_runner *r;
+    OK(runner(KV_DEVICE_CUDA, chunk, &r));
+    OK(kv_runner_prefill(r, ids, n_ids, logits));
+    float *l = malloc(259 * sizeof *l);
+    memcpy(l, logits, 259 * sizeof *l);
+    for (int i = 0; i < 8; i++) {
+        gen[i] = argmax(l, 259);
+        OK(kv_runner_step(r, gen[i], l));
+    }
+    free(l);
+    kv_runner_free(r);
+}
+
+/* The first `split` tokens dumped by dev's engine into path. */
+static void dump_prefix(kv_device dev, int split, kv_dtype dt, const char *path)
+{
+    kv_runner *r;
+    OK(runner(dev, 0, &r));
+    OK(kv_runner_keep(r, 8, true));
+    OK(kv_runner_prefill(r, ids, split, NULL));
+    OK(kv_runner_dump_kvc(r, ids, split, dt, path, 0));
+    kv_runner_free(r);
+}
+
+/* Continue pre on the GPU; compare with the whole prompt's logits a and ids. */
+static void continue_gpu(const kv_prefix *pre, int chunk, const float *a, const int *want, double tol,
+                         float *out_logits)
+{
+    kv_runner *r;
+    OK(runner(KV_DEVICE_CUDA, chunk, &r));
+    float *b = malloc(259 * sizeof *b);
+    OK(kv_runner_prefill_from(r, pre, ids + pre->matched, n_ids - pre->matched, b));
+    if (out_logits) memcpy(out_logits, b, 259 * sizeof *b);
+    double e = nerr(a, b, 259);
+    KT_CHECK(e < tol, "continued logits: normalized error %.3g (chunk %d)", e, chunk);
+    int same = 0;
+    for (int i = 0; i < 8; i++) {
+        int t = argmax(b, 259);
+        same += t == want[i];
+        OK(kv_runner_step(r, t, b));
+    }
+    KT_CHECK(same == 8, "%d of 8 greedy ids as the whole prompt's (chunk %d)", same, chunk);
+    free(b);
+    kv_runner_free(r);
+}
+
+static void test_gpu_dump_then_continue_matches_the_whole_prompt(void)
+{
+    float a[259];
+    int gen[8];
+    const int split = n_ids * 9 / 10;
+    for (int pass = 0; pass < 2; pass++) {
+        int chunk = pass ? -1 : 0; /* chunked, then one token at a time */
+        whole_gpu(chunk, a, gen);
+        dump_prefix(KV_DEVICE_CUDA, split, KV_DT_F16, "/tmp/test_gpu_prefix_g.kvc");
+        kvc_file *f;
+        OK(kvc_open("/tmp/test_gpu_prefix_g.kvc", &f));
+        kv_prefix pre;
+        OK(kv_prefix_from_kvc(model, f, &pre));
+        continue_gpu(&pre, chunk, a, gen, 1e-2, NULL);
+        kvc_close(f);
+        unlink("/tmp/test_gpu_prefix_g.kvc");
+    }
+}
+
+static void test_cpu_f32_dump_continues_on_the_gpu(void)
+{
+    float a[259];
+    int gen[8];
+    whole_gpu(0, a, gen);
+    dump_prefix(KV_DEVICE_CPU, n_ids * 9 / 10, KV_DT_F32, "/tmp/test_gpu_prefix_c.kvc");
+    kvc_file *f;
+    OK(kvc_open("/tmp/test_gpu_prefix_c.kvc", &f));
+    kv_prefix pre;
+    OK(kv_prefix_from_kvc(model, f, &pre));
+    continue_gpu(&pre, 0, a, gen, 2e-2, NULL);
+    kvc_close(f);
+    unlink("/tmp/test_gpu_prefix_c.kvc");
+}
+
+/* Rows of a CPU dump kept every third row dropped, as positions; the GPU
+ * continuation of that subset against the CPU's, and the GPU tier (device
+ * rows in two segments) against the host rows: identical. */
+static void test_subset_and_device_rows_continue_as_on_the_cpu(void)
+{
+    const int P = n_ids * 9 / 10, L = model->cfg.n_layers, nkv = model->cfg.n_kv_heads, hd = model->cfg.head_dim;
+    dump_prefix(KV_DEVICE_CPU, P, KV_DT_F16, "/tmp/test_gpu_prefix_s.kvc");
+    kvc_file *f;
+    OK(kvc_open("/tmp/test_gpu_prefix_s.kvc", &f));
+    int32_t *pos = malloc((size_t)P * sizeof *pos);
+    int T = 0;
+    for (int t = 0; t < P; t++)
+        if (t % 3 != 1 || t == P - 1) pos[T++] = t;
+    uint16_t **k = calloc((size_t)L, sizeof *k), **v = calloc((size_t)L, sizeof *v);
+    for (int l = 0; l < L; l++) {
+        const kvc_tensor *tk = kvc_layer(f, l, "k"), *tv = kvc_layer(f, l, "v");
+        k[l] = malloc((size_t)nkv * T * hd * 2), v[l] = malloc((size_t)nkv * T * hd * 2);
+        for (int h = 0; h < nkv; h++)
+            for (int r = 0; r < T; r++) {
+                memcpy(k[l] + ((size_t)h * T + r) * hd, (const uint16_t *)tk->data + ((size_t)h * P + pos[r]) * hd, (size_t)hd * 2);
+                memcpy(v[l] + ((size_t)h * T + r) * hd, (const uint16_t *)tv->data + ((size_t)h * P + pos[r]) * hd, (size_t)hd * 2);
+            }
+    }
+    kv_prefix pre = {.T = T, .matched = P, .positions = pos, .n_kv_heads = nkv, .head_dim = hd, .dt = KV_DT_F16,
+                     .k = (const void *const *)k, .v = (const void *const *)v};
+    float c[259], g[259], d[259];
+    kv_runner *r;
+    OK(runner(KV_DEVICE_CPU, 0, &r));
+    OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, c));
+    kv_runner_free(r);
+    OK(runner(KV_DEVICE_CUDA, 0, &r));
+    OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, g));
+    kv_runner_free(r);
+    KT_CHECK(nerr(c, g, 259) < 2e-2, "GPU subset continuation vs CPU: %.3g", nerr(c, g, 259));
+    /* the same rows on the device, in two segments */
+    const int T1 = T / 3;
+    void **dk[2], **dv[2];
+    kv_prefix_seg seg[2];
+    for (int s = 0; s < 2; s++) {
+        int t0 = s ? T1 : 0, tn = s ? T - T1 : T1;
+        dk[s] = calloc((size_t)L, sizeof(void *)), dv[s] = calloc((size_t)L, sizeof(void *));
+        uint16_t *tmp = malloc((size_t)nkv * tn * hd * 2);
+        for (int l = 0; l < L; l++)
+            for (int w = 0; w < 2; w++) {
+                for (int h = 0; h < nkv; h++)
+                    memcpy(tmp + (size_t)h * tn * hd, (w ? v : k)[l] + ((size_t)h * T + t0) * hd, (size_t)tn * hd * 2);
+                OK(kv_gpu_buffer_upload(tmp, (size_t)nkv * tn * hd * 2, w ? &dv[s][l] : &dk[s][l]));
+            }
+        free(tmp);
+        seg[s] = (kv_prefix_seg){tn, tn, (const void *const *)dk[s], (const void *const *)dv[s]};
+    }
+    kv_prefix dpre = pre;
+    dpre.device = true, dpre.seg = seg, dpre.nseg = 2, dpre.k = dpre.v = NULL;
+    OK(runner(KV_DEVICE_CUDA, 0, &r));
+    OK(kv_runner_prefill_from(r, &dpre, ids + P, n_ids - P, d));
+    kv_runner_free(r);
+    KT_CHECK(nerr(g, d, 259) == 0, "device rows vs host rows: %.3g", nerr(g, d, 259));
+    for (int s = 0; s < 2; s++) {
+        for (int l = 0; l < L; l++) kv_gpu_buffer_free(dk[s][l]), kv_gpu_buffer_free(dv[s][l]);
+        free(dk[s]), free(dv[s]);
+    }
+    for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
+    free(k), free(v), free(pos);
+    kvc_close(f);
+    unlink("/tmp/test_gpu_prefix_s.kvc");
+}
+
+int main(void)
+{
+    char name[256];
+    if (kv_gpu_probe(name, sizeof name) <= 0) {
+        printf("# no usable GPU (%s): GPU tests skipped\n", name);
+        KT_SKIP(test_gpu_dump_then_continue_matches_the_whole_prompt, "no usable GPU");
+        KT_SKIP(test_cpu_f32_dump_continues_on_the_gpu, "no usable GPU");
+        KT_SKIP(test_subset_and_device_rows_continue_as_on_the_cpu, "no usable GPU");
+        return kt_done();
+    }
+    printf("# GPU: %s\n", name);
+    if (kv_model_open(NIAH "niah4k.bin", &model)) return printf("Bail out! niah4k: %s\n", kv_errdetail()), 1;
+    FILE *fp = fopen(NIAH "tasks-dev.jsonl", "r");
+    char *line = NULL;
+    size_t cap = 0;
+    if (!fp || getline(&line, &cap, fp) <= 0) return printf("Bail out! tasks-dev.jsonl\n"), 1;
+    fclose(fp);
+    char *p = strstr(line, "\"input\": \""), *q = p ? strstr(p, "\", \"outputs\"") : NULL;
+    kv_tokenizer *tok;
+    if (!p || !q || kv_tokenizer_load_llama2c(NIAH "tok259.bin", 259, &tok) ||
+        kv_tokenizer_encode(tok, p + 10, (size_t)(q - p - 10), true, false, &ids, &n_ids))
+        return printf("Bail out! the first task\n"), 1;
+    KT_RUN(test_gpu_dump_then_continue_matches_the_whole_prompt);
+    KT_RUN(test_cpu_f32_dump_continues_on_the_gpu);
+    KT_RUN(test_subset_and_device_rows_continue_as_on_the_cpu);
+    kv_tokenizer_free(tok);
+    free(ids);
+    free(line);
+    kv_model_close(model);
+    return kt_done();
+}
