@@ -302,10 +302,26 @@ static cudaError_t launch_qv(int variant, const void *W, size_t pitch, int rows,
     return cudaSuccess;
 }
 
+/* The default picks, per type and shape, the faster of the two float
+ * variants as `kv-bench gemv` measured them on the H200 (docs/BENCHMARKS.md,
+ * lead's device call 4): rows for Q4_K (1.06-2.63x old on every shape), for
+ * Q6_K with at least 4096 rows (1.44-1.87x; old is faster on 2048 rows and
+ * fewer), for Q8_0 only with at least 65536 rows (old is faster below).
+ * dp4a is faster still on tall matrices (Q4_K 128256x2048: 4.94x old) but
+ * adds the activations' int8 rounding, which the engine tests' tolerances
+ * against the float32 CPU engine were not set for: a measurement option. */
+static inline int eng_gemvq_best(kv_dtype t, int rows, int cols)
+{
+    (void)cols;
+    if (t == KV_DT_Q4_K) return ENG_GEMVQ_ROWS;
+    if (t == KV_DT_Q6_K) return rows >= 4096 ? ENG_GEMVQ_ROWS : ENG_GEMVQ_OLD;
+    return rows >= 65536 ? ENG_GEMVQ_ROWS : ENG_GEMVQ_OLD;
+}
+
 extern "C" cudaError_t eng_gemv_qv(int variant, const void *W, kv_dtype t, int rows, int cols, size_t pitch,
                                    const float *x, float *y, int accumulate, cudaStream_t s)
 {
-    if (variant == ENG_GEMVQ_DEFAULT) variant = ENG_GEMVQ_BEST;
+    if (variant == ENG_GEMVQ_DEFAULT) variant = eng_gemvq_best(t, rows, cols);
     /* wider than the dp4a variant's shared memory holds: the float one */
     if (variant == ENG_GEMVQ_DP4A && gq_smem(cols) > 48 * 1024) variant = ENG_GEMVQ_ROWS;
     if (variant == ENG_GEMVQ_OLD) return eng_gemv_q(W, t, rows, cols, pitch, x, y, accumulate, s);

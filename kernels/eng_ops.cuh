@@ -67,15 +67,11 @@ cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pit
 /*
  * Variants of the packed GEMV (kernels/eng_gemv_qv.cu says how they differ),
  * by number for eng_gemv_qv and by name for kv-bench gemv.  ENG_GEMVQ_DEFAULT
- * takes ENG_GEMVQ_BEST, what the engine uses: the one line to change when
- * the device measurements (kv-bench gemv) pick another.
+ * takes eng_gemvq_best's choice for the type and shape: what the engine uses.
  */
 enum { ENG_GEMVQ_DEFAULT = 0, ENG_GEMVQ_OLD, ENG_GEMVQ_ROWS, ENG_GEMVQ_DP4A, ENG_GEMVQ_N };
-/* rows until the device says otherwise: it keeps the float arithmetic, so
- * the engine tests' tolerances against the float32 CPU engine (5e-3 on the
- * logits) still hold; dp4a adds the activations' int8 rounding (~1e-3 a
- * projection), which those tolerances were not set for. */
-#define ENG_GEMVQ_BEST ENG_GEMVQ_ROWS
+/* The default picks per type and shape (eng_gemvq_best in eng_gemv_qv.cu,
+ * from the H200 measurements in docs/BENCHMARKS.md). */
 
 /* "old", "rows", "dp4a" (NULL for another number, "default" for 0). */
 static inline const char *eng_gemvq_name(int v)

@@ -104,7 +104,7 @@ typedef struct {
     bool topk_wide;
     bool sel_cache;
     int gemv_q;           /* packed GEMV variant (kernels/eng_ops.cuh, ENG_GEMVQ_*): 0 = the
-                             default (ENG_GEMVQ_BEST), 1 old, 2 rows, 3 dp4a; measurement */
+                             default (per type and shape: eng_gemvq_best), 1 old, 2 rows, 3 dp4a; measurement */
 } kv_gpu_engine_opts;
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B

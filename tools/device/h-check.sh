@@ -74,13 +74,13 @@ print('same greedy ids:', a['generated_ids'] == b['generated_ids'])" 2>&1 | tee 
     rm -f "$OUT"/*.kvc "$OUT"/first.txt "$OUT"/rest.txt "$OUT"/p.txt
 fi
 if has n; then
-    python3 "$D/prefix-requests.py" niah --tasks $N/tasks-dev.jsonl --length 3900 -n 8 > "$TMPDIR/h-niah.jsonl"
+    python3 tools/prefix-requests.py niah --tasks $N/tasks-dev.jsonl --length 3900 -n 8 > "$TMPDIR/h-niah.jsonl"
     timeout 45 "$D/kv-bench" prefix --json -m $N/niah4k.bin --device cuda -n 8 --gpu-bytes 2G --host-bytes 4G \
         "$TMPDIR/h-niah.jsonl" > "$OUT/niah.json" 2>> "$OUT/summary.txt"; log "kv-bench prefix niah4k rc=$?"
     summ "$OUT/niah.json"
 fi
 if has s; then
-    python3 "$D/prefix-requests.py" synthetic --vocab 128256 --length 32768 --shared 0.9 -n 3 > "$TMPDIR/h-synth.jsonl"
+    python3 tools/prefix-requests.py synthetic --vocab 128256 --length 32768 --shared 0.9 -n 3 > "$TMPDIR/h-synth.jsonl"
     timeout 150 "$D/kv-bench" prefix --json --synthetic llama-3.1-8b --device cuda -n 4 --gpu-bytes 16G \
         --host-bytes 32G --zstd 1 "$TMPDIR/h-synth.jsonl" > "$OUT/synth.json" 2>> "$OUT/summary.txt"
     log "kv-bench prefix llama-3.1-8b 32k rc=$?"
