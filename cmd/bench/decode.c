@@ -27,7 +27,7 @@ int kv_bench_decode_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_JSON };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_JSON, O_TOPKWIDE };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -44,6 +44,7 @@ static const kv_option opts[] = {
     {O_TOPK, 0, "topk", "K", "hybrid: tokens fetched per step and KV head (default 1024)"},
     {O_CHANNELS, 0, "channels", "C", "hybrid: critical channels (default 8)"},
     {O_SINK, 0, "sink", "S", "hybrid: sink tokens (default 8)"},
+    {O_TOPKWIDE, 0, "topk-wide", NULL, "hybrid: top-K over many blocks per KV head (the sparse key wide=on; off)"},
     {O_WINDOW, 0, "window", "W", "hybrid: recent tokens (default 56)"},
     {O_SEED, 's', "seed", "N", "seed of weights and context (default 1)"},
     {O_DEVICE, 0, "device", "DEV", "CUDA device: cuda, cuda:N or N (default 0)"},
@@ -84,7 +85,7 @@ int kv_bench_decode_main(int argc, char **argv)
     const char *synth = "llama-3.1-8b";
     kv_dtype wt = KV_DT_BF16;
     int ctx[MAXC] = {32768, 131072}, nctx = 2, tokens = 64, warmup = 4, offtok = 16, nofetch = 16;
-    kv_decode_layers bc = {2, 2, 1024, 8, 8, 56};
+    kv_decode_layers bc = {2, 2, 1024, 8, 8, 56, false};
     int device = 0, pdl = KV_GPU_PDL_AUTO;
     unsigned sel_skip = 0;
     int cmode = CTX_SYNTH;
@@ -133,6 +134,7 @@ int kv_bench_decode_main(int argc, char **argv)
         case O_QLAYERS: bc.qlayers = (int)kv_cli_long("--quant-layers", a, 0, 1024); break;
         case O_TOPK: bc.topk = (int)kv_cli_long("--topk", a, 1, 1 << 22); break;
         case O_CHANNELS: bc.channels = (int)kv_cli_long("--channels", a, 1, 256); break;
+        case O_TOPKWIDE: bc.topk_wide = true; break;
         case O_SINK: bc.sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
         case O_WINDOW: bc.window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
         case O_SEED: seed = (unsigned long long)kv_cli_long("--seed", a, 0, 1L << 62); break;
@@ -248,8 +250,8 @@ int kv_bench_decode_main(int argc, char **argv)
                : cmode == CTX_PREFILL ? "a seeded random prompt prefilled on the GPU"
                                       : "both: synthesized, then a seeded random prompt prefilled on the GPU");
         printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
-               "\"sink\": %d, \"window\": %d},\n", bc.qlayers, bc.qbits, bc.topk, bc.channels, bc.sink,
-               bc.window);
+               "\"sink\": %d, \"window\": %d, \"topk_wide\": %s},\n", bc.qlayers, bc.qbits, bc.topk,
+               bc.channels, bc.sink, bc.window, bc.topk_wide ? "true" : "false");
         if (pdl == KV_GPU_PDL_AUTO) printf("  \"pdl\": \"auto\",\n");
         else printf("  \"pdl\": %d,\n", pdl);
         printf("  \"sel_skip\": %u,\n", sel_skip);

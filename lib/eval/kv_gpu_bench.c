@@ -49,6 +49,7 @@ kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c
             x->channels = c->channels;
             x->sink = c->sink;
             x->window = c->window;
+            x->topk_wide = c->topk_wide;
             if (p == KV_DEC_SKETCH) x->select = KV_SELECT_SKETCH;
             if (p == KV_DEC_RESIDENT) x->select = KV_SELECT_RESIDENT;
             if (p == KV_DEC_PAGES) x->select = KV_SELECT_PAGES;

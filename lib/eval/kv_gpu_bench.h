@@ -67,6 +67,7 @@ typedef struct {
     int qbits;    /* bits of the quantized layers (quant, the hybrid's first layers) */
     int qlayers;  /* hybrid: layers [0, qlayers) quantized */
     int topk, channels, sink, window; /* hybrid: the sparse layers */
+    bool topk_wide; /* hybrid: the sparse layers' top-K over many blocks per head (wide=on) */
 } kv_decode_layers;
 
 /* Fill per_layer (n_layers) with placement p's parameters, fp16 storage

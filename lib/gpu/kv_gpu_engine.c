@@ -630,6 +630,7 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     gl_dfree(&e->qx.v);
     gl_dfree(&e->qx.imp_sc);
     gl_dfree(&e->sel.chans);
+    gl_dfree(&e->sel.topk_ws);
     gl_dfree(&e->sel.sel[0]);
     gl_dfree(&e->sel.sel[1]);
     cudaEvent_t *evs[] = {e->ev_x, e->ev_sel, e->off.ev_copied, e->ev_topk,

@@ -228,6 +228,7 @@ struct kv_gpu_engine {
         float *sm_tmp;   /* eng_softmax_tmp(n_heads) floats of softmax scratch */
         float *qscale;   /* (n_heads) channel-selection scale per query head */
         int *chans, *sel[2]; /* sel: by layer parity, so a gather overlaps the next selection */
+        void *topk_ws;   /* eng_topk_wide_ws(nkv) bytes, when a layer has wide=on */
         size_t score_n, sel_n[2], chans_n;
         int side_last;   /* this step: the last layer selected on the selection stream, or -1 */
     } sel;               /* sparse (layers take turns on the selection streams) */

@@ -324,7 +324,17 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
         TRY(gl_grow_i32(&e->sel.sel[i], &e->sel.sel_n[i], (size_t)nkv * (sp->kmax + 1),
                         "selection ids"));
     TRY(gl_grow_i32(&e->sel.chans, &e->sel.chans_n, (size_t)nkv * p->channels, "critical channels"));
+    if (p->topk_wide && !e->sel.topk_ws) TRY(gl_dalloc(&e->sel.topk_ws, eng_topk_wide_ws(nkv), "top-K scratch"));
     return KV_OK;
+}
+
+/* A sparse layer's top-K: eng_topk_wide (many blocks per KV head) with
+ * wide=on, else eng_topk (one block per KV head); the same ids. */
+static cudaError_t sel_topk(kv_gpu_engine *e, const kv_policy_params *p, const float *x, int nkv,
+                            int n, int k, int base, int *sel, cudaStream_t s)
+{
+    if (p->topk_wide && e->sel.topk_ws) return eng_topk_wide(x, nkv, n, k, base, sel, e->sel.topk_ws, s);
+    return eng_topk(x, nkv, n, k, base, sel, s);
 }
 
 /*
@@ -394,7 +404,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                     CK(eng_pages_expand(e->sel.comb, nkv, np, P, p0, cs, ncand, e->sel.score, s));
                 }
                 if (!(skip & KV_GPU_SKIP_TOPK))
-                    CK(eng_topk(e->sel.score, nkv, ncand, kk, cs, sel, s));
+                    CK(sel_topk(e, p, e->sel.score, nkv, ncand, kk, cs, sel, s));
                 goto gather;
             } else if (p->select == KV_SELECT_EXACT) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
@@ -421,7 +431,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
         } else {
             CK(eng_fill_f32(e->sel.comb, (size_t)nkv * ncand, 0.0f, s)); /* take every candidate */
         }
-        if (!(skip & KV_GPU_SKIP_TOPK)) CK(eng_topk(e->sel.comb, nkv, ncand, kk, cs, sel, s));
+        if (!(skip & KV_GPU_SKIP_TOPK)) CK(sel_topk(e, p, e->sel.comb, nkv, ncand, kk, cs, sel, s));
     }
 gather:
     if (sg != s) {

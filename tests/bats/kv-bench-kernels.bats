@@ -109,6 +109,16 @@ load helper
     [ "$status" -eq 69 ]
 }
 
+@test "kv-bench decode takes --topk-wide (the sparse key wide=on) and lists it in --help" {
+    run --separate-stderr kv-bench decode --help
+    [[ "$output" == *"--topk-wide"* ]]
+    run --separate-stderr kv-bench decode --topk-wide=on
+    assert_fails_with 64 "--topk-wide"
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    run --separate-stderr kv-bench decode --topk-wide --policies hybrid -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny
