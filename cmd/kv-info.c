@@ -77,6 +77,28 @@ static cJSON *part_json(const kvc_file *f, int l, char which)
     return o;
 }
 
+/* A token subset's positions (man/kvc.5): count, first, last, and whether
+ * they are one run (first .. last without gaps); false when there are none. */
+typedef struct {
+    int count;
+    int32_t first, last;
+    bool contiguous;
+} pos_summary;
+
+static bool positions_of(const kvc_file *f, pos_summary *p)
+{
+    int32_t *pos = NULL;
+    int n = 0;
+    memset(p, 0, sizeof *p);
+    if (kvc_positions(f, &pos, &n) || !pos) return false; /* validated at open */
+    p->count = n;
+    p->first = n ? pos[0] : 0;
+    p->last = n ? pos[n - 1] : 0;
+    p->contiguous = !n || (int64_t)pos[n - 1] - pos[0] + 1 == n; /* strictly increasing */
+    free(pos);
+    return true;
+}
+
 static cJSON *file_json(const char *path, const kvc_file *f)
 {
     const kv_geom *g = kvc_geom(f);
@@ -94,6 +116,15 @@ static cJSON *file_json(const char *path, const kvc_file *f)
     cJSON_AddNumberToObject(o, "n_tokens", g->n_tokens);
     cJSON_AddNumberToObject(o, "n_q", g->n_q);
     cJSON_AddBoolToObject(o, "has_tokens", kvc_find(f, "tokens") != NULL);
+    pos_summary ps;
+    if (positions_of(f, &ps)) {
+        cJSON *p = cJSON_AddObjectToObject(o, "positions");
+        cJSON_AddNumberToObject(p, "count", ps.count);
+        cJSON_AddNumberToObject(p, "first", ps.first);
+        cJSON_AddNumberToObject(p, "last", ps.last);
+        cJSON_AddBoolToObject(p, "contiguous", ps.contiguous);
+    } else
+        cJSON_AddNullToObject(o, "positions");
     cJSON *r = cJSON_AddObjectToObject(o, "rope");
     cJSON_AddNumberToObject(r, "theta", g->rope_theta);
     cJSON_AddStringToObject(r, "scaling", g->rope_scaling == KV_ROPE_SCALING_LLAMA3 ? "llama3" : "none");
@@ -174,6 +205,10 @@ static void print_table(const char *path, const kvc_file *f)
     printf("%d kv heads, head dim %d\n", g->n_kv_heads, g->head_dim);
     printf("  tokens     %d%s", g->n_tokens, kvc_find(f, "tokens") ? "" : " (ids not stored)");
     if (g->n_q) printf(", %d queries per layer", g->n_q);
+    pos_summary ps;
+    if (positions_of(f, &ps))
+        printf("\n  positions  %d (a token subset): first %d, last %d, %s", ps.count, ps.first, ps.last,
+               ps.contiguous ? "contiguous" : "with gaps");
     printf("\n  rope       theta %g, %s pairs, keys %s", g->rope_theta,
            g->rope_layout == KV_ROPE_HALVES ? "split-halves" : "interleaved",
            g->keys_roped ? "roped" : "not roped");

@@ -104,6 +104,15 @@ int main(int argc, char **argv)
         rc = kv_report(st, "%s", in_path);
         goto done;
     }
+    /* kvc(5): a reader that cannot honour positions rejects the file.  DSQ's
+     * importance and the report's attention error attend causally by row
+     * index, which a subset's rows are not. */
+    if (kvc_find(in, "positions")) {
+        rc = kv_report(kv_fail(KV_E_DATA, "it has a positions tensor (a token subset, as kv-tree get --important "
+                                          "writes); kv-quant packs whole caches only"),
+                       "%s", in_path);
+        goto done;
+    }
     const kv_geom *g = kvc_geom(in);
     sel = calloc((size_t)g->n_layers + 1, sizeof *sel);
     if (!sel) {

@@ -18,11 +18,15 @@
 /* Options with a short name use it as their id: kv_cli_next returns the
  * short letter when the short form is used. */
 enum { O_JSON = 'j', O_TOKENS = 't', O_OUT = 'o' };
-enum { O_KVC = 256, O_IMPORTANT, O_REPORT, O_TIER, O_ZSTD, O_GPU, O_HOST, O_HALF, O_MAX, O_NO_TOUCH };
+enum { O_KVC = 256, O_IMPORTANT, O_REPORT, O_TIER, O_ZSTD, O_GPU, O_HOST, O_HALF, O_MAX, O_NO_TOUCH, O_ENC };
 
 #define ZSTD_DEFAULT 3
 
 static const kv_option no_opts[] = {{0, 0, NULL, NULL, NULL}};
+static const kv_option init_opts[] = {
+    {O_ENC, 0, "encodings", "SPEC", "chunk encoding per tier: lossless (default), packed, or gpu=E,host=E,disk=E"},
+    {0, 0, NULL, NULL, NULL},
+};
 static const kv_option put_opts[] = {
     {O_TIER, 0, "tier", "TIER", "tier of the new suffix node: gpu, host or disk (default disk)"},
     {O_ZSTD, 0, "zstd", "N", "zstd level of disk-tier chunks (1-19, default 3)"},
@@ -46,6 +50,7 @@ static const kv_option place_opts[] = {
     {O_HOST, 0, "host-bytes", "N", "host tier budget in K/V bytes"},
     {O_HALF, 0, "half-life", "SECONDS", "recency half-life of the score (default 3600)"},
     {O_ZSTD, 0, "zstd", "N", "zstd level of chunks moved to disk (1-19, default 3)"},
+    {O_ENC, 0, "encodings", "SPEC", "change the tiers' chunk encodings first (as for init); re-encodes"},
     {0, 0, NULL, NULL, NULL},
 };
 static const kv_option rm_opts[] = {
@@ -60,7 +65,9 @@ static const kv_option gc_opts[] = {
 };
 
 static const kv_cli_spec specs[] = {
-    {"kv-tree init", "STORE", "Create an empty store directory.", no_opts, NULL},
+    {"kv-tree init", "[OPTIONS] STORE", "Create an empty store directory.", init_opts,
+     "Encodings: raw, kivi1, kivi2, kivi4, dsq1, dsq2, dsq4, each optionally +zstd;\n"
+     "packed = gpu=raw,host=kivi2,disk=kivi2+zstd; lossless = gpu=raw,host=raw,disk=raw+zstd."},
     {"kv-tree put", "[OPTIONS] STORE FILE.kvc|-",
      "Insert a .kvc; shares cached prefixes and stores only the new suffix.  JSON report on stdout.",
      put_opts, NULL},
@@ -71,7 +78,8 @@ static const kv_cli_spec specs[] = {
     {"kv-tree ls", "[OPTIONS] STORE", "List the nodes: a table on a terminal, JSON when piped.", ls_opts,
      NULL},
     {"kv-tree place", "[OPTIONS] STORE --gpu-bytes N --host-bytes N",
-     "Assign tiers by score under the budgets; disk chunks are compressed.", place_opts, NULL},
+     "Assign tiers by score under the budgets; chunks are re-encoded for their tier.", place_opts,
+     "A chunk is rewritten when its encoding is not its tier's (or it is chunk version 1)."},
     {"kv-tree rm", "STORE (--tokens FILE|- | --kvc FILE)",
      "Remove every cached token that follows the given prefix.", rm_opts, NULL},
     {"kv-tree gc", "[OPTIONS] STORE --max-bytes N",
@@ -129,15 +137,24 @@ static int save_store(kv_tree_store *s, const char *dir)
     return st ? kv_report(st, "%s: cannot save the index", dir) : 0;
 }
 
+static void parse_encodings(const char *arg, kv_tree_enc enc[KV_TIER_COUNT])
+{
+    kv_errclear();
+    if (kv_tree_encodings_parse(arg, enc)) kv_cli_usage_error("--encodings: %s", kv_errdetail());
+}
+
 // --- subcommands ------------------------------------------------------------------
 
 static int cmd_init(int argc, char **argv)
 {
     const char *arg;
-    int oi = 0;
-    while (kv_cli_next(argc, argv, &arg, &oi) != -1) {}
+    int oi = 0, c;
+    kv_tree_enc enc[KV_TIER_COUNT];
+    kv_tree_encodings_default(enc);
+    while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1)
+        if (c == O_ENC) parse_encodings(arg, enc);
     const char *dir = store_operand(argc, argv, oi);
-    kv_status st = kv_tree_store_create(dir);
+    kv_status st = kv_tree_store_create_ex(dir, enc);
     if (st) return kv_report(st, "%s", dir);
     kv_note(1, "created store %s", dir);
     return 0;
@@ -253,10 +270,12 @@ static int cmd_place(int argc, char **argv)
     const char *arg;
     int oi = 0, c, rc, zl = ZSTD_DEFAULT;
     uint64_t gpu = 0, host = 0;
-    bool have_gpu = false, have_host = false;
+    bool have_gpu = false, have_host = false, have_enc = false;
     double half = KV_TREE_HALF_LIFE;
+    kv_tree_enc enc[KV_TIER_COUNT];
     while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_GPU) gpu = tree_bytes("--gpu-bytes", arg), have_gpu = true;
+        if (c == O_ENC) parse_encodings(arg, enc), have_enc = true;
+        else if (c == O_GPU) gpu = tree_bytes("--gpu-bytes", arg), have_gpu = true;
         else if (c == O_HOST) host = tree_bytes("--host-bytes", arg), have_host = true;
         else if (c == O_HALF) half = kv_cli_double("--half-life", arg, 1e-3, 1e12);
         else if (c == O_ZSTD) zl = (int)kv_cli_long("--zstd", arg, 1, 19);
@@ -265,6 +284,7 @@ static int cmd_place(int argc, char **argv)
     if (!have_gpu || !have_host) kv_cli_usage_error("place needs --gpu-bytes and --host-bytes");
     kv_tree_store *s = NULL;
     if ((rc = open_store(dir, true, &s))) return rc;
+    if (have_enc) kv_tree_store_set_encodings(s, enc);
     kv_place_report r;
     kv_errclear();
     kv_status st = kv_tree_store_place(s, gpu, host, half, zl, now_s(), &r);
@@ -359,6 +379,7 @@ int main(int argc, char **argv)
                                     "Prefix-sharing KV-cache store with importance-aware tiers (IMPRESS).", no_opts,
                                     "Time: KV_TREE_NOW=SECONDS replaces the clock (for reproducible tests)."};
     static char extra[64];
-    snprintf(extra, sizeof extra, "kv-tree index version %d", KV_TREE_INDEX_VERSION);
+    snprintf(extra, sizeof extra, "kv-tree index version %d, chunk version %d", KV_TREE_INDEX_VERSION,
+             KV_TREE_CHUNK_VERSION);
     return kv_cli_subcommands(&top, specs, subs, (int)(sizeof subs / sizeof subs[0]), extra, argc, argv);
 }

@@ -88,6 +88,11 @@ int kvc_n_checksums(const kvc_file *f);
 /* The token ids of a cache: its "tokens" tensor (I32 [T]) copied into
  * *ids (malloc'd); KV_E_DATA when there is none. */
 kv_status kvc_tokens(const kvc_file *f, int32_t **ids, int *n);
+/* The positions tensor of a token subset (man/kvc.5, "Token subsets"),
+ * copied into *pos (malloc'd, *n = T entries); *pos = NULL and *n = 0 when
+ * the file has none (row t is then position t).  kvc_open has validated it:
+ * I32 [T], non-negative, strictly increasing. */
+kv_status kvc_positions(const kvc_file *f, int32_t **pos, int *n);
 /* A request's token ids from exactly one of: a token list file (ids_path,
  * "-" for stdin: kv_tokens_parse) or the tokens tensor of the .kvc at
  * kvc_path.  The detail names the file (or "stdin"). */
@@ -121,6 +126,8 @@ kv_status kvc_writer_add_copy(kvc_writer *w, const char *name, kv_dtype dt, int 
 kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level);
 /* Same, with kv_outfile_open_ex flags (KV_OUT_NOFOLLOW). */
 kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags);
+/* Same, into memory: *buf (malloc'd, *len bytes) holds the whole file. */
+kv_status kvc_writer_write_mem(kvc_writer *w, int zstd_level, uint8_t **buf, size_t *len);
 void kvc_writer_free(kvc_writer *w);
 
 

@@ -112,6 +112,20 @@ kv_status kvc_tokens(const kvc_file *f, int32_t **ids, int *n)
     return KV_OK;
 }
 
+kv_status kvc_positions(const kvc_file *f, int32_t **pos, int *n)
+{
+    *pos = NULL;
+    *n = 0;
+    const kvc_tensor *t = kvc_find(f, "positions");
+    if (!t) return KV_OK;
+    if (t->dtype != KV_DT_I32 || t->ndim != 1) return kv_fail(KV_E_DATA, "positions is not I32 [T]");
+    *pos = malloc((size_t)t->shape[0] * sizeof **pos + 1);
+    if (!*pos) return kv_fail(KV_E_NOMEM, "out of memory");
+    memcpy(*pos, t->data, (size_t)t->shape[0] * sizeof **pos);
+    *n = (int)t->shape[0];
+    return KV_OK;
+}
+
 kv_status kvc_tokens_read(const char *ids_path, const char *kvc_path, int32_t **ids, int *n)
 {
     kv_status st;

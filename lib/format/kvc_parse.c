@@ -714,6 +714,25 @@ static kv_status build_geom(kvc_file *f)
                            (long long)tok->shape[0], T);
     }
 
+    /* A token subset's original positions (man/kvc.5, "Token subsets"):
+     * checked here so that no reader can take row t for position t by
+     * mistake, nor meet positions that go backwards. */
+    const kvc_tensor *pos = kvc_find(f, "positions");
+    if (pos) {
+        if (pos->dtype != KV_DT_I32 || pos->ndim != 1 || pos->shape[0] != T)
+            return kv_fail(KV_E_DATA, "positions must be I32 [%d] (one per cached token), not %dd %s", T, pos->ndim,
+                           kv_dtype_name(pos->dtype));
+        int32_t prev = -1;
+        for (int t = 0; t < T; t++) {
+            int32_t p;
+            memcpy(&p, (const char *)pos->data + 4 * (size_t)t, 4);
+            if (p <= prev)
+                return kv_fail(KV_E_DATA, "positions[%d] = %d %s: positions must be non-negative and strictly increasing",
+                               t, p, p < 0 ? "is negative" : "does not follow the previous one");
+            prev = p;
+        }
+    }
+
     /* RoPE and the rest. */
     if ((st = meta_real(f, "kvc.rope_theta", &g->rope_theta, false))) return st;
     if (!(g->rope_theta > 0)) return kv_fail(KV_E_DATA, "metadata kvc.rope_theta must be positive");

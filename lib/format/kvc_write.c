@@ -296,14 +296,14 @@ kv_status kvc_writer_write(kvc_writer *w, const char *path, int zstd_level)
     return kvc_writer_write_ex(w, path, zstd_level, 0);
 }
 
-kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags)
+/* The file's bytes (8-byte length, header, tensors; zstd-compressed at
+ * zstd_level > 0) to fp. */
+static kv_status emit(kvc_writer *w, FILE *fp, int zstd_level)
 {
     kv_status st = KV_OK;
     wtensor **ord = malloc(((size_t)w->nt + 1) * sizeof *ord);
     sbuf h = {0};
     sink k = {0};
-    kv_outfile o = {0};
-    bool opened = false;
     if (!ord) return kv_fail(KV_E_NOMEM, "cannot allocate the tensor order");
     for (int i = 0; i < w->nt; i++) ord[i] = &w->t[i];
     qsort(ord, (size_t)w->nt, sizeof *ord, cmp_wsize);
@@ -349,10 +349,7 @@ kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, u
         st = kv_fail(KV_E_INTERNAL, "header of %zu bytes exceeds the %u-byte limit", h.n, KVC_HEADER_MAX);
         goto out;
     }
-
-    if ((st = kv_outfile_open_ex(&o, path, flags))) goto out;
-    opened = true;
-    k.fp = o.fp;
+    k.fp = fp;
     if (zstd_level > 0) {
         k.z = ZSTD_createCCtx();
         k.zcap = ZSTD_CStreamOutSize();
@@ -379,20 +376,8 @@ kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, u
         }
         if (st) goto out;
     }
-    if (k.z && (st = sink_zstd(&k, NULL, 0, ZSTD_e_end))) goto out;
-    opened = false;
-    if ((st = kv_outfile_commit(&o))) goto out;
+    if (k.z) st = sink_zstd(&k, NULL, 0, ZSTD_e_end);
 out:
-    if (opened) {
-        kv_status keep = st;
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", kv_errdetail());
-        kv_outfile_abort(&o);
-        /* a full disk said only "write error: No space left on device" */
-        kv_fail(keep, "%s", msg);
-        if (!strcmp(path, "-")) kv_errcontext("stdout");
-        else kv_errcontext("cannot write %s", path);
-    }
     ZSTD_freeCCtx(k.z);
     free(k.zbuf);
     free(h.p);
@@ -400,3 +385,37 @@ out:
     return st;
 }
 
+kv_status kvc_writer_write_ex(kvc_writer *w, const char *path, int zstd_level, unsigned flags)
+{
+    kv_outfile o = {0};
+    kv_status st = kv_outfile_open_ex(&o, path, flags);
+    if (st) return st;
+    if (!(st = emit(w, o.fp, zstd_level))) return kv_outfile_commit(&o);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kv_errdetail());
+    kv_outfile_abort(&o);
+    /* a full disk said only "write error: No space left on device" */
+    kv_fail(st, "%s", msg);
+    if (!strcmp(path, "-")) kv_errcontext("stdout");
+    else kv_errcontext("cannot write %s", path);
+    return st;
+}
+
+kv_status kvc_writer_write_mem(kvc_writer *w, int zstd_level, uint8_t **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    char *p = NULL;
+    size_t n = 0;
+    FILE *fp = open_memstream(&p, &n);
+    if (!fp) return kv_fail(KV_E_NOMEM, "cannot open a memory stream");
+    kv_status st = emit(w, fp, zstd_level);
+    if (fclose(fp) != 0 && !st) st = kv_fail(KV_E_NOMEM, "cannot finish a memory stream");
+    if (st) {
+        free(p);
+        return st;
+    }
+    *buf = (uint8_t *)p;
+    *len = n;
+    return KV_OK;
+}

@@ -37,6 +37,8 @@ static kv_status node_new(kv_tree *t, int *out)
     nd->parent = -1;
     nd->live = true;
     nd->tier = KV_TIER_DISK;
+    nd->chunk_version = KV_TREE_CHUNK_VERSION;
+    nd->enc = t->enc[KV_TIER_DISK];
     *out = t->n_nodes++;
     return KV_OK;
 }
@@ -77,6 +79,8 @@ kv_status kv_tree_new(kv_tree **out)
     *out = NULL;
     kv_tree *t = calloc(1, sizeof *t);
     if (!t) return kv_fail(KV_E_NOMEM, "cannot allocate a tree");
+    kv_tree_encodings_default(t->enc);
+    t->group_rows = KV_TREE_GROUP_ROWS;
     int root;
     kv_status st = node_new(t, &root);
     if (st) {

@@ -24,8 +24,10 @@
 #include "common/kv_status.h"
 #include "format/kvc.h"
 
-#define KV_TREE_INDEX_VERSION 1
-#define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvc" */
+#define KV_TREE_INDEX_VERSION 2 /* 2: encodings, group_rows, per-node chunk and encoding */
+#define KV_TREE_CHUNK_VERSION 2 /* chunk files: 1 = a whole .kvc; 2 = frames (man/kvc.5) */
+#define KV_TREE_GROUP_ROWS 32   /* rows per frame of new chunks */
+#define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvt" */
 /* The largest byte count (budget, size) the index holds: JSON numbers are
  * doubles, exact up to 2^53.  Writers refuse more, the reader accepts up to
  * it, so every store that is written can be read back. */
@@ -36,6 +38,26 @@ typedef enum { KV_TIER_GPU = 0, KV_TIER_HOST = 1, KV_TIER_DISK = 2, KV_TIER_COUN
 const char *kv_tier_name(kv_tier t);
 /* "gpu", "host", "disk" -> tier; -1 if unknown. */
 int kv_tier_parse(const char *s);
+
+/* How a chunk stores its rows (man/kvc.5, "kv-tree chunks"): plain in the
+ * store's dtype, or packed by KIVI or DSQ at 1, 2 or 4 bits (groups of
+ * group_rows tokens), each frame optionally zstd-compressed.  Spelled "raw",
+ * "kivi2", "dsq4+zstd", ... */
+typedef enum { KV_TREE_ENC_RAW = 0, KV_TREE_ENC_KIVI = 1, KV_TREE_ENC_DSQ = 2 } kv_tree_codec;
+typedef struct {
+    kv_tree_codec codec;
+    int bits;  /* 0 for raw */
+    bool zstd;
+} kv_tree_enc;
+
+kv_status kv_tree_enc_parse(const char *s, kv_tree_enc *e); /* KV_E_USAGE when unknown */
+void kv_tree_enc_format(const kv_tree_enc *e, char *buf, size_t n);
+bool kv_tree_enc_equal(const kv_tree_enc *a, const kv_tree_enc *b);
+/* The encoding of each tier: "lossless" (the default: gpu raw, host raw,
+ * disk raw+zstd), "packed" (gpu raw, host kivi2, disk kivi2+zstd, as
+ * LMCache and IMPRESS tier them) or a list "gpu=raw,host=dsq2,disk=...". */
+kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT]);
+void kv_tree_encodings_default(kv_tree_enc enc[KV_TIER_COUNT]);
 
 typedef struct {
     int parent;          /* index into kv_tree.nodes; -1 for the root only */
@@ -52,6 +74,8 @@ typedef struct {
     int64_t last_use;    /* unix seconds of the last such request */
     float imp_mean, imp_min, imp_max; /* importance summary of the edge tokens */
     bool imp_attention;  /* importance from attention (true) or key norms */
+    int chunk_version;   /* 1: a whole .kvc (stores of index version 1); 2: frames */
+    kv_tree_enc enc;     /* how the chunk stores its rows (version 1: raw, +zstd on disk) */
     bool live;           /* false once removed (slot kept until save) */
 } kv_tree_node;
 
@@ -69,6 +93,8 @@ typedef struct {
     uint64_t generation; /* last chunk file number handed out */
     uint64_t gpu_budget, host_budget; /* from the last place (0 = none) */
     bool has_budgets;
+    kv_tree_enc enc[KV_TIER_COUNT]; /* the encoding of each tier's chunks */
+    int group_rows;      /* rows per frame of new chunks */
 } kv_tree;
 
 kv_status kv_tree_new(kv_tree **out);
@@ -129,6 +155,11 @@ typedef struct kv_tree_store kv_tree_store;
 /* Create a store directory (its parent must exist); KV_E_CANTCREATE if it
  * already holds an index. */
 kv_status kv_tree_store_create(const char *dir);
+/* Same, with the tiers' encodings (NULL: lossless). */
+kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT]);
+/* Change the tiers' encodings; the next kv_tree_store_place re-encodes
+ * every chunk whose encoding then differs from its tier's. */
+void kv_tree_store_set_encodings(kv_tree_store *s, const kv_tree_enc enc[KV_TIER_COUNT]);
 /* Open a store; write = take the lock exclusively (else shared). */
 kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out);
 void kv_tree_store_close(kv_tree_store *s);
@@ -147,7 +178,10 @@ typedef struct {
     kv_tier tier;             /* of the new node */
 } kv_put_report;
 
-/* Insert a .kvc (plain K/V with a tokens tensor). */
+/* Insert a .kvc with a tokens tensor: plain K/V (in the store's dtype), or
+ * KIVI/DSQ-packed layers, which are decoded (kvc(5)) into the store's dtype
+ * (F16 for a new store); a file with positions is refused (KV_E_DATA).
+ * The new suffix node keeps the input's query samples. */
 kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, int zstd_level, int64_t now,
                        kv_put_report *r);
 
@@ -155,9 +189,11 @@ typedef struct {
     int tokens, matched;      /* request length; cached prefix length */
     int kept, skipped;        /* tokens written; tokens left out by --important */
     int nodes;
-    uint64_t bytes_read[KV_TIER_COUNT];    /* chunk file bytes read per tier */
+    uint64_t bytes_read[KV_TIER_COUNT];    /* chunk file bytes read per tier: with --important,
+                                              only the head and the frames holding kept rows */
     uint64_t kv_bytes_out[KV_TIER_COUNT];  /* K/V bytes taken from each tier */
     bool positions;           /* output carries a positions tensor */
+    int n_q;                  /* query samples written per layer (0: none) */
 } kv_get_report;
 
 /* Write the longest cached prefix of tok[0..n) to out_path as a .kvc.
@@ -166,11 +202,18 @@ typedef struct {
  * count the hit and update last-use times (the caller then saves). */
 kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
                        const char *out_path, kv_get_report *r);
+/* Same, in memory: *out is the .kvc that kv_tree_store_get would write
+ * (plain K/V in the store's dtype, tokens, importance, kvtree.matched,
+ * positions when frac < 1, queries when the match ends where a put that had
+ * them ended and there are no positions); kvc_close it. */
+kv_status kv_tree_store_get_kvc(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
+                                kvc_file **out, kv_get_report *r);
 
 typedef struct {
     int nodes[KV_TIER_COUNT];
     uint64_t kv_bytes[KV_TIER_COUNT];
     int moved;                /* nodes whose tier changed */
+    int reencoded;            /* chunks rewritten in their tier's encoding */
     uint64_t bytes_rewritten;
 } kv_place_report;
 
@@ -205,6 +248,11 @@ typedef struct {
     int orphans;              /* chunk files not in the index (not damage) */
     int temp_files;           /* leftover index temp files of interrupted writes (not damage; gc removes them) */
 } kv_check_report;
+
+/* Parse a version-2 chunk file image (head, tables, frame index), decode
+ * every frame and the query samples: what kv-tree check does to each chunk,
+ * without a store (the fuzzer's entry).  *n_rows gets the token count. */
+kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows);
 
 /* Verify every chunk against the index.  Returns KV_OK even when problems
  * are found (they are in the report); other statuses mean it could not run. */

@@ -165,6 +165,26 @@ static kv_status parse_node(kv_tree *t, const cJSON *o, int idx, long *total)
         return kv_fail(KV_E_DATA, "index: node %d: importance source must be attention or key-norm", idx);
     nd->imp_mean = (float)mean, nd->imp_min = (float)mn, nd->imp_max = (float)mx;
     nd->imp_attention = !strcmp(src, "attention");
+    /* Index version 2: the chunk's version and encoding.  A version-1
+     * index has neither: its chunks are whole .kvc files, raw, compressed
+     * on the disk tier. */
+    double cv = 1;
+    const cJSON *cvj = cJSON_GetObjectItemCaseSensitive(o, "chunk");
+    if (cvj && !get_int(o, "chunk", 1, 1e9, &cv))
+        return kv_fail(KV_E_DATA, "index: node %d: chunk must be a chunk version", idx);
+    if (cv > KV_TREE_CHUNK_VERSION)
+        return kv_fail(KV_E_DATA, "index: node %d: chunk version %.0f; this kv-tree reads version %d or older", idx, cv,
+                       KV_TREE_CHUNK_VERSION);
+    nd->chunk_version = (int)cv;
+    const char *enc = get_str(o, "encoding");
+    if (nd->chunk_version == 1) {
+        nd->enc = (kv_tree_enc){KV_TREE_ENC_RAW, 0, nd->tier == KV_TIER_DISK};
+        if (enc && strcmp(enc, nd->tier == KV_TIER_DISK ? "raw+zstd" : "raw"))
+            return kv_fail(KV_E_DATA, "index: node %d: a version-1 chunk is raw, compressed only on disk", idx);
+    } else if (!enc || kv_tree_enc_parse(enc, &nd->enc)) {
+        kv_errclear();
+        return kv_fail(KV_E_DATA, "index: node %d: a version-2 chunk needs a known encoding", idx);
+    }
     return KV_OK;
 }
 
@@ -192,6 +212,23 @@ static kv_status parse_json(const cJSON *j, kv_tree *t)
         if (!get_int(b, "gpu", 0, U53, &gb) || !get_int(b, "host", 0, U53, &hb))
             return kv_fail(KV_E_DATA, "index: budgets need integer gpu and host");
         t->gpu_budget = (uint64_t)gb, t->host_budget = (uint64_t)hb, t->has_budgets = true;
+    }
+    /* version 2: the tiers' encodings and the rows per frame */
+    const cJSON *encs = cJSON_GetObjectItemCaseSensitive(j, "encodings");
+    if (encs) {
+        if (!cJSON_IsObject(encs)) return kv_fail(KV_E_DATA, "index: encodings must be an object");
+        for (int tr = 0; tr < KV_TIER_COUNT; tr++) {
+            const char *e = get_str(encs, kv_tier_name((kv_tier)tr));
+            if (!e || kv_tree_enc_parse(e, &t->enc[tr])) {
+                kv_errclear();
+                return kv_fail(KV_E_DATA, "index: encodings.%s must be a known encoding", kv_tier_name((kv_tier)tr));
+            }
+        }
+    }
+    if (cJSON_GetObjectItemCaseSensitive(j, "group_rows")) {
+        if (!get_int(j, "group_rows", 8, 4096, &v) || (int)v % 8)
+            return kv_fail(KV_E_DATA, "index: group_rows must be a multiple of 8 in [8, 4096]");
+        t->group_rows = (int)v;
     }
     const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(j, "nodes");
     if (!cJSON_IsArray(nodes)) return kv_fail(KV_E_DATA, "index: nodes must be an array");
@@ -293,6 +330,13 @@ kv_status kv_tree_index_format(const kv_tree *t, char **out)
         tree_json_u64(b, "host", t->host_budget);
     } else
         cJSON_AddNullToObject(j, "budgets");
+    cJSON *encs = cJSON_AddObjectToObject(j, "encodings");
+    for (int tr = 0; tr < KV_TIER_COUNT; tr++) {
+        char e[24];
+        kv_tree_enc_format(&t->enc[tr], e, sizeof e);
+        cJSON_AddStringToObject(encs, kv_tier_name((kv_tier)tr), e);
+    }
+    cJSON_AddNumberToObject(j, "group_rows", t->group_rows);
     cJSON *arr = cJSON_AddArrayToObject(j, "nodes");
     for (int k = 1; k < no; k++) {
         const kv_tree_node *nd = &t->nodes[order[k]];

@@ -28,9 +28,61 @@ struct kv_tree_store {
     int n_dead, cap_dead;
 };
 
-float *tree_chunk_imp(const kvc_file *f, int n);
-kv_status tree_chunk_open(const kv_tree_store *s, int i, kvc_file **out);
-kv_status tree_chunk_rewrite_range(kv_tree_store *s, int i, const kvc_file *f, int a, int n, int zstd_level,
+/* One chunk to write: per layer, K and V rows in the store's dtype, laid
+ * out [Hkv, src_T, D]. */
+typedef struct {
+    const void *const *k, *const *v; /* (L) source buffers */
+    int src_T;
+} chunk_src;
+
+typedef struct {
+    uint64_t off, len; /* in the chunk file */
+    uint32_t crc;      /* CRC-32C of the frame's bytes */
+    int rows;
+} tree_frame;
+
+/* An open chunk of either version: its tables in memory, rows read on
+ * demand (version 2: only the frames that hold them). */
+typedef struct {
+    char name[KV_TREE_FILE_MAX];
+    int fd;                 /* source: a descriptor (pread) ... */
+    const uint8_t *mem;     /* ... or a buffer */
+    uint64_t size;          /* of the file */
+    uint64_t bytes_read;    /* so far */
+    int version;
+    int n, start, group_rows, n_frames;
+    kv_tree_enc enc;
+    int L, Hkv, D;
+    kv_dtype dt;
+    int q_heads, n_q;       /* query samples (0, 0: none) */
+    uint32_t q_crc;
+    uint64_t q_off;
+    int32_t *tokens;        /* (n) edge token ids */
+    float *imp;             /* (n) importances */
+    int32_t *order;         /* (n) stored row j holds edge token order[j] */
+    int *rank;              /* (n) inverse of order */
+    tree_frame *frames;     /* (n_frames) */
+    kvc_file *v1;           /* version 1: the whole .kvc */
+} tree_chunk;
+
+/* Parse the head and tables of c's source (name, fd or mem, size set);
+ * g (may be NULL) is the store geometry the chunk must have. */
+kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g);
+/* Rows sel[0..k) (edge offsets) into rows [off, off+k) of
+ * kdst[l], vdst[l] ([Hkv, dst_T, D] in the store's dtype). */
+kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kdst, void *const *vdst, int dst_T, int off);
+/* The query samples, F32 [L, q_heads, n_q, D]. */
+kv_status tree_chunk_queries(tree_chunk *c, float *q);
+void tree_chunk_free(tree_chunk *c);
+/* A version-2 chunk image of n tokens (src rows sel[0..n)); q (may be NULL)
+ * F32 [L, q_heads, n_q, D]. */
+kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int start, int n,
+                            const int32_t *tok, const float *imp, const chunk_src *src, const int *sel,
+                            const float *q, int q_heads, int n_q, int zstd_level, uint8_t **out, size_t *out_len);
+
+/* Open node i's chunk (either version) and check it against the index. */
+kv_status tree_node_open(const kv_tree_store *s, int i, tree_chunk *c);
+kv_status tree_chunk_rewrite_range(kv_tree_store *s, int i, tree_chunk *c, int a, int n, int zstd_level,
                                    bool retire_old);
 int tree_cmp_str(const void *a, const void *b);
 /* A node's file, sizes, tier, use and importance summary, added to the

@@ -60,6 +60,7 @@ char *kv_get_report_json(const kv_get_report *r)
     cJSON_AddNumberToObject(o, "skipped", r->skipped);
     cJSON_AddNumberToObject(o, "nodes", r->nodes);
     cJSON_AddBoolToObject(o, "positions", r->positions);
+    cJSON_AddNumberToObject(o, "n_q", r->n_q);
     cJSON *br = cJSON_AddObjectToObject(o, "bytes_read"), *kb = cJSON_AddObjectToObject(o, "kv_bytes_out");
     for (int t = 0; t < KV_TIER_COUNT; t++) {
         cJSON_AddNumberToObject(br, kv_tier_name((kv_tier)t), (double)r->bytes_read[t]);
@@ -72,6 +73,7 @@ char *kv_place_report_json(const kv_place_report *r, uint64_t gpu_budget, uint64
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "moved", r->moved);
+    cJSON_AddNumberToObject(o, "reencoded", r->reencoded);
     cJSON_AddNumberToObject(o, "bytes_rewritten", (double)r->bytes_rewritten);
     for (int t = 0; t < KV_TIER_COUNT; t++) {
         cJSON *e = cJSON_AddObjectToObject(o, kv_tier_name((kv_tier)t));
@@ -124,6 +126,10 @@ void tree_node_json(struct cJSON *o, const kv_tree_node *nd)
     tree_json_u64(o, "bytes", nd->bytes);
     tree_json_u64(o, "kv_bytes", nd->kv_bytes);
     cJSON_AddStringToObject(o, "tier", kv_tier_name(nd->tier));
+    cJSON_AddNumberToObject(o, "chunk", nd->chunk_version);
+    char enc[24];
+    kv_tree_enc_format(&nd->enc, enc, sizeof enc);
+    cJSON_AddStringToObject(o, "encoding", enc);
     tree_json_u64(o, "hits", nd->hits);
     tree_json_i64(o, "last_use", nd->last_use);
     cJSON *im = cJSON_AddObjectToObject(o, "importance");
@@ -186,12 +192,15 @@ kv_status kv_tree_ls_write(FILE *f, bool json, const kv_tree *t, const char *sto
     kv_tree_totals(t, &tot);
     fprintf(f, "%s: %d nodes, %ld tokens, %llu bytes in chunks (%llu bytes of K/V)\n", store, tot.nodes, tot.tokens,
             (unsigned long long)tot.bytes, (unsigned long long)tot.kv_bytes);
-    fprintf(f, "%5s %6s %7s %7s %10s %10s %-5s %6s %8s %8s  %s\n", "id", "parent", "start", "tokens", "bytes",
-            "kv_bytes", "tier", "hits", "imp_mean", "imp_max", "source");
+    fprintf(f, "%5s %6s %7s %7s %10s %10s %-5s %-11s %6s %8s %8s  %s\n", "id", "parent", "start", "tokens", "bytes",
+            "kv_bytes", "tier", "encoding", "hits", "imp_mean", "imp_max", "source");
     for (int i = 1; i < t->n_nodes; i++) {
         const kv_tree_node *nd = &t->nodes[i];
-        fprintf(f, "%5d %6d %7d %7d %10llu %10llu %-5s %6llu %8.3f %8.3f  %s\n", i, nd->parent, nd->start, nd->n,
-                (unsigned long long)nd->bytes, (unsigned long long)nd->kv_bytes, kv_tier_name(nd->tier),
+        if (!nd->live) continue;
+        char enc[24];
+        kv_tree_enc_format(&nd->enc, enc, sizeof enc);
+        fprintf(f, "%5d %6d %7d %7d %10llu %10llu %-5s %-11s %6llu %8.3f %8.3f  %s\n", i, nd->parent, nd->start, nd->n,
+                (unsigned long long)nd->bytes, (unsigned long long)nd->kv_bytes, kv_tier_name(nd->tier), enc,
                 (unsigned long long)nd->hits, nd->imp_mean, nd->imp_max, nd->imp_attention ? "attention" : "key-norm");
     }
     return ferror(f) ? kv_fail(KV_E_IO, "write error") : KV_OK;

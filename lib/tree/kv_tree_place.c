@@ -28,15 +28,23 @@ double kv_tree_score(const kv_tree_node *nd, int64_t now, double half_life)
     return (double)nd->imp_mean * (1.0 + (double)nd->hits) * exp2(-age / (half_life > 0 ? half_life : 1));
 }
 
-/* Rewrite node i's whole chunk (after its tier changed compression). */
-static kv_status chunk_recompress(kv_tree_store *s, int i, int zstd_level)
+/* Rewrite node i's whole chunk in its tier's encoding (a version-1 chunk
+ * becomes version 2). */
+static kv_status chunk_reencode(kv_tree_store *s, int i, int zstd_level)
 {
-    kvc_file *f = NULL;
-    kv_status st = tree_chunk_open(s, i, &f);
+    tree_chunk c;
+    kv_status st = tree_node_open(s, i, &c);
     if (st) return st;
-    st = tree_chunk_rewrite_range(s, i, f, 0, s->t->nodes[i].n, zstd_level, true);
-    kvc_close(f);
+    st = tree_chunk_rewrite_range(s, i, &c, 0, s->t->nodes[i].n, zstd_level, true);
+    tree_chunk_free(&c);
     return st;
+}
+
+/* Does node i's chunk need rewriting for its tier?  Version-1 chunks always
+ * do (place is the upgrade path to chunk version 2). */
+static bool needs_reencode(const kv_tree *t, const kv_tree_node *nd)
+{
+    return nd->chunk_version == 1 || !kv_tree_enc_equal(&nd->enc, &t->enc[nd->tier]);
 }
 
 kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t host_bytes, double half_life,
@@ -84,9 +92,10 @@ kv_status kv_tree_store_place(kv_tree_store *s, uint64_t gpu_bytes, uint64_t hos
         kv_tier to = nt[i] < 0 ? KV_TIER_DISK : (kv_tier)nt[i], from = nd->tier;
         nd->tier = to;
         if (to != from) r->moved++;
-        if ((to == KV_TIER_DISK) != (from == KV_TIER_DISK)) {
-            if ((st = chunk_recompress(s, i, zstd_level))) break;
+        if (needs_reencode(t, nd)) {
+            if ((st = chunk_reencode(s, i, zstd_level))) break;
             r->bytes_rewritten += nd->bytes;
+            r->reencoded++;
         }
         r->nodes[to]++;
         r->kv_bytes[to] += nd->kv_bytes;
@@ -278,32 +287,49 @@ kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r)
         const kv_tree_node *nd = &t->nodes[i];
         if (!nd->live) continue;
         r->nodes++;
-        kvc_file *f = NULL;
+        tree_chunk c;
         kv_errclear();
-        if (tree_chunk_open(s, i, &f)) {
+        if (tree_node_open(s, i, &c)) {
             problem(r, "%s", kv_errdetail());
             continue;
         }
         bool ok = true;
-        if (kvc_file_bytes(f) != nd->bytes)
-            problem(r, "chunk %s is %llu bytes, the index says %llu", nd->file, (unsigned long long)kvc_file_bytes(f),
-                    (unsigned long long)nd->bytes), ok = false;
-        if (kvc_was_zstd(f) != (nd->tier == KV_TIER_DISK))
-            problem(r, "chunk %s is %s but its tier is %s", nd->file, kvc_was_zstd(f) ? "compressed" : "not compressed",
+        /* every frame and the query samples: checksums, and each frame
+         * decodes to its rows in the store's geometry */
+        void **kb = calloc((size_t)c.L, sizeof *kb), **vb = calloc((size_t)c.L, sizeof *vb);
+        int *sel = malloc((size_t)c.n * sizeof *sel + 1);
+        float *q = malloc((size_t)c.L * c.q_heads * c.n_q * c.D * sizeof *q + 1);
+        size_t per = (size_t)c.Hkv * c.n * c.D * kv_dtype_size(c.dt);
+        bool mem = kb && vb && sel && q;
+        for (int l = 0; mem && l < c.L; l++) mem = (kb[l] = malloc(per + 1)) && (vb[l] = malloc(per + 1));
+        kv_errclear();
+        if (!mem) problem(r, "chunk %s: no memory to verify it", nd->file), ok = false;
+        else {
+            for (int k = 0; k < c.n; k++) sel[k] = k;
+            if (tree_chunk_rows(&c, sel, c.n, kb, vb, c.n, 0) || tree_chunk_queries(&c, q))
+                problem(r, "%s", kv_errdetail()), ok = false;
+        }
+        for (int l = 0; kb && vb && l < c.L; l++) free(kb[l]), free(vb[l]);
+        free(kb), free(vb), free(sel), free(q);
+        if (c.version == 1 && c.enc.zstd != (nd->tier == KV_TIER_DISK))
+            problem(r, "chunk %s is %s but its tier is %s", nd->file, c.enc.zstd ? "compressed" : "not compressed",
                     kv_tier_name(nd->tier)), ok = false;
+        if (c.version == 2 && !kv_tree_enc_equal(&nd->enc, &t->enc[nd->tier])) {
+            char a[24], b[24];
+            kv_tree_enc_format(&nd->enc, a, sizeof a);
+            kv_tree_enc_format(&t->enc[nd->tier], b, sizeof b);
+            problem(r, "chunk %s is %s but the %s tier's encoding is %s (kv-tree place re-encodes)", nd->file, a,
+                    kv_tier_name(nd->tier), b), ok = false;
+        }
         if (nd->kv_bytes != tree_kv_bytes_of(t, nd->n))
             problem(r, "node %s: kv_bytes %llu, expected %llu", nd->file, (unsigned long long)nd->kv_bytes,
                     (unsigned long long)tree_kv_bytes_of(t, nd->n)), ok = false;
-        float *imp = tree_chunk_imp(f, nd->n);
-        if (imp) {
-            kv_tree_node tmp = *nd;
-            tree_imp_summary(&tmp, imp, nd->n);
-            if (fabsf(tmp.imp_mean - nd->imp_mean) > 1e-3f * (1 + fabsf(nd->imp_mean)) || tmp.imp_max != nd->imp_max ||
-                tmp.imp_min != nd->imp_min)
-                problem(r, "chunk %s: importance summary disagrees with the index", nd->file), ok = false;
-            free(imp);
-        }
-        kvc_close(f);
+        kv_tree_node tmp = *nd;
+        tree_imp_summary(&tmp, c.imp, nd->n);
+        if (fabsf(tmp.imp_mean - nd->imp_mean) > 1e-3f * (1 + fabsf(nd->imp_mean)) || tmp.imp_max != nd->imp_max ||
+            tmp.imp_min != nd->imp_min)
+            problem(r, "chunk %s: importance summary disagrees with the index", nd->file), ok = false;
+        tree_chunk_free(&c);
         r->chunks_ok += ok;
     }
     kv_status st = remove_orphans(s, &r->orphans, true);

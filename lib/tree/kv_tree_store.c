@@ -25,7 +25,9 @@
 
 #include "common/kv_file.h"
 #include "common/kv_finite.h"
+#include "common/kv_half.h"
 #include "common/kv_outfile.h"
+#include "quant/kv_layer_io.h"
 
 // --- importance ---------------------------------------------------------------
 
@@ -53,16 +55,12 @@ kv_status kv_tree_importance(const kvc_file *f, float *imp, bool *attention)
     }
     const double scale = 1.0 / sqrt((double)D);
     for (int l = 0; l < L; l++) {
-        const kvc_tensor *kt = plain_part(f, l, "k");
-        if (!kt) {
-            st = kv_fail(KV_E_UNSUPPORTED, "layer %d keys are not a plain F32/F16/BF16 tensor", l);
-            goto out;
-        }
         char nm[32];
         snprintf(nm, sizeof nm, "layers.%d.k", l);
         /* NaN keys would make the importance (and the index's summary of it,
-         * which JSON cannot hold) NaN: the store keeps finite keys only */
-        if ((st = kvc_tensor_to_f32(kt, k)) || (st = kv_check_finite3(nm, k, Hkv, T, D, "the store's importance")))
+         * which JSON cannot hold) NaN: the store keeps finite keys only.
+         * Packed keys are decoded as kvc(5) says. */
+        if ((st = kv_layer_decode(f, l, 'k', k)) || (st = kv_check_finite3(nm, k, Hkv, T, D, "the store's importance")))
             goto out;
         if (!*attention) {
             for (int h = 0; h < Hkv; h++)
@@ -225,7 +223,14 @@ static kv_status write_text(const char *path, const char *text)
     return kv_outfile_commit(&o);
 }
 
-kv_status kv_tree_store_create(const char *dir)
+kv_status kv_tree_store_create(const char *dir) { return kv_tree_store_create_ex(dir, NULL); }
+
+void kv_tree_store_set_encodings(kv_tree_store *s, const kv_tree_enc enc[KV_TIER_COUNT])
+{
+    for (int i = 0; i < KV_TIER_COUNT; i++) s->t->enc[i] = enc[i];
+}
+
+kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT])
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return kv_fail(errno == ENOENT ? KV_E_NOINPUT : KV_E_CANTCREATE, "cannot create %s: %s", dir, strerror(errno));
@@ -238,8 +243,10 @@ kv_status kv_tree_store_create(const char *dir)
     else if (access(idx, F_OK) == 0) st = kv_fail(KV_E_CANTCREATE, "%s is already a kv-tree store", dir);
     else if (mkdir(chunks, 0777) != 0 && errno != EEXIST)
         st = kv_fail(KV_E_CANTCREATE, "cannot create %s: %s", chunks, strerror(errno));
-    else if (!(st = kv_tree_new(&t)) && !(st = kv_tree_index_format(t, &text)))
-        st = write_text(idx, text);
+    else if (!(st = kv_tree_new(&t))) {
+        for (int i = 0; enc && i < KV_TIER_COUNT; i++) t->enc[i] = enc[i];
+        if (!(st = kv_tree_index_format(t, &text))) st = write_text(idx, text);
+    }
     free(text);
     kv_tree_free(t);
     free(idx);
@@ -370,83 +377,43 @@ void tree_imp_summary(kv_tree_node *nd, const float *imp, int n)
     nd->imp_mean = n ? (float)(s / n) : 0, nd->imp_min = mn, nd->imp_max = mx;
 }
 
-/* One chunk to write: per layer, K and V rows gathered from a source laid
- * out [Hkv, src_T, D]; sel (n) picks the source token of each output row. */
-typedef struct {
-    const void *const *k, *const *v; /* (L) source buffers */
-    int src_T;
-} chunk_src;
-
-/* Gather rows sel[0..n) of a [Hkv, src_T, D] tensor into rows
- * [off, off+n) of a [Hkv, dst_T, D] one. */
-static void gather(void *dst, int dst_T, int off, const void *src, int Hkv, int src_T, int D, size_t es,
-                   const int *sel, int n)
-{
-    size_t row = (size_t)D * es;
-    for (int h = 0; h < Hkv; h++) {
-        const char *sh = (const char *)src + (size_t)h * src_T * row;
-        char *dh = (char *)dst + ((size_t)h * dst_T + off) * row;
-        for (int i = 0; i < n;) { /* copy runs of consecutive rows at once */
-            int j = i + 1;
-            while (j < n && sel[j] == sel[j - 1] + 1) j++;
-            memcpy(dh + (size_t)i * row, sh + (size_t)sel[i] * row, (size_t)(j - i) * row);
-            i = j;
-        }
-    }
-}
-
-/* Write a new chunk file for node nd from src rows sel[0..n), with its
- * token ids and importances; fills nd->file, bytes, kv_bytes and the
- * importance summary.  Disk-tier chunks are zstd-compressed. */
+/* Write a new chunk file (version 2) for node nd from src rows sel[0..n),
+ * with its token ids, importances and (q non-NULL) query samples, in the
+ * encoding of nd's tier; fills nd->file, bytes, kv_bytes, chunk_version,
+ * enc and the importance summary. */
 static kv_status chunk_write(kv_tree_store *s, kv_tree_node *nd, const chunk_src *src, const int *sel, int n,
-                             const int32_t *tok, const float *imp, int zstd_level)
+                             const int32_t *tok, const float *imp, const float *q, int q_heads, int n_q,
+                             int zstd_level)
 {
-    const kv_tree *t = s->t;
-    const kv_geom *sg = &t->geom.g;
-    int L = sg->n_layers, Hkv = sg->n_kv_heads, D = sg->head_dim;
-    size_t es = es_of(t), per = (size_t)Hkv * n * D * es;
-    kvc_writer *w = NULL;
-    char *buf = malloc(per * 2 * (size_t)L + 1), *path = NULL;
-    char file[KV_TREE_FILE_MAX];
-    kv_status st = kvc_writer_new(&w);
-    if (!st && !buf) st = kv_fail(KV_E_NOMEM, "cannot allocate a chunk of %d tokens", n);
-    kv_geom g = *sg;
-    g.n_tokens = n, g.n_q = 0;
-    int64_t sh1[1] = {n}, sh3[3] = {Hkv, n, D};
-    char start[24];
-    snprintf(start, sizeof start, "%d", nd->start);
-    if (!st) st = kvc_writer_geom(w, &g);
-    if (!st) st = kvc_writer_meta(w, "kvtree.start", start);
-    if (!st) st = kvc_writer_add(w, "tokens", KV_DT_I32, 1, sh1, tok);
-    if (!st) st = kvc_writer_add(w, "importance", KV_DT_F32, 1, sh1, imp);
-    for (int l = 0; l < L && !st; l++) {
-        char name[64];
-        char *kb = buf + per * 2 * (size_t)l, *vb = kb + per;
-        gather(kb, n, 0, src->k[l], Hkv, src->src_T, D, es, sel, n);
-        gather(vb, n, 0, src->v[l], Hkv, src->src_T, D, es, sel, n);
-        snprintf(name, sizeof name, "layers.%d.k", l);
-        if ((st = kvc_writer_add(w, name, t->geom.dtype, 3, sh3, kb))) break;
-        snprintf(name, sizeof name, "layers.%d.v", l);
-        st = kvc_writer_add(w, name, t->geom.dtype, 3, sh3, vb);
-    }
+    kv_tree *t = s->t;
+    const kv_tree_enc *enc = &t->enc[nd->tier];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char file[KV_TREE_FILE_MAX], *path = NULL;
+    kv_status st = tree_chunk_encode(&t->geom, enc, t->group_rows, nd->start, n, tok, imp, src, sel, q, q_heads, n_q,
+                                     zstd_level, &buf, &len);
     if (!st) {
-        s->t->generation++;
-        snprintf(file, sizeof file, "chunks/c%llu.kvc", (unsigned long long)s->t->generation);
+        t->generation++;
+        snprintf(file, sizeof file, "chunks/c%llu.kvt", (unsigned long long)t->generation);
         if (!(path = tree_path_join(s->dir, file))) st = kv_fail(KV_E_NOMEM, "cannot allocate a path");
     }
-    if (!st) st = kvc_writer_write_ex(w, path, nd->tier == KV_TIER_DISK ? zstd_level : 0, KV_OUT_NOFOLLOW);
+    kv_outfile o;
+    if (!st && !(st = kv_outfile_open_ex(&o, path, KV_OUT_NOFOLLOW))) {
+        if (fwrite(buf, 1, len, o.fp) != len) {
+            st = kv_fail(KV_E_IO, "cannot write %s: %s", path, strerror(errno));
+            kv_outfile_abort(&o);
+        } else
+            st = kv_outfile_commit(&o);
+    }
     if (!st && (st = list_push(&s->fresh, &s->n_fresh, &s->cap_fresh, path))) unlink(path);
     if (!st) {
-        struct stat sb;
-        if (lstat(path, &sb) != 0) st = kv_fail(KV_E_IO, "cannot stat %s: %s", path, strerror(errno));
-        else {
-            snprintf(nd->file, sizeof nd->file, "%s", file);
-            nd->bytes = (uint64_t)sb.st_size;
-            nd->kv_bytes = tree_kv_bytes_of(t, n);
-            tree_imp_summary(nd, imp, n);
-        }
+        snprintf(nd->file, sizeof nd->file, "%s", file);
+        nd->bytes = (uint64_t)len;
+        nd->kv_bytes = tree_kv_bytes_of(t, n);
+        nd->chunk_version = KV_TREE_CHUNK_VERSION;
+        nd->enc = *enc;
+        tree_imp_summary(nd, imp, n);
     }
-    kvc_writer_free(w);
     free(buf);
     free(path);
     return st;
@@ -473,149 +440,219 @@ static bool same_geom(const kv_tree_geom *a, const kv_geom *g, kv_dtype dt, char
     return true;
 }
 
-/* The plain K/V dtype shared by every layer of f, or an error. */
-static kv_status input_dtype(const kvc_file *f, kv_dtype *dt)
+/* The plain K/V dtype shared by every layer of f (*packed false), or
+ * *packed true when some layer is KIVI/DSQ-packed (decoded on put). */
+static kv_status input_dtype(const kvc_file *f, kv_dtype *dt, bool *packed)
 {
     const kv_geom *g = kvc_geom(f);
+    *packed = false;
     for (int l = 0; l < g->n_layers; l++)
         for (int w = 0; w < 2; w++) {
+            const char *e = kvc_layer_encoding(f, l, w ? 'v' : 'k');
+            if (e && (!strcmp(e, "kivi") || !strcmp(e, "dsq"))) {
+                *packed = true;
+                continue;
+            }
             const kvc_tensor *x = plain_part(f, l, w ? "v" : "k");
             if (!x)
-                return kv_fail(KV_E_UNSUPPORTED, "layer %d %s are not a plain F32/F16/BF16 tensor (kv-tree stores unpacked K/V)",
+                return kv_fail(KV_E_UNSUPPORTED, "layer %d %s are neither a plain F32/F16/BF16 tensor nor KIVI/DSQ parts",
                                l, w ? "values" : "keys");
             if (l == 0 && w == 0) *dt = x->dtype;
-            else if (x->dtype != *dt)
+            else if (!*packed && x->dtype != *dt)
                 return kv_fail(KV_E_UNSUPPORTED, "layer %d mixes dtypes (%s and %s)", l, kv_dtype_name(*dt),
                                kv_dtype_name(x->dtype));
         }
     return KV_OK;
 }
 
-/* Open node i's chunk and check it against the index and the store:
- * geometry, dtype, token ids, importance, tensor shapes. */
-kv_status tree_chunk_open(const kv_tree_store *s, int i, kvc_file **out)
+/* A version-1 chunk: the whole .kvc, checked as before chunk version 2. */
+static kv_status open_v1(const kv_tree_store *s, int i, int fd, tree_chunk *c)
 {
-    *out = NULL;
     const kv_tree_node *nd = &s->t->nodes[i];
-    char *path = tree_path_join(s->dir, nd->file);
-    if (!path) return kv_fail(KV_E_NOMEM, "cannot allocate a path");
     kvc_file *f = NULL;
-    int fd;
-    uint64_t size;
-    kv_status st = store_file_open(path, nd->file, O_RDONLY, &fd, &size);
-    free(path);
-    /* the index knows each chunk's size: a file that is not that size is
-     * not read at all (it could be any size) */
-    if (!st && size != nd->bytes)
-        st = kv_fail(KV_E_DATA, "chunk %s is %llu bytes, the index says %llu", nd->file,
-                     (unsigned long long)size, (unsigned long long)nd->bytes);
-    if (!st) {
-        st = kvc_open_fd(fd, &f);
-        if (st) kv_errcontext("chunk %s", nd->file);
-    }
-    if (fd >= 0) close(fd);
+    kv_status st = kvc_open_fd(fd, &f);
     if (st) {
-        if (st == KV_E_NOINPUT) st = KV_E_DATA; /* a chunk the index names is missing: damage */
-        return st;
+        kv_errcontext("chunk %s", nd->file);
+        return st == KV_E_NOINPUT ? KV_E_DATA : st;
     }
     const kv_geom *g = kvc_geom(f);
     const kvc_tensor *tok = kvc_find(f, "tokens"), *imp = kvc_find(f, "importance");
     kv_dtype dt = KV_DT_F32;
+    bool packed = false;
     char why[160];
-    if ((st = input_dtype(f, &dt))) kv_errcontext("chunk %s", nd->file);
-    else if (!same_geom(&s->t->geom, g, dt, why, sizeof why))
-        st = kv_fail(KV_E_DATA, "chunk %s has %s", nd->file, why);
+    if ((st = input_dtype(f, &dt, &packed))) kv_errcontext("chunk %s", nd->file);
+    else if (packed) st = kv_fail(KV_E_DATA, "chunk %s holds packed layers, which version-1 chunks never do", nd->file);
+    else if (!same_geom(&s->t->geom, g, dt, why, sizeof why)) st = kv_fail(KV_E_DATA, "chunk %s has %s", nd->file, why);
     else if (g->n_tokens != nd->n)
         st = kv_fail(KV_E_DATA, "chunk %s holds %d tokens, the index says %d", nd->file, g->n_tokens, nd->n);
     else if (!tok || tok->dtype != KV_DT_I32 || tok->ndim != 1 || tok->shape[0] != nd->n)
         st = kv_fail(KV_E_DATA, "chunk %s: tokens is not I32 [%d]", nd->file, nd->n);
     else if (!imp || imp->dtype != KV_DT_F32 || imp->ndim != 1 || imp->shape[0] != nd->n)
         st = kv_fail(KV_E_DATA, "chunk %s: importance is not F32 [%d]", nd->file, nd->n);
-    else
-        for (int k = 0; k < nd->n; k++) {
-            int32_t v;
-            memcpy(&v, (const char *)tok->data + 4 * (size_t)k, 4);
-            if (v != nd->tokens[k]) {
-                st = kv_fail(KV_E_DATA, "chunk %s: token %d is %d, the index says %d", nd->file, k, v, nd->tokens[k]);
-                break;
-            }
-        }
-    /* put writes finite importances only; a NaN one (a chunk rewritten by
-     * hand, checksum and all) would give get's ranking no order */
-    for (int k = 0; !st && k < nd->n; k++) {
-        float x;
-        memcpy(&x, (const char *)imp->data + 4 * (size_t)k, 4);
-        if (!isfinite(x))
-            st = kv_fail(KV_E_DATA, "chunk %s: importance %d is %s", nd->file, k, isnan(x) ? "NaN" : "infinite");
-    }
-    if (st) {
-        kvc_close(f);
-        return st;
-    }
-    *out = f;
+    else if (kvc_find(f, "positions")) /* kvc(5): rows would not be positions start.. */
+        st = kv_fail(KV_E_DATA, "chunk %s has a positions tensor: its rows are not the edge's positions", nd->file);
+    c->v1 = f;
+    if (st) return st;
+    c->version = 1;
+    c->n = nd->n, c->start = nd->start, c->group_rows = nd->n, c->n_frames = 1;
+    c->enc = (kv_tree_enc){KV_TREE_ENC_RAW, 0, kvc_was_zstd(f)};
+    c->L = g->n_layers, c->Hkv = g->n_kv_heads, c->D = g->head_dim, c->dt = dt;
+    c->tokens = malloc((size_t)nd->n * 4), c->imp = malloc((size_t)nd->n * 4);
+    c->order = malloc((size_t)nd->n * 4), c->rank = malloc((size_t)nd->n * sizeof *c->rank);
+    if (!c->tokens || !c->imp || !c->order || !c->rank) return kv_fail(KV_E_NOMEM, "cannot allocate chunk tables");
+    memcpy(c->tokens, tok->data, (size_t)nd->n * 4);
+    memcpy(c->imp, imp->data, (size_t)nd->n * 4);
+    for (int k = 0; k < nd->n; k++) c->order[k] = k, c->rank[k] = k;
+    for (int k = 0; k < nd->n; k++)
+        if (!isfinite(c->imp[k]))
+            return kv_fail(KV_E_DATA, "chunk %s: importance %d is %s", nd->file, k, isnan(c->imp[k]) ? "NaN" : "infinite");
+    c->bytes_read = kvc_file_bytes(f);
     return KV_OK;
 }
 
-/* Importances of an open chunk, copied (the mapping may be unaligned). */
-float *tree_chunk_imp(const kvc_file *f, int n)
+/* Open node i's chunk and check it against the index and the store:
+ * geometry, dtype, token ids, importance, start.  Version 2 reads only the
+ * head and tables here; rows come later, frame by frame. */
+kv_status tree_node_open(const kv_tree_store *s, int i, tree_chunk *c)
 {
-    float *imp = malloc((size_t)(n ? n : 1) * sizeof *imp);
-    if (imp && n) memcpy(imp, kvc_find(f, "importance")->data, (size_t)n * sizeof *imp);
-    return imp;
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    const kv_tree_node *nd = &s->t->nodes[i];
+    snprintf(c->name, sizeof c->name, "%s", nd->file);
+    char *path = tree_path_join(s->dir, nd->file);
+    if (!path) return kv_fail(KV_E_NOMEM, "cannot allocate a path");
+    int fd;
+    uint64_t size;
+    kv_status st = store_file_open(path, nd->file, O_RDONLY, &fd, &size);
+    free(path);
+    if (st) return st == KV_E_NOINPUT ? KV_E_DATA : st; /* a chunk the index names is missing: damage */
+    /* the index knows each chunk's size: a file that is not that size is
+     * not read at all (it could be any size) */
+    if (size != nd->bytes)
+        st = kv_fail(KV_E_DATA, "chunk %s is %llu bytes, the index says %llu", nd->file, (unsigned long long)size,
+                     (unsigned long long)nd->bytes);
+    else if (nd->chunk_version == 1) {
+        st = open_v1(s, i, fd, c);
+    } else {
+        c->fd = fd; /* the chunk owns it now */
+        fd = -1;
+        c->size = size;
+        st = tree_chunk_parse(c, &s->t->geom);
+    }
+    if (fd >= 0) close(fd);
+    if (!st && c->n != nd->n) st = kv_fail(KV_E_DATA, "chunk %s holds %d tokens, the index says %d", nd->file, c->n, nd->n);
+    if (!st && c->start != nd->start)
+        st = kv_fail(KV_E_DATA, "chunk %s starts at position %d, the index says %d", nd->file, c->start, nd->start);
+    for (int k = 0; !st && k < nd->n; k++)
+        if (c->tokens[k] != nd->tokens[k])
+            st = kv_fail(KV_E_DATA, "chunk %s: token %d is %d, the index says %d", nd->file, k, c->tokens[k], nd->tokens[k]);
+    if (!st && c->version == 2 && !kv_tree_enc_equal(&c->enc, &nd->enc))
+        st = kv_fail(KV_E_DATA, "chunk %s is encoded otherwise than the index says", nd->file);
+    if (st) tree_chunk_free(c); /* closes its descriptor */
+    return st;
 }
 
-/* Rewrite node i's chunk keeping rows [a, a+n) (the node's tokens must
- * already be updated to match), retiring the old file. */
-kv_status tree_chunk_rewrite_range(kv_tree_store *s, int i, const kvc_file *f, int a, int n, int zstd_level,
-                                     bool retire_old)
+/* The rows of node i's chunk [a, a+n) in new buffers (one per layer and
+ * K/V), the src of a rewrite. */
+static kv_status chunk_read_all(tree_chunk *c, int a, int n, void ***k, void ***v)
 {
-    int L = s->t->geom.g.n_layers, T = kvc_geom(f)->n_tokens;
-    const void **k = malloc((size_t)L * sizeof *k), **v = malloc((size_t)L * sizeof *v);
-    int *sel = malloc((size_t)n * sizeof *sel);
-    float *imp = tree_chunk_imp(f, T);
-    int32_t *tok = malloc((size_t)n * sizeof *tok);
-    kv_status st = KV_OK;
-    char old[KV_TREE_FILE_MAX];
-    snprintf(old, sizeof old, "%s", s->t->nodes[i].file);
-    if (!k || !v || !sel || !imp || !tok) st = kv_fail(KV_E_NOMEM, "cannot allocate a chunk rewrite");
-    for (int l = 0; l < L && !st; l++) {
-        k[l] = kvc_layer(f, l, "k")->data;
-        v[l] = kvc_layer(f, l, "v")->data;
+    int L = c->L;
+    size_t per = (size_t)c->Hkv * n * c->D * kv_dtype_size(c->dt);
+    *k = calloc((size_t)L, sizeof **k), *v = calloc((size_t)L, sizeof **v);
+    int *sel = malloc((size_t)n * sizeof *sel + 1);
+    kv_status st = *k && *v && sel ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a chunk read");
+    for (int l = 0; l < L && !st; l++)
+        if (!((*k)[l] = malloc(per + 1)) || !((*v)[l] = malloc(per + 1))) st = kv_fail(KV_E_NOMEM, "cannot allocate a chunk read");
+    for (int r = 0; r < n && !st; r++) sel[r] = a + r;
+    if (!st) st = tree_chunk_rows(c, sel, n, *k, *v, n, 0);
+    free(sel);
+    return st;
+}
+
+static void free_layers(void **k, void **v, int L)
+{
+    for (int l = 0; l < L; l++) {
+        if (k) free(k[l]);
+        if (v) free(v[l]);
     }
-    if (!st) {
-        for (int r = 0; r < n; r++) sel[r] = a + r;
-        memcpy(tok, (const char *)kvc_find(f, "tokens")->data + 4 * (size_t)a, (size_t)n * 4);
-        chunk_src src = {(const void *const *)k, (const void *const *)v, T};
-        st = chunk_write(s, &s->t->nodes[i], &src, sel, n, tok, imp + a, zstd_level);
-    }
-    if (!st && retire_old) st = tree_retire(s, old);
     free(k);
     free(v);
+}
+
+/* Rewrite node i's chunk keeping rows [a, a+n) of c (the node's tokens must
+ * already be updated to match) in the encoding of its tier, retiring the old
+ * file.  The query samples stay with the rows that end the edge. */
+kv_status tree_chunk_rewrite_range(kv_tree_store *s, int i, tree_chunk *c, int a, int n, int zstd_level,
+                                   bool retire_old)
+{
+    void **k = NULL, **v = NULL;
+    int *sel = malloc((size_t)n * sizeof *sel + 1);
+    bool keep_q = c->n_q > 0 && a + n == c->n;
+    float *q = keep_q ? malloc((size_t)c->L * c->q_heads * c->n_q * c->D * 4) : NULL;
+    char old[KV_TREE_FILE_MAX];
+    snprintf(old, sizeof old, "%s", s->t->nodes[i].file);
+    kv_status st = sel && (!keep_q || q) ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a chunk rewrite");
+    if (!st) st = chunk_read_all(c, a, n, &k, &v);
+    if (!st && keep_q) st = tree_chunk_queries(c, q);
+    if (!st) {
+        for (int r = 0; r < n; r++) sel[r] = r;
+        chunk_src src = {(const void *const *)k, (const void *const *)v, n};
+        st = chunk_write(s, &s->t->nodes[i], &src, sel, n, c->tokens + a, c->imp + a, q, c->q_heads, c->n_q, zstd_level);
+    }
+    if (!st && retire_old) st = tree_retire(s, old);
+    free_layers(k, v, c->L);
     free(sel);
-    free(imp);
-    free(tok);
+    free(q);
     return st;
 }
 
 /* Split node i after off tokens, in the tree and on disk. */
 kv_status tree_store_split(kv_tree_store *s, int i, int off, int zstd_level, uint64_t *written, int *head)
 {
-    kvc_file *f = NULL;
-    kv_status st = tree_chunk_open(s, i, &f);
+    tree_chunk c;
+    kv_status st = tree_node_open(s, i, &c);
     if (st) return st;
     int n = s->t->nodes[i].n;
     if ((st = kv_tree_split(s->t, i, off, head))) goto out;
     /* The head gets a new chunk of rows [0, off); node i one of [off, n). */
-    if ((st = tree_chunk_rewrite_range(s, *head, f, 0, off, zstd_level, false))) goto out;
-    if ((st = tree_chunk_rewrite_range(s, i, f, off, n - off, zstd_level, true))) goto out;
+    if ((st = tree_chunk_rewrite_range(s, *head, &c, 0, off, zstd_level, false))) goto out;
+    if ((st = tree_chunk_rewrite_range(s, i, &c, off, n - off, zstd_level, true))) goto out;
     *written += s->t->nodes[*head].bytes + s->t->nodes[i].bytes;
 out:
-    kvc_close(f);
+    tree_chunk_free(&c);
     return st;
 }
 
-
 // --- put ------------------------------------------------------------------------
+
+/* Layer l's K or V of f in dtype dt: the tensor's own bytes when it is
+ * plain in dt, else decoded (kvc(5)) and converted into *own. */
+static kv_status input_part(const kvc_file *f, int l, char which, kv_dtype dt, const void **out, void **own)
+{
+    const kv_geom *g = kvc_geom(f);
+    *own = NULL;
+    const kvc_tensor *x = plain_part(f, l, which == 'k' ? "k" : "v");
+    if (x && x->dtype == dt) {
+        *out = x->data;
+        return KV_OK;
+    }
+    size_t n = (size_t)g->n_kv_heads * g->n_tokens * g->head_dim;
+    float *tmp = malloc(n * sizeof *tmp + 1);
+    void *dst = malloc(n * kv_dtype_size(dt) + 1);
+    kv_status st = tmp && dst ? kv_layer_decode(f, l, which, tmp) : kv_fail(KV_E_NOMEM, "cannot decode layer %d", l);
+    for (size_t i = 0; i < n && !st; i++) {
+        if (dt == KV_DT_F32) ((float *)dst)[i] = tmp[i];
+        else if (dt == KV_DT_F16) ((kv_half *)dst)[i] = kv_f32_to_half(tmp[i]);
+        else ((kv_bf16 *)dst)[i] = kv_f32_to_bf16(tmp[i]);
+    }
+    free(tmp);
+    if (st) {
+        free(dst);
+        return st;
+    }
+    *out = *own = dst;
+    return KV_OK;
+}
 
 kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, int zstd_level, int64_t now,
                        kv_put_report *r)
@@ -628,26 +665,32 @@ kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, i
     if (!tt || tt->dtype != KV_DT_I32 || tt->ndim != 1 || tt->shape[0] != T)
         return kv_fail(KV_E_DATA, "input has no tokens tensor I32 [%d]; kv-tree keys caches by token ids", T);
     if (T <= 0) return kv_fail(KV_E_DATA, "input holds no tokens");
+    /* kvc(5): a reader that cannot honour positions must reject the file.
+     * A subset (what get --important writes) is not a prefix: storing its
+     * rows as positions 0..n-1 would hand later requests wrong K/V. */
+    if (kvc_find(f, "positions"))
+        return kv_fail(KV_E_DATA, "input has a positions tensor (a token subset, as get --important writes); "
+                                  "a subset is not a prefix, and kv-tree stores whole prefixes only");
     kv_dtype dt = KV_DT_F32;
-    kv_status st = input_dtype(f, &dt);
+    bool packed = false;
+    kv_status st = input_dtype(f, &dt, &packed);
     if (st) return st;
+    /* packed layers are decoded into the store's dtype (a new store: F16,
+     * what the packed parts' fp16 residuals are) */
+    if (packed) dt = t->has_geom ? t->geom.dtype : KV_DT_F16;
     char why[160];
     if (t->has_geom && !same_geom(&t->geom, g, dt, why, sizeof why))
         return kv_fail(KV_E_DATA, "input geometry does not match the store: it has %s", why);
-    if (!t->has_geom) {
-        t->geom.g = *g;
-        t->geom.g.n_tokens = 0, t->geom.g.n_q = 0;
-        t->geom.dtype = dt;
-        t->has_geom = true;
-    } else if (!t->geom.g.n_heads)
-        t->geom.g.n_heads = g->n_heads;
+    int H = g->n_heads, Q = g->n_q, D = g->head_dim;
     r->tokens = T;
     r->tier = tier;
     int32_t *tok = malloc((size_t)T * sizeof *tok);
     float *imp = malloc((size_t)T * sizeof *imp);
+    float *q = Q > 0 && H > 0 ? malloc((size_t)L * H * Q * D * sizeof *q) : NULL;
     int *path = malloc((size_t)T * sizeof *path), *sel = malloc((size_t)T * sizeof *sel);
-    const void **k = malloc((size_t)L * sizeof *k), **v = malloc((size_t)L * sizeof *v);
-    if (!tok || !imp || !path || !sel || !k || !v) {
+    const void **k = calloc((size_t)L, sizeof *k), **v = calloc((size_t)L, sizeof *v);
+    void **kown = calloc((size_t)L, sizeof *kown), **vown = calloc((size_t)L, sizeof *vown);
+    if (!tok || !imp || !path || !sel || !k || !v || !kown || !vown || (Q > 0 && H > 0 && !q)) {
         st = kv_fail(KV_E_NOMEM, "cannot allocate for %d tokens", T);
         goto out;
     }
@@ -658,6 +701,18 @@ kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, i
             goto out;
         }
     if ((st = kv_tree_importance(f, imp, &r->attention))) goto out;
+    for (int l = 0; l < L && !st; l++)
+        if (!(st = input_part(f, l, 'k', dt, &k[l], &kown[l]))) st = input_part(f, l, 'v', dt, &v[l], &vown[l]);
+    for (int l = 0; q && l < L && !st; l++) /* checked finite by the importance */
+        st = kvc_tensor_to_f32(kvc_layer(f, l, "q"), q + (size_t)l * H * Q * D);
+    if (st) goto out;
+    if (!t->has_geom) {
+        t->geom.g = *g;
+        t->geom.g.n_tokens = 0, t->geom.g.n_q = 0;
+        t->geom.dtype = dt;
+        t->has_geom = true;
+    } else if (!t->geom.g.n_heads)
+        t->geom.g.n_heads = g->n_heads;
     int np, used;
     int m = kv_tree_match(t, tok, T, path, &np, &used);
     r->matched = m;
@@ -680,19 +735,20 @@ kv_status kv_tree_store_put(kv_tree_store *s, const kvc_file *f, kv_tier tier, i
         nd->hits = 1;
         nd->last_use = now;
         nd->imp_attention = r->attention;
-        for (int l = 0; l < L; l++) {
-            k[l] = kvc_layer(f, l, "k")->data;
-            v[l] = kvc_layer(f, l, "v")->data;
-        }
         for (int i = 0; i < T - m; i++) sel[i] = m + i;
         chunk_src src = {(const void *const *)k, (const void *const *)v, T};
-        if ((st = chunk_write(s, nd, &src, sel, T - m, tok + m, imp + m, zstd_level))) goto out;
+        /* the new leaf ends where the prompt ends: it keeps the queries */
+        if ((st = chunk_write(s, nd, &src, sel, T - m, tok + m, imp + m, q, H, Q, zstd_level))) goto out;
         r->bytes_added = nd->bytes;
         r->kv_bytes_added = nd->kv_bytes;
     }
 out:
+    for (int l = 0; l < L && kown && vown; l++) free(kown[l]), free(vown[l]);
+    free(kown);
+    free(vown);
     free(tok);
     free(imp);
+    free(q);
     free(path);
     free(sel);
     free(k);
@@ -729,10 +785,14 @@ static kv_status top_tokens(const float *imp, int n, int keep, int *sel)
     return KV_OK;
 }
 
-kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
-                       const char *out_path, kv_get_report *r)
+/* The cached prefix as a writer (its buffers in *kv, *bufs: free after
+ * writing). */
+static kv_status get_build(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
+                           kv_get_report *r, kvc_writer **wout, void **keep)
 {
     memset(r, 0, sizeof *r);
+    *wout = NULL;
+    *keep = NULL;
     kv_tree *t = s->t;
     r->tokens = n;
     if (!t->has_geom) return kv_fail(KV_E_DATA, "the store is empty (no cache was ever put)");
@@ -745,66 +805,103 @@ kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double 
     r->matched = m;
     r->nodes = np;
     r->positions = frac < 1;
-    kvc_file **cf = calloc((size_t)np + 1, sizeof *cf);
-    int **sel = calloc((size_t)np + 1, sizeof *sel), *nsel = calloc((size_t)np + 1, sizeof *nsel);
+    /* one allocation kept alive until the writer has written: tokens,
+     * positions, importances, K/V, queries */
+    tree_chunk c;
+    memset(&c, 0, sizeof c);
+    c.fd = -1;
+    void **kp = calloc((size_t)L + 1, sizeof *kp), **vp = calloc((size_t)L + 1, sizeof *vp);
+    int *sel = malloc((size_t)(m ? m : 1) * sizeof *sel);
     int32_t *otok = malloc((size_t)m * 4 + 4), *opos = malloc((size_t)m * 4 + 4);
-    float *oimp = malloc((size_t)m * 4 + 4);
+    float *oimp = malloc((size_t)m * 4 + 4), *q = NULL;
     char *kv = NULL;
     kvc_writer *w = NULL;
     kv_status st = KV_OK;
-    if (!cf || !sel || !nsel || !otok || !opos || !oimp) {
+    int qh = 0, nq = 0;
+    if (!kp || !vp || !sel || !otok || !opos || !oimp) {
         st = kv_fail(KV_E_NOMEM, "cannot allocate for %d tokens", m);
         goto out;
     }
-    int M = 0;
-    for (int p = 0; p < np; p++) {
+    /* Pass 1: which rows each node gives (by importance from the tables
+     * alone).  Pass 2 reads them. */
+    int *nsel = calloc((size_t)np + 1, sizeof *nsel), M = 0;
+    int **psel = calloc((size_t)np + 1, sizeof *psel);
+    if (!nsel || !psel) {
+        free(nsel);
+        free(psel);
+        st = kv_fail(KV_E_NOMEM, "cannot allocate a selection");
+        goto out;
+    }
+    for (int p = 0; p < np && !st; p++) {
         const kv_tree_node *nd = &t->nodes[path[p]];
-        int u = p == np - 1 ? used : nd->n, keep = u;
-        if ((st = tree_chunk_open(s, path[p], &cf[p]))) goto out;
-        float *imp = tree_chunk_imp(cf[p], nd->n);
-        if (!imp || !(sel[p] = malloc((size_t)u * sizeof **sel + 1))) {
-            free(imp);
+        int u = p == np - 1 ? used : nd->n, k = u;
+        if (!(psel[p] = malloc((size_t)u * sizeof **psel + 1))) {
             st = kv_fail(KV_E_NOMEM, "cannot allocate a selection");
-            goto out;
+            break;
         }
+        if ((st = tree_node_open(s, path[p], &c))) break;
         if (frac < 1 && nd->tier == KV_TIER_DISK) {
-            keep = (int)ceil(frac * u);
-            if (keep > u) keep = u;
-            if ((st = top_tokens(imp, u, keep, sel[p]))) {
-                free(imp);
-                goto out;
-            }
+            k = (int)ceil(frac * u);
+            if (k > u) k = u;
+            st = top_tokens(c.imp, u, k, psel[p]);
         } else
-            for (int i = 0; i < u; i++) sel[p][i] = i;
-        for (int i = 0; i < keep; i++) {
-            otok[M + i] = nd->tokens[sel[p][i]];
-            opos[M + i] = nd->start + sel[p][i];
-            oimp[M + i] = imp[sel[p][i]];
+            for (int i = 0; i < u; i++) psel[p][i] = i;
+        for (int i = 0; i < k && !st; i++) {
+            otok[M + i] = nd->tokens[psel[p][i]];
+            opos[M + i] = nd->start + psel[p][i];
+            oimp[M + i] = c.imp[psel[p][i]];
         }
-        free(imp);
-        nsel[p] = keep;
-        M += keep;
-        r->skipped += u - keep;
-        r->bytes_read[nd->tier] += kvc_file_bytes(cf[p]);
-        r->kv_bytes_out[nd->tier] += tree_kv_bytes_of(t, keep);
+        nsel[p] = k;
+        M += k;
+        r->skipped += u - k;
+        r->kv_bytes_out[nd->tier] += tree_kv_bytes_of(t, k);
+        /* the rows: K/V buffers grow as nodes are read, so read into a
+         * per-node area and place it in pass 2 */
+        if (!st) {
+            size_t per = (size_t)Hkv * k * D * es;
+            char *area = malloc(per * 2 * (size_t)L + 1);
+            void **kk = malloc((size_t)L * sizeof *kk + 1), **vv = malloc((size_t)L * sizeof *vv + 1);
+            if (!area || !kk || !vv) st = kv_fail(KV_E_NOMEM, "cannot allocate %d rows", k);
+            for (int l = 0; l < L && !st; l++) kk[l] = area + per * 2 * (size_t)l, vv[l] = area + per * (2 * (size_t)l + 1);
+            if (!st) st = tree_chunk_rows(&c, psel[p], k, kk, vv, k, 0);
+            free(kk);
+            free(vv);
+            free(psel[p]);
+            psel[p] = (int *)(void *)area; /* reused as the node's rows */
+            if (!st && p == np - 1 && used == nd->n && c.n_q > 0 && !r->positions) {
+                qh = c.q_heads, nq = c.n_q;
+                if (!(q = malloc((size_t)L * qh * nq * D * sizeof *q))) st = kv_fail(KV_E_NOMEM, "cannot allocate queries");
+                else st = tree_chunk_queries(&c, q);
+            }
+        }
+        r->bytes_read[nd->tier] += c.bytes_read;
+        tree_chunk_free(&c);
     }
     r->kept = M;
     size_t per = (size_t)Hkv * M * D * es;
-    if (!(kv = malloc(per * 2 * (size_t)L + 1))) {
-        st = kv_fail(KV_E_NOMEM, "cannot allocate the output K/V (%d tokens)", M);
-        goto out;
-    }
-    for (int l = 0; l < L; l++) {
+    if (!st && !(kv = malloc(per * 2 * (size_t)L + 1))) st = kv_fail(KV_E_NOMEM, "cannot allocate the output K/V (%d tokens)", M);
+    for (int l = 0; l < L && !st; l++) {
         char *kb = kv + per * 2 * (size_t)l, *vb = kb + per;
         for (int p = 0, off = 0; p < np; off += nsel[p], p++) {
-            const kv_geom *cg = kvc_geom(cf[p]);
-            gather(kb, M, off, kvc_layer(cf[p], l, "k")->data, Hkv, cg->n_tokens, D, es, sel[p], nsel[p]);
-            gather(vb, M, off, kvc_layer(cf[p], l, "v")->data, Hkv, cg->n_tokens, D, es, sel[p], nsel[p]);
+            size_t np_per = (size_t)Hkv * nsel[p] * D * es, row = (size_t)D * es;
+            const char *area = (const char *)psel[p];
+            for (int h = 0; h < Hkv; h++) {
+                memcpy(kb + ((size_t)h * M + off) * row, area + np_per * 2 * (size_t)l + (size_t)h * nsel[p] * row,
+                       (size_t)nsel[p] * row);
+                memcpy(vb + ((size_t)h * M + off) * row, area + np_per * (2 * (size_t)l + 1) + (size_t)h * nsel[p] * row,
+                       (size_t)nsel[p] * row);
+            }
         }
     }
+    for (int p = 0; p < np; p++) free(psel[p]);
+    free(psel);
+    free(nsel);
+    if (st) goto out;
     kv_geom g = *sg;
-    g.n_tokens = M, g.n_q = 0;
-    int64_t sh1[1] = {M}, sh3[3] = {Hkv, M, D};
+    g.n_tokens = M, g.n_q = q ? nq : 0;
+    if (q) g.n_heads = qh;
+    r->n_q = g.n_q;
+    int64_t sh1[1] = {M}, sh3[3] = {Hkv, M, D}, shq[3] = {qh, nq, D};
     char mbuf[24];
     snprintf(mbuf, sizeof mbuf, "%d", m);
     if ((st = kvc_writer_new(&w)) || (st = kvc_writer_geom(w, &g)) || (st = kvc_writer_meta(w, "kvtree.matched", mbuf)) ||
@@ -819,27 +916,73 @@ kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double 
         if ((st = kvc_writer_add(w, name, t->geom.dtype, 3, sh3, kb))) goto out;
         snprintf(name, sizeof name, "layers.%d.v", l);
         if ((st = kvc_writer_add(w, name, t->geom.dtype, 3, sh3, vb))) goto out;
+        snprintf(name, sizeof name, "layers.%d.q", l);
+        if (q && (st = kvc_writer_add(w, name, KV_DT_F32, 3, shq, q + (size_t)l * qh * nq * D))) goto out;
     }
-    if ((st = kvc_writer_write(w, out_path, 0))) goto out;
     if (touch)
         for (int p = 0; p < np; p++) {
             t->nodes[path[p]].hits++;
             t->nodes[path[p]].last_use = now;
         }
 out:
-    kvc_writer_free(w);
-    free(kv);
-    if (cf)
-        for (int p = 0; p < np; p++) kvc_close(cf[p]);
-    if (sel)
-        for (int p = 0; p < np; p++) free(sel[p]);
-    free(cf);
+    free(kp);
+    free(vp);
     free(sel);
-    free(nsel);
-    free(otok);
-    free(opos);
-    free(oimp);
     free(path);
+    if (st) {
+        kvc_writer_free(w);
+        free(kv);
+        free(otok);
+        free(opos);
+        free(oimp);
+        free(q);
+        return st;
+    }
+    /* the writer borrows these: handed to the caller as one list */
+    void **k4 = malloc(5 * sizeof *k4);
+    if (!k4) {
+        kvc_writer_free(w);
+        free(kv), free(otok), free(opos), free(oimp), free(q);
+        return kv_fail(KV_E_NOMEM, "cannot allocate");
+    }
+    k4[0] = kv, k4[1] = otok, k4[2] = opos, k4[3] = oimp, k4[4] = q;
+    *keep = k4;
+    *wout = w;
+    return KV_OK;
+}
+
+static void get_free(kvc_writer *w, void *keep)
+{
+    kvc_writer_free(w);
+    void **k4 = keep;
+    if (!k4) return;
+    for (int i = 0; i < 5; i++) free(k4[i]);
+    free(k4);
+}
+
+kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
+                       const char *out_path, kv_get_report *r)
+{
+    kvc_writer *w;
+    void *keep;
+    kv_status st = get_build(s, tok, n, frac, touch, now, r, &w, &keep);
+    if (!st) st = kvc_writer_write(w, out_path, 0);
+    get_free(w, keep);
     return st;
 }
 
+kv_status kv_tree_store_get_kvc(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
+                                kvc_file **out, kv_get_report *r)
+{
+    *out = NULL;
+    kvc_writer *w;
+    void *keep;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    kv_status st = get_build(s, tok, n, frac, touch, now, r, &w, &keep);
+    if (!st) st = kvc_writer_write_mem(w, 0, &buf, &len);
+    get_free(w, keep);
+    if (!st) st = kvc_open_mem(buf, len, out);
+    free(buf);
+    return st;
+}

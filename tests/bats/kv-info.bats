@@ -217,3 +217,38 @@ EOF
     run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-info.1" kv-info
     assert_success
 }
+
+# pos_file PATH POSITIONS...: a one-layer F16 file with a positions tensor
+pos_file() {
+    local out=$1; shift
+    "$PY" -c "
+import sys; sys.path.insert(0, '$ROOT/tests/interop')
+import numpy as np, kvc_py as k
+p = np.array([int(x) for x in sys.argv[2:]], dtype=np.int32); T = len(p)
+z = np.zeros((1, T, 2), dtype=np.float16)
+k.write_kvc(sys.argv[1], [('layers.0.k', 'F16', z), ('layers.0.v', 'F16', z), ('tokens', 'I32', p + 5),
+                          ('positions', 'I32', p)], checksums=True)" "$out" "$@"
+}
+
+@test "kv-info shows a token subset's positions: count, first, last and whether contiguous" {
+    pos_file "$BATS_TEST_TMPDIR/p.kvc" 3 4 9 12
+    run --separate-stderr kv-info --json "$BATS_TEST_TMPDIR/p.kvc"
+    assert_success
+    [ "$(json_get 'j["positions"]')" = "{'count': 4, 'first': 3, 'last': 12, 'contiguous': False}" ]
+    pos_file "$BATS_TEST_TMPDIR/c.kvc" 7 8 9
+    run --separate-stderr kv-info --json "$BATS_TEST_TMPDIR/c.kvc"
+    [ "$(json_get 'j["positions"]["contiguous"], j["positions"]["count"]')" = "(True, 3)" ]
+    run --separate-stderr kv-info --json "$S"
+    [ "$(json_get 'j["positions"]')" = None ]
+    run script -qc "kv-info $BATS_TEST_TMPDIR/p.kvc" /dev/null
+    assert_output --partial "positions  4 (a token subset): first 3, last 12, with gaps"
+}
+
+@test "kv-info rejects positions that go backwards or are negative with exit 65" {
+    pos_file "$BATS_TEST_TMPDIR/b.kvc" 3 9 4
+    run --separate-stderr kv-info "$BATS_TEST_TMPDIR/b.kvc"
+    assert_fails_with 65 "strictly increasing"
+    pos_file "$BATS_TEST_TMPDIR/n.kvc" -1 2
+    run --separate-stderr kv-info "$BATS_TEST_TMPDIR/n.kvc"
+    assert_fails_with 65 "is negative"
+}

@@ -209,3 +209,15 @@ PYEOF
     run --separate-stderr kv-quant --zstd 0 -o "$WORK/x.kvc" "$WORK/r.kvc"
     assert_fails_with 64 "--zstd"
 }
+
+@test "kv-quant refuses a token subset with positions with exit 65, writing nothing" {
+    "$PY" -c "
+import sys; sys.path.insert(0, '$ROOT/tests/interop')
+import numpy as np, kvc_py as k
+z = np.ones((2, 4, 64), dtype=np.float16)
+k.write_kvc(sys.argv[1], [('layers.0.k', 'F16', z), ('layers.0.v', 'F16', z),
+                          ('positions', 'I32', np.array([0, 2, 5, 7], dtype=np.int32))], checksums=True)" "$WORK/subset.kvc"
+    run --separate-stderr kv-quant -o "$WORK/subset-q.kvc" "$WORK/subset.kvc"
+    assert_fails_with 65 "positions tensor"
+    [ ! -e "$WORK/subset-q.kvc" ]
+}

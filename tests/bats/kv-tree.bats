@@ -12,6 +12,9 @@ setup_file() {
         --dump-kv "$BATS_FILE_TMPDIR/a.kvc" 2>/dev/null
     kv-run --model "$M" --prompt "Once upon a time there was a big dog" -n 0 \
         --dump-kv "$BATS_FILE_TMPDIR/b.kvc" 2>/dev/null
+    # a 162-token prompt: several frames of 32 rows per chunk
+    kv-run --model "$M" --prompt "$(printf 'Once upon a time there was a little girl named Lily. She liked to play in the park with her dog Max. %.0s' 1 2 3 4 5)" \
+        -n 0 --dump-kv "$BATS_FILE_TMPDIR/long.kvc" 2>/dev/null
     # kvt.py: numpy reader of the safetensors layout (independent of lib/format).
     cat >"$BATS_FILE_TMPDIR/kvt.py" <<'EOF'
 import json, struct, sys
@@ -52,6 +55,26 @@ elif cmd == 'strip-q':         # rewrite a dump without its queries (and metadat
         hdr[k] = {'dtype': [n for n, d in DT.items() if d == v.dtype][0], 'shape': list(v.shape),
                   'data_offsets': [off, off + len(b)]}
         off += len(b)
+    h = json.dumps(hdr).encode()
+    open(sys.argv[3], 'wb').write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
+elif cmd == 'max-err':         # largest |OUT - SRC| over OUT's rows, relative to max |SRC|
+    src, _ = load(sys.argv[2]); out, meta = load(sys.argv[3])
+    pos = out['positions'] if 'positions' in out else np.arange(len(out['tokens']))
+    L = int(meta['kvc.n_layers'])
+    e = max(float(np.abs(src['layers.%d.%s' % (l, w)][:, pos, :].astype(np.float64) -
+                         out['layers.%d.%s' % (l, w)].astype(np.float64)).max()) /
+            float(np.abs(src['layers.%d.%s' % (l, w)]).max()) for l in range(L) for w in 'kv')
+    print('%.6f' % e)
+elif cmd == 'add-positions':   # a copy of a plain .kvc with positions 0..T-1 (no checksums)
+    t, meta = load(sys.argv[2])
+    t['positions'] = np.arange(len(t['tokens']), dtype=np.int32)
+    hdr, off, blobs = {}, 0, []
+    for k, v in t.items():
+        b = v.tobytes(); blobs.append(b)
+        hdr[k] = {'dtype': [n for n, d in DT.items() if d == v.dtype][0], 'shape': list(v.shape),
+                  'data_offsets': [off, off + len(b)]}
+        off += len(b)
+    hdr['__metadata__'] = {k: v for k, v in meta.items() if not k.startswith('crc32c.') and k != 'kvc.checksums'}
     h = json.dumps(hdr).encode()
     open(sys.argv[3], 'wb').write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
 elif cmd == 'positions':
@@ -95,7 +118,7 @@ two_puts() {
 @test "kv-tree --version names the index version" {
     run kv-tree --version
     assert_success
-    assert_output --partial "kv-tree index version 1"
+    assert_output --partial "kv-tree index version 2, chunk version 2"
 }
 
 @test "kv-tree rejects an unknown option with exit 64" {
@@ -229,10 +252,8 @@ two_puts() {
     [ "$(json_get 'j["gpu"]["nodes"], j["gpu"]["kv_bytes"]')" = "(1, $(kv_bytes "$m"))" ]
     [ "$(json_get 'j["host"]["kv_bytes"] <= j["host"]["budget"], j["gpu"]["nodes"] + j["host"]["nodes"] + j["disk"]["nodes"]')" = "(True, 3)" ]
     run --separate-stderr kv-tree ls "$S"
-    for f in $(json_get '" ".join(n["file"] + ":" + n["tier"] for n in j["list"])'); do
-        z=$(kv-info --json "$S/${f%%:*}" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["zstd"])')
-        if [ "${f##*:}" = disk ]; then [ "$z" = True ]; else [ "$z" = False ]; fi
-    done
+    # the default (lossless) encodings: raw, and raw+zstd on the disk tier
+    [ "$(json_get 'all(n["encoding"] == ("raw+zstd" if n["tier"] == "disk" else "raw") and n["chunk"] == 2 for n in j["list"])')" = True ]
     run --separate-stderr kv-tree check "$S"
     assert_success
     [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(True, 3)" ]
@@ -289,13 +310,13 @@ two_puts() {
 
 @test "kv-tree gc removes orphaned chunk files" {
     two_puts
-    echo junk >"$S/chunks/c999.kvc"
+    echo junk >"$S/chunks/c999.kvt"
     run --separate-stderr kv-tree check "$S"
     assert_success
     [ "$(json_get 'j["orphans"]')" = 1 ]
     run --separate-stderr kv-tree gc "$S" --max-bytes 1G
     [ "$(json_get 'j["orphans_removed"], j["nodes_removed"]')" = "(1, 0)" ]
-    [ ! -e "$S/chunks/c999.kvc" ]
+    [ ! -e "$S/chunks/c999.kvt" ]
 }
 
 @test "kv-tree check reports leftover index temp files and gc removes them" {
@@ -332,7 +353,7 @@ two_puts() {
 
 # next_chunk: the chunk file name the next put will write
 next_chunk() {
-    "$PY" -c 'import json,sys; print("chunks/c%d.kvc" % (json.load(open(sys.argv[1]))["generation"] + 1))' "$S/index.json"
+    "$PY" -c 'import json,sys; print("chunks/c%d.kvt" % (json.load(open(sys.argv[1]))["generation"] + 1))' "$S/index.json"
 }
 
 @test "kv-tree put refuses a symlink at the next chunk name and leaves its target alone" {
@@ -458,6 +479,7 @@ next_chunk() {
     assert_output --partial "3 nodes"
     assert_output --partial "imp_mean"
     assert_output --partial "attention"
+    assert_output --partial "raw+zstd"
 }
 
 @test "kv-tree get refuses to write a .kvc to a terminal" {
@@ -509,6 +531,144 @@ next_chunk() {
     run --separate-stderr kv-tree frobnicate
     [ "$status" -eq 64 ]
     [ "$(wc -l <<<"$stderr")" -le 3 ]
+}
+
+@test "kv-tree put refuses a token subset with positions with exit 65 and stores nothing" {
+    two_puts
+    kv-tree get "$S" --kvc "$A" --important 0.5 -o "$BATS_TEST_TMPDIR/sub.kvc" 2>/dev/null
+    before=$(cat "$S/index.json")
+    run --separate-stderr kv-tree put "$S" "$BATS_TEST_TMPDIR/sub.kvc"
+    assert_fails_with 65 "a subset is not a prefix"
+    [ "$(wc -l <<<"$stderr")" -eq 1 ]
+    [ "$(cat "$S/index.json")" = "$before" ]
+}
+
+@test "kv-tree check flags a version-1 chunk that carries positions" {
+    cp -r "$DATA/tree-v1/store" "$S"
+    f=$("$PY" -c 'import json,sys; print([n["file"] for n in json.load(open(sys.argv[1]))["nodes"] if n["tier"] == "host"][0])' "$S/index.json")
+    "$PY" "$KVT" add-positions "$S/$f" "$BATS_TEST_TMPDIR/p.kvc"
+    mv "$BATS_TEST_TMPDIR/p.kvc" "$S/$f"
+    "$PY" - "$S/index.json" "$f" "$(stat -c %s "$S/$f")" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for n in j['nodes']:
+    if n['file'] == sys.argv[2]: n['bytes'] = int(sys.argv[3])
+json.dump(j, open(sys.argv[1], 'w'))
+EOF
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "positions"
+    [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(False, 2)" ]
+}
+
+@test "kv-tree reads a version-1 store exactly, and place upgrades it to chunk version 2" {
+    cp -r "$DATA/tree-v1/store" "$S"
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    run --separate-stderr kv-tree get "$S" --kvc "$DATA/tree-v1/b.kvc" -o "$BATS_TEST_TMPDIR/g.kvc" --no-touch
+    assert_success
+    run "$PY" "$KVT" same-prefix "$DATA/tree-v1/b.kvc" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "True 10 False"
+    run --separate-stderr kv-tree place "$S" --gpu-bytes 0 --host-bytes 1G
+    assert_success
+    [ "$(json_get 'j["reencoded"]')" = 3 ]
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get '[n["chunk"] for n in j["list"]]')" = "[2, 2, 2]" ]
+    [ "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' "$S/index.json")" = 2 ]
+    kv-tree get "$S" --kvc "$DATA/tree-v1/a.kvc" -o "$BATS_TEST_TMPDIR/g.kvc" --no-touch 2>/dev/null
+    run "$PY" "$KVT" same-prefix "$DATA/tree-v1/a.kvc" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "True 11 False"
+}
+
+@test "kv-tree put accepts a KIVI-packed cache and get returns exactly its decoded K/V" {
+    kv-quant --bits 4 --group 4 --residual 0 "$A" >"$BATS_TEST_TMPDIR/q.kvc"
+    kv-quant --decode "$BATS_TEST_TMPDIR/q.kvc" >"$BATS_TEST_TMPDIR/d.kvc"
+    kv-tree init "$S"
+    run --separate-stderr kv-tree put "$S" "$BATS_TEST_TMPDIR/q.kvc"
+    assert_success
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get 'j["geometry"]["dtype"]')" = F16 ]
+    kv-tree get "$S" --kvc "$A" -o "$BATS_TEST_TMPDIR/g.kvc" 2>/dev/null
+    run "$PY" "$KVT" same-prefix "$BATS_TEST_TMPDIR/d.kvc" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "True $("$PY" "$KVT" tokens "$A" | wc -w) False"
+}
+
+@test "kv-tree init --encodings packed keeps host chunks KIVI-packed and disk chunks packed and compressed" {
+    L="$BATS_FILE_TMPDIR/long.kvc"
+    kv-tree init "$BATS_TEST_TMPDIR/raw" && kv-tree put "$BATS_TEST_TMPDIR/raw" "$L" >/dev/null
+    kv-tree init --encodings packed "$S"
+    run --separate-stderr kv-tree put --tier host "$S" "$L"
+    assert_success
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get 'j["list"][0]["encoding"], j["list"][0]["chunk"]')" = "('kivi2', 2)" ]
+    host=$(json_get 'j["list"][0]["bytes"]')
+    kv-tree get "$S" --kvc "$L" -o "$BATS_TEST_TMPDIR/h.kvc" --no-touch 2>/dev/null
+    run --separate-stderr kv-tree place "$S" --gpu-bytes 0 --host-bytes 0
+    [ "$(json_get 'j["reencoded"], j["disk"]["nodes"]')" = "(1, 1)" ]
+    run --separate-stderr kv-tree ls "$S"
+    [ "$(json_get 'j["list"][0]["encoding"]')" = "kivi2+zstd" ]
+    disk=$(json_get 'j["list"][0]["bytes"]')
+    raw=$(kv-tree ls "$BATS_TEST_TMPDIR/raw" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["bytes"])')
+    # 2-bit codes: less than half the raw+zstd F32 chunk (stories260K's head
+    # dim 8 makes KIVI's scales and each frame's header weigh); zstd shrinks them
+    [ "$disk" -lt "$host" ] && [ $((host * 2)) -lt "$raw" ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    # 2-bit KIVI over groups of 32 rows: lossy, but within half a step of the range
+    kv-tree get "$S" --kvc "$L" -o "$BATS_TEST_TMPDIR/g.kvc" --no-touch 2>/dev/null
+    run "$PY" "$KVT" max-err "$L" "$BATS_TEST_TMPDIR/g.kvc"
+    "$PY" -c "import sys; e=float(sys.argv[1]); sys.exit(0 if 0 < e < 0.5 else 1)" "$output"
+    # host -> disk only added zstd around the same frames: the same values
+    run "$PY" "$KVT" max-err "$BATS_TEST_TMPDIR/h.kvc" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "0.000000"
+}
+
+@test "kv-tree get --important reads fewer disk bytes, in proportion to the tokens kept" {
+    kv-tree init "$S"
+    kv-tree put "$S" "$BATS_FILE_TMPDIR/long.kvc" >/dev/null
+    for f in 1 0.5 0.25; do
+        kv-tree get "$S" --kvc "$BATS_FILE_TMPDIR/long.kvc" --important $f -o "$BATS_TEST_TMPDIR/g.kvc" \
+            --report "$BATS_TEST_TMPDIR/r$f.json" --no-touch
+    done
+    run "$PY" -c 'import json,sys; r=[json.load(open(f))["bytes_read"]["disk"] for f in sys.argv[1:]]; print(r[2] < r[1] < r[0], r[2] <= 0.4 * r[0])' \
+        "$BATS_TEST_TMPDIR/r1.json" "$BATS_TEST_TMPDIR/r0.5.json" "$BATS_TEST_TMPDIR/r0.25.json"
+    assert_output "True True"
+    run "$PY" "$KVT" same-prefix "$BATS_FILE_TMPDIR/long.kvc" "$BATS_TEST_TMPDIR/g.kvc"
+    assert_output "True 41 True"
+}
+
+@test "kv-profile works on a kv-tree get of a --dump-kv output: the store keeps the query samples" {
+    kv-tree init "$S"
+    kv-tree put "$S" "$BATS_FILE_TMPDIR/long.kvc" >/dev/null
+    run --separate-stderr kv-tree get "$S" --kvc "$BATS_FILE_TMPDIR/long.kvc" -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    assert_success
+    [ "$(json_get 'j["n_q"]')" = 32 ]
+    run --separate-stderr kv-profile "$BATS_TEST_TMPDIR/g.kvc"
+    assert_success
+    want=$(kv-profile "$BATS_FILE_TMPDIR/long.kvc" 2>/dev/null)
+    [ "$output" = "$want" ]
+}
+
+@test "kv-tree init rejects an unknown encoding with exit 64" {
+    run --separate-stderr kv-tree init --encodings disk=zip "$S"
+    assert_fails_with 64 "unknown chunk encoding"
+    [ ! -e "$S" ]
+    run --separate-stderr kv-tree init --encodings cpu=raw "$S"
+    assert_fails_with 64 "unknown tier"
+}
+
+@test "kv-tree check flags a chunk whose encoding is not its tier's, and place re-encodes it" {
+    two_puts
+    "$PY" - "$S/index.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1])); j['encodings']['disk'] = 'dsq2+zstd'
+json.dump(j, open(sys.argv[1], 'w'))
+EOF
+    run --separate-stderr kv-tree check "$S"
+    assert_fails_with 65 "kv-tree place re-encodes"
+    run --separate-stderr kv-tree place "$S" --gpu-bytes 0 --host-bytes 0
+    [ "$(json_get 'j["reencoded"]')" = 3 ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
 }
 
 @test "kv-tree's man page documents every subcommand's options and every exit status" {

@@ -10,6 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <math.h>
+
+#include "common/kv_half.h"
 #include "kt.h"
 #include "tree/kv_tree.h"
 
@@ -278,7 +281,7 @@ static void test_index_rejects_damage(void)
     kv_tree_free(t);
     expect_reject("{", "malformed JSON");
     expect_reject("[]", "not a JSON object");
-    expect_reject("{\"format\":\"kv-tree\",\"version\":2,\"generation\":0,\"nodes\":[]}", "version 2");
+    expect_reject("{\"format\":\"kv-tree\",\"version\":3,\"generation\":0,\"nodes\":[]}", "version 3");
     expect_reject(HDR NODE(1, 1, 0, "[1]", "chunks/c1.kvc") "]}", "parent must be an earlier node");
     expect_reject(HDR NODE(1, 0, 0, "[1]", "chunks/c1.kvc") "," NODE(2, 0, 0, "[1,5]", "chunks/c2.kvc") "]}",
                   "same token as a sibling");
@@ -288,6 +291,45 @@ static void test_index_rejects_damage(void)
     expect_reject(HDR NODE(1, 0, 1, "[1]", "chunks/c1.kvc") "]}", "start must be 0");
     expect_reject(HDR NODE(1, 0, 0, "[-1]", "chunks/c1.kvc") "]}", "not an id");
     expect_reject(HDR NODE(1, 0, 0, "[]", "chunks/c1.kvc") "]}", "non-empty array");
+}
+
+/* Index version 2's fields: tier encodings, group_rows, each node's chunk
+ * version and encoding; a version-1 node (no "chunk") is a whole .kvc. */
+#define NODE2(extra)                                                                                          \
+    "{\"id\":1,\"parent\":0,\"start\":0,\"tokens\":[1],\"file\":\"chunks/c1.kvt\",\"bytes\":1,\"kv_bytes\":1," \
+    "\"tier\":\"host\",\"hits\":0,\"last_use\":0,\"importance\":{\"mean\":1,\"min\":1,\"max\":1,"             \
+    "\"source\":\"attention\"}" extra "}"
+static void test_index_version_2_fields(void)
+{
+    kv_tree *t = NULL;
+    const char *v1 = HDR NODE(1, 0, 0, "[1,2]", "chunks/c1.kvc") "]}";
+    KT_REQUIRE(kv_tree_index_parse(v1, strlen(v1), &t) == KV_OK, "v1: %s", kv_errdetail());
+    KT_CHECK(t->nodes[1].chunk_version == 1 && t->nodes[1].enc.codec == KV_TREE_ENC_RAW && t->nodes[1].enc.zstd,
+             "a version-1 disk node is raw+zstd");
+    KT_CHECK(t->group_rows == KV_TREE_GROUP_ROWS && !t->enc[KV_TIER_HOST].zstd && t->enc[KV_TIER_DISK].zstd,
+             "version-1 stores take the lossless encodings");
+    kv_tree_free(t);
+    const char *v2 = HDR NODE2(",\"chunk\":2,\"encoding\":\"kivi2\"") "],\"encodings\":{\"gpu\":\"raw\",\"host\":"
+                     "\"kivi2\",\"disk\":\"dsq4+zstd\"},\"group_rows\":64}";
+    KT_REQUIRE(kv_tree_index_parse(v2, strlen(v2), &t) == KV_OK, "v2: %s", kv_errdetail());
+    KT_CHECK(t->nodes[1].chunk_version == 2 && t->nodes[1].enc.codec == KV_TREE_ENC_KIVI && t->nodes[1].enc.bits == 2,
+             "node encoding");
+    KT_CHECK(t->enc[KV_TIER_DISK].codec == KV_TREE_ENC_DSQ && t->enc[KV_TIER_DISK].bits == 4 &&
+             t->enc[KV_TIER_DISK].zstd && t->group_rows == 64, "store encodings");
+    kv_tree_free(t);
+    expect_reject(HDR NODE2(",\"chunk\":3,\"encoding\":\"raw\"") "]}", "chunk version 3");
+    expect_reject(HDR NODE2(",\"chunk\":2,\"encoding\":\"kivi3\"") "]}", "known encoding");
+    expect_reject(HDR NODE2(",\"chunk\":2") "]}", "known encoding");
+    expect_reject(HDR NODE2(",\"encoding\":\"kivi2\"") "]}", "version-1 chunk is raw");
+    expect_reject(HDR NODE2("") "],\"group_rows\":12}", "group_rows");
+    expect_reject(HDR NODE2("") "],\"encodings\":{\"gpu\":\"raw\"}}", "encodings.host");
+    kv_tree_enc e[KV_TIER_COUNT];
+    kv_errclear();
+    KT_CHECK(kv_tree_encodings_parse("packed", e) == KV_OK && e[KV_TIER_GPU].codec == KV_TREE_ENC_RAW &&
+                 e[KV_TIER_HOST].codec == KV_TREE_ENC_KIVI && !e[KV_TIER_HOST].zstd && e[KV_TIER_DISK].zstd,
+             "packed preset");
+    KT_CHECK(kv_tree_encodings_parse("disk=zip", e) == KV_E_USAGE, "unknown encoding is a usage error");
+    KT_CHECK(kv_tree_encodings_parse("cpu=raw", e) == KV_E_USAGE, "unknown tier is a usage error");
 }
 
 // --- the store on disk, end to end -------------------------------------------
@@ -423,6 +465,261 @@ static void test_store_get_is_exact_after_random_puts(void)
     KT_CHECK(system(cmd) == 0, "cleanup");
 }
 
+// --- chunk version 2: frames in importance order --------------------------------
+
+/* A longer cache in a bigger geometry than seq_kvc's: LL layers, 2 KV
+ * heads, head dim 32, F16 values in [0, 1), distinct key norms (so the
+ * key-norm importance ranks every token). */
+#define LL 4
+#define LH 2
+#define LD 32
+static kvc_file *long_kvc(const char *dir, int T, int32_t base, float *vals)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/long.kvc", dir);
+    kvc_writer *w;
+    if (kvc_writer_new(&w)) return NULL;
+    kv_geom g;
+    kv_geom_defaults(&g);
+    g.n_layers = LL, g.n_kv_heads = LH, g.head_dim = LD, g.n_tokens = T;
+    kvc_writer_geom(w, &g);
+    int32_t *tok = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) tok[t] = base + t;
+    int64_t s1[1] = {T}, s3[3] = {LH, T, LD};
+    kvc_writer_add_copy(w, "tokens", KV_DT_I32, 1, s1, tok);
+    kv_half *buf = malloc((size_t)LH * T * LD * 2);
+    for (int l = 0; l < LL; l++)
+        for (int wv = 0; wv < 2; wv++) {
+            for (size_t i = 0; i < (size_t)LH * T * LD; i++) {
+                float x = (float)kt_rand(&seed);
+                buf[i] = kv_f32_to_half(x);
+                if (vals) vals[(((size_t)l * 2 + wv) * LH * T * LD) + i] = kv_half_to_f32(buf[i]);
+            }
+            char name[32];
+            snprintf(name, sizeof name, "layers.%d.%c", l, wv ? 'v' : 'k');
+            kvc_writer_add_copy(w, name, KV_DT_F16, 3, s3, buf);
+        }
+    free(buf);
+    free(tok);
+    kvc_file *f = NULL;
+    if (kvc_writer_write(w, path, 0) == KV_OK) kvc_open(path, &f);
+    kvc_writer_free(w);
+    return f;
+}
+
+/* Largest |out - in| over the rows of a get (in: vals of long_kvc). */
+static double max_err(const kvc_file *out, const float *vals, int T)
+{
+    const kvc_tensor *pt = kvc_find(out, "positions");
+    int M = kvc_geom(out)->n_tokens;
+    double e = 0;
+    float *x = malloc((size_t)LH * M * LD * sizeof *x);
+    for (int l = 0; l < LL; l++)
+        for (int wv = 0; wv < 2; wv++) {
+            kvc_tensor_to_f32(kvc_layer(out, l, wv ? "v" : "k"), x);
+            for (int h = 0; h < LH; h++)
+                for (int r = 0; r < M; r++) {
+                    int32_t pos = r;
+                    if (pt) memcpy(&pos, (const char *)pt->data + 4 * r, 4);
+                    for (int c = 0; c < LD; c++) {
+                        double d = fabs(x[((size_t)h * M + r) * LD + c] -
+                                        vals[(((size_t)l * 2 + wv) * LH * T * LD) + ((size_t)h * T + pos) * LD + c]);
+                        if (d > e) e = d;
+                    }
+                }
+        }
+    free(x);
+    return e;
+}
+
+static void test_important_reads_scale_with_frac(void)
+{
+    char dir[] = "/tmp/test_tree_frac_XXXXXX", st_dir[600];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    const int T = 320;
+    float *vals = malloc((size_t)LL * 2 * LH * T * LD * sizeof *vals);
+    kvc_file *f = long_kvc(dir, T, 10, vals);
+    KT_REQUIRE(f && vals, "input");
+    static const char *encs[] = {"lossless", "packed", "gpu=raw,host=raw,disk=dsq4+zstd", "gpu=raw,host=raw,disk=kivi4"};
+    static const double tol[] = {0, 0.2, 0.1, 0.1}; /* 2-bit: half a step of range/3; 4-bit: range/15 */
+    for (int e = 0; e < 4; e++) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", st_dir);
+        KT_REQUIRE(system(cmd) == 0, "clean");
+        kv_tree_enc enc[KV_TIER_COUNT];
+        KT_REQUIRE(kv_tree_encodings_parse(encs[e], enc) == KV_OK, "encodings");
+        KT_REQUIRE(kv_tree_store_create_ex(st_dir, enc) == KV_OK, "init: %s", kv_errdetail());
+        kv_tree_store *s;
+        KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open");
+        kv_put_report pr;
+        KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr) == KV_OK, "put: %s", kv_errdetail());
+        int32_t tok[320];
+        for (int t = 0; t < T; t++) tok[t] = 10 + t;
+        uint64_t read[3];
+        static const double fr[3] = {1, 0.5, 0.25};
+        for (int k = 0; k < 3; k++) {
+            kv_get_report r;
+            kvc_file *out = NULL;
+            KT_REQUIRE(kv_tree_store_get_kvc(s, tok, T, fr[k], false, 1000, &out, &r) == KV_OK, "get: %s",
+                       kv_errdetail());
+            read[k] = r.bytes_read[KV_TIER_DISK];
+            double err = max_err(out, vals, T);
+            KT_CHECK(r.kept == (int)ceil(fr[k] * T) && kvc_geom(out)->n_tokens == r.kept, "%s F=%g: kept %d", encs[e],
+                     fr[k], r.kept);
+            if (e == 0) KT_CHECK(err == 0, "lossless F=%g: error %g", fr[k], err);
+            else KT_CHECK(err > 0 && err <= tol[e], "%s F=%g: error %g not in (0, %g]", encs[e], fr[k], err, tol[e]);
+            kvc_close(out);
+        }
+        printf("# %s: disk bytes read at F = 1, 0.5, 0.25: %llu %llu %llu (%.2f, %.2f)\n", encs[e],
+               (unsigned long long)read[0], (unsigned long long)read[1], (unsigned long long)read[2],
+               (double)read[1] / (double)read[0], (double)read[2] / (double)read[0]);
+        KT_CHECK(read[0] == pr.bytes_added, "%s: F=1 reads the whole chunk (%llu of %llu)", encs[e],
+                 (unsigned long long)read[0], (unsigned long long)pr.bytes_added);
+        KT_CHECK(read[2] <= 0.35 * read[0] && read[1] <= 0.6 * read[0] && read[2] < read[1], "%s: bytes read %llu %llu %llu",
+                 encs[e], (unsigned long long)read[0], (unsigned long long)read[1], (unsigned long long)read[2]);
+        kv_check_report cr;
+        KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0, "check %s: %s", encs[e],
+                 cr.n_problems ? cr.problems[0] : "");
+        kv_check_report_clear(&cr);
+        KT_CHECK(kv_tree_store_save(s) == KV_OK, "save");
+        kv_tree_store_close(s);
+    }
+    kvc_close(f);
+    free(vals);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    KT_CHECK(system(cmd) == 0, "cleanup");
+}
+
+/* A chunk file is refused on any damage: head, tables, frame bytes. */
+static void test_chunk_rejects_damage(void)
+{
+    char dir[] = "/tmp/test_tree_chunk_XXXXXX", st_dir[600], path[700];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    kvc_file *f = long_kvc(dir, 100, 1, NULL);
+    KT_REQUIRE(f && kv_tree_store_create(st_dir) == KV_OK, "init");
+    kv_tree_store *s;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open");
+    kv_put_report pr;
+    KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_HOST, 3, 1000, &pr) == KV_OK && kv_tree_store_save(s) == KV_OK, "put");
+    snprintf(path, sizeof path, "%s/%s", st_dir, kv_tree_store_tree(s)->nodes[1].file);
+    kv_tree_store_close(s);
+    kvc_close(f);
+    FILE *fp = fopen(path, "rb");
+    KT_REQUIRE(fp, "chunk");
+    uint8_t *b = malloc(pr.bytes_added);
+    KT_REQUIRE(fread(b, 1, pr.bytes_added, fp) == pr.bytes_added, "read");
+    fclose(fp);
+    int rows;
+    KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows) == KV_OK && rows == 100, "good chunk: %s", kv_errdetail());
+    static const struct { size_t at; const char *what; } dmg[] = {
+        {0, "bad magic"}, {8, "chunk version"}, {20, "checksum mismatch in the head"}, {72 + 5, "checksum mismatch"},
+    };
+    for (size_t i = 0; i < sizeof dmg / sizeof dmg[0]; i++) {
+        b[dmg[i].at] ^= 0x40;
+        kv_errclear();
+        kv_status st = kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows);
+        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), dmg[i].what), "byte %zu: want '%s', got %d '%s'", dmg[i].at,
+                 dmg[i].what, st, kv_errdetail());
+        b[dmg[i].at] ^= 0x40;
+    }
+    b[pr.bytes_added - 10] ^= 1; /* inside the last frame */
+    kv_errclear();
+    KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows) == KV_E_DATA && strstr(kv_errdetail(), "frame"),
+             "frame damage: %s", kv_errdetail());
+    b[pr.bytes_added - 10] ^= 1;
+    KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added - 1, &rows) == KV_E_DATA, "truncated");
+    free(b);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    KT_CHECK(system(cmd) == 0, "cleanup");
+}
+
+/* put refuses a token subset (positions) and changes nothing. */
+static void test_put_refuses_positions(void)
+{
+    char dir[] = "/tmp/test_tree_pos_XXXXXX", st_dir[600], path[700];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    snprintf(path, sizeof path, "%s/sub.kvc", dir);
+    kvc_file *f = long_kvc(dir, 40, 1, NULL);
+    KT_REQUIRE(f && kv_tree_store_create(st_dir) == KV_OK, "init");
+    kv_tree_store *s;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open");
+    kv_put_report pr;
+    KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr) == KV_OK, "put");
+    int32_t tok[40];
+    for (int t = 0; t < 40; t++) tok[t] = 1 + t;
+    kv_get_report r;
+    KT_REQUIRE(kv_tree_store_get(s, tok, 40, 0.5, false, 1000, path, &r) == KV_OK && r.positions, "get --important");
+    kvc_file *sub = NULL;
+    KT_REQUIRE(kvc_open(path, &sub) == KV_OK, "open subset");
+    int32_t *pos;
+    int np;
+    KT_CHECK(kvc_positions(sub, &pos, &np) == KV_OK && pos && np == 20, "kvc_positions");
+    free(pos);
+    kv_tree_store_close(s);
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "reopen");
+    int before = kv_tree_store_tree(s)->n_nodes;
+    kv_errclear();
+    kv_status st = kv_tree_store_put(s, sub, KV_TIER_DISK, 3, 1000, &pr);
+    KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), "positions"), "put of a subset: %d %s", st, kv_errdetail());
+    KT_CHECK(kv_tree_store_tree(s)->n_nodes == before, "nothing added");
+    kv_tree_store_close(s);
+    kvc_close(sub);
+    kvc_close(f);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    KT_CHECK(system(cmd) == 0, "cleanup");
+}
+
+/* The version-1 store in tests/data/tree-v1 is read, and place upgrades it. */
+static void test_reads_version_1_stores(void)
+{
+    char dir[] = "/tmp/test_tree_v1_XXXXXX", cmd[700], st_dir[600];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/store", dir);
+    snprintf(cmd, sizeof cmd, "cp -r tests/data/tree-v1/store '%s'", dir);
+    KT_REQUIRE(system(cmd) == 0, "tests/data/tree-v1 not found (the tests run from the repository root)");
+    kvc_file *a = NULL;
+    KT_REQUIRE(kvc_open("tests/data/tree-v1/a.kvc", &a) == KV_OK, "a.kvc");
+    int32_t *tok;
+    int n;
+    KT_REQUIRE(kvc_tokens(a, &tok, &n) == KV_OK, "tokens");
+    kv_tree_store *s;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open v1: %s", kv_errdetail());
+    KT_CHECK(kv_tree_store_tree(s)->nodes[1].chunk_version == 1, "version-1 chunks");
+    for (int pass = 0; pass < 2; pass++) {
+        kv_check_report cr;
+        KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0 && cr.chunks_ok == 3, "check pass %d: %s",
+                 pass, cr.n_problems ? cr.problems[0] : "");
+        kv_check_report_clear(&cr);
+        kv_get_report r;
+        kvc_file *out = NULL;
+        KT_CHECK(kv_tree_store_get_kvc(s, tok, n, 1, false, 1, &out, &r) == KV_OK && r.matched == n, "get pass %d", pass);
+        int ok = out != NULL;
+        for (int l = 0; ok && l < kvc_geom(a)->n_layers; l++)
+            ok = !memcmp(kvc_layer(out, l, "k")->data, kvc_layer(a, l, "k")->data, kvc_layer(a, l, "k")->nbytes) &&
+                 !memcmp(kvc_layer(out, l, "v")->data, kvc_layer(a, l, "v")->data, kvc_layer(a, l, "v")->nbytes);
+        KT_CHECK(ok, "pass %d: get returns the original K/V exactly", pass);
+        kvc_close(out);
+        if (pass == 0) {
+            kv_place_report pr;
+            KT_CHECK(kv_tree_store_place(s, 0, 1 << 20, 3600, 3, 1, &pr) == KV_OK && pr.reencoded == 3,
+                     "place upgrades every chunk: %s", kv_errdetail());
+            KT_CHECK(kv_tree_store_save(s) == KV_OK, "save");
+        }
+    }
+    KT_CHECK(kv_tree_store_tree(s)->nodes[1].chunk_version == 2, "upgraded");
+    kv_tree_store_close(s);
+    free(tok);
+    kvc_close(a);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    KT_CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void)
 {
     seed = (unsigned long long)time(NULL) * 2654435761ull | 1;
@@ -432,6 +729,11 @@ int main(void)
     KT_RUN(test_importance_is_attention_mass);
     KT_RUN(test_index_round_trip);
     KT_RUN(test_index_rejects_damage);
+    KT_RUN(test_index_version_2_fields);
     KT_RUN(test_store_get_is_exact_after_random_puts);
+    KT_RUN(test_important_reads_scale_with_frac);
+    KT_RUN(test_chunk_rejects_damage);
+    KT_RUN(test_put_refuses_positions);
+    KT_RUN(test_reads_version_1_stores);
     return kt_done();
 }

@@ -15,6 +15,22 @@ export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 mkdir -p "$OUT/e" "$OUT/g"
 OUT="$OUT/e" STEPS=${ESTEPS:-gmks} sh tools/device/e-check.sh "$D"
 OUT="$OUT/g" STEPS=${GSTEPS:-emdr} RLIMIT=${RLIMIT:-20} sh tools/device/g-check.sh "$D"
+# DSQ variants on the GPU over all 20 niah4k dev tasks per length (issue 17)
+N=tests/data/niah4k
+timeout 90 "$D/kv-bench" ruler --device cuda -m $N/niah4k.bin --tokenizer $N/tok259.bin \
+    --tasks $N/tasks-dev.jsonl --json --no-progress -P full -P dsq -P dsq:base=salient \
+    -P '0=full;*=dsq' -P dsq:salient=0.3 -P dsq:window=128 -P dsq:window=32 \
+    > "$OUT/dsq.json" 2>> "$OUT/summary.txt"
+echo "== dsq variants rc=$?" | tee -a "$OUT/summary.txt"
+python3 - "$OUT/dsq.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print("no JSON:", e); sys.exit(0)
+by = {}
+for r in d.get("results", []):
+    by.setdefault(r.get("policy"), []).append("%d:%.2f" % (r["length"], r["accuracy"]))
+for p, v in by.items(): print("%-40s %s" % (p, " ".join(v)))
+PY
 for t in test_gpu_engine test_cuda_kernels test_cuda_prefill; do
     timeout 200 "$D/$t" > "$OUT/$t.tap" 2>&1
     echo "== $t rc=$? $(grep -c '^ok' "$OUT/$t.tap") ok, $(grep -c '^not ok' "$OUT/$t.tap") not ok" | tee -a "$OUT/summary.txt"

@@ -1,0 +1,554 @@
+/*
+ * kv_tree_chunk: chunk files of version 2 (man/kvc.5, "kv-tree chunks"),
+ * written and read in parts.  A chunk holds one node's edge: a fixed head,
+ * the token ids, importances and the row order table (rows sorted by
+ * importance, most important first), a frame index, the query samples (when
+ * the node ends a put prompt that had them), then the rows in that order in
+ * frames of group_rows rows.  Each frame is a small .kvc image of its rows
+ * for every layer, plain or packed (KIVI, DSQ) as the tier's encoding says,
+ * optionally zstd-compressed as a whole: so the top FRAC rows of a chunk are
+ * its first frames, and get --important reads only those from disk.
+ * Version-1 chunks (a whole .kvc, one zstd frame on the disk tier) are read
+ * through the same interface, whole.
+ */
+#include "tree/kv_tree_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/kv_crc.h"
+#include "common/kv_half.h"
+#include "quant/kv_layer_io.h"
+
+#define HEAD_BYTES 72
+#define FRAME_ENTRY 24
+static const char MAGIC[8] = {'K', 'V', 'T', 'C', 'H', 'U', 'N', 'K'};
+
+// --- encodings ------------------------------------------------------------------
+
+kv_status kv_tree_enc_parse(const char *s, kv_tree_enc *e)
+{
+    memset(e, 0, sizeof *e);
+    if (!s) return kv_fail(KV_E_USAGE, "no encoding");
+    size_t n = strlen(s);
+    const char *z = strstr(s, "+zstd");
+    if (z && z[5] == 0) e->zstd = true, n = (size_t)(z - s);
+    if (n == 3 && !strncmp(s, "raw", 3)) e->codec = KV_TREE_ENC_RAW;
+    else if (n == 5 && !strncmp(s, "kivi", 4) && strchr("124", s[4])) e->codec = KV_TREE_ENC_KIVI, e->bits = s[4] - '0';
+    else if (n == 4 && !strncmp(s, "dsq", 3) && strchr("124", s[3])) e->codec = KV_TREE_ENC_DSQ, e->bits = s[3] - '0';
+    else
+        return kv_fail(KV_E_USAGE, "unknown chunk encoding '%.40s' (raw, kivi1, kivi2, kivi4, dsq1, dsq2, dsq4, "
+                                   "each optionally +zstd)", s);
+    return KV_OK;
+}
+
+void kv_tree_enc_format(const kv_tree_enc *e, char *buf, size_t n)
+{
+    const char *base = e->codec == KV_TREE_ENC_KIVI ? "kivi" : e->codec == KV_TREE_ENC_DSQ ? "dsq" : "raw";
+    if (e->codec == KV_TREE_ENC_RAW) snprintf(buf, n, "raw%s", e->zstd ? "+zstd" : "");
+    else snprintf(buf, n, "%s%d%s", base, e->bits, e->zstd ? "+zstd" : "");
+}
+
+bool kv_tree_enc_equal(const kv_tree_enc *a, const kv_tree_enc *b)
+{
+    return a->codec == b->codec && a->zstd == b->zstd && (a->codec == KV_TREE_ENC_RAW || a->bits == b->bits);
+}
+
+void kv_tree_encodings_default(kv_tree_enc enc[KV_TIER_COUNT])
+{
+    enc[KV_TIER_GPU] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, false};
+    enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, false};
+    enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, true};
+}
+
+kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
+{
+    kv_tree_encodings_default(enc);
+    if (!strcmp(s, "lossless")) return KV_OK;
+    if (!strcmp(s, "packed")) { /* LMCache / IMPRESS: hot raw, warm packed, cold packed + zstd */
+        enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, false};
+        enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, true};
+        return KV_OK;
+    }
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return kv_fail(KV_E_USAGE, "--encodings: too long");
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(p, '=');
+        if (!eq) return kv_fail(KV_E_USAGE, "--encodings: '%.40s' is not TIER=ENCODING", p);
+        *eq = 0;
+        int t = kv_tier_parse(p);
+        if (t < 0) return kv_fail(KV_E_USAGE, "--encodings: unknown tier '%.20s' (gpu, host, disk)", p);
+        kv_status st = kv_tree_enc_parse(eq + 1, &enc[t]);
+        if (st) return st;
+    }
+    return KV_OK;
+}
+
+// --- little-endian fields ---------------------------------------------------------
+
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static void wr32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void wr64(uint8_t *p, uint64_t v)
+{
+    wr32(p, (uint32_t)v);
+    wr32(p + 4, (uint32_t)(v >> 32));
+}
+
+static kv_status src_read(tree_chunk *c, uint64_t off, void *buf, size_t n)
+{
+    if (off > c->size || n > c->size - off) return kv_fail(KV_E_DATA, "chunk %s: read past its end", c->name);
+    if (c->mem) memcpy(buf, c->mem + off, n);
+    else
+        for (size_t got = 0; got < n;) {
+            ssize_t r = pread(c->fd, (char *)buf + got, n - got, (off_t)(off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) return kv_fail(KV_E_IO, "cannot read chunk %s: %s", c->name, strerror(errno));
+            if (r == 0) return kv_fail(KV_E_DATA, "chunk %s: truncated", c->name);
+            got += (size_t)r;
+        }
+    c->bytes_read += n;
+    return KV_OK;
+}
+
+// --- reading ----------------------------------------------------------------------
+
+void tree_chunk_free(tree_chunk *c)
+{
+    if (!c) return;
+    free(c->tokens);
+    free(c->imp);
+    free(c->order);
+    free(c->rank);
+    free(c->frames);
+    kvc_close(c->v1);
+    if (c->fd >= 0) close(c->fd);
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+}
+
+/* a * b, saturating at UINT64_MAX: sizes from a damaged head must not wrap */
+static uint64_t smul(uint64_t a, uint64_t b) { return a && b > UINT64_MAX / a ? UINT64_MAX : a * b; }
+
+static uint64_t raw_row_bytes(const tree_chunk *c)
+{
+    return smul(smul(smul(2ull * (uint64_t)c->L, (uint64_t)c->Hkv), (uint64_t)c->D), kv_dtype_size(c->dt));
+}
+
+kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
+{
+    uint8_t h[HEAD_BYTES];
+    kv_status st;
+    if (c->size < HEAD_BYTES) return kv_fail(KV_E_DATA, "chunk %s: %llu bytes, shorter than its head", c->name, (unsigned long long)c->size);
+    if ((st = src_read(c, 0, h, HEAD_BYTES))) return st;
+    if (memcmp(h, MAGIC, 8)) return kv_fail(KV_E_DATA, "chunk %s: not a kv-tree chunk (bad magic)", c->name);
+    uint32_t ver = rd32(h + 8);
+    if (ver != KV_TREE_CHUNK_VERSION)
+        return kv_fail(KV_E_DATA, "chunk %s is chunk version %u; this kv-tree reads versions 1 and 2", c->name, ver);
+    c->version = 2;
+    uint32_t n = rd32(h + 16), start = rd32(h + 20), R = rd32(h + 24), nf = rd32(h + 28), codec = rd32(h + 32),
+             bits = rd32(h + 36), zs = rd32(h + 40), L = rd32(h + 44), Hkv = rd32(h + 48), D = rd32(h + 52),
+             dt = rd32(h + 56), qh = rd32(h + 60), nq = rd32(h + 64);
+    c->q_crc = rd32(h + 68);
+    if (n < 1 || n > MAX_TREE_TOKENS || start > INT32_MAX - n) return kv_fail(KV_E_DATA, "chunk %s: bad token count %u", c->name, n);
+    if (R < 8 || R > 4096 || R % 8) return kv_fail(KV_E_DATA, "chunk %s: group_rows %u is not a multiple of 8 in [8, 4096]", c->name, R);
+    if (nf != (n + R - 1) / R) return kv_fail(KV_E_DATA, "chunk %s: %u frames for %u rows of %u", c->name, nf, n, R);
+    if (codec > KV_TREE_ENC_DSQ || zs > 1 || (codec == KV_TREE_ENC_RAW ? bits != 0 : bits != 1 && bits != 2 && bits != 4))
+        return kv_fail(KV_E_DATA, "chunk %s: unknown encoding %u/%u", c->name, codec, bits);
+    if (dt != KV_DT_F32 && dt != KV_DT_F16 && dt != KV_DT_BF16) return kv_fail(KV_E_DATA, "chunk %s: bad dtype %u", c->name, dt);
+    if (L < 1 || L > MAX_DIM || Hkv < 1 || Hkv > MAX_DIM || D < 1 || D > MAX_DIM || qh > MAX_DIM || nq > MAX_DIM ||
+        (qh && (qh % Hkv || !nq)) || (!qh && nq))
+        return kv_fail(KV_E_DATA, "chunk %s: bad geometry", c->name);
+    if (g && (L != (uint32_t)g->g.n_layers || Hkv != (uint32_t)g->g.n_kv_heads || D != (uint32_t)g->g.head_dim ||
+              dt != (uint32_t)g->dtype || (qh && g->g.n_heads && qh != (uint32_t)g->g.n_heads)))
+        return kv_fail(KV_E_DATA, "chunk %s: geometry or dtype differs from the store's", c->name);
+    c->n = (int)n, c->start = (int)start, c->group_rows = (int)R, c->n_frames = (int)nf;
+    c->enc = (kv_tree_enc){(kv_tree_codec)codec, (int)bits, zs != 0};
+    c->L = (int)L, c->Hkv = (int)Hkv, c->D = (int)D, c->dt = (kv_dtype)dt, c->q_heads = (int)qh, c->n_q = (int)nq;
+    uint64_t tables = 12ull * n + (uint64_t)FRAME_ENTRY * nf;
+    if (tables > c->size - HEAD_BYTES) return kv_fail(KV_E_DATA, "chunk %s: truncated tables", c->name);
+    uint8_t *tb = malloc((size_t)tables);
+    c->tokens = malloc((size_t)n * 4);
+    c->imp = malloc((size_t)n * 4);
+    c->order = malloc((size_t)n * 4);
+    c->rank = malloc((size_t)n * sizeof *c->rank);
+    c->frames = calloc(nf, sizeof *c->frames);
+    if (!tb || !c->tokens || !c->imp || !c->order || !c->rank || !c->frames) {
+        free(tb);
+        return kv_fail(KV_E_NOMEM, "cannot allocate chunk tables of %u tokens", n);
+    }
+    if ((st = src_read(c, HEAD_BYTES, tb, (size_t)tables))) goto out;
+    uint32_t crc = kv_crc32c(kv_crc32c(0, h + 16, HEAD_BYTES - 16), tb, (size_t)tables);
+    if (crc != rd32(h + 12)) {
+        st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the head (stored %08x, computed %08x)", c->name, rd32(h + 12), crc);
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) c->rank[i] = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t tk = (int32_t)rd32(tb + 4 * i), o = (int32_t)rd32(tb + 8ull * n + 4 * i);
+        uint32_t fb = rd32(tb + 4ull * n + 4 * i);
+        float f;
+        memcpy(&f, &fb, 4);
+        if (tk < 0) st = kv_fail(KV_E_DATA, "chunk %s: token %u has the negative id %d", c->name, i, tk);
+        else if (!isfinite(f))
+            st = kv_fail(KV_E_DATA, "chunk %s: importance %u is %s", c->name, i, isnan(f) ? "NaN" : "infinite");
+        else if (o < 0 || (uint32_t)o >= n || c->rank[o] >= 0)
+            st = kv_fail(KV_E_DATA, "chunk %s: row order is not a permutation (row %u)", c->name, i);
+        if (st) goto out;
+        c->tokens[i] = tk, c->imp[i] = f, c->order[i] = o, c->rank[o] = (int)i;
+    }
+    /* the order table must be importance order (ties to the earlier token):
+     * get takes the first frames as the most important rows */
+    for (uint32_t j = 1; j < n; j++) {
+        int a = c->order[j - 1], b = c->order[j];
+        if (c->imp[a] < c->imp[b] || (c->imp[a] == c->imp[b] && a > b)) {
+            st = kv_fail(KV_E_DATA, "chunk %s: row order is not importance order at row %u", c->name, j);
+            goto out;
+        }
+    }
+    uint64_t q_bytes = smul(smul(smul(4ull * L, qh), nq), D);
+    c->q_off = HEAD_BYTES + tables;
+    uint64_t frame_max = smul(smul(raw_row_bytes(c), R), 2) + (1u << 20);
+    if (q_bytes > c->size - c->q_off) {
+        st = kv_fail(KV_E_DATA, "chunk %s: truncated query samples", c->name);
+        goto out;
+    }
+    uint64_t pos = c->q_off + q_bytes;
+    for (uint32_t f = 0; f < nf; f++) {
+        const uint8_t *e = tb + 12ull * n + (uint64_t)FRAME_ENTRY * f;
+        tree_frame *fr = &c->frames[f];
+        fr->off = rd64(e), fr->len = rd64(e + 8), fr->crc = rd32(e + 16), fr->rows = (int)rd32(e + 20);
+        uint32_t want = f + 1 < nf ? R : n - (nf - 1) * R;
+        if (fr->rows != (int)want || fr->off != pos || fr->len == 0 || fr->len > frame_max || fr->len > c->size - pos) {
+            st = kv_fail(KV_E_DATA, "chunk %s: frame %u: bad offset, length or row count", c->name, f);
+            goto out;
+        }
+        pos += fr->len;
+    }
+    if (pos != c->size) st = kv_fail(KV_E_DATA, "chunk %s: %llu bytes after the last frame", c->name, (unsigned long long)(c->size - pos));
+out:
+    free(tb);
+    return st;
+}
+
+/* Frame f's .kvc image opened and checked against the chunk's geometry. */
+static kv_status frame_open(tree_chunk *c, int f, kvc_file **out)
+{
+    *out = NULL;
+    const tree_frame *fr = &c->frames[f];
+    uint8_t *b = malloc((size_t)fr->len);
+    if (!b) return kv_fail(KV_E_NOMEM, "cannot allocate a frame of %llu bytes", (unsigned long long)fr->len);
+    kv_status st = src_read(c, fr->off, b, (size_t)fr->len);
+    if (!st && kv_crc32c(0, b, (size_t)fr->len) != fr->crc)
+        st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in frame %d", c->name, f);
+    kvc_file *k = NULL;
+    if (!st && (st = kvc_open_mem(b, (size_t)fr->len, &k))) kv_errcontext("chunk %s frame %d", c->name, f);
+    free(b);
+    if (st) return st;
+    const kv_geom *g = kvc_geom(k);
+    if (kvc_was_zstd(k) != c->enc.zstd || g->n_layers != c->L || g->n_kv_heads != c->Hkv || g->head_dim != c->D ||
+        g->n_tokens != fr->rows)
+        st = kv_fail(KV_E_DATA, "chunk %s: frame %d does not hold its rows in the chunk's geometry", c->name, f);
+    const char *want = c->enc.codec == KV_TREE_ENC_KIVI ? "kivi" : c->enc.codec == KV_TREE_ENC_DSQ ? "dsq" : NULL;
+    char dtn[8];
+    snprintf(dtn, sizeof dtn, "%s", kv_dtype_name(c->dt));
+    for (char *p = dtn; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+    for (int l = 0; l < c->L && !st; l++)
+        for (int w = 0; w < 2 && !st; w++) {
+            const char *e = kvc_layer_encoding(k, l, w ? 'v' : 'k');
+            if (!e || strcmp(e, want ? want : dtn))
+                st = kv_fail(KV_E_DATA, "chunk %s: frame %d layer %d is %s, the chunk says %s", c->name, f, l,
+                             e ? e : "missing", want ? want : dtn);
+        }
+    if (st) {
+        kvc_close(k);
+        return st;
+    }
+    *out = k;
+    return KV_OK;
+}
+
+static void put_row(void *dst, kv_dtype dt, size_t idx, const float *x, int D)
+{
+    if (dt == KV_DT_F32) memcpy((float *)dst + idx * D, x, (size_t)D * 4);
+    else if (dt == KV_DT_F16)
+        for (int i = 0; i < D; i++) ((kv_half *)dst)[idx * D + i] = kv_f32_to_half(x[i]);
+    else
+        for (int i = 0; i < D; i++) ((kv_bf16 *)dst)[idx * D + i] = kv_f32_to_bf16(x[i]);
+}
+
+kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kdst, void *const *vdst, int dst_T, int off)
+{
+    const int Hkv = c->Hkv, D = c->D, L = c->L;
+    const size_t es = kv_dtype_size(c->dt), row = (size_t)D * es;
+    for (int i = 0; i < k; i++)
+        if (sel[i] < 0 || sel[i] >= c->n) return kv_fail(KV_E_INTERNAL, "row %d outside the chunk", sel[i]);
+    if (c->version == 1) {
+        for (int l = 0; l < L; l++)
+            for (int w = 0; w < 2; w++) {
+                const kvc_tensor *t = kvc_layer(c->v1, l, w ? "v" : "k");
+                char *dst = (w ? vdst : kdst)[l];
+                for (int h = 0; h < Hkv; h++)
+                    for (int i = 0; i < k; i++)
+                        memcpy(dst + ((size_t)h * dst_T + off + i) * row,
+                               (const char *)t->data + ((size_t)h * c->n + sel[i]) * row, row);
+            }
+        return KV_OK;
+    }
+    /* frames needed, each decoded once */
+    int R = c->group_rows;
+    char *need = calloc((size_t)c->n_frames, 1);
+    float *x = NULL; /* allocated once a frame has shown its rows exist */
+    kv_status st = need ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
+    for (int i = 0; i < k && !st; i++) need[c->rank[sel[i]] / R] = 1;
+    for (int f = 0; f < c->n_frames && !st; f++) {
+        if (!need[f]) continue;
+        kvc_file *fk = NULL;
+        if ((st = frame_open(c, f, &fk))) break;
+        int rows = c->frames[f].rows;
+        if (!x && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1))) {
+            kvc_close(fk);
+            st = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
+            break;
+        }
+        for (int l = 0; l < L && !st; l++)
+            for (int w = 0; w < 2 && !st; w++) {
+                char which = w ? 'v' : 'k';
+                char *dst = (w ? vdst : kdst)[l];
+                const kvc_tensor *t = c->enc.codec == KV_TREE_ENC_RAW ? kvc_layer(fk, l, w ? "v" : "k") : NULL;
+                if (!t && (st = kv_layer_decode(fk, l, which, x))) {
+                    kv_errcontext("chunk %s frame %d", c->name, f);
+                    break;
+                }
+                for (int i = 0; i < k; i++) {
+                    int j = c->rank[sel[i]];
+                    if (j / R != f) continue;
+                    int r = j % R;
+                    for (int h = 0; h < Hkv; h++) {
+                        size_t di = (size_t)h * dst_T + off + i;
+                        if (t) /* raw: the stored bytes, exactly */
+                            memcpy(dst + di * row, (const char *)t->data + ((size_t)h * rows + r) * row, row);
+                        else
+                            put_row(dst, c->dt, di, x + ((size_t)h * rows + r) * D, D);
+                    }
+                }
+            }
+        kvc_close(fk);
+    }
+    free(need);
+    free(x);
+    return st;
+}
+
+kv_status tree_chunk_queries(tree_chunk *c, float *q)
+{
+    size_t n = (size_t)c->L * c->q_heads * c->n_q * c->D;
+    if (!n) return KV_OK;
+    kv_status st = src_read(c, c->q_off, q, n * 4);
+    if (!st && kv_crc32c(0, q, n * 4) != c->q_crc) st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the query samples", c->name);
+    for (size_t i = 0; i < n && !st; i++)
+        if (!isfinite(q[i])) st = kv_fail(KV_E_DATA, "chunk %s: a query sample is not finite", c->name);
+    return st;
+}
+
+kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
+{
+    tree_chunk c;
+    memset(&c, 0, sizeof c);
+    c.fd = -1;
+    c.mem = buf;
+    c.size = len;
+    snprintf(c.name, sizeof c.name, "(memory)");
+    *n_rows = 0;
+    kv_status st = tree_chunk_parse(&c, NULL);
+    uint64_t row = st ? 0 : smul(smul(smul((uint64_t)c.Hkv, (uint64_t)c.n), (uint64_t)c.D), kv_dtype_size(c.dt));
+    void **k = NULL, **v = NULL;
+    int *sel = NULL;
+    float *q = NULL;
+    if (!st) {
+        k = calloc((size_t)c.L, sizeof *k), v = calloc((size_t)c.L, sizeof *v);
+        sel = malloc((size_t)c.n * sizeof *sel);
+        /* the query samples are bounded by the file (checked by the parse);
+         * the decoded rows are not: refuse heads that claim more than this
+         * verifier will allocate */
+        q = malloc((size_t)c.L * c.q_heads * c.n_q * c.D * 4 + 4);
+        if (!k || !v || !sel || !q || row > (1u << 28) || smul(row, 2ull * c.L) > (1u << 30))
+            st = kv_fail(KV_E_NOMEM, "chunk too large to verify in memory");
+        for (int l = 0; l < c.L && !st; l++)
+            if (!(k[l] = malloc((size_t)row + 1)) || !(v[l] = malloc((size_t)row + 1))) st = kv_fail(KV_E_NOMEM, "no memory");
+    }
+    if (!st) {
+        for (int i = 0; i < c.n; i++) sel[i] = i;
+        st = tree_chunk_rows(&c, sel, c.n, k, v, c.n, 0);
+    }
+    if (!st) st = tree_chunk_queries(&c, q);
+    if (!st) *n_rows = c.n;
+    for (int l = 0; k && v && l < c.L; l++) free(k[l]), free(v[l]);
+    free(k);
+    free(v);
+    free(sel);
+    free(q);
+    tree_chunk_free(&c);
+    return st;
+}
+
+// --- writing ----------------------------------------------------------------------
+
+static void get_row(const void *src, kv_dtype dt, size_t idx, float *x, int D)
+{
+    if (dt == KV_DT_F32) memcpy(x, (const float *)src + idx * D, (size_t)D * 4);
+    else if (dt == KV_DT_F16)
+        for (int i = 0; i < D; i++) x[i] = kv_half_to_f32(((const kv_half *)src)[idx * D + i]);
+    else
+        for (int i = 0; i < D; i++) x[i] = kv_bf16_to_f32(((const kv_bf16 *)src)[idx * D + i]);
+}
+
+typedef struct {
+    int32_t j;
+    float imp;
+} rank_ix;
+
+static int cmp_rank(const void *a, const void *b)
+{
+    const rank_ix *x = a, *y = b;
+    if (x->imp != y->imp) return x->imp > y->imp ? -1 : 1;
+    return x->j - y->j; /* ties to the earlier token */
+}
+
+/* One frame: rows ord[0..rows) of the chunk (edge offsets), src rows sel[.] */
+static kv_status frame_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, const chunk_src *src,
+                              const int *sel, const int32_t *ord, int rows, const float *imp, int zstd_level,
+                              uint8_t **out, size_t *len)
+{
+    const kv_geom *sg = &tg->g;
+    const int L = sg->n_layers, Hkv = sg->n_kv_heads, D = sg->head_dim;
+    const size_t es = kv_dtype_size(tg->dtype), row = (size_t)D * es, per = (size_t)Hkv * rows * row;
+    kvc_writer *w = NULL;
+    char *raw = malloc(per * 2 * (size_t)L + 1);
+    float *x = malloc((size_t)Hkv * rows * D * sizeof *x + 1), *ximp = malloc((size_t)Hkv * rows * sizeof *ximp + 1);
+    kv_status st = kvc_writer_new(&w);
+    if (!st && (!raw || !x || !ximp)) st = kv_fail(KV_E_NOMEM, "cannot allocate a frame of %d rows", rows);
+    kv_geom g = *sg;
+    g.n_tokens = rows, g.n_q = 0;
+    if (!st) st = kvc_writer_geom(w, &g);
+    kv_kivi_params kp = {enc->bits, R, 0};
+    kv_dsq_params dp;
+    kv_dsq_params_default(&dp);
+    dp.window = R, dp.salient = kv_dsq_salient_count(R, KV_DSQ_DEFAULT_SALIENT_FRAC), dp.bits = enc->bits;
+    for (int h = 0; h < Hkv; h++)
+        for (int r = 0; r < rows; r++) ximp[(size_t)h * rows + r] = imp[ord[r]];
+    for (int l = 0; l < L && !st; l++)
+        for (int wv = 0; wv < 2 && !st; wv++) {
+            const char *s = (const char *)(wv ? src->v[l] : src->k[l]);
+            char *dst = raw + per * (2 * (size_t)l + wv);
+            for (int h = 0; h < Hkv; h++)
+                for (int r = 0; r < rows; r++)
+                    memcpy(dst + ((size_t)h * rows + r) * row, s + ((size_t)h * src->src_T + sel[ord[r]]) * row, row);
+            char name[64];
+            snprintf(name, sizeof name, "layers.%d.%c", l, wv ? 'v' : 'k');
+            int64_t sh3[3] = {Hkv, rows, D};
+            if (enc->codec == KV_TREE_ENC_RAW) {
+                st = kvc_writer_add(w, name, tg->dtype, 3, sh3, dst);
+                continue;
+            }
+            for (size_t i = 0; i < (size_t)Hkv * rows; i++) get_row(dst, tg->dtype, i, x + i * D, D);
+            kv_kivi_axis ax = wv ? KV_KIVI_VALUES : KV_KIVI_KEYS;
+            if (enc->codec == KV_TREE_ENC_KIVI) {
+                kv_kivi_packed p;
+                memset(&p, 0, sizeof p);
+                if (!(st = kv_kivi_pack(x, ax, &kp, Hkv, rows, D, &p))) st = kv_kivi_write(w, l, wv ? 'v' : 'k', &p);
+                kv_kivi_clear(&p);
+            } else {
+                kv_dsq_packed p;
+                memset(&p, 0, sizeof p);
+                if (!(st = kv_dsq_pack(x, ximp, ax, &dp, Hkv, rows, D, &p))) st = kv_dsq_write(w, l, wv ? 'v' : 'k', &p);
+                kv_dsq_clear(&p);
+            }
+        }
+    if (!st) st = kvc_writer_write_mem(w, enc->zstd ? zstd_level : 0, out, len);
+    kvc_writer_free(w);
+    free(raw);
+    free(x);
+    free(ximp);
+    return st;
+}
+
+kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int start, int n,
+                            const int32_t *tok, const float *imp, const chunk_src *src, const int *sel,
+                            const float *q, int q_heads, int n_q, int zstd_level, uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    const kv_geom *sg = &tg->g;
+    int nf = (n + R - 1) / R;
+    size_t q_bytes = q ? 4ull * sg->n_layers * q_heads * n_q * sg->head_dim : 0;
+    size_t tables = 12ull * n + (size_t)FRAME_ENTRY * nf, head_len = HEAD_BYTES + tables + q_bytes;
+    uint8_t *head = calloc(head_len, 1), **fb = calloc((size_t)nf, sizeof *fb);
+    size_t *fl = calloc((size_t)nf, sizeof *fl);
+    rank_ix *rk = malloc((size_t)n * sizeof *rk);
+    int32_t *ord = malloc((size_t)n * sizeof *ord);
+    kv_status st = head && fb && fl && rk && ord ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a chunk of %d tokens", n);
+    if (st) goto out;
+    for (int i = 0; i < n; i++) rk[i] = (rank_ix){i, imp[i]};
+    qsort(rk, (size_t)n, sizeof *rk, cmp_rank);
+    for (int i = 0; i < n; i++) ord[i] = rk[i].j;
+    for (int f = 0; f < nf && !st; f++) {
+        int rows = f + 1 < nf ? R : n - (nf - 1) * R;
+        st = frame_encode(tg, enc, R, src, sel, ord + (size_t)f * R, rows, imp, zstd_level, &fb[f], &fl[f]);
+    }
+    if (st) goto out;
+    memcpy(head, MAGIC, 8);
+    wr32(head + 8, KV_TREE_CHUNK_VERSION);
+    uint32_t hv[14] = {(uint32_t)n, (uint32_t)start, (uint32_t)R, (uint32_t)nf, (uint32_t)enc->codec,
+                       (uint32_t)(enc->codec == KV_TREE_ENC_RAW ? 0 : enc->bits), enc->zstd ? 1u : 0u,
+                       (uint32_t)sg->n_layers, (uint32_t)sg->n_kv_heads, (uint32_t)sg->head_dim, (uint32_t)tg->dtype,
+                       q ? (uint32_t)q_heads : 0u, q ? (uint32_t)n_q : 0u, 0};
+    for (int i = 0; i < 14; i++) wr32(head + 16 + 4 * i, hv[i]);
+    uint8_t *tb = head + HEAD_BYTES;
+    for (int i = 0; i < n; i++) {
+        uint32_t fbits;
+        memcpy(&fbits, &imp[i], 4);
+        wr32(tb + 4 * (size_t)i, (uint32_t)tok[i]);
+        wr32(tb + 4ull * n + 4 * (size_t)i, fbits);
+        wr32(tb + 8ull * n + 4 * (size_t)i, (uint32_t)ord[i]);
+    }
+    uint64_t pos = head_len;
+    for (int f = 0; f < nf; f++) {
+        uint8_t *e = tb + 12ull * n + (size_t)FRAME_ENTRY * f;
+        wr64(e, pos);
+        wr64(e + 8, fl[f]);
+        wr32(e + 16, kv_crc32c(0, fb[f], fl[f]));
+        wr32(e + 20, (uint32_t)(f + 1 < nf ? R : n - (nf - 1) * R));
+        pos += fl[f];
+    }
+    if (q) {
+        memcpy(head + HEAD_BYTES + tables, q, q_bytes);
+        wr32(head + 68, kv_crc32c(0, q, q_bytes));
+    }
+    wr32(head + 12, kv_crc32c(kv_crc32c(0, head + 16, HEAD_BYTES - 16), tb, tables));
+    uint8_t *all = malloc((size_t)pos);
+    if (!all) {
+        st = kv_fail(KV_E_NOMEM, "cannot allocate a chunk of %llu bytes", (unsigned long long)pos);
+        goto out;
+    }
+    memcpy(all, head, head_len);
+    for (size_t f = 0, p = head_len; f < (size_t)nf; p += fl[f], f++) memcpy(all + p, fb[f], fl[f]);
+    *out = all;
+    *out_len = (size_t)pos;
+out:
+    for (int f = 0; fb && f < nf; f++) free(fb[f]);
+    free(fb);
+    free(fl);
+    free(head);
+    free(rk);
+    free(ord);
+    return st;
+}
