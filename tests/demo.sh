@@ -47,7 +47,7 @@ show 'kv-info $WORK/story.kvc | head -n 20'
 
 section "3. Profile every layer and head (dense preference, error and bytes of each option)"
 echo "   (stories260K's head dim is 8: every packed layout carries its scales at a high rate, so"
-echo "    0.42 of full's fp16 bytes is the least that keeps KL <= 0.01; the 0.25 default is for"
+echo "    0.42 of full's fp16 bytes is the least that keeps KL <= 0.01; the 0.25 default fits"
 echo "    head dims of 64 and more, docs/BENCHMARKS.md)"
 show 'kv-profile --kv-budget 0.45 --json $WORK/story.kvc > $WORK/profile.json'
 /usr/bin/python3 - "$WORK/profile.json" <<'EOF'
