@@ -21,6 +21,7 @@ int kv_bench_score_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_merge_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_report_main(int argc, char **argv) __attribute__((weak));
 int kv_bench_prefill_main(int argc, char **argv) __attribute__((weak));
+int kv_bench_gemv_main(int argc, char **argv) __attribute__((weak));
 
 static const struct {
     const char *name;
@@ -28,6 +29,7 @@ static const struct {
 } names[] = {
     {"attn", "decode-attention kernels (fp16, 1/2-bit packed) vs copy bandwidth"},
     {"pack", "KIVI/DSQ packing throughput on the CPU and GPU"},
+    {"gemv", "packed decode GEMV (Q8_0, Q4_K, Q6_K) variants vs copy bandwidth and F16"},
     {"ruler", "needle/RULER JSONL accuracy per KV policy"},
     {"fidelity", "KL divergence and top-1 agreement of each policy vs full"},
     {"decode", "end-to-end decode ms/token per policy (GPU runtime)"},
@@ -42,6 +44,7 @@ static bench_fn lookup(const char *name)
 {
     if (!strcmp(name, "attn")) return kv_bench_attn_main;
     if (!strcmp(name, "pack")) return kv_bench_pack_main;
+    if (!strcmp(name, "gemv")) return kv_bench_gemv_main;
     if (!strcmp(name, "ruler")) return kv_bench_ruler_main;
     if (!strcmp(name, "fidelity")) return kv_bench_fidelity_main;
     if (!strcmp(name, "decode")) return kv_bench_decode_main;

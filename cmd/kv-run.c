@@ -29,7 +29,7 @@ enum {
     O_THREADS = 'T', O_TOKENIZER = 256, O_PROMPT_FILE, O_TOKENS, O_TOPP, O_POLICY, O_PROFILE,
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
     O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
-    O_PRINT_IDS
+    O_PRINT_IDS, O_GEMV
 };
 
 static const kv_option opts[] = {
@@ -66,6 +66,7 @@ static const kv_option opts[] = {
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
+    {O_GEMV, 0, "gemv-variant", "NAME", "GPU decode GEMV of packed weights: default, old, rows, dp4a (measurement)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -80,7 +81,7 @@ typedef struct {
     kv_policy_defaults def; /* --kv-dtype, --select */
     kv_device dev;
     kv_dtype wt; /* --weights */
-    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs;
+    int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs, gemv;
     bool nq_given, tokenize, special, print_ids;
     kv_chat chat; /* --chat */
     double temp, top_p;
@@ -128,6 +129,15 @@ static void parse_opts(int argc, char **argv, run_opts *o)
             break;
         case O_COMPARE: o->compare = arg; break;
         case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
+        case O_GEMV: {
+            /* the names of kernels/eng_ops.cuh's ENG_GEMVQ_* (default 0, old 1, rows 2, dp4a 3) */
+            static const char *const names[] = {"default", "old", "rows", "dp4a"};
+            o->gemv = -1;
+            for (int i = 0; i < 4; i++)
+                if (!strcmp(arg, names[i])) o->gemv = i;
+            if (o->gemv < 0) kv_cli_usage_error("--gemv-variant: '%s' is not default, old, rows or dp4a", arg);
+            break;
+        }
         case O_PREFILL_CHUNK:
             o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
             if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
@@ -305,7 +315,7 @@ int main(int argc, char **argv)
     kv_device dev = o.score ? KV_DEVICE_CPU : o.dev;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
-    go.device = o.device_ordinal, go.prefill_chunk = o.prefill_chunk;
+    go.device = o.device_ordinal, go.prefill_chunk = o.prefill_chunk, go.gemv_q = o.gemv;
     if ((st = kv_runner_new(m, prm, ctx, dev, &go, &r))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "cannot build the engine");
         goto out;

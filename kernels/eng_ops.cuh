@@ -64,6 +64,32 @@ static inline int eng_packed_type(kv_dtype t)
 cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pitch, const float *x,
                        float *y, int accumulate, cudaStream_t s);
 
+/*
+ * Variants of the packed GEMV (kernels/eng_gemv_qv.cu says how they differ),
+ * by number for eng_gemv_qv and by name for kv-bench gemv.  ENG_GEMVQ_DEFAULT
+ * takes ENG_GEMVQ_BEST, what the engine uses: the one line to change when
+ * the device measurements (kv-bench gemv) pick another.
+ */
+enum { ENG_GEMVQ_DEFAULT = 0, ENG_GEMVQ_OLD, ENG_GEMVQ_ROWS, ENG_GEMVQ_DP4A, ENG_GEMVQ_N };
+/* rows until the device says otherwise: it keeps the float arithmetic, so
+ * the engine tests' tolerances against the float32 CPU engine (5e-3 on the
+ * logits) still hold; dp4a adds the activations' int8 rounding (~1e-3 a
+ * projection), which those tolerances were not set for. */
+#define ENG_GEMVQ_BEST ENG_GEMVQ_ROWS
+
+/* "old", "rows", "dp4a" (NULL for another number, "default" for 0). */
+static inline const char *eng_gemvq_name(int v)
+{
+    static const char *const n[ENG_GEMVQ_N] = {"default", "old", "rows", "dp4a"};
+    return v >= 0 && v < ENG_GEMVQ_N ? n[v] : NULL;
+}
+
+/* eng_gemv_q by variant: "old" is eng_gemv_q itself; "dp4a" rounds x to int8
+ * per 32 values (as the CPU path rounds its activations) and falls back to
+ * "rows" for cols above 38000 (its shared memory). */
+cudaError_t eng_gemv_qv(int variant, const void *W, kv_dtype t, int rows, int cols, size_t pitch, const float *x,
+                        float *y, int accumulate, cudaStream_t s);
+
 /* dst (16-bit dt: F16 or BF16) row r * step (ldd apart) = the values of packed
  * row r (cols), then zeros up to ldd: the engine's 16-bit layout (step 2
  * interleaves two matrices' rows).  Values as kv_quant_dequant_row's, rounded
@@ -256,6 +282,36 @@ cudaError_t eng_score_rows(const float *q, const int *pool, const int *cols, con
 size_t eng_topk_wide_ws(int nkv);
 cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
                           cudaStream_t s);
+
+// --- the selection cache (opts.sel_cache; eng_select.cu) ------------------
+
+/*
+ * A sparse layer's gathered rows kept between decode steps, so that only
+ * the chosen tokens not already held cross PCIe.  tag (nkv, ntag): the
+ * token each row of the attention buffer holds (-1: none).
+ *   eng_sel_cache_reset: row r holds first_tok + (r - first_row) from
+ *     first_row on (the prompt's tail, in place), nothing before it.
+ *   eng_sel_cache_plan: the wanted tokens, the ns sink tokens 0..ns-1 then
+ *     the k ids of sel (nkv, k) ascending (>= ns), are to be held in rows
+ *     [r0, r0 + ns + k): a row whose tag is wanted keeps it (the first, when
+ *     two hold one token), the wanted tokens held nowhere go in order to the
+ *     other rows in order; plan (nkv, 1 + 2*mcap): their count, then (token,
+ *     row) pairs; tags updated; stat (nkv, 4) unsigned 64-bit: [0] += rows
+ *     kept, [1] += rows wanted, [2] = this step's misses read from host
+ *     rows (tokens >= ns), [3] += the same.  ns + k <= mcap.
+ *   eng_sel_cache_gather: the planned pairs' K and V from the host rows
+ *     (T, nkv, 2, hd) (tokens >= ns) or the resident sink rows (ns, nkv, 2,
+ *     hd) into rows of kdst/vdst (nkv, ld, hd).
+ * The rows attended are then the same set as eng_gather_rows' in another
+ * order.
+ */
+cudaError_t eng_sel_cache_reset(int *tag, int nkv, int ntag, int first_row, int first_tok,
+                                cudaStream_t s);
+cudaError_t eng_sel_cache_plan(const int *sel, int k, int ns, int nkv, int *tag, int ntag, int r0,
+                               int mcap, int *plan, unsigned long long *stat, cudaStream_t s);
+cudaError_t eng_sel_cache_gather(const void *rows, int nkv, int hd, const int *plan, int mcap,
+                                 int ns, const void *sink, void *kdst, void *vdst, size_t ld,
+                                 cudaStream_t s);
 
 // --- the resident page index (select=pages; eng_select.cu) ---------------
 

@@ -1292,3 +1292,200 @@ extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dty
                          ld));
     return cudaSuccess;
 }
+
+// --- selection cache: only the chosen rows not already held cross PCIe ---------------
+
+/* Tags of a fresh cache: row r of each head holds token first_tok + (r -
+ * first_row) from first_row on (the prompt's tail, in place), nothing
+ * before it. */
+__global__ void sel_cache_reset_kernel(int *tag, int ntag, int first_row, int first_tok)
+{
+    const int h = blockIdx.y;
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < ntag; r += gridDim.x * blockDim.x)
+        tag[(size_t)h * ntag + r] = r >= first_row ? first_tok + (r - first_row) : -1;
+}
+
+extern "C" cudaError_t eng_sel_cache_reset(int *tag, int nkv, int ntag, int first_row, int first_tok,
+                                           cudaStream_t s)
+{
+    if (ntag <= 0) return cudaSuccess;
+    unsigned bx = (unsigned)((ntag + 255) / 256);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, sel_cache_reset_kernel, dim3(bx < 64 ? bx : 64, (unsigned)nkv),
+                         dim3(256), 0, s, tag, ntag, first_row, first_tok));
+    return cudaSuccess;
+}
+
+#define SC_THREADS 256
+
+/* Ordered compaction of one chunk of SC_THREADS flags: each taken thread
+ * gets its rank among the taken ones so far (*base counts earlier chunks). */
+static __device__ int sc_rank(bool take, int *wcnt, int &base)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned b = __ballot_sync(0xffffffffu, take);
+    __syncthreads();
+    if (lane == 0) wcnt[w] = __popc(b);
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int v = 0; v < SC_THREADS / 32; v++) {
+        before += v < w ? wcnt[v] : 0;
+        all += wcnt[v];
+    }
+    int r = base + before + __popc(b & ((1u << lane) - 1u));
+    base += all;
+    return r;
+}
+
+/*
+ * One block per KV head.  Wanted: the ns sink tokens 0..ns-1, then the k
+ * chosen ids sel (ascending, all >= ns): m = ns + k tokens, to be held in
+ * rows [r0, r0 + m).  A region row whose tag is a wanted token keeps it
+ * (the first such row, when two hold the same token); the other rows are
+ * free, and the wanted tokens held nowhere (the misses), in order, go to
+ * the free rows in order.  plan (nkv, 1 + 2*mcap): the count of misses,
+ * then (token, row) pairs; the tags are updated; stat (nkv, 4) adds hits,
+ * rows, and host-row misses (tokens >= ns) to [0], [1], [3] and sets [2]
+ * to this step's host-row misses.
+ */
+__global__ void __launch_bounds__(SC_THREADS)
+sel_cache_plan_kernel(const int *sel, int k, int ns, int *tag, int ntag, int r0, int mcap,
+                      int *plan, unsigned long long *stat)
+{
+    extern __shared__ int sm[]; /* want (m), held (m), keep (m) */
+    __shared__ int wcnt[SC_THREADS / 32];
+    const int h = blockIdx.x, m = ns + k;
+    int *want = sm, *held = sm + m, *keep = sm + 2 * m;
+    int *tg = tag + (size_t)h * ntag, *pl = plan + (size_t)h * (1 + 2 * (size_t)mcap);
+    for (int i = threadIdx.x; i < m; i += SC_THREADS) {
+        want[i] = i < ns ? i : sel[(size_t)h * k + (i - ns)];
+        held[i] = 0;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < m; j += SC_THREADS) {
+        const int r = r0 + j, t = r < ntag ? tg[r] : -1;
+        int lo = 0, hi = m - 1, at = -1;
+        while (t >= 0 && lo <= hi) { /* want is ascending */
+            int mid = (lo + hi) >> 1, v = want[mid];
+            if (v == t) { at = mid; break; }
+            if (v < t) lo = mid + 1;
+            else hi = mid - 1;
+        }
+        keep[j] = at >= 0 && atomicCAS(&held[at], 0, 1) == 0;
+    }
+    __syncthreads();
+    /* the free rows, in order, into keep's slots (rank r -> row index) */
+    int base = 0;
+    for (int j0 = 0; j0 < m; j0 += SC_THREADS) { /* uniform trip count */
+        int j = j0 + threadIdx.x;
+        bool fr = j < m && !keep[j];
+        int rk = sc_rank(fr, wcnt, base);
+        __syncthreads(); /* every keep[] of the chunk read before it is overwritten */
+        if (fr) keep[rk] = j; /* rk <= j: slots below j of this chunk are read already */
+    }
+    __syncthreads();
+    const int nfree = base;
+    base = 0;
+    int host = 0;
+    for (int i0 = 0; i0 < m; i0 += SC_THREADS) {
+        int i = i0 + threadIdx.x;
+        bool miss = i < m && !held[i];
+        int rk = sc_rank(miss, wcnt, base);
+        if (miss && rk < nfree) {
+            const int t = want[i], row = r0 + keep[rk];
+            pl[1 + 2 * rk] = t;
+            pl[2 + 2 * rk] = row;
+            if (row < ntag) tg[row] = t;
+            host += t >= ns;
+        }
+    }
+    host = eng_warp_sum_int(host);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) wcnt[threadIdx.x >> 5] = host;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int hm = 0;
+        for (int v = 0; v < SC_THREADS / 32; v++) hm += wcnt[v];
+        const int nmiss = base < nfree ? base : nfree;
+        pl[0] = nmiss;
+        unsigned long long *st = stat + (size_t)h * 4;
+        st[0] += (unsigned long long)(m - nmiss);
+        st[1] += (unsigned long long)m;
+        st[2] = (unsigned long long)hm;
+        st[3] += (unsigned long long)hm;
+    }
+}
+
+/* A warp copies GATHER_ROWS planned (token, row) pairs of one head, as
+ * gather_kernel: host rows for tokens >= ns, the resident sink rows below. */
+__global__ void sel_cache_gather_kernel(const uint4 *rows, int nkv, int hd, const int *plan, int mcap,
+                                        int ns, const uint4 *sink, uint4 *kdst, uint4 *vdst, size_t ld)
+{
+    const int h = blockIdx.y, lane = threadIdx.x & 31;
+    const int *pl = plan + (size_t)h * (1 + 2 * (size_t)mcap);
+    const int nr = pl[0], r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * GATHER_ROWS;
+    if (r0 >= nr) return;
+    const int nv = hd / 8;
+    const uint4 *src[GATHER_ROWS];
+    int dst[GATHER_ROWS];
+#pragma unroll
+    for (int j = 0; j < GATHER_ROWS; j++) {
+        int q = r0 + j;
+        if (q >= nr) {
+            src[j] = NULL;
+            dst[j] = 0;
+            continue;
+        }
+        int t = pl[1 + 2 * q];
+        dst[j] = pl[2 + 2 * q];
+        src[j] = t >= ns ? rows + ((size_t)t * nkv + h) * 2 * nv : sink + ((size_t)t * nkv + h) * 2 * nv;
+    }
+    for (int v = lane; v < 2 * nv; v += 32) {
+        uint4 u[GATHER_ROWS];
+#pragma unroll
+        for (int j = 0; j < GATHER_ROWS; j++)
+            if (src[j]) u[j] = src[j][v];
+#pragma unroll
+        for (int j = 0; j < GATHER_ROWS; j++) {
+            if (!src[j]) continue;
+            size_t o = (size_t)h * ld + (size_t)dst[j];
+            if (v < nv) kdst[o * nv + v] = u[j];
+            else vdst[o * nv + (v - nv)] = u[j];
+        }
+    }
+}
+
+extern "C" cudaError_t eng_sel_cache_plan(const int *sel, int k, int ns, int nkv, int *tag, int ntag,
+                                          int r0, int mcap, int *plan, unsigned long long *stat,
+                                          cudaStream_t s)
+{
+    const int m = ns + k;
+    KV_CHECK_ARGS(k >= 0 && ns >= 0 && m <= mcap && r0 >= 0 && plan && tag && stat);
+    if (m <= 0) return cudaSuccess;
+    const size_t smem = (size_t)3 * m * sizeof(int);
+    KV_CHECK_ARGS(smem <= 200 * 1024);
+    if (smem > 48 * 1024) {
+        static int attr_set = -1; /* per process; the engine uses one device */
+        if (attr_set < 0) {
+            CUDA_CHECK(cudaFuncSetAttribute(sel_cache_plan_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+            attr_set = 1;
+        }
+    }
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, sel_cache_plan_kernel, dim3((unsigned)nkv), dim3(SC_THREADS),
+                         smem, s, sel, k, ns, tag, ntag, r0, mcap, plan, stat));
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t eng_sel_cache_gather(const void *rows, int nkv, int hd, const int *plan,
+                                            int mcap, int ns, const void *sink, void *kdst,
+                                            void *vdst, size_t ld, cudaStream_t s)
+{
+    KV_CHECK_ARGS((hd & 7) == 0 && plan && mcap >= 0);
+    if (mcap <= 0) return cudaSuccess;
+    const int per_block = 8 * GATHER_ROWS;
+    dim3 grid((unsigned)((mcap + per_block - 1) / per_block), (unsigned)nkv);
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, sel_cache_gather_kernel, grid, dim3(256), 0, s,
+                         (const uint4 *)rows, nkv, hd, plan, mcap, ns, (const uint4 *)sink,
+                         (uint4 *)kdst, (uint4 *)vdst, ld));
+    return cudaSuccess;
+}

@@ -27,7 +27,7 @@ int kv_bench_decode_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_JSON, O_TOPKWIDE };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_VARIANTS, O_JSON };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -44,7 +44,6 @@ static const kv_option opts[] = {
     {O_TOPK, 0, "topk", "K", "hybrid: tokens fetched per step and KV head (default 1024)"},
     {O_CHANNELS, 0, "channels", "C", "hybrid: critical channels (default 8)"},
     {O_SINK, 0, "sink", "S", "hybrid: sink tokens (default 8)"},
-    {O_TOPKWIDE, 0, "topk-wide", NULL, "hybrid: top-K over many blocks per KV head (the sparse key wide=on; off)"},
     {O_WINDOW, 0, "window", "W", "hybrid: recent tokens (default 56)"},
     {O_SEED, 's', "seed", "N", "seed of weights and context (default 1)"},
     {O_DEVICE, 0, "device", "DEV", "CUDA device: cuda, cuda:N or N (default 0)"},
@@ -56,6 +55,10 @@ static const kv_option opts[] = {
     {O_PFCOPY, 0, "prefill-copy", "HOW", "sparse layers' prompt to host memory during a real prefill: "
                                          "overlap (default: each chunk on the copy stream) or sync "
                                          "(measurement: each layer at its end, on the main stream)"},
+    {O_VARIANTS, 0, "variants", "LIST", "hybrids: ways to run the sparse step, each after the same "
+                                        "context: base (default: overlapped, one-block top-K, no "
+                                        "cache) or words of serial, wide, cache joined by '+', "
+                                        "e.g. base,wide,wide+cache,serial"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -69,10 +72,12 @@ static const kv_cli_spec spec = {
     "Exit 69 means no usable GPU or a build without CUDA."};
 
 #define MAXC 8
+#define MAXV 8
 
 typedef struct {
     bool ran, ran_pf;
     kv_gpu_decode_result r;  /* after the synthesized context (or the prefill, --context prefill) */
+    kv_gpu_decode_result rv[MAXV]; /* hybrids: every --variants entry (rv[0] is r) */
     kv_gpu_decode_result rp; /* after a real prefill (--context both) */
     char err[256];
 } prun;
@@ -85,13 +90,16 @@ int kv_bench_decode_main(int argc, char **argv)
     const char *synth = "llama-3.1-8b";
     kv_dtype wt = KV_DT_BF16;
     int ctx[MAXC] = {32768, 131072}, nctx = 2, tokens = 64, warmup = 4, offtok = 16, nofetch = 16;
-    kv_decode_layers bc = {2, 2, 1024, 8, 8, 56, false};
+    kv_decode_layers bc = {2, 2, 1024, 8, 8, 56};
     int device = 0, pdl = KV_GPU_PDL_AUTO;
     unsigned sel_skip = 0;
     int cmode = CTX_SYNTH;
     bool pf_sync = false;
     unsigned long long seed = 1;
     bool want[KV_DEC_COUNT], json = false;
+    kv_decode_variant var[MAXV];
+    int nvar = 1;
+    kv_decode_variant_parse("base", &var[0]);
     for (int p = 0; p < KV_DEC_COUNT; p++) want[p] = true;
     const char *a;
     int oi;
@@ -134,7 +142,6 @@ int kv_bench_decode_main(int argc, char **argv)
         case O_QLAYERS: bc.qlayers = (int)kv_cli_long("--quant-layers", a, 0, 1024); break;
         case O_TOPK: bc.topk = (int)kv_cli_long("--topk", a, 1, 1 << 22); break;
         case O_CHANNELS: bc.channels = (int)kv_cli_long("--channels", a, 1, 256); break;
-        case O_TOPKWIDE: bc.topk_wide = true; break;
         case O_SINK: bc.sink = (int)kv_cli_long("--sink", a, 0, 1 << 20); break;
         case O_WINDOW: bc.window = (int)kv_cli_long("--window", a, 0, 1 << 20); break;
         case O_SEED: seed = (unsigned long long)kv_cli_long("--seed", a, 0, 1L << 62); break;
@@ -154,6 +161,21 @@ int kv_bench_decode_main(int argc, char **argv)
             else if (!strcmp(a, "sync")) pf_sync = true;
             else kv_cli_usage_error("--prefill-copy must be overlap or sync");
             break;
+        case O_VARIANTS: {
+            nvar = 0;
+            char *dup = strdup(a), *save = NULL;
+            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (nvar == MAXV) kv_cli_usage_error("at most %d variants", MAXV);
+                if (kv_decode_variant_parse(t, &var[nvar]) != KV_OK)
+                    kv_cli_usage_error("--variants: %s", kv_errdetail());
+                for (int i = 0; i < nvar; i++)
+                    if (!strcmp(var[i].name, t)) kv_cli_usage_error("--variants: '%s' twice", t);
+                nvar++;
+            }
+            free(dup);
+            if (!nvar) kv_cli_usage_error("--variants needs at least one variant");
+            break;
+        }
         case O_JSON: json = true; break;
         }
     }
@@ -207,9 +229,15 @@ int kv_bench_decode_main(int argc, char **argv)
             o.prefill_copy_sync = pf_sync;
             const int ntok = p == KV_DEC_OFFLOAD ? offtok : tokens;
             const int nnf = kv_decode_is_hybrid(p) ? nofetch : 0;
-            if (!st)
+            if (!st && kv_decode_is_hybrid(p)) {
+                st = kv_gpu_bench_decode_variants(e, pp, &o, T, seed + (uint64_t)ci,
+                                                  cmode == CTX_PREFILL, warmup, ntok, nnf, var, nvar,
+                                                  r->rv);
+                r->r = r->rv[0];
+            } else if (!st) {
                 st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, cmode == CTX_PREFILL,
                                          warmup, ntok, nnf, &r->r);
+            }
             if (!st && cmode == CTX_BOTH) {
                 kv_progress("context %d: %s after a real prefill", T, kv_decode_placement_name(p));
                 st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, true, warmup, ntok, nnf,
@@ -250,12 +278,15 @@ int kv_bench_decode_main(int argc, char **argv)
                : cmode == CTX_PREFILL ? "a seeded random prompt prefilled on the GPU"
                                       : "both: synthesized, then a seeded random prompt prefilled on the GPU");
         printf("  \"hybrid\": {\"quant_layers\": %d, \"bits\": %d, \"topk\": %d, \"channels\": %d, "
-               "\"sink\": %d, \"window\": %d, \"topk_wide\": %s},\n", bc.qlayers, bc.qbits, bc.topk,
-               bc.channels, bc.sink, bc.window, bc.topk_wide ? "true" : "false");
+               "\"sink\": %d, \"window\": %d},\n", bc.qlayers, bc.qbits, bc.topk, bc.channels, bc.sink,
+               bc.window);
         if (pdl == KV_GPU_PDL_AUTO) printf("  \"pdl\": \"auto\",\n");
         else printf("  \"pdl\": %d,\n", pdl);
         printf("  \"sel_skip\": %u,\n", sel_skip);
         printf("  \"prefill_copy\": \"%s\",\n", pf_sync ? "sync" : "overlap");
+        printf("  \"variants\": [");
+        for (int vi = 0; vi < nvar; vi++) printf("%s\"%s\"", vi ? ", " : "", var[vi].name);
+        printf("],\n");
         printf("  \"bandwidth\": {\"h2d\": %.4e, \"d2h\": %.4e, \"d2d_copy\": %.4e, \"zero_copy_read\": %.4e, "
                "\"zero_copy_gather_512B\": %.4e, \"memcpy_gather_512B\": %.4e},\n",
                bw.h2d, bw.d2h, bw.d2d, bw.zc_read, bw.zc_gather, bw.memcpy_gather);
@@ -271,19 +302,38 @@ int kv_bench_decode_main(int argc, char **argv)
             for (int p = 0; p < KV_DEC_COUNT; p++) {
                 const prun *r = &runs[ci][p];
                 if (!want[p]) continue;
-                printf("%s      \"%s\": ", first ? "" : ",\n", kv_decode_placement_name(p));
-                first = 0;
-                if (!r->ran) {
-                    printf("{\"error\": \"%s\"}", r->err);
-                    continue;
+                const int nv = kv_decode_is_hybrid(p) && r->ran ? nvar : 1;
+                for (int vi = 0; vi < nv; vi++) {
+                    char pname[320];
+                    if (nv > 1 || (kv_decode_is_hybrid(p) && strcmp(var[0].name, "base")))
+                        snprintf(pname, sizeof pname, "%s%s%s", kv_decode_placement_name(p),
+                                 strcmp(var[vi].name, "base") ? "/" : "",
+                                 strcmp(var[vi].name, "base") ? var[vi].name : "");
+                    else
+                        snprintf(pname, sizeof pname, "%s", kv_decode_placement_name(p));
+                    printf("%s      \"%s\": ", first ? "" : ",\n", pname);
+                    first = 0;
+                    if (!r->ran) {
+                        printf("{\"error\": \"%s\"}", r->err);
+                        continue;
                 }
-                const kv_gpu_decode_result *x = &r->r;
+                const kv_gpu_decode_result *x = kv_decode_is_hybrid(p) ? &r->rv[vi] : &r->r;
                 double side = x->fetch_ms;
                 printf("{\"ms_per_token\": %.4f, \"ms_p90\": %.4f, \"tokens\": %d, \"gpu_kv_bytes\": %llu, "
                        "\"host_kv_bytes\": %llu, \"pcie_bytes_per_token\": %llu",
                        x->ms_median, x->ms_p90, x->tokens, (unsigned long long)x->gpu_kv,
                        (unsigned long long)x->host_kv, (unsigned long long)x->pcie_token);
+                if (kv_decode_is_hybrid(p))
+                    printf(", \"variant\": {\"name\": \"%s\", \"serial\": %s, \"topk_wide\": %s, "
+                           "\"sel_cache\": %s}", var[vi].name, var[vi].serial ? "true" : "false",
+                           var[vi].wide ? "true" : "false", var[vi].cache ? "true" : "false");
                 if (x->select_ms > 0) printf(", \"select_latency_ms\": %.4f", x->select_ms);
+                if (kv_decode_is_hybrid(p) && x->select_ms > 0)
+                    printf(", \"breakdown_ms\": {\"selection\": %.4f, \"fetch\": %.4f, \"exposed_wait\": %.4f}",
+                           x->score_ms, x->fetch_ms, x->wait_ms);
+                if (x->cache_rows > 0)
+                    printf(", \"cache_hit_rate\": %.4f, \"cache_rows\": %llu", (double)x->cache_hits / (double)x->cache_rows,
+                           (unsigned long long)x->cache_rows);
                 if (side > 0) printf(", \"fetch_ms\": %.4f, \"pcie_gbs_achieved\": %.3f", side,
                                      (double)x->pcie_token / (side * 1e-3) / 1e9);
                 if (x->ms_nofetch > 0)
@@ -309,6 +359,7 @@ int kv_bench_decode_main(int argc, char **argv)
                     printf("}");
                 }
                 printf("}");
+                }
             }
             printf("\n    }}%s\n", ci + 1 < nctx ? "," : "");
         }
@@ -332,6 +383,27 @@ int kv_bench_decode_main(int argc, char **argv)
                 double hid = kv_gpu_bench_hidden(h->r.ms_median, h->r.ms_nofetch, h->r.pcie_token, bw.h2d);
                 printf("    \"%s_pcie_hidden\": {\"value\": %.3f, \"target\": 0.70, \"met\": %s},\n", hn[i], hid,
                        hid >= 0.70 ? "true" : "false");
+            }
+        }
+        /* issue 17's targets for the resident hybrid, per variant */
+        const prun *R = &last[KV_DEC_RESIDENT];
+        for (int vi = 0; R->ran && vi < nvar; vi++) {
+            const kv_gpu_decode_result *x = &R->rv[vi];
+            const char *vn = var[vi].name;
+            if (O->ran)
+                printf("    \"resident_%s_speedup_vs_offload\": {\"value\": %.2f, \"target\": 30, \"met\": %s},\n",
+                       vn, O->r.ms_median / x->ms_median, O->r.ms_median / x->ms_median >= 30 ? "true" : "false");
+            if (F->ran) {
+                double ratio = x->ms_median / F->r.ms_median, kv = (double)x->gpu_kv / (double)F->r.gpu_kv;
+                printf("    \"resident_%s_ms_over_full\": {\"value\": %.3f, \"target\": 1.0, \"met\": %s},\n",
+                       vn, ratio, ratio <= 1.0 ? "true" : "false");
+                printf("    \"resident_%s_gpu_kv_over_full\": {\"value\": %.4f, \"target\": 0.06, \"met\": %s},\n",
+                       vn, kv, kv <= 0.06 ? "true" : "false");
+            }
+            if (x->ms_nofetch > 0) {
+                double hid = kv_gpu_bench_hidden(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
+                printf("    \"resident_%s_pcie_hidden\": {\"value\": %.3f, \"target\": 0.90, \"met\": %s},\n",
+                       vn, hid, hid >= 0.90 ? "true" : "false");
             }
         }
         for (int p = 0; p < KV_DEC_COUNT; p++)
@@ -369,26 +441,38 @@ int kv_bench_decode_main(int argc, char **argv)
                     printf("%8d  %-14s failed: %s\n", ctx[ci], kv_decode_placement_name(p), r->err);
                     continue;
                 }
-                const kv_gpu_decode_result *x = &r->r;
-                double side = x->fetch_ms;
-                double hid = -1;
-                if (x->ms_nofetch > 0) hid = kv_gpu_bench_hidden(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
-                if (p == KV_DEC_OFFLOAD && runs[ci][KV_DEC_FULL].ran)
-                    hid = kv_gpu_bench_hidden(x->ms_median, runs[ci][KV_DEC_FULL].r.ms_median, x->pcie_token, bw.h2d);
-                printf("%8d  %-14s %9.3f %11.1f %11.1f %11.2f ", ctx[ci], kv_decode_placement_name(p), x->ms_median,
-                       (double)x->gpu_kv / 1e6, (double)x->host_kv / 1e6, (double)x->pcie_token / 1e6);
-                if (side > 0) printf("%9.1f ", (double)x->pcie_token / (side * 1e-3) / 1e9);
-                else printf("%9s ", "-");
-                if (hid >= 0) printf("%7.0f%%\n", 100 * hid);
-                else printf("%8s\n", "-");
-                const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
-                if (xp)
-                    printf("%8s  %-14s prefill %.1f ms (%.0f tokens/s, attention %.1f ms)%s", "", "",
-                           xp->prefill_ms, ctx[ci] / (xp->prefill_ms * 1e-3), xp->prefill_attn_ms,
-                           xp == x ? "\n" : "");
-                if (xp && xp != x)
-                    printf(", then %.3f ms/token (%.3fx the synthesized context)\n", xp->ms_median,
-                           xp->ms_median / x->ms_median);
+                const int nv = kv_decode_is_hybrid(p) ? nvar : 1;
+                for (int vi = 0; vi < nv; vi++) {
+                    const kv_gpu_decode_result *x = kv_decode_is_hybrid(p) ? &r->rv[vi] : &r->r;
+                    char pname[320];
+                    snprintf(pname, sizeof pname, "%s%s%s", kv_decode_placement_name(p),
+                             strcmp(var[vi].name, "base") ? "/" : "",
+                             strcmp(var[vi].name, "base") ? var[vi].name : "");
+                    double side = x->fetch_ms;
+                    double hid = -1;
+                    if (x->ms_nofetch > 0) hid = kv_gpu_bench_hidden(x->ms_median, x->ms_nofetch, x->pcie_token, bw.h2d);
+                    if (p == KV_DEC_OFFLOAD && runs[ci][KV_DEC_FULL].ran)
+                        hid = kv_gpu_bench_hidden(x->ms_median, runs[ci][KV_DEC_FULL].r.ms_median, x->pcie_token, bw.h2d);
+                    printf("%8d  %-14s %9.3f %11.1f %11.1f %11.2f ", ctx[ci], pname, x->ms_median,
+                           (double)x->gpu_kv / 1e6, (double)x->host_kv / 1e6, (double)x->pcie_token / 1e6);
+                    if (side > 0) printf("%9.1f ", (double)x->pcie_token / (side * 1e-3) / 1e9);
+                    else printf("%9s ", "-");
+                    if (hid >= 0) printf("%7.0f%%\n", 100 * hid);
+                    else printf("%8s\n", "-");
+                    const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
+                    if (xp)
+                        printf("%8s  %-14s prefill %.1f ms (%.0f tokens/s, attention %.1f ms)%s", "", "",
+                               xp->prefill_ms, ctx[ci] / (xp->prefill_ms * 1e-3), xp->prefill_attn_ms,
+                               xp == x ? "\n" : "");
+                    if (xp && xp != x)
+                        printf(", then %.3f ms/token (%.3fx the synthesized context)\n", xp->ms_median,
+                               xp->ms_median / x->ms_median);
+                    if (kv_decode_is_hybrid(p) && x->select_ms > 0)
+                        printf("%8s  %-14s selection %.3f ms, fetch %.3f ms, exposed wait %.3f ms%s", "", "",
+                               x->score_ms, x->fetch_ms, x->wait_ms, x->cache_rows ? "" : "\n");
+                    if (kv_decode_is_hybrid(p) && x->select_ms > 0 && x->cache_rows)
+                        printf(", cache hits %.1f%%\n", 100.0 * (double)x->cache_hits / (double)x->cache_rows);
+                }
             }
         if (F->ran)
             printf("full bound (weights + KV at copy bandwidth): %.3f ms\n",

@@ -16,6 +16,7 @@
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
 #include "eval/kv_compare.h"
+#include "eval/kv_gpu_bench.h"
 #include "eval/kv_ruler.h"
 #include "model/kv_tokenizer.h"
 
@@ -24,7 +25,7 @@ int kv_bench_ruler_main(int argc, char **argv);
 /* getopt returns the short letter for a short option: ids of options with
  * one are that letter */
 enum { O_MODEL = 'm', O_TOK = 't', O_LENGTH = 'l', O_TASKS = 256, O_LIMIT, O_MODE, O_GEN,
-       O_METRIC, O_PERTASK, O_JSON, O_THREADS, O_DEVICE, O_SELECT };
+       O_METRIC, O_PERTASK, O_JSON, O_THREADS, O_DEVICE, O_SELECT, O_GPUSTEP };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model (llama2.c checkpoint or GGUF)"},
@@ -42,6 +43,8 @@ static const kv_option opts[] = {
     {O_THREADS, 'T', "threads", "N", "matmul threads (default: OpenMP's)"},
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
+    {O_GPUSTEP, 0, "gpu-step", "HOW", "GPU sparse layers' step: base (default) or words of serial, "
+                                     "wide, cache joined by '+' (as kv-bench decode --variants)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -101,6 +104,14 @@ int kv_bench_ruler_main(int argc, char **argv)
         case O_DEVICE:
             dev = kv_cli_device(a, &go.device);
             break;
+        case O_GPUSTEP: {
+            kv_decode_variant v;
+            if (kv_decode_variant_parse(a, &v) != KV_OK) kv_cli_usage_error("--gpu-step: %s", kv_errdetail());
+            go.sel_serial = v.serial;
+            go.topk_wide = v.wide;
+            go.sel_cache = v.cache;
+            break;
+        }
         case O_SELECT:
             if (!strcmp(a, "sketch")) sketch = true;
             else if (strcmp(a, "policy")) kv_cli_usage_error("--select must be policy or sketch");

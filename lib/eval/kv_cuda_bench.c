@@ -104,7 +104,10 @@ kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pa
 #ifdef KV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "common/kv_dtype.h"
+#include "eng_ops.cuh"
 #include "gpu/kv_gpu_cuda.h"
+#include "model/kv_quants.h"
 
 /* A failed CUDA call or launcher: st names the statement (kv_cuda_fail), then cleanup. */
 #define CK(x) KV_CUDA_CK_GOTO(x, st, done)
@@ -470,6 +473,128 @@ done:
     return st;
 }
 
+// --- packed GEMV --------------------------------------------------------------------
+
+#define GEMV_DISTINCT 64 /* distinct random rows of a benchmark matrix */
+
+typedef struct {
+    const uint8_t *w[MAX_COPIES];
+    int copies, variant, rows, cols;
+    kv_dtype t;
+    size_t pitch;
+    const float *x;
+    float *y;
+} gemv_ctx;
+
+static cudaError_t gemv_launch(void *ctx, int i)
+{
+    gemv_ctx *g = ctx;
+    const uint8_t *w = g->w[i % g->copies];
+    if (g->t == KV_DT_F16) return eng_gemv(w, KV_DT_F16, g->rows, g->cols, g->x, g->y, 0, 0);
+    return eng_gemv_qv(g->variant, w, g->t, g->rows, g->cols, g->pitch, g->x, g->y, 0, 0);
+}
+
+kv_status kv_cuda_bench_gemv(const kv_bench_gemv_cfg *c, kv_bench_gemv_result *r)
+{
+    kv_status st = KV_OK;
+    const uint32_t g = (uint32_t)c->wtype;
+    const kv_dtype t = kv_dtype_from_ggml(g);
+    if (!(t == KV_DT_F16 || eng_packed_type(t)))
+        return kv_fail(KV_E_USAGE, "GEMV benchmark: type %s is neither packed on the GPU nor F16", kv_dtype_name(t));
+    const int blk = kv_quant_block(g);
+    if (c->rows < 1 || c->cols < 1 || c->cols % blk || (t == KV_DT_F16 && c->cols % 8))
+        return kv_fail(KV_E_USAGE, "GEMV benchmark: %d columns are not a multiple of the %s block (%d)", c->cols,
+                       kv_dtype_name(t), t == KV_DT_F16 ? 8 : blk);
+    const size_t pitch = kv_quant_row_bytes(g, c->cols), wbytes = (size_t)c->rows * pitch;
+    const int nd = c->rows < GEMV_DISTINCT ? c->rows : GEMV_DISTINCT;
+    gemv_ctx ctx = {{NULL}, 0, c->variant, c->rows, c->cols, t, pitch, NULL, NULL};
+    float *wf = malloc((size_t)nd * c->cols * sizeof(float)), *deq = malloc((size_t)nd * c->cols * sizeof(float));
+    float *x = malloc((size_t)c->cols * sizeof(float)), *y = malloc((size_t)c->rows * sizeof(float));
+    uint8_t *rowsb = malloc((size_t)nd * pitch), *stage = NULL;
+    double *ref = malloc((size_t)nd * sizeof(double));
+    float *dx = NULL, *dy = NULL;
+    if (!wf || !deq || !x || !y || !rowsb || !ref) {
+        st = kv_fail(KV_E_NOMEM, "GEMV benchmark buffers");
+        goto done;
+    }
+    unsigned long long seed = 0x9e3779b97f4a7c15ULL ^ (unsigned long long)c->rows * 31u ^ (unsigned long long)c->cols;
+    for (size_t i = 0; i < (size_t)nd * c->cols + (size_t)c->cols; i++) {
+        float a = 0;
+        for (int j = 0; j < 4; j++) {
+            seed ^= seed >> 12, seed ^= seed << 25, seed ^= seed >> 27;
+            a += (float)((seed * 2685821657736338717ULL) >> 40) * (1.0f / 16777216.0f);
+        }
+        a = (a - 2.0f) * 1.7f; /* about unit variance */
+        if (i < (size_t)nd * c->cols) wf[i] = 0.05f * a;
+        else x[i - (size_t)nd * c->cols] = a;
+    }
+    for (int i = 0; i < nd; i++) {
+        if ((st = kv_quant_quantize_row(g, wf + (size_t)i * c->cols, rowsb + (size_t)i * pitch, c->cols))) goto done;
+        kv_quant_dequant_row(g, rowsb + (size_t)i * pitch, deq + (size_t)i * c->cols, c->cols);
+        double sum = 0;
+        for (int k = 0; k < c->cols; k++) sum += (double)deq[(size_t)i * c->cols + k] * x[k];
+        ref[i] = sum;
+    }
+    /* enough copies of W that together they exceed L2 four times */
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDevice(&dev));
+    CK(cudaGetDeviceProperties(&prop, dev));
+    size_t need = 4 * (size_t)prop.l2CacheSize;
+    ctx.copies = (int)((need + wbytes - 1) / wbytes);
+    if (ctx.copies < 1) ctx.copies = 1;
+    if (ctx.copies > MAX_COPIES) ctx.copies = MAX_COPIES;
+    /* the matrix: the distinct rows repeated, staged in chunks */
+    const size_t chunk_rows = 4096;
+    stage = malloc(chunk_rows * pitch);
+    if (!stage) {
+        st = kv_fail(KV_E_NOMEM, "GEMV benchmark staging");
+        goto done;
+    }
+    for (int k = 0; k < ctx.copies; k++) {
+        void *d = NULL;
+        CK(cudaMalloc(&d, wbytes));
+        ctx.w[k] = d;
+        if (k) {
+            CK(cudaMemcpy(d, ctx.w[0], wbytes, cudaMemcpyDeviceToDevice));
+            continue;
+        }
+        for (size_t r0 = 0; r0 < (size_t)c->rows; r0 += chunk_rows) {
+            size_t nr = (size_t)c->rows - r0 < chunk_rows ? (size_t)c->rows - r0 : chunk_rows;
+            for (size_t i = 0; i < nr; i++)
+                memcpy(stage + i * pitch, rowsb + ((r0 + i) % (size_t)nd) * pitch, pitch);
+            CK(cudaMemcpy((uint8_t *)d + r0 * pitch, stage, nr * pitch, cudaMemcpyHostToDevice));
+        }
+    }
+    CK(cudaMalloc((void **)&dx, (size_t)c->cols * sizeof(float)));
+    CK(cudaMalloc((void **)&dy, (size_t)c->rows * sizeof(float)));
+    CK(cudaMemcpy(dx, x, (size_t)c->cols * sizeof(float), cudaMemcpyHostToDevice));
+    ctx.x = dx, ctx.y = dy;
+    r->err = -1;
+    r->copies = ctx.copies;
+    if (c->check) {
+        CK(cudaMemset(dy, 0xff, (size_t)c->rows * sizeof(float))); /* NaN: rows left unwritten show */
+        CK(gemv_launch(&ctx, 0));
+        CK(cudaMemcpy(y, dy, (size_t)c->rows * sizeof(float), cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (int i = 0; i < c->rows; i++) {
+            double e = (double)y[i] - ref[i % nd];
+            num += isfinite(y[i]) ? e * e : INFINITY;
+            den += ref[i % nd] * ref[i % nd];
+        }
+        r->err = den > 0 ? sqrt(num / den) : sqrt(num);
+    }
+    if ((st = time_launches(gemv_launch, &ctx, c->iters, c->reps, &r->seconds))) goto done;
+    r->bytes = (double)wbytes + 4.0 * c->cols + 4.0 * c->rows;
+    r->bytes_per_s = r->bytes / r->seconds;
+done:
+    for (int k = 0; k < ctx.copies; k++) cudaFree((void *)ctx.w[k]);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(wf), free(deq), free(x), free(y), free(rowsb), free(ref), free(stage);
+    return st;
+}
+
 #else /* no CUDA in this build */
 
 kv_status kv_cuda_bench_device(kv_bench_device *dev)
@@ -491,6 +616,12 @@ kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r
 }
 
 kv_status kv_cuda_bench_pack(const kv_bench_pack_cfg *c, kv_bench_pack_result *r)
+{
+    (void)c, (void)r;
+    return kv_fail(KV_E_UNAVAILABLE, "this build has no CUDA support");
+}
+
+kv_status kv_cuda_bench_gemv(const kv_bench_gemv_cfg *c, kv_bench_gemv_result *r)
 {
     (void)c, (void)r;
     return kv_fail(KV_E_UNAVAILABLE, "this build has no CUDA support");

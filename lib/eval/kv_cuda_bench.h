@@ -77,4 +77,27 @@ kv_status kv_cuda_bench_pack(const kv_bench_pack_cfg *c, kv_bench_pack_result *r
  * OpenMP threads (1 = per core). */
 kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pack_result *r);
 
+/* kv-bench gemv: one decode projection y = W x (batch 1) of a weight type,
+ * packed (Q8_0, Q4_K, Q6_K through kernels/eng_gemv_qv.cu's variant) or
+ * F16 (the engine's fp16 GEMV; variant ignored).  W holds `distinct`
+ * random rows quantized by kv_quant_quantize_row, repeated; copies of W are
+ * rotated so that together they exceed L2 four times. */
+typedef struct {
+    int wtype;         /* ggml type number: KV_GGML_Q8_0, _Q4_K, _Q6_K or _F16 */
+    int rows, cols;    /* W (rows, cols) */
+    int variant;       /* ENG_GEMVQ_* (kernels/eng_ops.cuh): 1 old, 2 rows, 3 dp4a */
+    int iters, reps;   /* launches per timing, timings (median reported) */
+    int check;         /* compare the output with the CPU reference first */
+} kv_bench_gemv_cfg;
+
+typedef struct {
+    double seconds;    /* median time of one GEMV */
+    double bytes;      /* bytes of W read (packed size), plus x and y */
+    double bytes_per_s;
+    double err;        /* normalized error vs float64 sums of the dequantized rows, -1 unchecked */
+    int copies;        /* copies of W rotated */
+} kv_bench_gemv_result;
+
+kv_status kv_cuda_bench_gemv(const kv_bench_gemv_cfg *c, kv_bench_gemv_result *r);
+
 #endif

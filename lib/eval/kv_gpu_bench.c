@@ -5,6 +5,7 @@
  */
 #include "eval/kv_gpu_bench.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -49,7 +50,6 @@ kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c
             x->channels = c->channels;
             x->sink = c->sink;
             x->window = c->window;
-            x->topk_wide = c->topk_wide;
             if (p == KV_DEC_SKETCH) x->select = KV_SELECT_SKETCH;
             if (p == KV_DEC_RESIDENT) x->select = KV_SELECT_RESIDENT;
             if (p == KV_DEC_PAGES) x->select = KV_SELECT_PAGES;
@@ -87,6 +87,111 @@ static kv_status real_prefill(kv_gpu_engine *e, int T, uint64_t seed, kv_gpu_dec
     free(tok);
     r->prefill_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
     r->prefill_attn_ms = kv_gpu_engine_prefill_attn_ms(e);
+    return st;
+}
+
+kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
+{
+    memset(v, 0, sizeof *v);
+    if (strlen(s) >= sizeof v->name) return kv_fail(KV_E_USAGE, "variant '%s' too long", s);
+    snprintf(v->name, sizeof v->name, "%s", s);
+    if (!strcmp(s, "base")) return KV_OK;
+    const char *p = s;
+    while (*p) {
+        const char *q = strchr(p, '+');
+        size_t n = q ? (size_t)(q - p) : strlen(p);
+        if (n == 6 && !strncmp(p, "serial", 6)) v->serial = true;
+        else if (n == 4 && !strncmp(p, "wide", 4)) v->wide = true;
+        else if (n == 5 && !strncmp(p, "cache", 5)) v->cache = true;
+        else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache", s,
+                            (int)n, p);
+        if (!q) break;
+        p = q + 1;
+        if (!*p) return kv_fail(KV_E_USAGE, "variant '%s' ends in '+'", s);
+    }
+    return KV_OK;
+}
+
+/* warmup + tokens greedy tokens from the engine's context, timed into r;
+ * ids/ms/v scratch of n entries. */
+static kv_status timed_run(kv_gpu_engine *e, int warmup, int tokens, int *ids, float *ms, double *v,
+                           kv_gpu_decode_result *r)
+{
+    kv_status st = kv_gpu_engine_generate(e, 1, warmup + tokens, ids, ms);
+    if (st) return st;
+    for (int i = 0; i < tokens; i++) v[i] = ms[warmup + i];
+    qsort(v, (size_t)tokens, sizeof *v, cmp_double);
+    r->ms_median = v[tokens / 2];
+    r->ms_p90 = v[(tokens * 9) / 10 < tokens ? (tokens * 9) / 10 : tokens - 1];
+    r->ms_min = v[0];
+    r->tokens = tokens;
+    kv_bytes b;
+    kv_gpu_engine_bytes(e, &b);
+    r->gpu_kv = b.resident;
+    r->host_kv = b.host;
+    r->pcie_token = b.fetched_last;
+    kv_gpu_timing t;
+    kv_gpu_engine_timing(e, &t);
+    r->select_ms = t.select_ms;
+    r->copy_ms = t.copy_ms;
+    r->fetch_ms = t.fetch_ms;
+    r->score_ms = t.score_ms;
+    r->wait_ms = t.wait_ms;
+    r->cache_hits = t.cache_hits;
+    r->cache_rows = t.cache_rows;
+    return KV_OK;
+}
+
+kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params *per_layer,
+                                       const kv_gpu_engine_opts *opts, int T, uint64_t seed,
+                                       bool prefill, int warmup, int tokens, int nofetch_tokens,
+                                       const kv_decode_variant *v, int nv, kv_gpu_decode_result *r)
+{
+    if (nv < 1) return kv_fail(KV_E_USAGE, "no variants to time");
+    memset(r, 0, (size_t)nv * sizeof *r);
+    if (tokens < 1) return kv_fail(KV_E_USAGE, "no tokens to time");
+    kv_gpu_engine_opts o = *opts;
+    o.time_prefill = o.time_prefill || prefill;
+    o.sel_serial = v[0].serial;
+    o.topk_wide = v[0].wide;
+    o.sel_cache = v[0].cache;
+    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
+    if (!st) st = prefill ? real_prefill(e, T, seed, &r[0]) : kv_gpu_engine_synthesize(e, T, seed);
+    if (st) return st;
+    int n = warmup + tokens > nofetch_tokens ? warmup + tokens : nofetch_tokens;
+    int *ids = malloc((size_t)n * sizeof(int));
+    float *ms = malloc((size_t)n * sizeof(float));
+    double *dv = malloc((size_t)n * sizeof(double));
+    if (!ids || !ms || !dv) {
+        free(ids);
+        free(ms);
+        free(dv);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    bool sparse = false;
+    for (int l = 0; per_layer && l < kv_gpu_engine_n_layers(e); l++)
+        sparse |= per_layer[l].kind == KV_POL_SPARSE;
+    for (int i = 0; i < nv && !st; i++) {
+        if (i) {
+            r[i].prefill_ms = r[0].prefill_ms;
+            r[i].prefill_attn_ms = r[0].prefill_attn_ms;
+            st = kv_gpu_engine_set_step_opts(e, v[i].serial, v[i].wide, v[i].cache, o.profile);
+        }
+        if (!st) st = timed_run(e, warmup, tokens, ids, ms, dv, &r[i]);
+        if (!st && i == 0 && sparse && nofetch_tokens > 0) {
+            kv_gpu_engine_set_no_fetch(e, true);
+            st = kv_gpu_engine_generate(e, ids[warmup + tokens - 1], nofetch_tokens, ids, ms);
+            kv_gpu_engine_set_no_fetch(e, false);
+            if (!st) {
+                for (int j = 0; j < nofetch_tokens; j++) dv[j] = ms[j];
+                r[0].ms_nofetch = median(dv, nofetch_tokens);
+            }
+        }
+        if (i) r[i].ms_nofetch = r[0].ms_nofetch;
+    }
+    free(ids);
+    free(ms);
+    free(dv);
     return st;
 }
 
@@ -129,6 +234,10 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
         r->select_ms = t.select_ms;
         r->copy_ms = t.copy_ms;
         r->fetch_ms = t.fetch_ms;
+        r->score_ms = t.score_ms;
+        r->wait_ms = t.wait_ms;
+        r->cache_hits = t.cache_hits;
+        r->cache_rows = t.cache_rows;
     }
     bool sparse = false;
     for (int l = 0; per_layer && l < kv_gpu_engine_n_layers(e); l++)

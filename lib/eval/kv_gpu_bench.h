@@ -67,7 +67,6 @@ typedef struct {
     int qbits;    /* bits of the quantized layers (quant, the hybrid's first layers) */
     int qlayers;  /* hybrid: layers [0, qlayers) quantized */
     int topk, channels, sink, window; /* hybrid: the sparse layers */
-    bool topk_wide; /* hybrid: the sparse layers' top-K over many blocks per head (wide=on) */
 } kv_decode_layers;
 
 /* Fill per_layer (n_layers) with placement p's parameters, fp16 storage
@@ -91,7 +90,21 @@ typedef struct {
     int tokens;           /* timed tokens */
     double prefill_ms;    /* with a real prefill: its wall time (placements' ingest included) */
     double prefill_attn_ms; /* its attention kernels' GPU time (0 if not chunked) */
+    double score_ms;      /* last step: predicted query to top-K done, summed over layers */
+    double wait_ms;       /* last step: the main stream's exposed waits for the selection */
+    uint64_t cache_hits, cache_rows; /* sel_cache: rows already held / rows chosen, timed steps */
 } kv_gpu_decode_result;
+
+/* One way to run the sparse layers' step (kv_gpu_engine_opts.sel_serial,
+ * topk_wide, sel_cache), for kv_gpu_bench_decode_variants. */
+typedef struct {
+    char name[32]; /* "base", or the words joined by '+': serial, wide, cache */
+    bool serial, wide, cache;
+} kv_decode_variant;
+
+/* Parse "base" or words of serial, wide, cache joined by '+' (KV_E_USAGE
+ * naming the word otherwise). */
+kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
 
 /*
  * Reset e to per_layer/opts, put a T-token context in place — synthesized
@@ -103,5 +116,16 @@ typedef struct {
 kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_layer,
                               const kv_gpu_engine_opts *opts, int T, uint64_t seed, bool prefill,
                               int warmup, int tokens, int nofetch_tokens, kv_gpu_decode_result *r);
+
+/*
+ * The same with one context for nv variants of the step: after the prefill
+ * (or synthesis), each variant in turn (kv_gpu_engine_set_step_opts) decodes
+ * warmup + tokens timed tokens into r[i]; the fetch-free time is taken once,
+ * after the first, and copied to every r[i].
+ */
+kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params *per_layer,
+                                       const kv_gpu_engine_opts *opts, int T, uint64_t seed,
+                                       bool prefill, int warmup, int tokens, int nofetch_tokens,
+                                       const kv_decode_variant *v, int nv, kv_gpu_decode_result *r);
 
 #endif

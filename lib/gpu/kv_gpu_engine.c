@@ -384,16 +384,19 @@ static kv_status predict_ahead(kv_gpu_engine *e, int l)
 {
     gl_layer *y = &e->lay[l];
     float *xp = e->xp[l & 1];
+    /* opts.sel_serial: the same work on the main stream, where it is issued */
+    cudaStream_t ss = e->o.sel_serial ? e->s_main : e->s_side;
+    cudaStream_t sg = e->o.sel_serial ? e->s_main : e->s_gath;
     CK(eng_rmsnorm(e->x, e->w[l].attn_norm, e->dim, e->eps, xp, e->s_main));
     CK(cudaEventRecord(e->ev_x[l], e->s_main));
-    CK(cudaStreamWaitEvent(e->s_side, e->ev_x[l], 0));
-    if (e->o.profile) CK(cudaEventRecord(e->ev_p0[l], e->s_side));
-    if (!(e->o.sel_skip & KV_GPU_SKIP_QUERY)) TRY(gl_q_only(e, l, xp, e->qpred, e->s_side));
+    if (ss != e->s_main) CK(cudaStreamWaitEvent(ss, e->ev_x[l], 0));
+    if (e->o.profile) CK(cudaEventRecord(e->ev_p0[l], ss));
+    if (!(e->o.sel_skip & KV_GPU_SKIP_QUERY)) TRY(gl_q_only(e, l, xp, e->qpred, ss));
     CK(eng_rope_store(e->qpred, NULL, e->nqh, NULL, NULL, 0, e->hd, e->inv_freq, e->pos, NULL,
-                      NULL, 0, e->s_side));
-    TRY(y->pl->select(e, y, e->qpred, e->s_side, e->s_gath));
-    if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l], e->s_gath));
-    CK(cudaEventRecord(e->ev_sel[l], e->s_gath));
+                      NULL, 0, ss));
+    TRY(y->pl->select(e, y, e->qpred, ss, sg));
+    if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l], sg));
+    CK(cudaEventRecord(e->ev_sel[l], sg));
     e->sel.side_last = l;
     return KV_OK;
 }
@@ -509,6 +512,9 @@ static kv_status engine_init(kv_gpu_engine *e)
         CK(cudaEventCreate(&e->ev_p1[l]));
         CK(cudaEventCreate(&e->ev_g0[l]));
         CK(cudaEventCreate(&e->ev_g1[l]));
+        CK(cudaEventCreate(&e->ev_t1[l]));
+        CK(cudaEventCreate(&e->ev_w0[l]));
+        CK(cudaEventCreate(&e->ev_w1[l]));
     }
     /* weights */
     kv_dtype src = e->m->layers[0].wq.type;
@@ -579,7 +585,8 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
     e->lay = calloc((size_t)e->L, sizeof *e->lay);
     e->off.list = calloc((size_t)e->L, sizeof(int));
     cudaEvent_t **evs[] = {&e->ev_x, &e->ev_sel, &e->off.ev_copied, &e->ev_topk,
-                           &e->ev_p0, &e->ev_p1, &e->ev_g0, &e->ev_g1};
+                           &e->ev_p0, &e->ev_p1, &e->ev_g0, &e->ev_g1,
+                           &e->ev_t1, &e->ev_w0, &e->ev_w1};
     bool nomem = !e->w || !e->lay || !e->off.list;
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
         *evs[i] = calloc((size_t)e->L, sizeof(cudaEvent_t));
@@ -630,11 +637,12 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     gl_dfree(&e->qx.v);
     gl_dfree(&e->qx.imp_sc);
     gl_dfree(&e->sel.chans);
-    gl_dfree(&e->sel.topk_ws);
     gl_dfree(&e->sel.sel[0]);
     gl_dfree(&e->sel.sel[1]);
+    gl_dfree(&e->sel.tw_ws);
     cudaEvent_t *evs[] = {e->ev_x, e->ev_sel, e->off.ev_copied, e->ev_topk,
-                          e->ev_p0, e->ev_p1, e->ev_g0, e->ev_g1};
+                          e->ev_p0, e->ev_p1, e->ev_g0, e->ev_g1,
+                          e->ev_t1, e->ev_w0, e->ev_w1};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
         for (int l = 0; evs[i] && l < e->L; l++)
             if (evs[i][l]) cudaEventDestroy(evs[i][l]);
@@ -1040,6 +1048,22 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 // --- accessors and accounting --------------------------------------------------------------
 
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch) { e->o.no_fetch = no_fetch; }
+
+kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
+                                      bool sel_cache, bool profile)
+{
+    CK(cudaDeviceSynchronize());
+    e->o.sel_serial = sel_serial;
+    e->o.topk_wide = topk_wide;
+    e->o.sel_cache = sel_cache;
+    e->o.profile = profile;
+    for (int l = 0; l < e->L; l++) {
+        gl_layer *y = &e->lay[l];
+        if (y->st && y->pl->step_opts) TRY(y->pl->step_opts(e, y));
+    }
+    CK(cudaDeviceSynchronize());
+    return KV_OK;
+}
 int kv_gpu_engine_vocab(const kv_gpu_engine *e) { return e->vocab; }
 int kv_gpu_engine_pos(const kv_gpu_engine *e) { return e->pos; }
 int kv_gpu_engine_ctx(const kv_gpu_engine *e) { return e->ctx; }

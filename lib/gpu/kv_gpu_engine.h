@@ -88,6 +88,22 @@ typedef struct {
                              memory at the end of the layer on the main stream (the former
                              path), instead of chunk by chunk on the copy stream while the
                              next chunk computes */
+    /* How a sparse layer's selection runs in a decode step (the same tokens
+     * either way, unless noted; kv_gpu_engine_set_step_opts changes them
+     * between steps):
+     *   sel_serial  the predicted query's selection and gather on the main
+     *               stream right where they are issued (no overlap): the
+     *               reference the overlapped path must equal;
+     *   topk_wide   top-K with its pass over the scores spread over many
+     *               blocks per KV head (eng_topk_wide: the same ids);
+     *   sel_cache   keep each layer's gathered rows between steps and read
+     *               over PCIe only the chosen tokens not already held (the
+     *               attention then sums the same rows in another order). */
+    bool sel_serial;
+    bool topk_wide;
+    bool sel_cache;
+    int gemv_q;           /* packed GEMV variant (kernels/eng_ops.cuh, ENG_GEMVQ_*): 0 = the
+                             default (ENG_GEMVQ_BEST), 1 old, 2 rows, 3 dp4a; measurement */
 } kv_gpu_engine_opts;
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
@@ -143,6 +159,12 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed);
  * back on) without touching the context (see opts.no_fetch). */
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
 
+/* Change opts.sel_serial, topk_wide and sel_cache (and profile) between
+ * steps, keeping the context (a selection cache starts empty again, its
+ * counts at 0).  KV_E_NOMEM when the cache does not fit. */
+kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
+                                      bool sel_cache, bool profile);
+
 int kv_gpu_engine_vocab(const kv_gpu_engine *e);
 int kv_gpu_engine_pos(const kv_gpu_engine *e);
 int kv_gpu_engine_ctx(const kv_gpu_engine *e);
@@ -167,6 +189,10 @@ typedef struct {
     double select_ms; /* sparse: predicted query, scoring, top-K and gather, start to end */
     double copy_ms;   /* offload: host-to-device copies of K/V */
     double fetch_ms;  /* time spent reading host memory: the gathers (sparse) or copies */
+    double score_ms;  /* sparse: predicted query to top-K done (the selection without its gather) */
+    double wait_ms;   /* sparse: the main stream's exposed wait for the selection streams */
+    uint64_t cache_hits, cache_rows; /* sel_cache, since the last reset or set_step_opts: chosen
+                                        rows already held, and rows chosen (sink included) */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
 

@@ -127,6 +127,9 @@ typedef struct gl_placement {
     void (*bytes)(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b);
     /* Optional: the side-stream times of the last step (opts.profile). */
     void (*timing)(const kv_gpu_engine *e, const gl_layer *y, kv_gpu_timing *t);
+    /* Optional: opts.sel_serial / topk_wide / sel_cache / profile changed
+     * between steps (kv_gpu_engine_set_step_opts; the device is idle). */
+    kv_status (*step_opts)(kv_gpu_engine *e, gl_layer *y);
     /* Free y->st and everything it holds (the device is idle). */
     void (*release)(gl_layer *y);
 } gl_placement;
@@ -228,9 +231,9 @@ struct kv_gpu_engine {
         float *sm_tmp;   /* eng_softmax_tmp(n_heads) floats of softmax scratch */
         float *qscale;   /* (n_heads) channel-selection scale per query head */
         int *chans, *sel[2]; /* sel: by layer parity, so a gather overlaps the next selection */
-        void *topk_ws;   /* eng_topk_wide_ws(nkv) bytes, when a layer has wide=on */
         size_t score_n, sel_n[2], chans_n;
         int side_last;   /* this step: the last layer selected on the selection stream, or -1 */
+        void *tw_ws;     /* eng_topk_wide_ws(nkv) bytes (opts.topk_wide), or NULL */
     } sel;               /* sparse (layers take turns on the selection streams) */
     struct {
         uint16_t *stage_k[2], *stage_v[2]; /* (nkv, ctx, hd) double-buffered staging */
@@ -257,6 +260,8 @@ struct kv_gpu_engine {
     cudaEvent_t *ev_x, *ev_sel;           /* (L) predicted layer's input ready, selection done */
     cudaEvent_t *ev_topk;                 /* (L) selection done, gather may start */
     cudaEvent_t *ev_p0, *ev_p1, *ev_g0, *ev_g1; /* (L) profile: side stream start/end, host reads */
+    cudaEvent_t *ev_t1;                   /* (L) profile: top-K done (selection stream) */
+    cudaEvent_t *ev_w0, *ev_w1;           /* (L) profile: main stream before / after its wait */
     gl_layer *lay;       /* (L) */
     struct kv_cublas *cb; /* cuBLAS for the chunked prefill, opened at its first use */
     bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */

@@ -65,9 +65,18 @@ typedef struct {
     int streamed;             /* prompt rows already copied to rows_h (and kcm_h) by
                                  sparse_chunk, of streamed_T; 0 when ingest copies them */
     int streamed_T;
+    /* opts.sel_cache: the token each row [0, ntag) of ak/av holds per head
+     * (tag), the plan of the step's misses (mcap = kmax + cs0 rows), counts
+     * (nkv, 4) of eng_sel_cache_plan; cache_reset: the tags are to be set
+     * from the rows' current content before the next plan */
+    int *tag, *plan, ntag, mcap;
+    unsigned long long *cstat;
+    bool cache_reset;
+    uint64_t extra_last;      /* host bytes of the last step besides the gathered rows */
 } sparse_state;
 
 #define SPARSE_OBSERVE 32 /* prompt queries observed: PREFILL_OBSERVE of kv_engine.c */
+#define SPARSE_CACHE_MAX 16384 /* rows a selection cache plans per head (eng_sel_cache_plan) */
 
 static int topk_of(const kv_policy_params *p, int T)
 {
@@ -237,6 +246,38 @@ static kv_status sparse_chunk(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, 
     return KV_OK;
 }
 
+/* The selection cache of a layer whose attention buffer is laid out
+ * (opts.sel_cache): tags for every row up to the end of the prompt's tail,
+ * the plan, the counts; reset from the buffer's content at the next step. */
+static kv_status cache_alloc(kv_gpu_engine *e, gl_layer *y)
+{
+    sparse_state *sp = y->st;
+    sp->cache_reset = true;
+    if (sp->tag) {
+        CK(cudaMemset(sp->cstat, 0, (size_t)e->nkv * 4 * 8));
+        return KV_OK;
+    }
+    /* the plan keeps 3 ints per wanted row in shared memory (200 KB): a larger
+     * top-K runs without the cache */
+    if (sp->kmax + sp->cs0 > SPARSE_CACHE_MAX) return KV_OK;
+    sp->ntag = sp->tail_base + (sp->Tp - sp->cend0);
+    sp->mcap = sp->kmax + sp->cs0;
+    TRY(gl_dalloc(&sp->tag, (size_t)e->nkv * sp->ntag * sizeof(int), "selection cache tags"));
+    TRY(gl_dalloc(&sp->plan, (size_t)e->nkv * (1 + 2 * (size_t)sp->mcap) * sizeof(int),
+                  "selection cache plan"));
+    TRY(gl_dalloc(&sp->cstat, (size_t)e->nkv * 4 * 8, "selection cache counts"));
+    CK(cudaMemset(sp->cstat, 0, (size_t)e->nkv * 4 * 8));
+    return KV_OK;
+}
+
+static void cache_free(sparse_state *sp)
+{
+    gl_dfree(&sp->tag);
+    gl_dfree(&sp->plan);
+    gl_dfree(&sp->cstat);
+    sp->ntag = sp->mcap = 0;
+}
+
 static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
                                const uint16_t *V, int ld, int T, uint16_t *tmp)
 {
@@ -324,17 +365,35 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
         TRY(gl_grow_i32(&e->sel.sel[i], &e->sel.sel_n[i], (size_t)nkv * (sp->kmax + 1),
                         "selection ids"));
     TRY(gl_grow_i32(&e->sel.chans, &e->sel.chans_n, (size_t)nkv * p->channels, "critical channels"));
-    if (p->topk_wide && !e->sel.topk_ws) TRY(gl_dalloc(&e->sel.topk_ws, eng_topk_wide_ws(nkv), "top-K scratch"));
+    if (e->o.topk_wide && !e->sel.tw_ws)
+        TRY(gl_dalloc(&e->sel.tw_ws, eng_topk_wide_ws(nkv), "top-K workspace"));
+    cache_free(sp);
+    if (e->o.sel_cache) TRY(cache_alloc(e, y));
     return KV_OK;
 }
 
-/* A sparse layer's top-K: eng_topk_wide (many blocks per KV head) with
- * wide=on, else eng_topk (one block per KV head); the same ids. */
-static cudaError_t sel_topk(kv_gpu_engine *e, const kv_policy_params *p, const float *x, int nkv,
-                            int n, int k, int base, int *sel, cudaStream_t s)
+/* opts changed between steps (the device is idle): the cache's buffers, a
+ * fresh start for its tags and counts; the wide top-K's workspace. */
+static kv_status sparse_step_opts(kv_gpu_engine *e, gl_layer *y)
 {
-    if (p->topk_wide && e->sel.topk_ws) return eng_topk_wide(x, nkv, n, k, base, sel, e->sel.topk_ws, s);
-    return eng_topk(x, nkv, n, k, base, sel, s);
+    sparse_state *sp = y->st;
+    if (!sp->ak) return KV_OK; /* nothing ingested yet */
+    if (e->o.topk_wide && !e->sel.tw_ws)
+        TRY(gl_dalloc(&e->sel.tw_ws, eng_topk_wide_ws(e->nkv), "top-K workspace"));
+    if (e->o.sel_cache) return cache_alloc(e, y);
+    cache_free(sp);
+    return KV_OK;
+}
+
+/* Top-K of comb on stream s, one block per KV head or (opts.topk_wide) many. */
+static kv_status run_topk(kv_gpu_engine *e, const float *comb, int ncand, int kk, int cs, int *sel,
+                          cudaStream_t s)
+{
+    if (e->o.topk_wide && e->sel.tw_ws)
+        CK(eng_topk_wide(comb, e->nkv, ncand, kk, cs, sel, e->sel.tw_ws, s));
+    else
+        CK(eng_topk(comb, e->nkv, ncand, kk, cs, sel, s));
+    return KV_OK;
 }
 
 /*
@@ -403,8 +462,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                                            e->sel.comb, s));
                     CK(eng_pages_expand(e->sel.comb, nkv, np, P, p0, cs, ncand, e->sel.score, s));
                 }
-                if (!(skip & KV_GPU_SKIP_TOPK))
-                    CK(sel_topk(e, p, e->sel.score, nkv, ncand, kk, cs, sel, s));
+                if (!(skip & KV_GPU_SKIP_TOPK)) TRY(run_topk(e, e->sel.score, ncand, kk, cs, sel, s));
                 goto gather;
             } else if (p->select == KV_SELECT_EXACT) {
                 if (e->o.profile) CK(cudaEventRecord(e->ev_g0[l], s)); /* host reads start here */
@@ -431,21 +489,41 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
         } else {
             CK(eng_fill_f32(e->sel.comb, (size_t)nkv * ncand, 0.0f, s)); /* take every candidate */
         }
-        if (!(skip & KV_GPU_SKIP_TOPK)) CK(sel_topk(e, p, e->sel.comb, nkv, ncand, kk, cs, sel, s));
+        if (!(skip & KV_GPU_SKIP_TOPK)) TRY(run_topk(e, e->sel.comb, ncand, kk, cs, sel, s));
     }
 gather:
+    if (e->o.profile) CK(cudaEventRecord(e->ev_t1[l], s));
+    /* the cache's plan: which chosen rows are held already, where the others go */
+    const bool cache = e->o.sel_cache && sp->tag && !(skip & KV_GPU_SKIP_GATHER);
+    if (cache) {
+        if (sp->cache_reset) { /* the rows from the tail's current start hold their tokens */
+            CK(eng_sel_cache_reset(sp->tag, nkv, sp->ntag, sp->tail_base + (cend - sp->cend0), cend, s));
+            sp->cache_reset = false;
+        }
+        CK(eng_sel_cache_plan(sel, kk, cs, nkv, sp->tag, sp->ntag, sp->start, sp->mcap, sp->plan,
+                              sp->cstat, s));
+    }
     if (sg != s) {
         CK(cudaEventRecord(e->ev_topk[l], s));
         CK(cudaStreamWaitEvent(sg, e->ev_topk[l], 0));
     }
-    size_t off = (size_t)sp->start * hd;
     if (e->o.profile && !g0_done) CK(cudaEventRecord(e->ev_g0[l], sg));
-    if (!(skip & KV_GPU_SKIP_GATHER))
+    if (cache) {
+        CK(eng_sel_cache_gather(sp->rows_d, nkv, hd, sp->plan, sp->mcap, cs, sp->sink, sp->ak, sp->av,
+                                (size_t)sp->cap, sg));
+    } else if (!(skip & KV_GPU_SKIP_GATHER)) {
+        size_t off = (size_t)sp->start * hd;
         CK(eng_gather_rows(sp->rows_d, nkv, hd, KV_DT_F16, sel, kk, sp->sink, cs, sp->ak + off,
                            sp->av + off, (size_t)sp->cap, sg));
+        /* the rows of the region no longer hold what the tags say */
+        if (sp->tag) sp->cache_reset = true;
+    }
     if (e->o.profile) CK(cudaEventRecord(e->ev_g1[l], sg));
+    const uint64_t rows_bytes = (uint64_t)kk * nkv * rowb;
+    sp->extra_last = fetched - rows_bytes;
     y->fetched_last = fetched;
-    y->fetched_total += fetched;
+    /* with the cache, the rows actually read are counted on the device (sparse_bytes) */
+    y->fetched_total += cache ? sp->extra_last : fetched;
     return KV_OK;
 }
 
@@ -467,7 +545,10 @@ static kv_status sparse_attend(kv_gpu_engine *e, gl_layer *y, int pos, const flo
     sparse_state *sp = y->st;
     cudaStream_t s = e->s_main;
     if (gl_wants_pred(e, y->l)) {
+        /* profile: main before and after its wait, the exposed part of the selection */
+        if (e->o.profile) CK(cudaEventRecord(e->ev_w0[y->l], s));
         CK(cudaStreamWaitEvent(s, e->ev_sel[y->l], 0));
+        if (e->o.profile) CK(cudaEventRecord(e->ev_w1[y->l], s));
     } else {
         /* the selection scratch is shared with the selection stream */
         if (e->sel.side_last >= 0) CK(cudaStreamWaitEvent(s, e->ev_sel[e->sel.side_last], 0));
@@ -494,14 +575,47 @@ static void sparse_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
                                                        : (uint64_t)sp->ldt * y->prm.cbits / 8 +
                                                              (uint64_t)sp->ldt / KV_SELECT_CGROUP * 4)
                               : 0) +
-                  (sp->pmin ? 2 * nkv * (uint64_t)sp->np * hd * 2 : 0);
+                  (sp->pmin ? 2 * nkv * (uint64_t)sp->np * hd * 2 : 0) +
+                  (sp->tag ? nkv * ((uint64_t)sp->ntag + 1 + 2 * (uint64_t)sp->mcap) * 4 + nkv * 32
+                           : 0);
+    if (sp->cstat && e->o.sel_cache) { /* the rows the cache read from host memory */
+        unsigned long long c[4 * 64];
+        int n = e->nkv < 64 ? e->nkv : 64;
+        if (cudaMemcpy(c, sp->cstat, (size_t)n * 32, cudaMemcpyDeviceToHost) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return;
+        }
+        uint64_t last = 0, tot = 0;
+        for (int h = 0; h < n; h++) {
+            last += c[4 * h + 2];
+            tot += c[4 * h + 3];
+        }
+        const uint64_t rowb = 2 * hd * 2;
+        b->fetched_last = sp->extra_last + last * rowb;
+        b->fetched_total += tot * rowb;
+    }
 }
 
 static void sparse_timing(const kv_gpu_engine *e, const gl_layer *y, kv_gpu_timing *t)
 {
+    const sparse_state *sp = y->st;
+    if (sp->cstat && e->o.sel_cache) {
+        unsigned long long c[4 * 64];
+        int n = e->nkv < 64 ? e->nkv : 64;
+        if (cudaMemcpy(c, sp->cstat, (size_t)n * 32, cudaMemcpyDeviceToHost) == cudaSuccess) {
+            for (int h = 0; h < n; h++) {
+                t->cache_hits += c[4 * h];
+                t->cache_rows += c[4 * h + 1];
+            }
+        } else {
+            (void)cudaGetLastError();
+        }
+    }
     if (!gl_wants_pred(e, y->l) || e->o.no_fetch) return;
     t->select_ms += gl_elapsed(e->ev_p0[y->l], e->ev_p1[y->l]);
     t->fetch_ms += gl_elapsed(e->ev_g0[y->l], e->ev_g1[y->l]);
+    t->score_ms += gl_elapsed(e->ev_p0[y->l], e->ev_t1[y->l]);
+    t->wait_ms += gl_elapsed(e->ev_w0[y->l], e->ev_w1[y->l]);
 }
 
 static void sparse_release(gl_layer *y)
@@ -510,6 +624,7 @@ static void sparse_release(gl_layer *y)
     gl_hfree(&sp->rows_h);
     gl_hfree(&sp->kcm_h);
     sp->rows_d = sp->kcm_d = NULL;
+    cache_free(sp);
     void *dev[] = {&sp->sink, &sp->sketch, &sp->chmax, &sp->kmean, &sp->kmad, &sp->ak, &sp->av,
                    &sp->pool, &sp->rrows, &sp->rscale, &sp->rzero, &sp->obs, &sp->pmin, &sp->pmax};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);
@@ -527,6 +642,7 @@ const gl_placement gl_sparse = {
     .attend = sparse_attend,
     .bytes = sparse_bytes,
     .timing = sparse_timing,
+    .step_opts = sparse_step_opts,
     .release = sparse_release,
 };
 

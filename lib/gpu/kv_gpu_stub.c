@@ -71,6 +71,12 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 }
 
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch) { (void)e; (void)no_fetch; }
+kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
+                                      bool sel_cache, bool profile)
+{
+    (void)e, (void)sel_serial, (void)topk_wide, (void)sel_cache, (void)profile;
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA");
+}
 int kv_gpu_engine_vocab(const kv_gpu_engine *e) { (void)e; return 0; }
 int kv_gpu_engine_pos(const kv_gpu_engine *e) { (void)e; return 0; }
 int kv_gpu_engine_ctx(const kv_gpu_engine *e) { (void)e; return 0; }

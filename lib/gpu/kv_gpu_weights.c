@@ -4,7 +4,7 @@
  * matrices all have a type the engine keeps packed (Q8_0, Q4_K, Q6_K:
  * eng_packed_type) is uploaded as stored in the file, its rows in the
  * kv_weight's order (qwen2's NEOX permutation applied), and read by the
- * packed GEMV (kernels/eng_gemv_q.cu) after a separate RMSNorm; any other
+ * packed GEMV (kernels/eng_gemv_qv.cu, variant opts.gemv_q) after a separate RMSNorm; any other
  * group is converted on the host to the engine's weight type (fp16, or bf16
  * for bf16 models) in chunks and uploaded as padded row-major matrices, q/k/v
  * as one matrix and gate/up interleaved for the fused RMSNorm/SwiGLU GEMVs.
@@ -255,9 +255,10 @@ bool gl_weights_packed(const kv_gpu_engine *e)
 
 // --- the projections ---------------------------------------------------------------
 
-static kv_status gemv_q(const kv_gpu_packed *p, const float *x, float *y, int accumulate, cudaStream_t s)
+static kv_status gemv_q(const kv_gpu_engine *e, const kv_gpu_packed *p, const float *x, float *y, int accumulate,
+                        cudaStream_t s)
 {
-    CK(eng_gemv_q(p->data, p->type, p->rows, p->cols, p->pitch, x, y, accumulate, s));
+    CK(eng_gemv_qv(e->o.gemv_q, p->data, p->type, p->rows, p->cols, p->pitch, x, y, accumulate, s));
     return KV_OK;
 }
 
@@ -276,9 +277,9 @@ kv_status gl_qkv(kv_gpu_engine *e, int l, cudaStream_t s)
                          e->qkv, 0, s));
     } else {
         CK(eng_rmsnorm(e->x, w->attn_norm, e->dim, e->eps, e->xn, s));
-        TRY(gemv_q(&w->pqkv[0], e->xn, e->qkv, 0, s));
-        TRY(gemv_q(&w->pqkv[1], e->xn, e->qkv + e->qd, 0, s));
-        TRY(gemv_q(&w->pqkv[2], e->xn, e->qkv + e->qd + e->kvd, 0, s));
+        TRY(gemv_q(e, &w->pqkv[0], e->xn, e->qkv, 0, s));
+        TRY(gemv_q(e, &w->pqkv[1], e->xn, e->qkv + e->qd, 0, s));
+        TRY(gemv_q(e, &w->pqkv[2], e->xn, e->qkv + e->qd + e->kvd, 0, s));
     }
     if (w->bqkv) CK(eng_add_bias_rows(e->qkv, 0, w->bqkv, e->qd + 2 * e->kvd, 1, s));
     return KV_OK;
@@ -288,7 +289,7 @@ kv_status gl_q_only(kv_gpu_engine *e, int l, const float *xn, float *q, cudaStre
 {
     const gw_layer *w = &e->w[l];
     if (w->qkv) CK(eng_gemv(w->qkv, e->wt, e->qd, e->ld_dim, xn, q, 0, s));
-    else TRY(gemv_q(&w->pqkv[0], xn, q, 0, s));
+    else TRY(gemv_q(e, &w->pqkv[0], xn, q, 0, s));
     if (w->bqkv) CK(eng_add_bias_rows(q, 0, w->bqkv, e->qd, 1, s));
     return KV_OK;
 }
@@ -297,7 +298,7 @@ kv_status gl_attn_out(kv_gpu_engine *e, int l, cudaStream_t s)
 {
     const gw_layer *w = &e->w[l];
     if (w->o) CK(eng_gemv(w->o, e->wt, e->dim, e->ld_qd, e->att, e->x, 1, s));
-    else TRY(gemv_q(&w->po, e->att, e->x, 1, s));
+    else TRY(gemv_q(e, &w->po, e->att, e->x, 1, s));
     if (w->bo) CK(eng_add_bias_rows(e->x, 0, w->bo, e->dim, 1, s));
     return KV_OK;
 }
@@ -309,12 +310,12 @@ kv_status gl_ffn(kv_gpu_engine *e, int l, cudaStream_t s)
         CK(eng_gemv_norm(w->gu, e->wt, e->hidden, e->ld_dim, e->x, w->ffn_norm, e->dim, e->eps, e->hb, 1, s));
     } else {
         CK(eng_rmsnorm(e->x, w->ffn_norm, e->dim, e->eps, e->xn, s));
-        TRY(gemv_q(&w->pgu[0], e->xn, e->gu32, 0, s));
-        TRY(gemv_q(&w->pgu[1], e->xn, e->gu32 + e->hidden, 0, s));
+        TRY(gemv_q(e, &w->pgu[0], e->xn, e->gu32, 0, s));
+        TRY(gemv_q(e, &w->pgu[1], e->xn, e->gu32 + e->hidden, 0, s));
         CK(eng_swiglu(e->gu32, e->hidden, e->hb, s));
     }
     if (w->down) CK(eng_gemv(w->down, e->wt, e->dim, e->ld_hid, e->hb, e->x, 1, s));
-    else TRY(gemv_q(&w->pdown, e->hb, e->x, 1, s));
+    else TRY(gemv_q(e, &w->pdown, e->hb, e->x, 1, s));
     return KV_OK;
 }
 
@@ -324,7 +325,7 @@ kv_status gl_logits(kv_gpu_engine *e, cudaStream_t s)
         CK(eng_gemv_norm(e->outw, e->wt, e->vocab, e->ld_dim, e->x, e->out_norm, e->dim, e->eps, e->logits, 0, s));
     } else {
         CK(eng_rmsnorm(e->x, e->out_norm, e->dim, e->eps, e->xn, s));
-        TRY(gemv_q(&e->pout, e->xn, e->logits, 0, s));
+        TRY(gemv_q(e, &e->pout, e->xn, e->logits, 0, s));
     }
     return KV_OK;
 }

@@ -86,9 +86,6 @@ typedef struct {
     double hcap_token_keep;     /* HCAP: fraction of tokens kept (1 = off) */
     /* sparse (added by E; defaults from kv_policy_params_default) */
     bool predict;               /* use the engine's predicted query (true) */
-    bool topk_wide;             /* GPU engine: top-K over many blocks per KV head
-                                   (eng_topk_wide; the same ids as eng_topk); off until
-                                   measured (docs/BENCHMARKS.md); the CPU ignores it */
     kv_group_reduce group_reduce; /* GQA score combination (sum) */
     unsigned given;             /* KV_KEY_* the spec named: defaults leave them alone */
 } kv_policy_params;
@@ -175,8 +172,7 @@ void kv_policy_free(kv_policy *p);
  *              count >= 1 or a fraction < 1, as in a deploy config),
  *              select=resident|channels|approx|exact|sketch|pages, cbits (16, 8,
  *              4), page,
- *              predict=on|off, reduce=sum|max, dtype, wide=on|off (GPU top-K
- *              over many blocks per head)
+ *              predict=on|off, reduce=sum|max, dtype
  *   streaming: sink|s, window|w, dtype
  *   dsq:       window|w, salient, base=rest|salient, chan (HCAP channel share),
  *              keep (HCAP tokens)

@@ -42,7 +42,6 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->hcap_channel_thresh = 0.0;
     p->hcap_token_keep = 1.0;
     p->predict = true;
-    p->topk_wide = false;
     p->group_reduce = KV_REDUCE_SUM;
 }
 
@@ -222,7 +221,6 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         return parse_bool(key, val, &p->offload);
     }
     if (IS("predict", K_(KV_POL_SPARSE))) return parse_bool(key, val, &p->predict);
-    if (IS("wide", K_(KV_POL_SPARSE))) return parse_bool(key, val, &p->topk_wide);
     if (IS("reduce", K_(KV_POL_SPARSE))) {
         if (!strcmp(val, "sum")) p->group_reduce = KV_REDUCE_SUM;
         else if (!strcmp(val, "max")) p->group_reduce = KV_REDUCE_MAX;
@@ -421,7 +419,6 @@ kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
         app(buf, n, &at, ",select=%s,cbits=%d,pool=%d,page=%d,predict=%s,reduce=%s,dtype=%s",
             kv_select_mode_name(p->select), p->cbits, p->pool, p->page, p->predict ? "on" : "off",
             p->group_reduce == KV_REDUCE_MAX ? "max" : "sum", dt);
-        if (p->topk_wide) app(buf, n, &at, ",wide=on"); /* off: unwritten, as before it existed */
         break;
     case KV_POL_STREAMING:
         app(buf, n, &at, ":sink=%d,window=%d,dtype=%s", p->sink, p->window, dt);

@@ -109,13 +109,20 @@ load helper
     [ "$status" -eq 69 ]
 }
 
-@test "kv-bench decode takes --topk-wide (the sparse key wide=on) and lists it in --help" {
+@test "kv-bench decode takes step variants joined by + and refuses an unknown word or a repeat (64)" {
+    run --separate-stderr kv-bench decode --variants base,wide+fast
+    assert_fails_with 64 "'fast' is not one of serial, wide, cache"
+    [ -z "$output" ]
+    run --separate-stderr kv-bench decode --variants wide,wide
+    assert_fails_with 64 "'wide' twice"
+    run --separate-stderr kv-bench decode --variants cache+
+    assert_fails_with 64 "ends in '+'"
     run --separate-stderr kv-bench decode --help
-    [[ "$output" == *"--topk-wide"* ]]
-    run --separate-stderr kv-bench decode --topk-wide=on
-    assert_fails_with 64 "--topk-wide"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"--variants"* ]]
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
-    run --separate-stderr kv-bench decode --topk-wide --policies hybrid -c 1024 -n 2 --synthetic tiny
+    run --separate-stderr kv-bench decode --variants base,serial,wide+cache --policies hybrid-resident \
+        -c 1024 -n 2 --synthetic tiny
     [ "$status" -eq 69 ]
 }
 
@@ -149,4 +156,48 @@ load helper
     assert_fails_with 64 "runs on the GPU"
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny --device gpu
     assert_fails_with 64 "--device must be cpu, cuda or auto"
+}
+
+@test "kv-bench gemv --help lists its options and the variants" {
+    run --separate-stderr kv-bench gemv --help
+    assert_success
+    for o in --types --shapes --variants --iters --reps --no-check; do
+        [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
+    done
+    [[ "$output" == *"old, rows, dp4a"* ]]
+}
+
+@test "kv-bench gemv rejects a weight type it does not time with exit 64" {
+    run --separate-stderr kv-bench gemv --types q4_k,q5_k
+    assert_fails_with 64 "unknown type 'q5_k'"
+    [ -z "$output" ]
+}
+
+@test "kv-bench gemv rejects a variant it does not have with exit 64" {
+    run --separate-stderr kv-bench gemv --variants old,fast
+    assert_fails_with 64 "unknown variant 'fast'"
+}
+
+@test "kv-bench gemv rejects a shape that is not ROWSxCOLS with exit 64" {
+    run --separate-stderr kv-bench gemv --shapes 2048x2048,2048
+    assert_fails_with 64 "'2048' is not ROWSxCOLS"
+}
+
+@test "kv-bench gemv rejects columns that are not a multiple of the Q4_K block with exit 64" {
+    run --separate-stderr kv-bench gemv --types q4_k --shapes 64x1000
+    assert_fails_with 64 "not a multiple of the q4_k block (256)"
+}
+
+@test "kv-bench gemv exits 69 with a message when no GPU is usable" {
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        skip "a GPU is present: the benchmark would run"
+    fi
+    run --separate-stderr kv-bench gemv --types q4_k --shapes 64x256 --reps 1 --iters 1
+    assert_fails_with 69 "GPU"
+    [ -z "$output" ]
+}
+
+@test "kv-bench's man page documents kv-bench gemv's options" {
+    run "$ROOT/tests/man-covers-help.sh" "$ROOT/man/kv-bench.1" kv-bench gemv
+    assert_success
 }

@@ -410,3 +410,20 @@ print("ok")' "$BATS_TEST_TMPDIR/r.svg"
         /dev/null | tr '\r' '\n' >"$BATS_TEST_TMPDIR/p"
     grep -Eq '[0-9]+/2 \([0-9]+%\) [0-9.]+/s ETA ' "$BATS_TEST_TMPDIR/p"
 }
+
+@test "kv-bench ruler takes --gpu-step as decode's variants and refuses an unknown word (64)" {
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --gpu-step cache+slow -P full
+    assert_fails_with 64 "'slow' is not one of serial, wide, cache"
+    [ -z "$output" ]
+    run --separate-stderr kv-bench ruler --help
+    [[ "$output" == *"--gpu-step"* ]]
+    # on the CPU the option changes nothing: the same JSON as without it
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --limit 1 -l 1024 --json --gpu-step wide+cache -P full
+    [ "$status" -eq 0 ]
+    a=$(json_get '[(r["policy"], r["length"], r["accuracy"]) for r in j["results"]]')
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --limit 1 -l 1024 --json -P full
+    [ "$status" -eq 0 ]
+    b=$(json_get '[(r["policy"], r["length"], r["accuracy"]) for r in j["results"]]')
+    [ "$a" = "$b" ]
+    [ "$(json_get 'len(j["results"])')" -ge 1 ]
+}

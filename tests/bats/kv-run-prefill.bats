@@ -28,3 +28,18 @@ load helper
     assert_success
     [[ "$output" == *"--prefill-chunk"* ]]
 }
+
+@test "kv-run rejects a GPU GEMV variant it does not have with exit 64" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" --gemv-variant fast -n 1
+    assert_fails_with 64 "--gemv-variant: 'fast' is not default, old, rows or dp4a"
+    [ -z "$output" ]
+}
+
+@test "kv-run takes a GPU GEMV variant on the CPU too (the CPU engine ignores it)" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" -p "Once upon a time" -n 12 --gemv-variant dp4a
+    assert_success
+    local with="$output"
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" -p "Once upon a time" -n 12
+    assert_success
+    [ "$output" = "$with" ]
+}

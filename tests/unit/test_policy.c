@@ -144,19 +144,6 @@ static void test_parse_single(void)
     KT_CHECK(d.bits == 1 && d.group == 64 && d.residual == 128, "quant defaults");
     kv_policy_params_default(&d, KV_POL_SPARSE);
     KT_CHECK(d.sink == 8 && d.window == 56 && d.channels == 8 && d.topk == 128, "sparse defaults");
-    /* wide=on|off: the GPU's many-block top-K, off by default; written back only when on */
-    KT_CHECK(!d.topk_wide, "wide is off by default");
-    char buf[512];
-    REQ_OK(kv_policy_spec_write(&d, buf, sizeof buf), "%s", kv_errdetail());
-    KT_CHECK(!strstr(buf, "wide"), "off is not written: %s", buf);
-    REQ_OK(kv_policy_parse("sparse:k=32,wide=on", 1, p), "%s", kv_errdetail());
-    KT_CHECK(p[0].topk_wide, "wide=on");
-    REQ_OK(kv_policy_spec_write(&p[0], buf, sizeof buf), "%s", kv_errdetail());
-    KT_CHECK(strstr(buf, ",wide=on") != NULL, "on is written: %s", buf);
-    REQ_OK(kv_policy_parse(buf, 1, p + 1), "%s: %s", buf, kv_errdetail());
-    KT_CHECK(p[1].topk_wide && p[1].topk == 32, "round trip of %s", buf);
-    REQ_OK(kv_policy_parse("sparse:wide=off", 1, p), "%s", kv_errdetail());
-    KT_CHECK(!p[0].topk_wide, "wide=off");
 }
 
 static void test_parse_per_layer(void)
@@ -181,8 +168,7 @@ static void test_parse_rejects(void)
     const char *bad[] = {"", "fulll", "quant:bits=3", "quant:bits=x", "quant:bits=", "quant:k=3",
                          "sparse:k=-1", "sparse:frac=2", "sparse:select=maybe", "full:",
                          "full:dtype=f8", "9=full", "3-1=full", "0=full;;1=full", "0=bogus",
-                         "*=full;*=quant", "0-x=full", "streaming:c=4", "quant:bits=1,", "0full",
-                         "sparse:wide=maybe", "quant:wide=on", "streaming:wide=on"};
+                         "*=full;*=quant", "0-x=full", "streaming:c=4", "quant:bits=1,", "0full"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kv_errclear();
         kv_status st = kv_policy_parse(bad[i], 8, p);

@@ -19,15 +19,7 @@
 #   r  kv-bench ruler --device cuda on niah4k 1k/2k/4k (RLIMIT=10 tasks per
 #      length, as the CPU table in docs/BENCHMARKS.md): full and sparse at
 #      frac=0.03 with select=channels, resident (fp16, 4-bit), pages, sketch
-#   w  (helper G3) eng_topk_wide inside the engine: test_gpu_engine's
-#      test_topk_wide_matches_topk_in_the_engine (niah4k, resident / channels
-#      / pages, wide=on vs off: the same logits and ids) under memcheck
-#      (short form), then kv-bench decode --context prefill at 128k for
-#      hybrid (the default, resident) with and without --topk-wide (the
-#      top-K's share of the exposed selection chain); not in the default
-#      STEPS: STEPS=w for it alone (about 45 + 30 + 2 x 90 s)
 # Logs in $OUT: summary.txt engine.tap sanitizer.log decode.json ruler.json
-#   (w: wide.tap wide-sanitizer.log decode-wide-off.json decode-wide-on.json)
 set -u
 D=${1:-build-dev-G}
 OUT=${OUT:-/tmp/kv-out}
@@ -91,36 +83,6 @@ for r in d.get("results", []):
     by.setdefault(r.get("policy"), []).append("%d:%.2f(%dKiB/t, resident %dKiB)" % (
         r["length"], r["accuracy"], r.get("fetched_bytes_per_step", 0) // 1024, r.get("resident_bytes", 0) // 1024))
 for p, v in by.items(): print("%-52s %s" % (p, " ".join(v)))
-PY
-fi
-if has w; then
-    KV_TEST_FILTER=topk_wide timeout 60 "$D/test_gpu_engine" > "$OUT/wide.tap" 2>&1
-    log "test_topk_wide_matches_topk_in_the_engine rc=$?"
-    grep -E '^(not )?ok .*topk_wide|^# .*wide=on|^#   ' "$OUT/wide.tap" | head -20 | tee -a "$OUT/summary.txt"
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=topk_wide timeout 45 compute-sanitizer --tool memcheck \
-        --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/wide-sanitizer.log" 2>&1
-    log "memcheck (topk_wide in the engine; short) rc=$?"
-    grep -E '^not ok|ERROR SUMMARY' "$OUT/wide-sanitizer.log" | tail -n 3 | tee -a "$OUT/summary.txt"
-    for w in off on; do
-        flag=; [ $w = on ] && flag=--topk-wide
-        timeout ${WTIME:-90} "$D/kv-bench" decode --json --context prefill -c "${WCTX:-131072}" \
-            --policies full,hybrid -n 8 --warmup 2 --nofetch-tokens 8 $flag \
-            > "$OUT/decode-wide-$w.json" 2>> "$OUT/summary.txt"
-        log "kv-bench decode --context prefill, top-K wide $w: rc=$?"
-    done
-    python3 - "$OUT/decode-wide-off.json" "$OUT/decode-wide-on.json" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-for path, w in zip(sys.argv[1:], ("off", "on")):
-    try: d = json.load(open(path))
-    except Exception as e: print("wide %s: no JSON: %s" % (w, e)); continue
-    for c in d["contexts"]:
-        P = c["policies"]
-        f = P.get("full", {}).get("ms_per_token")
-        h = P.get("hybrid", {})
-        if "ms_per_token" not in h: print("wide %s %d: hybrid %s" % (w, c["T"], h.get("error"))); continue
-        print("wide %-3s %7d hybrid %8.3f ms/token  x full %s  pcie_hidden %s  fetch_ms %s  topk_wide %s" % (
-            w, c["T"], h["ms_per_token"], None if not f else round(h["ms_per_token"] / f, 3),
-            h.get("pcie_hidden"), h.get("fetch_ms"), d.get("hybrid", {}).get("topk_wide")))
 PY
 fi
 log "end"
