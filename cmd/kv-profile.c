@@ -19,12 +19,14 @@
 
 enum {
     OPT_TAU = 256, OPT_ALPHA, OPT_NQ, OPT_BUDGET, OPT_CHANNELS, OPT_BITS, OPT_GROUP,
-    OPT_RESIDUAL, OPT_SINK, OPT_WINDOW, OPT_SVG, OPT_JSON, OPT_KV_BUDGET, OPT_RULE, OPT_SELECT
+    OPT_RESIDUAL, OPT_SINK, OPT_WINDOW, OPT_SVG, OPT_JSON, OPT_KV_BUDGET, OPT_RULE, OPT_SELECT,
+    OPT_CHOICES
 };
 
 static const kv_option opts[] = {
     {OPT_KV_BUDGET, 0, "kv-budget", "B", "resident KV bytes: a fraction of full's fp16 (<= 1) or bytes (0.25)"},
     {OPT_RULE, 0, "rule", "budget|tau", "choose by the errors under --kv-budget, or TailorKV's tau rule (budget)"},
+    {OPT_CHOICES, 0, "choices", "LIST", "options measured and chosen from: names, comma-separated (all)"},
     {OPT_TAU, 0, "tau", "T", "tau rule: score above T is quantization-friendly (0.2)"},
     {OPT_ALPHA, 0, "alpha", "A", "top share of keys for the score (0.05)"},
     {OPT_NQ, 0, "nq", "N", "use the last N stored queries (32; 0 = all)"},
@@ -44,9 +46,10 @@ static const kv_option opts[] = {
 static const kv_cli_spec spec = {
     "kv-profile", "[OPTIONS] FILE.kvc...",
     "Profile KV cache layers and choose each one's policy under a KV byte budget.", opts,
-    "Each layer gets full, quant (1, 2, 4 bits), sparse or dsq: the least total attention\n"
-    "error whose resident bytes fit --kv-budget (--rule budget), or TailorKV's rule (--rule\n"
-    "tau).  Several files are averaged per layer and head.  Output: JSON on stdout (a table\n"
+    "Each layer gets full, quant (1, 2, 4 bits; residual 0 and other groups too), sparse or\n"
+    "dsq: the least total attention error whose resident bytes fit --kv-budget (--rule\n"
+    "budget), or TailorKV's rule (--rule tau).  --choices names the options: full, quant1,\n"
+    "quant2, quant4, sparse, dsq, quant2-r0, quant2-r32g32, quant4-r0, quant4-r0g128, dsq-s10.  Several files are averaged per layer and head.  Output: JSON on stdout (a table\n"
     "on a terminal) whose \"deploy\" member kv-run, kv-quant and kv-bench take with --profile."};
 
 static void print_table(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d,
@@ -55,13 +58,20 @@ static void print_table(const kv_profile *a, const kv_profile_params *p, const k
     printf("%d file(s), %d layers, %d heads (%d KV), head dim %d, %d queries\n\n",
            a->n_docs < 0 ? -a->n_docs : a->n_docs, a->n_layers, a->n_heads, a->n_kv_heads,
            a->head_dim, a->n_q);
-    printf("errors (bytes / full)                      1-bit         2-bit         4-bit        sparse           dsq\n");
-    printf("layer   score  tau    choice\n");
-    for (int l = 0; l < a->n_layers; l++) {
-        printf("%5d  %6.3f  %-6s %-7s", l, a->layer_score[l], a->layer_score[l] > p->tau ? "quant" : "sparse",
-               kv_profile_opt_name(c->opt[l]));
-        for (int o = KV_OPT_Q1; o < KV_OPT_COUNT; o++)
-            printf("  %6.4f (%.2f)", a->layer_err[o][l], a->bytes[o][l] / a->bytes[KV_OPT_FULL][l]);
+    /* one row per option measured, one column per layer: error (bytes / full) */
+    printf("%-14s", "layer");
+    for (int l = 0; l < a->n_layers; l++) printf("  %14d", l);
+    printf("\n%-14s", "score (tau)");
+    for (int l = 0; l < a->n_layers; l++)
+        printf("  %7.3f %-6s", a->layer_score[l], a->layer_score[l] > p->tau ? "quant" : "sparse");
+    printf("\n%-14s", "choice");
+    for (int l = 0; l < a->n_layers; l++) printf("  %14s", kv_profile_opt_name(c->opt[l]));
+    printf("\n");
+    for (int o = KV_OPT_Q1; o < KV_OPT_COUNT; o++) {
+        if (!(p->choices & (1u << o))) continue;
+        printf("%-14s", kv_profile_opt_name((kv_profile_opt)o));
+        for (int l = 0; l < a->n_layers; l++)
+            printf("  %6.4f (%5.3f)", a->layer_err[o][l], a->bytes[o][l] / a->bytes[KV_OPT_FULL][l]);
         printf("\n");
     }
     printf("\nrule %s: %.0f of %.0f bytes (%.3f)", d->rule, c->bytes, c->full_bytes,
@@ -117,6 +127,11 @@ int main(int argc, char **argv)
         case OPT_RESIDUAL: p.quant.residual = (int)kv_cli_long("--residual", arg, 0, 1L << 30); break;
         case OPT_SINK: p.sparse.sink = (int)kv_cli_long("--sink", arg, 0, 1L << 24); break;
         case OPT_WINDOW: p.sparse.window = (int)kv_cli_long("--window", arg, 0, 1L << 24); break;
+        case OPT_CHOICES: {
+            kv_status cs = kv_profile_choices_parse(arg, &p.choices);
+            if (cs) kv_cli_usage_error("--choices: %s", kv_errdetail());
+            break;
+        }
         case OPT_SVG: svg = arg; break;
         case OPT_JSON: json = true; break;
         }

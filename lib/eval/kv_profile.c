@@ -29,6 +29,7 @@ void kv_profile_params_default(kv_profile_params *p)
     p->nq = 32;
     p->rule = KV_RULE_BUDGET;
     p->kv_budget = 0.25;
+    p->choices = KV_PROFILE_ALL_CHOICES;
     p->quant = d.quant;
     p->sparse = d.sparse;
     kv_policy_params_default(&p->dsq, KV_POL_DSQ);
@@ -60,12 +61,42 @@ static double mass_outside_top(float *p, int n, double alpha)
     return all > 0 ? 1.0 - top / all : 0;
 }
 
-static const char *const opt_names[KV_OPT_COUNT] = {"full", "quant1", "quant2", "quant4", "sparse",
-                                                      "dsq"};
+static const char *const opt_names[KV_OPT_COUNT] = {
+    "full", "quant1", "quant2", "quant4", "sparse", "dsq",
+    "quant2-r0", "quant2-r32g32", "quant4-r0", "quant4-r0g128", "dsq-s10"};
 
 const char *kv_profile_opt_name(kv_profile_opt o)
 {
     return (unsigned)o < KV_OPT_COUNT ? opt_names[o] : "?";
+}
+
+kv_status kv_profile_choices_parse(const char *list, unsigned *mask)
+{
+    unsigned m = 1u << KV_OPT_FULL;
+    const char *s = list;
+    if (!*s) return kv_fail(KV_E_USAGE, "empty list of choices");
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        int o = -1;
+        if (n == 3 && !strncmp(s, "all", 3)) {
+            m = KV_PROFILE_ALL_CHOICES;
+            o = 0;
+        }
+        for (int i = 0; o < 0 && i < KV_OPT_COUNT; i++)
+            if (strlen(opt_names[i]) == n && !strncmp(s, opt_names[i], n)) o = i;
+        if (o < 0)
+            return kv_fail(KV_E_USAGE, "unknown choice '%.*s' (full, quant1, quant2, quant4, sparse, "
+                                       "dsq, quant2-r0, quant2-r32g32, quant4-r0, quant4-r0g128, "
+                                       "dsq-s10 or all)", (int)(n > 64 ? 64 : n), s);
+        m |= 1u << o;
+        s += n;
+        if (*s == ',') {
+            s++;
+            if (!*s) return kv_fail(KV_E_USAGE, "a list of choices ends with ','");
+        }
+    }
+    *mask = m;
+    return KV_OK;
 }
 
 /* The policy parameters of option o (full: fp16, as the GPU keeps it). */
@@ -79,8 +110,23 @@ static void opt_params(const kv_profile_params *p, kv_profile_opt o, kv_policy_p
         x->kind = KV_POL_QUANT;
         x->bits = o == KV_OPT_Q1 ? 1 : o == KV_OPT_Q2 ? 2 : 4;
         break;
+    case KV_OPT_Q2_R0:
+    case KV_OPT_Q2_R32G32:
+    case KV_OPT_Q4_R0:
+    case KV_OPT_Q4_R0G128:
+        *x = p->quant;
+        x->kind = KV_POL_QUANT;
+        x->bits = o == KV_OPT_Q4_R0 || o == KV_OPT_Q4_R0G128 ? 4 : 2;
+        x->residual = o == KV_OPT_Q2_R32G32 ? 32 : 0;
+        if (o == KV_OPT_Q2_R32G32) x->group = 32;
+        if (o == KV_OPT_Q4_R0G128) x->group = 128;
+        break;
     case KV_OPT_SPARSE: *x = p->sparse; break;
     case KV_OPT_DSQ: *x = p->dsq; break;
+    case KV_OPT_DSQ_S10:
+        *x = p->dsq;
+        x->dsq_salient = 0.1;
+        break;
     default: kv_policy_params_default(x, KV_POL_FULL);
     }
     x->dtype = KV_DT_F16;
@@ -290,7 +336,9 @@ kv_status kv_profile_add(kv_profile *acc, const kvc_file *f, const kv_profile_pa
             opt_params(p, (kv_profile_opt)oi, &x);
             double *dst = acc->err[oi] + (size_t)l * NH, res = 0;
             for (int qh = 0; qh < NH; qh++) eh[qh] = 0;
-            st = run_option(&x, l, q, NH, nq, k, v, H, T, D, kp, vp, row, o, eh, &res);
+            st = p->choices & (1u << oi)
+                     ? run_option(&x, l, q, NH, nq, k, v, H, T, D, kp, vp, row, o, eh, &res)
+                     : KV_E_USAGE; /* not asked for: not measured, never chosen */
             if (st == KV_E_USAGE) { /* e.g. head dim 12 at 1 bit: not an option */
                 st = KV_OK;
                 for (int qh = 0; qh < NH; qh++) dst[qh] = NAN;
@@ -443,9 +491,9 @@ kv_status kv_profile_deploy(const kv_profile *a, const kv_profile_params *p, kv_
             kv_policy_params *x = &d->per_layer[l];
             opt_params(p, c->opt[l], x);
             /* deployed in the storage type asked for, not the fp16 measured */
-            x->dtype = c->opt[l] == KV_OPT_SPARSE ? p->sparse.dtype
-                       : c->opt[l] == KV_OPT_DSQ  ? p->dsq.dtype
-                       : c->opt[l] == KV_OPT_FULL ? KV_DT_F32
+            x->dtype = x->kind == KV_POL_SPARSE ? p->sparse.dtype
+                       : x->kind == KV_POL_DSQ    ? p->dsq.dtype
+                       : x->kind == KV_POL_FULL   ? KV_DT_F32
                                                   : p->quant.dtype;
             c->bytes += a->bytes[c->opt[l]][l];
         }
@@ -468,8 +516,9 @@ static void heads_json(FILE *f, const char *name, const double *row, int n, bool
 }
 
 /* The JSON names of the per-option errors, as kv-profile has always written them. */
-static const char *const err_names[KV_OPT_COUNT] = {NULL, "err_1bit", "err_2bit", "err_4bit",
-                                                    "err_sparse", "err_dsq"};
+static const char *const err_names[KV_OPT_COUNT] = {
+    NULL, "err_1bit", "err_2bit", "err_4bit", "err_sparse", "err_dsq", "err_2bit_r0",
+    "err_2bit_r32g32", "err_4bit_r0", "err_4bit_r0g128", "err_dsq_s10"};
 
 void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d,
                            const kv_profile_choice *c, FILE *f)
@@ -493,6 +542,10 @@ void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, cons
             p->quant.bits, p->quant.group, p->quant.residual,
             p->sparse.topk > 0 ? (double)p->sparse.topk : p->sparse.topk_frac, p->sparse.channels,
             p->sparse.sink, p->sparse.window, sp, dq);
+    fputs("  \"choices\": [", f);
+    for (int oi = 0, n = 0; oi < KV_OPT_COUNT; oi++)
+        if (p->choices & (1u << oi)) fprintf(f, "%s\"%s\"", n++ ? ", " : "", opt_names[oi]);
+    fputs("],\n", f);
     if (c && c->opt) {
         fprintf(f, "  \"choice\": {\"kv_bytes\": %.0f, \"full_bytes\": %.0f, \"ratio\": ", c->bytes,
                 c->full_bytes);

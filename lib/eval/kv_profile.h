@@ -3,8 +3,9 @@
  * query samples, and the choice of a deployment config from it.  For every
  * query head it measures the dense preference score (TailorKV: the mass
  * outside each query's top-alpha keys) and the attention-output error of
- * each policy a layer may get -- quant at 1, 2 and 4 bits, sparse and dsq
- * -- by running that policy (lib/policy) on the cache: the prompt but its
+ * each policy a layer may get -- quant at 1, 2 and 4 bits (also without
+ * the fp16 recent window, and with other group sizes), sparse and dsq (also
+ * with fewer salient tokens) -- by running that policy (lib/policy) on the cache: the prompt but its
  * last n_q tokens is ingested (the policy observes the n_q stored
  * queries first, as the engine gives them), the last n_q tokens are
  * appended one by one and each attends its query, against exact attention
@@ -45,11 +46,28 @@ typedef enum {
     KV_OPT_Q4,     /* quant bits=4 */
     KV_OPT_SPARSE, /* sparse with the sparse parameters */
     KV_OPT_DSQ,    /* dsq with the dsq parameters */
+    /* the cheaper variants a KV byte budget needs: without the fp16 window
+     * of recent tokens (residual 0), with smaller groups and a short window,
+     * with coarser key groups, with fewer salient tokens */
+    KV_OPT_Q2_R0,      /* quant bits=2, residual=0 */
+    KV_OPT_Q2_R32G32,  /* quant bits=2, group=32, residual=32 */
+    KV_OPT_Q4_R0,      /* quant bits=4, residual=0 */
+    KV_OPT_Q4_R0G128,  /* quant bits=4, group=128, residual=0 */
+    KV_OPT_DSQ_S10,    /* dsq with salient=0.1 */
     KV_OPT_COUNT
 } kv_profile_opt;
 
-/* "full", "quant1", "quant2", "quant4", "sparse", "dsq" */
+/* "full", "quant1", "quant2", "quant4", "sparse", "dsq", "quant2-r0",
+ * "quant2-r32g32", "quant4-r0", "quant4-r0g128", "dsq-s10" */
 const char *kv_profile_opt_name(kv_profile_opt o);
+
+/* Bit o of a choice mask: option o is measured and may be chosen. */
+#define KV_PROFILE_ALL_CHOICES ((1u << KV_OPT_COUNT) - 1)
+
+/* A comma-separated list of option names (or "all") -> a mask; full is
+ * always in it (it is what the others are measured against).  KV_E_USAGE
+ * naming the first unknown name. */
+kv_status kv_profile_choices_parse(const char *list, unsigned *mask);
 
 typedef enum { KV_RULE_BUDGET = 0, KV_RULE_TAU } kv_profile_rule;
 
@@ -60,6 +78,7 @@ typedef struct {
     kv_profile_rule rule;
     double kv_budget;   /* budget rule: resident KV bytes, a fraction of full's fp16
                            (<= 1) or bytes (> 1); 0.25 */
+    unsigned choices;   /* options measured and chosen from (KV_PROFILE_ALL_CHOICES) */
     /* the policies measured and deployed (the policy defaults): quant.group
      * and quant.residual (64, 128) size the quant options, quant.bits (1)
      * is the tau rule's width; sparse: budget (topk, or topk_frac when 0),

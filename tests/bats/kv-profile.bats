@@ -101,6 +101,31 @@ q.write_kvc('$WORK/noq.kvc', {k: np.array(v) for k, v in t.items() if not k.ends
     [ "$(json_get 'j["choice"]["budget_met"]')" = False ]
 }
 
+@test "kv-profile --choices measures and chooses only the options it names" {
+    run --separate-stderr kv-profile --json --choices quant2,quant4-r0 --kv-budget 0.3 "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'j["choices"]')" = "['full', 'quant2', 'quant4-r0']" ]
+    [ "$(json_get 'all(l["choice"] in ("full", "quant2", "quant4-r0") for l in j["layers"])')" = True ]
+    [ "$(json_get 'all(l["err_1bit"] is None and l["err_4bit_r0"] >= 0 for l in j["layers"])')" = True ]
+    # by default every option is measured, the budget variants too
+    run --separate-stderr kv-profile --json "$WORK/a.kvc"
+    [ "$(json_get 'len(j["choices"]), all(l[e] >= 0 for l in j["layers"] for e in ("err_2bit_r0", "err_2bit_r32g32", "err_4bit_r0", "err_4bit_r0g128", "err_dsq_s10"))')" = "(11, True)" ]
+    [ "$(json_get 'all(l["bytes"]["quant4-r0"] < l["bytes"]["quant4"] for l in j["layers"])')" = True ]
+}
+
+@test "kv-profile deploys a residual-0 choice as quant with residual 0" {
+    run --separate-stderr kv-profile --json --choices quant4-r0 --kv-budget 0.5 "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'sorted(set(e["policy"] for e in j["deploy"]["layers"]))')" = "['quant:bits=4,group=64,residual=0']" ]
+}
+
+@test "kv-profile rejects an unknown or empty --choices name with exit 64" {
+    run --separate-stderr kv-profile --choices quant2,quant3 "$WORK/a.kvc"
+    assert_fails_with 64 "quant3"
+    run --separate-stderr kv-profile --choices quant2, "$WORK/a.kvc"
+    assert_fails_with 64 "--choices"
+}
+
 @test "kv-profile rejects a bad --rule, --kv-budget or --select with exit 64" {
     run --separate-stderr kv-profile --rule best "$WORK/a.kvc"
     assert_fails_with 64 "--rule"

@@ -1949,28 +1949,42 @@ static void test_hybrid_bytes_follow_the_layout(void)
     kv_model *m = NULL;
     OK(kv_model_synthetic("tiny", 3, KV_DT_F16, &m));
     kv_policy_params *pp = calloc((size_t)m->cfg.n_layers, sizeof *pp);
-    /* the channel layout this test counts is select=channels's (the default is resident) */
-    OK(kv_policy_parse("*=sparse:k=32,sink=4,window=16,channels=4,select=channels", m->cfg.n_layers, pp));
-    kv_gpu_engine *g = NULL;
-    kv_status st = kv_gpu_engine_new(m, pp, 1100, NULL, &g);
-    KT_CHECK(st == KV_OK, "%s", kv_errdetail());
-    if (g) {
-        OK(kv_gpu_engine_synthesize(g, 1000, 7));
-        int out[8];
-        OK(kv_gpu_engine_generate(g, 5, 8, out, NULL));
-        kv_bytes b;
-        OK(kv_gpu_engine_layer_bytes(g, 1, &b));
-        const uint64_t H = (uint64_t)m->cfg.n_kv_heads, D = (uint64_t)m->cfg.head_dim;
-        uint64_t ldc = 1000;
-        KT_CHECK(b.host == 2 * H * 1000 * D * 2 + H * D * ldc * 2, "host %llu", (unsigned long long)b.host);
-        /* last step: T = 1008, candidates [4, 992): 8-aligned channel runs + 32 rows */
-        uint64_t n8 = (992 - 0 + 7) / 8 * 8;
-        uint64_t expect = H * 4 * n8 * 2 + 32 * H * 2 * D * 2;
-        KT_CHECK(b.fetched_last == expect, "fetched %llu, expected %llu", (unsigned long long)b.fetched_last,
-                 (unsigned long long)expect);
-        for (int i = 0; i < 8; i++) KT_CHECK(out[i] >= 0 && out[i] < m->cfg.vocab_size, "id %d", out[i]);
+    /* select=channels: the host keeps a channel-major copy of the keys and
+     * each step reads the critical channels' runs; select=resident (the
+     * default since helper G2) keeps its index on the GPU, so the host holds
+     * K and V alone and a step fetches the chosen rows only */
+    static const char *const specs[2] = {"*=sparse:k=32,sink=4,window=16,channels=4,select=channels",
+                                         "*=sparse:k=32,sink=4,window=16,channels=4"};
+    for (int sidx = 0; sidx < 2; sidx++) {
+        OK(kv_policy_parse(specs[sidx], m->cfg.n_layers, pp));
+        kv_gpu_engine *g = NULL;
+        kv_status st = kv_gpu_engine_new(m, pp, 1100, NULL, &g);
+        KT_CHECK(st == KV_OK, "%s: %s", specs[sidx], kv_errdetail());
+        if (g) {
+            OK(kv_gpu_engine_synthesize(g, 1000, 7));
+            int out[8];
+            OK(kv_gpu_engine_generate(g, 5, 8, out, NULL));
+            kv_bytes b;
+            OK(kv_gpu_engine_layer_bytes(g, 1, &b));
+            const uint64_t H = (uint64_t)m->cfg.n_kv_heads, D = (uint64_t)m->cfg.head_dim;
+            uint64_t ldc = 1000;
+            uint64_t rows = 32 * H * 2 * D * 2;
+            if (sidx == 0) {
+                KT_CHECK(b.host == 2 * H * 1000 * D * 2 + H * D * ldc * 2, "host %llu", (unsigned long long)b.host);
+                /* last step: T = 1008, candidates [4, 992): 8-aligned channel runs + 32 rows */
+                uint64_t n8 = (992 - 0 + 7) / 8 * 8;
+                uint64_t expect = H * 4 * n8 * 2 + rows;
+                KT_CHECK(b.fetched_last == expect, "fetched %llu, expected %llu", (unsigned long long)b.fetched_last,
+                         (unsigned long long)expect);
+            } else {
+                KT_CHECK(b.host == 2 * H * 1000 * D * 2, "resident: host %llu", (unsigned long long)b.host);
+                KT_CHECK(b.fetched_last == rows, "resident: fetched %llu, expected %llu",
+                         (unsigned long long)b.fetched_last, (unsigned long long)rows);
+            }
+            for (int i = 0; i < 8; i++) KT_CHECK(out[i] >= 0 && out[i] < m->cfg.vocab_size, "id %d", out[i]);
+        }
+        kv_gpu_engine_free(g);
     }
-    kv_gpu_engine_free(g);
     free(pp);
     kv_model_close(m);
 }

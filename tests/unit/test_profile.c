@@ -158,6 +158,88 @@ static void test_scores_on_uniform_and_one_hot_attention(void)
     unlink(path);
 }
 
+/* The cheaper variants a byte budget needs: each costs fewer bytes than the
+ * option it varies, and --choices leaves the others unmeasured and unchosen. */
+static void test_budget_variants_and_choices(void)
+{
+    char path[64];
+    kvc_file *f = constructed_cache(path);
+    KT_REQUIRE(f, "cache: %s", kv_errdetail());
+    kv_profile_params p;
+    kv_profile_params_default(&p);
+    p.quant.group = 32;
+    p.quant.residual = 64;
+    kv_profile a;
+    memset(&a, 0, sizeof a);
+    KT_OK(kv_profile_add(&a, f, &p));
+    kv_profile_finish(&a);
+    const double *b[KV_OPT_COUNT];
+    for (int o = 0; o < KV_OPT_COUNT; o++) b[o] = a.bytes[o];
+    KT_CHECK(b[KV_OPT_Q2_R0][0] < b[KV_OPT_Q2][0] && b[KV_OPT_Q4_R0][0] < b[KV_OPT_Q4][0] &&
+                 b[KV_OPT_Q2_R32G32][0] < b[KV_OPT_Q2][0],
+             "residual 0 / 32 costs fewer bytes: %g < %g, %g < %g, %g", b[KV_OPT_Q2_R0][0], b[KV_OPT_Q2][0],
+             b[KV_OPT_Q4_R0][0], b[KV_OPT_Q4][0], b[KV_OPT_Q2_R32G32][0]);
+    /* 200 tokens, residual 0: group 128 quantizes 128 and keeps 72 in fp16,
+     * group 32 (the option's base) quantizes 192 */
+    KT_CHECK(b[KV_OPT_Q4_R0G128][0] > b[KV_OPT_Q4_R0][0], "group 128 keeps more tokens in fp16");
+    KT_CHECK(b[KV_OPT_DSQ_S10][0] < b[KV_OPT_DSQ][0], "fewer salient tokens, fewer bytes");
+    /* on uniform attention (layer 0) the fp16 window of recent tokens is
+     * what 2-bit loses without: more error at residual 0 */
+    KT_CHECK(a.layer_err[KV_OPT_Q2_R0][0] >= a.layer_err[KV_OPT_Q2][0],
+             "2-bit residual 0 error %g below residual 64's %g", a.layer_err[KV_OPT_Q2_R0][0],
+             a.layer_err[KV_OPT_Q2][0]);
+    /* deployed as what it was measured as */
+    p.kv_budget = 0.2;
+    kv_deploy d;
+    kv_profile_choice c;
+    KT_OK(kv_profile_deploy(&a, &p, &d, &c));
+    for (int l = 0; l < L; l++) {
+        kv_profile_opt o = c.opt[l];
+        const kv_policy_params *x = &d.per_layer[l];
+        if (o == KV_OPT_Q2_R0 || o == KV_OPT_Q4_R0 || o == KV_OPT_Q4_R0G128)
+            KT_CHECK(x->kind == KV_POL_QUANT && x->residual == 0 &&
+                         x->group == (o == KV_OPT_Q4_R0G128 ? 128 : 32) && x->bits == (o == KV_OPT_Q2_R0 ? 2 : 4),
+                     "layer %d: %s deployed as bits %d group %d residual %d", l, kv_profile_opt_name(o), x->bits,
+                     x->group, x->residual);
+        if (o == KV_OPT_DSQ_S10) KT_CHECK(x->kind == KV_POL_DSQ && x->dsq_salient == 0.1, "dsq-s10");
+    }
+    kv_deploy_clear(&d);
+    kv_profile_choice_clear(&c);
+    kv_profile_clear(&a);
+
+    /* --choices: the options G2's profile had; the new ones are NaN and never chosen */
+    unsigned m = 0;
+    KT_OK(kv_profile_choices_parse("quant2,quant4,dsq", &m));
+    KT_CHECK(m == (1u << KV_OPT_FULL | 1u << KV_OPT_Q2 | 1u << KV_OPT_Q4 | 1u << KV_OPT_DSQ), "mask %#x", m);
+    p.choices = m;
+    memset(&a, 0, sizeof a);
+    KT_OK(kv_profile_add(&a, f, &p));
+    kv_profile_finish(&a);
+    KT_CHECK(isnan(a.layer_err[KV_OPT_Q2_R0][0]) && isnan(a.bytes[KV_OPT_Q1][1]) &&
+                 isfinite(a.layer_err[KV_OPT_Q4][1]),
+             "unasked options unmeasured");
+    for (int bi = 1; bi <= 10; bi++) {
+        p.kv_budget = bi / 10.0;
+        KT_OK(kv_profile_deploy(&a, &p, &d, &c));
+        for (int l = 0; l < L; l++)
+            KT_CHECK(m & (1u << c.opt[l]), "budget %g: layer %d got %s", p.kv_budget, l, kv_profile_opt_name(c.opt[l]));
+        kv_deploy_clear(&d);
+        kv_profile_choice_clear(&c);
+    }
+    kv_profile_clear(&a);
+    KT_OK(kv_profile_choices_parse("all", &m));
+    KT_CHECK(m == KV_PROFILE_ALL_CHOICES, "all");
+    KT_OK(kv_profile_choices_parse("dsq-s10", &m));
+    KT_CHECK(m == (1u << KV_OPT_FULL | 1u << KV_OPT_DSQ_S10), "full is always measured");
+    KT_CHECK(kv_profile_choices_parse("quant3", &m) == KV_E_USAGE && strstr(kv_errdetail(), "quant3"),
+             "unknown name");
+    KT_CHECK(kv_profile_choices_parse("quant2,", &m) == KV_E_USAGE, "trailing comma");
+    KT_CHECK(kv_profile_choices_parse("", &m) == KV_E_USAGE, "empty");
+    KT_CHECK(kv_profile_choices_parse("quant2,,dsq", &m) == KV_E_USAGE, "empty name");
+    kvc_close(f);
+    unlink(path);
+}
+
 static void test_profile_needs_queries(void)
 {
     char path[64] = "/tmp/kvtest_noq_XXXXXX";
@@ -344,6 +426,7 @@ static void test_layer_list(void)
 int main(void)
 {
     KT_RUN(test_scores_on_uniform_and_one_hot_attention);
+    KT_RUN(test_budget_variants_and_choices);
     KT_RUN(test_profile_needs_queries);
     KT_RUN(test_attention_error_of_identical_cache_is_zero);
     KT_RUN(test_deploy_parse_and_apply);
