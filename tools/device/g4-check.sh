@@ -46,7 +46,7 @@ if has e; then
 fi
 for tool in memcheck racecheck; do
     case $tool in memcheck) has m || continue;; racecheck) has r || continue;; esac
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout 20 compute-sanitizer \
+    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout ${STIME:-20} compute-sanitizer \
         --tool $tool --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/$tool.log" 2>&1
     log "$tool (step variants, short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -n 4 | tee -a "$OUT/summary.txt"
