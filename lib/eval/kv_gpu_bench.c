@@ -199,62 +199,11 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
                               const kv_gpu_engine_opts *opts, int T, uint64_t seed, bool prefill,
                               int warmup, int tokens, int nofetch_tokens, kv_gpu_decode_result *r)
 {
-    memset(r, 0, sizeof *r);
-    if (tokens < 1) return kv_fail(KV_E_USAGE, "no tokens to time");
-    kv_gpu_engine_opts o = *opts;
-    o.time_prefill = o.time_prefill || prefill;
-    kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
-    if (!st) st = prefill ? real_prefill(e, T, seed, r) : kv_gpu_engine_synthesize(e, T, seed);
-    if (st) return st;
-    int n = warmup + tokens > nofetch_tokens ? warmup + tokens : nofetch_tokens;
-    int *ids = malloc((size_t)n * sizeof(int));
-    float *ms = malloc((size_t)n * sizeof(float));
-    double *v = malloc((size_t)n * sizeof(double));
-    if (!ids || !ms || !v) {
-        free(ids);
-        free(ms);
-        free(v);
-        return kv_fail(KV_E_NOMEM, "out of memory");
-    }
-    st = kv_gpu_engine_generate(e, 1, warmup + tokens, ids, ms);
-    if (!st) {
-        for (int i = 0; i < tokens; i++) v[i] = ms[warmup + i];
-        qsort(v, (size_t)tokens, sizeof *v, cmp_double);
-        r->ms_median = v[tokens / 2];
-        r->ms_p90 = v[(tokens * 9) / 10 < tokens ? (tokens * 9) / 10 : tokens - 1];
-        r->ms_min = v[0];
-        r->tokens = tokens;
-        kv_bytes b;
-        kv_gpu_engine_bytes(e, &b);
-        r->gpu_kv = b.resident;
-        r->host_kv = b.host;
-        r->pcie_token = b.fetched_last;
-        kv_gpu_timing t;
-        kv_gpu_engine_timing(e, &t);
-        r->select_ms = t.select_ms;
-        r->copy_ms = t.copy_ms;
-        r->fetch_ms = t.fetch_ms;
-        r->score_ms = t.score_ms;
-        r->wait_ms = t.wait_ms;
-        r->cache_hits = t.cache_hits;
-        r->cache_rows = t.cache_rows;
-    }
-    bool sparse = false;
-    for (int l = 0; per_layer && l < kv_gpu_engine_n_layers(e); l++)
-        sparse |= per_layer[l].kind == KV_POL_SPARSE;
-    if (!st && sparse && nofetch_tokens > 0) {
-        kv_gpu_engine_set_no_fetch(e, true);
-        st = kv_gpu_engine_generate(e, ids[warmup + tokens - 1], nofetch_tokens, ids, ms);
-        kv_gpu_engine_set_no_fetch(e, false);
-        if (!st) {
-            for (int i = 0; i < nofetch_tokens; i++) v[i] = ms[i];
-            r->ms_nofetch = median(v, nofetch_tokens);
-        }
-    }
-    free(ids);
-    free(ms);
-    free(v);
-    return st;
+    /* one run, the step as opts says */
+    kv_decode_variant v = {.name = "base", .serial = opts->sel_serial, .wide = opts->topk_wide,
+                           .cache = opts->sel_cache};
+    return kv_gpu_bench_decode_variants(e, per_layer, opts, T, seed, prefill, warmup, tokens, nofetch_tokens,
+                                        &v, 1, r);
 }
 
 #ifdef KV_HAVE_CUDA
