@@ -134,7 +134,8 @@ int kv_bench_gemv_main(int argc, char **argv)
     if (st) return kv_report(st, "GPU");
     double copy = 0;
     if ((st = kv_cuda_bench_copy((size_t)1 << 30, 20, reps, &copy))) return kv_report(st, "copy bandwidth");
-    row_t *res = calloc((size_t)MAXL * MAXL * 4, sizeof *res);
+    /* every list may repeat an item, so size by the product, not by the distinct names */
+    row_t *res = calloc((size_t)ns * (size_t)nt * (size_t)nv, sizeof *res);
     if (!res) return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "results");
     int n = 0;
     for (int i = 0; i < ns; i++)
