@@ -216,29 +216,7 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
         free(v);
         return kv_fail(KV_E_NOMEM, "out of memory");
     }
-    st = kv_gpu_engine_generate(e, 1, warmup + tokens, ids, ms);
-    if (!st) {
-        for (int i = 0; i < tokens; i++) v[i] = ms[warmup + i];
-        qsort(v, (size_t)tokens, sizeof *v, cmp_double);
-        r->ms_median = v[tokens / 2];
-        r->ms_p90 = v[(tokens * 9) / 10 < tokens ? (tokens * 9) / 10 : tokens - 1];
-        r->ms_min = v[0];
-        r->tokens = tokens;
-        kv_bytes b;
-        kv_gpu_engine_bytes(e, &b);
-        r->gpu_kv = b.resident;
-        r->host_kv = b.host;
-        r->pcie_token = b.fetched_last;
-        kv_gpu_timing t;
-        kv_gpu_engine_timing(e, &t);
-        r->select_ms = t.select_ms;
-        r->copy_ms = t.copy_ms;
-        r->fetch_ms = t.fetch_ms;
-        r->score_ms = t.score_ms;
-        r->wait_ms = t.wait_ms;
-        r->cache_hits = t.cache_hits;
-        r->cache_rows = t.cache_rows;
-    }
+    st = timed_run(e, warmup, tokens, ids, ms, v, r);
     bool sparse = false;
     for (int l = 0; per_layer && l < kv_gpu_engine_n_layers(e); l++)
         sparse |= per_layer[l].kind == KV_POL_SPARSE;
