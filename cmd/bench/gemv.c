@@ -134,7 +134,8 @@ int kv_bench_gemv_main(int argc, char **argv)
     if (st) return kv_report(st, "GPU");
     double copy = 0;
     if ((st = kv_cuda_bench_copy((size_t)1 << 30, 20, reps, &copy))) return kv_report(st, "copy bandwidth");
-    row_t *res = calloc((size_t)MAXL * MAXL * 4, sizeof *res);
+    /* every list may repeat an item, so size by the product, not by the distinct names */
+    row_t *res = calloc((size_t)ns * (size_t)nt * (size_t)nv, sizeof *res);
     if (!res) return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "results");
     int n = 0;
     for (int i = 0; i < ns; i++)
@@ -200,9 +201,15 @@ int kv_bench_gemv_main(int argc, char **argv)
             const row_t *o = &res[i];
             char shape[32];
             snprintf(shape, sizeof shape, "%dx%d", o->rows, o->cols);
-            printf("%-5s %15s %-5s %9.2f %8.0f %7.1f%% %7.2fx %7.2fx", types[o->type].name, shape,
+            printf("%-5s %15s %-5s %9.2f %8.0f %7.1f%%", types[o->type].name, shape,
                    o->variant ? variants[o->variant - 1] : "f16", o->r.seconds * 1e6, o->r.bytes_per_s / 1e9,
-                   100 * o->r.bytes_per_s / copy, vs_old[i], vs_f16[i]);
+                   100 * o->r.bytes_per_s / copy);
+            /* "-" where the baseline was not timed (--variants without old, --types without f16) */
+            for (int k = 0; k < 2; k++) {
+                const double x = k ? vs_f16[i] : vs_old[i];
+                if (x > 0) printf(" %7.2fx", x);
+                else printf(" %8s", "-");
+            }
             if (o->r.err >= 0) printf(" %10.2e", o->r.err);
             printf("\n");
         }

@@ -128,8 +128,16 @@ static void vline(const char *fmt, va_list ap, const char *detail)
 {
     char raw[2048], out[4 * sizeof raw];
     int n = vsnprintf(raw, sizeof raw, fmt, ap);
-    if (detail && n >= 0 && (size_t)n < sizeof raw)
-        snprintf(raw + n, sizeof raw - (size_t)n, ": %s", detail);
+    if (detail && n >= 0) {
+        /* a message that fills the buffer (a long path) is cut, not the
+           reason after it: "cannot open ...: No such file" must stay */
+        size_t at = (size_t)n, room = strlen(detail) + 8 < sizeof raw / 2 ? strlen(detail) + 8 : sizeof raw / 2;
+        if (at >= sizeof raw - room) {
+            at = sizeof raw - room;
+            memcpy(raw + at - 3, "...", 3);
+        }
+        snprintf(raw + at, sizeof raw - at, ": %s", detail);
+    }
     kv_escape_controls(out, sizeof out, raw);
     fprintf(stderr, "%s: %s\n", progname, out);
 }

@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kv_half.h"
+
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
 #endif
@@ -156,23 +158,7 @@ static inline KV_HD float kv_ggml_f16(uint16_t h)
 #ifdef __CUDA_ARCH__
     return __half2float(__ushort_as_half(h));
 #else
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            int e = -1;
-            do { man <<= 1; e++; } while (!(man & 0x400u));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    union { uint32_t u; float f; } v;
-    v.u = bits;
-    return v.f;
+    return kv_half_to_f32(h); /* one host conversion for the whole project */
 #endif
 }
 

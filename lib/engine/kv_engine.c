@@ -53,6 +53,7 @@ struct kv_engine {
     /* query capture ring */
     int nq;
     long q_seen;            /* queries seen per layer so far */
+    long q_prefill;         /* of those, the last prefill's (the prompt's, for the dump) */
     float *qring;           /* (L, nq, n_heads*hd) */
 };
 
@@ -243,7 +244,7 @@ kv_status kv_engine_reset(kv_engine *e, const kv_policy_params *per_layer)
     e->cont_P = 0;
     free(e->cont_pos);
     e->cont_pos = NULL;
-    e->q_seen = 0;
+    e->q_seen = 0, e->q_prefill = 0;
     if (per_layer) memcpy(e->prm, per_layer, (size_t)e->L * sizeof *e->prm);
     return make_policies(e);
 }
@@ -260,7 +261,7 @@ kv_status kv_engine_keep(kv_engine *e, int nq, bool prompt_kv)
         if (!e->qring) return kv_fail(KV_E_NOMEM, "out of memory for %d queries per layer", nq);
     }
     e->nq = nq;
-    e->q_seen = 0;
+    e->q_seen = 0, e->q_prefill = 0;
     e->keep_prompt = prompt_kv;
     return KV_OK;
 }
@@ -518,7 +519,7 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
         }
     }
-    e->q_seen = n;
+    e->q_seen = n, e->q_prefill = n;
     for (int l = 0; l < e->L; l++) {
         if (loaded[l]) { /* packed rows held as packed: the new rows follow as appends */
             for (int t = P; t < N && !st; t++) {
@@ -573,7 +574,7 @@ done:
     if (st) {
         e->pos = 0;
         e->rope_off = 0;
-        e->q_seen = 0;
+        e->q_seen = 0, e->q_prefill = 0;
     }
     free(X);
     free(XB);
@@ -785,7 +786,12 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dt
     const kv_model_config *c = &e->m->cfg;
     if (!e->pk[0] || (e->rope_off ? e->prompt_T + e->rope_off != n : e->prompt_T != n))
         return kv_fail(KV_E_INTERNAL, "no prompt K/V kept for the dump (call kv_engine_keep first)");
-    const int nq = e->nq ? (int)(e->q_seen < e->nq ? e->q_seen : e->nq) : 0;
+    /* kvc(5): the queries of the prompt's last positions.  Decode steps
+     * after the prefill (kv-run --store inserts after generating) push
+     * theirs into the ring too; only the prompt's still there are dumped,
+     * none when the steps overwrote them all. */
+    const long decoded = e->q_seen - e->q_prefill, left = e->nq - decoded;
+    const int nq = e->nq && left > 0 ? (int)(e->q_prefill < left ? e->q_prefill : left) : 0;
     const size_t qn = (size_t)c->n_heads * (size_t)nq * (size_t)c->head_dim;
     float *qbuf = nq ? malloc((size_t)e->L * qn * sizeof(float)) : NULL;
     const void **ptr = malloc((size_t)3 * e->L * sizeof *ptr);
@@ -819,7 +825,12 @@ kv_status kv_engine_dump_kvc(const kv_engine *e, const int *tokens, int n, kv_dt
             ptr[e->L + l] = xv;
         }
         ptr[2 * e->L + l] = qbuf ? qbuf + (size_t)l * qn : NULL;
-        if (nq) kv_engine_queries(e, l, qbuf + (size_t)l * qn);
+        for (int i = 0; i < nq; i++) { /* the ring's entries q_prefill - nq .. q_prefill - 1 */
+            const float *q = e->qring + ((size_t)l * e->nq + (size_t)((e->q_prefill - nq + i) % e->nq)) *
+                                            (size_t)c->n_heads * hd;
+            for (int h = 0; h < c->n_heads; h++)
+                memcpy(qbuf + (size_t)l * qn + ((size_t)h * nq + i) * hd, q + (size_t)h * hd, (size_t)hd * sizeof(float));
+        }
     }
     kv_prompt_dump d = {KV_DT_F32, n, nq, ptr, ptr + e->L, nq ? ptr + 2 * e->L : NULL};
     st = kv_prompt_dump_write(e->m, tokens, &d, dt, path, zstd_level);

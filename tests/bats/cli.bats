@@ -71,3 +71,10 @@ PY
     run --separate-stderr bash -c "kv-bench prefill --help | grep -E '^ +--device DEV'"
     assert_success
 }
+
+@test "an error about a path longer than the message buffer is cut before the reason, not after" {
+    local long="$BATS_TEST_TMPDIR/$("$PY" -c "print('/'.join(['d' * 200] * 11))")/x.kvc"
+    run --separate-stderr kv-info "$long"
+    assert_fails_with 66 "...: cannot open: No such file or directory"
+    [ "${#stderr}" -lt 2100 ]
+}

@@ -55,3 +55,32 @@ PY
     run --separate-stderr kv-bench prefix -m "$NIAH" --modes full,warp "$T/bad.jsonl"
     assert_fails_with 64 "unknown mode 'warp'"
 }
+
+@test "kv-bench prefix rejects a bad --important, --put-tier or a missing model with exit 64" {
+    printf '{"input": "a"}\n' > "$T/one.jsonl"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --important 0 "$T/one.jsonl"
+    assert_fails_with 64 "--important must be in (0, 1]"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --put-tier tape "$T/one.jsonl"
+    assert_fails_with 64 "--put-tier must be gpu, host or disk"
+    run --separate-stderr kv-bench prefix "$T/one.jsonl"
+    assert_fails_with 64 "give exactly one of --model FILE and --synthetic NAME"
+    [ -z "$output" ]
+}
+
+@test "kv-bench prefix exits 66 naming a request file that does not exist" {
+    run --separate-stderr kv-bench prefix -m "$NIAH" "$T/none.jsonl"
+    assert_fails_with 66 "none.jsonl"
+    [ -z "$output" ]
+}
+
+@test "kv-bench prefix --device cuda without a usable GPU exits 69 and removes its temporary store" {
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        skip "a GPU is present: the benchmark would run"
+    fi
+    printf '{"input": "a"}\n' > "$T/one.jsonl"
+    mkdir "$T/tmp"
+    TMPDIR="$T/tmp" run --separate-stderr kv-bench prefix -m "$NIAH" --device cuda "$T/one.jsonl"
+    assert_fails_with 69 "--device cuda"
+    [ -z "$output" ]
+    [ -z "$(ls -A "$T/tmp")" ]
+}

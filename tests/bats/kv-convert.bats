@@ -117,3 +117,51 @@ JSON
     run --separate-stderr kv-convert --hf-tokenizer x.json --type Q4_K -o "$BATS_TEST_TMPDIR/v.gguf"
     assert_fails_with 64 "vocabulary only"
 }
+
+@test "kv-convert writes a synthetic model with another file's vocabulary and its --name, taking the other weight options" {
+    run --separate-stderr kv-convert -q -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --type F32 -o "$BATS_TEST_TMPDIR/s.gguf"
+    assert_success
+    printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}' > "$BATS_TEST_TMPDIR/tmpl"
+    run --separate-stderr kv-convert -q --synthetic tiny --seed 7 --vocab "$BATS_TEST_TMPDIR/s.gguf" --name conv-test \
+        --rope-theta 500000 --qkv-bias 3 --type Q4_0 --embd-type Q8_0 --chat-template "$BATS_TEST_TMPDIR/tmpl" \
+        -o "$BATS_TEST_TMPDIR/syn.gguf"
+    assert_success
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/syn.gguf" -p "Once" -n 4 --report -
+    assert_success
+    [ "$(json_get 'j["model"]["name"]')" = conv-test ]
+    [ "$(json_get 'j["model"]["vocab"]')" = 512 ]
+    [ "$(json_get 'j["generated_tokens"]')" = 4 ]
+    # the vocabulary is stories260K's: the same ids for the same text
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/syn.gguf" --tokenize -p "Once upon"
+    local syn="$output"
+    run --separate-stderr kv-run -m "$BATS_TEST_TMPDIR/s.gguf" --tokenize -p "Once upon"
+    [ "$output" = "$syn" ]
+}
+
+@test "kv-convert's usage errors name the conflict (64) and write nothing" {
+    local o="$BATS_TEST_TMPDIR/x.gguf"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --vocab "$S260/tok512.bin" -o "$o"
+    assert_fails_with 64 "--tokenizer and --vocab are exclusive"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --arch mistral -o "$o"
+    assert_fails_with 64 "--arch must be llama or qwen2"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --pre gpt-2 -o "$o"
+    assert_fails_with 64 "go with --hf-tokenizer"
+    run --separate-stderr kv-convert --synthetic tiny --hf-tokenizer x.json -o "$o"
+    assert_fails_with 64 "exactly one of --model, --synthetic and --hf-tokenizer"
+    [ ! -e "$o" ]
+}
+
+@test "kv-convert exits 65 for a --vocab that is not GGUF, 66 for missing inputs, 73 for an unwritable output" {
+    local o="$BATS_TEST_TMPDIR/x.gguf"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --vocab "$S260/tok512.bin" -o "$o"
+    assert_fails_with 65 "not a GGUF file"
+    run --separate-stderr kv-convert -m "$BATS_TEST_TMPDIR/none.bin" --tokenizer "$S260/tok512.bin" -o "$o"
+    assert_fails_with 66 "none.bin"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --chat-template "$BATS_TEST_TMPDIR/none.tmpl" -o "$o"
+    assert_fails_with 66 "none.tmpl"
+    run --separate-stderr kv-convert --hf-tokenizer "$BATS_TEST_TMPDIR/none.json" -o "$o"
+    assert_fails_with 66 "none.json"
+    [ ! -e "$o" ]
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" -o "$BATS_TEST_TMPDIR/no/dir/x.gguf"
+    assert_fails_with 73 "cannot create"
+}

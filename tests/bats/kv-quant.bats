@@ -221,3 +221,19 @@ k.write_kvc(sys.argv[1], [('layers.0.k', 'F16', z), ('layers.0.v', 'F16', z),
     assert_fails_with 65 "positions tensor"
     [ ! -e "$WORK/subset-q.kvc" ]
 }
+
+@test "kv-quant --base picks the DSQ key base, reports it, and rejects another name or KIVI with exit 64" {
+    for b in rest salient; do
+        run --separate-stderr kv-quant --method dsq --base $b --report - -o "$BATS_TEST_TMPDIR/$b.kvc" "$WORK/r.kvc"
+        assert_success
+        [ "$(json_get 'j["base"]')" = $b ]
+    done
+    # the base changes the packed keys
+    run cmp -s "$BATS_TEST_TMPDIR/rest.kvc" "$BATS_TEST_TMPDIR/salient.kvc"
+    [ "$status" -eq 1 ]
+    run --separate-stderr kv-quant --method dsq --base mean -o "$BATS_TEST_TMPDIR/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "--base must be rest or salient, not 'mean'"
+    run --separate-stderr kv-quant --base salient -o "$BATS_TEST_TMPDIR/x.kvc" "$WORK/r.kvc"
+    assert_fails_with 64 "go with --method dsq"
+    [ ! -e "$BATS_TEST_TMPDIR/x.kvc" ]
+}

@@ -159,3 +159,18 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     assert_success
     [ "$(json_get 'j["prefilled_tokens"]')" = 1 ]
 }
+
+@test "kv-run --store inserts a prompt shorter than its decode, as the README's example does" {
+    # the CPU engine's query ring held the decode steps' queries too, so the
+    # insert's dump had more queries than tokens and was refused (exit 65)
+    local M="$DATA/stories260K/stories260K.bin"
+    kv-tree init "$T/st"
+    run --separate-stderr kv-run -m "$M" -p "Once upon a time there was a girl" -n 40 --store "$T/st"
+    assert_success
+    run --separate-stderr kv-run -m "$M" -p "Once upon a time there was a dog" -n 8 --store "$T/st" --report -
+    assert_success
+    [ "$(json_get 'j["reused_tokens"]')" -ge 7 ]
+    run --separate-stderr kv-tree check "$T/st"
+    assert_success
+    [ "$(json_get 'j["ok"]')" = True ]
+}

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/kv_file.h"
 #include "common/kv_ggml.h"
 #include "engine/kv_engine.h"
 #include "format/kv_gguf.h"
@@ -40,21 +41,11 @@ static char *tmpname(void)
     return p;
 }
 
+/* The whole file (NULL when it cannot be read): lib's reader, not a copy. */
 static char *slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
+    char *b = NULL;
+    return kv_file_slurp(path, 0, NULL, &b, len) ? NULL : b;
 }
 
 /* Logits after each of a few tokens (n positions x vocab). */
@@ -160,6 +151,7 @@ static void test_writer_round_trips_every_value_type(void)
     kv_gguf_writer_free(w);
     size_t len2;
     char *buf2 = slurp(path, &len2);
+    KT_REQUIRE(buf2, "read back");
     kv_gguf *g2;
     OK(kv_gguf_parse(buf2, len2, &g2));
     KT_CHECK(g2->n_kv == g->n_kv && kv_gguf_get_int(g2, "u", &v, NULL) && v == 4000000000ll &&
