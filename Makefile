@@ -4,7 +4,7 @@
 # tools, then against ASan+UBSan builds of them) and the fuzzers, every
 # sanitizer report fatal; `make demo` runs the toolkit on the bundled real model.
 # Sources are globbed: lib/*/*.c -> libkv, cmd/cli/*.c -> the front end,
-# cmd/kv-*.c -> tools,
+# cmd/kv-*.c -> tools (kv-bench, kv-run and kv-tree with cmd/bench, cmd/run, cmd/tree),
 # tests/unit/test_*.c -> unit tests, tests/fuzz/fuzz_*.c -> fuzzers.
 
 PREFIX ?= /usr/local
@@ -102,11 +102,24 @@ $(BINDIR)/%: cmd/%.c $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
-# kv-bench links its subcommands from cmd/bench/ (each parses its own options).
+# kv-bench links its subcommands from cmd/bench/ (each parses its own options);
+# kv-run links cmd/run/ (its options, the --kv/--store reuse flow) and kv-tree
+# cmd/tree/ (its subcommands' pieces).
 BENCH_SRC := $(sort $(wildcard cmd/bench/*.c))
-$(BINDIR)/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
+BENCH_HDRS := $(wildcard cmd/bench/*.h)
+RUN_SRC := $(sort $(wildcard cmd/run/*.c))
+RUN_HDRS := $(wildcard cmd/run/*.h)
+TREE_SRC := $(sort $(wildcard cmd/tree/*.c))
+TREE_HDRS := $(wildcard cmd/tree/*.h)
+$(BINDIR)/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(BENCH_HDRS) $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -Icmd/bench -o $@ cmd/kv-bench.c $(BENCH_SRC) $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
+$(BINDIR)/kv-run: cmd/kv-run.c $(RUN_SRC) $(RUN_HDRS) $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Icmd/run -o $@ cmd/kv-run.c $(RUN_SRC) $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
+$(BINDIR)/kv-tree: cmd/kv-tree.c $(TREE_SRC) $(TREE_HDRS) $(B)/libkvcli.a $(B)/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -Icmd/tree -o $@ cmd/kv-tree.c $(TREE_SRC) $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
 # ---- unit tests --------------------------------------------------------
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/unit/%,$(UNIT_SRC))
@@ -143,9 +156,15 @@ $(B)/asan/unit/%: tests/unit/%.c $(B)/asan/libkv.a $(HDRS) tests/unit/kt.h
 $(B)/asan/bin/%: cmd/%.c $(B)/asan/libkv.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -o $@ $< $(B)/asan/libkv.a $(ASAN_LIBS)
-$(B)/asan/bin/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(B)/asan/libkv.a $(HDRS)
+$(B)/asan/bin/kv-bench: cmd/kv-bench.c $(BENCH_SRC) $(BENCH_HDRS) $(B)/asan/libkv.a $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -Icmd/bench -o $@ cmd/kv-bench.c $(BENCH_SRC) $(B)/asan/libkv.a $(ASAN_LIBS)
+$(B)/asan/bin/kv-run: cmd/kv-run.c $(RUN_SRC) $(RUN_HDRS) $(B)/asan/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -Icmd/run -o $@ cmd/kv-run.c $(RUN_SRC) $(B)/asan/libkv.a $(ASAN_LIBS)
+$(B)/asan/bin/kv-tree: cmd/kv-tree.c $(TREE_SRC) $(TREE_HDRS) $(B)/asan/libkv.a $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(ASAN_FLAGS) -Icmd/tree -o $@ cmd/kv-tree.c $(TREE_SRC) $(B)/asan/libkv.a $(ASAN_LIBS)
 asan-tools: $(ASAN_TOOLS)
 
 # ---- fuzzers (clang libFuzzer) ------------------------------------------

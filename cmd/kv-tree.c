@@ -4,7 +4,8 @@
  * parses its own option table (so `kv-tree put --help` describes put), then
  * calls lib/tree (which also builds the JSON reports) and prints.  Reports
  * are JSON (stdout, except for get, whose stdout may carry the .kvc: its
- * report goes to stderr or --report).
+ * report goes to stderr or --report).  The helpers every subcommand uses
+ * and the subcommands place, rm, gc and check are in cmd/tree/.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,13 +15,7 @@
 #include "common/kv_outfile.h"
 #include "common/kv_file.h"
 #include "tree/kv_tree.h"
-
-/* Options with a short name use it as their id: kv_cli_next returns the
- * short letter when the short form is used. */
-enum { O_JSON = 'j', O_TOKENS = 't', O_OUT = 'o' };
-enum { O_KVC = 256, O_IMPORTANT, O_REPORT, O_TIER, O_ZSTD, O_GPU, O_HOST, O_HALF, O_MAX, O_NO_TOUCH, O_ENC };
-
-#define ZSTD_DEFAULT 3
+#include "tree.h"
 
 static const kv_option no_opts[] = {{0, 0, NULL, NULL, NULL}};
 static const kv_option init_opts[] = {
@@ -87,62 +82,6 @@ static const kv_cli_spec specs[] = {
     {"kv-tree check", "STORE", "Verify the index and every chunk (exit 65 on damage).", no_opts, NULL},
 };
 
-// --- helpers -------------------------------------------------------------------
-
-static int64_t now_s(void) { return kv_cli_clock("KV_TREE_NOW"); /* a fixed clock for tests */ }
-
-/* A byte count up to KV_TREE_BYTES_MAX, what the index holds exactly (a
- * larger budget was written but never read back). */
-static uint64_t tree_bytes(const char *opt, const char *s)
-{
-    uint64_t v = kv_cli_bytes(opt, s);
-    if (v > KV_TREE_BYTES_MAX) kv_cli_usage_error("%s: '%s' is more than 2^53 bytes (8192T)", opt, s);
-    return v;
-}
-
-/* Write a library-built JSON text (NULL: out of memory) and a newline. */
-static int put_json(FILE *fp, char *json)
-{
-    int rc = !json ? kv_report(KV_E_NOMEM, "report") : fprintf(fp, "%s\n", json) < 0 ? KV_EXIT_IOERR : 0;
-    free(json);
-    return rc;
-}
-
-/* The request's token ids: a list file (or stdin) or a .kvc's tokens tensor. */
-static int load_tokens(const char *tokens_path, const char *kvc_path, int32_t **tok, int *n)
-{
-    kv_status st = kvc_tokens_read(tokens_path, kvc_path, tok, n);
-    return st ? kv_report(st, "cannot read the tokens") : 0;
-}
-
-/* The STORE operand, the last one. */
-static const char *store_operand(int argc, char **argv, int oi)
-{
-    const char *dir = kv_cli_operand(argc, argv, &oi, "STORE");
-    kv_cli_no_more(argc, argv, oi);
-    return dir;
-}
-
-static int open_store(const char *dir, bool write, kv_tree_store **s)
-{
-    kv_errclear();
-    kv_status st = kv_tree_store_open(dir, write, s);
-    return st ? kv_report(st, "%s", dir) : 0;
-}
-
-static int save_store(kv_tree_store *s, const char *dir)
-{
-    kv_errclear();
-    kv_status st = kv_tree_store_save(s);
-    return st ? kv_report(st, "%s: cannot save the index", dir) : 0;
-}
-
-static void parse_encodings(const char *arg, kv_tree_enc enc[KV_TIER_COUNT])
-{
-    kv_errclear();
-    if (kv_tree_encodings_parse(arg, enc)) kv_cli_usage_error("--encodings: %s", kv_errdetail());
-}
-
 // --- subcommands ------------------------------------------------------------------
 
 static int cmd_init(int argc, char **argv)
@@ -152,8 +91,8 @@ static int cmd_init(int argc, char **argv)
     kv_tree_enc enc[KV_TIER_COUNT];
     kv_tree_encodings_default(enc);
     while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1)
-        if (c == O_ENC) parse_encodings(arg, enc);
-    const char *dir = store_operand(argc, argv, oi);
+        if (c == O_ENC) tree_parse_encodings(arg, enc);
+    const char *dir = tree_store_operand(argc, argv, oi);
     kv_status st = kv_tree_store_create_ex(dir, enc);
     if (st) return kv_report(st, "%s", dir);
     kv_note(1, "created store %s", dir);
@@ -181,16 +120,16 @@ static int cmd_put(int argc, char **argv)
     kv_status st;
     int rc;
     if ((st = kvc_open(in, &f))) return kv_report(st, "%s", strcmp(in, "-") ? in : "stdin");
-    if ((rc = open_store(dir, true, &s))) goto out;
+    if ((rc = tree_open_store(dir, true, &s))) goto out;
     kv_put_report r;
     kv_errclear();
-    if ((st = kv_tree_store_put(s, f, tier, zl, now_s(), &r))) {
+    if ((st = kv_tree_store_put(s, f, tier, zl, tree_now(), &r))) {
         rc = kv_report(st, "%s", strcmp(in, "-") ? in : "stdin");
         goto out;
     }
-    if ((rc = save_store(s, dir))) goto out;
+    if ((rc = tree_save_store(s, dir))) goto out;
     if (!r.attention) kv_note(0, "%s has no query samples: importance is the key-norm proxy", in);
-    rc = put_json(stdout, kv_put_report_json(&r));
+    rc = tree_put_json(stdout, kv_put_report_json(&r));
 out:
     kv_tree_store_close(s);
     kvc_close(f);
@@ -214,7 +153,7 @@ static int cmd_get(int argc, char **argv)
             if (frac <= 0) kv_cli_usage_error("--important expects a fraction in (0, 1], got '%s'", arg);
         }
     }
-    const char *dir = store_operand(argc, argv, oi);
+    const char *dir = tree_store_operand(argc, argv, oi);
     if (!tokens == !kvc) kv_cli_usage_error("give exactly one of --tokens and --kvc");
     if (!strcmp(out, "-") && report && !strcmp(report, "-"))
         kv_cli_usage_error("--report - needs -o FILE (stdout carries the .kvc)");
@@ -222,16 +161,16 @@ static int cmd_get(int argc, char **argv)
     int32_t *tok = NULL;
     int n = 0, rc;
     kv_tree_store *s = NULL;
-    if ((rc = load_tokens(tokens, kvc, &tok, &n))) return rc;
-    if ((rc = open_store(dir, touch, &s))) goto out;
+    if ((rc = tree_load_tokens(tokens, kvc, &tok, &n))) return rc;
+    if ((rc = tree_open_store(dir, touch, &s))) goto out;
     kv_get_report r;
     kv_errclear();
-    kv_status st = kv_tree_store_get(s, tok, n, frac, touch, now_s(), out, &r);
+    kv_status st = kv_tree_store_get(s, tok, n, frac, touch, tree_now(), out, &r);
     if (st) {
         rc = kv_report(st, "%s", dir);
         goto out;
     }
-    if (touch && (rc = save_store(s, dir))) goto out;
+    if (touch && (rc = tree_save_store(s, dir))) goto out;
     char *json = kv_get_report_json(&r);
     if (!json) {
         rc = kv_report(KV_E_NOMEM, "report");
@@ -255,123 +194,18 @@ static int cmd_ls(int argc, char **argv)
     bool json_flag = false;
     while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1)
         if (c == O_JSON) json_flag = true;
-    const char *dir = store_operand(argc, argv, oi);
+    const char *dir = tree_store_operand(argc, argv, oi);
     kv_tree_store *s = NULL;
-    if ((rc = open_store(dir, false, &s))) return rc;
-    kv_status st = kv_tree_ls_write(stdout, kv_want_json(stdout, json_flag), kv_tree_store_tree(s), dir, now_s(),
+    if ((rc = tree_open_store(dir, false, &s))) return rc;
+    kv_status st = kv_tree_ls_write(stdout, kv_want_json(stdout, json_flag), kv_tree_store_tree(s), dir, tree_now(),
                                     KV_TREE_HALF_LIFE);
     if (st) rc = kv_report(st, "stdout");
     kv_tree_store_close(s);
     return rc;
 }
 
-static int cmd_place(int argc, char **argv)
-{
-    const char *arg;
-    int oi = 0, c, rc, zl = ZSTD_DEFAULT;
-    uint64_t gpu = 0, host = 0;
-    bool have_gpu = false, have_host = false, have_enc = false;
-    double half = KV_TREE_HALF_LIFE;
-    kv_tree_enc enc[KV_TIER_COUNT];
-    while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_ENC) parse_encodings(arg, enc), have_enc = true;
-        else if (c == O_GPU) gpu = tree_bytes("--gpu-bytes", arg), have_gpu = true;
-        else if (c == O_HOST) host = tree_bytes("--host-bytes", arg), have_host = true;
-        else if (c == O_HALF) half = kv_cli_double("--half-life", arg, 1e-3, 1e12);
-        else if (c == O_ZSTD) zl = (int)kv_cli_long("--zstd", arg, 1, 19);
-    }
-    const char *dir = store_operand(argc, argv, oi);
-    if (!have_gpu || !have_host) kv_cli_usage_error("place needs --gpu-bytes and --host-bytes");
-    kv_tree_store *s = NULL;
-    if ((rc = open_store(dir, true, &s))) return rc;
-    if (have_enc) kv_tree_store_set_encodings(s, enc);
-    kv_place_report r;
-    kv_errclear();
-    kv_status st = kv_tree_store_place(s, gpu, host, half, zl, now_s(), &r);
-    if (st) rc = kv_report(st, "%s", dir);
-    else if (!(rc = save_store(s, dir))) rc = put_json(stdout, kv_place_report_json(&r, gpu, host));
-    kv_tree_store_close(s);
-    return rc;
-}
-
-static int cmd_rm(int argc, char **argv)
-{
-    const char *arg, *tokens = NULL, *kvc = NULL;
-    int oi = 0, c, rc, n = 0;
-    while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_TOKENS) tokens = arg;
-        else if (c == O_KVC) kvc = arg;
-    }
-    const char *dir = store_operand(argc, argv, oi);
-    if (!tokens == !kvc) kv_cli_usage_error("give exactly one of --tokens and --kvc");
-    int32_t *tok = NULL;
-    kv_tree_store *s = NULL;
-    if ((rc = load_tokens(tokens, kvc, &tok, &n))) return rc;
-    if (n == 0) {
-        free(tok);
-        kv_cli_usage_error("rm needs a non-empty prefix (use gc --max-bytes 0 to empty the store)");
-    }
-    if ((rc = open_store(dir, true, &s))) goto out;
-    kv_evict_report r;
-    kv_errclear();
-    kv_status st = kv_tree_store_rm(s, tok, n, &r);
-    if (st) rc = kv_report(st, "%s", dir);
-    else if (!(rc = save_store(s, dir))) rc = put_json(stdout, kv_evict_report_json(&r));
-out:
-    kv_tree_store_close(s);
-    free(tok);
-    return rc;
-}
-
-static int cmd_gc(int argc, char **argv)
-{
-    const char *arg;
-    int oi = 0, c, rc;
-    uint64_t max = 0;
-    bool have_max = false;
-    double half = KV_TREE_HALF_LIFE;
-    while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_MAX) max = tree_bytes("--max-bytes", arg), have_max = true;
-        else if (c == O_HALF) half = kv_cli_double("--half-life", arg, 1e-3, 1e12);
-    }
-    const char *dir = store_operand(argc, argv, oi);
-    if (!have_max) kv_cli_usage_error("gc needs --max-bytes");
-    kv_tree_store *s = NULL;
-    if ((rc = open_store(dir, true, &s))) return rc;
-    kv_evict_report r;
-    kv_errclear();
-    kv_status st = kv_tree_store_gc(s, max, half, now_s(), &r); /* saves the index itself */
-    rc = st ? kv_report(st, "%s", dir) : put_json(stdout, kv_evict_report_json(&r));
-    kv_tree_store_close(s);
-    return rc;
-}
-
-static int cmd_check(int argc, char **argv)
-{
-    const char *arg;
-    int oi = 0, rc;
-    while (kv_cli_next(argc, argv, &arg, &oi) != -1) {}
-    const char *dir = store_operand(argc, argv, oi);
-    kv_tree_store *s = NULL;
-    if ((rc = open_store(dir, false, &s))) return rc;
-    kv_check_report r;
-    kv_errclear();
-    kv_status st = kv_tree_store_check(s, &r);
-    if (st) rc = kv_report(st, "%s", dir);
-    else {
-        for (int i = 0; i < r.n_problems; i++) kv_warn("%s: %s", dir, r.problems[i]);
-        if (r.temp_files)
-            kv_note(0, "%s: %d leftover index temp file%s of an interrupted write (gc removes them)", dir,
-                    r.temp_files, r.temp_files == 1 ? "" : "s");
-        rc = put_json(stdout, kv_check_report_json(&r));
-        if (!rc && r.n_problems) rc = KV_EXIT_DATAERR;
-    }
-    kv_check_report_clear(&r);
-    kv_tree_store_close(s);
-    return rc;
-}
-
-static const kv_cli_sub_fn subs[] = {cmd_init, cmd_put, cmd_get, cmd_ls, cmd_place, cmd_rm, cmd_gc, cmd_check};
+static const kv_cli_sub_fn subs[] = {cmd_init, cmd_put, cmd_get, cmd_ls,
+                                     tree_cmd_place, tree_cmd_rm, tree_cmd_gc, tree_cmd_check};
 
 int main(int argc, char **argv)
 {

@@ -151,8 +151,9 @@ int kv_bench_gemv_main(int argc, char **argv)
                             f16 ? "f16" : variants[vsel[v] - 1]);
                 if ((st = kv_cuda_bench_gemv(&cfg, &o->r))) {
                     kv_progress_done();
-                    free(res);
-                    return kv_report(st, "%s %dx%d", types[tsel[k]].name, o->rows, o->cols);
+                    int rc = kv_report(st, "%s %dx%d", types[tsel[k]].name, o->rows, o->cols);
+                    free(res); /* o points into res */
+                    return rc;
                 }
                 n++;
             }
