@@ -116,7 +116,7 @@ int main(int argc, char **argv)
     const kv_geom *g = kvc_geom(in);
     sel = calloc((size_t)g->n_layers + 1, sizeof *sel);
     if (!sel) {
-        rc = kv_report(KV_E_NOMEM, "layer table");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "layer table");
         goto done;
     }
     o.method = method && !strcmp(method, "dsq") ? KV_ENC_DSQ : KV_ENC_KIVI;
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
                 kv_cli_usage_error("--profile %s gives each layer's parameters: no --method, --bits, "
                                    "--group, --residual, --window, --salient or --base with it", profile);
             if (!(per = calloc((size_t)g->n_layers + 1, sizeof *per))) {
-                rc = kv_report(KV_E_NOMEM, "layer table");
+                rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "layer table");
                 goto done;
             }
             for (int l = 0; l < g->n_layers; l++) {

@@ -173,7 +173,7 @@ static int cmd_get(int argc, char **argv)
     if (touch && (rc = tree_save_store(s, dir))) goto out;
     char *json = kv_get_report_json(&r);
     if (!json) {
-        rc = kv_report(KV_E_NOMEM, "report");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "report");
     } else if (report) {
         kv_errclear();
         if ((st = kv_outfile_write(report, json))) rc = kv_report(st, "--report");

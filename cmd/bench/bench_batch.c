@@ -68,7 +68,7 @@ int bench_batch_policies(const bench_batch *b, int n_layers, bool sketch, kv_bat
         free(p);
         free(prm);
         free(labels);
-        return kv_report(KV_E_NOMEM, "policies");
+        return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "policies");
     }
     for (int i = 0; i < n; i++) {
         kv_policy_params *pl = prm + (size_t)i * (size_t)n_layers;
@@ -153,7 +153,7 @@ int bench_batch_open(const bench_batch *b, cJSON *header, const kv_batch_policy 
     kv_status st = kv_batch_done_new(done);
     if (!st && b->output) st = kv_batch_open(b->output, b->resume, header, log, records);
     if (st) return kv_report(st, "%s", b->output ? b->output : "results");
-    if (!*records && !(*records = cJSON_CreateArray())) return kv_report(KV_E_NOMEM, "results");
+    if (!*records && !(*records = cJSON_CreateArray())) return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "results");
     int prior = 0;
     for (const cJSON *r = (*records)->child; r && !st; r = r->next, prior++)
         st = kv_batch_done_add(*done, kv_rec_str(r, "task", ""), kv_rec_str(r, "id", ""),

@@ -57,7 +57,7 @@ int kv_bench_decode_main(int argc, char **argv)
     uint64_t wread = 0, wstore = 0;
     if (!pp || !runs) {
         kv_model_close(m);
-        return kv_report(KV_E_NOMEM, "out of memory");
+        return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "decode results");
     }
     int rc = KV_EXIT_OK;
     for (int ci = 0; ci < nctx && rc == KV_EXIT_OK; ci++) {

@@ -137,7 +137,7 @@ int kv_bench_fidelity_main(int argc, char **argv)
     pp = calloc((size_t)npol, sizeof *pp);
     res = calloc((size_t)npol, sizeof *res);
     if (!ref || !all || !pp || !res) {
-        rc = kv_report(KV_E_NOMEM, "fidelity");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "fidelity");
         goto out;
     }
     if (refspec && (st = kv_policy_parse(refspec, L, ref))) {

@@ -129,7 +129,7 @@ int kv_bench_longbench_main(int argc, char **argv)
     bench_batch_hooks(&hooks);
     kv_status st;
     if (!files) {
-        rc = kv_report(KV_E_NOMEM, "data");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "data");
         goto out;
     }
     if ((st = kv_lb_table_load(prompts_path, true, &prompts))) {
@@ -189,7 +189,7 @@ int kv_bench_longbench_main(int argc, char **argv)
     header = kv_lb_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
                           files, nf, &prompts, &maxlen, &lo);
     if (!header) {
-        rc = kv_report(KV_E_NOMEM, "header");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "header");
         goto out;
     }
     if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
@@ -206,7 +206,7 @@ int kv_bench_longbench_main(int argc, char **argv)
         goto out;
     }
     if (!(headers = cJSON_CreateArray())) {
-        rc = kv_report(KV_E_NOMEM, "summary");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "summary");
         goto out;
     }
     cJSON_AddItemReferenceToArray(headers, header);
@@ -218,7 +218,7 @@ int kv_bench_longbench_main(int argc, char **argv)
     if ((st = kv_lb_summary(stdout, kv_want_json(stdout, json), headers, records, per)))
         rc = kv_report(st, "summary");
     else if (fflush(stdout) || ferror(stdout))
-        rc = kv_report(KV_E_IO, "stdout");
+        rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
 out:
     kv_batch_close(log);
     cJSON_Delete(headers);

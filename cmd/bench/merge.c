@@ -78,7 +78,7 @@ int kv_bench_merge_main(int argc, char **argv)
         }
     }
     if (st) rc = kv_report(st, "merge");
-    else if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+    else if (fflush(stdout) || ferror(stdout)) rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
     cJSON_Delete(headers);
     cJSON_Delete(records);
     return rc;

@@ -122,7 +122,7 @@ int kv_bench_prefill_main(int argc, char **argv)
             return kv_report(st, "GEMM ceiling");
     }
     crow *rows = calloc((size_t)nctx, sizeof *rows);
-    if (!rows) return kv_report(KV_E_NOMEM, "out of memory");
+    if (!rows) return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "prefill rows");
     int rc = KV_EXIT_OK;
     for (int ci = 0; ci < nctx; ci++) {
         crow *w = &rows[ci];

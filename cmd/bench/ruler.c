@@ -137,7 +137,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     bench_batch_hooks(&hooks);
     kv_status st;
     if (!files) {
-        rc = kv_report(KV_E_NOMEM, "tasks");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "tasks");
         goto out;
     }
     for (; nf < ntasks; nf++)
@@ -173,7 +173,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     kv_runner_prefill_info(e, &pfi);
     if (header) cJSON_AddItemToObject(header, "prefill", kv_prefill_info_json(&pfi));
     if (!header) {
-        rc = kv_report(KV_E_NOMEM, "header");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "header");
         goto out;
     }
     if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
@@ -190,7 +190,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     }
     log = NULL;
     if (!(headers = cJSON_CreateArray())) {
-        rc = kv_report(KV_E_NOMEM, "summary");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "summary");
         goto out;
     }
     cJSON_AddItemReferenceToArray(headers, header);
@@ -202,7 +202,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     if ((st = kv_ruler_summary(stdout, kv_want_json(stdout, json), headers, records, per_task)))
         rc = kv_report(st, "summary");
     else if (fflush(stdout) || ferror(stdout))
-        rc = kv_report(KV_E_IO, "stdout");
+        rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
 out:
     kv_batch_close(log);
     cJSON_Delete(headers);

@@ -217,7 +217,7 @@ int kv_bench_score_main(int argc, char **argv)
     rsc = calloc((size_t)n, sizeof *rsc);
     met = calloc((size_t)n, sizeof *met);
     if (!lsc || !rsc || !met) {
-        rc = kv_report(KV_E_NOMEM, "scores");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "scores");
         goto out;
     }
     for (int i = 0; i < n && lb; i++) { /* names first: a typo costs no loading */
@@ -263,7 +263,7 @@ int kv_bench_score_main(int argc, char **argv)
     kv_progress_done();
     if (lb) print_lb(stdout, kv_want_json(stdout, json), e, per, in, n, lsc);
     else print_ruler(stdout, kv_want_json(stdout, json), per, in, n, rsc, met);
-    if (fflush(stdout) || ferror(stdout)) rc = kv_report(KV_E_IO, "stdout");
+    if (fflush(stdout) || ferror(stdout)) rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
 out:
     for (int i = 0; i < n; i++) {
         if (lsc) kv_lb_score_free(&lsc[i]);

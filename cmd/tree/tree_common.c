@@ -24,7 +24,7 @@ uint64_t tree_bytes(const char *opt, const char *s)
 /* Write a library-built JSON text (NULL: out of memory) and a newline. */
 int tree_put_json(FILE *fp, char *json)
 {
-    int rc = !json ? kv_report(KV_E_NOMEM, "report") : fprintf(fp, "%s\n", json) < 0 ? KV_EXIT_IOERR : 0;
+    int rc = !json ? kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "report") : fprintf(fp, "%s\n", json) < 0 ? KV_EXIT_IOERR : 0;
     free(json);
     return rc;
 }

@@ -213,7 +213,9 @@ static kv_status quant_load(kv_policy *p, const kvc_file *f, int layer)
     const int H = p->g.n_kv_heads, D = p->g.head_dim, T = K.T, G = q->kp.group;
     if (K.prm.bits != q->kp.bits || K.prm.group != G || K.prm.residual != q->kp.residual ||
         memcmp(&K.prm, &V.prm, sizeof K.prm) || K.n_kv_heads != H || K.head_dim != D || V.T != T) {
-        st = kv_fail(KV_E_INTERNAL, "layer %d: packed parameters differ from the policy's", layer);
+        /* the caller builds the policy from the file's keys, so what can
+         * differ is the file itself: values packed unlike its keys */
+        st = kv_fail(KV_E_DATA, "layer %d: packed K/V parameters differ from each other or from the policy's", layer);
         goto out;
     }
     if (T > p->g.max_tokens) {

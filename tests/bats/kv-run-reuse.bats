@@ -174,3 +174,9 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     assert_success
     [ "$(json_get 'j["ok"]')" = True ]
 }
+
+@test "kv-run --store rejects a KV_TREE_NOW that is not a number with exit 64" {
+    kv-tree init "$T/st"
+    KV_TREE_NOW=soon run --separate-stderr kv-run -m "$M260" -p "$P" -n 1 --store "$T/st"
+    assert_fails_with 64 "KV_TREE_NOW"
+}
