@@ -56,6 +56,16 @@ static uint64_t f16_bytes(const kv_geom *g)
            (uint64_t)g->head_dim;
 }
 
+/* A DSQ key plane's base (kv_dsq.h): the file's layers.L.k.base_of, or
+ * "salient" for files written before it (what readers assume then). */
+static const char *dsq_base(const kvc_file *f, int l)
+{
+    char key[64];
+    snprintf(key, sizeof key, "layers.%d.k.base_of", l);
+    const char *v = kvc_meta(f, key); /* validated at open */
+    return v ? v : "salient";
+}
+
 static cJSON *part_json(const kvc_file *f, int l, char which)
 {
     cJSON *o = cJSON_CreateObject();
@@ -73,6 +83,7 @@ static cJSON *part_json(const kvc_file *f, int l, char which)
             const char *v = kvc_meta(f, key); /* validated at open */
             cJSON_AddNumberToObject(o, keys[i], v ? atoi(v) : 0);
         }
+        if (which == 'k') cJSON_AddStringToObject(o, "base_of", dsq_base(f, l));
     }
     return o;
 }
@@ -181,7 +192,8 @@ static const char *part_text(const kvc_file *f, int l, char which, char *buf, si
         snprintf(k1, sizeof k1, "%swindow", key);
         snprintf(k2, sizeof k2, "%ssalient", key);
         snprintf(k3, sizeof k3, "%sbits", key);
-        snprintf(buf, len, "dsq%s w%s s%s", kvc_meta(f, k3), kvc_meta(f, k1), kvc_meta(f, k2));
+        snprintf(buf, len, "dsq%s w%s s%s%s%s", kvc_meta(f, k3), kvc_meta(f, k1), kvc_meta(f, k2),
+                 which == 'k' ? " base " : "", which == 'k' ? dsq_base(f, l) : "");
     } else
         snprintf(buf, len, "%s", kvc_layer_encoding(f, l, which));
     return buf;

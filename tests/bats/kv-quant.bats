@@ -227,6 +227,12 @@ k.write_kvc(sys.argv[1], [('layers.0.k', 'F16', z), ('layers.0.v', 'F16', z),
         run --separate-stderr kv-quant --method dsq --base $b --report - -o "$BATS_TEST_TMPDIR/$b.kvc" "$WORK/r.kvc"
         assert_success
         [ "$(json_get 'j["base"]')" = $b ]
+        # kv-info shows the base of every DSQ key plane, in JSON and in its table
+        run --separate-stderr kv-info --json "$BATS_TEST_TMPDIR/$b.kvc"
+        assert_success
+        [ "$(json_get '{l["k"]["base_of"] for l in j["layers"]}')" = "{'$b'}" ]
+        run script -qec "$BIN/kv-info '$BATS_TEST_TMPDIR/$b.kvc'" /dev/null
+        assert_output --partial "base $b"
     done
     # the base changes the packed keys
     run cmp -s "$BATS_TEST_TMPDIR/rest.kvc" "$BATS_TEST_TMPDIR/salient.kvc"
