@@ -61,6 +61,7 @@ typedef struct {
     const char *model, *synth, *tokenizer, *vocab, *type, *embd, *arch, *name, *rope, *chat, *hf, *pre;
     const char *bos, *eos, *out;
     unsigned long seed, bias;
+    bool seed_set;
     double theta;
 } conv_opts;
 
@@ -119,7 +120,10 @@ int main(int argc, char **argv)
         switch (id) {
         case O_MODEL: o.model = arg; break;
         case O_SYNTH: o.synth = arg; break;
-        case O_SEED: o.seed = (unsigned long)kv_cli_long("--seed", arg, 0, 0x7fffffffffffffffL); break;
+        case O_SEED:
+            o.seed = (unsigned long)kv_cli_long("--seed", arg, 0, 0x7fffffffffffffffL);
+            o.seed_set = true;
+            break;
         case O_TOKENIZER: o.tokenizer = arg; break;
         case O_VOCAB: o.vocab = arg; break;
         case O_TYPE: o.type = arg; break;
@@ -141,8 +145,9 @@ int main(int argc, char **argv)
     if (!o.out) kv_cli_usage_error("give the output file with -o FILE");
     if (!!o.model + !!o.synth + !!o.hf != 1)
         kv_cli_usage_error("give exactly one of --model, --synthetic and --hf-tokenizer");
-    if (o.hf && (o.type || o.embd || o.arch || o.tokenizer || o.vocab || o.bias || o.rope || o.theta))
-        kv_cli_usage_error("--hf-tokenizer writes a vocabulary only: no weight, architecture or RoPE options");
+    if (o.hf && (o.type || o.embd || o.arch || o.tokenizer || o.vocab || o.bias || o.rope || o.theta || o.name))
+        kv_cli_usage_error("--hf-tokenizer writes a vocabulary only: no weight, architecture, name or RoPE options");
+    if (o.seed_set && !o.synth && !o.bias) kv_cli_usage_error("--seed goes with --synthetic or --qkv-bias");
     if (!o.hf && (o.pre || o.bos || o.eos)) kv_cli_usage_error("--pre, --bos and --eos go with --hf-tokenizer");
     if (o.tokenizer && o.vocab) kv_cli_usage_error("--tokenizer and --vocab are exclusive");
     if (o.arch && strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2"))

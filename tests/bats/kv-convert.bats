@@ -148,6 +148,11 @@ JSON
     assert_fails_with 64 "go with --hf-tokenizer"
     run --separate-stderr kv-convert --synthetic tiny --hf-tokenizer x.json -o "$o"
     assert_fails_with 64 "exactly one of --model, --synthetic and --hf-tokenizer"
+    # options the chosen input would ignore
+    run --separate-stderr kv-convert --hf-tokenizer x.json --name v -o "$o"
+    assert_fails_with 64 "vocabulary only"
+    run --separate-stderr kv-convert -m "$S260/stories260K.bin" --tokenizer "$S260/tok512.bin" --seed 3 -o "$o"
+    assert_fails_with 64 "--seed goes with --synthetic or --qkv-bias"
     [ ! -e "$o" ]
 }
 
