@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/kv_file.h"
+#include "common/kv_outfile.h"
 #include "eval/kv_jsonl.h"
 
 // --- shards ----------------------------------------------------------------------------
@@ -603,4 +604,83 @@ kv_status kv_batch_mkdirs(const char *path)
     if (stat(path, &sb) || !S_ISDIR(sb.st_mode))
         return kv_fail(KV_E_CANTCREATE, "%s is not a directory", path);
     return KV_OK;
+}
+
+int kv_batch_policy_index(const cJSON *pols, const char *p)
+{
+    int k = 0;
+    for (const cJSON *q = pols->child; q; q = q->next, k++)
+        if (!strcmp(q->valuestring, p)) return k;
+    return -1;
+}
+
+cJSON *kv_batch_all_policies(const cJSON *headers, const cJSON *records)
+{
+    cJSON *pols = kv_batch_policies(headers);
+    for (const cJSON *r = records->child; r && pols; r = r->next) {
+        const char *p = kv_rec_str(r, "policy", NULL);
+        if (p && kv_batch_policy_index(pols, p) < 0) cJSON_AddItemToArray(pols, cJSON_CreateString(p));
+    }
+    return pols;
+}
+
+const cJSON *kv_batch_file_cfg(const cJSON *cfg, int fi)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cfg, "files"), fi);
+}
+
+static bool rec_of(const cJSON *r, const char *pol, int fi)
+{
+    const char *rp = kv_rec_str(r, "policy", NULL);
+    return rp && !strcmp(rp, pol) && kv_rec_num(r, "fi", -1) == fi;
+}
+
+/* DIR/<slug>/<name>.jsonl of one policy and input file. */
+static kv_status write_one(const char *path, const char *pol, int fi, const cJSON *records,
+                           kv_batch_pred_fn line, void *ctx)
+{
+    kv_outfile o;
+    kv_status st = kv_outfile_open(&o, path);
+    if (st) return st;
+    for (const cJSON *r = records->child; r; r = r->next)
+        if (rec_of(r, pol, fi)) line(o.fp, r, fi, ctx);
+    if (ferror(o.fp)) {
+        kv_outfile_abort(&o);
+        return kv_fail(KV_E_IO, "cannot write %s", path);
+    }
+    return kv_outfile_commit(&o);
+}
+
+kv_status kv_batch_write_preds(const char *dir, const cJSON *pols, const cJSON *cfg, const cJSON *records,
+                               const char *name_key, kv_batch_pred_fn line, void *ctx)
+{
+    const int np = cJSON_GetArraySize(pols);
+    const int nf = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(cfg, "files"));
+    char (*slugs)[256] = calloc((size_t)np + 1, sizeof *slugs);
+    if (!slugs) return kv_fail(KV_E_NOMEM, "predictions");
+    kv_status st = KV_OK;
+    for (int pi = 0; pi < np && !st; pi++) {
+        kv_batch_slug(cJSON_GetArrayItem(pols, pi)->valuestring, slugs[pi], sizeof slugs[pi]);
+        for (int q = 0; q < pi; q++)
+            if (!strcmp(slugs[q], slugs[pi]))
+                st = kv_fail(KV_E_USAGE, "policies '%s' and '%s' need the same folder name '%s'",
+                             cJSON_GetArrayItem(pols, q)->valuestring,
+                             cJSON_GetArrayItem(pols, pi)->valuestring, slugs[pi]);
+    }
+    for (int pi = 0; pi < np && !st; pi++) {
+        const char *pol = cJSON_GetArrayItem(pols, pi)->valuestring;
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/%s", dir, slugs[pi]);
+        if ((st = kv_batch_mkdirs(sub))) break;
+        for (int fi = 0; fi < nf && !st; fi++) {
+            bool any = false;
+            for (const cJSON *r = records->child; r && !any; r = r->next) any = rec_of(r, pol, fi);
+            if (!any) continue;
+            char path[4352];
+            snprintf(path, sizeof path, "%s/%s.jsonl", sub, kv_rec_str(kv_batch_file_cfg(cfg, fi), name_key, name_key));
+            st = write_one(path, pol, fi, records, line, ctx);
+        }
+    }
+    free(slugs);
+    return st;
 }

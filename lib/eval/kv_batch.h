@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <cjson/cJSON.h>
 
@@ -148,5 +149,23 @@ kv_status kv_batch_keep(kv_batch_log *log, cJSON *records, cJSON *r);
 void kv_batch_slug(const char *label, char *buf, size_t cap);
 /* mkdir -p (mode 0755); KV_E_CANTCREATE on failure. */
 kv_status kv_batch_mkdirs(const char *path);
+
+/* Index of policy label p in the array pols, or -1. */
+int kv_batch_policy_index(const cJSON *pols, const char *p);
+/* The headers' policies, then any other policy a record names (NULL: out
+ * of memory); the caller deletes it. */
+cJSON *kv_batch_all_policies(const cJSON *headers, const cJSON *records);
+/* Input file fi of a run's configuration (kv_batch_config). */
+const cJSON *kv_batch_file_cfg(const cJSON *cfg, int fi);
+
+/* One prediction line for record r (of input file fi) on fp. */
+typedef void (*kv_batch_pred_fn)(FILE *fp, const cJSON *r, int fi, void *ctx);
+/* The prediction files of a run, as the benchmark's own scorer reads them:
+ * DIR/<policy slug>/<name>.jsonl for each policy and input file with
+ * records, <name> the file configuration's name_key, each line written by
+ * line() in record order; every file complete or absent (kv_outfile).
+ * Two policies with one slug are a usage error. */
+kv_status kv_batch_write_preds(const char *dir, const cJSON *pols, const cJSON *cfg, const cJSON *records,
+                               const char *name_key, kv_batch_pred_fn line, void *ctx);
 
 #endif

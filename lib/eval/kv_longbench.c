@@ -618,29 +618,6 @@ kv_status kv_lb_batch(kv_runner *e, const kv_tokenizer *tok, const kv_jieba *jb,
 
 // --- the summary ---------------------------------------------------------------------------------
 
-static const cJSON *file_cfg(const cJSON *cfg, int fi)
-{
-    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cfg, "files"), fi);
-}
-
-static int policy_index(const cJSON *pols, const char *p)
-{
-    int k = 0;
-    for (const cJSON *q = pols->child; q; q = q->next, k++)
-        if (!strcmp(q->valuestring, p)) return k;
-    return -1;
-}
-
-static cJSON *all_policies(const cJSON *headers, const cJSON *records)
-{
-    cJSON *pols = kv_batch_policies(headers);
-    for (const cJSON *r = records->child; r && pols; r = r->next) {
-        const char *p = kv_rec_str(r, "policy", NULL);
-        if (p && policy_index(pols, p) < 0) cJSON_AddItemToArray(pols, cJSON_CreateString(p));
-    }
-    return pols;
-}
-
 /* The records of (policy, file) in line order (records sorted). */
 static int group(cJSON *records, const char *pol, int fi, const cJSON **out, int cap)
 {
@@ -701,7 +678,7 @@ static void bins_json(FILE *f, const kv_lb_score *s)
 kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records,
                         bool per_sample)
 {
-    cJSON *pols = all_policies(headers, records);
+    cJSON *pols = kv_batch_all_policies(headers, records);
     if (!pols) return kv_fail(KV_E_NOMEM, "summary");
     kv_batch_sort(records, pols);
     const cJSON *cfg = kv_batch_config(headers);
@@ -720,8 +697,8 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
             int n = group(records, cJSON_GetArrayItem(pols, pi)->valuestring, fi, g, nrec);
             cnt[pi * nf + fi] = n;
             if (!n) continue;
-            if ((st = scores_of(g, n, file_cfg(cfg, fi), sc, len))) break;
-            kv_lb_aggregate(sc, len, n, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(file_cfg(cfg, fi), "e")),
+            if ((st = scores_of(g, n, kv_batch_file_cfg(cfg, fi), sc, len))) break;
+            kv_lb_aggregate(sc, len, n, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(kv_batch_file_cfg(cfg, fi), "e")),
                             &res[pi * nf + fi]);
         }
     const char *device = kv_rec_str(headers->child, "device_name", kv_rec_str(cfg, "device", "?"));
@@ -734,10 +711,10 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
                 kv_rec_num(cfg, "max_length", 0));
         for (int fi = 0; fi < nf; fi++) {
             fprintf(f, "%s{\"path\": ", fi ? ", " : "");
-            kv_json_string(f, kv_rec_str(file_cfg(cfg, fi), "path", ""));
+            kv_json_string(f, kv_rec_str(kv_batch_file_cfg(cfg, fi), "path", ""));
             fprintf(f, ", \"dataset\": ");
-            kv_json_string(f, kv_rec_str(file_cfg(cfg, fi), "dataset", ""));
-            fprintf(f, ", \"e\": %s}", cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(file_cfg(cfg, fi), "e")) ? "true" : "false");
+            kv_json_string(f, kv_rec_str(kv_batch_file_cfg(cfg, fi), "dataset", ""));
+            fprintf(f, ", \"e\": %s}", cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(kv_batch_file_cfg(cfg, fi), "e")) ? "true" : "false");
         }
         fprintf(f, "], \"skipped\": %d, \"skipped_samples\": [", nskip);
         int k = 0;
@@ -762,9 +739,9 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
                 const kv_lb_score *s = &res[pi * nf + fi];
                 if (!cnt[pi * nf + fi]) continue;
                 fprintf(f, "%s", w++ ? ", " : "");
-                kv_json_pystring(f, kv_rec_str(file_cfg(cfg, fi), "dataset", ""));
+                kv_json_pystring(f, kv_rec_str(kv_batch_file_cfg(cfg, fi), "dataset", ""));
                 fputs(": ", f);
-                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(file_cfg(cfg, fi), "e"))) bins_json(f, s);
+                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(kv_batch_file_cfg(cfg, fi), "e"))) bins_json(f, s);
                 else kv_json_pyfloat(f, s->score);
             }
             fputc('}', f);
@@ -782,7 +759,7 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
             int n = group(records, pol, fi, g, nrec);
             if (!n) continue;
             const kv_lb_score *s = &res[pi * nf + fi];
-            const cJSON *fc = file_cfg(cfg, fi);
+            const cJSON *fc = kv_batch_file_cfg(cfg, fi);
             bool e = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fc, "e"));
             double resb = 0, host = 0, fet = 0, full = 0, ms = 0, dms = 0, dec = 0;
             int trunc = 0, nq = 0, full_ctx = 0;
@@ -853,85 +830,49 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
 
 // --- prediction files ------------------------------------------------------------------------------
 
+static void pystrings(FILE *fp, const cJSON *arr)
+{
+    int k = 0;
+    fputc('[', fp);
+    for (const cJSON *x = arr ? arr->child : NULL; x; x = x->next, k++) {
+        fputs(k ? ", " : "", fp);
+        kv_json_pystring(fp, cJSON_IsString(x) ? x->valuestring : "");
+    }
+    fputc(']', fp);
+}
+
+/* One line of pred.py's output: pred, answers, all_classes, length. */
+static void pred_line(FILE *fp, const cJSON *r, int fi, void *ctx)
+{
+    (void)fi, (void)ctx;
+    fputs("{\"pred\": ", fp);
+    kv_json_pystring(fp, kv_rec_str(r, "pred", ""));
+    fputs(", \"answers\": ", fp);
+    pystrings(fp, cJSON_GetObjectItemCaseSensitive(r, "answers"));
+    fputs(", \"all_classes\": ", fp);
+    const cJSON *cl = cJSON_GetObjectItemCaseSensitive(r, "all_classes");
+    if (cJSON_IsArray(cl)) pystrings(fp, cl);
+    else fputs("null", fp);
+    double ln = kv_rec_num(r, "length", -1);
+    if (ln >= 0) fprintf(fp, ", \"length\": %.0f}\n", ln);
+    else fputs(", \"length\": null}\n", fp);
+}
+
 kv_status kv_lb_write_preds(const char *dir, const cJSON *headers, cJSON *records)
 {
-    cJSON *pols = all_policies(headers, records);
+    cJSON *pols = kv_batch_all_policies(headers, records);
     if (!pols) return kv_fail(KV_E_NOMEM, "predictions");
     kv_batch_sort(records, pols);
     const cJSON *cfg = kv_batch_config(headers);
-    const int np = cJSON_GetArraySize(pols);
     const int nf = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(cfg, "files"));
     kv_status st = KV_OK;
-    char (*slugs)[256] = calloc((size_t)np + 1, sizeof *slugs);
-    if (!slugs) st = kv_fail(KV_E_NOMEM, "predictions");
-    for (int pi = 0; pi < np && !st; pi++) {
-        kv_batch_slug(cJSON_GetArrayItem(pols, pi)->valuestring, slugs[pi], sizeof slugs[pi]);
-        for (int q = 0; q < pi; q++)
-            if (!strcmp(slugs[q], slugs[pi]))
-                st = kv_fail(KV_E_USAGE, "policies '%s' and '%s' need the same folder name '%s'",
-                             cJSON_GetArrayItem(pols, q)->valuestring,
-                             cJSON_GetArrayItem(pols, pi)->valuestring, slugs[pi]);
-    }
     for (int a = 0; a < nf && !st; a++)
         for (int b = 0; b < a && !st; b++)
-            if (!strcmp(kv_rec_str(file_cfg(cfg, a), "dataset", ""), kv_rec_str(file_cfg(cfg, b), "dataset", "")))
+            if (!strcmp(kv_rec_str(kv_batch_file_cfg(cfg, a), "dataset", ""), kv_rec_str(kv_batch_file_cfg(cfg, b), "dataset", "")))
                 st = kv_fail(KV_E_USAGE, "%s and %s are one dataset: write their predictions apart "
-                             "(pred.py keeps LongBench-E in pred_e/)", kv_rec_str(file_cfg(cfg, a), "path", ""),
-                             kv_rec_str(file_cfg(cfg, b), "path", ""));
-    for (int pi = 0; pi < np && !st; pi++) {
-        const char *pol = cJSON_GetArrayItem(pols, pi)->valuestring;
-        char sub[4096];
-        snprintf(sub, sizeof sub, "%s/%s", dir, slugs[pi]);
-        if ((st = kv_batch_mkdirs(sub))) break;
-        for (int fi = 0; fi < nf && !st; fi++) {
-            const char *ds = kv_rec_str(file_cfg(cfg, fi), "dataset", "dataset");
-            bool any = false;
-            for (const cJSON *r = records->child; r && !any; r = r->next)
-                any = kv_rec_str(r, "policy", NULL) && !strcmp(kv_rec_str(r, "policy", ""), pol) &&
-                      kv_rec_num(r, "fi", -1) == fi;
-            if (!any) continue;
-            char path[4352];
-            snprintf(path, sizeof path, "%s/%s.jsonl", sub, ds);
-            kv_outfile o;
-            if ((st = kv_outfile_open(&o, path))) break;
-            for (const cJSON *r = records->child; r; r = r->next) {
-                const char *rp = kv_rec_str(r, "policy", NULL);
-                if (!rp || strcmp(rp, pol) || kv_rec_num(r, "fi", -1) != fi) continue;
-                fputs("{\"pred\": ", o.fp);
-                kv_json_pystring(o.fp, kv_rec_str(r, "pred", ""));
-                fputs(", \"answers\": [", o.fp);
-                int k = 0;
-                const cJSON *an = cJSON_GetObjectItemCaseSensitive(r, "answers");
-                for (const cJSON *x = an ? an->child : NULL; x; x = x->next, k++) {
-                    fputs(k ? ", " : "", o.fp);
-                    kv_json_pystring(o.fp, cJSON_IsString(x) ? x->valuestring : "");
-                }
-                fputs("], \"all_classes\": ", o.fp);
-                const cJSON *cl = cJSON_GetObjectItemCaseSensitive(r, "all_classes");
-                if (!cJSON_IsArray(cl)) {
-                    fputs("null", o.fp);
-                } else {
-                    fputc('[', o.fp);
-                    k = 0;
-                    for (const cJSON *x = cl->child; x; x = x->next, k++) {
-                        fputs(k ? ", " : "", o.fp);
-                        kv_json_pystring(o.fp, cJSON_IsString(x) ? x->valuestring : "");
-                    }
-                    fputc(']', o.fp);
-                }
-                double ln = kv_rec_num(r, "length", -1);
-                if (ln >= 0) fprintf(o.fp, ", \"length\": %.0f}\n", ln);
-                else fputs(", \"length\": null}\n", o.fp);
-            }
-            if (ferror(o.fp)) {
-                kv_outfile_abort(&o);
-                st = kv_fail(KV_E_IO, "cannot write %s", path);
-            } else {
-                st = kv_outfile_commit(&o);
-            }
-        }
-    }
-    free(slugs);
+                             "(pred.py keeps LongBench-E in pred_e/)", kv_rec_str(kv_batch_file_cfg(cfg, a), "path", ""),
+                             kv_rec_str(kv_batch_file_cfg(cfg, b), "path", ""));
+    if (!st) st = kv_batch_write_preds(dir, pols, cfg, records, "dataset", pred_line, NULL);
     cJSON_Delete(pols);
     return st;
 }

@@ -217,14 +217,6 @@ static int cmp_row(const void *x, const void *y)
     return a->length < b->length ? -1 : a->length > b->length;
 }
 
-static int policy_index(const cJSON *pols, const char *p)
-{
-    int k = 0;
-    for (const cJSON *q = pols->child; q; q = q->next, k++)
-        if (!strcmp(q->valuestring, p)) return k;
-    return -1;
-}
-
 /* The rows of records (sorted): one per (policy, file, length). */
 static kv_status make_rows(cJSON *records, const cJSON *pols, row **out, int *n_out)
 {
@@ -233,7 +225,7 @@ static kv_status make_rows(cJSON *records, const cJSON *pols, row **out, int *n_
     for (cJSON *r = records->child; r; r = r->next) {
         const char *pol = kv_rec_str(r, "policy", NULL);
         if (!pol) continue;
-        int pidx = policy_index(pols, pol), fi = (int)kv_rec_num(r, "fi", 0);
+        int pidx = kv_batch_policy_index(pols, pol), fi = (int)kv_rec_num(r, "fi", 0);
         double len = kv_rec_num(r, "length", 0);
         int k = n - 1;
         while (k >= 0 && !(rows[k].pidx == pidx && rows[k].fi == fi && rows[k].length == len)) k--;
@@ -269,25 +261,10 @@ nomem:
 }
 
 /* Every policy of the headers, then any other a record names. */
-static cJSON *all_policies(const cJSON *headers, const cJSON *records)
-{
-    cJSON *pols = kv_batch_policies(headers);
-    for (const cJSON *r = records->child; r && pols; r = r->next) {
-        const char *p = kv_rec_str(r, "policy", NULL);
-        if (p && policy_index(pols, p) < 0) cJSON_AddItemToArray(pols, cJSON_CreateString(p));
-    }
-    return pols;
-}
-
-static const cJSON *file_cfg(const cJSON *cfg, int fi)
-{
-    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cfg, "files"), fi);
-}
-
 kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *records,
                            bool per_task)
 {
-    cJSON *pols = all_policies(headers, records);
+    cJSON *pols = kv_batch_all_policies(headers, records);
     if (!pols) return kv_fail(KV_E_NOMEM, "summary");
     kv_batch_sort(records, pols);
     row *rows = NULL;
@@ -323,7 +300,7 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
         fprintf(f, "{\"tool\": \"kv-bench ruler\", \"model\": ");
         kv_json_string(f, kv_rec_str(cfg, "model", ""));
         fprintf(f, ", \"tasks\": ");
-        const cJSON *f0 = file_cfg(cfg, 0);
+        const cJSON *f0 = kv_batch_file_cfg(cfg, 0);
         kv_json_string(f, kv_rec_str(f0, "path", ""));
         fprintf(f, ", \"files\": [");
         int k = 0;
@@ -390,7 +367,7 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
             else npf++;
         }
         const int n = w->n;
-        const cJSON *fc = file_cfg(cfg, w->fi);
+        const cJSON *fc = kv_batch_file_cfg(cfg, w->fi);
         const char *pol = cJSON_GetArrayItem(pols, w->pidx)->valuestring;
         const char *task = kv_rec_str(w->rec[0], "task", "");
         double acc = sum / n, score = kv_ruler_aggregate(sc, n);
@@ -442,72 +419,41 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
 
 // --- prediction files ------------------------------------------------------------------------
 
+typedef struct {
+    const kv_ruler_file *files;
+    int nf;
+} pred_ctx;
+
+/* One line of RULER's prediction files: index, pred, input, outputs, others, truncation, length. */
+static void pred_line(FILE *fp, const cJSON *r, int fi, void *ctx)
+{
+    const pred_ctx *c = ctx;
+    const char *input = "";
+    int line = (int)kv_rec_num(r, "line", 0);
+    for (int k = 0; c->files && fi < c->nf && k < c->files[fi].set.n; k++)
+        if (c->files[fi].set.tasks[k].line == line) input = c->files[fi].set.tasks[k].input;
+    fprintf(fp, "{\"index\": %.0f, \"pred\": ", kv_rec_num(r, "index", 0));
+    kv_json_pystring(fp, kv_rec_str(r, "pred", ""));
+    fputs(", \"input\": ", fp);
+    kv_json_pystring(fp, input);
+    fputs(", \"outputs\": [", fp);
+    int k = 0;
+    const cJSON *outs = cJSON_GetObjectItemCaseSensitive(r, "outputs");
+    for (const cJSON *x = outs ? outs->child : NULL; x; x = x->next, k++) {
+        fputs(k ? ", " : "", fp);
+        kv_json_pystring(fp, cJSON_IsString(x) ? x->valuestring : "");
+    }
+    fprintf(fp, "], \"others\": {}, \"truncation\": -1, \"length\": %.0f}\n", kv_rec_num(r, "length", -1));
+}
+
 kv_status kv_ruler_write_preds(const char *dir, const cJSON *headers, cJSON *records,
                                const kv_ruler_file *files, int nf)
 {
-    cJSON *pols = all_policies(headers, records);
+    cJSON *pols = kv_batch_all_policies(headers, records);
     if (!pols) return kv_fail(KV_E_NOMEM, "predictions");
     kv_batch_sort(records, pols);
-    const cJSON *cfg = kv_batch_config(headers);
-    kv_status st = KV_OK;
-    int np = cJSON_GetArraySize(pols);
-    char (*slugs)[256] = calloc((size_t)np + 1, sizeof *slugs);
-    if (!slugs) st = kv_fail(KV_E_NOMEM, "predictions");
-    for (int pi = 0; pi < np && !st; pi++) {
-        kv_batch_slug(cJSON_GetArrayItem(pols, pi)->valuestring, slugs[pi], sizeof slugs[pi]);
-        for (int q = 0; q < pi; q++)
-            if (!strcmp(slugs[q], slugs[pi]))
-                st = kv_fail(KV_E_USAGE, "policies '%s' and '%s' need the same folder name '%s'",
-                             cJSON_GetArrayItem(pols, q)->valuestring,
-                             cJSON_GetArrayItem(pols, pi)->valuestring, slugs[pi]);
-    }
-    int nfiles = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(cfg, "files"));
-    for (int pi = 0; pi < np && !st; pi++) {
-        const char *pol = cJSON_GetArrayItem(pols, pi)->valuestring;
-        char sub[4096];
-        snprintf(sub, sizeof sub, "%s/%s", dir, slugs[pi]);
-        if ((st = kv_batch_mkdirs(sub))) break;
-        for (int fi = 0; fi < nfiles && !st; fi++) {
-            const char *task = kv_rec_str(file_cfg(cfg, fi), "task", "task");
-            bool any = false;
-            for (const cJSON *r = records->child; r && !any; r = r->next)
-                any = kv_rec_str(r, "policy", NULL) && !strcmp(kv_rec_str(r, "policy", ""), pol) &&
-                      kv_rec_num(r, "fi", -1) == fi;
-            if (!any) continue;
-            char path[4352];
-            snprintf(path, sizeof path, "%s/%s.jsonl", sub, task);
-            kv_outfile o;
-            if ((st = kv_outfile_open(&o, path))) break;
-            for (const cJSON *r = records->child; r; r = r->next) {
-                const char *rp = kv_rec_str(r, "policy", NULL);
-                if (!rp || strcmp(rp, pol) || kv_rec_num(r, "fi", -1) != fi) continue;
-                const char *input = "";
-                int line = (int)kv_rec_num(r, "line", 0);
-                for (int k = 0; files && fi < nf && k < files[fi].set.n; k++)
-                    if (files[fi].set.tasks[k].line == line) input = files[fi].set.tasks[k].input;
-                fprintf(o.fp, "{\"index\": %.0f, \"pred\": ", kv_rec_num(r, "index", 0));
-                kv_json_pystring(o.fp, kv_rec_str(r, "pred", ""));
-                fputs(", \"input\": ", o.fp);
-                kv_json_pystring(o.fp, input);
-                fputs(", \"outputs\": [", o.fp);
-                int k = 0;
-                const cJSON *outs = cJSON_GetObjectItemCaseSensitive(r, "outputs");
-                for (const cJSON *x = outs ? outs->child : NULL; x; x = x->next, k++) {
-                    fputs(k ? ", " : "", o.fp);
-                    kv_json_pystring(o.fp, cJSON_IsString(x) ? x->valuestring : "");
-                }
-                fprintf(o.fp, "], \"others\": {}, \"truncation\": -1, \"length\": %.0f}\n",
-                        kv_rec_num(r, "length", -1));
-            }
-            if (ferror(o.fp)) {
-                kv_outfile_abort(&o);
-                st = kv_fail(KV_E_IO, "cannot write %s", path);
-            } else {
-                st = kv_outfile_commit(&o);
-            }
-        }
-    }
-    free(slugs);
+    pred_ctx c = {files, nf};
+    kv_status st = kv_batch_write_preds(dir, pols, kv_batch_config(headers), records, "task", pred_line, &c);
     cJSON_Delete(pols);
     return st;
 }
