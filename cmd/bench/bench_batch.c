@@ -173,3 +173,27 @@ int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records)
     else st = kv_outfile_commit(&o);
     return st ? kv_report(st, "--svg %s", path) : 0;
 }
+
+int bench_batch_finish(const bench_batch *b, const char *what, kv_status st, kv_batch_log **log,
+                       cJSON *header, cJSON *records, bool json, bool per, const bench_batch_out *out)
+{
+    kv_progress_done();
+    if (st) return kv_report(st, "%s", what);
+    st = kv_batch_close(*log);
+    *log = NULL;
+    if (st) return kv_report(st, "%s", b->output);
+    cJSON *headers = cJSON_CreateArray();
+    if (!headers) return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "summary");
+    cJSON_AddItemReferenceToArray(headers, header);
+    int rc = 0;
+    if (b->pred_dir && (st = out->preds(b->pred_dir, headers, records, out->ctx)))
+        rc = kv_report(st, "--pred-dir %s", b->pred_dir);
+    else if (b->svg && (rc = bench_batch_svg(b->svg, headers, records)))
+        ;
+    else if ((st = out->summary(stdout, kv_want_json(stdout, json), headers, records, per, out->ctx)))
+        rc = kv_report(st, "summary");
+    else if (fflush(stdout) || ferror(stdout))
+        rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
+    cJSON_Delete(headers);
+    return rc;
+}

@@ -69,4 +69,17 @@ void bench_batch_hooks(kv_batch_hooks *h);
 int bench_batch_open(const bench_batch *b, cJSON *header, const kv_batch_policy *pols, int np,
                      kv_batch_log **log, cJSON **records, kv_batch_done **done);
 
+/* What a benchmark writes once its samples are done: prediction files
+ * (--pred-dir) and the summary on stdout. */
+typedef struct {
+    kv_status (*preds)(const char *dir, const cJSON *headers, cJSON *records, void *ctx);
+    kv_status (*summary)(FILE *f, bool json, const cJSON *headers, cJSON *records, bool per, void *ctx);
+    void *ctx;
+} bench_batch_out;
+/* The end of a batch run: st is the run's status (reported as `what`);
+ * then close *log, write --pred-dir, --svg and the summary of header's
+ * run.  0 or an exit code (message printed). */
+int bench_batch_finish(const bench_batch *b, const char *what, kv_status st, kv_batch_log **log,
+                       cJSON *header, cJSON *records, bool json, bool per, const bench_batch_out *out);
+
 #endif

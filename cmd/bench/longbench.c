@@ -57,6 +57,18 @@ static const kv_cli_spec spec = {
     "length bin).  Malformed samples and prompts over the context are skipped with a\n"
     "warning (--strict: exit 65)."};
 
+static kv_status lb_preds(const char *dir, const cJSON *headers, cJSON *records, void *ctx)
+{
+    (void)ctx;
+    return kv_lb_write_preds(dir, headers, records);
+}
+
+static kv_status lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records, bool per, void *ctx)
+{
+    (void)ctx;
+    return kv_lb_summary(f, json, headers, records, per);
+}
+
 int kv_bench_longbench_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
@@ -124,7 +136,7 @@ int kv_bench_longbench_main(int argc, char **argv)
     kv_policy_params *prm = NULL;
     kv_batch_log *log = NULL;
     kv_batch_done *done = NULL;
-    cJSON *header = NULL, *records = NULL, *headers = NULL;
+    cJSON *header = NULL, *records = NULL;
     kv_batch_hooks hooks;
     bench_batch_hooks(&hooks);
     kv_status st;
@@ -194,34 +206,10 @@ int kv_bench_longbench_main(int argc, char **argv)
     }
     if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
     st = kv_lb_batch(e, tok, jb, files, nf, &prompts, &maxlen, pols, np, &lo, log, done, records, &hooks);
-    kv_progress_done();
-    if (st) {
-        rc = kv_report(st, "longbench");
-        goto out;
-    }
-    st = kv_batch_close(log);
-    log = NULL;
-    if (st) {
-        rc = kv_report(st, "%s", bb.output);
-        goto out;
-    }
-    if (!(headers = cJSON_CreateArray())) {
-        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "summary");
-        goto out;
-    }
-    cJSON_AddItemReferenceToArray(headers, header);
-    if (bb.pred_dir && (st = kv_lb_write_preds(bb.pred_dir, headers, records))) {
-        rc = kv_report(st, "--pred-dir %s", bb.pred_dir);
-        goto out;
-    }
-    if (bb.svg && (rc = bench_batch_svg(bb.svg, headers, records))) goto out;
-    if ((st = kv_lb_summary(stdout, kv_want_json(stdout, json), headers, records, per)))
-        rc = kv_report(st, "summary");
-    else if (fflush(stdout) || ferror(stdout))
-        rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
+    rc = bench_batch_finish(&bb, "longbench", st, &log, header, records, json, per,
+                            &(bench_batch_out){lb_preds, lb_summary, NULL});
 out:
     kv_batch_close(log);
-    cJSON_Delete(headers);
     cJSON_Delete(header);
     cJSON_Delete(records);
     kv_batch_done_free(done);

@@ -61,6 +61,23 @@ static const kv_cli_spec spec = {
     "prompts longer than the context are skipped with a warning (--strict: exit 65).\n"
     "On the GPU (--device cuda) every policy runs on the GPU engine (fp16 weights and KV)."};
 
+typedef struct {
+    const kv_ruler_file *files;
+    int nf;
+} ruler_files;
+
+static kv_status ruler_preds(const char *dir, const cJSON *headers, cJSON *records, void *ctx)
+{
+    const ruler_files *rf = ctx;
+    return kv_ruler_write_preds(dir, headers, records, rf->files, rf->nf);
+}
+
+static kv_status ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *records, bool per, void *ctx)
+{
+    (void)ctx;
+    return kv_ruler_summary(f, json, headers, records, per);
+}
+
 int kv_bench_ruler_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
@@ -132,7 +149,7 @@ int kv_bench_ruler_main(int argc, char **argv)
     kv_policy_params *prm = NULL;
     kv_batch_log *log = NULL;
     kv_batch_done *done = NULL;
-    cJSON *header = NULL, *records = NULL, *headers = NULL;
+    cJSON *header = NULL, *records = NULL;
     kv_batch_hooks hooks;
     bench_batch_hooks(&hooks);
     kv_status st;
@@ -178,34 +195,10 @@ int kv_bench_ruler_main(int argc, char **argv)
     }
     if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
     st = kv_ruler_batch(e, tok, files, nf, pols, np, &ro, log, done, records, &hooks);
-    kv_progress_done();
-    if (st) {
-        rc = kv_report(st, "ruler");
-        goto out;
-    }
-    if ((st = kv_batch_close(log))) {
-        log = NULL;
-        rc = kv_report(st, "%s", bb.output);
-        goto out;
-    }
-    log = NULL;
-    if (!(headers = cJSON_CreateArray())) {
-        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "summary");
-        goto out;
-    }
-    cJSON_AddItemReferenceToArray(headers, header);
-    if (bb.pred_dir && (st = kv_ruler_write_preds(bb.pred_dir, headers, records, files, nf))) {
-        rc = kv_report(st, "--pred-dir %s", bb.pred_dir);
-        goto out;
-    }
-    if (bb.svg && (rc = bench_batch_svg(bb.svg, headers, records))) goto out;
-    if ((st = kv_ruler_summary(stdout, kv_want_json(stdout, json), headers, records, per_task)))
-        rc = kv_report(st, "summary");
-    else if (fflush(stdout) || ferror(stdout))
-        rc = kv_report(kv_fail(KV_E_IO, "write failed"), "stdout");
+    rc = bench_batch_finish(&bb, "ruler", st, &log, header, records, json, per_task,
+                            &(bench_batch_out){ruler_preds, ruler_summary, &(ruler_files){files, nf}});
 out:
     kv_batch_close(log);
-    cJSON_Delete(headers);
     cJSON_Delete(header);
     cJSON_Delete(records);
     kv_batch_done_free(done);
