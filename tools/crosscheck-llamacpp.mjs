@@ -8,7 +8,12 @@
 //      every prompt position (kv-run --probs against controlledEvaluate with
 //      probabilities), for GGUF versions of the bundled models in every
 //      weight type kv-convert writes, a qwen2-architecture file with q/k/v
-//      biases and a Llama-3.1 rope_freqs file;
+//      biases and a Llama-3.1 rope_freqs file; llama.cpp evaluates the prompt
+//      twice, in one batch (its default, the reference) and one token per
+//      batch (batchSize 1: its plain per-row kernels instead of the batched
+//      GEMMs), and the distance between its own two answers is printed
+//      beside kv-run's, as the floor below which a comparison with it
+//      cannot go (--no-self skips the second evaluation);
 //   3. with --bench, CPU decode speed on the same GGUF at the same thread
 //      count (both measured in this run, alternating), and kv-run's peak
 //      resident memory against the file size.
@@ -17,7 +22,8 @@
 //   mkdir -p /work/peer/nlc && (cd /work/peer/nlc && npm i -E node-llama-cpp@3.21.1)
 //   make && node tools/crosscheck-llamacpp.mjs --nlc /work/peer/nlc [--threads 2] [--bench] [--big]
 //
-// --bench-only skips the checks; --reps N sets the big model's repetitions.
+// --bench-only skips the checks; --reps N sets the big model's repetitions;
+// --only SUBSTRING runs only the models whose label contains it.
 // --big also converts a synthetic Llama-3.2-1B geometry (random weights,
 // the Llama-3 vocabulary) to Q4_K and benchmarks decode on it.  The exit
 // status is 0 when every comparison meets its target, 1 otherwise.
@@ -117,19 +123,49 @@ function convert(name, argv) {
     return out;
 }
 
+// Per position, the largest |p - q| over the union of both top-8 lists
+// (a and b: arrays of Map id -> probability, best first).
+function topDistance(a, b) {
+    const per = [];
+    for (let i = 0; i < a.length; i++) {
+        let w = 0;
+        for (const [id, p] of [...a[i].entries()].slice(0, 8)) w = Math.max(w, Math.abs(p - (b[i].get(id) ?? 0)));
+        for (const [id, p] of [...b[i].entries()].slice(0, 8)) w = Math.max(w, Math.abs(p - (a[i].get(id) ?? 0)));
+        per.push(w);
+    }
+    return per;
+}
+
+const spread = (per) => `max ${Math.max(...per).toExponential(1)}, ${per.filter((x) => x <= PROB_TOL).length}/${per.length} within ${PROB_TOL}`;
+
+const ONLY = opt('--only', '');
+
 async function checkModel(label, gguf, promptText, steps) {
+    if (ONLY && !label.includes(ONLY)) return;
     const model = await llama.loadModel({ modelPath: gguf });
-    const ctx = await model.createContext({
-        contextSize: 1024, batchSize: 1024, threads: THREADS, flashAttention: false,
+    const ctxOpts = {
+        contextSize: 1024, threads: THREADS, flashAttention: false,
         experimentalKvCacheKeyType: 'F32', experimentalKvCacheValueType: 'F32',
-    });
+    };
+    const ctx = await model.createContext({ ...ctxOpts, batchSize: 1024 });
     const prompt = Array.from(model.tokenize(promptText, false));
     if (model.tokens.bos != null && model.tokens.shouldPrependBosToken) prompt.unshift(model.tokens.bos);
     // probabilities at every prompt position
     const seq = ctx.getSequence();
-    const res = await seq.controlledEvaluate(prompt.map((t) => [t, { generateNext: { probabilities: true } }]));
+    const evalAll = (s) => s.controlledEvaluate(prompt.map((t) => [t, { generateNext: { probabilities: true } }]));
+    const res = await evalAll(seq);
     const kv = JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '8', '-T', String(THREADS)],
                               JSON.stringify(prompt)));
+    // llama.cpp against itself: the same prompt one token per batch
+    let self = '';
+    if (!flag('--no-self')) {
+        const ctx1 = await model.createContext({ ...ctxOpts, batchSize: 1 });
+        const one = (await evalAll(ctx1.getSequence())).map((r) => r?.next?.probabilities ?? new Map());
+        await ctx1.dispose();
+        const batched = res.map((r) => r?.next?.probabilities ?? new Map());
+        self = `; llama.cpp batched vs per-token ${spread(topDistance(batched, one))}, ` +
+               `kv-run vs llama.cpp per-token ${spread(topDistance(kv.map((o) => new Map(o.top)), one))}`;
+    }
     let worst = 0, worstAt = '', within = 0, firstOver = -1;
     const perPos = [];
     for (let i = 0; i < prompt.length; i++) {
@@ -173,7 +209,7 @@ async function checkModel(label, gguf, promptText, steps) {
         `median ${median.toExponential(1)}, first 3 positions ${perPos.slice(0, 3).map((x) => x.toExponential(1)).join(' ')}, ` +
         `${within}/${prompt.length} positions within ${PROB_TOL}` +
         `${firstOver >= 0 ? ' (first beyond: ' + firstOver + ')' : ''}; ` +
-        `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff} ${ok ? 'ok' : ''}`);
+        `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff}${self} ${ok ? 'ok' : ''}`);
     if (!ok) fail(`${label}: probabilities ${worst} > ${PROB_TOL} or greedy differs`);
     await ctx.dispose();
     await model.dispose();
