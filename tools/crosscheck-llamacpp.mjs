@@ -8,7 +8,12 @@
 //      every prompt position (kv-run --probs against controlledEvaluate with
 //      probabilities), for GGUF versions of the bundled models in every
 //      weight type kv-convert writes, a qwen2-architecture file with q/k/v
-//      biases and a Llama-3.1 rope_freqs file;
+//      biases and a Llama-3.1 rope_freqs file; llama.cpp evaluates the prompt
+//      twice, in one batch (its default, the reference) and one token per
+//      batch (batchSize 1: its plain per-row kernels instead of the batched
+//      GEMMs), and the distance between its own two answers is printed
+//      beside kv-run's, as the floor below which a comparison with it
+//      cannot go (--no-self skips the second evaluation);
 //   3. with --bench, CPU decode speed on the same GGUF at the same thread
 //      count (both measured in this run, alternating), and kv-run's peak
 //      resident memory against the file size.
@@ -17,7 +22,10 @@
 //   mkdir -p /work/peer/nlc && (cd /work/peer/nlc && npm i -E node-llama-cpp@3.21.1)
 //   make && node tools/crosscheck-llamacpp.mjs --nlc /work/peer/nlc [--threads 2] [--bench] [--big]
 //
-// --bench-only skips the checks; --reps N sets the big model's repetitions.
+// --bench-only skips the checks; --reps N sets the big model's repetitions;
+// --only SUBSTRING runs only the models whose label contains it;
+// --long-story gives the stories260K models a 253-token prompt instead of
+// the 20-token one (differences that start past position 20 show there).
 // --big also converts a synthetic Llama-3.2-1B geometry (random weights,
 // the Llama-3 vocabulary) to Q4_K and benchmarks decode on it.  The exit
 // status is 0 when every comparison meets its target, 1 otherwise.
@@ -117,19 +125,55 @@ function convert(name, argv) {
     return out;
 }
 
+// Per position, the largest |p - q| over the union of both top-8 lists
+// (a and b: arrays of Map id -> probability, best first).
+function topDistance(a, b) {
+    const per = [];
+    for (let i = 0; i < a.length; i++) {
+        let w = 0;
+        for (const [id, p] of [...a[i].entries()].slice(0, 8)) w = Math.max(w, Math.abs(p - (b[i].get(id) ?? 0)));
+        for (const [id, p] of [...b[i].entries()].slice(0, 8)) w = Math.max(w, Math.abs(p - (a[i].get(id) ?? 0)));
+        per.push(w);
+    }
+    return per;
+}
+
+const spread = (per) => `max ${Math.max(...per).toExponential(1)}, ${per.filter((x) => x <= PROB_TOL).length}/${per.length} within ${PROB_TOL}`;
+
+const ONLY = opt('--only', '');
+const LONG_STORY = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. ' +
+    'One day, she saw a big, red ball in the park. She ran to the ball and kicked it very hard. The ball went up ' +
+    'high into the sky and landed in a tree. Lily was sad because she could not reach the ball. Then her friend ' +
+    'Tom came by. Tom was tall and strong. He climbed the tree and got the ball for Lily. Lily was so happy that ' +
+    'she gave Tom a big hug. They played with the ball together all day long. When the sun went down, they went ' +
+    'home and had dinner with their families. Lily told her mom about her fun day, and her mom smiled.\n';
+
 async function checkModel(label, gguf, promptText, steps) {
+    if (ONLY && !label.includes(ONLY)) return;
     const model = await llama.loadModel({ modelPath: gguf });
-    const ctx = await model.createContext({
-        contextSize: 1024, batchSize: 1024, threads: THREADS, flashAttention: false,
+    const ctxOpts = {
+        contextSize: 1024, threads: THREADS, flashAttention: false,
         experimentalKvCacheKeyType: 'F32', experimentalKvCacheValueType: 'F32',
-    });
+    };
+    const ctx = await model.createContext({ ...ctxOpts, batchSize: 1024 });
     const prompt = Array.from(model.tokenize(promptText, false));
     if (model.tokens.bos != null && model.tokens.shouldPrependBosToken) prompt.unshift(model.tokens.bos);
     // probabilities at every prompt position
     const seq = ctx.getSequence();
-    const res = await seq.controlledEvaluate(prompt.map((t) => [t, { generateNext: { probabilities: true } }]));
+    const evalAll = (s) => s.controlledEvaluate(prompt.map((t) => [t, { generateNext: { probabilities: true } }]));
+    const res = await evalAll(seq);
     const kv = JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '8', '-T', String(THREADS)],
                               JSON.stringify(prompt)));
+    // llama.cpp against itself: the same prompt one token per batch
+    let self = '';
+    if (!flag('--no-self')) {
+        const ctx1 = await model.createContext({ ...ctxOpts, batchSize: 1 });
+        const one = (await evalAll(ctx1.getSequence())).map((r) => r?.next?.probabilities ?? new Map());
+        await ctx1.dispose();
+        const batched = res.map((r) => r?.next?.probabilities ?? new Map());
+        self = `; llama.cpp batched vs per-token ${spread(topDistance(batched, one))}, ` +
+               `kv-run vs llama.cpp per-token ${spread(topDistance(kv.map((o) => new Map(o.top)), one))}`;
+    }
     let worst = 0, worstAt = '', within = 0, firstOver = -1;
     const perPos = [];
     for (let i = 0; i < prompt.length; i++) {
@@ -169,11 +213,23 @@ async function checkModel(label, gguf, promptText, steps) {
     let firstDiff = -1;
     for (let i = 0; i < Math.max(ids.length, ref.length); i++) if (ids[i] !== ref[i]) { firstDiff = i; break; }
     const ok = worst <= PROB_TOL && (same || firstDiff < 0);
+    // where the continuations part: both programs' top 3 on the shared prefix
+    let parting = '';
+    if (firstDiff >= 0 && firstDiff < ref.length) {
+        const prefix = [...prompt, ...ref.slice(0, firstDiff)];
+        await seq.clearHistory();
+        const lr = await seq.controlledEvaluate(prefix.map((t, i) => (i + 1 < prefix.length ? t : [t, { generateNext: { probabilities: true } }])));
+        const l3 = [...(lr[prefix.length - 1]?.next?.probabilities ?? new Map()).entries()].slice(0, 3);
+        const k3 = JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '3', '-T', String(THREADS)],
+                                  JSON.stringify(prefix)))[prefix.length - 1].top;
+        const fmt = (a) => a.map(([id, p]) => `${id}:${p.toFixed(4)}`).join(' ');
+        parting = ` (at that step llama.cpp ${fmt(l3)}, kv-run ${fmt(k3)})`;
+    }
     log(`model ${label}: ${prompt.length} positions, top-8 max |dp| ${worst.toExponential(2)} (${worstAt}), ` +
         `median ${median.toExponential(1)}, first 3 positions ${perPos.slice(0, 3).map((x) => x.toExponential(1)).join(' ')}, ` +
         `${within}/${prompt.length} positions within ${PROB_TOL}` +
         `${firstOver >= 0 ? ' (first beyond: ' + firstOver + ')' : ''}; ` +
-        `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff} ${ok ? 'ok' : ''}`);
+        `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff + parting}${self} ${ok ? 'ok' : ''}`);
     if (!ok) fail(`${label}: probabilities ${worst} > ${PROB_TOL} or greedy differs`);
     await ctx.dispose();
     await model.dispose();
@@ -245,7 +301,7 @@ await checkTokenizer('llama-bpe (Llama-3)', l3,
 await checkTokenizer('llama-spm (Llama-2)', spm,
                      [...vectors(path.join(DATA, 'gguf', 'ggml-vocab-llama-spm.gguf.inp')), ...EXTRA], SPECIAL);
 
-const storyPrompt = 'Once upon a time, there was a little girl named Lily. She loved to';
+const storyPrompt = flag('--long-story') ? LONG_STORY : 'Once upon a time, there was a little girl named Lily. She loved to';
 const niahTask = JSON.parse(fs.readFileSync(path.join(DATA, 'niah4k', 'tasks-dev.jsonl'), 'utf8').split('\n')[0]);
 const niahPrompt = niahTask.input.slice(-700);
 await checkTokenizer('stories260K vocabulary', convert('stories260K-F32', [...st, '--type', 'F32']), EXTRA, SPECIAL);

@@ -100,6 +100,20 @@ static void axpy_port(float a, const float *x, float *y, int n)
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* Activations of an F16 or BF16 product, rounded to that type (nearest
+ * even) and kept as floats: llama.cpp's CPU backend converts the input
+ * vector to the weight's 16-bit type before its dot product (vec_dot_type
+ * F16 and BF16), so the same rounding here gives its numbers. */
+static void round_f16_port(const float *x, float *out, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = kv_round_half(x[i]);
+}
+
+static void round_bf16_port(const float *x, float *out, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = kv_bf16_to_f32(kv_f32_to_bf16(x[i]));
+}
+
 // --- AVX2 + FMA + F16C kernels -------------------------------------------------
 
 #ifdef KV_X86
@@ -188,6 +202,14 @@ KV_AVX2 static void row_f16_avx2(const void *row, float *out, int n)
     for (; i < n; i++) out[i] = f16_table[w[i]];
 }
 
+KV_AVX2 static void round_f16_avx2(const float *x, float *out, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; i++) out[i] = kv_round_half(x[i]);
+}
+
 KV_AVX2 static void axpy_avx2(float a, const float *x, float *y, int n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -235,6 +257,7 @@ KV_AVX2 static void tile_2x4_avx2(const float *w0, const float *w1, const float 
 
 typedef float (*dot_w_fn)(const void *row, const float *x, int n);
 typedef void (*row_fn)(const void *row, float *out, int n);
+typedef void (*act_fn)(const float *x, float *out, int n);
 
 typedef void (*tile_fn)(const float *w0, const float *w1, const float *x, size_t ldx, int n,
                         float out[2][4]);
@@ -253,6 +276,7 @@ static struct {
     dot_w_fn dot[KV_DT_ALL];     /* float rows (F32, F16, BF16) with a float vector */
     row_fn row[KV_DT_ALL];
     kv_qdot_fn qdot[KV_DT_ALL];  /* block rows with a quantized vector */
+    act_fn round[KV_DT_ALL];     /* F16, BF16: the input vector rounded to the type */
     float (*dot_f32)(const float *, const float *, int);
     void (*axpy)(float, const float *, float *, int);
     const char *isa;
@@ -292,6 +316,8 @@ static void k_choose(void)
     K.row[KV_DT_F32] = row_f32;
     K.row[KV_DT_F16] = row_f16_port;
     K.row[KV_DT_BF16] = row_bf16_port;
+    K.round[KV_DT_F16] = round_f16_port;
+    K.round[KV_DT_BF16] = round_bf16_port;
     K.row[KV_DT_Q8_0] = row_q8_0;
     K.row[KV_DT_Q4_0] = row_q4_0;
     K.row[KV_DT_Q4_1] = row_q4_1;
@@ -314,6 +340,7 @@ static void k_choose(void)
         K.dot[KV_DT_F16] = dot_f16_avx2;
         K.dot[KV_DT_BF16] = dot_bf16_avx2;
         K.row[KV_DT_F16] = row_f16_avx2;
+        K.round[KV_DT_F16] = round_f16_avx2;
         for (int t = 0; t < KV_DT_ALL; t++) K.qdot[t] = kv_qdot_select(kv_dtype_ggml((kv_dtype)t), true);
         K.dot_f32 = dot_f32_avx2;
         K.axpy = axpy_avx2;
@@ -368,10 +395,11 @@ void kv_weight_row(const kv_weight *w, int r, float *out)
     K.row[w->type](wrow(w, kv_dtype_row_bytes(w->type, w->cols), r), out, w->cols);
 }
 
-/* Quantized copies of an input vector, one per activation format a set of
- * block-type weights needs (a matvec_multi may mix Q8_0 and Q8_K users).
- * Small vectors live on the stack; a failed allocation leaves the outputs
- * NaN rather than silently wrong. */
+/* The copies of an input vector that a set of weights meets, one per
+ * activation format (a matvec_multi may mix Q8_0 and Q8_K users): quantized
+ * blocks for block types, floats rounded to F16 or BF16 for those types,
+ * the vector itself for F32.  Small vectors live on the stack; a failed
+ * allocation leaves the outputs NaN rather than silently wrong. */
 #define XQ_STACK 32768
 typedef struct {
     uint32_t vt[4];
@@ -382,12 +410,16 @@ typedef struct {
     void *heap[4];
 } xq_set;
 
-static const uint8_t *xq_get(xq_set *q, uint32_t vt, const float *x, int cols)
+static const uint8_t *xq_get(xq_set *q, kv_dtype t, const float *x, int cols)
 {
+    const bool block = kv_dtype_is_block(t);
+    if (!block && !K.round[t]) return (const uint8_t *)x;
+    const uint32_t vt = block ? kv_quant_vec_type(kv_dtype_ggml(t)) : kv_dtype_ggml(t);
     for (int i = 0; i < q->n; i++)
         if (q->vt[i] == vt) return q->buf[i];
     if (q->n == 4) return NULL;
-    size_t nb = kv_quant_vec_bytes(vt, cols), pad = (nb + 31) & ~(size_t)31;
+    size_t nb = block ? kv_quant_vec_bytes(vt, cols) : (size_t)cols * sizeof(float);
+    size_t pad = (nb + 31) & ~(size_t)31;
     uint8_t *b;
     if (q->stack_used + pad <= XQ_STACK) {
         b = q->stack + q->stack_used;
@@ -397,7 +429,10 @@ static const uint8_t *xq_get(xq_set *q, uint32_t vt, const float *x, int cols)
         b = q->heap[q->n] = malloc(nb);
         if (!b) return NULL;
     }
-    kv_quant_activations(vt, x, b, cols);
+    if (block)
+        kv_quant_activations(vt, x, b, cols);
+    else
+        K.round[t](x, (float *)b, cols);
     q->vt[q->n] = vt;
     q->buf[q->n++] = b;
     return b;
@@ -408,12 +443,12 @@ static void xq_free(xq_set *q)
     for (int i = 0; i < q->n; i++) free(q->heap[i]);
 }
 
-/* One output of a matvec: the row's dot product with x (or its quantized
- * copy for block types), plus the bias. */
-static inline float row_out(const kv_weight *w, size_t rb, int r, const float *x, const uint8_t *xq)
+/* One output of a matvec: the row's dot product with the copy of x its
+ * type meets (xq_get), plus the bias. */
+static inline float row_out(const kv_weight *w, size_t rb, int r, const uint8_t *xq)
 {
     const uint8_t *p = wrow(w, rb, r);
-    float v = xq ? K.qdot[w->type](p, xq, w->cols) : K.dot[w->type](p, x, w->cols);
+    float v = K.qdot[w->type] ? K.qdot[w->type](p, xq, w->cols) : K.dot[w->type](p, (const float *)xq, w->cols);
     return w->bias ? v + w->bias[r] : v;
 }
 
@@ -424,9 +459,8 @@ void kv_matvec(const kv_weight *w, const float *x, float *y)
     const int rows = w->rows, cols = w->cols;
     xq_set q;
     q.n = 0, q.stack_used = 0;
-    const uint8_t *xq = NULL;
-    if (kv_dtype_is_block(w->type) &&
-        !(xq = xq_get(&q, kv_quant_vec_type(kv_dtype_ggml(w->type)), x, cols))) {
+    const uint8_t *xq = xq_get(&q, w->type, x, cols);
+    if (!xq) {
         for (int r = 0; r < rows; r++) y[r] = NAN;
         return;
     }
@@ -434,7 +468,7 @@ void kv_matvec(const kv_weight *w, const float *x, float *y)
      * thread team costs as much as it saves, and far more when the cores
      * are shared with other work. */
 #pragma omp parallel for schedule(static) if ((long)rows * cols > KV_PAR_MIN)
-    for (int r = 0; r < rows; r++) y[r] = row_out(w, rb, r, x, xq);
+    for (int r = 0; r < rows; r++) y[r] = row_out(w, rb, r, xq);
     xq_free(&q);
 }
 
@@ -451,8 +485,7 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
         start[i + 1] = start[i] + w[i]->rows;
         work += (long)w[i]->rows * w[i]->cols;
         rbs[i] = kv_dtype_row_bytes(w[i]->type, w[i]->cols);
-        if (kv_dtype_is_block(w[i]->type) &&
-            !(xqs[i] = xq_get(&q, kv_quant_vec_type(kv_dtype_ggml(w[i]->type)), x, w[i]->cols))) {
+        if (!(xqs[i] = xq_get(&q, w[i]->type, x, w[i]->cols))) {
             for (int j = 0; j < n; j++)
                 for (int r = 0; r < w[j]->rows; r++) y[j][r] = NAN;
             xq_free(&q);
@@ -464,7 +497,7 @@ void kv_matvec_multi(int n, const kv_weight *const *w, const float *x, float *co
     for (int r = 0; r < total; r++) {
         int i = 0;
         while (r >= start[i + 1]) i++;
-        y[i][r - start[i]] = row_out(w[i], rbs[i], r - start[i], x, xqs[i]);
+        y[i][r - start[i]] = row_out(w[i], rbs[i], r - start[i], xqs[i]);
     }
     xq_free(&q);
 }
@@ -501,19 +534,33 @@ static void matmul_block(const kv_weight *w, const float *X, int n, float *Y)
     free(xq);
 }
 
-void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
+void kv_matmul(const kv_weight *w, const float *X0, int n, float *Y)
 {
     k_ready();
     if (kv_dtype_is_block(w->type)) {
-        matmul_block(w, X, n, Y);
+        matmul_block(w, X0, n, Y);
         return;
     }
     const size_t rb = kv_dtype_row_bytes(w->type, w->cols);
     const int rows = w->rows, cols = w->cols;
     const bool is_f32 = w->type == KV_DT_F32;
+    /* F16 and BF16 weights meet their tokens rounded to the type, as in a
+     * decode step (xq_get); Xr holds one tile of them. */
+    float *Xr = NULL;
+    if (K.round[w->type] && !(Xr = malloc((size_t)(n < KV_MM_TOKENS ? n : KV_MM_TOKENS) * cols * sizeof(float)))) {
+        for (size_t i = 0; i < (size_t)n * rows; i++) Y[i] = NAN;
+        return;
+    }
     for (int t0 = 0; t0 < n; t0 += KV_MM_TOKENS) {
         int t1 = t0 + KV_MM_TOKENS < n ? t0 + KV_MM_TOKENS : n;
         int npair = (rows + 1) / 2;
+        /* the tile's tokens as the weight meets them: token t at X + (t - t0) * cols */
+        const float *X = X0 + (size_t)t0 * cols;
+        if (Xr) {
+            for (int t = t0; t < t1; t++)
+                K.round[w->type](X0 + (size_t)t * cols, Xr + (size_t)(t - t0) * cols, cols);
+            X = Xr;
+        }
 #pragma omp parallel if ((long)rows * cols * (t1 - t0) > 32768)
         {
             /* two decoded rows per pair for non-f32 weights */
@@ -532,23 +579,23 @@ void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
                     w1 = buf + cols;
                 } else { /* no scratch: decode per token instead */
                     for (int t = t0; t < t1; t++) {
-                        Y[(size_t)t * rows + r0] = K.dot[w->type](wrow(w, rb, r0), X + (size_t)t * cols, cols);
-                        Y[(size_t)t * rows + r1] = K.dot[w->type](wrow(w, rb, r1), X + (size_t)t * cols, cols);
+                        Y[(size_t)t * rows + r0] = K.dot[w->type](wrow(w, rb, r0), X + (size_t)(t - t0) * cols, cols);
+                        Y[(size_t)t * rows + r1] = K.dot[w->type](wrow(w, rb, r1), X + (size_t)(t - t0) * cols, cols);
                     }
                     continue;
                 }
                 int t = t0;
                 for (; t + 4 <= t1; t += 4) {
                     float o[2][4];
-                    K.tile(w0, w1, X + (size_t)t * cols, (size_t)cols, cols, o);
+                    K.tile(w0, w1, X + (size_t)(t - t0) * cols, (size_t)cols, cols, o);
                     for (int j = 0; j < 4; j++) {
                         Y[(size_t)(t + j) * rows + r0] = o[0][j];
                         Y[(size_t)(t + j) * rows + r1] = o[1][j];
                     }
                 }
                 for (; t < t1; t++) {
-                    Y[(size_t)t * rows + r0] = K.dot_f32(w0, X + (size_t)t * cols, cols);
-                    Y[(size_t)t * rows + r1] = K.dot_f32(w1, X + (size_t)t * cols, cols);
+                    Y[(size_t)t * rows + r0] = K.dot_f32(w0, X + (size_t)(t - t0) * cols, cols);
+                    Y[(size_t)t * rows + r1] = K.dot_f32(w1, X + (size_t)(t - t0) * cols, cols);
                 }
             }
             free(buf);
@@ -557,6 +604,7 @@ void kv_matmul(const kv_weight *w, const float *X, int n, float *Y)
             for (int t = t0; t < t1; t++)
                 for (int r = 0; r < rows; r++) Y[(size_t)t * rows + r] += w->bias[r];
     }
+    free(Xr);
 }
 
 void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, int D, float scale,

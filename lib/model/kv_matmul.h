@@ -1,10 +1,12 @@
 /*
  * kv_matmul: the CPU weight kernels of the engine.  Activations are float32;
  * weights are F32, F16, BF16 rows or ggml blocks (Q4_0 ... Q6_K, read in
- * place from the mapping).  For block rows the input vector is first
- * quantized once (Q8_0, Q8_1 or Q8_K, as llama.cpp's CPU backend does) and
- * every row is an integer dot product with it (kv_quants.h is the
- * reference).  A weight's bias and row permutation apply in every entry
+ * place from the mapping).  As llama.cpp's CPU backend does, the input
+ * vector meets each weight in that weight's activation format: for block
+ * rows it is first quantized once (Q8_0, Q8_1 or Q8_K) and every row is an
+ * integer dot product with it (kv_quants.h is the reference); for F16 and
+ * BF16 rows it is rounded to F16 or BF16 (kept as floats) before the float
+ * dot products; F32 rows take it as it is.  A weight's bias and row permutation apply in every entry
  * point.  Rows are split across OpenMP threads.  The inner dot products have an AVX2+FMA+F16C
  * version chosen at run time (the build targets x86-64-v2, which lacks
  * them) and a portable version with independent accumulators that the

@@ -9,7 +9,8 @@
  * Types are ggml numbers (KV_GGML_*).  The dot products follow ggml's
  * scheme, so that results agree with llama.cpp's CPU backend: Q4_0, Q5_0
  * and Q8_0 rows meet Q8_0 activations, Q4_1 and Q5_1 rows Q8_1, the
- * K-quants Q8_K; F32, F16 and BF16 rows meet the float vector itself.
+ * K-quants Q8_K; F32 rows meet the float vector itself, F16 and BF16 rows
+ * the vector rounded to their type (done in kv_matmul.c).
  */
 #ifndef KV_QUANTS_H
 #define KV_QUANTS_H

@@ -2,7 +2,8 @@
  * The CPU weight kernels' two inner paths (lib/model/kv_matmul.c): the
  * portable one, chosen by kv_matmul_set_portable, against the one the CPU
  * would pick (AVX2+FMA where present), and both against float64, on f32,
- * f16 and bf16 weights.
+ * f16 and bf16 weights; and that f16 and bf16 products take their input
+ * rounded to the weight's type, as llama.cpp's CPU backend does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,7 +16,14 @@
 
 static unsigned long long seed = 0x6d61746d756cULL;
 
-/* y = W x with each path, against float64; returns the paths' difference. */
+/* x rounded to the 16-bit type t (F32: unchanged) */
+static double round_to(kv_dtype t, float x)
+{
+    return t == KV_DT_F16 ? kv_round_half(x) : t == KV_DT_BF16 ? kv_bf16_to_f32(kv_f32_to_bf16(x)) : x;
+}
+
+/* y = W x with each path, against float64 (of x rounded to the weight's
+ * type); returns the paths' difference. */
 static double check_matvec(kv_dtype t, int rows, int cols)
 {
     size_t n = (size_t)rows * cols;
@@ -28,7 +36,7 @@ static double check_matvec(kv_dtype t, int rows, int cols)
         if (t == KV_DT_F32) ((float *)data)[i] = w;
         else if (t == KV_DT_F16) wq = kv_half_to_f32(((uint16_t *)data)[i] = kv_f32_to_half(w));
         else wq = kv_bf16_to_f32(((uint16_t *)data)[i] = kv_f32_to_bf16(w));
-        ref[i / (size_t)cols] += (double)wq * x[i % (size_t)cols];
+        ref[i / (size_t)cols] += (double)wq * round_to(t, x[i % (size_t)cols]);
     }
     kv_weight w = {.type = t, .rows = rows, .cols = cols, .data = data};
     kv_matmul_set_portable(false);
@@ -62,8 +70,83 @@ static void test_portable_path_matches_the_chosen_one(void)
              kv_matmul_isa(), chosen);
 }
 
+/* Normalized distance of y (n) from ref (n). */
+static double nerr(const float *y, const double *ref, int n)
+{
+    double e = 0, den = 0;
+    for (int i = 0; i < n; i++) e += (y[i] - ref[i]) * (y[i] - ref[i]), den += ref[i] * ref[i];
+    return sqrt(e / den);
+}
+
+/* Decode (kv_matvec, kv_matvec_multi) and prefill (kv_matmul) against
+ * float64 sums over the input rounded to each weight's type: 1e-6 where
+ * the unrounded input is 1e-4 (f16) or 1e-3 (bf16) away, so a path that
+ * keeps float32 inputs fails.  F32 weights take the input as it is. */
+static void test_f16_and_bf16_products_round_their_input_to_the_type(void)
+{
+    enum { ROWS = 37, COLS = 301, NT = 7 };
+    const kv_dtype types[3] = {KV_DT_F16, KV_DT_BF16, KV_DT_F32};
+    uint16_t *w16[3];
+    float *w32 = malloc((size_t)ROWS * COLS * 4), *X = malloc((size_t)NT * COLS * 4);
+    float *y = malloc((size_t)NT * ROWS * 4), *ym[3];
+    double *ref = malloc((size_t)NT * ROWS * sizeof(double)), *raw = malloc((size_t)ROWS * sizeof(double));
+    kv_weight w[3];
+    for (int i = 0; i < NT * COLS; i++) X[i] = kt_randn(&seed);
+    for (int k = 0; k < 3; k++) {
+        w16[k] = malloc((size_t)ROWS * COLS * 2);
+        ym[k] = malloc((size_t)ROWS * 4);
+        for (int i = 0; i < ROWS * COLS; i++) {
+            float v = 0.05f * kt_randn(&seed);
+            if (types[k] == KV_DT_F16) w16[k][i] = kv_f32_to_half(v);
+            else if (types[k] == KV_DT_BF16) w16[k][i] = kv_f32_to_bf16(v);
+            else w32[i] = v;
+        }
+        w[k] = (kv_weight){.type = types[k], .rows = ROWS, .cols = COLS,
+                           .data = types[k] == KV_DT_F32 ? (void *)w32 : (void *)w16[k]};
+    }
+    for (int portable = 0; portable < 2; portable++) {
+        kv_matmul_set_portable(portable);
+        const kv_weight *wp[3] = {&w[0], &w[1], &w[2]};
+        kv_matvec_multi(3, wp, X, ym);
+        for (int k = 0; k < 3; k++) {
+            const kv_dtype t = types[k];
+            for (int r = 0; r < ROWS; r++) {
+                double su = 0;
+                for (int c = 0; c < COLS; c++) {
+                    size_t i = (size_t)r * COLS + c;
+                    double wv = t == KV_DT_F16 ? kv_half_to_f32(w16[k][i])
+                              : t == KV_DT_BF16 ? kv_bf16_to_f32(w16[k][i]) : w32[i];
+                    for (int j = 0; j < NT; j++) {
+                        double a = wv * round_to(t, X[(size_t)j * COLS + c]);
+                        ref[(size_t)j * ROWS + r] = (c ? ref[(size_t)j * ROWS + r] : 0) + a;
+                    }
+                    su += wv * X[c];
+                }
+                raw[r] = su;
+            }
+            const double gap = t == KV_DT_F32 ? 0 : t == KV_DT_F16 ? 1e-4 : 1e-3;
+            float yu[ROWS];
+            for (int r = 0; r < ROWS; r++) yu[r] = (float)raw[r];
+            KT_CHECK(nerr(yu, ref, ROWS) >= gap, "type %d: rounding moves the result only %g", (int)t,
+                     nerr(yu, ref, ROWS));
+            kv_matvec(&w[k], X, y);
+            KT_CHECK(nerr(y, ref, ROWS) < 1e-6, "%s kv_matvec type %d: %g from the rounded-input sum",
+                     kv_matmul_isa(), (int)t, nerr(y, ref, ROWS));
+            KT_CHECK(nerr(ym[k], ref, ROWS) < 1e-6, "%s kv_matvec_multi type %d: %g", kv_matmul_isa(), (int)t,
+                     nerr(ym[k], ref, ROWS));
+            kv_matmul(&w[k], X, NT, y);
+            KT_CHECK(nerr(y, ref, NT * ROWS) < 1e-6, "%s kv_matmul type %d (%d tokens): %g", kv_matmul_isa(),
+                     (int)t, NT, nerr(y, ref, NT * ROWS));
+        }
+    }
+    kv_matmul_set_portable(false);
+    for (int k = 0; k < 3; k++) free(w16[k]), free(ym[k]);
+    free(w32), free(X), free(y), free(ref), free(raw);
+}
+
 int main(void)
 {
     KT_RUN(test_portable_path_matches_the_chosen_one);
+    KT_RUN(test_f16_and_bf16_products_round_their_input_to_the_type);
     return kt_done();
 }

@@ -253,10 +253,13 @@ static void test_gguf_weight_types_match_f32(void)
                 d = fmax(d, fabs(lq[i] - lf[i]));
                 mag = fmax(mag, fabs(lf[i]));
             }
-            /* Q8_0 weights meet Q8_0-quantized activations (as in llama.cpp),
-             * which moves these small random logits by a few percent; the
-             * kernels themselves are checked exactly in test_quants */
-            double tol = types[ti] == KV_GGML_Q8_0 ? 0.05 : 1e-4;
+            /* Q8_0 weights meet Q8_0-quantized activations and F16/BF16
+             * weights activations rounded to their type (as in llama.cpp),
+             * which moves these small random logits by a few percent (Q8_0),
+             * ~1e-3 (F16) or ~1e-2 (BF16) of their size; the kernels
+             * themselves are checked exactly in test_quants */
+            double tol = types[ti] == KV_GGML_Q8_0 ? 0.05 : types[ti] == KV_GGML_F16 ? 3e-3
+                       : types[ti] == KV_GGML_BF16 ? 2e-2 : 1e-4;
             KT_CHECK(d <= tol * (1 + mag) && mag > 0, "type %u tied %d: logits differ by %g (|max| %g)",
                      types[ti], tied, d, mag);
             kv_model_close(mq);
@@ -544,8 +547,12 @@ static void test_kernels_match_plain_loops(void)
         double worst = 0;
         for (int t = 0; t < nt; t++) {
             kv_matvec(&w, x + (size_t)t * cols, y);
-            /* Q8_0 rows meet the input quantized to Q8_0 blocks */
+            /* Q8_0 rows meet the input quantized to Q8_0 blocks, F16 and
+             * BF16 rows the input rounded to their type */
             memcpy(xd, x + (size_t)t * cols, sizeof xd);
+            for (int k = 0; k < cols; k++)
+                if (types[ti] == KV_DT_F16) xd[k] = kv_round_half(xd[k]);
+                else if (types[ti] == KV_DT_BF16) xd[k] = kv_bf16_to_f32(kv_f32_to_bf16(xd[k]));
             if (types[ti] == KV_DT_Q8_0) {
                 uint8_t xq[3 * 34];
                 kv_quant_activations(KV_GGML_Q8_0, xd, xq, cols);

@@ -331,9 +331,14 @@ static void test_matrix_entry_points_with_bias_and_permutation(void)
                 if (kv_quant_is_block(g)) {
                     ref = kv_quant_dot_ref(g, p, xq, cols);
                 } else {
+                    /* F16 and BF16 rows meet the input rounded to their type */
                     kv_quant_dequant_row(g, p, rowf, cols);
                     ref = 0;
-                    for (int k = 0; k < cols; k++) ref += (double)rowf[k] * x[k];
+                    for (int k = 0; k < cols; k++) {
+                        float xk = g == KV_GGML_F16 ? kv_round_half(x[k])
+                                 : g == KV_GGML_BF16 ? kv_bf16_to_f32(kv_f32_to_bf16(x[k])) : x[k];
+                        ref += (double)rowf[k] * xk;
+                    }
                 }
                 worst = fmax(worst, fabs(y[r] - (ref + bias[r])) / (1 + fabs(ref)));
             }
