@@ -28,16 +28,28 @@ typedef struct {
     char err[256];
 } brun;
 
-/* run (ci, p, bi) */
-#define RUN(ci, p, bi) runs[((size_t)(ci) * KV_DEC_COUNT + (size_t)(p)) * MAXB + (size_t)(bi)]
+/* run (context, placement, variant, batch entry) */
+#define RUN(ci, p, vi, bi) runs[(((size_t)(ci) * KV_DEC_COUNT + (size_t)(p)) * MAXV + (size_t)(vi)) * MAXB + (size_t)(bi)]
 
-static const brun *best_of(const brun *runs, const decode_args *A, int ci, int p)
+/* variants a placement runs: the hybrids every --variants entry, the rest one */
+static int nvar_of(const decode_args *A, int p) { return kv_decode_is_hybrid(p) ? A->nvar : 1; }
+
+/* "hybrid-resident" or, for a hybrid variant other than base, "hybrid-resident/cache" */
+static void run_name(const decode_args *A, int p, int vi, char *out, size_t n)
+{
+    const bool base = !strcmp(A->var[vi].name, "base") || !kv_decode_is_hybrid(p);
+    snprintf(out, n, "%s%s%s", kv_decode_placement_name(p), base ? "" : "/", base ? "" : A->var[vi].name);
+}
+
+/* the best run of placement p at context ci over its variants and sizes; *vbest its variant */
+static const brun *best_of(const brun *runs, const decode_args *A, int ci, int p, int *vbest)
 {
     const brun *b = NULL;
-    for (int bi = 0; bi < A->nbatch; bi++) {
-        const brun *x = &RUN(ci, p, bi);
-        if (x->ran && (!b || x->r.tok_s > b->r.tok_s)) b = x;
-    }
+    for (int vi = 0; vi < nvar_of(A, p); vi++)
+        for (int bi = 0; bi < A->nbatch; bi++) {
+            const brun *x = &RUN(ci, p, vi, bi);
+            if (x->ran && (!b || x->r.tok_s > b->r.tok_s)) b = x, *vbest = vi;
+        }
     return b;
 }
 
@@ -58,12 +70,14 @@ static void print_json(const decode_args *A, const kv_model *m, const char *dev,
     for (int ci = 0; ci < A->nctx; ci++) {
         printf("    {\"T\": %d, \"policies\": {", A->ctx[ci]);
         int firstp = 1;
-        for (int p = 0; p < KV_DEC_COUNT; p++) {
-            if (!A->want[p]) continue;
-            printf("%s\n      \"%s\": [", firstp ? "" : ",", kv_decode_placement_name(p));
+        for (int p = 0; p < KV_DEC_COUNT; p++)
+        for (int vi = 0; A->want[p] && vi < nvar_of(A, p); vi++) {
+            char name[96];
+            run_name(A, p, vi, name, sizeof name);
+            printf("%s\n      \"%s\": [", firstp ? "" : ",", name);
             firstp = 0;
             for (int bi = 0; bi < A->nbatch; bi++) {
-                const brun *x = &RUN(ci, p, bi);
+                const brun *x = &RUN(ci, p, vi, bi);
                 printf("%s\n        {\"asked\": ", bi ? "," : "");
                 if (A->batch[bi]) printf("%d", A->batch[bi]);
                 else printf("\"max\"");
@@ -86,13 +100,15 @@ static void print_json(const decode_args *A, const kv_model *m, const char *dev,
             printf("\n      ]");
         }
         printf("\n    }, \"best\": {");
-        const brun *full = best_of(runs, A, ci, KV_DEC_FULL);
+        int fv = 0, bv = 0;
+        const brun *full = A->want[KV_DEC_FULL] ? best_of(runs, A, ci, KV_DEC_FULL, &fv) : NULL;
         int firstb = 1;
         for (int p = 0; p < KV_DEC_COUNT; p++) {
-            const brun *b = A->want[p] ? best_of(runs, A, ci, p) : NULL;
+            const brun *b = A->want[p] ? best_of(runs, A, ci, p, &bv) : NULL;
             if (!b) continue;
-            printf("%s\"%s\": {\"batch\": %d, \"tokens_per_s\": %.2f", firstb ? "" : ", ", kv_decode_placement_name(p),
-                   b->r.B, b->r.tok_s);
+            printf("%s\"%s\": {\"batch\": %d, \"variant\": \"%s\", \"tokens_per_s\": %.2f", firstb ? "" : ", ",
+                   kv_decode_placement_name(p), b->r.B, nvar_of(A, p) > 1 || kv_decode_is_hybrid(p) ? A->var[bv].name : "base",
+                   b->r.tok_s);
             if (full && full->r.tok_s > 0) printf(", \"vs_full\": %.3f", b->r.tok_s / full->r.tok_s);
             printf("}");
             firstb = 0;
@@ -106,25 +122,29 @@ static void print_table(const decode_args *A, const kv_model *m, const char *dev
 {
     printf("kv-bench decode --batch: %s, %s weights, %s, %s\n", m->cfg.name, A->wt == KV_DT_BF16 ? "bf16" : "f16", dev,
            date);
-    printf("%8s  %-16s %6s %7s %10s %11s %10s %10s  %s\n", "context", "policy", "batch", "bound", "ms/step",
+    printf("%8s  %-22s %6s %7s %10s %11s %10s %10s  %s\n", "context", "policy", "batch", "bound", "ms/step",
            "tokens/s", "GPU KV GiB", "host GiB", "products");
     for (int ci = 0; ci < A->nctx; ci++)
         for (int p = 0; p < KV_DEC_COUNT; p++)
-            for (int bi = 0; A->want[p] && bi < A->nbatch; bi++) {
-                const brun *x = &RUN(ci, p, bi);
+            for (int vi = 0; A->want[p] && vi < nvar_of(A, p); vi++)
+            for (int bi = 0; bi < A->nbatch; bi++) {
+                const brun *x = &RUN(ci, p, vi, bi);
+                char name[96];
+                run_name(A, p, vi, name, sizeof name);
                 if (!x->ran) {
-                    printf("%8d  %-16s %6s  %s\n", A->ctx[ci], kv_decode_placement_name(p), "-", x->err);
+                    printf("%8d  %-22s %6s  %s\n", A->ctx[ci], name, "-", x->err);
                     continue;
                 }
                 const kv_gpu_batch_result *r = &x->r;
-                printf("%8d  %-16s %6d %7s %10.3f %11.1f %10.2f %10.2f  %s\n", A->ctx[ci], kv_decode_placement_name(p),
+                printf("%8d  %-22s %6d %7s %10.3f %11.1f %10.2f %10.2f  %s\n", A->ctx[ci], name,
                        r->B, r->bound[0] ? r->bound : "-", r->ms_median, r->tok_s, r->gpu_kv / 1073741824.0,
                        r->host_kv / 1073741824.0, r->gemm);
             }
     for (int ci = 0; ci < A->nctx; ci++) {
-        const brun *full = best_of(runs, A, ci, KV_DEC_FULL);
+        int fv = 0, bv = 0;
+        const brun *full = A->want[KV_DEC_FULL] ? best_of(runs, A, ci, KV_DEC_FULL, &fv) : NULL;
         for (int p = 0; p < KV_DEC_COUNT && full && full->r.tok_s > 0; p++) {
-            const brun *b = A->want[p] && p != KV_DEC_FULL ? best_of(runs, A, ci, p) : NULL;
+            const brun *b = A->want[p] && p != KV_DEC_FULL ? best_of(runs, A, ci, p, &bv) : NULL;
             if (b)
                 printf("context %d: best %s %.1f tokens/s (batch %d) = %.2fx full's best %.1f (batch %d)\n",
                        A->ctx[ci], kv_decode_placement_name(p), b->r.tok_s, b->r.B, b->r.tok_s / full->r.tok_s,
@@ -141,7 +161,7 @@ int kv_bench_decode_batch(const decode_args *A)
     if (st) return kv_report(st, "synthetic %s", A->synth);
     const int L = m->cfg.n_layers;
     kv_policy_params *pp = calloc((size_t)L, sizeof *pp);
-    brun *runs = calloc((size_t)A->nctx * KV_DEC_COUNT * MAXB, sizeof *runs);
+    brun *runs = calloc((size_t)A->nctx * KV_DEC_COUNT * MAXV * MAXB, sizeof *runs);
     if (!pp || !runs) {
         free(pp), free(runs);
         kv_model_close(m);
@@ -168,8 +188,17 @@ int kv_bench_decode_batch(const decode_args *A)
         wread = kv_gpu_engine_weight_read_bytes(w);
         for (int p = 0; p < KV_DEC_COUNT && rc == KV_EXIT_OK; p++) {
             if (!A->want[p]) continue;
+            const int nv = kv_decode_is_hybrid(p) ? A->nvar : 1;
+            for (int vi = 0; vi < nv; vi++)
             for (int bi = 0; bi < A->nbatch; bi++) {
-                brun *x = &RUN(ci, p, bi);
+                brun *x = &RUN(ci, p, vi, bi);
+                /* a hybrid's step variant: the sequences take the weights engine's options */
+                kv_gpu_engine_opts ov = o;
+                ov.sel_serial = A->var[vi].serial, ov.topk_wide = A->var[vi].wide, ov.sel_cache = A->var[vi].cache;
+                if ((st = kv_gpu_engine_reset_opts(w, NULL, &ov))) {
+                    rc = kv_report(st, "GPU engine");
+                    break;
+                }
                 kv_progress("context %d: %s, batch %s%.0d", T, kv_decode_placement_name(p), A->batch[bi] ? "" : "max",
                             A->batch[bi]);
                 st = kv_decode_layers_fill((kv_decode_placement)p, &A->bc, L, pp);
@@ -177,6 +206,10 @@ int kv_bench_decode_batch(const decode_args *A)
                     st = kv_gpu_bench_batch(w, pp, T, A->seed + (uint64_t)ci * 1000003u, A->batch[bi], A->batch_cap,
                                             A->gemm, A->warmup, p == KV_DEC_OFFLOAD ? A->offtok : A->tokens, &x->r);
                 x->ran = !st;
+                if (!st)
+                    kv_note(1, "context %d, %s%s%s: batch %d (%s), %.3f ms/step, %.1f tokens/s, setup %.1f s", T,
+                            kv_decode_placement_name(p), nv > 1 ? "/" : "", nv > 1 ? A->var[vi].name : "", x->r.B,
+                            x->r.bound[0] ? x->r.bound : "asked", x->r.ms_median, x->r.tok_s, x->r.setup_s);
                 if (st) {
                     snprintf(x->err, sizeof x->err, "%s: %s", kv_strerror(st), kv_errdetail());
                     kv_progress_done();

@@ -473,11 +473,20 @@ static kv_status engine_init(kv_gpu_engine *e)
         return kv_fail(KV_E_UNAVAILABLE, "CUDA device %d requested, %d present", e->o.device, count);
     CK(cudaSetDevice(e->o.device));
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, e->o.device));
+    if (e->wsrc) { /* a batch's sequence: the device as its weights engine found it (the property query
+                      costs milliseconds, paid once per batch rather than per sequence) */
+        memset(&prop, 0, sizeof prop);
+        snprintf(prop.name, sizeof prop.name, "%s", "shared");
+        prop.major = e->wsrc->cc_major;
+        prop.minor = 0;
+    } else {
+        CK(cudaGetDeviceProperties(&prop, e->o.device));
+    }
     int drv = 0;
     cudaDriverGetVersion(&drv);
-    snprintf(e->devname, sizeof e->devname, "%.255s (sm_%d%d, %zu MiB, driver CUDA %d.%d)", prop.name,
-             prop.major, prop.minor, prop.totalGlobalMem >> 20, drv / 1000, (drv % 1000) / 10);
+    if (e->wsrc) snprintf(e->devname, sizeof e->devname, "%s", e->wsrc->devname);
+    else snprintf(e->devname, sizeof e->devname, "%.255s (sm_%d%d, %zu MiB, driver CUDA %d.%d)", prop.name,
+                  prop.major, prop.minor, prop.totalGlobalMem >> 20, drv / 1000, (drv % 1000) / 10);
     if (prop.major < 7)
         return kv_fail(KV_E_UNAVAILABLE, "%s: compute capability %d.%d is below 7.5", prop.name,
                        prop.major, prop.minor);
