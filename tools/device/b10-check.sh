@@ -8,8 +8,13 @@
 #      sequence at its own length) equal to each sequence decoded alone; cuBLAS close
 #   m  compute-sanitizer memcheck of test_gpu_batch (short form: kernels, tiny model)
 #   s  kv-bench decode --batch 1,4,16 at 4k (gemv for 1 and 4, cublas for 16)
-#   x  kv-bench decode --batch max at 32k: full, quant (2-bit), hybrid-resident
-# Logs in $OUT: summary.txt batch.tap memcheck.log small.json max32k.json
+#   x  kv-bench decode --batch max at 32k: full, quant (2-bit), hybrid-resident in one run
+#   k  kv-run --batch on the GPU (stories260K, --gemm gemv and cublas) against each
+#      prompt run alone on the GPU: the texts must be equal with gemv
+#   f, q, h  kv-bench decode --batch max at 32k, one run each: full, quant (2-bit),
+#      hybrid-resident (variants base and cache, at most HCAP sequences)
+# Logs in $OUT: summary.txt batch.tap memcheck.log small.json max32k.json kvrun.txt
+#   max-full.json max-quant.json max-hybrid.json (each with its .err, -v notes)
 set -u
 D=${1:-build-dev-B10}
 OUT=${OUT:-/tmp/kv-out}
@@ -63,4 +68,45 @@ if has x; then
     tail -n 3 "$OUT/max32k.err" | tee -a "$OUT/summary.txt"
     summarize "$OUT/max32k.json"
 fi
+if has k; then
+    M=tests/data/stories260K/stories260K.bin
+    printf 'Once upon a time\nThe little dog\nLily went to the park and\nTom had a big red\n' > "$OUT/prompts.txt"
+    : > "$OUT/kvrun.txt"
+    for g in gemv cublas; do
+        timeout 20 "$D/kv-run" -m $M --prompt-file "$OUT/prompts.txt" --batch 4 -n 24 --device cuda --gemm $g \
+            --report "$OUT/kvrun-$g.json" > "$OUT/kvrun-$g.jsonl" 2>> "$OUT/kvrun.txt"
+        log "kv-run --batch 4 --gemm $g rc=$?"
+    done
+    i=0
+    while read -r p; do
+        timeout 10 "$D/kv-run" -m $M -p "$p" -n 24 --device cuda > "$OUT/alone-$i.txt" 2>> "$OUT/kvrun.txt"
+        i=$((i + 1))
+    done < "$OUT/prompts.txt"
+    python3 - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
+import json, sys, os
+o = sys.argv[1]
+alone = [open(os.path.join(o, "alone-%d.txt" % i)).read().rstrip("\n") for i in range(4)]
+for g in ("gemv", "cublas"):
+    try:
+        rows = [json.loads(l) for l in open(os.path.join(o, "kvrun-%s.jsonl" % g)) if l.strip()]
+    except Exception as e:
+        print("kv-run --batch", g, "unreadable:", e); continue
+    same = sum(r["text"] == a for r, a in zip(rows, alone))
+    print("kv-run --batch 4 --gemm %s on the GPU: %d of 4 texts equal alone" % (g, same))
+    rep = json.load(open(os.path.join(o, "kvrun-%s.json" % g)))
+    print("  report: how=%s ms_per_step=%.3f tokens_per_s=%.1f" % (rep["how"], rep["ms_per_step"], rep["tokens_per_s"]))
+PY
+fi
+maxrun() { # name policies timeout extra...
+    n=$1 p=$2 t=$3
+    shift 3
+    timeout "$t" "$D/kv-bench" decode -v --batch max --contexts 32768 --policies "$p" --steps 8 --warmup 2 --json "$@" \
+        > "$OUT/max-$n.json" 2> "$OUT/max-$n.err"
+    log "kv-bench decode --batch max 32k $p rc=$?"
+    grep -v '^$' "$OUT/max-$n.err" | tail -n 6 | tee -a "$OUT/summary.txt"
+    summarize "$OUT/max-$n.json"
+}
+has f && maxrun full full ${FTIME:-30}
+has q && maxrun quant quant ${QTIME:-50}
+has h && maxrun hybrid hybrid-resident ${HTIME:-50} --variants base,cache --batch-cap ${HCAP:-12}
 log "done"
