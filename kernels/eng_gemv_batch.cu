@@ -7,10 +7,10 @@
  * is the same expression), the warp sum and the RMSNorm's block sum are the
  * same reductions over the same 256 threads.  So a batched greedy decode
  * gives each sequence the tokens it gets alone.  What changes is that every
- * weight vector loaded is multiplied with up to 8 sequences' inputs, and
- * the blocks for the sequence chunks of one row range are adjacent in the
- * grid (chunk index fastest), so a chunk after the first finds the rows in
- * L2.  Past a few tens of sequences the multiply-adds on the CUDA cores
+ * weight vector loaded is multiplied with up to 8 sequences' inputs, each
+ * input vector loaded serves 4 rows (a warp owns 4 outputs), and the blocks
+ * for the sequence chunks of one row range are adjacent in the grid (chunk
+ * index fastest), so a chunk after the first finds the rows in L2.  Past a few tens of sequences the multiply-adds on the CUDA cores
  * dominate; lib/gpu/kv_gpu_batch.c then prefers cuBLAS on the tensor cores.
  */
 #include "eng_common.cuh"
@@ -19,47 +19,50 @@
 #define GB_WARPS 8 /* as eng_gemv.cu's GEMV_WARPS: the norm's block sum must match */
 #define GB_NB 8    /* sequences per block */
 
-template <typename TT, bool NORM>
-static __device__ __forceinline__ float gb_dot8(const float (&f)[8], const float4 *__restrict__ x,
-                                                const float4 *__restrict__ nw, int i)
+/* The 8 products of eng_gemv.cu's dot8, the same expression (so the same
+ * rounding), on an already unpacked weight vector f and an input a, b whose
+ * RMSNorm weight has already been applied (x * nw, as dot8 computes it). */
+static __device__ __forceinline__ float gb_dot8(const float (&f)[8], const float4 &a, const float4 &b)
 {
-    float4 a = x[2 * i], b = x[2 * i + 1];
-    if (NORM) {
-        float4 wa = nw[2 * i], wb = nw[2 * i + 1];
-        a.x *= wa.x, a.y *= wa.y, a.z *= wa.z, a.w *= wa.w;
-        b.x *= wb.x, b.y *= wb.y, b.z *= wb.z, b.w *= wb.w;
-    }
     return f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y +
            f[6] * b.z + f[7] * b.w;
 }
 
+/*
+ * A warp owns R consecutive outputs (GLU: R gate/up pairs), so every input
+ * vector it loads serves R rows: the loads of x, not the weights, are what
+ * bounds a GEMV over several sequences.  Lane i still sums the weight
+ * vectors i, i + 32, ... of each row in increasing order, as eng_gemv.cu.
+ */
 template <typename TT, bool NORM, bool GLU>
 __global__ void __launch_bounds__(GB_WARPS * 32)
 gemv_batch_kernel(const uint4 *__restrict__ W, int rows_out, int nv, const float *__restrict__ x,
                   int ldx, int nb_all, const float4 *__restrict__ nw, int n_x, float eps,
                   float *__restrict__ y, int ldy, int accumulate)
 {
-    constexpr int NR = GLU ? 2 : 1;
-    constexpr int U = GLU ? 2 : 4;
+    constexpr int NR = GLU ? 2 : 1;   /* weight rows per output */
+    constexpr int R = GLU ? 2 : 4;    /* outputs per warp */
+    constexpr int WR = NR * R;        /* weight rows per warp */
     kv_pdl_launch_next();
     const int b0 = blockIdx.x * GB_NB;
     const int nb = nb_all - b0 < GB_NB ? nb_all - b0 : GB_NB;
     const int lane = threadIdx.x & 31;
-    const int o = blockIdx.y * GB_WARPS + (threadIdx.x >> 5);
-    const bool live = o < rows_out;
-    const uint4 *w = W + (size_t)(live ? o : 0) * NR * nv;
-    uint4 p[NR][U];
-    int i = lane;
-    bool full = live && i + 32 * (U - 1) < nv;
-    if (full)
+    const int o0 = (blockIdx.y * GB_WARPS + (threadIdx.x >> 5)) * R;
+    const uint4 *w[WR];
+#pragma unroll
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int q = 0; q < NR; q++)
+            w[r * NR + q] = W + ((size_t)(o0 + r < rows_out ? o0 + r : 0) * NR + q) * nv;
+    /* the first weight loads, before waiting for x's producer */
+    uint4 p[WR];
+    if (o0 < rows_out && lane < nv)
 #pragma unroll
-            for (int u = 0; u < U; u++) p[q][u] = eng_ld_stream(w + (size_t)q * nv + i + 32 * u);
+        for (int k = 0; k < WR; k++) p[k] = eng_ld_stream(w[k] + lane);
     kv_pdl_wait();
-    float r[GB_NB];
+    float rn[GB_NB];
 #pragma unroll
-    for (int b = 0; b < GB_NB; b++) r[b] = 1.0f;
+    for (int b = 0; b < GB_NB; b++) rn[b] = 1.0f;
     if (NORM) {
         __shared__ float red[32];
 #pragma unroll
@@ -69,58 +72,52 @@ gemv_batch_kernel(const uint4 *__restrict__ W, int rows_out, int nv, const float
             float ss = 0.0f;
             for (int j = threadIdx.x; j < n_x; j += blockDim.x) ss += xf[j] * xf[j];
             ss = eng_block_sum(ss, red);
-            r[b] = 1.0f / sqrtf(ss / (float)n_x + eps);
+            rn[b] = 1.0f / sqrtf(ss / (float)n_x + eps);
         }
     }
-    if (!live) return;
-    float acc[GB_NB][NR];
+    if (o0 >= rows_out) return;
+    float acc[GB_NB][WR];
 #pragma unroll
     for (int b = 0; b < GB_NB; b++)
 #pragma unroll
-        for (int q = 0; q < NR; q++) acc[b][q] = 0.0f;
-    while (full) {
+        for (int k = 0; k < WR; k++) acc[b][k] = 0.0f;
+    for (int i = lane; i < nv; i += 32) {
+        float f[WR][8];
 #pragma unroll
-        for (int q = 0; q < NR; q++)
+        for (int k = 0; k < WR; k++) TT::unpack8(p[k], f[k]);
+        if (i + 32 < nv) /* the next weights in flight while these are used */
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                float f[8];
-                TT::unpack8(p[q][u], f);
+            for (int k = 0; k < WR; k++) p[k] = eng_ld_stream(w[k] + i + 32);
+        float4 na = make_float4(1.f, 1.f, 1.f, 1.f), nb4 = na;
+        if (NORM) na = nw[2 * i], nb4 = nw[2 * i + 1];
 #pragma unroll
-                for (int b = 0; b < GB_NB; b++)
-                    if (b < nb)
-                        acc[b][q] += gb_dot8<TT, NORM>(
-                            f, reinterpret_cast<const float4 *>(x + (size_t)(b0 + b) * ldx), nw, i + 32 * u);
+        for (int b = 0; b < GB_NB; b++) {
+            if (b < nb) {
+                const float4 *xb = reinterpret_cast<const float4 *>(x + (size_t)(b0 + b) * ldx);
+                float4 a = xb[2 * i], c = xb[2 * i + 1];
+                if (NORM) {
+                    a.x *= na.x, a.y *= na.y, a.z *= na.z, a.w *= na.w;
+                    c.x *= nb4.x, c.y *= nb4.y, c.z *= nb4.z, c.w *= nb4.w;
+                }
+#pragma unroll
+                for (int k = 0; k < WR; k++) acc[b][k] += gb_dot8(f[k], a, c);
             }
-        i += 32 * U;
-        full = i + 32 * (U - 1) < nv;
-        if (full)
-#pragma unroll
-            for (int q = 0; q < NR; q++)
-#pragma unroll
-                for (int u = 0; u < U; u++) p[q][u] = eng_ld_stream(w + (size_t)q * nv + i + 32 * u);
-    }
-    for (; i < nv; i += 32)
-#pragma unroll
-        for (int q = 0; q < NR; q++) {
-            float f[8];
-            TT::unpack8(eng_ld_stream(w + (size_t)q * nv + i), f);
-#pragma unroll
-            for (int b = 0; b < GB_NB; b++)
-                if (b < nb)
-                    acc[b][q] += gb_dot8<TT, NORM>(
-                        f, reinterpret_cast<const float4 *>(x + (size_t)(b0 + b) * ldx), nw, i);
         }
+    }
 #pragma unroll
     for (int b = 0; b < GB_NB; b++) {
         if (b >= nb) break;
 #pragma unroll
-        for (int q = 0; q < NR; q++) acc[b][q] = eng_warp_sum(acc[b][q]) * r[b];
-        if (lane == 0) {
-            float v = acc[b][0];
-            if (GLU) v = acc[b][0] / (1.0f + expf(-acc[b][0])) * acc[b][NR - 1];
-            float *yo = y + (size_t)(b0 + b) * ldy + o;
-            *yo = accumulate ? *yo + v : v;
-        }
+        for (int k = 0; k < WR; k++) acc[b][k] = eng_warp_sum(acc[b][k]) * rn[b];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (o0 + r >= rows_out) break;
+                float v = acc[b][r * NR];
+                if (GLU) v = acc[b][r * NR] / (1.0f + expf(-acc[b][r * NR])) * acc[b][r * NR + NR - 1];
+                float *yo = y + (size_t)(b0 + b) * ldy + o0 + r;
+                *yo = accumulate ? *yo + v : v;
+            }
     }
 }
 
@@ -129,7 +126,9 @@ static cudaError_t launch_gb(const void *W, kv_dtype t, int rows, int ld, const 
                              const float *nw, int n_x, float eps, float *y, int ldy, int accumulate,
                              cudaStream_t s)
 {
-    const dim3 grid((unsigned)((nb + GB_NB - 1) / GB_NB), (unsigned)((rows + GB_WARPS - 1) / GB_WARPS));
+    constexpr int R = GLU ? 2 : 4;
+    const int per_block = GB_WARPS * R;
+    const dim3 grid((unsigned)((nb + GB_NB - 1) / GB_NB), (unsigned)((rows + per_block - 1) / per_block));
     const dim3 block(GB_WARPS * 32);
     if (t == KV_DT_BF16)
         CUDA_CHECK(kv_launch(1, gemv_batch_kernel<eng_bf16, NORM, GLU>, grid, block, 0, s, (const uint4 *)W,
@@ -144,7 +143,7 @@ extern "C" cudaError_t eng_gemv_batch(const void *W, kv_dtype t, int rows, int l
                                       int nb, const float *nw, int n_x, float eps, float *y, int ldy,
                                       eng_gb_mode mode, int accumulate, cudaStream_t s)
 {
-    KV_CHECK_ARGS(rows > 0 && rows <= 65535 * GB_WARPS && ld > 0 && (ld & 7) == 0 && nb > 0 &&
+    KV_CHECK_ARGS(rows > 0 && rows <= 65535 * GB_WARPS * 2 && ld > 0 && (ld & 7) == 0 && nb > 0 &&
                   ldx >= ld && (ldx & 3) == 0 && ldy >= rows && (mode == ENG_GB_PLAIN || (nw && n_x <= ld)));
     switch (mode) {
     case ENG_GB_NORM: return launch_gb<true, false>(W, t, rows, ld, x, ldx, nb, nw, n_x, eps, y, ldy, 0, s);
