@@ -3,7 +3,8 @@
  * (see kv_gpu_batch.h).  The batch owns the activation rows of every
  * sequence and points each sequence engine's x, qkv, att, hb and logits at
  * its row (the engine's own buffers are kept aside and put back at the
- * end), and it takes over each engine's main stream with the first one's.
+ * end); it runs the products on a stream of its own and each sequence's
+ * work on one of four lanes (the first four engines' main streams).
  * A step is then the engine's layer loop (lib/gpu/kv_gpu_engine.c,
  * forward) with the projections batched: what is per sequence (the
  * predicted query and selection of a sparse layer, RoPE and the store of
@@ -45,12 +46,20 @@ typedef struct {
     cudaStream_t s_main;
 } own_acts;
 
+/* streams the sequences' own work is spread over (each sequence on one,
+ * in order), so that one sequence's small kernels overlap another's */
+#define LANES 4
+
 struct kv_gpu_batch {
     int B;
+    int S;                   /* lanes in use: min(B, LANES) */
+    cudaStream_t lane[LANES]; /* the first S engines' main streams; sequence i runs on lane i % S */
+    cudaEvent_t ev_x, ev_q;  /* batch stream: a layer's input ready, its projections ready */
+    cudaEvent_t ev_a[LANES]; /* lane j: its sequences' attention of the layer done */
     kv_gpu_engine *w;        /* the weights (borrowed) */
     kv_gpu_engine **e;       /* (B) sequence engines, sharing w's weights */
     own_acts *own;           /* (B) */
-    cudaStream_t s;          /* e[0]'s main stream: every sequence's */
+    cudaStream_t s;          /* the batch's stream: embedding, projections, logits */
     bool cublas;             /* products on the tensor cores */
     kv_cublas *cb;
     int ldqkv;               /* pad8(qd + 2 kvd) */
@@ -96,6 +105,11 @@ void kv_gpu_batch_free(kv_gpu_batch *b)
         kv_gpu_engine_free(e);
     }
     kv_cublas_close(b->cb);
+    if (b->s) cudaStreamDestroy(b->s);
+    if (b->ev_x) cudaEventDestroy(b->ev_x);
+    if (b->ev_q) cudaEventDestroy(b->ev_q);
+    for (int j = 0; j < LANES; j++)
+        if (b->ev_a[j]) cudaEventDestroy(b->ev_a[j]);
     void *d[] = {b->X, b->QKV, b->ATT, b->HB, b->LOG, b->GU, b->X16, b->A16, b->H16, b->d_tok};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
         if (d[i]) cudaFree(d[i]);
@@ -144,9 +158,14 @@ static kv_status batch_init(kv_gpu_batch *b, const kv_policy_params *const *per_
         e->att = b->ATT + (size_t)i * w->ld_qd;
         e->hb = b->HB + (size_t)i * w->ld_hid;
         e->logits = b->LOG + (size_t)i * w->vocab;
-        if (i) e->s_main = b->e[0]->s_main;
+        if (i < LANES) b->lane[i] = e->s_main;
+        else e->s_main = b->lane[i % LANES];
     }
-    b->s = b->e[0]->s_main;
+    b->S = B < LANES ? B : LANES;
+    CK(cudaStreamCreateWithFlags(&b->s, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&b->ev_x, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&b->ev_q, cudaEventDisableTiming));
+    for (int j = 0; j < b->S; j++) CK(cudaEventCreateWithFlags(&b->ev_a[j], cudaEventDisableTiming));
     CK(cudaDeviceSynchronize());
     return KV_OK;
 }
@@ -286,9 +305,15 @@ static kv_status batch_forward(kv_gpu_batch *b, const int *dtok)
             if (e->lay[l].pl->step_begin) TRY(e->lay[l].pl->step_begin(e, &e->lay[l]));
     }
     for (int l = 0; l < L; l++) {
+        /* the lanes read the layer's input (X) from here on: the predicted
+         * queries beside the batch's projections, then RoPE and attention */
+        CK(cudaEventRecord(b->ev_x, b->s));
+        for (int j = 0; j < b->S; j++) CK(cudaStreamWaitEvent(b->lane[j], b->ev_x, 0));
         for (int i = 0; i < b->B; i++)
             if (l + 1 < L && gl_wants_pred(b->e[i], l + 1)) TRY(gl_predict_ahead(b->e[i], l + 1));
         TRY(batch_qkv(b, l));
+        CK(cudaEventRecord(b->ev_q, b->s));
+        for (int j = 0; j < b->S; j++) CK(cudaStreamWaitEvent(b->lane[j], b->ev_q, 0));
         for (int i = 0; i < b->B; i++) {
             kv_gpu_engine *e = b->e[i];
             gl_layer *y = &e->lay[l];
@@ -297,10 +322,14 @@ static kv_status batch_forward(kv_gpu_batch *b, const int *dtok)
             gl_row r;
             TRY(y->pl->slot(e, y, pos, &r));
             CK(eng_rope_store(q, e->q16, e->nqh, k, v, e->nkv, e->hd, e->inv_freq, pos + e->rope_off, r.k, r.v,
-                              r.hs, b->s));
+                              r.hs, e->s_main));
             TRY(y->pl->attend(e, y, pos, q, &r));
             y->T = pos + 1;
             y->attends++;
+        }
+        for (int j = 0; j < b->S; j++) {
+            CK(cudaEventRecord(b->ev_a[j], b->lane[j]));
+            CK(cudaStreamWaitEvent(b->s, b->ev_a[j], 0));
         }
         TRY(batch_attn_out(b, l));
         TRY(batch_ffn(b, l));

@@ -29,10 +29,11 @@
  * it runs the engine's packed GEMV once per sequence (correct, reads those
  * weights B times).
  *
- * All sequences' device work is on one stream (the first engine's main
- * stream, which the others take for the batch's life); a sparse layer's
- * selection stays on each engine's own selection streams.  Without CUDA
- * every call fails with KV_E_UNAVAILABLE.
+ * The products run on the batch's own stream; each sequence's own work
+ * (predicted query, RoPE/store, attention) on one of 4 lanes (the first
+ * four engines' main streams; sequence i on lane i % 4), joined by events
+ * twice per layer; a sparse layer's selection stays on each engine's own
+ * selection streams.  Without CUDA every call fails with KV_E_UNAVAILABLE.
  */
 #ifndef KV_GPU_BATCH_H
 #define KV_GPU_BATCH_H

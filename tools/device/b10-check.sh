@@ -13,7 +13,9 @@
 #      prompt run alone on the GPU: the texts must be equal with gemv
 #   f, q, h  kv-bench decode --batch max at 32k, one run each: full, quant (2-bit),
 #      hybrid-resident (variants base and cache, at most HCAP sequences)
-# Logs in $OUT: summary.txt batch.tap memcheck.log small.json max32k.json kvrun.txt
+#   g  the batched GEMV against cuBLAS at 4k, full: --gemm gemv and cublas at 1..32 sequences
+#   l  kv-bench decode --batch max at 128k: full and quant
+# Logs in $OUT: summary.txt batch.tap memcheck.log small.json max32k.json kvrun.txt gemm-*.json max-128k.json
 #   max-full.json max-quant.json max-hybrid.json (each with its .err, -v notes)
 set -u
 D=${1:-build-dev-B10}
@@ -106,7 +108,22 @@ maxrun() { # name policies timeout extra...
     grep -v '^$' "$OUT/max-$n.err" | tail -n 6 | tee -a "$OUT/summary.txt"
     summarize "$OUT/max-$n.json"
 }
+if has g; then
+    for g in gemv cublas; do
+        timeout ${GTIME:-20} "$D/kv-bench" decode --batch 1,2,4,8,16,32 --contexts 4096 --policies full \
+            --steps 8 --warmup 2 --gemm $g --json > "$OUT/gemm-$g.json" 2> "$OUT/gemm-$g.err"
+        log "kv-bench decode --batch 1..32 at 4k full --gemm $g rc=$?"
+        summarize "$OUT/gemm-$g.json"
+    done
+fi
 has f && maxrun full full ${FTIME:-30}
 has q && maxrun quant quant ${QTIME:-50}
 has h && maxrun hybrid hybrid-resident ${HTIME:-50} --variants base,cache --batch-cap ${HCAP:-12}
+if has l; then
+    timeout ${LTIME:-45} "$D/kv-bench" decode -v --batch max --contexts 131072 --policies full,quant --steps 6 \
+        --warmup 2 --json > "$OUT/max-128k.json" 2> "$OUT/max-128k.err"
+    log "kv-bench decode --batch max 128k full,quant rc=$?"
+    grep -v '^$' "$OUT/max-128k.err" | tail -n 6 | tee -a "$OUT/summary.txt"
+    summarize "$OUT/max-128k.json"
+fi
 log "done"
