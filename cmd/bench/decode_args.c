@@ -46,7 +46,7 @@ static const kv_option opts[] = {
     {O_BATCH, 0, "batch", "LIST", "batched decode: sequences per step, sizes or max (the most that fit "
                                   "in GPU and host memory), e.g. 1,8,max; its own report"},
     {O_BCAP, 0, "batch-cap", "N", "--batch max takes at most N sequences (default 512)"},
-    {O_GEMM, 0, "gemm", "HOW", "batched products: auto (default: gemv up to 8 sequences, then cublas), "
+    {O_GEMM, 0, "gemm", "HOW", "batched products: auto (default: gemv for 1 sequence, then cublas), "
                                "gemv or cublas"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},

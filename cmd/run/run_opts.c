@@ -58,8 +58,8 @@ static const kv_option opts[] = {
     {O_NO_INSERT, 0, "no-insert", NULL, "with --store: do not insert the prompt's cache afterwards"},
     {O_BATCH, 0, "batch", "B", "decode B prompts greedily (--prompt-file: one per line; --random-prompt: seeds "
                                "seed..seed+B-1; --prompt: B copies), together on the GPU; JSON lines out"},
-    {O_GEMM, 0, "gemm", "HOW", "with --batch on the GPU: auto (default), gemv (each sequence as alone, bit for "
-                               "bit) or cublas"},
+    {O_GEMM, 0, "gemm", "HOW", "with --batch on the GPU: gemv (default: each sequence as alone, bit for bit), "
+                               "cublas (faster) or auto"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -70,7 +70,8 @@ static const kv_cli_spec spec = {
 void run_parse_opts(int argc, char **argv, run_opts *o)
 {
     kv_cli_init(&spec, argc, argv);
-    *o = (run_opts){.steps = 128, .nq = 32, .top_p = 0.9, .seed = 42, .dev = KV_DEVICE_CPU, .important = 1};
+    *o = (run_opts){.steps = 128, .nq = 32, .top_p = 0.9, .seed = 42, .dev = KV_DEVICE_CPU, .important = 1,
+                    .gemm = KV_GPU_GEMM_GEMV};
     const char *arg;
     int id, optind_;
     while ((id = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {

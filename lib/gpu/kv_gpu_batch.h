@@ -16,14 +16,15 @@
  *   gemv    kernels/eng_gemv_batch.cu: each sequence's arithmetic is the
  *           single-sequence GEMV's to the bit, so a batched greedy decode
  *           gives every sequence exactly the tokens it gets alone;
- *           memory-bound up to ~8 sequences, then the CUDA cores' multiply-
- *           adds grow with B.
+ *           on the H200 it is as fast as the single GEMV for one sequence
+ *           but slower than cuBLAS from two on (docs/BENCHMARKS.md, batched
+ *           decode: 19.3 against 8.7 ms a step for 8 sequences at 4k).
  *   cublas  tensor cores (lib/gpu/kv_cublas.c, loaded lazily): the
  *           normalized inputs rounded to the weights' 16-bit type first, as
  *           the chunked prefill does; float32 accumulation.  Numerically
  *           close to the GEMV, not identical, so greedy tokens may part
  *           where two logits nearly tie.
- *   auto    gemv up to KV_GPU_BATCH_GEMV_MAX sequences, cublas past it
+ *   auto    gemv up to KV_GPU_BATCH_GEMV_MAX sequences (one), cublas past it
  *           (gemv when cuBLAS cannot be loaded).
  * A matrix group kept packed (Q8_0/Q4_K/Q6_K GGUF weights) is not batched:
  * it runs the engine's packed GEMV once per sequence (correct, reads those
@@ -47,8 +48,9 @@ typedef struct kv_gpu_batch kv_gpu_batch;
 
 typedef enum { KV_GPU_GEMM_AUTO = 0, KV_GPU_GEMM_GEMV, KV_GPU_GEMM_CUBLAS } kv_gpu_gemm;
 
-/* auto: the batched GEMV up to this many sequences, cuBLAS past it */
-#define KV_GPU_BATCH_GEMV_MAX 8
+/* auto: the batched GEMV up to this many sequences, cuBLAS past it (the
+ * H200's measurements: cuBLAS is faster from two sequences on) */
+#define KV_GPU_BATCH_GEMV_MAX 1
 
 /* "auto", "gemv", "cublas"; kv_gpu_gemm_parse: KV_E_USAGE for another word. */
 const char *kv_gpu_gemm_name(kv_gpu_gemm g);

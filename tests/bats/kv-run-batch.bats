@@ -65,6 +65,7 @@ teardown() { rm -rf "$TMP"; }
     output="$(cat "$TMP/r.json")"
     [ "$(json_get 'j["batch"]')" = 2 ]
     [ "$(json_get 'j["device"]')" = cpu ]
+    [ "$(json_get 'j["gemm"]')" = gemv ]
     [ "$(json_get 'j["generated_tokens"]')" = 12 ]
     [ "$(json_get 'j["decode_steps"]')" = 10 ]
     [ "$(json_get 'len(j["sequences"])')" = 2 ]

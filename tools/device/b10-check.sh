@@ -12,7 +12,7 @@
 #   k  kv-run --batch on the GPU (stories260K, --gemm gemv and cublas) against each
 #      prompt run alone on the GPU: the texts must be equal with gemv
 #   f, q, h  kv-bench decode --batch max at 32k, one run each: full, quant (2-bit),
-#      hybrid-resident (variants base and cache, at most HCAP sequences)
+#      hybrid-resident (variants HVAR, default base; at most HCAP sequences)
 #   g  the batched GEMV against cuBLAS at 4k, full: --gemm gemv and cublas at 1..32 sequences
 #   l  kv-bench decode --batch max at 128k: full and quant
 # Logs in $OUT: summary.txt batch.tap memcheck.log small.json max32k.json kvrun.txt gemm-*.json max-128k.json
@@ -118,7 +118,7 @@ if has g; then
 fi
 has f && maxrun full full ${FTIME:-30}
 has q && maxrun quant quant ${QTIME:-50}
-has h && maxrun hybrid hybrid-resident ${HTIME:-50} --variants base,cache --batch-cap ${HCAP:-12}
+has h && maxrun hybrid hybrid-resident ${HTIME:-50} --variants ${HVAR:-base} --batch-cap ${HCAP:-12}
 if has l; then
     timeout ${LTIME:-45} "$D/kv-bench" decode -v --batch max --contexts 131072 --policies full,quant --steps 6 \
         --warmup 2 --json > "$OUT/max-128k.json" 2> "$OUT/max-128k.err"
