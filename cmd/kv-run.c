@@ -47,9 +47,8 @@ static int run_tokenize(const run_opts *o)
     return st ? kv_report(st, "--tokenize") : 0;
 }
 
-/* The model, its tokenizer (optional unless the prompt is text) and the
- * prompt's token ids. */
-static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int **prompt, int *n_prompt)
+/* The model and its tokenizer (optional unless the prompt is text). */
+int run_load_model(const run_opts *o, kv_model **m, kv_tokenizer **tok)
 {
     kv_status st = o->synth ? kv_model_synthetic(o->synth, o->seed, o->wt, m) : kv_model_open(o->model, m);
     if (st) return kv_report(st, "cannot load model");
@@ -63,6 +62,16 @@ static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int 
     kv_errclear();
     if (*tok && kv_tokenizer_vocab(*tok) != c->vocab_size)
         kv_note(0, "tokenizer has %d tokens, model %d", kv_tokenizer_vocab(*tok), c->vocab_size);
+    return 0;
+}
+
+/* The model, its tokenizer and the prompt's token ids. */
+static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int **prompt, int *n_prompt)
+{
+    int rc = run_load_model(o, m, tok);
+    if (rc) return rc;
+    const kv_model_config *c = &(*m)->cfg;
+    kv_status st;
     kv_prompt p = prompt_of(o);
     if ((st = kv_prompt_tokens(&p, *tok, c->vocab_size, prompt, n_prompt))) return kv_report(st, "cannot tokenize the prompt");
     if (o->chat.kind == KV_CHAT_AUTO) kv_note(1, "chat template %s", kv_chat_name(p.chat.kind));
@@ -71,7 +80,7 @@ static int load_inputs(const run_opts *o, kv_model **m, kv_tokenizer **tok, int 
 
 /* The policies of every layer: --policy or --profile, then the defaults
  * --kv-dtype and --select give for the keys they leave out. */
-static int load_policies(const run_opts *o, int L, kv_policy_params **prm)
+int run_load_policies(const run_opts *o, int L, kv_policy_params **prm)
 {
     kv_status st = (*prm = calloc((size_t)L, sizeof **prm)) ? kv_policies_load(o->policy, o->profile, &o->def, L, *prm)
                                                              : kv_fail(KV_E_NOMEM, "out of memory");
@@ -114,6 +123,7 @@ int main(int argc, char **argv)
     run_opts o;
     run_parse_opts(argc, argv, &o);
     if (o.tokenize) return run_tokenize(&o);
+    if (o.batch) return run_batch(&o);
     if (o.threads) kv_engine_set_threads(o.threads);
     if (is_stdout(o.dump)) kv_refuse_binary_tty(stdout, "a .kvc file");
     int rc = 0, *prompt = NULL, n_prompt = 0, ctx = 0;
@@ -138,7 +148,7 @@ int main(int argc, char **argv)
     }
     rep_open = o.report != NULL;
     if ((rc = load_inputs(&o, &m, &tok, &prompt, &n_prompt))) goto out;
-    if ((rc = load_policies(&o, m->cfg.n_layers, &prm))) goto out;
+    if ((rc = run_load_policies(&o, m->cfg.n_layers, &prm))) goto out;
     if ((rc = reuse_begin(&o, m, &ru))) goto out;
     if (o.compare) {
         rc = run_compare(&o, m, prompt, n_prompt, prm);

@@ -30,6 +30,7 @@ int kv_bench_decode_main(int argc, char **argv)
 {
     decode_args A;
     kv_bench_decode_args(argc, argv, &A);
+    if (A.nbatch) return kv_bench_decode_batch(&A);
     const char *synth = A.synth;
     const kv_dtype wt = A.wt;
     const int *ctx = A.ctx, nctx = A.nctx, tokens = A.tokens, warmup = A.warmup, offtok = A.offtok,

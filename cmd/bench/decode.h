@@ -10,10 +10,12 @@
 #include <stdint.h>
 
 #include "eval/kv_gpu_bench.h"
+#include "gpu/kv_gpu_batch.h"
 #include "model/kv_model.h"
 
 #define MAXC 8
 #define MAXV 8
+#define MAXB 16
 
 enum { CTX_SYNTH = 1, CTX_PREFILL = 2, CTX_BOTH = 3 };
 
@@ -31,6 +33,9 @@ typedef struct {
     bool want[KV_DEC_COUNT], json;
     kv_decode_variant var[MAXV];
     int nvar;
+    int batch[MAXB], nbatch; /* --batch: sizes, 0 = max; none: the batch-1 report */
+    int batch_cap;           /* --batch-cap: the most sequences max may take */
+    kv_gpu_gemm gemm;        /* --gemm */
 } decode_args;
 
 
@@ -58,5 +63,7 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A);
 /* The report on stdout: JSON, or a table for a terminal. */
 void kv_bench_decode_json(const decode_args *A, const decode_out *D);
 void kv_bench_decode_table(const decode_args *A, const decode_out *D);
+/* --batch: the batched runs and their report (decode_batch.c); the exit code. */
+int kv_bench_decode_batch(const decode_args *A);
 
 #endif

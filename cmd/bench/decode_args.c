@@ -11,7 +11,7 @@
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_VARIANTS, O_JSON };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_VARIANTS, O_JSON, O_BATCH, O_BCAP, O_GEMM };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -43,6 +43,11 @@ static const kv_option opts[] = {
                                         "context: base (default: overlapped, one-block top-K, no "
                                         "cache) or words of serial, wide, cache joined by '+', "
                                         "e.g. base,wide,wide+cache,serial"},
+    {O_BATCH, 0, "batch", "LIST", "batched decode: sequences per step, sizes or max (the most that fit "
+                                  "in GPU and host memory), e.g. 1,8,max; its own report"},
+    {O_BCAP, 0, "batch-cap", "N", "--batch max takes at most N sequences (default 512)"},
+    {O_GEMM, 0, "gemm", "HOW", "batched products: auto (default: gemv for 1 sequence, then cublas), "
+                               "gemv or cublas"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -50,7 +55,7 @@ static const kv_option opts[] = {
 static const kv_cli_spec spec = {
     "kv-bench decode", "[OPTIONS]",
     "Decode ms/token per KV placement on the GPU, with transfer ceilings.", opts,
-    "Batch 1; by default the context is synthesized on the device and in pinned host memory\n"
+    "Batch 1 unless --batch; by default the context is synthesized on the device and in pinned host memory\n"
     "from a seeded generator (--context prefill: prefilled for real); ms/token is the median\n"
     "of per-step GPU times.\n"
     "Exit 69 means no usable GPU or a build without CUDA."};
@@ -68,7 +73,8 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
     unsigned long long seed = 1;
     bool want[KV_DEC_COUNT], json = false;
     kv_decode_variant var[MAXV];
-    int nvar = 1;
+    int nvar = 1, batch[MAXB] = {0}, nbatch = 0, bcap = 512;
+    kv_gpu_gemm gemm = KV_GPU_GEMM_AUTO;
     kv_decode_variant_parse("base", &var[0]);
     for (int p = 0; p < KV_DEC_COUNT; p++) want[p] = true;
     const char *a;
@@ -146,6 +152,21 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
             if (!nvar) kv_cli_usage_error("--variants needs at least one variant");
             break;
         }
+        case O_BATCH: {
+            nbatch = 0;
+            char *dup = strdup(a), *save = NULL;
+            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (nbatch == MAXB) kv_cli_usage_error("--batch: at most %d sizes", MAXB);
+                batch[nbatch++] = !strcmp(t, "max") ? 0 : (int)kv_cli_long("--batch", t, 1, 65536);
+            }
+            free(dup);
+            if (!nbatch) kv_cli_usage_error("--batch needs a size or max");
+            break;
+        }
+        case O_BCAP: bcap = (int)kv_cli_long("--batch-cap", a, 1, 65536); break;
+        case O_GEMM:
+            if (kv_gpu_gemm_parse(a, &gemm) != KV_OK) kv_cli_usage_error("--gemm: %s", kv_errdetail());
+            break;
         case O_JSON: json = true; break;
         }
     }
@@ -153,7 +174,8 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
     *A = (decode_args){.synth = synth, .wt = wt, .nctx = nctx, .tokens = tokens, .warmup = warmup,
                        .offtok = offtok, .nofetch = nofetch, .bc = bc, .device = device, .pdl = pdl,
                        .sel_skip = sel_skip, .cmode = cmode, .pf_sync = pf_sync, .seed = seed,
-                       .json = json, .nvar = nvar};
+                       .json = json, .nvar = nvar, .nbatch = nbatch, .batch_cap = bcap, .gemm = gemm};
+    memcpy(A->batch, batch, sizeof batch);
     memcpy(A->ctx, ctx, sizeof ctx);
     memcpy(A->want, want, sizeof want);
     memcpy(A->var, var, sizeof var);

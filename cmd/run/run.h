@@ -12,6 +12,7 @@
 
 #include "kv_cli.h"
 #include "engine/kv_runner.h"
+#include "gpu/kv_gpu_batch.h"
 #include "eval/kv_reuse.h"
 #include "model/kv_model.h"
 #include "model/kv_prompt.h"
@@ -25,7 +26,9 @@ typedef struct {
     kv_device dev;
     kv_dtype wt; /* --weights */
     int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs, gemv;
-    bool nq_given, tokenize, special, print_ids, no_insert;
+    int batch;        /* --batch B (0: one prompt) */
+    kv_gpu_gemm gemm; /* --gemm */
+    bool nq_given, tokenize, special, print_ids, no_insert, gemm_given;
     kv_chat chat; /* --chat */
     double temp, top_p, important;
     unsigned long seed;
@@ -52,5 +55,12 @@ int reuse_begin(const run_opts *o, const kv_model *m, reuse_state *u);
 /* The prefill, from the cache or the store's prefix when there is one. */
 kv_status reuse_prefill(const run_opts *o, kv_runner *r, reuse_state *u, const int *ids, int n, float *logits);
 void reuse_end(reuse_state *u);
+
+/* kv-run.c: the model and its tokenizer, and every layer's policies
+ * (both report a failure and return the exit code). */
+int run_load_model(const run_opts *o, kv_model **m, kv_tokenizer **tok);
+int run_load_policies(const run_opts *o, int L, kv_policy_params **prm);
+/* --batch (run_batch.c): load, decode the B prompts, print; the exit code. */
+int run_batch(const run_opts *o);
 
 #endif

@@ -14,7 +14,7 @@ enum {
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
     O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
     O_PRINT_IDS, O_GEMV, O_KV, O_STORE,
-    O_IMPORTANT, O_NO_INSERT
+    O_IMPORTANT, O_NO_INSERT, O_BATCH, O_GEMM
 };
 
 static const kv_option opts[] = {
@@ -56,6 +56,10 @@ static const kv_option opts[] = {
     {O_STORE, 0, "store", "DIR", "reuse the prompt's longest cached prefix from a kv-tree store, then insert the prompt"},
     {O_IMPORTANT, 0, "important", "F", "with --store: disk-tier prefix nodes give only their top F of tokens"},
     {O_NO_INSERT, 0, "no-insert", NULL, "with --store: do not insert the prompt's cache afterwards"},
+    {O_BATCH, 0, "batch", "B", "decode B prompts greedily (--prompt-file: one per line; --random-prompt: seeds "
+                               "seed..seed+B-1; --prompt: B copies), together on the GPU; JSON lines out"},
+    {O_GEMM, 0, "gemm", "HOW", "with --batch on the GPU: gemv (default: each sequence as alone, bit for bit), "
+                               "cublas (faster) or auto"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -66,7 +70,8 @@ static const kv_cli_spec spec = {
 void run_parse_opts(int argc, char **argv, run_opts *o)
 {
     kv_cli_init(&spec, argc, argv);
-    *o = (run_opts){.steps = 128, .nq = 32, .top_p = 0.9, .seed = 42, .dev = KV_DEVICE_CPU, .important = 1};
+    *o = (run_opts){.steps = 128, .nq = 32, .top_p = 0.9, .seed = 42, .dev = KV_DEVICE_CPU, .important = 1,
+                    .gemm = KV_GPU_GEMM_GEMV};
     const char *arg;
     int id, optind_;
     while ((id = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
@@ -119,6 +124,11 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
             if (!(o->important > 0)) kv_cli_usage_error("--important must be in (0, 1]");
             break;
         case O_NO_INSERT: o->no_insert = true; break;
+        case O_BATCH: o->batch = (int)kv_cli_long("--batch", arg, 1, 65536); break;
+        case O_GEMM:
+            if (kv_gpu_gemm_parse(arg, &o->gemm)) kv_cli_usage_error("--gemm: %s", kv_errdetail());
+            o->gemm_given = true;
+            break;
         case O_PREFILL_CHUNK:
             o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
             if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
@@ -165,6 +175,14 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("stdin can only be read once");
     if ((o->chat.kind || o->special) && (o->tokens || o->random_prompt))
         kv_cli_usage_error("--chat and --special apply to text: not with --tokens or --random-prompt");
+    if (o->batch && (o->score || o->compare || o->probs || o->tokenize || o->dump || o->kv || o->store || o->tokens))
+        kv_cli_usage_error("--batch decodes prompts: not with --score-file, --compare, --probs, --tokenize, "
+                           "--dump-kv, --kv, --store or --tokens");
+    if (o->batch && o->temp > 0) kv_cli_usage_error("--batch decodes greedily: drop --temp");
+    if (o->batch && is_stdout(o->report)) kv_cli_usage_error("--batch writes its sequences to stdout: --report needs a file");
+    if (o->batch && !o->prompt && !o->prompt_file && !o->random_prompt)
+        kv_cli_usage_error("--batch needs prompts: --prompt-file (one per line), --random-prompt or --prompt");
+    if (o->gemm_given && !o->batch) kv_cli_usage_error("--gemm goes with --batch");
     const bool other = o->score || o->compare || o->dump || o->report;
     if (o->tokenize && (other || o->tokens || o->random_prompt || o->synth))
         kv_cli_usage_error("--tokenize takes a model or vocabulary and a text (--prompt or --prompt-file) only");

@@ -381,7 +381,7 @@ typedef struct {
 
 /* Layer l + 1's query, predicted from the residual stream before layer l,
  * and its token selection, on the selection streams. */
-static kv_status predict_ahead(kv_gpu_engine *e, int l)
+kv_status gl_predict_ahead(kv_gpu_engine *e, int l)
 {
     gl_layer *y = &e->lay[l];
     float *xp = e->xp[l & 1];
@@ -420,7 +420,7 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
     for (int l = 0; l < e->L; l++) {
         gl_layer *y = &e->lay[l];
         /* one layer ahead: the next layer's query and token selection */
-        if (!pf && l + 1 < e->L && gl_wants_pred(e, l + 1)) TRY(predict_ahead(e, l + 1));
+        if (!pf && l + 1 < e->L && gl_wants_pred(e, l + 1)) TRY(gl_predict_ahead(e, l + 1));
         TRY(gl_qkv(e, l, s));
         float *q = e->qkv, *k = q + e->qd, *v = k + e->kvd;
         gl_row r;
@@ -473,11 +473,20 @@ static kv_status engine_init(kv_gpu_engine *e)
         return kv_fail(KV_E_UNAVAILABLE, "CUDA device %d requested, %d present", e->o.device, count);
     CK(cudaSetDevice(e->o.device));
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, e->o.device));
+    if (e->wsrc) { /* a batch's sequence: the device as its weights engine found it (the property query
+                      costs milliseconds, paid once per batch rather than per sequence) */
+        memset(&prop, 0, sizeof prop);
+        snprintf(prop.name, sizeof prop.name, "%s", "shared");
+        prop.major = e->wsrc->cc_major;
+        prop.minor = 0;
+    } else {
+        CK(cudaGetDeviceProperties(&prop, e->o.device));
+    }
     int drv = 0;
     cudaDriverGetVersion(&drv);
-    snprintf(e->devname, sizeof e->devname, "%.255s (sm_%d%d, %zu MiB, driver CUDA %d.%d)", prop.name,
-             prop.major, prop.minor, prop.totalGlobalMem >> 20, drv / 1000, (drv % 1000) / 10);
+    if (e->wsrc) snprintf(e->devname, sizeof e->devname, "%s", e->wsrc->devname);
+    else snprintf(e->devname, sizeof e->devname, "%.255s (sm_%d%d, %zu MiB, driver CUDA %d.%d)", prop.name,
+                  prop.major, prop.minor, prop.totalGlobalMem >> 20, drv / 1000, (drv % 1000) / 10);
     if (prop.major < 7)
         return kv_fail(KV_E_UNAVAILABLE, "%s: compute capability %d.%d is below 7.5", prop.name,
                        prop.major, prop.minor);
@@ -523,7 +532,7 @@ static kv_status engine_init(kv_gpu_engine *e)
     e->wt = e->o.wtype == KV_DT_BF16 ? KV_DT_BF16
           : e->o.wtype == KV_DT_F16  ? KV_DT_F16
           : src == KV_DT_BF16            ? KV_DT_BF16 : KV_DT_F16;
-    TRY(gl_weights_load(e));
+    TRY(e->wsrc ? gl_weights_share(e, e->wsrc) : gl_weights_load(e));
     float *f = malloc((size_t)e->hd / 2 * sizeof(float));
     if (!f) return kv_fail(KV_E_NOMEM, "out of memory");
     kv_model_rope_freqs(c, f);
@@ -552,8 +561,9 @@ static kv_status engine_init(kv_gpu_engine *e)
     return KV_OK;
 }
 
-kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
-                            const kv_gpu_engine_opts *opts, kv_gpu_engine **out)
+static kv_status engine_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
+                            const kv_gpu_engine_opts *opts, const kv_gpu_engine *wsrc,
+                            kv_gpu_engine **out)
 {
     *out = NULL;
     const kv_model_config *c = &m->cfg;
@@ -566,6 +576,7 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
     if (opts) e->o = *opts;
     else kv_gpu_engine_opts_default(&e->o);
     e->m = m;
+    e->wsrc = wsrc;
     e->L = c->n_layers;
     e->ctx = ctx;
     e->dim = c->dim;
@@ -611,6 +622,21 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
     }
     *out = e;
     return KV_OK;
+}
+
+kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer, int ctx,
+                            const kv_gpu_engine_opts *opts, kv_gpu_engine **out)
+{
+    return engine_new(m, per_layer, ctx, opts, NULL, out);
+}
+
+kv_status kv_gpu_engine_new_sharing(const kv_gpu_engine *src, const kv_policy_params *per_layer,
+                                    int ctx, const kv_gpu_engine_opts *opts, kv_gpu_engine **out)
+{
+    *out = NULL;
+    if (opts && (opts->device != src->o.device || opts->wtype != src->o.wtype || opts->gemv_q != src->o.gemv_q))
+        return kv_fail(KV_E_USAGE, "an engine sharing weights keeps their device, weight type and GEMV variant");
+    return engine_new(src->m, per_layer, ctx, opts ? opts : &src->o, src, out);
 }
 
 void kv_gpu_engine_free(kv_gpu_engine *e)

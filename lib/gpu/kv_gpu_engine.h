@@ -122,6 +122,13 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
                             const kv_gpu_engine_opts *opts, kv_gpu_engine **out);
 void kv_gpu_engine_free(kv_gpu_engine *e);
 
+/* An engine for the same model that reads src's weights on the GPU instead
+ * of uploading its own (a batch of sequences, lib/gpu/kv_gpu_batch.h): src
+ * must outlive it; opts (NULL: src's) must keep src's device, wtype and
+ * gemv_q.  Its own KV, activations and streams, as kv_gpu_engine_new's. */
+kv_status kv_gpu_engine_new_sharing(const kv_gpu_engine *src, const kv_policy_params *per_layer,
+                                    int ctx, const kv_gpu_engine_opts *opts, kv_gpu_engine **out);
+
 /* Forget every token; per_layer (n_layers) replaces the policies, NULL keeps them. */
 kv_status kv_gpu_engine_reset(kv_gpu_engine *e, const kv_policy_params *per_layer);
 

@@ -264,6 +264,8 @@ struct kv_gpu_engine {
     cudaEvent_t *ev_t1;                   /* (L) profile: top-K done (selection stream) */
     cudaEvent_t *ev_w0, *ev_w1;           /* (L) profile: main stream before / after its wait */
     gl_layer *lay;       /* (L) */
+    const kv_gpu_engine *wsrc; /* the engine whose weights this one reads (kv_gpu_engine_new_sharing), or NULL */
+    bool w_shared;       /* the weights are wsrc's: gl_weights_free leaves them alone */
     struct kv_cublas *cb; /* cuBLAS for the chunked prefill, opened at its first use */
     bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */
     double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
@@ -281,12 +283,18 @@ bool gl_wants_pred(const kv_gpu_engine *e, int l);
 /* The fp16 scratch e->qx a packed layer is expanded into each step
  * (kv_gpu_quant.c; dsq uses it too). */
 kv_status gl_ensure_qx(kv_gpu_engine *e);
+/* Layer l's query predicted from the residual stream before layer l - 1
+ * and its token selection, on the selection streams (a decode step of a
+ * layer with gl_wants_pred; the batched step calls it per sequence). */
+kv_status gl_predict_ahead(kv_gpu_engine *e, int l);
 /* Elapsed ms between two recorded events (0 when unavailable). */
 float gl_elapsed(cudaEvent_t a, cudaEvent_t b);
 
 // --- weights (kv_gpu_weights.c) ------------------------------------------------------
 
 kv_status gl_weights_load(kv_gpu_engine *e);
+/* e reads src's weights (the same device pointers; nothing uploaded). */
+kv_status gl_weights_share(kv_gpu_engine *e, const kv_gpu_engine *src);
 void gl_weights_free(kv_gpu_engine *e);
 /* Does any matrix live packed on the device? */
 bool gl_weights_packed(const kv_gpu_engine *e);

@@ -26,6 +26,14 @@ kv_status kv_gpu_engine_new(const kv_model *m, const kv_policy_params *per_layer
                    "unavailable (use --device cpu)");
 }
 
+kv_status kv_gpu_engine_new_sharing(const kv_gpu_engine *src, const kv_policy_params *per_layer,
+                                    int ctx, const kv_gpu_engine_opts *opts, kv_gpu_engine **out)
+{
+    (void)src; (void)per_layer; (void)ctx; (void)opts;
+    *out = NULL;
+    return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA");
+}
+
 void kv_gpu_engine_free(kv_gpu_engine *e) { free(e); }
 
 static kv_status no_cuda(void)

@@ -243,6 +243,22 @@ kv_status gl_weights_load(kv_gpu_engine *e)
     return KV_OK;
 }
 
+kv_status gl_weights_share(kv_gpu_engine *e, const kv_gpu_engine *src)
+{
+    if (src->L != e->L || src->wt != e->wt) return kv_fail(KV_E_USAGE, "weights of another model shared");
+    for (int l = 0; l < e->L; l++) {
+        e->w[l] = src->w[l];
+        e->w[l].owner = false;
+    }
+    e->embd = src->embd, e->outw = src->outw;
+    e->pembd = src->pembd, e->pout = src->pout;
+    e->out_norm = src->out_norm;
+    e->wbytes = 0; /* stored once, by src */
+    e->wread = src->wread;
+    e->w_shared = true;
+    return KV_OK;
+}
+
 bool gl_weights_packed(const kv_gpu_engine *e)
 {
     if (e->pembd.data || e->pout.data) return true;
@@ -339,6 +355,14 @@ void gl_prefill_layer(const kv_gpu_engine *e, int l, kv_pf_layer *out)
 
 void gl_weights_free(kv_gpu_engine *e)
 {
+    if (e->w_shared) { /* src's: forget them */
+        if (e->w) memset(e->w, 0, (size_t)e->L * sizeof *e->w);
+        e->embd = e->outw = NULL;
+        memset(&e->pembd, 0, sizeof e->pembd);
+        memset(&e->pout, 0, sizeof e->pout);
+        e->out_norm = NULL;
+        return;
+    }
     if (e->w)
         for (int l = 0; l < e->L; l++) {
             gw_layer *w = &e->w[l];
