@@ -14,9 +14,16 @@
  * a sparse layer counts the K rows its attention buffer gathers).
  * Several files are averaged.
  *
+ * With the model (kv_profile_add_kl, lib/eval/kv_profile_kl.c) each
+ * option's error is instead the KL of the next-token distributions when
+ * the file's last tokens are decoded with that layer alone under it: the
+ * error a deployment sees (the attention-output error overstates sparse
+ * layers wherever attention is diffuse).
+ *
  * Two rules turn that into a deployment config (lib/policy/kv_deploy.h,
  * version 2: one policy per layer):
  *   budget (default): per layer the option with the least total error
+ *     (the KL when measured, else the attention-output error)
  *     whose resident bytes, summed over layers, fit kv_budget (a fraction
  *     of full's fp16 bytes when <= 1, else bytes) -- a multiple-choice
  *     knapsack, solved exactly by dynamic programming over the bytes in
