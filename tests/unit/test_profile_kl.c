@@ -205,6 +205,10 @@ static void test_kl_rejects_a_file_without_room_or_of_another_model(void)
     p.steps = 8;
     KT_CHECK(kv_profile_add_kl(&a, f, other, &p) == KV_E_DATA, "another model: %s", kv_errdetail());
     kv_model_close(other);
+    /* a prompt of 32 tokens or fewer is prefilled whole (no rows from the file) */
+    KT_OK(kv_profile_add_kl(&a, f, m, &p));
+    KT_CHECK(a.kl_docs == 1 && a.kl_steps == 8 && isfinite(a.kl[KV_OPT_Q4][0]) && a.kl[KV_OPT_Q4][0] >= 0,
+             "short prompt: %d files, KL %g", a.kl_docs, a.kl[KV_OPT_Q4][0]);
     kv_profile_clear(&a);
     kvc_close(f);
     unlink(path);
