@@ -20,13 +20,15 @@
 enum {
     OPT_TAU = 256, OPT_ALPHA, OPT_NQ, OPT_BUDGET, OPT_CHANNELS, OPT_BITS, OPT_GROUP,
     OPT_RESIDUAL, OPT_SINK, OPT_WINDOW, OPT_SVG, OPT_JSON, OPT_KV_BUDGET, OPT_RULE, OPT_SELECT,
-    OPT_CHOICES
+    OPT_CHOICES, OPT_MODEL, OPT_STEPS
 };
 
 static const kv_option opts[] = {
     {OPT_KV_BUDGET, 0, "kv-budget", "B", "resident KV bytes: a fraction of full's fp16 (<= 1) or bytes (0.25)"},
     {OPT_RULE, 0, "rule", "budget|tau", "choose by the errors under --kv-budget, or TailorKV's tau rule (budget)"},
     {OPT_CHOICES, 0, "choices", "LIST", "options measured and chosen from: names, comma-separated (all)"},
+    {OPT_MODEL, 'm', "model", "FILE", "the files' model: rate each option by the KL of decoding through it"},
+    {OPT_STEPS, 0, "steps", "N", "with --model: decode each file's last N tokens (32)"},
     {OPT_TAU, 0, "tau", "T", "tau rule: score above T is quantization-friendly (0.2)"},
     {OPT_ALPHA, 0, "alpha", "A", "top share of keys for the score (0.05)"},
     {OPT_NQ, 0, "nq", "N", "use the last N stored queries (32; 0 = all)"},
@@ -49,7 +51,10 @@ static const kv_cli_spec spec = {
     "Each layer gets full, quant (1, 2, 4 bits; residual 0 and other groups too), sparse or\n"
     "dsq: the least total attention error whose resident bytes fit --kv-budget (--rule\n"
     "budget), or TailorKV's rule (--rule tau).  --choices names the options: full, quant1,\n"
-    "quant2, quant4, sparse, dsq, quant2-r0, quant2-r32g32, quant4-r0, quant4-r0g128, dsq-s10.  Several files are averaged per layer and head.  Output: JSON on stdout (a table\n"
+    "quant2, quant4, sparse, dsq, quant2-r0, quant2-r32g32, quant4-r0, quant4-r0g128, dsq-s10,\n"
+    "quant1-r0, stream32, stream64, sparse32.  With --model the error is the KL of the next-token\n"
+    "distributions when the files' last --steps tokens are decoded with one layer under the\n"
+    "option.  Several files are averaged per layer and head.  Output: JSON on stdout (a table\n"
     "on a terminal) whose \"deploy\" member kv-run, kv-quant and kv-bench take with --profile."};
 
 static void print_table(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d,
@@ -67,11 +72,14 @@ static void print_table(const kv_profile *a, const kv_profile_params *p, const k
     printf("\n%-14s", "choice");
     for (int l = 0; l < a->n_layers; l++) printf("  %14s", kv_profile_opt_name(c->opt[l]));
     printf("\n");
+    /* the error that decided: KL with --model, else the attention error */
+    printf("%s\n", a->kl_docs > 0 ? "(KL, nats; bytes / full)" : "(attention error; bytes / full)");
     for (int o = KV_OPT_Q1; o < KV_OPT_COUNT; o++) {
         if (!(p->choices & (1u << o))) continue;
         printf("%-14s", kv_profile_opt_name((kv_profile_opt)o));
         for (int l = 0; l < a->n_layers; l++)
-            printf("  %6.4f (%5.3f)", a->layer_err[o][l], a->bytes[o][l] / a->bytes[KV_OPT_FULL][l]);
+            printf("  %6.4f (%5.3f)", a->kl_docs > 0 ? a->kl[o][l] : a->layer_err[o][l],
+                   a->bytes[o][l] / a->bytes[KV_OPT_FULL][l]);
         printf("\n");
     }
     printf("\nrule %s: %.0f of %.0f bytes (%.3f)", d->rule, c->bytes, c->full_bytes,
@@ -90,7 +98,8 @@ int main(int argc, char **argv)
     kv_cli_init(&spec, argc, argv);
     kv_profile_params p;
     kv_profile_params_default(&p);
-    const char *arg, *svg = NULL;
+    const char *arg, *svg = NULL, *model = NULL;
+    bool steps_given = false;
     bool json = false;
     int c, optind_;
     while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
@@ -132,11 +141,18 @@ int main(int argc, char **argv)
             if (cs) kv_cli_usage_error("--choices: %s", kv_errdetail());
             break;
         }
+        case OPT_MODEL: model = arg; break;
+        case OPT_STEPS:
+            p.steps = (int)kv_cli_long("--steps", arg, 1, 1 << 24);
+            steps_given = true;
+            break;
         case OPT_SVG: svg = arg; break;
         case OPT_JSON: json = true; break;
         }
     }
     if (optind_ >= argc) kv_cli_usage_error("no input file");
+    if (steps_given && !model) kv_cli_usage_error("--steps goes with --model");
+    if (model && p.rule == KV_RULE_TAU) kv_cli_usage_error("--model rates the options for --rule budget; --rule tau uses none");
     int rc = 0;
     kv_profile acc;
     memset(&acc, 0, sizeof acc);
@@ -144,10 +160,15 @@ int main(int argc, char **argv)
     kv_deploy_defaults(&dep);
     kv_profile_choice ch = {0};
     kv_status st;
+    kv_model *m = NULL;
     /* The SVG is opened first, so that a bad path fails before the work,
        and committed last, so that a failed stdout leaves no SVG behind. */
     kv_outfile svg_out;
     bool svg_open = false;
+    if (model && (st = kv_model_open(model, &m))) {
+        rc = kv_report(st, "%s", model);
+        goto done;
+    }
     if (svg) {
         if ((st = kv_outfile_open(&svg_out, svg))) {
             rc = kv_report(st, "%s", svg);
@@ -158,7 +179,8 @@ int main(int argc, char **argv)
     for (int i = optind_; i < argc; i++) {
         kvc_file *f = NULL;
         kv_progress("profiling %s (%d of %d)", argv[i], i - optind_ + 1, argc - optind_);
-        if ((st = kvc_open(argv[i], &f)) || (st = kv_profile_add(&acc, f, &p))) {
+        if ((st = kvc_open(argv[i], &f)) || (st = kv_profile_add(&acc, f, &p)) ||
+            (m && (st = kv_profile_add_kl(&acc, f, m, &p)))) {
             rc = kv_report(st, "%s", argv[i]);
             kvc_close(f);
             goto done;
@@ -190,5 +212,6 @@ done:
     kv_profile_choice_clear(&ch);
     kv_deploy_clear(&dep);
     kv_profile_clear(&acc);
+    kv_model_close(m);
     return rc;
 }

@@ -30,6 +30,7 @@ void kv_profile_params_default(kv_profile_params *p)
     p->rule = KV_RULE_BUDGET;
     p->kv_budget = 0.25;
     p->choices = KV_PROFILE_ALL_CHOICES;
+    p->steps = 32;
     p->quant = d.quant;
     p->sparse = d.sparse;
     kv_policy_params_default(&p->dsq, KV_POL_DSQ);
@@ -63,7 +64,8 @@ static double mass_outside_top(float *p, int n, double alpha)
 
 static const char *const opt_names[KV_OPT_COUNT] = {
     "full", "quant1", "quant2", "quant4", "sparse", "dsq",
-    "quant2-r0", "quant2-r32g32", "quant4-r0", "quant4-r0g128", "dsq-s10"};
+    "quant2-r0", "quant2-r32g32", "quant4-r0", "quant4-r0g128", "dsq-s10",
+    "quant1-r0", "stream32", "stream64", "sparse32"};
 
 const char *kv_profile_opt_name(kv_profile_opt o)
 {
@@ -87,7 +89,7 @@ kv_status kv_profile_choices_parse(const char *list, unsigned *mask)
         if (o < 0)
             return kv_fail(KV_E_USAGE, "unknown choice '%.*s' (full, quant1, quant2, quant4, sparse, "
                                        "dsq, quant2-r0, quant2-r32g32, quant4-r0, quant4-r0g128, "
-                                       "dsq-s10 or all)", (int)(n > 64 ? 64 : n), s);
+                                       "dsq-s10, quant1-r0, stream32, stream64, sparse32 or all)", (int)(n > 64 ? 64 : n), s);
         m |= 1u << o;
         s += n;
         if (*s == ',') {
@@ -110,18 +112,31 @@ static void opt_params(const kv_profile_params *p, kv_profile_opt o, kv_policy_p
         x->kind = KV_POL_QUANT;
         x->bits = o == KV_OPT_Q1 ? 1 : o == KV_OPT_Q2 ? 2 : 4;
         break;
+    case KV_OPT_Q1_R0:
     case KV_OPT_Q2_R0:
     case KV_OPT_Q2_R32G32:
     case KV_OPT_Q4_R0:
     case KV_OPT_Q4_R0G128:
         *x = p->quant;
         x->kind = KV_POL_QUANT;
-        x->bits = o == KV_OPT_Q4_R0 || o == KV_OPT_Q4_R0G128 ? 4 : 2;
+        x->bits = o == KV_OPT_Q4_R0 || o == KV_OPT_Q4_R0G128 ? 4 : o == KV_OPT_Q1_R0 ? 1 : 2;
         x->residual = o == KV_OPT_Q2_R32G32 ? 32 : 0;
         if (o == KV_OPT_Q2_R32G32) x->group = 32;
         if (o == KV_OPT_Q4_R0G128) x->group = 128;
         break;
     case KV_OPT_SPARSE: *x = p->sparse; break;
+    case KV_OPT_SPARSE32:
+        *x = p->sparse;
+        x->sink = 4;
+        x->window = 12;
+        x->topk = 16;
+        break;
+    case KV_OPT_STREAM32:
+    case KV_OPT_STREAM64:
+        kv_policy_params_default(x, KV_POL_STREAMING);
+        x->sink = 4;
+        x->window = o == KV_OPT_STREAM32 ? 28 : 60;
+        break;
     case KV_OPT_DSQ: *x = p->dsq; break;
     case KV_OPT_DSQ_S10:
         *x = p->dsq;
@@ -131,6 +146,18 @@ static void opt_params(const kv_profile_params *p, kv_profile_opt o, kv_policy_p
     }
     x->dtype = KV_DT_F16;
     x->given = 0;
+}
+
+/* Option o as deployed: its parameters in the storage type asked for, not
+ * the fp16 its bytes are counted in. */
+void kv_profile_deploy_params(const kv_profile_params *p, kv_profile_opt o, kv_policy_params *x)
+{
+    opt_params(p, o, x);
+    x->dtype = x->kind == KV_POL_SPARSE    ? p->sparse.dtype
+               : x->kind == KV_POL_DSQ     ? p->dsq.dtype
+               : x->kind == KV_POL_FULL    ? KV_DT_F32
+               : x->kind == KV_POL_QUANT   ? p->quant.dtype
+                                           : p->sparse.dtype; /* streaming: as sparse rows */
 }
 
 // --- one file --------------------------------------------------------------------
@@ -146,7 +173,8 @@ static kv_status alloc_acc(kv_profile *a, int L, int NH, int H, int D)
     for (int o = 0; o < KV_OPT_COUNT; o++)
         ok = ok && (a->err[o] = calloc(n, sizeof(double))) &&
              (a->layer_err[o] = calloc((size_t)L, sizeof(double))) &&
-             (a->bytes[o] = calloc((size_t)L, sizeof(double)));
+             (a->bytes[o] = calloc((size_t)L, sizeof(double))) &&
+             (a->kl[o] = calloc((size_t)L, sizeof(double)));
     return ok ? KV_OK : kv_fail(KV_E_NOMEM, "profile tables");
 }
 
@@ -158,6 +186,7 @@ void kv_profile_clear(kv_profile *a)
         free(a->err[o]);
         free(a->layer_err[o]);
         free(a->bytes[o]);
+        free(a->kl[o]);
     }
     memset(a, 0, sizeof *a);
 }
@@ -380,6 +409,7 @@ void kv_profile_finish(kv_profile *a)
             for (int h = 0; h < NH; h++) e += a->err[o][(size_t)l * NH + h] /= a->n_docs;
             a->layer_err[o][l] = e / NH;
             a->bytes[o][l] /= a->n_docs;
+            if (a->kl_docs > 0) a->kl[o][l] /= a->kl_docs;
         }
     }
     a->n_docs = -a->n_docs; /* finished: further adds are an error */
@@ -390,6 +420,13 @@ void kv_profile_choice_clear(kv_profile_choice *c)
     if (!c) return;
     free(c->opt);
     memset(c, 0, sizeof *c);
+}
+
+/* The error the budget rule minimizes: the KL through the model when it
+ * was measured, else the attention-output error. */
+static const double *decision_err(const kv_profile *a, int o)
+{
+    return a->kl_docs > 0 ? a->kl[o] : a->layer_err[o];
 }
 
 /* Multiple-choice knapsack: per layer one option, least total error with
@@ -413,14 +450,14 @@ static kv_status choose_budget(const kv_profile *a, double budget_frac, kv_profi
     for (int l = 0; l < L; l++) {
         for (int o = 0; o < KV_OPT_COUNT; o++) {
             double fr = a->bytes[o][l] / a->bytes[KV_OPT_FULL][l];
-            cost[o] = isfinite(a->layer_err[o][l]) && isfinite(fr) ? (int)ceil(fr * STEPS - 1e-6) : -1;
+            cost[o] = isfinite(decision_err(a, o)[l]) && isfinite(fr) ? (int)ceil(fr * STEPS - 1e-6) : -1;
         }
         for (long b = 0; b <= B; b++) {
             double best = INFINITY;
             int bo = -1;
             for (int o = 0; o < KV_OPT_COUNT; o++) {
                 if (cost[o] < 0 || cost[o] > b) continue;
-                double e = dp[b - cost[o]] + a->layer_err[o][l];
+                double e = dp[b - cost[o]] + decision_err(a, o)[l];
                 /* less error; on a tie the fewer bytes */
                 if (e < best - 1e-12 || (bo >= 0 && fabs(e - best) <= 1e-12 && cost[o] < cost[bo])) {
                     best = e;
@@ -446,7 +483,7 @@ static kv_status choose_budget(const kv_profile *a, double budget_frac, kv_profi
         for (int l = 0; l < L; l++) {
             int bo = KV_OPT_FULL;
             for (int o = 0; o < KV_OPT_COUNT; o++)
-                if (isfinite(a->bytes[o][l]) && isfinite(a->layer_err[o][l]) && a->bytes[o][l] < a->bytes[bo][l])
+                if (isfinite(a->bytes[o][l]) && isfinite(decision_err(a, o)[l]) && a->bytes[o][l] < a->bytes[bo][l])
                     bo = o;
             opt[l] = (kv_profile_opt)bo;
         }
@@ -488,13 +525,7 @@ kv_status kv_profile_deploy(const kv_profile *a, const kv_profile_params *p, kv_
     }
     if (!st) {
         for (int l = 0; l < L; l++) {
-            kv_policy_params *x = &d->per_layer[l];
-            opt_params(p, c->opt[l], x);
-            /* deployed in the storage type asked for, not the fp16 measured */
-            x->dtype = x->kind == KV_POL_SPARSE ? p->sparse.dtype
-                       : x->kind == KV_POL_DSQ    ? p->dsq.dtype
-                       : x->kind == KV_POL_FULL   ? KV_DT_F32
-                                                  : p->quant.dtype;
+            kv_profile_deploy_params(p, c->opt[l], &d->per_layer[l]);
             c->bytes += a->bytes[c->opt[l]][l];
         }
     }
@@ -518,7 +549,8 @@ static void heads_json(FILE *f, const char *name, const double *row, int n, bool
 /* The JSON names of the per-option errors, as kv-profile has always written them. */
 static const char *const err_names[KV_OPT_COUNT] = {
     NULL, "err_1bit", "err_2bit", "err_4bit", "err_sparse", "err_dsq", "err_2bit_r0",
-    "err_2bit_r32g32", "err_4bit_r0", "err_4bit_r0g128", "err_dsq_s10"};
+    "err_2bit_r32g32", "err_4bit_r0", "err_4bit_r0g128", "err_dsq_s10", "err_1bit_r0",
+    "err_stream32", "err_stream64", "err_sparse32"};
 
 void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, const kv_deploy *d,
                            const kv_profile_choice *c, FILE *f)
@@ -542,6 +574,8 @@ void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, cons
             p->quant.bits, p->quant.group, p->quant.residual,
             p->sparse.topk > 0 ? (double)p->sparse.topk : p->sparse.topk_frac, p->sparse.channels,
             p->sparse.sink, p->sparse.window, sp, dq);
+    fprintf(f, "  \"error\": \"%s\",\n", a->kl_docs > 0 ? "kl" : "attn");
+    if (a->kl_docs > 0) fprintf(f, "  \"kl_files\": %d,\n  \"kl_steps\": %d,\n", a->kl_docs, a->kl_steps);
     fputs("  \"choices\": [", f);
     for (int oi = 0, n = 0; oi < KV_OPT_COUNT; oi++)
         if (p->choices & (1u << oi)) fprintf(f, "%s\"%s\"", n++ ? ", " : "", opt_names[oi]);
@@ -576,6 +610,13 @@ void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, cons
             fprintf(f, "%s\"%s\": ", oi ? ", " : "", kv_profile_opt_name((kv_profile_opt)oi));
             kv_json_number(f, a->bytes[oi][l]);
         }
+        if (a->kl_docs > 0) {
+            fputs("},\n     \"kl\": {", f);
+            for (int oi = 0; oi < KV_OPT_COUNT; oi++) {
+                fprintf(f, "%s\"%s\": ", oi ? ", " : "", kv_profile_opt_name((kv_profile_opt)oi));
+                kv_json_number(f, a->kl[oi][l]);
+            }
+        }
         fputs("},\n     \"heads\": {", f);
         heads_json(f, "score", a->score + o, NH, false);
         for (int oi = KV_OPT_Q1; oi < KV_OPT_COUNT; oi++)
@@ -586,7 +627,7 @@ void kv_profile_write_json(const kv_profile *a, const kv_profile_params *p, cons
     if (d) {
         double *e = malloc(((size_t)a->n_layers + 1) * sizeof *e), *by = malloc(((size_t)a->n_layers + 1) * sizeof *by);
         for (int l = 0; e && by && c && c->opt && l < a->n_layers; l++) {
-            e[l] = a->layer_err[c->opt[l]][l];
+            e[l] = decision_err(a, c->opt[l])[l];
             by[l] = a->bytes[c->opt[l]][l];
         }
         bool ext = e && by && c && c->opt;

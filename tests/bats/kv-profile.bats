@@ -225,3 +225,48 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     # the only raw ESC bytes are the progress line's own erase-line sequences
     printf '%s' "$stderr" | "$PY" -c 'import sys; b=sys.stdin.buffer.read().replace(b"\x1b[K", b""); sys.exit(0x1b in b or 0x07 in b)'
 }
+
+@test "kv-profile --steps without --model is a usage error (64)" {
+    run --separate-stderr kv-profile --steps 8 "$WORK/a.kvc"
+    assert_fails_with 64 "--steps goes with --model"
+}
+
+@test "kv-profile --model with --rule tau is a usage error (64)" {
+    run --separate-stderr kv-profile --model "$DATA/stories260K/stories260K.bin" --rule tau "$WORK/a.kvc"
+    assert_fails_with 64 "--rule tau"
+}
+
+@test "kv-profile --model reports a missing model with exit 66" {
+    run --separate-stderr kv-profile --model "$WORK/missing.bin" "$WORK/a.kvc"
+    assert_fails_with 66 "missing.bin"
+}
+
+@test "kv-profile --model rejects a cache another model made with exit 65" {
+    run --separate-stderr kv-profile --model "$DATA/stories260K/stories260K.bin" --choices quant4 "$WORK/a.kvc"
+    [ "$status" -eq 65 ]
+    [[ "$stderr" == *"a.kvc"* ]]
+    [ "$output" = "" ]
+}
+
+@test "kv-profile --model rates a real stories260K cache by KL and fits a quarter of full's bytes" {
+    [ -x "$BIN/kv-run" ] || skip "kv-run not built"
+    kv-run --model "$DATA/stories260K/stories260K.bin" \
+        --prompt-file "$DATA/stories260K/reference/greedy_bos_200.txt" -n 0 --dump-kv "$WORK/kl.kvc" > /dev/null 2>&1
+    run --separate-stderr kv-profile --model "$DATA/stories260K/stories260K.bin" --steps 202 "$WORK/kl.kvc"
+    assert_fails_with 64 "steps must be 1..201"
+    run --separate-stderr kv-profile --model "$DATA/stories260K/stories260K.bin" --steps 64 --kv-budget 0.25 \
+        --choices quant2-r0,quant4-r0,quant1-r0,stream32,sparse32 "$WORK/kl.kvc"
+    assert_success
+    [ "$(json_get 'j["error"], j["kl_files"], j["kl_steps"]')" = "('kl', 1, 64)" ]
+    [ "$(json_get 'j["choice"]["budget_met"] and j["choice"]["ratio"] <= 0.25')" = True ]
+    # full against itself is 0; 1 bit without the window is far from 4 bits on every layer
+    [ "$(json_get 'all(l["kl"]["full"] == 0 and l["kl"]["quant1-r0"] > 10 * l["kl"]["quant4-r0"] for l in j["layers"])')" = True ]
+    # the deploy config carries the KL each layer was chosen by
+    [ "$(json_get 'all(e["error"] == l["kl"][l["choice"]] for e, l in zip(j["deploy"]["layers"], j["layers"]))')" = True ]
+    # the 2-bit and 4-bit options do not fit (0.30, 0.42 of full); the KL picks sparse32 (0.25)
+    [ "$(json_get '"sparse32" in [l["choice"] for l in j["layers"]]')" = True ]
+    # without the model the attention error decides
+    run --separate-stderr kv-profile --kv-budget 0.25 --choices quant4-r0,sparse32 "$WORK/kl.kvc"
+    assert_success
+    [ "$(json_get 'j["error"], "kl" in j["layers"][0]')" = "('attn', False)" ]
+}
