@@ -208,11 +208,24 @@ static cudaError_t f16_plan(const kv_attn_dims *d, bool qf32, f16_kernel *kern, 
     return cudaSuccess;
 }
 
+/* Does the pipelined tensor-core kernel serve d (and the tuning allow it)? */
+static bool f16_use_tc(const kv_attn_dims *d)
+{
+    const kv_cuda_tuning *tu = kv_cuda_get_tuning();
+    return !tu->f16_legacy && !tu->f16_prefetch && tu->f16_unroll != 8 && kv_f16_tc_ok(d);
+}
+
+/* Enough for either kernel's plan (the launch falls back to the register
+ * kernel when K or V is not 16-byte aligned, which the size cannot know). */
 static size_t f16_workspace(const kv_attn_dims *d, bool qf32)
 {
     f16_kernel k;
-    int tps, nsplit;
+    int tps, nsplit, tc_tps, tc_nsplit;
     if (!f16_dims_ok(d) || f16_plan(d, qf32, &k, &tps, &nsplit) != cudaSuccess) return 0;
+    if (f16_use_tc(d)) {
+        if (kv_f16_tc_plan(d, qf32, &tc_tps, &tc_nsplit) != cudaSuccess) return 0;
+        if (tc_nsplit > nsplit) nsplit = tc_nsplit;
+    }
     return (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float);
 }
 
@@ -223,9 +236,15 @@ static cudaError_t f16_attend(const kv_attn_dims *d, bool qf32, const void *q,
 {
     f16_kernel kern;
     int tps, nsplit;
+    float *part = static_cast<float *>(ws);
+    if (f16_use_tc(d) && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0) {
+        CUDA_CHECK(kv_f16_tc_plan(d, qf32, &tps, &nsplit));
+        CUDA_CHECK(kv_f16_tc_launch(d, qf32, q, reinterpret_cast<const __half *>(k),
+                                    reinterpret_cast<const __half *>(v), part, tps, nsplit, stream));
+        return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
+    }
     CUDA_CHECK(f16_plan(d, qf32, &kern, &tps, &nsplit));
     const int group = d->n_heads / d->n_kv_heads, hpg = f16_hpg(group);
-    float *part = static_cast<float *>(ws);
     CUDA_CHECK(kv_launch(2, kern, dim3(d->n_heads / hpg, nsplit), dim3(KV_F16_THREADS), 0, stream,
                          q, reinterpret_cast<const __half *>(k),
                          reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,

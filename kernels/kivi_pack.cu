@@ -113,6 +113,175 @@ __global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int
         reinterpret_cast<uint32_t *>(codes + ht * D * BITS / 8)[lane / LPW] = w;
 }
 
+/*
+ * The memory-speed pack (issue 10): a thread owns 8 consecutive channels of
+ * a token (one 16-byte load, one 8*BITS-bit store of its own codes), so no
+ * code word is assembled across lanes; extremes are reduced across the
+ * threads that share channels (keys: the token subsets of a group, by
+ * shuffles and then shared memory; values: the 8-channel chunks of a value
+ * group, by shuffles).  Codes and parameters are those of kv_kivi_code and
+ * kv_kivi_group_params, so the bytes equal the CPU's.
+ */
+template <int BITS>
+__device__ __forceinline__ uint32_t kv_kivi_codes8(uint4 raw, const float (&sd)[8],
+                                                   const float (&rcp)[8], const float (&z)[8],
+                                                   float maxq)
+{
+    const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
+    uint32_t w = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __half22float2(hp[i]);
+        w |= kv_kivi_code(f.x, sd[2 * i], rcp[2 * i], z[2 * i], maxq) << (2 * i * BITS);
+        w |= kv_kivi_code(f.y, sd[2 * i + 1], rcp[2 * i + 1], z[2 * i + 1], maxq) << ((2 * i + 1) * BITS);
+    }
+    return w;
+}
+
+template <int BITS>
+__device__ __forceinline__ void kv_kivi_store_codes8(uint8_t *p, uint32_t w)
+{
+    if (BITS == 1) *p = (uint8_t)w;
+    else if (BITS == 2) *reinterpret_cast<uint16_t *>(p) = (uint16_t)w;
+    else *reinterpret_cast<uint32_t *>(p) = w;
+}
+
+__device__ __forceinline__ void kv_minmax8(uint4 raw, float (&mn)[8], float (&mx)[8], bool first)
+{
+    const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __half22float2(hp[i]);
+        if (first) {
+            mn[2 * i] = mx[2 * i] = f.x;
+            mn[2 * i + 1] = mx[2 * i + 1] = f.y;
+        } else {
+            mn[2 * i] = f.x < mn[2 * i] ? f.x : mn[2 * i];
+            mx[2 * i] = f.x > mx[2 * i] ? f.x : mx[2 * i];
+            mn[2 * i + 1] = f.y < mn[2 * i + 1] ? f.y : mn[2 * i + 1];
+            mx[2 * i + 1] = f.y > mx[2 * i + 1] ? f.y : mx[2 * i + 1];
+        }
+    }
+}
+
+/* Keys: grid (ngroups, H), 128 threads; thread (c8 = tid % (D/8), ts = tid /
+ * (D/8)) holds tokens ts, ts + NS, ... (NS = 128 / (D/8) subsets, G / NS
+ * tokens each, at most KV_PACK_TPT). */
+#define KV_PACK_TPT 8
+template <int D, int BITS>
+__global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
+    kivi_pack_keys8(const __half *__restrict__ x, int T, int G, int nq,
+                    uint8_t *__restrict__ codes, __half *__restrict__ scale,
+                    __half *__restrict__ zero)
+{
+    constexpr int CPR = D / 8, NS = KV_PACK_KEY_THREADS / CPR, NW = KV_PACK_KEY_THREADS / 32;
+    __shared__ float red[2][NW][D];
+    const int gi = blockIdx.x, h = blockIdx.y, ng = gridDim.x;
+    const int tid = threadIdx.x, c8 = tid % CPR, ts = tid / CPR, warp = tid >> 5, lane = tid & 31;
+    const int tpt = G / NS;
+    const __half *src = x + ((size_t)h * T + (size_t)gi * G) * D + c8 * 8;
+    uint4 raw[KV_PACK_TPT];
+#pragma unroll
+    for (int j = 0; j < KV_PACK_TPT; j++)
+        if (j < tpt) raw[j] = __ldg(reinterpret_cast<const uint4 *>(src + (size_t)(ts + j * NS) * D));
+    float mn[8], mx[8];
+    kv_minmax8(raw[0], mn, mx, true);
+#pragma unroll
+    for (int j = 1; j < KV_PACK_TPT; j++)
+        if (j < tpt) kv_minmax8(raw[j], mn, mx, false);
+    /* lanes lane ^ CPR, ^ 2 CPR, ... of the warp hold the same channels */
+#pragma unroll
+    for (int o = CPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float a = __shfl_xor_sync(KV_FULL_MASK, mn[i], o), b = __shfl_xor_sync(KV_FULL_MASK, mx[i], o);
+            mn[i] = a < mn[i] ? a : mn[i];
+            mx[i] = b > mx[i] ? b : mx[i];
+        }
+    if (lane < CPR)
+#pragma unroll
+        for (int i = 0; i < 8; i++) red[0][warp][c8 * 8 + i] = mn[i], red[1][warp][c8 * 8 + i] = mx[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        mn[i] = red[0][0][c8 * 8 + i];
+        mx[i] = red[1][0][c8 * 8 + i];
+#pragma unroll
+        for (int w = 1; w < NW; w++) {
+            float a = red[0][w][c8 * 8 + i], b = red[1][w][c8 * 8 + i];
+            mn[i] = a < mn[i] ? a : mn[i];
+            mx[i] = b > mx[i] ? b : mx[i];
+        }
+    }
+    const float maxq = (float)((1 << BITS) - 1);
+    float sd[8], rcp[8], z[8];
+    __half hs[8], hz[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        kv_kivi_group_params(mn[i], mx[i], maxq, &hs[i], &hz[i], &sd[i], &z[i]);
+        rcp[i] = __frcp_rn(sd[i]);
+    }
+    if (ts == 0) {
+        const size_t so = ((size_t)h * ng + gi) * D + c8 * 8;
+        *reinterpret_cast<uint4 *>(scale + so) = *reinterpret_cast<const uint4 *>(hs);
+        *reinterpret_cast<uint4 *>(zero + so) = *reinterpret_cast<const uint4 *>(hz);
+    }
+    uint8_t *out = codes + ((size_t)h * nq + (size_t)gi * G) * (D * BITS / 8) + c8 * BITS;
+#pragma unroll
+    for (int j = 0; j < KV_PACK_TPT; j++)
+        if (j < tpt)
+            kv_kivi_store_codes8<BITS>(out + (size_t)(ts + j * NS) * (D * BITS / 8),
+                                       kv_kivi_codes8<BITS>(raw[j], sd, rcp, z, maxq));
+}
+
+/* Values: a thread per (head, token, 8 channels); the LPG = gv / 8 threads
+ * of a value group are consecutive lanes. */
+template <int D, int BITS>
+__global__ void __launch_bounds__(256)
+    kivi_pack_values8(const __half *__restrict__ x, int H, int T, int nq, int gv,
+                      uint8_t *__restrict__ codes, __half *__restrict__ scale,
+                      __half *__restrict__ zero)
+{
+    constexpr int CPR = D / 8;
+    const size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t ht = id / CPR; /* (head, token) among the H * nq packed rows */
+    const bool live = ht < (size_t)H * nq;
+    const int c8 = (int)(id % CPR);
+    const int h = live ? (int)(ht / nq) : 0, t = live ? (int)(ht % nq) : 0;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (live) raw = __ldg(reinterpret_cast<const uint4 *>(x + ((size_t)h * T + t) * D + c8 * 8));
+    float mn[8], mx[8];
+    kv_minmax8(raw, mn, mx, true);
+    float gmn = mn[0], gmx = mx[0];
+#pragma unroll
+    for (int i = 1; i < 8; i++) {
+        gmn = mn[i] < gmn ? mn[i] : gmn;
+        gmx = mx[i] > gmx ? mx[i] : gmx;
+    }
+    const int lpg = gv / 8; /* 4, 8 or 16: whole groups inside a warp (CPR is 8 or 16) */
+    for (int o = 1; o < lpg; o <<= 1) {
+        float a = __shfl_xor_sync(KV_FULL_MASK, gmn, o), b = __shfl_xor_sync(KV_FULL_MASK, gmx, o);
+        gmn = a < gmn ? a : gmn;
+        gmx = b > gmx ? b : gmx;
+    }
+    if (!live) return;
+    const float maxq = (float)((1 << BITS) - 1);
+    __half hs, hz;
+    float sdv, zv;
+    kv_kivi_group_params(gmn, gmx, maxq, &hs, &hz, &sdv, &zv);
+    const float rv = __frcp_rn(sdv);
+    const int ngv = D / gv;
+    if (c8 % lpg == 0) {
+        scale[ht * ngv + c8 / lpg] = hs;
+        zero[ht * ngv + c8 / lpg] = hz;
+    }
+    float sd[8], rcp[8], z[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) sd[i] = sdv, rcp[i] = rv, z[i] = zv;
+    kv_kivi_store_codes8<BITS>(codes + ht * (D * BITS / 8) + c8 * BITS,
+                               kv_kivi_codes8<BITS>(raw, sd, rcp, z, maxq));
+}
+
 /* Unpack: one thread per (head, token, 8 channels); residual tokens copied. */
 __global__ void kivi_unpack(kv_kivi_axis axis, int H, int T, int D, int G, int bits, int nq,
                             const uint8_t *__restrict__ codes, const __half *__restrict__ scale,
@@ -170,18 +339,40 @@ extern "C" cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params
     __half *sc = reinterpret_cast<__half *>(out->scale), *ze = reinterpret_cast<__half *>(out->zero);
     const int G = prm->group, bits = prm->bits;
     const int nq = kv_kivi_nquant(T, G, prm->residual);
+    /* the 8-channel kernels store scales as 16-byte and codes as up to 4-byte words */
+    const bool wide = (((uintptr_t)sc | (uintptr_t)ze) & 15) == 0 && ((uintptr_t)out->codes & 3) == 0;
     if (nq > 0) {
-        if (axis == KV_KIVI_KEYS) {
+        if (axis == KV_KIVI_KEYS && wide && G % (KV_PACK_KEY_THREADS / (D / 8)) == 0) {
+#define KV_PACK_K8(DD, BB)                                                                    \
+    if (D == DD && bits == BB)                                                                \
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_keys8<DD, BB>, dim3(nq / G, H),           \
+                             dim3(KV_PACK_KEY_THREADS), 0, stream, xh, T, G, nq, out->codes,  \
+                             sc, ze));
+            KV_PACK_K8(64, 1) KV_PACK_K8(64, 2) KV_PACK_K8(64, 4)
+            KV_PACK_K8(128, 1) KV_PACK_K8(128, 2) KV_PACK_K8(128, 4)
+#undef KV_PACK_K8
+        } else if (axis == KV_KIVI_KEYS) { /* groups the 8-channel layout does not divide */
             CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_keys, dim3(nq / G, H),
                                  dim3(KV_PACK_KEY_THREADS), 0, stream, xh, T, D, G, bits, nq,
                                  out->codes, sc, ze));
-        } else {
+        } else if (!wide) {
             int gv = G < D ? G : D;
             size_t threads = (size_t)H * nq * 32;
             unsigned blocks = (unsigned)((threads + 255) / 256);
 #define KV_PACK_V(DD, BB)                                                                    \
     if (D == DD && bits == BB)                                                               \
         CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values<DD, BB>, dim3(blocks), dim3(256), \
+                             0, stream, xh, H, T, nq, gv, out->codes, sc, ze));
+            KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
+            KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)
+#undef KV_PACK_V
+        } else {
+            int gv = G < D ? G : D;
+            size_t threads = (size_t)H * nq * (D / 8);
+            unsigned blocks = (unsigned)((threads + 255) / 256);
+#define KV_PACK_V(DD, BB)                                                                     \
+    if (D == DD && bits == BB)                                                                \
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values8<DD, BB>, dim3(blocks), dim3(256), \
                              0, stream, xh, H, T, nq, gv, out->codes, sc, ze));
             KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
             KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)

@@ -33,7 +33,7 @@ void kv_cuda_clear_error(void);
 void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line);
 
 /* Programmatic dependent launch (sm_90 and later): level 1 launches the
- * engine's GEMVs with it, level 2 also RoPE, the fp16 attention and its
+ * engine's GEMVs with it, level 2 also RoPE, the fp16 and packed attention and their
  * combine.  A kernel launched so may start while the previous kernel in
  * the stream finishes and waits for it in-kernel (griddepcontrol), hiding
  * launch gaps; every such kernel reads nothing an earlier kernel writes
@@ -57,6 +57,9 @@ typedef struct {
     int f16_waves;    /* fp16 attention: grid sized for this many waves of resident blocks (1) */
     int kivi2_var;    /* packed attention: v2 variant bits (attn_kivi.cu; 0 = the default;
                          8, 16, 32 are timing diagnostics that compute wrong results) */
+    int f16_legacy;   /* fp16 attention: 1 = the register-streaming kernel everywhere, not the
+                         pipelined tensor-core one (attn_f16_tc.cu); f16_prefetch and
+                         f16_unroll 8 imply it */
 } kv_cuda_tuning;
 
 void kv_cuda_tuning_default(kv_cuda_tuning *t);
