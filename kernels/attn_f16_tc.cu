@@ -94,6 +94,16 @@ __global__ void __launch_bounds__(KV_TC_THREADS, 2)
     const __half *kb = k + (size_t)kvh * head_stride, *vb = v + (size_t)kvh * head_stride;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(tc_smem);
 
+    /* While the kernel before finishes: the first tiles into L2 (a prefetch
+     * returns nothing to this SM, and L2 is where every write lands, so a
+     * row the kernel before is still writing is read fresh after the wait). */
+    if (tid < 2) {
+        const int nrow = min(t1 - t0, (KV_TC_STAGES - 1) * G::TT);
+        const __half *src = (tid == 0 ? kb : vb) + (size_t)t0 * D;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src),
+                     "r"((unsigned)(nrow * D * 2))
+                     : "memory");
+    }
     kv_pdl_wait(); /* q and the newest K/V row come from the kernel before */
 
     /* The loader: thread tid copies chunk column tid % CPR of rows tid / CPR + i * (128 / CPR). */

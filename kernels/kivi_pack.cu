@@ -124,16 +124,16 @@ __global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int
  */
 template <int BITS>
 __device__ __forceinline__ uint32_t kv_kivi_codes8(uint4 raw, const float (&sd)[8],
-                                                   const float (&rcp)[8], const float (&z)[8],
-                                                   float maxq)
+                                                   const float (&rcp)[8], const float (&z)[8])
 {
     const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
+    constexpr int maxq = (1 << BITS) - 1;
     uint32_t w = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float2 f = __half22float2(hp[i]);
-        w |= kv_kivi_code(f.x, sd[2 * i], rcp[2 * i], z[2 * i], maxq) << (2 * i * BITS);
-        w |= kv_kivi_code(f.y, sd[2 * i + 1], rcp[2 * i + 1], z[2 * i + 1], maxq) << ((2 * i + 1) * BITS);
+        w += kv_kivi_code_fast(f.x, sd[2 * i], rcp[2 * i], z[2 * i], maxq) << (2 * i * BITS);
+        w += kv_kivi_code_fast(f.y, sd[2 * i + 1], rcp[2 * i + 1], z[2 * i + 1], maxq) << ((2 * i + 1) * BITS);
     }
     return w;
 }
@@ -166,7 +166,9 @@ __device__ __forceinline__ void kv_minmax8(uint4 raw, float (&mn)[8], float (&mx
 
 /* Keys: grid (ngroups, H), 128 threads; thread (c8 = tid % (D/8), ts = tid /
  * (D/8)) holds tokens ts, ts + NS, ... (NS = 128 / (D/8) subsets, G / NS
- * tokens each, at most KV_PACK_TPT). */
+ * tokens each, at most KV_PACK_TPT).  The extremes meet in shared memory,
+ * where thread c (one per channel) makes channel c's scale, zero and
+ * reciprocal once for all. */
 #define KV_PACK_TPT 8
 template <int D, int BITS>
 __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
@@ -176,6 +178,7 @@ __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
 {
     constexpr int CPR = D / 8, NS = KV_PACK_KEY_THREADS / CPR, NW = KV_PACK_KEY_THREADS / 32;
     __shared__ float red[2][NW][D];
+    __shared__ __align__(16) float prm[3][D]; /* divisor, reciprocal, zero per channel */
     const int gi = blockIdx.x, h = blockIdx.y, ng = gridDim.x;
     const int tid = threadIdx.x, c8 = tid % CPR, ts = tid / CPR, warp = tid >> 5, lane = tid & 31;
     const int tpt = G / NS;
@@ -202,84 +205,95 @@ __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
 #pragma unroll
         for (int i = 0; i < 8; i++) red[0][warp][c8 * 8 + i] = mn[i], red[1][warp][c8 * 8 + i] = mx[i];
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        mn[i] = red[0][0][c8 * 8 + i];
-        mx[i] = red[1][0][c8 * 8 + i];
+    if (tid < D) {
+        float cmn = red[0][0][tid], cmx = red[1][0][tid];
 #pragma unroll
         for (int w = 1; w < NW; w++) {
-            float a = red[0][w][c8 * 8 + i], b = red[1][w][c8 * 8 + i];
-            mn[i] = a < mn[i] ? a : mn[i];
-            mx[i] = b > mx[i] ? b : mx[i];
+            float a = red[0][w][tid], b = red[1][w][tid];
+            cmn = a < cmn ? a : cmn;
+            cmx = b > cmx ? b : cmx;
         }
+        __half hs, hz;
+        float sd, z;
+        kv_kivi_group_params(cmn, cmx, (float)((1 << BITS) - 1), &hs, &hz, &sd, &z);
+        const size_t so = ((size_t)h * ng + gi) * D + tid;
+        scale[so] = hs;
+        zero[so] = hz;
+        prm[0][tid] = sd;
+        prm[1][tid] = __frcp_rn(sd);
+        prm[2][tid] = z;
     }
-    const float maxq = (float)((1 << BITS) - 1);
+    __syncthreads();
     float sd[8], rcp[8], z[8];
-    __half hs[8], hz[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        kv_kivi_group_params(mn[i], mx[i], maxq, &hs[i], &hz[i], &sd[i], &z[i]);
-        rcp[i] = __frcp_rn(sd[i]);
-    }
-    if (ts == 0) {
-        const size_t so = ((size_t)h * ng + gi) * D + c8 * 8;
-        *reinterpret_cast<uint4 *>(scale + so) = *reinterpret_cast<const uint4 *>(hs);
-        *reinterpret_cast<uint4 *>(zero + so) = *reinterpret_cast<const uint4 *>(hz);
-    }
+    for (int i = 0; i < 8; i++) sd[i] = prm[0][c8 * 8 + i], rcp[i] = prm[1][c8 * 8 + i], z[i] = prm[2][c8 * 8 + i];
     uint8_t *out = codes + ((size_t)h * nq + (size_t)gi * G) * (D * BITS / 8) + c8 * BITS;
 #pragma unroll
     for (int j = 0; j < KV_PACK_TPT; j++)
         if (j < tpt)
             kv_kivi_store_codes8<BITS>(out + (size_t)(ts + j * NS) * (D * BITS / 8),
-                                       kv_kivi_codes8<BITS>(raw[j], sd, rcp, z, maxq));
+                                       kv_kivi_codes8<BITS>(raw[j], sd, rcp, z));
 }
 
-/* Values: a thread per (head, token, 8 channels); the LPG = gv / 8 threads
+/* Values: grid (ceil(nq / (KV_PACK_VROWS * RPB)), H), 256 threads; a thread
+ * per (token, 8 channels) of KV_PACK_VROWS tokens RPB apart (RPB = tokens
+ * per block pass), their loads issued together; the LPG = gv / 8 threads
  * of a value group are consecutive lanes. */
+#define KV_PACK_VROWS 4
 template <int D, int BITS>
 __global__ void __launch_bounds__(256)
-    kivi_pack_values8(const __half *__restrict__ x, int H, int T, int nq, int gv,
+    kivi_pack_values8(const __half *__restrict__ x, int T, int nq, int gv,
                       uint8_t *__restrict__ codes, __half *__restrict__ scale,
                       __half *__restrict__ zero)
 {
-    constexpr int CPR = D / 8;
-    const size_t id = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t ht = id / CPR; /* (head, token) among the H * nq packed rows */
-    const bool live = ht < (size_t)H * nq;
-    const int c8 = (int)(id % CPR);
-    const int h = live ? (int)(ht / nq) : 0, t = live ? (int)(ht % nq) : 0;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (live) raw = __ldg(reinterpret_cast<const uint4 *>(x + ((size_t)h * T + t) * D + c8 * 8));
-    float mn[8], mx[8];
-    kv_minmax8(raw, mn, mx, true);
-    float gmn = mn[0], gmx = mx[0];
-#pragma unroll
-    for (int i = 1; i < 8; i++) {
-        gmn = mn[i] < gmn ? mn[i] : gmn;
-        gmx = mx[i] > gmx ? mx[i] : gmx;
-    }
+    constexpr int CPR = D / 8, RPB = 256 / CPR, maxq = (1 << BITS) - 1;
+    const int h = blockIdx.y, c8 = threadIdx.x % CPR;
+    const int tb = blockIdx.x * (RPB * KV_PACK_VROWS) + threadIdx.x / CPR;
     const int lpg = gv / 8; /* 4, 8 or 16: whole groups inside a warp (CPR is 8 or 16) */
-    for (int o = 1; o < lpg; o <<= 1) {
-        float a = __shfl_xor_sync(KV_FULL_MASK, gmn, o), b = __shfl_xor_sync(KV_FULL_MASK, gmx, o);
-        gmn = a < gmn ? a : gmn;
-        gmx = b > gmx ? b : gmx;
-    }
-    if (!live) return;
-    const float maxq = (float)((1 << BITS) - 1);
-    __half hs, hz;
-    float sdv, zv;
-    kv_kivi_group_params(gmn, gmx, maxq, &hs, &hz, &sdv, &zv);
-    const float rv = __frcp_rn(sdv);
     const int ngv = D / gv;
-    if (c8 % lpg == 0) {
-        scale[ht * ngv + c8 / lpg] = hs;
-        zero[ht * ngv + c8 / lpg] = hz;
-    }
-    float sd[8], rcp[8], z[8];
+    uint4 raw[KV_PACK_VROWS];
 #pragma unroll
-    for (int i = 0; i < 8; i++) sd[i] = sdv, rcp[i] = rv, z[i] = zv;
-    kv_kivi_store_codes8<BITS>(codes + ht * (D * BITS / 8) + c8 * BITS,
-                               kv_kivi_codes8<BITS>(raw, sd, rcp, z, maxq));
+    for (int j = 0; j < KV_PACK_VROWS; j++) {
+        const int t = tb + j * RPB;
+        raw[j] = t < nq ? __ldg(reinterpret_cast<const uint4 *>(x + ((size_t)h * T + t) * D + c8 * 8))
+                        : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < KV_PACK_VROWS; j++) {
+        const int t = tb + j * RPB;
+        float mn[8], mx[8];
+        kv_minmax8(raw[j], mn, mx, true);
+        float gmn = mn[0], gmx = mx[0];
+#pragma unroll
+        for (int i = 1; i < 8; i++) {
+            gmn = mn[i] < gmn ? mn[i] : gmn;
+            gmx = mx[i] > gmx ? mx[i] : gmx;
+        }
+        for (int o = 1; o < lpg; o <<= 1) {
+            float a = __shfl_xor_sync(KV_FULL_MASK, gmn, o), b = __shfl_xor_sync(KV_FULL_MASK, gmx, o);
+            gmn = a < gmn ? a : gmn;
+            gmx = b > gmx ? b : gmx;
+        }
+        if (t >= nq) continue; /* whole rows: the shuffles above had every lane */
+        __half hs, hz;
+        float sdv, zv;
+        kv_kivi_group_params(gmn, gmx, (float)maxq, &hs, &hz, &sdv, &zv);
+        const float rv = __frcp_rn(sdv);
+        const size_t ht = (size_t)h * nq + t;
+        if (c8 % lpg == 0) {
+            scale[ht * ngv + c8 / lpg] = hs;
+            zero[ht * ngv + c8 / lpg] = hz;
+        }
+        const __half2 *hp = reinterpret_cast<const __half2 *>(&raw[j]);
+        uint32_t w = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(hp[i]);
+            w += kv_kivi_code_fast(f.x, sdv, rv, zv, maxq) << (2 * i * BITS);
+            w += kv_kivi_code_fast(f.y, sdv, rv, zv, maxq) << ((2 * i + 1) * BITS);
+        }
+        kv_kivi_store_codes8<BITS>(codes + ht * (D * BITS / 8) + c8 * BITS, w);
+    }
 }
 
 /* Unpack: one thread per (head, token, 8 channels); residual tokens copied. */
@@ -368,12 +382,12 @@ extern "C" cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params
 #undef KV_PACK_V
         } else {
             int gv = G < D ? G : D;
-            size_t threads = (size_t)H * nq * (D / 8);
-            unsigned blocks = (unsigned)((threads + 255) / 256);
+            const int rows = (256 / (D / 8)) * KV_PACK_VROWS;
+            dim3 grid((unsigned)((nq + rows - 1) / rows), (unsigned)H);
 #define KV_PACK_V(DD, BB)                                                                     \
     if (D == DD && bits == BB)                                                                \
-        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values8<DD, BB>, dim3(blocks), dim3(256), \
-                             0, stream, xh, H, T, nq, gv, out->codes, sc, ze));
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values8<DD, BB>, grid, dim3(256), 0, stream, \
+                             xh, T, nq, gv, out->codes, sc, ze));
             KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
             KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)
 #undef KV_PACK_V

@@ -39,6 +39,26 @@ __device__ __forceinline__ unsigned kv_kivi_code(float x, float sdiv, float rcp,
     return (unsigned)(int)v;
 }
 
+/* kv_kivi_code in fewer instructions, for the 8-channel kernels: the same
+ * codes.  The ambiguity test |q - rint(q)| >= 0.5 - 8e-7 |q| is the one
+ * above (frac(q) within 8e-7 |q| of 1/2); the test for huge or non-finite
+ * q is not needed because the quotient is clamped to [0, maxq] either way
+ * (a * rcp and the IEEE a / s agree on NaN, on infinities and on which side
+ * of the clamp any quotient beyond 2^23 falls); cvt.rni maps NaN to 0 and
+ * saturates, as the CPU's `v > 0 ? v : 0` then `min(v, maxq)` do. */
+__device__ __forceinline__ unsigned kv_kivi_code_fast(float x, float sdiv, float rcp, float z,
+                                                      int maxq)
+{
+    float a = __fsub_rn(x, z);
+    float q = __fmul_rn(a, rcp);
+    float d = fabsf(__fsub_rn(q, rintf(q)));
+    if (d >= __fmaf_rn(-fabsf(q), 8.0e-7f, 0.5f)) q = __fdiv_rn(a, sdiv);
+    int v = __float2int_rn(q);
+    v = v > 0 ? v : 0;
+    v = v < maxq ? v : maxq;
+    return (unsigned)v;
+}
+
 /* fp16 scale/zero of a group and the divisor the code loop uses. */
 __device__ __forceinline__ void kv_kivi_group_params(float mn, float mx, float maxq, __half *hs,
                                                      __half *hz, float *sdiv, float *z)

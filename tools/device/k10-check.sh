@@ -45,7 +45,7 @@ if has pack; then
     log "kv-bench pack rc=$?"
 fi
 if has unit; then
-    timeout 35 "$D/test_cuda_kernels" > "$OUT/unit.tap" 2>&1
+    timeout 70 "$D/test_cuda_kernels" > "$OUT/unit.tap" 2>&1
     log "test_cuda_kernels rc=$? $(grep -c '^ok' "$OUT/unit.tap") ok, $(grep -c '^not ok' "$OUT/unit.tap") not ok"
     grep -A4 '^not ok' "$OUT/unit.tap" | head -40 | tee -a "$OUT/summary.txt"
 fi
