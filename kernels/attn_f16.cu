@@ -1,14 +1,20 @@
 /*
- * fp16 flash-decoding attention (see attn_f16.cuh): grid (query-head
- * groups, nsplit), every block a contiguous token range of one KV head for
- * HPG of its query heads; the split count is chosen so that the grid is
- * about one full wave of resident blocks, each with several 16-byte K and V
- * loads in flight per lane.  HPG is the query group n_heads / kv_heads when
- * that is 1, 2, 4 or 8 (K and V read once); for a group of 3, 5, 6 or 7 it
- * is the largest of those dividing it, and the KV head's rows are read once
- * per HPG heads.  Head dims 8 to 256 (powers of two): a token row is D/8
- * lanes of 16 bytes.  The query is fp16 or float32 (TQ): only its load into
- * shared memory differs.
+ * fp16 flash-decoding attention (see attn_f16.cuh), the dispatcher and the
+ * register-streaming kernel.  Head dims 64 and 128 with K and V 16-byte
+ * aligned go to the pipelined tensor-core kernel of attn_f16_tc.cu (the
+ * default since issue 10: about the copy bandwidth at 128k on the H200,
+ * docs/BENCHMARKS.md); every other geometry, and the measured variants
+ * (kv_cuda_tuning: f16_legacy, f16_prefetch, f16_unroll 8), to the kernel
+ * here.  Its grid is (query-head groups, nsplit), every block a contiguous
+ * token range of one KV head for HPG of its query heads; the split count is
+ * chosen so that the grid is about one full wave of resident blocks, each
+ * with several 16-byte K and V loads in flight per lane.  HPG is the query
+ * group n_heads / kv_heads when that is 1, 2, 4 or 8 (K and V read once);
+ * for a group of 3, 5, 6 or 7 it is the largest of those dividing it, and
+ * the KV head's rows are read once per HPG heads.  Head dims 8 to 256
+ * (powers of two): a token row is D/8 lanes of 16 bytes.  The query is fp16
+ * or float32 (TQ): only its load into shared memory differs.  Both kernels
+ * write the partial records that attn_combine (below) merges.
  */
 #include "attn_f16.cuh"
 

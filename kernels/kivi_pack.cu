@@ -122,20 +122,32 @@ __global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int
  * group, by shuffles).  Codes and parameters are those of kv_kivi_code and
  * kv_kivi_group_params, so the bytes equal the CPU's.
  */
+/* The 8 codes of one row chunk (x: 8 floats), packed least significant first. */
 template <int BITS>
-__device__ __forceinline__ uint32_t kv_kivi_codes8(uint4 raw, const float (&sd)[8],
+__device__ __forceinline__ uint32_t kv_kivi_codes8(const float (&x)[8], const float (&sd)[8],
                                                    const float (&rcp)[8], const float (&z)[8])
 {
-    const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
-    constexpr int maxq = (1 << BITS) - 1;
+    constexpr float maxq = (float)((1 << BITS) - 1);
     uint32_t w = 0;
+    bool amb = false;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 f = __half22float2(hp[i]);
-        w += kv_kivi_code_fast(f.x, sd[2 * i], rcp[2 * i], z[2 * i], maxq) << (2 * i * BITS);
-        w += kv_kivi_code_fast(f.y, sd[2 * i + 1], rcp[2 * i + 1], z[2 * i + 1], maxq) << ((2 * i + 1) * BITS);
+    for (int i = 0; i < 8; i++) w |= kv_kivi_code_fast(x[i], rcp[i], z[i], maxq, &amb) << (i * BITS);
+    if (amb) { /* rare: a quotient within rounding of a half integer */
+        w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) w |= kv_kivi_code_exact(x[i], sd[i], z[i], maxq) << (i * BITS);
     }
     return w;
+}
+
+__device__ __forceinline__ void kv_half8(uint4 raw, float (&f)[8])
+{
+    const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(hp[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
 }
 
 template <int BITS>
@@ -230,9 +242,12 @@ __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
     uint8_t *out = codes + ((size_t)h * nq + (size_t)gi * G) * (D * BITS / 8) + c8 * BITS;
 #pragma unroll
     for (int j = 0; j < KV_PACK_TPT; j++)
-        if (j < tpt)
+        if (j < tpt) {
+            float f[8];
+            kv_half8(raw[j], f);
             kv_kivi_store_codes8<BITS>(out + (size_t)(ts + j * NS) * (D * BITS / 8),
-                                       kv_kivi_codes8<BITS>(raw[j], sd, rcp, z));
+                                       kv_kivi_codes8<BITS>(f, sd, rcp, z));
+        }
 }
 
 /* Values: grid (ceil(nq / (KV_PACK_VROWS * RPB)), H), 256 threads; a thread
@@ -261,13 +276,13 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int j = 0; j < KV_PACK_VROWS; j++) {
         const int t = tb + j * RPB;
-        float mn[8], mx[8];
-        kv_minmax8(raw[j], mn, mx, true);
-        float gmn = mn[0], gmx = mx[0];
+        float f[8];
+        kv_half8(raw[j], f);
+        float gmn = f[0], gmx = f[0];
 #pragma unroll
         for (int i = 1; i < 8; i++) {
-            gmn = mn[i] < gmn ? mn[i] : gmn;
-            gmx = mx[i] > gmx ? mx[i] : gmx;
+            gmn = f[i] < gmn ? f[i] : gmn;
+            gmx = f[i] > gmx ? f[i] : gmx;
         }
         for (int o = 1; o < lpg; o <<= 1) {
             float a = __shfl_xor_sync(KV_FULL_MASK, gmn, o), b = __shfl_xor_sync(KV_FULL_MASK, gmx, o);
@@ -284,14 +299,10 @@ __global__ void __launch_bounds__(256)
             scale[ht * ngv + c8 / lpg] = hs;
             zero[ht * ngv + c8 / lpg] = hz;
         }
-        const __half2 *hp = reinterpret_cast<const __half2 *>(&raw[j]);
-        uint32_t w = 0;
+        float sd[8], rcp[8], z[8];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 f = __half22float2(hp[i]);
-            w += kv_kivi_code_fast(f.x, sdv, rv, zv, maxq) << (2 * i * BITS);
-            w += kv_kivi_code_fast(f.y, sdv, rv, zv, maxq) << ((2 * i + 1) * BITS);
-        }
+        for (int i = 0; i < 8; i++) sd[i] = sdv, rcp[i] = rv, z[i] = zv;
+        const uint32_t w = kv_kivi_codes8<BITS>(f, sd, rcp, z);
         kv_kivi_store_codes8<BITS>(codes + ht * (D * BITS / 8) + c8 * BITS, w);
     }
 }

@@ -290,6 +290,7 @@ static double f16_tol(int nh, int nkv, int D, int legacy)
 static void check_f16_cases(const char *variant, size_t ncases, int q_f32, int legacy)
 {
     char why[256];
+    double worst = 0;
     for (size_t i = 0; i < ncases; i++) {
         const int nh = f16_cases[i].nh, nkv = f16_cases[i].nkv, D = f16_cases[i].D, T = f16_cases[i].T;
         if (f16_short && T > 5000) continue;
@@ -306,8 +307,11 @@ static void check_f16_cases(const char *variant, size_t ncases, int q_f32, int l
         free(qf);
         KT_CHECK(e <= f16_tol(nh, nkv, D, legacy), "%s%s: %d/%d heads D %d T %d: %s", variant,
                  q_f32 ? ", f32 query" : "", nh, nkv, D, T, why);
+        if (!(e <= worst)) worst = e;
         free(q), free(k), free(v), free(tmp);
     }
+    printf("# fp16 attention, %s%s: largest normalized error %.3g over %zu cases\n", variant,
+           q_f32 ? ", f32 query" : "", worst, ncases);
 }
 
 static void test_attn_f16_matches_cpu_on_random_data(void)
