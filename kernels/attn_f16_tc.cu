@@ -82,6 +82,9 @@ __global__ void __launch_bounds__(KV_TC_THREADS, 2)
                 const __half *__restrict__ v, float *__restrict__ part, int T,
                 long long head_stride, int tps, float qscale, int group)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap(); /* the host launches it on sm_90 and later only (kv_f16_tc_ok) */
+#else
     using G = kv_tc_geom<D>;
     const TQ *__restrict__ q = static_cast<const TQ *>(qv);
     extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -260,6 +263,7 @@ __global__ void __launch_bounds__(KV_TC_THREADS, 2)
         if (c == 0) rec[0] = M, rec[1] = L;
         rec[2 + c] = O;
     }
+#endif
 }
 
 // --- plan and launch ---------------------------------------------------------------
@@ -275,10 +279,27 @@ static tc_kernel tc_pick(int D, bool qf32, int *slot)
     return nullptr;
 }
 
+/* Compute capability major of the current device (cached per device): the
+ * kernel uses sm_90's bulk L2 prefetch, and the build's PTX for older GPUs
+ * would not hold it. */
+static int tc_cc_major(void)
+{
+    static thread_local int cached_dev = -1, cached_major = 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (dev != cached_dev) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            return 0;
+        cached_dev = dev, cached_major = major;
+    }
+    return cached_major;
+}
+
 bool kv_f16_tc_ok(const kv_attn_dims *d)
 {
     const int group = d->n_heads / d->n_kv_heads;
-    return (d->head_dim == 64 || d->head_dim == 128) && group >= 1 && group <= 16 &&
+    return tc_cc_major() >= 9 && (d->head_dim == 64 || d->head_dim == 128) && group >= 1 && group <= 16 &&
            d->head_stride % 8 == 0 && d->head_stride >= (long long)d->T * d->head_dim;
 }
 

@@ -158,24 +158,6 @@ __device__ __forceinline__ void kv_kivi_store_codes8(uint8_t *p, uint32_t w)
     else *reinterpret_cast<uint32_t *>(p) = w;
 }
 
-__device__ __forceinline__ void kv_minmax8(uint4 raw, float (&mn)[8], float (&mx)[8], bool first)
-{
-    const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 f = __half22float2(hp[i]);
-        if (first) {
-            mn[2 * i] = mx[2 * i] = f.x;
-            mn[2 * i + 1] = mx[2 * i + 1] = f.y;
-        } else {
-            mn[2 * i] = f.x < mn[2 * i] ? f.x : mn[2 * i];
-            mx[2 * i] = f.x > mx[2 * i] ? f.x : mx[2 * i];
-            mn[2 * i + 1] = f.y < mn[2 * i + 1] ? f.y : mn[2 * i + 1];
-            mx[2 * i + 1] = f.y > mx[2 * i + 1] ? f.y : mx[2 * i + 1];
-        }
-    }
-}
-
 /* Keys: grid (ngroups, H), 128 threads; thread (c8 = tid % (D/8), ts = tid /
  * (D/8)) holds tokens ts, ts + NS, ... (NS = 128 / (D/8) subsets, G / NS
  * tokens each, at most KV_PACK_TPT).  The extremes meet in shared memory,
@@ -199,11 +181,26 @@ __global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
 #pragma unroll
     for (int j = 0; j < KV_PACK_TPT; j++)
         if (j < tpt) raw[j] = __ldg(reinterpret_cast<const uint4 *>(src + (size_t)(ts + j * NS) * D));
-    float mn[8], mx[8];
-    kv_minmax8(raw[0], mn, mx, true);
+    /* Extremes over the thread's tokens in fp16 pairs (exact: the min and max
+     * of fp16 values are fp16 values), two channels per instruction. */
+    __half2 hmn[4], hmx[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) hmn[i] = hmx[i] = reinterpret_cast<const __half2 *>(&raw[0])[i];
 #pragma unroll
     for (int j = 1; j < KV_PACK_TPT; j++)
-        if (j < tpt) kv_minmax8(raw[j], mn, mx, false);
+        if (j < tpt)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const __half2 v = reinterpret_cast<const __half2 *>(&raw[j])[i];
+                hmn[i] = __hmin2(hmn[i], v);
+                hmx[i] = __hmax2(hmx[i], v);
+            }
+    float mn[8], mx[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 a = __half22float2(hmn[i]), b = __half22float2(hmx[i]);
+        mn[2 * i] = a.x, mn[2 * i + 1] = a.y, mx[2 * i] = b.x, mx[2 * i + 1] = b.y;
+    }
     /* lanes lane ^ CPR, ^ 2 CPR, ... of the warp hold the same channels */
 #pragma unroll
     for (int o = CPR; o < 32; o <<= 1)
