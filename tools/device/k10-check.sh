@@ -12,11 +12,13 @@
 #   mem     compute-sanitizer memcheck, KV_TEST_SHORT, fp16 + pack tests
 #   race    compute-sanitizer racecheck, same tests
 #   decode  kv-bench decode --json -c 32768,131072 --policies full,quant
+#   engine  test_gpu_engine (the engine's fidelity tests, which run every
+#           fp16 layer through the attention kernels)
 # Results in $OUT: summary.txt and one log/JSON per step.
 set -u
 D=${1:-build-dev-K10}
 OUT=${OUT:-/tmp/k10-out}
-STEPS=${STEPS:-attn,sdpa,pack,unit,mem,race,decode}
+STEPS=${STEPS:-attn,sdpa,pack,unit,mem,race,decode,engine}
 mkdir -p "$OUT"
 export PATH="$PATH:/usr/local/cuda/bin"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -91,3 +93,9 @@ if p:
     for r in p["results"]:
         print("pack %d bits: %.1f us, %.1f%% of copy" % (r["bits"], r.get("gpu_us", -1), 100 * r.get("gpu_frac_of_copy", 0)))
 EOF
+if has engine; then
+    # the GPU engine's fidelity tests run every fp16 layer through these kernels
+    timeout 75 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1
+    log "test_gpu_engine rc=$? $(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"
+    grep -A4 '^not ok' "$OUT/engine.tap" | head -30 | tee -a "$OUT/summary.txt"
+fi
