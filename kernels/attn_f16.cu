@@ -234,11 +234,14 @@ static cudaError_t f16_plan(const kv_attn_dims *d, bool qf32, f16_kernel *kern, 
     return cudaSuccess;
 }
 
-/* Does the pipelined tensor-core kernel serve d (and the tuning allow it)? */
-static bool f16_use_tc(const kv_attn_dims *d)
+/* Does the pipelined tensor-core kernel serve d (and the tuning allow it)?
+ * Only for an fp16 query: the engine passes a float32 query exactly where
+ * it wants float32 numerics (docs/DESIGN.md), and the tensor-core kernel
+ * would round it (and p) to fp16. */
+static bool f16_use_tc(const kv_attn_dims *d, bool qf32)
 {
     const kv_cuda_tuning *tu = kv_cuda_get_tuning();
-    return !tu->f16_legacy && !tu->f16_prefetch && tu->f16_unroll != 8 && kv_f16_tc_ok(d);
+    return !qf32 && !tu->f16_legacy && !tu->f16_prefetch && tu->f16_unroll != 8 && kv_f16_tc_ok(d);
 }
 
 /* Enough for either kernel's plan (the launch falls back to the register
@@ -248,7 +251,7 @@ static size_t f16_workspace(const kv_attn_dims *d, bool qf32)
     f16_kernel k;
     int tps, nsplit, tc_tps, tc_nsplit;
     if (!f16_dims_ok(d) || f16_plan(d, qf32, &k, &tps, &nsplit) != cudaSuccess) return 0;
-    if (f16_use_tc(d)) {
+    if (f16_use_tc(d, qf32)) {
         if (kv_f16_tc_plan(d, qf32, &tc_tps, &tc_nsplit) != cudaSuccess) return 0;
         if (tc_nsplit > nsplit) nsplit = tc_nsplit;
     }
@@ -263,7 +266,7 @@ static cudaError_t f16_attend(const kv_attn_dims *d, bool qf32, const void *q,
     f16_kernel kern;
     int tps, nsplit;
     float *part = static_cast<float *>(ws);
-    if (f16_use_tc(d) && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0) {
+    if (f16_use_tc(d, qf32) && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0) {
         CUDA_CHECK(kv_f16_tc_plan(d, qf32, &tps, &nsplit));
         CUDA_CHECK(kv_f16_tc_launch(d, qf32, q, reinterpret_cast<const __half *>(k),
                                     reinterpret_cast<const __half *>(v), part, tps, nsplit, stream));

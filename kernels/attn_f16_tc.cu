@@ -20,7 +20,9 @@
  * attn_f16.cuh ([max, sum, out]), which kv_attn_combine merges over splits.
  * q and p are fp16 MMA operands (fp32 accumulation), as in FlashAttention:
  * normalized error about 1e-4..1e-3 against the fp32 reference, where the
- * register kernel (fp32 throughout) stays under 1e-5.
+ * register kernel (fp32 throughout) stays under 1e-5; so it serves fp16
+ * queries only, and a float32 query (the engine's choice where it wants
+ * float32 numerics) keeps the register kernel.
  */
 #include "attn_f16.cuh"
 
@@ -271,11 +273,14 @@ __global__ void __launch_bounds__(KV_TC_THREADS, 2)
 typedef void (*tc_kernel)(const void *, const __half *, const __half *, float *, int, long long,
                           int, float, int);
 
+/* fp16 queries only (attn_f16.cu keeps float32 queries on the register
+ * kernel); the query type stays a template parameter of the kernel. */
 static tc_kernel tc_pick(int D, bool qf32, int *slot)
 {
-    *slot = (D == 128 ? 0 : 2) + (qf32 ? 1 : 0);
-    if (D == 128) return qf32 ? attn_f16_tc<128, float> : attn_f16_tc<128, __half>;
-    if (D == 64) return qf32 ? attn_f16_tc<64, float> : attn_f16_tc<64, __half>;
+    *slot = D == 128 ? 0 : 1;
+    if (qf32) return nullptr;
+    if (D == 128) return attn_f16_tc<128, __half>;
+    if (D == 64) return attn_f16_tc<64, __half>;
     return nullptr;
 }
 
@@ -307,7 +312,7 @@ bool kv_f16_tc_ok(const kv_attn_dims *d)
  * waves of resident CTAs (2 per SM with 96 KB of ring each). */
 cudaError_t kv_f16_tc_plan(const kv_attn_dims *d, bool qf32, int *tps_out, int *nsplit_out)
 {
-    static thread_local int occ[4] = {0, 0, 0, 0};
+    static thread_local int occ[2] = {0, 0};
     int slot;
     tc_kernel kern = tc_pick(d->head_dim, qf32, &slot);
     KV_CHECK_ARGS(kern != nullptr);

@@ -75,10 +75,10 @@ size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d);
  * Flash-decoding fp16 attention, the one fp16 decode attention of kvtools
  * (the GPU engine's every fp16 layer and `kv-bench attn`): blocks split the
  * sequence, each writes a partial (max, sum, output) per query head, and a
- * combine pass merges them.  Head dims 64 and 128 (16-byte aligned K, V)
- * run on the tensor cores with the query and the probabilities as fp16
- * operands (normalized error about 1e-4 to 1e-3 against float32); other
- * head dims in float32.  Both kernels use programmatic dependent launch at
+ * combine pass merges them.  Head dims 64 and 128 (16-byte aligned K, V,
+ * sm_90) run on the tensor cores with the query and the probabilities as
+ * fp16 operands (normalized error about 1e-4 to 1e-3 against float32);
+ * other head dims, and kv_cuda_attn_f16_q32 always, in float32.  Both kernels use programmatic dependent launch at
  * level 2.
  *   q:   (n_heads, head_dim) fp16
  *   k,v: (kv_heads, head_stride) fp16, token t of head h at h*head_stride + t*head_dim
