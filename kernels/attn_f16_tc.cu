@@ -69,7 +69,6 @@ static __device__ __forceinline__ void tc_ldm4t(uint32_t addr, uint32_t (&r)[4])
 }
 
 static __device__ __forceinline__ float tc_qf(__half x) { return __half2float(x); }
-static __device__ __forceinline__ float tc_qf(float x) { return x; }
 
 /* Byte offset of 16-byte chunk c of row r in a swizzled tile. */
 template <int D>
