@@ -1,14 +1,20 @@
 /*
- * fp16 flash-decoding attention (see attn_f16.cuh): grid (query-head
- * groups, nsplit), every block a contiguous token range of one KV head for
- * HPG of its query heads; the split count is chosen so that the grid is
- * about one full wave of resident blocks, each with several 16-byte K and V
- * loads in flight per lane.  HPG is the query group n_heads / kv_heads when
- * that is 1, 2, 4 or 8 (K and V read once); for a group of 3, 5, 6 or 7 it
- * is the largest of those dividing it, and the KV head's rows are read once
- * per HPG heads.  Head dims 8 to 256 (powers of two): a token row is D/8
- * lanes of 16 bytes.  The query is fp16 or float32 (TQ): only its load into
- * shared memory differs.
+ * fp16 flash-decoding attention (see attn_f16.cuh), the dispatcher and the
+ * register-streaming kernel.  Head dims 64 and 128 with K and V 16-byte
+ * aligned go to the pipelined tensor-core kernel of attn_f16_tc.cu (the
+ * default since issue 10: about the copy bandwidth at 128k on the H200,
+ * docs/BENCHMARKS.md); every other geometry, and the measured variants
+ * (kv_cuda_tuning: f16_legacy, f16_prefetch, f16_unroll 8), to the kernel
+ * here.  Its grid is (query-head groups, nsplit), every block a contiguous
+ * token range of one KV head for HPG of its query heads; the split count is
+ * chosen so that the grid is about one full wave of resident blocks, each
+ * with several 16-byte K and V loads in flight per lane.  HPG is the query
+ * group n_heads / kv_heads when that is 1, 2, 4 or 8 (K and V read once);
+ * for a group of 3, 5, 6 or 7 it is the largest of those dividing it, and
+ * the KV head's rows are read once per HPG heads.  Head dims 8 to 256
+ * (powers of two): a token row is D/8 lanes of 16 bytes.  The query is fp16
+ * or float32 (TQ): only its load into shared memory differs.  Both kernels
+ * write the partial records that attn_combine (below) merges.
  */
 #include "attn_f16.cuh"
 
@@ -37,53 +43,73 @@ __global__ void __launch_bounds__(KV_F16_THREADS)
                                      scratch);
 }
 
-/* One block per query head: the max and sum over splits in parallel, then
- * warp w accumulates splits w, w+4, ... (lanes over channels, coalesced), and
- * the warps are summed.  Every loop has independent loads, so a few hundred
- * splits cost a few memory latencies rather than one per split. */
+/* One block per query head, one pass: warp w merges splits w, w+4, ... with
+ * an online softmax merge (lanes over channels, coalesced; four records'
+ * loads in flight), then the four warps' states merge through shared memory.
+ * One memory latency per four splits a warp takes, no separate max pass. */
 #define KV_COMBINE_THREADS 128
+#define KV_COMBINE_WARPS (KV_COMBINE_THREADS / 32)
 template <int NJ> /* channels per lane: lane + 32j, j < NJ, so D <= 32 NJ */
 __global__ void __launch_bounds__(KV_COMBINE_THREADS)
     attn_combine(const float *__restrict__ part, int D, int nsplit, float *__restrict__ out)
 {
-    __shared__ float red[KV_COMBINE_THREADS / 32];
-    __shared__ float acc_sm[KV_COMBINE_THREADS / 32][32 * NJ];
+    __shared__ float ml[KV_COMBINE_WARPS][2];
+    __shared__ float acc_sm[KV_COMBINE_WARPS][32 * NJ];
     kv_pdl_launch_next();
     kv_pdl_wait();
     const int qh = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t stride = (size_t)D + 2;
     const float *rec = part + (size_t)qh * nsplit * stride;
 
-    float M = -INFINITY;
-    for (int s = threadIdx.x; s < nsplit; s += KV_COMBINE_THREADS) M = fmaxf(M, rec[s * stride]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(KV_FULL_MASK, M, o));
-    if (lane == 0) red[warp] = M;
-    __syncthreads();
-    M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    __syncthreads();
-
-    float L = 0.0f;
-    float acc[NJ];
+    float M = -INFINITY, L = 0.0f, acc[NJ];
 #pragma unroll
     for (int j = 0; j < NJ; j++) acc[j] = 0.0f;
-#pragma unroll 4
-    for (int s = warp; s < nsplit; s += KV_COMBINE_THREADS / 32) {
-        const float *r = rec + s * stride;
-        float f = kv_exp2_diff(r[0], M);
-        L += r[1] * f;
+    for (int s0 = warp; s0 < nsplit; s0 += 4 * KV_COMBINE_WARPS) {
+        float m4[4], l4[4], a4[4][NJ];
 #pragma unroll
-        for (int j = 0; j < NJ; j++)
-            if (lane + 32 * j < D) acc[j] += r[2 + lane + 32 * j] * f;
+        for (int u = 0; u < 4; u++) { /* loads first */
+            const int s = s0 + u * KV_COMBINE_WARPS;
+            const float *r = rec + (size_t)(s < nsplit ? s : s0) * stride;
+            m4[u] = s < nsplit ? r[0] : -INFINITY;
+            l4[u] = r[1];
+#pragma unroll
+            for (int j = 0; j < NJ; j++) a4[u][j] = lane + 32 * j < D ? r[2 + lane + 32 * j] : 0.0f;
+        }
+        float mn = M;
+#pragma unroll
+        for (int u = 0; u < 4; u++) mn = fmaxf(mn, m4[u]);
+        const float c = kv_exp2_diff(M, mn);
+        L *= c;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[j] *= c;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float f = kv_exp2_diff(m4[u], mn);
+            L += l4[u] * f;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) acc[j] += a4[u][j] * f;
+        }
+        M = mn;
     }
 #pragma unroll
-    for (int j = 0; j < NJ; j++)
-        if (lane + 32 * j < D) acc_sm[warp][lane + 32 * j] = acc[j];
-    if (lane == 0) red[warp] = L;
+    for (int j = 0; j < NJ; j++) acc_sm[warp][lane + 32 * j] = acc[j];
+    if (lane == 0) ml[warp][0] = M, ml[warp][1] = L;
     __syncthreads();
-    L = red[0] + red[1] + red[2] + red[3];
-    for (int c = threadIdx.x; c < D; c += KV_COMBINE_THREADS)
-        out[(size_t)qh * D + c] = (acc_sm[0][c] + acc_sm[1][c] + acc_sm[2][c] + acc_sm[3][c]) / L;
+    float Mt = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < KV_COMBINE_WARPS; w++) Mt = fmaxf(Mt, ml[w][0]);
+    float f[KV_COMBINE_WARPS], Lt = 0.0f;
+#pragma unroll
+    for (int w = 0; w < KV_COMBINE_WARPS; w++) {
+        f[w] = kv_exp2_diff(ml[w][0], Mt);
+        Lt += ml[w][1] * f[w];
+    }
+    for (int c = threadIdx.x; c < D; c += KV_COMBINE_THREADS) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KV_COMBINE_WARPS; w++) o += acc_sm[w][c] * f[w];
+        out[(size_t)qh * D + c] = o / Lt;
+    }
 }
 
 cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, float *out,
@@ -208,11 +234,27 @@ static cudaError_t f16_plan(const kv_attn_dims *d, bool qf32, f16_kernel *kern, 
     return cudaSuccess;
 }
 
+/* Does the pipelined tensor-core kernel serve d (and the tuning allow it)?
+ * Only for an fp16 query: the engine passes a float32 query exactly where
+ * it wants float32 numerics (docs/DESIGN.md), and the tensor-core kernel
+ * would round it (and p) to fp16. */
+static bool f16_use_tc(const kv_attn_dims *d, bool qf32)
+{
+    const kv_cuda_tuning *tu = kv_cuda_get_tuning();
+    return !qf32 && !tu->f16_legacy && !tu->f16_prefetch && tu->f16_unroll != 8 && kv_f16_tc_ok(d);
+}
+
+/* Enough for either kernel's plan (the launch falls back to the register
+ * kernel when K or V is not 16-byte aligned, which the size cannot know). */
 static size_t f16_workspace(const kv_attn_dims *d, bool qf32)
 {
     f16_kernel k;
-    int tps, nsplit;
+    int tps, nsplit, tc_tps, tc_nsplit;
     if (!f16_dims_ok(d) || f16_plan(d, qf32, &k, &tps, &nsplit) != cudaSuccess) return 0;
+    if (f16_use_tc(d, qf32)) {
+        if (kv_f16_tc_plan(d, qf32, &tc_tps, &tc_nsplit) != cudaSuccess) return 0;
+        if (tc_nsplit > nsplit) nsplit = tc_nsplit;
+    }
     return (size_t)d->n_heads * nsplit * (d->head_dim + 2) * sizeof(float);
 }
 
@@ -223,9 +265,15 @@ static cudaError_t f16_attend(const kv_attn_dims *d, bool qf32, const void *q,
 {
     f16_kernel kern;
     int tps, nsplit;
+    float *part = static_cast<float *>(ws);
+    if (f16_use_tc(d, qf32) && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0) {
+        CUDA_CHECK(kv_f16_tc_plan(d, qf32, &tps, &nsplit));
+        CUDA_CHECK(kv_f16_tc_launch(d, qf32, q, reinterpret_cast<const __half *>(k),
+                                    reinterpret_cast<const __half *>(v), part, tps, nsplit, stream));
+        return kv_attn_combine(part, d->n_heads, d->head_dim, nsplit, out, stream);
+    }
     CUDA_CHECK(f16_plan(d, qf32, &kern, &tps, &nsplit));
     const int group = d->n_heads / d->n_kv_heads, hpg = f16_hpg(group);
-    float *part = static_cast<float *>(ws);
     CUDA_CHECK(kv_launch(2, kern, dim3(d->n_heads / hpg, nsplit), dim3(KV_F16_THREADS), 0, stream,
                          q, reinterpret_cast<const __half *>(k),
                          reinterpret_cast<const __half *>(v), part, d->T, d->head_stride, tps,

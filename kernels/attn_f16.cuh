@@ -241,6 +241,16 @@ __device__ void kv_f16_block_partial(const float *__restrict__ qs, const __half 
                                                                 nsplit);
 }
 
+/* The pipelined tensor-core kernel of attn_f16_tc.cu (head dims 64 and 128,
+ * up to 16 query heads per KV head, head_stride a multiple of 8): does it
+ * serve d, its split plan (tokens per split, splits) and its launch writing
+ * partial records to part (n_heads * nsplit * (D + 2) floats). */
+bool kv_f16_tc_ok(const kv_attn_dims *d);
+cudaError_t kv_f16_tc_plan(const kv_attn_dims *d, bool qf32, int *tps, int *nsplit);
+cudaError_t kv_f16_tc_launch(const kv_attn_dims *d, bool qf32, const void *q, const __half *k,
+                             const __half *v, float *part, int tps, int nsplit,
+                             cudaStream_t stream);
+
 /* Merge nsplit partial records per query head into out (n_heads, D). */
 cudaError_t kv_attn_combine(const float *part, int n_heads, int D, int nsplit, float *out,
                             cudaStream_t stream);

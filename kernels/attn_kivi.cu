@@ -88,6 +88,8 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     __shared__ float ml_sm[KV_KIVI_WARPS][HPG][2];
 
     const int kvh = blockIdx.x, split = blockIdx.y;
+    kv_pdl_launch_next();
+    kv_pdl_wait(); /* q (and the newest residual row) come from the kernel before */
     for (int i = threadIdx.x; i < HPG * D; i += KV_KIVI_THREADS)
         qsm[i] = __half2float(a.q[(size_t)kvh * HPG * D + i]) * a.qscale;
     __syncthreads();
@@ -475,6 +477,8 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     __shared__ float ml_sm[KV_KIVI_WARPS][HPG][2];
 
     const int kvh = blockIdx.x, split = blockIdx.y;
+    kv_pdl_launch_next();
+    kv_pdl_wait(); /* q (and the newest residual row) come from the kernel before */
     for (int i = threadIdx.x; i < HPG * D; i += KV_KIVI_THREADS)
         qsm[i] = __half2float(a.q[(size_t)kvh * HPG * D + i]) * a.qscale;
     __syncthreads();
@@ -941,7 +945,6 @@ extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_pa
     a.res_tps = p.res_tps;
     a.qscale = d->scale * KV_LOG2E;
     kivi_kernel k = kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads);
-    CUDA_CHECK(kv_launch(KV_PDL_NONE, k, dim3(d->n_kv_heads, nsplit), dim3(KV_KIVI_THREADS), 0,
-                         stream, a));
+    CUDA_CHECK(kv_launch(2, k, dim3(d->n_kv_heads, nsplit), dim3(KV_KIVI_THREADS), 0, stream, a));
     return kv_attn_combine(a.part, d->n_heads, d->head_dim, nsplit, out, stream);
 }

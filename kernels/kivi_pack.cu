@@ -113,6 +113,197 @@ __global__ void kivi_pack_values(const __half *__restrict__ x, int H, int T, int
         reinterpret_cast<uint32_t *>(codes + ht * D * BITS / 8)[lane / LPW] = w;
 }
 
+/*
+ * The memory-speed pack (issue 10): a thread owns 8 consecutive channels of
+ * a token (one 16-byte load, one 8*BITS-bit store of its own codes), so no
+ * code word is assembled across lanes; extremes are reduced across the
+ * threads that share channels (keys: the token subsets of a group, by
+ * shuffles and then shared memory; values: the 8-channel chunks of a value
+ * group, by shuffles).  Codes and parameters are those of kv_kivi_code and
+ * kv_kivi_group_params, so the bytes equal the CPU's.
+ */
+/* The 8 codes of one row chunk (x: 8 floats), packed least significant first. */
+template <int BITS>
+__device__ __forceinline__ uint32_t kv_kivi_codes8(const float (&x)[8], const float (&sd)[8],
+                                                   const float (&rcp)[8], const float (&z)[8])
+{
+    constexpr float maxq = (float)((1 << BITS) - 1);
+    uint32_t w = 0;
+    bool amb = false;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w |= kv_kivi_code_fast(x[i], rcp[i], z[i], maxq, &amb) << (i * BITS);
+    if (amb) { /* rare: a quotient within rounding of a half integer */
+        w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) w |= kv_kivi_code_exact(x[i], sd[i], z[i], maxq) << (i * BITS);
+    }
+    return w;
+}
+
+__device__ __forceinline__ void kv_half8(uint4 raw, float (&f)[8])
+{
+    const __half2 *hp = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(hp[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+template <int BITS>
+__device__ __forceinline__ void kv_kivi_store_codes8(uint8_t *p, uint32_t w)
+{
+    if (BITS == 1) *p = (uint8_t)w;
+    else if (BITS == 2) *reinterpret_cast<uint16_t *>(p) = (uint16_t)w;
+    else *reinterpret_cast<uint32_t *>(p) = w;
+}
+
+/* Keys: grid (ngroups, H), 128 threads; thread (c8 = tid % (D/8), ts = tid /
+ * (D/8)) holds tokens ts, ts + NS, ... (NS = 128 / (D/8) subsets, G / NS
+ * tokens each, at most KV_PACK_TPT).  The extremes meet in shared memory,
+ * where thread c (one per channel) makes channel c's scale, zero and
+ * reciprocal once for all. */
+#define KV_PACK_TPT 8
+template <int D, int BITS>
+__global__ void __launch_bounds__(KV_PACK_KEY_THREADS)
+    kivi_pack_keys8(const __half *__restrict__ x, int T, int G, int nq,
+                    uint8_t *__restrict__ codes, __half *__restrict__ scale,
+                    __half *__restrict__ zero)
+{
+    constexpr int CPR = D / 8, NS = KV_PACK_KEY_THREADS / CPR, NW = KV_PACK_KEY_THREADS / 32;
+    __shared__ float red[2][NW][D];
+    __shared__ __align__(16) float prm[3][D]; /* divisor, reciprocal, zero per channel */
+    const int gi = blockIdx.x, h = blockIdx.y, ng = gridDim.x;
+    const int tid = threadIdx.x, c8 = tid % CPR, ts = tid / CPR, warp = tid >> 5, lane = tid & 31;
+    const int tpt = G / NS;
+    const __half *src = x + ((size_t)h * T + (size_t)gi * G) * D + c8 * 8;
+    uint4 raw[KV_PACK_TPT];
+#pragma unroll
+    for (int j = 0; j < KV_PACK_TPT; j++)
+        if (j < tpt) raw[j] = __ldg(reinterpret_cast<const uint4 *>(src + (size_t)(ts + j * NS) * D));
+    /* Extremes over the thread's tokens in fp16 pairs (exact: the min and max
+     * of fp16 values are fp16 values), two channels per instruction. */
+    __half2 hmn[4], hmx[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) hmn[i] = hmx[i] = reinterpret_cast<const __half2 *>(&raw[0])[i];
+#pragma unroll
+    for (int j = 1; j < KV_PACK_TPT; j++)
+        if (j < tpt)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const __half2 v = reinterpret_cast<const __half2 *>(&raw[j])[i];
+                hmn[i] = __hmin2(hmn[i], v);
+                hmx[i] = __hmax2(hmx[i], v);
+            }
+    float mn[8], mx[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 a = __half22float2(hmn[i]), b = __half22float2(hmx[i]);
+        mn[2 * i] = a.x, mn[2 * i + 1] = a.y, mx[2 * i] = b.x, mx[2 * i + 1] = b.y;
+    }
+    /* lanes lane ^ CPR, ^ 2 CPR, ... of the warp hold the same channels */
+#pragma unroll
+    for (int o = CPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float a = __shfl_xor_sync(KV_FULL_MASK, mn[i], o), b = __shfl_xor_sync(KV_FULL_MASK, mx[i], o);
+            mn[i] = a < mn[i] ? a : mn[i];
+            mx[i] = b > mx[i] ? b : mx[i];
+        }
+    if (lane < CPR)
+#pragma unroll
+        for (int i = 0; i < 8; i++) red[0][warp][c8 * 8 + i] = mn[i], red[1][warp][c8 * 8 + i] = mx[i];
+    __syncthreads();
+    if (tid < D) {
+        float cmn = red[0][0][tid], cmx = red[1][0][tid];
+#pragma unroll
+        for (int w = 1; w < NW; w++) {
+            float a = red[0][w][tid], b = red[1][w][tid];
+            cmn = a < cmn ? a : cmn;
+            cmx = b > cmx ? b : cmx;
+        }
+        __half hs, hz;
+        float sd, z;
+        kv_kivi_group_params(cmn, cmx, (float)((1 << BITS) - 1), &hs, &hz, &sd, &z);
+        const size_t so = ((size_t)h * ng + gi) * D + tid;
+        scale[so] = hs;
+        zero[so] = hz;
+        prm[0][tid] = sd;
+        prm[1][tid] = __frcp_rn(sd);
+        prm[2][tid] = z;
+    }
+    __syncthreads();
+    float sd[8], rcp[8], z[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) sd[i] = prm[0][c8 * 8 + i], rcp[i] = prm[1][c8 * 8 + i], z[i] = prm[2][c8 * 8 + i];
+    uint8_t *out = codes + ((size_t)h * nq + (size_t)gi * G) * (D * BITS / 8) + c8 * BITS;
+#pragma unroll
+    for (int j = 0; j < KV_PACK_TPT; j++)
+        if (j < tpt) {
+            float f[8];
+            kv_half8(raw[j], f);
+            kv_kivi_store_codes8<BITS>(out + (size_t)(ts + j * NS) * (D * BITS / 8),
+                                       kv_kivi_codes8<BITS>(f, sd, rcp, z));
+        }
+}
+
+/* Values: grid (ceil(nq / (KV_PACK_VROWS * RPB)), H), 256 threads; a thread
+ * per (token, 8 channels) of KV_PACK_VROWS tokens RPB apart (RPB = tokens
+ * per block pass), their loads issued together; the LPG = gv / 8 threads
+ * of a value group are consecutive lanes. */
+#define KV_PACK_VROWS 4
+template <int D, int BITS>
+__global__ void __launch_bounds__(256)
+    kivi_pack_values8(const __half *__restrict__ x, int T, int nq, int gv,
+                      uint8_t *__restrict__ codes, __half *__restrict__ scale,
+                      __half *__restrict__ zero)
+{
+    constexpr int CPR = D / 8, RPB = 256 / CPR, maxq = (1 << BITS) - 1;
+    const int h = blockIdx.y, c8 = threadIdx.x % CPR;
+    const int tb = blockIdx.x * (RPB * KV_PACK_VROWS) + threadIdx.x / CPR;
+    const int lpg = gv / 8; /* 4, 8 or 16: whole groups inside a warp (CPR is 8 or 16) */
+    const int ngv = D / gv;
+    uint4 raw[KV_PACK_VROWS];
+#pragma unroll
+    for (int j = 0; j < KV_PACK_VROWS; j++) {
+        const int t = tb + j * RPB;
+        raw[j] = t < nq ? __ldg(reinterpret_cast<const uint4 *>(x + ((size_t)h * T + t) * D + c8 * 8))
+                        : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < KV_PACK_VROWS; j++) {
+        const int t = tb + j * RPB;
+        float f[8];
+        kv_half8(raw[j], f);
+        float gmn = f[0], gmx = f[0];
+#pragma unroll
+        for (int i = 1; i < 8; i++) {
+            gmn = f[i] < gmn ? f[i] : gmn;
+            gmx = f[i] > gmx ? f[i] : gmx;
+        }
+        for (int o = 1; o < lpg; o <<= 1) {
+            float a = __shfl_xor_sync(KV_FULL_MASK, gmn, o), b = __shfl_xor_sync(KV_FULL_MASK, gmx, o);
+            gmn = a < gmn ? a : gmn;
+            gmx = b > gmx ? b : gmx;
+        }
+        if (t >= nq) continue; /* whole rows: the shuffles above had every lane */
+        __half hs, hz;
+        float sdv, zv;
+        kv_kivi_group_params(gmn, gmx, (float)maxq, &hs, &hz, &sdv, &zv);
+        const float rv = __frcp_rn(sdv);
+        const size_t ht = (size_t)h * nq + t;
+        if (c8 % lpg == 0) {
+            scale[ht * ngv + c8 / lpg] = hs;
+            zero[ht * ngv + c8 / lpg] = hz;
+        }
+        float sd[8], rcp[8], z[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) sd[i] = sdv, rcp[i] = rv, z[i] = zv;
+        const uint32_t w = kv_kivi_codes8<BITS>(f, sd, rcp, z);
+        kv_kivi_store_codes8<BITS>(codes + ht * (D * BITS / 8) + c8 * BITS, w);
+    }
+}
+
 /* Unpack: one thread per (head, token, 8 channels); residual tokens copied. */
 __global__ void kivi_unpack(kv_kivi_axis axis, int H, int T, int D, int G, int bits, int nq,
                             const uint8_t *__restrict__ codes, const __half *__restrict__ scale,
@@ -170,12 +361,23 @@ extern "C" cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params
     __half *sc = reinterpret_cast<__half *>(out->scale), *ze = reinterpret_cast<__half *>(out->zero);
     const int G = prm->group, bits = prm->bits;
     const int nq = kv_kivi_nquant(T, G, prm->residual);
+    /* the 8-channel kernels store scales as 16-byte and codes as up to 4-byte words */
+    const bool wide = (((uintptr_t)sc | (uintptr_t)ze) & 15) == 0 && ((uintptr_t)out->codes & 3) == 0;
     if (nq > 0) {
-        if (axis == KV_KIVI_KEYS) {
+        if (axis == KV_KIVI_KEYS && wide && G % (KV_PACK_KEY_THREADS / (D / 8)) == 0) {
+#define KV_PACK_K8(DD, BB)                                                                    \
+    if (D == DD && bits == BB)                                                                \
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_keys8<DD, BB>, dim3(nq / G, H),           \
+                             dim3(KV_PACK_KEY_THREADS), 0, stream, xh, T, G, nq, out->codes,  \
+                             sc, ze));
+            KV_PACK_K8(64, 1) KV_PACK_K8(64, 2) KV_PACK_K8(64, 4)
+            KV_PACK_K8(128, 1) KV_PACK_K8(128, 2) KV_PACK_K8(128, 4)
+#undef KV_PACK_K8
+        } else if (axis == KV_KIVI_KEYS) { /* groups the 8-channel layout does not divide */
             CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_keys, dim3(nq / G, H),
                                  dim3(KV_PACK_KEY_THREADS), 0, stream, xh, T, D, G, bits, nq,
                                  out->codes, sc, ze));
-        } else {
+        } else if (!wide) {
             int gv = G < D ? G : D;
             size_t threads = (size_t)H * nq * 32;
             unsigned blocks = (unsigned)((threads + 255) / 256);
@@ -183,6 +385,17 @@ extern "C" cudaError_t kv_cuda_kivi_pack(kv_kivi_axis axis, const kv_kivi_params
     if (D == DD && bits == BB)                                                               \
         CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values<DD, BB>, dim3(blocks), dim3(256), \
                              0, stream, xh, H, T, nq, gv, out->codes, sc, ze));
+            KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
+            KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)
+#undef KV_PACK_V
+        } else {
+            int gv = G < D ? G : D;
+            const int rows = (256 / (D / 8)) * KV_PACK_VROWS;
+            dim3 grid((unsigned)((nq + rows - 1) / rows), (unsigned)H);
+#define KV_PACK_V(DD, BB)                                                                     \
+    if (D == DD && bits == BB)                                                                \
+        CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_pack_values8<DD, BB>, grid, dim3(256), 0, stream, \
+                             xh, T, nq, gv, out->codes, sc, ze));
             KV_PACK_V(64, 1) KV_PACK_V(64, 2) KV_PACK_V(64, 4)
             KV_PACK_V(128, 1) KV_PACK_V(128, 2) KV_PACK_V(128, 4)
 #undef KV_PACK_V

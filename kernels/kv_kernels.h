@@ -33,7 +33,7 @@ void kv_cuda_clear_error(void);
 void kv_cuda_record(cudaError_t e, const char *stmt, const char *file, int line);
 
 /* Programmatic dependent launch (sm_90 and later): level 1 launches the
- * engine's GEMVs with it, level 2 also RoPE, the fp16 attention and its
+ * engine's GEMVs with it, level 2 also RoPE, the fp16 and packed attention and their
  * combine.  A kernel launched so may start while the previous kernel in
  * the stream finishes and waits for it in-kernel (griddepcontrol), hiding
  * launch gaps; every such kernel reads nothing an earlier kernel writes
@@ -57,6 +57,9 @@ typedef struct {
     int f16_waves;    /* fp16 attention: grid sized for this many waves of resident blocks (1) */
     int kivi2_var;    /* packed attention: v2 variant bits (attn_kivi.cu; 0 = the default;
                          8, 16, 32 are timing diagnostics that compute wrong results) */
+    int f16_legacy;   /* fp16 attention: 1 = the register-streaming kernel everywhere, not the
+                         pipelined tensor-core one (attn_f16_tc.cu); f16_prefetch and
+                         f16_unroll 8 imply it */
 } kv_cuda_tuning;
 
 void kv_cuda_tuning_default(kv_cuda_tuning *t);
@@ -72,8 +75,11 @@ size_t kv_cuda_attn_f16_workspace(const kv_attn_dims *d);
  * Flash-decoding fp16 attention, the one fp16 decode attention of kvtools
  * (the GPU engine's every fp16 layer and `kv-bench attn`): blocks split the
  * sequence, each writes a partial (max, sum, output) per query head, and a
- * combine pass merges them.  Both kernels use programmatic dependent launch
- * at level 2.
+ * combine pass merges them.  Head dims 64 and 128 (16-byte aligned K, V,
+ * sm_90) run on the tensor cores with the query and the probabilities as
+ * fp16 operands (normalized error about 1e-4 to 1e-3 against float32);
+ * other head dims, and kv_cuda_attn_f16_q32 always, in float32.  Both kernels use programmatic dependent launch at
+ * level 2.
  *   q:   (n_heads, head_dim) fp16
  *   k,v: (kv_heads, head_stride) fp16, token t of head h at h*head_stride + t*head_dim
  *   out: (n_heads, head_dim) float

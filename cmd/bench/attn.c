@@ -17,7 +17,7 @@
 int kv_bench_attn_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_HEADS = 256, O_KVH, O_DIM, O_GROUP, O_RESID, O_ITERS, O_REPS, O_CHECK,
-       O_CHECKMAX, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_JSON };
+       O_CHECKMAX, O_F16LEG, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_PDL, O_JSON };
 
 static const kv_option opts[] = {
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 8192,32768,131072)"},
@@ -30,11 +30,13 @@ static const kv_option opts[] = {
     {O_REPS, 0, "reps", "N", "timings per path; the median is reported (default 7)"},
     {O_CHECK, 0, "check", NULL, "also compare each path with its CPU reference"},
     {O_CHECKMAX, 0, "check-max", "T", "with --check, only contexts up to T (default 32768)"},
+    {O_F16LEG, 0, "f16-legacy", NULL, "variant: the register-streaming fp16 kernel, not the tensor-core one"},
     {O_F16PF, 0, "f16-prefetch", NULL, "variant: the fp16 loop that prefetches the next rows"},
     {O_F16UNROLL, 0, "f16-unroll", "N", "variant: fp16 rows in flight per lane, 4 (default) or 8"},
     {O_F16WAVES, 0, "f16-waves", "N", "variant: fp16 grid of N waves of blocks (default 1)"},
     {O_KIVI2VAR, 0, "kivi2-variant", "N", "variant of the packed kernel: 0 (default), 1, 2, 3, 7, 71; "
                                          "8, 16, 32 time stages and compute wrong results"},
+    {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0 or 2 (default 2 on Hopper, as the engine)"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -73,7 +75,7 @@ static void target_json(const char *name, double value, double target, int last)
 int kv_bench_attn_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0}};
+    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0, 0}, -1};
     int ctx[MAXC] = {8192, 32768, 131072}, nctx = 3, oi, check = 0, check_max = 32768;
     bool json = false;
     const char *a;
@@ -99,6 +101,7 @@ int kv_bench_attn_main(int argc, char **argv)
         case O_REPS: cfg.reps = (int)kv_cli_long("--reps", a, 1, 1000); break;
         case O_CHECK: check = 1; break;
         case O_CHECKMAX: check_max = (int)kv_cli_long("--check-max", a, 1, 1 << 24); break;
+        case O_F16LEG: cfg.variant.f16_legacy = 1; break;
         case O_F16PF: cfg.variant.f16_prefetch = 1; break;
         case O_F16UNROLL:
             cfg.variant.f16_unroll = (int)kv_cli_long("--f16-unroll", a, 4, 8);
@@ -115,6 +118,10 @@ int kv_bench_attn_main(int argc, char **argv)
             cfg.variant.kivi2_var = (int)v;
             break;
         }
+        case O_PDL:
+            cfg.pdl = (int)kv_cli_long("--pdl", a, 0, 2);
+            if (cfg.pdl == 1) kv_cli_usage_error("--pdl must be 0 or 2 (level 1 covers only GEMVs)");
+            break;
         case O_JSON: json = true; break;
         }
     }
@@ -149,12 +156,13 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("  \"geometry\": {\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"group\": %d, "
                "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.n_kv_heads,
                cfg.head_dim, cfg.group, cfg.residual);
-        printf("  \"variant\": {\"f16_prefetch\": %d, \"f16_unroll\": %d, \"f16_waves\": %d, "
-               "\"kivi2_variant\": %d},\n", cfg.variant.f16_prefetch,
+        printf("  \"variant\": {\"f16_legacy\": %d, \"f16_prefetch\": %d, \"f16_unroll\": %d, "
+               "\"f16_waves\": %d, \"kivi2_variant\": %d},\n", cfg.variant.f16_legacy,
+               cfg.variant.f16_prefetch,
                cfg.variant.f16_unroll ? cfg.variant.f16_unroll : 4,
                cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var);
-        printf("  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n  \"contexts\": [\n",
-               cfg.iters, cfg.reps, copy);
+        printf("  \"pdl\": %d,\n  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n"
+               "  \"contexts\": [\n", cfg.pdl, cfg.iters, cfg.reps, copy);
         for (int i = 0; i < nctx; i++) {
             printf("    {\n      \"T\": %d,\n      \"copies\": %d,\n", ctx[i], res[i].copies);
             path_json("f16", &res[i].f16, copy, &res[i].f16, 0);
@@ -166,14 +174,14 @@ int kv_bench_attn_main(int argc, char **argv)
         target_json("f16_frac_of_copy", L->f16.bytes_per_s / copy, 0.80, 0);
         target_json("kivi1_frac_of_copy", L->kivi1.ok ? L->kivi1.bytes_per_s / copy : 0, 0.60, 0);
         target_json("kivi2_frac_of_copy", L->kivi2.ok ? L->kivi2.bytes_per_s / copy : 0, 0.60, 0);
-        target_json("kivi1_speedup", L->kivi1.ok ? L->f16.seconds / L->kivi1.seconds : 0, 7.0, 0);
-        target_json("kivi2_speedup", L->kivi2.ok ? L->f16.seconds / L->kivi2.seconds : 0, 4.5, 1);
+        target_json("kivi1_speedup", L->kivi1.ok ? L->f16.seconds / L->kivi1.seconds : 0, 8.0, 0);
+        target_json("kivi2_speedup", L->kivi2.ok ? L->f16.seconds / L->kivi2.seconds : 0, 5.0, 1);
         printf("  }\n}\n");
     } else {
         printf("%s (%d SMs, L2 %zu MiB), driver %d, runtime %d, %s\n", dev.name, dev.sms,
                dev.l2_bytes >> 20, dev.driver, dev.runtime, date);
-        printf("%d/%d heads, head dim %d, KIVI group %d residual %d; copy bandwidth %.0f GB/s\n",
-               cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, copy / 1e9);
+        printf("%d/%d heads, head dim %d, KIVI group %d residual %d; PDL %d; copy bandwidth %.0f GB/s\n",
+               cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group, cfg.residual, cfg.pdl, copy / 1e9);
         printf("%8s  %-6s %10s %10s %8s %8s %10s\n", "context", "path", "time us", "GB/s",
                "of copy", "speedup", "err");
         for (int i = 0; i < nctx; i++) {

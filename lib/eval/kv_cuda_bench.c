@@ -326,17 +326,27 @@ done:
 
 static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
 
-kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
+kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r)
 {
+    int major = 0, keep_pdl = kv_cuda_pdl();
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kv_fail(KV_E_UNAVAILABLE, "no usable CUDA device");
+    }
+    if (c->pdl < 0) c->pdl = major >= 9 ? 2 : 0;
+    if (major < 9) c->pdl = 0; /* griddepcontrol needs sm_90 */
+    kv_cuda_set_pdl(c->pdl);
     kv_cuda_tuning keep = *kv_cuda_get_tuning(), t;
     kv_cuda_tuning_default(&t);
     t.f16_prefetch = c->variant.f16_prefetch;
     if (c->variant.f16_unroll) t.f16_unroll = c->variant.f16_unroll;
     if (c->variant.f16_waves) t.f16_waves = c->variant.f16_waves;
     t.kivi2_var = c->variant.kivi2_var;
+    t.f16_legacy = c->variant.f16_legacy;
     kv_cuda_set_tuning(&t);
     kv_status st = bench_attn(c, r);
     kv_cuda_set_tuning(&keep);
+    kv_cuda_set_pdl(keep_pdl);
     return st;
 }
 
@@ -609,7 +619,7 @@ kv_status kv_cuda_bench_copy(size_t bytes, int iters, int reps, double *bytes_pe
     return kv_fail(KV_E_UNAVAILABLE, "this build has no CUDA support");
 }
 
-kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
+kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r)
 {
     (void)c, (void)r;
     return kv_fail(KV_E_UNAVAILABLE, "this build has no CUDA support");

@@ -36,6 +36,7 @@ typedef struct {
     int f16_unroll;   /* 0 (= 4) or 8 rows in flight per lane (D 128, 4 heads) */
     int f16_waves;    /* 0 (= 1): waves of resident blocks in the fp16 grid */
     int kivi2_var;    /* packed v2 variant bits; 8, 16, 32 compute wrong results */
+    int f16_legacy;   /* 1: the register-streaming fp16 kernel, not the tensor-core one */
 } kv_bench_variant;
 
 typedef struct {
@@ -44,6 +45,9 @@ typedef struct {
     int iters, reps;       /* launches per timing, timings (median reported) */
     int check;             /* also compare each path with its CPU reference */
     kv_bench_variant variant; /* set for the run, the defaults restored after */
+    int pdl;               /* programmatic dependent launch level (kv_cuda_set_pdl) for the
+                              run; -1: 2 on compute capability 9.0 or later (as the GPU
+                              engine), else 0; the level used is written back */
 } kv_bench_attn_cfg;
 
 typedef struct {
@@ -59,7 +63,7 @@ typedef struct {
     kv_bench_attn_path f16, kivi1, kivi2;
 } kv_bench_attn_result;
 
-kv_status kv_cuda_bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r);
+kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r);
 
 typedef struct {
     int n_kv_heads, head_dim, T, bits, group, residual, iters, reps;

@@ -32,6 +32,11 @@ load helper
     assert_fails_with 64 "--f16-unroll must be 4 or 8"
 }
 
+@test "kv-bench attn rejects launch level 1 with exit 64" {
+    run --separate-stderr kv-bench attn --pdl 1
+    assert_fails_with 64 "--pdl must be 0 or 2"
+}
+
 @test "kv-bench attn rejects a grid of no waves with exit 64" {
     run --separate-stderr kv-bench attn --f16-waves 0
     assert_fails_with 64 "--f16-waves"
@@ -40,7 +45,7 @@ load helper
 @test "kv-bench attn --help lists the kernel variant options" {
     run --separate-stderr kv-bench attn --help
     assert_success
-    for o in --f16-prefetch --f16-unroll --f16-waves --kivi2-variant; do
+    for o in --f16-legacy --f16-prefetch --f16-unroll --f16-waves --kivi2-variant; do
         [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
     done
 }

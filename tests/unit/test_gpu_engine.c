@@ -294,7 +294,10 @@ static void check_attend_q(int nqh, int nkv, int hd, int n, int ld, int flip)
     else CU(kv_cuda_attn_f16(&d, dq, dK, dV, dout, ws, wsb, 0));
     CU(cudaMemcpy(out, dout, (size_t)nqh * hd * 4, cudaMemcpyDeviceToHost));
     double e = nerr(out, ref, (size_t)nqh * hd);
-    KT_CHECK(e < 1e-4, "attend %d/%d heads hd %d n %d, %s query: normalized error %g", nqh, nkv,
+    /* an fp16 query at head_dim 64/128 runs on the tensor-core kernel (attn_f16_tc.cu), whose
+     * p is an fp16 operand as in SDPA: about 1e-4; float32 numerics elsewhere */
+    double tol = !q_f32 && (hd == 64 || hd == 128) ? 2e-3 : 1e-4;
+    KT_CHECK(e < tol, "attend %d/%d heads hd %d n %d, %s query: normalized error %g", nqh, nkv,
              hd, n, q_f32 ? "f32" : "f16", e);
     cudaFree(dK);
     cudaFree(dV);
