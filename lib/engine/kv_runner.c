@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kv_half.h"
 #include "engine/kv_engine.h"
 
 struct kv_runner {
@@ -170,6 +171,20 @@ int kv_runner_layer_tokens(const kv_runner *r, int layer)
 kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv)
 {
     return r->gpu ? kv_gpu_engine_keep(r->gpu, nq, prompt_kv) : kv_engine_keep(r->cpu, nq, prompt_kv);
+}
+
+int kv_runner_queries(const kv_runner *r, int layer, float *out)
+{
+    if (!r->gpu) return kv_engine_queries(r->cpu, layer, out);
+    const int n = kv_gpu_engine_queries(r->gpu, layer, NULL);
+    if (!n) return 0;
+    const size_t cnt = (size_t)r->m->cfg.n_heads * n * r->m->cfg.head_dim;
+    uint16_t *h = malloc(cnt * sizeof *h);
+    if (!h) return 0;
+    kv_gpu_engine_queries(r->gpu, layer, h);
+    for (size_t i = 0; i < cnt; i++) out[i] = kv_half_to_f32(h[i]);
+    free(h);
+    return n;
 }
 
 /* The GPU engine's capture (fp16, host) through the one writer. */

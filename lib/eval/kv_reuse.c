@@ -1,7 +1,7 @@
 /*
- * kv_reuse: kv-run --store (see kv_reuse.h): lookup with kv_tree_store_get
- * into a file, continue with kv_runner_prefill_from, insert with the dump
- * writer and kv_tree_store_put.
+ * kv_reuse: kv-run --store (see kv_reuse.h): lookup with
+ * kv_tree_store_get_kvc (in memory), continue with kv_runner_prefill_from,
+ * insert with the dump writer and kv_tree_store_put.
  */
 #include "eval/kv_reuse.h"
 
@@ -42,18 +42,19 @@ kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, con
         int32_t *ids = malloc((size_t)n * sizeof *ids);
         if (!ids) return kv_fail(KV_E_NOMEM, "out of memory");
         for (int i = 0; i < n; i++) ids[i] = tok[i];
-        snprintf(u->path, sizeof u->path, "%s/prefix.kvc", o->tmp_dir);
-        st = kv_tree_store_get(u->s, ids, n - 1, o->important, o->insert, o->now, u->path, &u->get);
+        /* in memory: no file to write, sync and read back */
+        kvc_file *f = NULL;
+        st = kv_tree_store_get_kvc(u->s, ids, n - 1, o->important, o->insert, o->now, &f, &u->get);
         free(ids);
         if (st) return st;
         matched = u->get.matched;
         if (matched > 0) {
-            if ((st = kvc_open(u->path, &u->f))) return st;
+            u->f = f;
             if ((st = kv_prefix_from_kvc(kv_runner_model(r), u->f, &u->pre))) return st;
             if (u->pre.matched != matched)
                 return kv_fail(KV_E_DATA, "the store's prefix says %d tokens, the lookup matched %d", u->pre.matched, matched);
-        }
-        unlink(u->path); /* mapped (or read) already: the name is not needed */
+        } else
+            kvc_close(f);
     }
     u->lookup_ms = kv_now_ms() - t0;
     if (matched > 0) st = kv_runner_prefill_from(r, &u->pre, tok + matched, n - matched, logits);

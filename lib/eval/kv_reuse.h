@@ -3,8 +3,9 @@
  * store (kv-run --store), and the prompt's cache put back.  The store is
  * held open, and so locked, from the lookup to the insert: the prefix a
  * run continued from cannot change or be evicted in between, so the
- * insert stores exactly the new suffix.  Files (the looked-up prefix, the
- * dump to insert) go to a directory the caller chooses and are removed.
+ * insert stores exactly the new suffix.  The looked-up prefix stays in
+ * memory; the dump to insert goes to a directory the caller chooses and is
+ * removed.
  */
 #ifndef KV_REUSE_H
 #define KV_REUSE_H
@@ -35,7 +36,6 @@ typedef struct {
     bool inserted;
     const char *skipped;  /* why the insert was left out, or NULL */
     double lookup_ms, insert_ms;
-    char path[4096];      /* the lookup's file */
 } kv_reuse;
 
 /* Open the store (write lock when o->insert, else shared, and then the

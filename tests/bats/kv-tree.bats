@@ -118,7 +118,7 @@ two_puts() {
 @test "kv-tree --version names the index version" {
     run kv-tree --version
     assert_success
-    assert_output --partial "kv-tree index version 2, chunk version 2"
+    assert_output --partial "kv-tree index version 2, chunk version 3"
 }
 
 @test "kv-tree rejects an unknown option with exit 64" {
