@@ -25,7 +25,7 @@ typedef struct {
     kv_device dev;
     kv_dtype wt; /* --weights */
     int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs, gemv;
-    bool nq_given, tokenize, special, print_ids, no_insert;
+    bool nq_given, tokenize, special, print_ids, no_insert, query_aware;
     kv_chat chat; /* --chat */
     double temp, top_p, important;
     unsigned long seed;

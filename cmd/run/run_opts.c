@@ -14,7 +14,7 @@ enum {
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
     O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
     O_PRINT_IDS, O_GEMV, O_KV, O_STORE,
-    O_IMPORTANT, O_NO_INSERT
+    O_IMPORTANT, O_NO_INSERT, O_QUERY_AWARE
 };
 
 static const kv_option opts[] = {
@@ -56,6 +56,7 @@ static const kv_option opts[] = {
     {O_STORE, 0, "store", "DIR", "reuse the prompt's longest cached prefix from a kv-tree store, then insert the prompt"},
     {O_IMPORTANT, 0, "important", "F", "with --store: disk-tier prefix nodes give only their top F of tokens"},
     {O_NO_INSERT, 0, "no-insert", NULL, "with --store: do not insert the prompt's cache afterwards"},
+    {O_QUERY_AWARE, 0, "query-aware", NULL, "with --important: the prompt's own queries choose the tokens (a +sketch store)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -119,6 +120,7 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
             if (!(o->important > 0)) kv_cli_usage_error("--important must be in (0, 1]");
             break;
         case O_NO_INSERT: o->no_insert = true; break;
+        case O_QUERY_AWARE: o->query_aware = true; break;
         case O_PREFILL_CHUNK:
             o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
             if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
@@ -159,6 +161,7 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("%s goes with generation, not --score-file, --compare, --probs or --tokenize", o->kv ? "--kv" : "--store");
     if (!o->store && (o->important < 1 || o->no_insert))
         kv_cli_usage_error("%s goes with --store", o->no_insert ? "--no-insert" : "--important");
+    if (o->query_aware && !(o->important < 1)) kv_cli_usage_error("--query-aware goes with --store and --important F < 1");
     if (o->kv && !o->prompt && !o->prompt_file && !o->tokens && !o->random_prompt)
         kv_cli_usage_error("--kv needs the continuation: --prompt, --prompt-file or --tokens");
     if (o->prompt_file && o->tokens && is_stdout(o->prompt_file) && is_stdout(o->tokens))

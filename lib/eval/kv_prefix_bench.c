@@ -386,7 +386,7 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         memset(&gr, 0, sizeof gr);
         kv_tree_rows *x = &src->rows;
         if (m == KV_PM_DISK_QUERY) {
-            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, now};
+            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, now};
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
             gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;

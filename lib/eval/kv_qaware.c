@@ -114,7 +114,7 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
         kv_tree_rows_free(&sink);
     }
     kv_status st2 = kv_runner_reset(r, NULL);
-    if (!st2) st2 = kv_runner_keep(r, 0, false);
+    if (!st2) st2 = kv_runner_keep(r, o->keep_nq, o->keep_kv);
     if (!st) st = st2;
     rep->probe_ms = kv_now_ms() - t1;
     /* score, then whole frames by score */

@@ -17,11 +17,13 @@
  *   4. the prefix is loaded in whole frames (the unit a chunk is read in):
  *      the first frame (sink) and the last (recent tokens) always, then
  *      the frames of highest score until frac of the prefix's tokens.
- * The runner is used for step 2 and left reset.
+ * The runner is used for step 2 and left reset, its capture settings
+ * (kv_runner_keep) those of the options.
  */
 #ifndef KV_QAWARE_H
 #define KV_QAWARE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/kv_runner.h"
@@ -34,6 +36,8 @@ typedef struct {
     double frac;    /* share of the prefix's tokens to load (0, 1] */
     int probe;      /* request tokens prefilled for their queries (KV_QAWARE_PROBE) */
     int queries;    /* of those, the last ones scored with (KV_QAWARE_QUERIES) */
+    int keep_nq;    /* the runner's capture (kv_runner_keep) restored after the probe */
+    bool keep_kv;
     int64_t now;
 } kv_qaware_opts;
 

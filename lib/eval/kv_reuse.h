@@ -14,12 +14,16 @@
 #include <stdint.h>
 
 #include "engine/kv_runner.h"
+#include "eval/kv_qaware.h"
 #include "format/kvc.h"
 #include "policy/kv_prefix.h"
 #include "tree/kv_tree.h"
 
 typedef struct {
     double important;    /* (0, 1]: disk-tier nodes contribute their top F tokens; 1: all */
+    bool query_aware;    /* with important < 1: the prompt's own queries choose them (kv_qaware) */
+    int keep_nq;         /* with query_aware: the runner's capture (kv_runner_keep), restored after the probe */
+    bool keep_kv;
     bool insert;         /* put the prompt's cache after the run (needs kv_runner_keep before) */
     kv_tier tier;        /* of the inserted suffix (disk) */
     int zstd_level;      /* of disk chunks written (3) */
@@ -30,6 +34,8 @@ typedef struct {
 typedef struct {
     kv_tree_store *s;
     kvc_file *f;          /* the cached prefix, or NULL on a miss */
+    kv_tree_rows rows;    /* ... or its rows chosen by the prompt's queries (query_aware) */
+    kv_qaware_report qa;
     kv_prefix pre;
     kv_get_report get;
     kv_put_report put;
