@@ -1,7 +1,7 @@
 /*
  * kv_tree_store: the store on disk: token importance (IMPRESS: attention
  * mass from the stored query samples, else key norms), opening, locking and
- * saving, chunk files, put and get.  Every file the store writes is new
+ * saving, chunk files and put (get is kv_tree_load.c).  Every file the store writes is new
  * (chunks/c<generation>.kvc, never reused) and the index is committed
  * atomically before replaced chunks are unlinked, so a crash at any point
  * leaves the old or the new index, each naming only complete chunks (at
