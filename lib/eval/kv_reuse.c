@@ -87,12 +87,6 @@ loaded:
 kv_status kv_reuse_insert(kv_reuse *u, kv_runner *r, const int *tok, int n, const kv_reuse_opts *o)
 {
     double t0 = kv_now_ms();
-    if (kv_runner_is_gpu(r) && (u->f || u->rows.T) && u->pre.T < u->pre.matched) {
-        /* the GPU engine keeps no positions of a subset: nothing to dump;
-         * the store already holds the prefix, only this prompt's suffix is lost */
-        u->skipped = "the GPU engine continued an --important subset and cannot dump it";
-        return KV_OK;
-    }
     const kv_tree *t = kv_tree_store_tree(u->s);
     kv_dtype dt = t->has_geom ? t->geom.dtype : KV_DT_F16;
     char path[4200];
@@ -126,7 +120,6 @@ char *kv_reuse_json(const kv_reuse *u)
     } else {
         cJSON_AddNullToObject(o, "put");
     }
-    if (u->skipped) cJSON_AddStringToObject(o, "insert_skipped", u->skipped);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;

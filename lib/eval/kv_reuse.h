@@ -40,7 +40,6 @@ typedef struct {
     kv_get_report get;
     kv_put_report put;
     bool inserted;
-    const char *skipped;  /* why the insert was left out, or NULL */
     double lookup_ms, insert_ms;
 } kv_reuse;
 
