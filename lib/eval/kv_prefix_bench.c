@@ -340,7 +340,8 @@ static void source_clear(psource *s)
  * the path held; the GPU mode takes the GPU copies where they exist) or
  * from the store.  *tier: what was used; hit: bytes per tier. */
 static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *s, const int *tok, int n,
-                            const kv_pbench_opts *o, int64_t now, psource *src, const char **tier, uint64_t *hit)
+                            const kv_pbench_opts *o, int64_t now, psource *src, const char **tier, uint64_t *hit,
+                            double *qa_ms)
 {
     const kv_tree *t = kv_tree_store_tree(s);
     *tier = "none";
@@ -386,9 +387,10 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         memset(&gr, 0, sizeof gr);
         kv_tree_rows *x = &src->rows;
         if (m == KV_PM_DISK_QUERY) {
-            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, now};
+            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now};
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
+            qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
             gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;
         } else
             st = kv_tree_store_load(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now, x, &gr);
@@ -469,7 +471,8 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if ((st = kv_runner_reset(r, NULL))) break;
             if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
-            st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit);
+            double qa_ms[4] = {0, 0, 0, 0};
+            st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms);
             double t1 = kv_now_ms();
             int reused = src.pre.T, start = src.pre.matched;
             if (!st && !is_full && !reused) { /* nothing to reuse */
@@ -501,7 +504,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if (want) {
                 kv_pbench_row *row = &out[k++];
                 *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, t1 - t0,
-                                       {hit[0], hit[1], hit[2]}, -1, text};
+                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3]}, {hit[0], hit[1], hit[2]}, -1, text};
                 if (q->n_out) {
                     row->correct = 1;
                     for (int a = 0; a < q->n_out; a++)
@@ -567,6 +570,11 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         cJSON_AddNumberToObject(x, "prefilled_tokens", r->prefilled);
         cJSON_AddNumberToObject(x, "ttft_ms", r->ttft_ms);
         cJSON_AddNumberToObject(x, "load_ms", r->load_ms);
+        if (r->mode == KV_PM_DISK_QUERY) {
+            cJSON *qa = cJSON_AddObjectToObject(x, "query_aware_ms");
+            static const char *qn[4] = {"sketch", "probe", "score", "rows"};
+            for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(qa, qn[t], r->qa_ms[t]);
+        }
         cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes");
         for (int t = 0; t < 3; t++) cJSON_AddNumberToObject(h, tn[t], (double)r->hit_bytes[t]);
         if (r->correct < 0) cJSON_AddNullToObject(x, "correct");

@@ -60,6 +60,7 @@ typedef struct {
     int zstd_level;    /* of the store's disk chunks (3; 0: a new store keeps them uncompressed) */
     int insert_max;    /* put only the first N requests' prompts (0: every request) */
     int put_queries;   /* query samples kept per layer for the put's importance (32; 0: key norms) */
+    int queries;       /* disk-query: the request's last queries scored with (0: KV_QAWARE_QUERIES) */
 } kv_pbench_opts;
 
 typedef struct {
@@ -69,6 +70,7 @@ typedef struct {
     int tokens, reused, prefilled;
     double ttft_ms;
     double load_ms;         /* of it: finding and loading the prefix (the rest is the prefill) */
+    double qa_ms[4];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows */
     uint64_t hit_bytes[3];  /* cache bytes taken from the gpu, host and disk tiers */
     int correct;            /* 1, 0, or -1 without expected outputs */
     char *text;             /* the generated text (or ids) */

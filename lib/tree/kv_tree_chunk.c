@@ -423,10 +423,13 @@ kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *c
 {
     const size_t hr = (size_t)c->L * c->Hkv * c->sk_r, nc = hr * (size_t)c->n;
     if (!hr) return kv_fail(KV_E_INTERNAL, "chunk %s has no key sketch", c->name);
-    uint8_t *b = malloc(hr * 6 + nc);
-    if (!b) return kv_fail(KV_E_NOMEM, "cannot allocate a key sketch of %zu bytes", hr * 6 + nc);
-    kv_status st = src_read(c, c->sk_off, b, hr * 6 + nc);
-    if (!st && kv_crc32c(0, b, hr * 6 + nc) != c->sk_crc) st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the key sketch", c->name);
+    uint8_t *b = malloc(hr * 6);
+    if (!b) return kv_fail(KV_E_NOMEM, "cannot allocate a key sketch of %zu bytes", hr * 6);
+    /* the codes (the bulk) straight into place */
+    kv_status st = src_read(c, c->sk_off, b, hr * 6);
+    if (!st) st = src_read(c, c->sk_off + hr * 6, code, nc);
+    if (!st && kv_crc32c(kv_crc32c(0, b, hr * 6), code, nc) != c->sk_crc)
+        st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the key sketch", c->name);
     for (size_t i = 0; i < hr && !st; i++) {
         ch[i] = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
         uint32_t fb = rd32(b + 2 * hr + 4 * i);
@@ -436,7 +439,6 @@ kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *c
         else if (!isfinite(scale[i]) || scale[i] < 0)
             st = kv_fail(KV_E_DATA, "chunk %s: key sketch scale %zu is not a finite non-negative number", c->name, i);
     }
-    if (!st) memcpy(code, b + 6 * hr, nc);
     free(b);
     return st;
 }

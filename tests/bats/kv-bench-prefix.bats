@@ -10,7 +10,7 @@ setup() { T="$BATS_TEST_TMPDIR"; }
 @test "kv-bench prefix --help lists every option" {
     run --separate-stderr kv-bench prefix --help
     assert_success
-    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --half-life --steps --ctx --device --output --json; do
+    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --half-life --steps --ctx --device --output --json; do
         [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
     done
 }
