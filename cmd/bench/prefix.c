@@ -46,7 +46,7 @@ static const kv_option opts[] = {
     {O_ZSTD, 0, "zstd", "N", "zstd level of the store's disk chunks (1-19, default 3; 0: uncompressed)"},
     {O_INSERT, 0, "insert", "N", "put only the first N requests' prompts into the store (default: every one)"},
     {O_PUTQ, 0, "put-queries", "N", "query samples per layer for the put's importance (default 32; 0: key norms)"},
-    {O_QUERIES, 0, "queries", "N", "disk-query: the request's last N queries score the prefix (1-64, default 8)"},
+    {O_QUERIES, 0, "queries", "N", "disk-query: the request's last N queries score the prefix (1-64, default 4)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
     {O_CTX, 'c', "ctx", "N", "context capacity (default: the longest request plus -n)"},

@@ -148,7 +148,43 @@ typedef struct {
     int n, cap;
     int L, nkv, hd;
     bool gpu;              /* the runner is the GPU engine: the GPU tier is device memory */
+    void *arena;           /* pinned host memory that disk loads land in (GPU engine), reused */
+    size_t arena_cap;
+    bool arena_used;
 } pcache;
+
+/* The disk loads' allocator on the GPU engine: the pinned arena when it is
+ * free and large enough (the copy to the device then runs at full PCIe
+ * speed, as from the host tier), else malloc. */
+static void *arena_alloc(void *user, size_t n)
+{
+    pcache *c = user;
+    if (!c->arena_used && c->arena && n <= c->arena_cap) {
+        c->arena_used = true;
+        return c->arena;
+    }
+    return malloc(n);
+}
+
+static void arena_free(void *user, void *p)
+{
+    pcache *c = user;
+    if (p && p == c->arena) c->arena_used = false;
+    else free(p);
+}
+
+/* Room for n tokens' K/V in the arena (outside the timed loads: pinning
+ * gigabytes takes longer than reading them). */
+static kv_status arena_reserve(pcache *c, int n)
+{
+    size_t need = 2ull * c->L * c->nkv * (size_t)n * c->hd * 2 + 1;
+    if (!c->gpu || need <= c->arena_cap) return KV_OK;
+    kv_gpu_host_free(c->arena);
+    c->arena_cap = 0;
+    if (!(c->arena = kv_gpu_host_alloc(need))) return kv_fail(KV_E_NOMEM, "out of host memory for the load arena");
+    c->arena_cap = need;
+    return KV_OK;
+}
 
 static void entry_drop_dev(pcache *c, pentry *x)
 {
@@ -319,6 +355,7 @@ static void cache_clear(pcache *c)
 {
     for (int i = 0; i < c->n; i++) entry_free(c, &c->e[i]);
     free(c->e);
+    kv_gpu_host_free(c->arena);
 }
 
 // --- serving ---------------------------------------------------------------------------
@@ -386,14 +423,17 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         kv_get_report gr;
         memset(&gr, 0, sizeof gr);
         kv_tree_rows *x = &src->rows;
+        const kv_tree_alloc al = {arena_alloc, arena_free, c};
         if (m == KV_PM_DISK_QUERY) {
-            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now};
+            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now,
+                                 c->gpu ? &al : NULL};
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
             gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;
         } else
-            st = kv_tree_store_load(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now, x, &gr);
+            st = kv_tree_store_load_ex(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now,
+                                       c->gpu ? &al : NULL, x, &gr);
         if (!st)
             src->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads,
                                    .head_dim = x->head_dim, .positions = x->T < x->matched ? x->positions : NULL,
@@ -525,6 +565,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                 if (!st) st = kv_tree_store_save(s);
                 if (!st) st = cache_add_path(&c, kv_tree_store_tree(s), ids, len, f);
                 if (!st) st = cache_place(&c, kv_tree_store_tree(s), o, now);
+                if (!st) st = arena_reserve(&c, len);
                 kvc_close(f);
             }
         }

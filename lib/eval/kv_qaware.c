@@ -221,7 +221,7 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     }
     rep->score_ms = kv_now_ms() - t2;
     double t3 = kv_now_ms();
-    if (!st) st = kv_tree_store_load(s, ids, n - 1, 1, pick, np, false, o->now, rows, &gr);
+    if (!st) st = kv_tree_store_load_ex(s, ids, n - 1, 1, pick, np, false, o->now, o->al, rows, &gr);
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->row_bytes += gr.bytes_read[i];
     rep->load_ms = kv_now_ms() - t3;
     rep->kept = rows->T;

@@ -30,7 +30,7 @@
 #include "tree/kv_tree.h"
 
 #define KV_QAWARE_PROBE 64  /* request tokens the probe prefills */
-#define KV_QAWARE_QUERIES 8 /* of those, the last ones scored with */
+#define KV_QAWARE_QUERIES 4 /* of those, the last ones scored with */
 
 typedef struct {
     double frac;    /* share of the prefix's tokens to load (0, 1] */
@@ -39,6 +39,7 @@ typedef struct {
     int keep_nq;    /* the runner's capture (kv_runner_keep) restored after the probe */
     bool keep_kv;
     int64_t now;
+    const kv_tree_alloc *al; /* the rows' block (NULL: malloc) */
 } kv_qaware_opts;
 
 typedef struct {

@@ -211,6 +211,15 @@ kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double 
 kv_status kv_tree_store_get_kvc(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
                                 kvc_file **out, kv_get_report *r);
 
+/* Where the rows of a load go: an allocator for their one block (pinned
+ * host memory that the GPU copies at full speed, a reused arena); NULL:
+ * malloc. */
+typedef struct {
+    void *(*alloc)(void *user, size_t n);
+    void (*free)(void *user, void *p);
+    void *user;
+} kv_tree_alloc;
+
 /* A cached prefix read back into memory (kv_tree_store_load). */
 typedef struct {
     int T, matched;            /* rows; prompt tokens the match covered (rows <= matched) */
@@ -218,6 +227,7 @@ typedef struct {
     kv_dtype dt;               /* the store's */
     void **k, **v;             /* (n_layers) each (n_kv_heads, T, head_dim) of dt, inside kv */
     void *kv;
+    kv_tree_alloc al;          /* what kv came from (alloc NULL: malloc) */
     int32_t *tokens, *positions; /* (T) ids and positions, increasing */
     float *imp;                /* (T) importances */
     float *q;                  /* query samples F32 (n_layers, q_heads, n_q, head_dim), or NULL */
@@ -234,6 +244,10 @@ typedef struct {
  */
 kv_status kv_tree_store_load(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
                              int n_pick, bool touch, int64_t now, kv_tree_rows *out, kv_get_report *r);
+/* The same, the K/V block from al (NULL: malloc). */
+kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                                int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, kv_tree_rows *out,
+                                kv_get_report *r);
 void kv_tree_rows_free(kv_tree_rows *x);
 
 /* The key sketch of a cached prefix, node by node (kv_tree_store_sketch):

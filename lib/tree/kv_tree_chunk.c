@@ -122,6 +122,27 @@ static kv_status src_read(tree_chunk *c, uint64_t off, void *buf, size_t n)
     return KV_OK;
 }
 
+/* src_read of a large span in slices read in parallel (a page-cache copy
+ * of a quarter gigabyte is a few times faster on several cores). */
+static kv_status src_read_par(tree_chunk *c, uint64_t off, void *buf, size_t n)
+{
+    const size_t SL = (size_t)8 << 20;
+    const long ns = (long)((n + SL - 1) / SL);
+    if (c->mem || ns < 2) return src_read(c, off, buf, n);
+    kv_status st = KV_OK;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long i = 0; i < ns; i++) {
+        size_t a = (size_t)i * SL, len = n - a < SL ? n - a : SL;
+        kv_status e = src_read(c, off + a, (char *)buf + a, len);
+        if (e) {
+#pragma omp critical(tree_src_read_par)
+            if (!st) snprintf(msg, sizeof msg, "%s", kv_errdetail()), st = e;
+        }
+    }
+    return st ? kv_fail(st, "%s", msg) : KV_OK;
+}
+
 // --- reading ----------------------------------------------------------------------
 
 void tree_chunk_free(tree_chunk *c)
@@ -427,7 +448,7 @@ kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *c
     if (!b) return kv_fail(KV_E_NOMEM, "cannot allocate a key sketch of %zu bytes", hr * 6);
     /* the codes (the bulk) straight into place */
     kv_status st = src_read(c, c->sk_off, b, hr * 6);
-    if (!st) st = src_read(c, c->sk_off + hr * 6, code, nc);
+    if (!st) st = src_read_par(c, c->sk_off + hr * 6, code, nc);
     if (!st && kv_crc32c(kv_crc32c(0, b, hr * 6), code, nc) != c->sk_crc)
         st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the key sketch", c->name);
     for (size_t i = 0; i < hr && !st; i++) {

@@ -84,7 +84,8 @@ static kv_status top_frames(const tree_chunk *c, int u, int keep, int *sel, int 
 void kv_tree_rows_free(kv_tree_rows *x)
 {
     if (!x) return;
-    free(x->kv);
+    if (x->al.alloc) x->al.free(x->al.user, x->kv);
+    else free(x->kv);
     free(x->k);
     free(x->v);
     free(x->tokens);
@@ -97,8 +98,16 @@ void kv_tree_rows_free(kv_tree_rows *x)
 kv_status kv_tree_store_load(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
                              int n_pick, bool touch, int64_t now, kv_tree_rows *out, kv_get_report *r)
 {
+    return kv_tree_store_load_ex(s, tok, n, frac, pick, n_pick, touch, now, NULL, out, r);
+}
+
+kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                                int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, kv_tree_rows *out,
+                                kv_get_report *r)
+{
     memset(r, 0, sizeof *r);
     memset(out, 0, sizeof *out);
+    if (al && al->alloc) out->al = *al;
     kv_tree *t = s->t;
     r->tokens = n;
     if (!t->has_geom) return kv_fail(KV_E_DATA, "the store is empty (no cache was ever put)");
@@ -157,7 +166,7 @@ kv_status kv_tree_store_load(kv_tree_store *s, const int32_t *tok, int n, double
     out->T = M, out->matched = m, out->dt = t->geom.dtype;
     out->n_layers = L, out->n_kv_heads = Hkv, out->head_dim = D;
     if (!st) {
-        out->kv = malloc(per * 2 * (size_t)L + 1);
+        out->kv = out->al.alloc ? out->al.alloc(out->al.user, per * 2 * (size_t)L + 1) : malloc(per * 2 * (size_t)L + 1);
         out->k = malloc((size_t)L * sizeof *out->k + 1), out->v = malloc((size_t)L * sizeof *out->v + 1);
         out->tokens = malloc((size_t)M * 4 + 4), out->imp = malloc((size_t)M * 4 + 4);
         out->positions = malloc((size_t)M * 4 + 4);

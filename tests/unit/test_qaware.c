@@ -127,7 +127,7 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kv_tree_sketch_free(&sk);
 
     /* the question's own queries choose a quarter of the haystack */
-    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001};
+    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL};
     kv_qaware_report qr;
     kv_tree_rows rows;
     OK(kv_runner_reset(r, NULL));

@@ -2,7 +2,7 @@
 # Helper I11's device step (issue 11, prefix reuse revisited), one round of
 # at most 150 s, run from the repository root after the round unpacked the
 # binaries into DIR:   OUT=dir sh DIR/run.sh DIR   (this file is DIR/run.sh)
-# STEPS (default tzskqm4, in that order), each under a timeout that keeps the whole inside the cap:
+# STEPS (default tszkq8, in the order below), each under a timeout that keeps the whole inside the cap:
 #   t  test_gpu_prefix (GPU --kv round trips, subsets and their dumps, device segments)
 #   n  kv-bench prefix on niah4k, 8 requests of ~3,930 tokens sharing ~88%:
 #      every mode (full, gpu, host, disk, disk-important, disk-query), zstd 3 chunks
@@ -11,13 +11,14 @@
 #   q  full, disk-important and disk-query at 25% on the CPU engine (4 requests)
 #   m  test_gpu_prefix under compute-sanitizer memcheck
 #   4  niah4k on the GPU as z, disk-query with --queries 4
+#   8  the same with --queries 8
 #   s  the synthetic llama-3.1-8b at 32k, 90% shared, 3 requests, the first
 #      inserted once (--insert 1), uncompressed disk chunks, key-norm put importance
 # Results in $OUT: summary.txt, *.json, *.err
 set -u
 D=${1:-build-dev-I11}
 OUT=${OUT:-/tmp/kv-i11}
-STEPS=${STEPS:-tzskqm4}
+STEPS=${STEPS:-tszkq8}
 CAP=${CAP:-145}
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -117,6 +118,12 @@ if has 4 && [ "$(upto 20)" -gt 0 ]; then
         --zstd 0 --queries 4 --modes full,disk-query "$TMPDIR/i11-niah.jsonl" > "$OUT/niah-q4.json" 2> "$OUT/niah-q4.err"
     log "niah4k cuda --queries 4 rc=$?"
     summ "$OUT/niah-q4.json"
+fi
+if has 8 && [ "$(upto 20)" -gt 0 ]; then
+    timeout "$(upto 20)" "$D/kv-bench" prefix --json -m $N/niah4k.bin --device cuda -n 8 --gpu-bytes 2G --host-bytes 4G \
+        --zstd 0 --queries 8 --modes full,disk-query "$TMPDIR/i11-niah.jsonl" > "$OUT/niah-q8.json" 2> "$OUT/niah-q8.err"
+    log "niah4k cuda --queries 8 rc=$?"
+    summ "$OUT/niah-q8.json"
 fi
 rm -f "$TMPDIR"/i11-*.jsonl
 log end
