@@ -48,10 +48,9 @@ static kv_status top_frames(const tree_chunk *c, int u, int keep, int *sel, int 
 {
     const int R = c->group_rows, nf = (u + R - 1) / R;
     float *fi = malloc((size_t)nf * sizeof *fi + 1);
-    int *fs = malloc((size_t)nf * sizeof *fs + 1);
     char *take = calloc((size_t)nf + 1, 1);
-    if (!fi || !fs || !take) {
-        free(fi), free(fs), free(take);
+    if (!fi || !take) {
+        free(fi), free(take);
         return kv_fail(KV_E_NOMEM, "cannot allocate a ranking");
     }
     for (int f = 0; f < nf; f++) {
@@ -62,7 +61,7 @@ static kv_status top_frames(const tree_chunk *c, int u, int keep, int *sel, int 
     }
     imp_ix *ix = malloc((size_t)nf * sizeof *ix + 1);
     if (!ix) {
-        free(fi), free(fs), free(take);
+        free(fi), free(take);
         return kv_fail(KV_E_NOMEM, "cannot allocate a ranking");
     }
     for (int f = 0; f < nf; f++) ix[f] = (imp_ix){fi, f};
@@ -77,7 +76,7 @@ static kv_status top_frames(const tree_chunk *c, int u, int keep, int *sel, int 
     for (int f = 0; f < nf; f++)
         for (int t = f * R; take[f] && t < u && t < (f + 1) * R; t++) sel[k++] = t;
     *got = k;
-    free(ix), free(fi), free(fs), free(take);
+    free(ix), free(fi), free(take);
     return KV_OK;
 }
 
