@@ -75,7 +75,6 @@ kv_status kv_runner_new(const kv_model *m, const kv_policy_params *per_layer, in
     return KV_OK;
 fail:
     free(r->prm);
-    free(r->cont_pos);
     free(r);
     return st;
 }
@@ -86,6 +85,7 @@ void kv_runner_free(kv_runner *r)
     if (r->gpu) kv_gpu_engine_free(r->gpu);
     else kv_engine_free(r->cpu);
     free(r->prm);
+    free(r->cont_pos);
     free(r);
 }
 
