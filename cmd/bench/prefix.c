@@ -21,6 +21,7 @@
 #include "common/kv_outfile.h"
 #include "engine/kv_runner.h"
 #include "eval/kv_prefix_bench.h"
+#include "eval/kv_qaware.h"
 #include "model/kv_model.h"
 #include "model/kv_prompt.h"
 #include "tree/kv_tree.h"
@@ -28,7 +29,8 @@
 int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
-       O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD };
+       O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD,
+       O_INSERT, O_PUTQ, O_QUERIES };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -38,10 +40,13 @@ static const kv_option opts[] = {
     {O_STORE, 0, "store", "DIR", "kv-tree store of the disk tier (created if missing; default: a new one in $TMPDIR)"},
     {O_GPU, 0, "gpu-bytes", "N", "GPU tier budget, bytes of fp16 K/V (suffix K, M, G; default 1G)"},
     {O_HOST, 0, "host-bytes", "N", "host tier budget, bytes of fp16 K/V (default 4G)"},
-    {O_MODES, 0, "modes", "LIST", "full,gpu,host,disk,disk-important or all (default all)"},
-    {O_IMPORTANT, 0, "important", "F", "disk-important: share of disk tokens loaded (default 0.25)"},
+    {O_MODES, 0, "modes", "LIST", "full,gpu,host,disk,disk-important,disk-query or all (default all)"},
+    {O_IMPORTANT, 0, "important", "F", "disk-important, disk-query: share of disk tokens loaded (default 0.25)"},
     {O_PUT_TIER, 0, "put-tier", "TIER", "store tier of inserted prompts: disk (zstd chunks, default), host or gpu (plain chunks)"},
-    {O_ZSTD, 0, "zstd", "N", "zstd level of the store's disk chunks (1-19, default 3)"},
+    {O_ZSTD, 0, "zstd", "N", "zstd level of the store's disk chunks (1-19, default 3; 0: uncompressed)"},
+    {O_INSERT, 0, "insert", "N", "put only the first N requests' prompts into the store (default: every one)"},
+    {O_PUTQ, 0, "put-queries", "N", "query samples per layer for the put's importance (default 32; 0: key norms)"},
+    {O_QUERIES, 0, "queries", "N", "disk-query: the request's last N queries score the prefix (1-64, default 4)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
     {O_CTX, 'c', "ctx", "N", "context capacity (default: the longest request plus -n)"},
@@ -96,7 +101,8 @@ int kv_bench_prefix_main(int argc, char **argv)
     unsigned long seed = 42;
     kv_pbench_opts po = {.gpu_bytes = 1ull << 30, .host_bytes = 4ull << 30, .important = 0.25,
                          .half_life = KV_TREE_HALF_LIFE, .modes = (1u << KV_PM_COUNT) - 1, .max_new = 8,
-                         .progress = on_progress, .put_tier = KV_TIER_DISK, .zstd_level = 3};
+                         .progress = on_progress, .put_tier = KV_TIER_DISK, .zstd_level = 3,
+                         .put_queries = 32};
     const char *a;
     int oi;
     for (int c; (c = kv_cli_next(argc, argv, &a, &oi)) != -1;) {
@@ -121,7 +127,10 @@ int kv_bench_prefix_main(int argc, char **argv)
             po.put_tier = (kv_tier)t;
             break;
         }
-        case O_ZSTD: po.zstd_level = (int)kv_cli_long("--zstd", a, 1, 19); break;
+        case O_ZSTD: po.zstd_level = (int)kv_cli_long("--zstd", a, 0, 19); break;
+        case O_INSERT: po.insert_max = (int)kv_cli_long("--insert", a, 1, 1 << 30); break;
+        case O_PUTQ: po.put_queries = (int)kv_cli_long("--put-queries", a, 0, 4096); break;
+        case O_QUERIES: po.queries = (int)kv_cli_long("--queries", a, 1, KV_QAWARE_PROBE); break;
         case O_HALF: po.half_life = kv_cli_double("--half-life", a, 1e-3, 1e12); break;
         case O_STEPS: po.max_new = (int)kv_cli_long("-n", a, 1, 1 << 16); break;
         case O_CTX: ctx = (int)kv_cli_long("--ctx", a, 1, 1 << 24); break;

@@ -14,7 +14,7 @@ enum {
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
     O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
     O_PRINT_IDS, O_GEMV, O_KV, O_STORE,
-    O_IMPORTANT, O_NO_INSERT, O_BATCH, O_GEMM
+    O_IMPORTANT, O_NO_INSERT, O_BATCH, O_GEMM, O_QUERY_AWARE
 };
 
 static const kv_option opts[] = {
@@ -60,6 +60,7 @@ static const kv_option opts[] = {
                                "seed..seed+B-1; --prompt: B copies), together on the GPU; JSON lines out"},
     {O_GEMM, 0, "gemm", "HOW", "with --batch on the GPU: gemv (default: each sequence as alone, bit for bit), "
                                "cublas (faster) or auto"},
+    {O_QUERY_AWARE, 0, "query-aware", NULL, "with --important: the prompt's own queries choose the tokens (a +sketch store)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -129,6 +130,7 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
             if (kv_gpu_gemm_parse(arg, &o->gemm)) kv_cli_usage_error("--gemm: %s", kv_errdetail());
             o->gemm_given = true;
             break;
+        case O_QUERY_AWARE: o->query_aware = true; break;
         case O_PREFILL_CHUNK:
             o->prefill_chunk = (int)kv_cli_long("--prefill-chunk", arg, 0, 1 << 20);
             if (o->prefill_chunk == 0) o->prefill_chunk = -1; /* the engine's "one token at a time" */
@@ -169,6 +171,7 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
         kv_cli_usage_error("%s goes with generation, not --score-file, --compare, --probs or --tokenize", o->kv ? "--kv" : "--store");
     if (!o->store && (o->important < 1 || o->no_insert))
         kv_cli_usage_error("%s goes with --store", o->no_insert ? "--no-insert" : "--important");
+    if (o->query_aware && !(o->important < 1)) kv_cli_usage_error("--query-aware goes with --store and --important F < 1");
     if (o->kv && !o->prompt && !o->prompt_file && !o->tokens && !o->random_prompt)
         kv_cli_usage_error("--kv needs the continuation: --prompt, --prompt-file or --tokens");
     if (o->prompt_file && o->tokens && is_stdout(o->prompt_file) && is_stdout(o->tokens))

@@ -32,7 +32,10 @@ int reuse_begin(const run_opts *o, const kv_model *m, reuse_state *u)
         u->tmp[0] = 0;
         return kv_report(kv_fail(KV_E_CANTCREATE, "cannot create a temporary directory: %s", strerror(errno)), "--store");
     }
-    u->ro = (kv_reuse_opts){o->important, !o->no_insert, KV_TIER_DISK, 3, u->tmp, kv_cli_clock("KV_TREE_NOW")};
+    u->ro = (kv_reuse_opts){.important = o->important, .query_aware = o->query_aware,
+                            .keep_nq = o->dump || !o->no_insert ? o->nq : 0, .keep_kv = o->dump || !o->no_insert,
+                            .insert = !o->no_insert, .tier = KV_TIER_DISK, .zstd_level = 3, .tmp_dir = u->tmp,
+                            .now = kv_cli_clock("KV_TREE_NOW")};
     if ((st = kv_reuse_open(&u->ru, o->store, m, &u->ro))) return kv_report(st, "--store %s", o->store);
     u->ru_open = true;
     return 0;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kv_half.h"
 #include "engine/kv_engine.h"
 
 struct kv_runner {
@@ -18,6 +19,8 @@ struct kv_runner {
     kv_gpu_engine *gpu;
     kv_policy_params *prm; /* (n_layers) what each layer runs with */
     char fallback[256];    /* AUTO on the CPU: the GPU engine's failure */
+    int cont_T, cont_matched; /* the last prefill_from's rows and next position (0, 0: none since) */
+    int32_t *cont_pos;        /* (cont_T) their positions, or NULL (rows 0 .. cont_T-1) */
 };
 
 static void set_params(kv_runner *r, const kv_policy_params *per_layer)
@@ -82,6 +85,7 @@ void kv_runner_free(kv_runner *r)
     if (r->gpu) kv_gpu_engine_free(r->gpu);
     else kv_engine_free(r->cpu);
     free(r->prm);
+    free(r->cont_pos);
     free(r);
 }
 
@@ -94,6 +98,9 @@ kv_status kv_runner_reset(kv_runner *r, const kv_policy_params *per_layer)
 
 kv_status kv_runner_prefill(kv_runner *r, const int *tokens, int n, float *logits_last)
 {
+    r->cont_T = r->cont_matched = 0;
+    free(r->cont_pos);
+    r->cont_pos = NULL;
     return r->gpu ? kv_gpu_engine_prefill(r->gpu, tokens, n, logits_last)
                   : kv_engine_prefill(r->cpu, tokens, n, logits_last);
 }
@@ -105,6 +112,11 @@ kv_status kv_runner_prefill_from(kv_runner *r, const kv_prefix *pre, const int *
                           : kv_engine_prefill_from(r->cpu, pre, tokens, n, logits_last);
     if (r->cpu) /* packed layers now run with the file's encoding */
         for (int l = 0; l < r->m->cfg.n_layers; l++) r->prm[l] = *kv_engine_params(r->cpu, l);
+    r->cont_T = st ? 0 : pre->T, r->cont_matched = st ? 0 : pre->matched;
+    free(r->cont_pos);
+    r->cont_pos = NULL;
+    if (!st && pre->positions && (r->cont_pos = malloc((size_t)pre->T * sizeof *r->cont_pos)))
+        memcpy(r->cont_pos, pre->positions, (size_t)pre->T * sizeof *r->cont_pos);
     return st;
 }
 
@@ -172,6 +184,20 @@ kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv)
     return r->gpu ? kv_gpu_engine_keep(r->gpu, nq, prompt_kv) : kv_engine_keep(r->cpu, nq, prompt_kv);
 }
 
+int kv_runner_queries(const kv_runner *r, int layer, float *out)
+{
+    if (!r->gpu) return kv_engine_queries(r->cpu, layer, out);
+    const int n = kv_gpu_engine_queries(r->gpu, layer, NULL);
+    if (!n) return 0;
+    const size_t cnt = (size_t)r->m->cfg.n_heads * n * r->m->cfg.head_dim;
+    uint16_t *h = malloc(cnt * sizeof *h);
+    if (!h) return 0;
+    kv_gpu_engine_queries(r->gpu, layer, h);
+    for (size_t i = 0; i < cnt; i++) out[i] = kv_half_to_f32(h[i]);
+    free(h);
+    return n;
+}
+
 /* The GPU engine's capture (fp16, host) through the one writer. */
 static kv_status gpu_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                               const char *path, int zstd_level)
@@ -181,27 +207,44 @@ static kv_status gpu_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_d
     int T = 0;
     if (!kv_gpu_engine_prompt_kv(r->gpu, 0, 'k', &T))
         return kv_fail(KV_E_INTERNAL, "no prompt K/V kept for the dump (call kv_runner_keep first)");
-    if (T != n) /* a continued subset: rows are not positions 0 .. n-1 */
-        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine continued a subset of %d tokens in %d rows: "
-                       "no plain cache to dump (the CPU engine dumps one)", n, T);
+    /* a continued subset: the capture holds the subset's cont_T rows, then
+     * the new rows of positions cont_matched ..; the dump gives every row at
+     * its position and zeros at the positions left out (as the CPU engine's
+     * dump; kv-run --store --important inserts it: the store already holds
+     * that prefix and stores none of it) */
+    const int nn = n - r->cont_matched, P = T - nn;
+    const bool subset = T != n;
+    if (subset && !(r->cont_T && P == r->cont_T && nn > 0))
+        return kv_fail(KV_E_UNSUPPORTED, "the GPU engine's capture holds %d rows, not the %d tokens asked", T, n);
     const size_t per = (size_t)c->n_heads * (size_t)nq * (size_t)c->head_dim;
+    const size_t lay = (size_t)c->n_kv_heads * n * c->head_dim, rb = (size_t)c->head_dim * 2;
     const void **ptr = malloc((size_t)3 * L * sizeof *ptr);
-    uint16_t *q = nq ? malloc((size_t)L * per * 2) : NULL;
-    if (!ptr || (nq && !q)) {
-        free(q);
-        free(ptr);
-        return kv_fail(KV_E_NOMEM, "out of memory for the dump's queries");
+    uint16_t *q = nq ? malloc((size_t)L * per * 2) : NULL, *full = subset ? calloc(2 * (size_t)L * lay, 2) : NULL;
+    if (!ptr || (nq && !q) || (subset && !full)) {
+        free(q), free(ptr), free(full);
+        return kv_fail(KV_E_NOMEM, "out of memory for the dump");
     }
     for (int l = 0; l < L; l++) {
         ptr[l] = kv_gpu_engine_prompt_kv(r->gpu, l, 'k', &T);
         ptr[L + l] = kv_gpu_engine_prompt_kv(r->gpu, l, 'v', &T);
+        for (int w = 0; subset && w < 2; w++) {
+            uint16_t *dst = full + (2 * (size_t)l + w) * lay;
+            const uint16_t *src = ptr[w * L + l];
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                for (int i = 0; i < P; i++)
+                    memcpy(dst + ((size_t)h * n + (r->cont_pos ? r->cont_pos[i] : i)) * c->head_dim,
+                           src + ((size_t)h * T + i) * c->head_dim, rb);
+                memcpy(dst + ((size_t)h * n + r->cont_matched) * c->head_dim, src + ((size_t)h * T + P) * c->head_dim,
+                       (size_t)nn * rb);
+            }
+            ptr[w * L + l] = dst;
+        }
         ptr[2 * L + l] = q ? q + (size_t)l * per : NULL;
         if (q) kv_gpu_engine_queries(r->gpu, l, q + (size_t)l * per);
     }
     kv_prompt_dump d = {KV_DT_F16, n, nq, ptr, ptr + L, nq ? ptr + 2 * L : NULL};
     kv_status st = kv_prompt_dump_write(r->m, tokens, &d, dt, path, zstd_level);
-    free(q);
-    free(ptr);
+    free(q), free(ptr), free(full);
     return st;
 }
 

@@ -103,6 +103,11 @@ int kv_runner_layer_tokens(const kv_runner *r, int layer);
  * by layer, and its prefill's queries; decode steps are not captured there).
  */
 kv_status kv_runner_keep(kv_runner *r, int nq, bool prompt_kv);
+/* The queries kept (kv_runner_keep) of one layer, post-RoPE, oldest first,
+ * as float32 (n_heads, nq_out, head_dim) into out (room for the nq asked
+ * of kv_runner_keep); returns nq_out (0: none kept, or no memory).  On the
+ * GPU only the last prefill's. */
+int kv_runner_queries(const kv_runner *r, int layer, float *out);
 /* The prompt's cache as .kvc (kv_engine_dump_kvc's layout, through
  * kv_prompt_dump_write on either engine); zstd_level > 0 compresses. */
 kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,

@@ -15,6 +15,7 @@
 
 #include "common/kv_stats.h"
 #include "eval/kv_jsonl.h"
+#include "eval/kv_qaware.h"
 #include "format/kvc.h"
 #include "gpu/kv_gpu.h"
 #include "model/kv_prompt.h"
@@ -107,7 +108,7 @@ kv_status kv_preq_parse(const char *text, size_t len, kv_preq **out, int *n)
     return KV_OK;
 }
 
-static const char *mode_names[KV_PM_COUNT] = {"full", "gpu", "host", "disk", "disk-important"};
+static const char *mode_names[KV_PM_COUNT] = {"full", "gpu", "host", "disk", "disk-important", "disk-query"};
 const char *kv_pmode_name(kv_pmode m) { return m < KV_PM_COUNT ? mode_names[m] : "?"; }
 
 kv_status kv_pmode_parse(const char *s, unsigned *bits)
@@ -122,7 +123,7 @@ kv_status kv_pmode_parse(const char *s, unsigned *bits)
         int m = -1;
         for (int i = 0; i < KV_PM_COUNT; i++)
             if (strlen(mode_names[i]) == n && !strncmp(s, mode_names[i], n)) m = i;
-        if (m < 0) return kv_fail(KV_E_USAGE, "unknown mode '%.*s' (full, gpu, host, disk, disk-important, all)", (int)n, s);
+        if (m < 0) return kv_fail(KV_E_USAGE, "unknown mode '%.*s' (full, gpu, host, disk, disk-important, disk-query, all)", (int)n, s);
         *bits |= 1u << m;
         s += n + (s[n] == ',');
     }
@@ -147,7 +148,43 @@ typedef struct {
     int n, cap;
     int L, nkv, hd;
     bool gpu;              /* the runner is the GPU engine: the GPU tier is device memory */
+    void *arena;           /* pinned host memory that disk loads land in (GPU engine), reused */
+    size_t arena_cap;
+    bool arena_used;
 } pcache;
+
+/* The disk loads' allocator on the GPU engine: the pinned arena when it is
+ * free and large enough (the copy to the device then runs at full PCIe
+ * speed, as from the host tier), else malloc. */
+static void *arena_alloc(void *user, size_t n)
+{
+    pcache *c = user;
+    if (!c->arena_used && c->arena && n <= c->arena_cap) {
+        c->arena_used = true;
+        return c->arena;
+    }
+    return malloc(n);
+}
+
+static void arena_free(void *user, void *p)
+{
+    pcache *c = user;
+    if (p && p == c->arena) c->arena_used = false;
+    else free(p);
+}
+
+/* Room for n tokens' K/V in the arena (outside the timed loads: pinning
+ * gigabytes takes longer than reading them). */
+static kv_status arena_reserve(pcache *c, int n)
+{
+    size_t need = 2ull * c->L * c->nkv * (size_t)n * c->hd * 2 + 1;
+    if (!c->gpu || need <= c->arena_cap) return KV_OK;
+    kv_gpu_host_free(c->arena);
+    c->arena_cap = 0;
+    if (!(c->arena = kv_gpu_host_alloc(need))) return kv_fail(KV_E_NOMEM, "out of host memory for the load arena");
+    c->arena_cap = need;
+    return KV_OK;
+}
 
 static void entry_drop_dev(pcache *c, pentry *x)
 {
@@ -318,6 +355,7 @@ static void cache_clear(pcache *c)
 {
     for (int i = 0; i < c->n; i++) entry_free(c, &c->e[i]);
     free(c->e);
+    kv_gpu_host_free(c->arena);
 }
 
 // --- serving ---------------------------------------------------------------------------
@@ -325,23 +363,22 @@ static void cache_clear(pcache *c)
 typedef struct {
     kv_prefix pre;
     kv_prefix_seg *seg;
-    kvc_file *f;
-    char path[4200];
+    kv_tree_rows rows;      /* a disk load */
 } psource;
 
 static void source_clear(psource *s)
 {
     free(s->seg);
-    kvc_close(s->f);
-    if (s->path[0]) unlink(s->path);
+    kv_tree_rows_free(&s->rows);
     memset(s, 0, sizeof *s);
 }
 
 /* The prefix of tok[0..n-1) for mode m: from the memory tiers (all nodes of
  * the path held; the GPU mode takes the GPU copies where they exist) or
  * from the store.  *tier: what was used; hit: bytes per tier. */
-static kv_status source_get(kv_pmode m, pcache *c, kv_tree_store *s, const kv_model *model, const int *tok, int n,
-                            const kv_pbench_opts *o, int64_t now, psource *src, const char **tier, uint64_t *hit)
+static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *s, const int *tok, int n,
+                            const kv_pbench_opts *o, int64_t now, psource *src, const char **tier, uint64_t *hit,
+                            double *qa_ms)
 {
     const kv_tree *t = kv_tree_store_tree(s);
     *tier = "none";
@@ -382,12 +419,26 @@ static kv_status source_get(kv_pmode m, pcache *c, kv_tree_store *s, const kv_mo
         src->pre = (kv_prefix){.T = matched, .matched = matched, .n_kv_heads = c->nkv, .head_dim = c->hd,
                                .dt = KV_DT_F16, .device = dev, .seg = src->seg, .nseg = np};
         *tier = m == KV_PM_GPU && all_gpu ? "gpu" : "host";
-    } else if (matched > 0 && m != KV_PM_FULL) {
-        snprintf(src->path, sizeof src->path, "%s/lookup.kvc", o->tmp_dir);
+    } else if (matched > 0 && m != KV_PM_FULL) { /* from the store, straight into memory rows */
         kv_get_report gr;
-        st = kv_tree_store_get(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, false, now, src->path, &gr);
-        if (!st) st = kvc_open(src->path, &src->f);
-        if (!st) st = kv_prefix_from_kvc(model, src->f, &src->pre);
+        memset(&gr, 0, sizeof gr);
+        kv_tree_rows *x = &src->rows;
+        const kv_tree_alloc al = {arena_alloc, arena_free, c};
+        if (m == KV_PM_DISK_QUERY) {
+            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now,
+                                 c->gpu ? &al : NULL};
+            kv_qaware_report qr;
+            st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
+            qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
+            gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;
+        } else
+            st = kv_tree_store_load_ex(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now,
+                                       c->gpu ? &al : NULL, x, &gr);
+        if (!st)
+            src->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads,
+                                   .head_dim = x->head_dim, .positions = x->T < x->matched ? x->positions : NULL,
+                                   .tokens = x->tokens, .dt = x->dt, .k = (const void *const *)x->k,
+                                   .v = (const void *const *)x->v};
         for (int i = 0; i < 3; i++) hit[2] += gr.bytes_read[i];
         *tier = "disk";
     }
@@ -418,7 +469,13 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
     kv_tree_store *s = NULL;
     kv_status st = out && logits ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
     struct stat sb;
-    if (!st && stat(o->store, &sb) != 0) st = kv_tree_store_create(o->store);
+    if (!st && stat(o->store, &sb) != 0) {
+        kv_tree_enc enc[KV_TIER_COUNT];
+        kv_tree_encodings_default(enc);
+        enc[KV_TIER_DISK].zstd = o->zstd_level > 0; /* --zstd 0: disk chunks as they are */
+        enc[KV_TIER_DISK].sketch = (o->modes >> KV_PM_DISK_QUERY) & 1; /* what disk-query scores with */
+        st = kv_tree_store_create_ex(o->store, enc);
+    }
     if (!st) st = kv_tree_store_open(o->store, true, &s);
     if (!st && kv_tree_store_tree(s)->has_geom) st = kv_prefix_check_model(m, &kv_tree_store_tree(s)->geom.g);
     int k = 0;
@@ -437,23 +494,31 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
         if (!st && len + o->max_new > kv_runner_ctx(r))
             st = kv_fail(KV_E_USAGE, "request %s: %d tokens and %d new exceed the context of %d", q->id, len, o->max_new, kv_runner_ctx(r));
         const int64_t now = o->now + i;
-        /* reuse modes first, then full, whose capture is put into the store */
-        static const kv_pmode order[KV_PM_COUNT] = {KV_PM_GPU, KV_PM_HOST, KV_PM_DISK, KV_PM_DISK_IMP, KV_PM_FULL};
+        const bool insert = !o->insert_max || i < o->insert_max;
+        /* reuse modes first, then full, whose capture is put into the store;
+         * a reuse mode with nothing cached would only repeat the full
+         * prefill, so it is left out for that request */
+        static const kv_pmode order[KV_PM_COUNT] = {KV_PM_GPU, KV_PM_HOST, KV_PM_DISK, KV_PM_DISK_IMP, KV_PM_DISK_QUERY,
+                                                    KV_PM_FULL};
         for (int mi = 0; mi < KV_PM_COUNT && !st; mi++) {
             kv_pmode mode = order[mi];
-            bool is_full = mode == KV_PM_FULL;
-            if (!is_full && !((o->modes >> mode) & 1)) continue;
-            kv_pbench_row *row = NULL;
-            if ((o->modes >> mode) & 1) row = &out[k++];
+            bool is_full = mode == KV_PM_FULL, want = (o->modes >> mode) & 1;
+            if (!want && !(is_full && insert)) continue;
             psource src;
             memset(&src, 0, sizeof src);
             uint64_t hit[3] = {0, 0, 0};
             const char *tier = "none";
             if ((st = kv_runner_reset(r, NULL))) break;
-            if ((st = kv_runner_keep(r, is_full ? 32 : 0, is_full))) break;
+            if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
-            st = source_get(mode, &c, s, m, ids, len, o, now, &src, &tier, hit);
+            double qa_ms[4] = {0, 0, 0, 0};
+            st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms);
+            double t1 = kv_now_ms();
             int reused = src.pre.T, start = src.pre.matched;
+            if (!st && !is_full && !reused) { /* nothing to reuse */
+                source_clear(&src);
+                continue;
+            }
             if (!st) st = reused ? kv_runner_prefill_from(r, &src.pre, ids + start, len - start, logits)
                                  : kv_runner_prefill(r, ids, len, logits);
             double ttft = kv_now_ms() - t0;
@@ -476,8 +541,10 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             }
             free(gen);
             if (st) break;
-            if (row) {
-                *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, {hit[0], hit[1], hit[2]}, -1, text};
+            if (want) {
+                kv_pbench_row *row = &out[k++];
+                *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, t1 - t0,
+                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3]}, {hit[0], hit[1], hit[2]}, -1, text};
                 if (q->n_out) {
                     row->correct = 1;
                     for (int a = 0; a < q->n_out; a++)
@@ -486,7 +553,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             } else {
                 free(text);
             }
-            if (is_full) { /* the prompt into the store, its path into memory */
+            if (is_full && insert) { /* the prompt into the store, its path into memory */
                 char path[4200];
                 snprintf(path, sizeof path, "%s/insert.kvc", o->tmp_dir);
                 kvc_file *f = NULL;
@@ -494,10 +561,11 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                 st = kv_runner_dump_kvc(r, ids, len, KV_DT_F16, path, 0);
                 if (!st) st = kvc_open(path, &f);
                 unlink(path);
-                if (!st) st = kv_tree_store_put(s, f, o->put_tier, o->zstd_level > 0 ? o->zstd_level : 3, now, &pr);
+                if (!st) st = kv_tree_store_put(s, f, o->put_tier, o->zstd_level, now, &pr);
                 if (!st) st = kv_tree_store_save(s);
                 if (!st) st = cache_add_path(&c, kv_tree_store_tree(s), ids, len, f);
                 if (!st) st = cache_place(&c, kv_tree_store_tree(s), o, now);
+                if (!st) st = arena_reserve(&c, len);
                 kvc_close(f);
             }
         }
@@ -542,6 +610,12 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         cJSON_AddNumberToObject(x, "reused_tokens", r->reused);
         cJSON_AddNumberToObject(x, "prefilled_tokens", r->prefilled);
         cJSON_AddNumberToObject(x, "ttft_ms", r->ttft_ms);
+        cJSON_AddNumberToObject(x, "load_ms", r->load_ms);
+        if (r->mode == KV_PM_DISK_QUERY) {
+            cJSON *qa = cJSON_AddObjectToObject(x, "query_aware_ms");
+            static const char *qn[4] = {"sketch", "probe", "score", "rows"};
+            for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(qa, qn[t], r->qa_ms[t]);
+        }
         cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes");
         for (int t = 0; t < 3; t++) cJSON_AddNumberToObject(h, tn[t], (double)r->hit_bytes[t]);
         if (r->correct < 0) cJSON_AddNullToObject(x, "correct");
@@ -554,10 +628,11 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
     double full_med = 0;
     for (int m = 0; m < KV_PM_COUNT; m++) {
         if (!((o->modes >> m) & 1)) continue;
-        double *t = malloc((size_t)(n + 1) * sizeof *t), acc = 0, hb[3] = {0, 0, 0};
+        double *t = malloc(2 * (size_t)(n + 1) * sizeof *t), acc = 0, hb[3] = {0, 0, 0};
         int cnt = 0, nacc = 0, reused = 0;
         for (int i = 0; t && i < n; i++) {
             if (rows[i].mode != (kv_pmode)m || rows[i].req == 0) continue;
+            t[n + 1 + cnt] = rows[i].load_ms;
             t[cnt++] = rows[i].ttft_ms;
             reused += rows[i].reused > 0;
             if (rows[i].correct >= 0) acc += rows[i].correct, nacc++;
@@ -566,11 +641,15 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         if (!t) continue;
         qsort(t, (size_t)cnt, sizeof *t, cmp_d);
         double med = cnt ? (cnt % 2 ? t[cnt / 2] : (t[cnt / 2 - 1] + t[cnt / 2]) / 2) : 0;
+        qsort(t + n + 1, (size_t)cnt, sizeof *t, cmp_d);
+        const double *lt = t + n + 1;
+        double lmed = cnt ? (cnt % 2 ? lt[cnt / 2] : (lt[cnt / 2 - 1] + lt[cnt / 2]) / 2) : 0;
         if (m == KV_PM_FULL) full_med = med;
         cJSON *x = cJSON_AddObjectToObject(sum, kv_pmode_name((kv_pmode)m));
         cJSON_AddNumberToObject(x, "requests", cnt);
         cJSON_AddNumberToObject(x, "reused", reused);
         cJSON_AddNumberToObject(x, "ttft_ms_median", med);
+        cJSON_AddNumberToObject(x, "load_ms_median", lmed);
         if (full_med > 0 && med > 0) cJSON_AddNumberToObject(x, "speedup_vs_full", full_med / med);
         else cJSON_AddNullToObject(x, "speedup_vs_full");
         if (nacc) cJSON_AddNumberToObject(x, "accuracy", acc / nacc);

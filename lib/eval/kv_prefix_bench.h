@@ -9,7 +9,8 @@
  * memory as fp16 rows (host) and, on the GPU engine, device copies (GPU
  * tier).  Every request runs under each asked mode -- full prefill, reuse
  * from the GPU tier, from the host tier, from disk (all tokens, or only
- * the important ones) -- and reports its time to first token, the cache
+ * the important ones by the put's importance or by the request's own
+ * queries, kv_qaware.h) -- and reports its time to first token, the cache
  * bytes it hit per tier and whether its answer is right.
  */
 #ifndef KV_PREFIX_BENCH_H
@@ -37,14 +38,16 @@ typedef struct {
 kv_status kv_preq_parse(const char *text, size_t len, kv_preq **out, int *n);
 void kv_preq_free(kv_preq *r, int n);
 
-typedef enum { KV_PM_FULL = 0, KV_PM_GPU, KV_PM_HOST, KV_PM_DISK, KV_PM_DISK_IMP, KV_PM_COUNT } kv_pmode;
-const char *kv_pmode_name(kv_pmode m); /* full gpu host disk disk-important */
+typedef enum { KV_PM_FULL = 0, KV_PM_GPU, KV_PM_HOST, KV_PM_DISK, KV_PM_DISK_IMP, KV_PM_DISK_QUERY, KV_PM_COUNT } kv_pmode;
+/* full gpu host disk disk-important disk-query (disk-important: the put's
+ * importance; disk-query: the request's own queries, kv_qaware) */
+const char *kv_pmode_name(kv_pmode m);
 /* Comma-separated names (or "all") -> bits of kv_pmode; KV_E_USAGE on an unknown one. */
 kv_status kv_pmode_parse(const char *s, unsigned *bits);
 
 typedef struct {
     uint64_t gpu_bytes, host_bytes; /* tier budgets, bytes of fp16 K/V held */
-    double important;  /* disk-important: the share of disk tokens loaded (0.25) */
+    double important;  /* disk-important, disk-query: the share of disk tokens loaded (0.25) */
     double half_life;  /* of the placement score, seconds (KV_TREE_HALF_LIFE) */
     unsigned modes;    /* bits of kv_pmode */
     int max_new;       /* tokens generated per request (8) */
@@ -54,7 +57,10 @@ typedef struct {
     void (*progress)(void *user, int done, int total);
     void *user;
     kv_tier put_tier;  /* tier the store records for inserted nodes: disk (zstd chunks) or host/gpu (plain) */
-    int zstd_level;    /* of the store's disk chunks (3) */
+    int zstd_level;    /* of the store's disk chunks (3; 0: a new store keeps them uncompressed) */
+    int insert_max;    /* put only the first N requests' prompts (0: every request) */
+    int put_queries;   /* query samples kept per layer for the put's importance (32; 0: key norms) */
+    int queries;       /* disk-query: the request's last queries scored with (0: KV_QAWARE_QUERIES) */
 } kv_pbench_opts;
 
 typedef struct {
@@ -63,6 +69,8 @@ typedef struct {
     const char *tier;       /* where the prefix came from: none, gpu, host, disk */
     int tokens, reused, prefilled;
     double ttft_ms;
+    double load_ms;         /* of it: finding and loading the prefix (the rest is the prefill) */
+    double qa_ms[4];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows */
     uint64_t hit_bytes[3];  /* cache bytes taken from the gpu, host and disk tiers */
     int correct;            /* 1, 0, or -1 without expected outputs */
     char *text;             /* the generated text (or ids) */

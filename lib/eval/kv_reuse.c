@@ -1,7 +1,7 @@
 /*
- * kv_reuse: kv-run --store (see kv_reuse.h): lookup with kv_tree_store_get
- * into a file, continue with kv_runner_prefill_from, insert with the dump
- * writer and kv_tree_store_put.
+ * kv_reuse: kv-run --store (see kv_reuse.h): lookup with
+ * kv_tree_store_get_kvc (in memory), continue with kv_runner_prefill_from,
+ * insert with the dump writer and kv_tree_store_put.
  */
 #include "eval/kv_reuse.h"
 
@@ -42,19 +42,35 @@ kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, con
         int32_t *ids = malloc((size_t)n * sizeof *ids);
         if (!ids) return kv_fail(KV_E_NOMEM, "out of memory");
         for (int i = 0; i < n; i++) ids[i] = tok[i];
-        snprintf(u->path, sizeof u->path, "%s/prefix.kvc", o->tmp_dir);
-        st = kv_tree_store_get(u->s, ids, n - 1, o->important, o->insert, o->now, u->path, &u->get);
+        if (o->query_aware && o->important < 1) { /* the prompt's own queries choose the rows */
+            free(ids);
+            kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, o->keep_nq, o->keep_kv, o->now, NULL};
+            if ((st = kv_qaware_load(r, u->s, tok, n, &qo, &u->rows, &u->qa))) return st;
+            matched = u->rows.matched;
+            kv_tree_rows *x = &u->rows;
+            u->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads, .head_dim = x->head_dim,
+                                 .positions = x->T < x->matched ? x->positions : NULL, .tokens = x->tokens, .dt = x->dt,
+                                 .k = (const void *const *)x->k, .v = (const void *const *)x->v};
+            u->get = (kv_get_report){.tokens = n - 1, .matched = matched, .kept = x->T, .skipped = matched - x->T,
+                                     .positions = x->T < matched};
+            u->get.bytes_read[KV_TIER_DISK] = u->qa.sketch_bytes + u->qa.row_bytes;
+            goto loaded;
+        }
+        /* in memory: no file to write, sync and read back */
+        kvc_file *f = NULL;
+        st = kv_tree_store_get_kvc(u->s, ids, n - 1, o->important, o->insert, o->now, &f, &u->get);
         free(ids);
         if (st) return st;
         matched = u->get.matched;
         if (matched > 0) {
-            if ((st = kvc_open(u->path, &u->f))) return st;
+            u->f = f;
             if ((st = kv_prefix_from_kvc(kv_runner_model(r), u->f, &u->pre))) return st;
             if (u->pre.matched != matched)
                 return kv_fail(KV_E_DATA, "the store's prefix says %d tokens, the lookup matched %d", u->pre.matched, matched);
-        }
-        unlink(u->path); /* mapped (or read) already: the name is not needed */
+        } else
+            kvc_close(f);
     }
+loaded:
     u->lookup_ms = kv_now_ms() - t0;
     if (matched > 0) st = kv_runner_prefill_from(r, &u->pre, tok + matched, n - matched, logits);
     else st = kv_runner_prefill(r, tok, n, logits);
@@ -71,12 +87,6 @@ kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, con
 kv_status kv_reuse_insert(kv_reuse *u, kv_runner *r, const int *tok, int n, const kv_reuse_opts *o)
 {
     double t0 = kv_now_ms();
-    if (kv_runner_is_gpu(r) && u->f && u->pre.T < u->pre.matched) {
-        /* the GPU engine keeps no positions of a subset: nothing to dump;
-         * the store already holds the prefix, only this prompt's suffix is lost */
-        u->skipped = "the GPU engine continued an --important subset and cannot dump it";
-        return KV_OK;
-    }
     const kv_tree *t = kv_tree_store_tree(u->s);
     kv_dtype dt = t->has_geom ? t->geom.dtype : KV_DT_F16;
     char path[4200];
@@ -110,7 +120,6 @@ char *kv_reuse_json(const kv_reuse *u)
     } else {
         cJSON_AddNullToObject(o, "put");
     }
-    if (u->skipped) cJSON_AddStringToObject(o, "insert_skipped", u->skipped);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
@@ -118,6 +127,7 @@ char *kv_reuse_json(const kv_reuse *u)
 
 void kv_reuse_close(kv_reuse *u)
 {
+    kv_tree_rows_free(&u->rows);
     kvc_close(u->f);
     u->f = NULL;
     kv_tree_store_close(u->s);

@@ -3,8 +3,9 @@
  * store (kv-run --store), and the prompt's cache put back.  The store is
  * held open, and so locked, from the lookup to the insert: the prefix a
  * run continued from cannot change or be evicted in between, so the
- * insert stores exactly the new suffix.  Files (the looked-up prefix, the
- * dump to insert) go to a directory the caller chooses and are removed.
+ * insert stores exactly the new suffix.  The looked-up prefix stays in
+ * memory; the dump to insert goes to a directory the caller chooses and is
+ * removed.
  */
 #ifndef KV_REUSE_H
 #define KV_REUSE_H
@@ -13,12 +14,16 @@
 #include <stdint.h>
 
 #include "engine/kv_runner.h"
+#include "eval/kv_qaware.h"
 #include "format/kvc.h"
 #include "policy/kv_prefix.h"
 #include "tree/kv_tree.h"
 
 typedef struct {
     double important;    /* (0, 1]: disk-tier nodes contribute their top F tokens; 1: all */
+    bool query_aware;    /* with important < 1: the prompt's own queries choose them (kv_qaware) */
+    int keep_nq;         /* with query_aware: the runner's capture (kv_runner_keep), restored after the probe */
+    bool keep_kv;
     bool insert;         /* put the prompt's cache after the run (needs kv_runner_keep before) */
     kv_tier tier;        /* of the inserted suffix (disk) */
     int zstd_level;      /* of disk chunks written (3) */
@@ -29,13 +34,13 @@ typedef struct {
 typedef struct {
     kv_tree_store *s;
     kvc_file *f;          /* the cached prefix, or NULL on a miss */
+    kv_tree_rows rows;    /* ... or its rows chosen by the prompt's queries (query_aware) */
+    kv_qaware_report qa;
     kv_prefix pre;
     kv_get_report get;
     kv_put_report put;
     bool inserted;
-    const char *skipped;  /* why the insert was left out, or NULL */
     double lookup_ms, insert_ms;
-    char path[4096];      /* the lookup's file */
 } kv_reuse;
 
 /* Open the store (write lock when o->insert, else shared, and then the

@@ -37,8 +37,8 @@ static kv_status node_new(kv_tree *t, int *out)
     nd->parent = -1;
     nd->live = true;
     nd->tier = KV_TIER_DISK;
-    nd->chunk_version = KV_TREE_CHUNK_VERSION;
     nd->enc = t->enc[KV_TIER_DISK];
+    nd->chunk_version = nd->enc.sketch ? 3 : 2;
     *out = t->n_nodes++;
     return KV_OK;
 }

@@ -25,7 +25,8 @@
 #include "format/kvc.h"
 
 #define KV_TREE_INDEX_VERSION 2 /* 2: encodings, group_rows, per-node chunk and encoding */
-#define KV_TREE_CHUNK_VERSION 2 /* chunk files: 1 = a whole .kvc; 2 = frames (man/kvc.5) */
+#define KV_TREE_CHUNK_VERSION 3 /* newest chunk files read: 1 = a whole .kvc; 2 = frames (man/kvc.5);
+                                   3 = frames + a key sketch (encodings with +sketch; others stay 2) */
 #define KV_TREE_GROUP_ROWS 32   /* rows per frame of new chunks */
 #define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvt" */
 /* The largest byte count (budget, size) the index holds: JSON numbers are
@@ -48,6 +49,7 @@ typedef struct {
     kv_tree_codec codec;
     int bits;  /* 0 for raw */
     bool zstd;
+    bool sketch; /* chunk version 3: rows in position order and a key sketch for query-aware loads */
 } kv_tree_enc;
 
 kv_status kv_tree_enc_parse(const char *s, kv_tree_enc *e); /* KV_E_USAGE when unknown */
@@ -208,6 +210,67 @@ kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double 
  * them ended and there are no positions); kvc_close it. */
 kv_status kv_tree_store_get_kvc(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
                                 kvc_file **out, kv_get_report *r);
+
+/* Where the rows of a load go: an allocator for their one block (pinned
+ * host memory that the GPU copies at full speed, a reused arena); NULL:
+ * malloc. */
+typedef struct {
+    void *(*alloc)(void *user, size_t n);
+    void (*free)(void *user, void *p);
+    void *user;
+} kv_tree_alloc;
+
+/* A cached prefix read back into memory (kv_tree_store_load). */
+typedef struct {
+    int T, matched;            /* rows; prompt tokens the match covered (rows <= matched) */
+    int n_layers, n_kv_heads, head_dim;
+    kv_dtype dt;               /* the store's */
+    void **k, **v;             /* (n_layers) each (n_kv_heads, T, head_dim) of dt, inside kv */
+    void *kv;
+    kv_tree_alloc al;          /* what kv came from (alloc NULL: malloc) */
+    int32_t *tokens, *positions; /* (T) ids and positions, increasing */
+    float *imp;                /* (T) importances */
+    float *q;                  /* query samples F32 (n_layers, q_heads, n_q, head_dim), or NULL */
+    int q_heads, n_q;
+} kv_tree_rows;
+
+/*
+ * The longest cached prefix of tok[0..n) as rows in memory: what get
+ * writes, without the file.  Rows from every node of the match, or with
+ * frac in (0, 1) only the top ceil(frac * n) of each disk-tier node by
+ * importance, or (pick non-NULL) exactly the positions pick[0..n_pick),
+ * increasing and inside the match (a caller's own importance: query-aware
+ * loading).  Only the frames holding the rows are read (bytes_read).
+ */
+kv_status kv_tree_store_load(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                             int n_pick, bool touch, int64_t now, kv_tree_rows *out, kv_get_report *r);
+/* The same, the K/V block from al (NULL: malloc). */
+kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                                int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, kv_tree_rows *out,
+                                kv_get_report *r);
+void kv_tree_rows_free(kv_tree_rows *x);
+
+/* The key sketch of a cached prefix, node by node (kv_tree_store_sketch):
+ * what a query-aware load scores the prefix with before it reads rows. */
+typedef struct {
+    int start, n;        /* prefix positions [start, start + n) (n: the rows matched) */
+    int rows, r;         /* the node's rows (code's stride); channels per head */
+    int frame_rows;      /* rows per frame: the unit a load reads (frames are in position order) */
+    uint16_t *ch;        /* (n_layers, n_kv_heads, r) channels kept, increasing */
+    float *scale;        /* (n_layers, n_kv_heads, r) */
+    int8_t *code;        /* (n_layers, n_kv_heads, rows, r): key[ch] ~= code * scale */
+} kv_tree_sketch_seg;
+typedef struct {
+    int matched, nseg;
+    kv_tree_sketch_seg *seg; /* (nseg) */
+    uint64_t bytes_read[KV_TIER_COUNT];
+} kv_tree_sketch;
+
+/* The sketches of the nodes matching tok[0..n): every chunk of the match
+ * must have one (version 3, a tier encoding with +sketch), else
+ * KV_E_UNSUPPORTED. */
+kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out);
+void kv_tree_sketch_free(kv_tree_sketch *k);
 
 typedef struct {
     int nodes[KV_TIER_COUNT];

@@ -24,7 +24,8 @@
 #include "common/kv_half.h"
 #include "quant/kv_layer_io.h"
 
-#define HEAD_BYTES 72
+#define HEAD_BYTES 72  /* version 2 */
+#define HEAD3_BYTES 88 /* version 3: + sketch channels, its CRC, the row order kind, a reserved word */
 #define FRAME_ENTRY 24
 static const char MAGIC[8] = {'K', 'V', 'T', 'C', 'H', 'U', 'N', 'K'};
 
@@ -35,34 +36,36 @@ kv_status kv_tree_enc_parse(const char *s, kv_tree_enc *e)
     memset(e, 0, sizeof *e);
     if (!s) return kv_fail(KV_E_USAGE, "no encoding");
     size_t n = strlen(s);
-    const char *z = strstr(s, "+zstd");
-    if (z && z[5] == 0) e->zstd = true, n = (size_t)(z - s);
+    if (n > 7 && !strcmp(s + n - 7, "+sketch")) e->sketch = true, n -= 7;
+    if (n > 5 && !strncmp(s + n - 5, "+zstd", 5)) e->zstd = true, n -= 5;
     if (n == 3 && !strncmp(s, "raw", 3)) e->codec = KV_TREE_ENC_RAW;
     else if (n == 5 && !strncmp(s, "kivi", 4) && strchr("124", s[4])) e->codec = KV_TREE_ENC_KIVI, e->bits = s[4] - '0';
     else if (n == 4 && !strncmp(s, "dsq", 3) && strchr("124", s[3])) e->codec = KV_TREE_ENC_DSQ, e->bits = s[3] - '0';
     else
         return kv_fail(KV_E_USAGE, "unknown chunk encoding '%.40s' (raw, kivi1, kivi2, kivi4, dsq1, dsq2, dsq4, "
-                                   "each optionally +zstd)", s);
+                                   "each optionally +zstd, then optionally +sketch)", s);
     return KV_OK;
 }
 
 void kv_tree_enc_format(const kv_tree_enc *e, char *buf, size_t n)
 {
     const char *base = e->codec == KV_TREE_ENC_KIVI ? "kivi" : e->codec == KV_TREE_ENC_DSQ ? "dsq" : "raw";
-    if (e->codec == KV_TREE_ENC_RAW) snprintf(buf, n, "raw%s", e->zstd ? "+zstd" : "");
-    else snprintf(buf, n, "%s%d%s", base, e->bits, e->zstd ? "+zstd" : "");
+    const char *z = e->zstd ? "+zstd" : "", *k = e->sketch ? "+sketch" : "";
+    if (e->codec == KV_TREE_ENC_RAW) snprintf(buf, n, "raw%s%s", z, k);
+    else snprintf(buf, n, "%s%d%s%s", base, e->bits, z, k);
 }
 
 bool kv_tree_enc_equal(const kv_tree_enc *a, const kv_tree_enc *b)
 {
-    return a->codec == b->codec && a->zstd == b->zstd && (a->codec == KV_TREE_ENC_RAW || a->bits == b->bits);
+    return a->codec == b->codec && a->zstd == b->zstd && a->sketch == b->sketch &&
+           (a->codec == KV_TREE_ENC_RAW || a->bits == b->bits);
 }
 
 void kv_tree_encodings_default(kv_tree_enc enc[KV_TIER_COUNT])
 {
-    enc[KV_TIER_GPU] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, false};
-    enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, false};
-    enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, true};
+    enc[KV_TIER_GPU] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, false, false};
+    enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, false, false};
+    enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, true, false};
 }
 
 kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
@@ -70,8 +73,8 @@ kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
     kv_tree_encodings_default(enc);
     if (!strcmp(s, "lossless")) return KV_OK;
     if (!strcmp(s, "packed")) { /* LMCache / IMPRESS: hot raw, warm packed, cold packed + zstd */
-        enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, false};
-        enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, true};
+        enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, false, false};
+        enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, true, false};
         return KV_OK;
     }
     char buf[256];
@@ -115,8 +118,29 @@ static kv_status src_read(tree_chunk *c, uint64_t off, void *buf, size_t n)
             if (r == 0) return kv_fail(KV_E_DATA, "chunk %s: truncated", c->name);
             got += (size_t)r;
         }
-    c->bytes_read += n;
+    __atomic_fetch_add(&c->bytes_read, (uint64_t)n, __ATOMIC_RELAXED); /* frames are read in parallel */
     return KV_OK;
+}
+
+/* src_read of a large span in slices read in parallel (a page-cache copy
+ * of a quarter gigabyte is a few times faster on several cores). */
+static kv_status src_read_par(tree_chunk *c, uint64_t off, void *buf, size_t n)
+{
+    const size_t SL = (size_t)8 << 20;
+    const long ns = (long)((n + SL - 1) / SL);
+    if (c->mem || ns < 2) return src_read(c, off, buf, n);
+    kv_status st = KV_OK;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long i = 0; i < ns; i++) {
+        size_t a = (size_t)i * SL, len = n - a < SL ? n - a : SL;
+        kv_status e = src_read(c, off + a, (char *)buf + a, len);
+        if (e) {
+#pragma omp critical(tree_src_read_par)
+            if (!st) snprintf(msg, sizeof msg, "%s", kv_errdetail()), st = e;
+        }
+    }
+    return st ? kv_fail(st, "%s", msg) : KV_OK;
 }
 
 // --- reading ----------------------------------------------------------------------
@@ -145,15 +169,25 @@ static uint64_t raw_row_bytes(const tree_chunk *c)
 
 kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
 {
-    uint8_t h[HEAD_BYTES];
+    uint8_t h[HEAD3_BYTES];
     kv_status st;
     if (c->size < HEAD_BYTES) return kv_fail(KV_E_DATA, "chunk %s: %llu bytes, shorter than its head", c->name, (unsigned long long)c->size);
     if ((st = src_read(c, 0, h, HEAD_BYTES))) return st;
     if (memcmp(h, MAGIC, 8)) return kv_fail(KV_E_DATA, "chunk %s: not a kv-tree chunk (bad magic)", c->name);
     uint32_t ver = rd32(h + 8);
-    if (ver != KV_TREE_CHUNK_VERSION)
-        return kv_fail(KV_E_DATA, "chunk %s is chunk version %u; this kv-tree reads versions 1 and 2", c->name, ver);
-    c->version = 2;
+    if (ver != 2 && ver != 3)
+        return kv_fail(KV_E_DATA, "chunk %s is chunk version %u; this kv-tree reads versions 1 to %d", c->name, ver,
+                       KV_TREE_CHUNK_VERSION);
+    c->version = (int)ver;
+    const size_t hb = ver == 3 ? HEAD3_BYTES : HEAD_BYTES;
+    if (ver == 3) {
+        if (c->size < HEAD3_BYTES) return kv_fail(KV_E_DATA, "chunk %s: shorter than its head", c->name);
+        if ((st = src_read(c, HEAD_BYTES, h + HEAD_BYTES, HEAD3_BYTES - HEAD_BYTES))) return st;
+        c->sk_r = (int)rd32(h + 72), c->sk_crc = rd32(h + 76);
+        uint32_t ok = rd32(h + 80), rsv = rd32(h + 84);
+        if (ok > 1 || rsv) return kv_fail(KV_E_DATA, "chunk %s: unknown row order %u", c->name, ok);
+        c->positional = ok == 1;
+    }
     uint32_t n = rd32(h + 16), start = rd32(h + 20), R = rd32(h + 24), nf = rd32(h + 28), codec = rd32(h + 32),
              bits = rd32(h + 36), zs = rd32(h + 40), L = rd32(h + 44), Hkv = rd32(h + 48), D = rd32(h + 52),
              dt = rd32(h + 56), qh = rd32(h + 60), nq = rd32(h + 64);
@@ -165,16 +199,16 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
         return kv_fail(KV_E_DATA, "chunk %s: unknown encoding %u/%u", c->name, codec, bits);
     if (dt != KV_DT_F32 && dt != KV_DT_F16 && dt != KV_DT_BF16) return kv_fail(KV_E_DATA, "chunk %s: bad dtype %u", c->name, dt);
     if (L < 1 || L > MAX_DIM || Hkv < 1 || Hkv > MAX_DIM || D < 1 || D > MAX_DIM || qh > MAX_DIM || nq > MAX_DIM ||
-        (qh && (qh % Hkv || !nq)) || (!qh && nq))
+        (qh && (qh % Hkv || !nq)) || (!qh && nq) || c->sk_r < 0 || c->sk_r > (int)D)
         return kv_fail(KV_E_DATA, "chunk %s: bad geometry", c->name);
     if (g && (L != (uint32_t)g->g.n_layers || Hkv != (uint32_t)g->g.n_kv_heads || D != (uint32_t)g->g.head_dim ||
               dt != (uint32_t)g->dtype || (qh && g->g.n_heads && qh != (uint32_t)g->g.n_heads)))
         return kv_fail(KV_E_DATA, "chunk %s: geometry or dtype differs from the store's", c->name);
     c->n = (int)n, c->start = (int)start, c->group_rows = (int)R, c->n_frames = (int)nf;
-    c->enc = (kv_tree_enc){(kv_tree_codec)codec, (int)bits, zs != 0};
+    c->enc = (kv_tree_enc){(kv_tree_codec)codec, (int)bits, zs != 0, c->sk_r > 0};
     c->L = (int)L, c->Hkv = (int)Hkv, c->D = (int)D, c->dt = (kv_dtype)dt, c->q_heads = (int)qh, c->n_q = (int)nq;
     uint64_t tables = 12ull * n + (uint64_t)FRAME_ENTRY * nf;
-    if (tables > c->size - HEAD_BYTES) return kv_fail(KV_E_DATA, "chunk %s: truncated tables", c->name);
+    if (tables > c->size - hb) return kv_fail(KV_E_DATA, "chunk %s: truncated tables", c->name);
     uint8_t *tb = malloc((size_t)tables);
     c->tokens = malloc((size_t)n * 4);
     c->imp = malloc((size_t)n * 4);
@@ -185,8 +219,8 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
         free(tb);
         return kv_fail(KV_E_NOMEM, "cannot allocate chunk tables of %u tokens", n);
     }
-    if ((st = src_read(c, HEAD_BYTES, tb, (size_t)tables))) goto out;
-    uint32_t crc = kv_crc32c(kv_crc32c(0, h + 16, HEAD_BYTES - 16), tb, (size_t)tables);
+    if ((st = src_read(c, hb, tb, (size_t)tables))) goto out;
+    uint32_t crc = kv_crc32c(kv_crc32c(0, h + 16, hb - 16), tb, (size_t)tables);
     if (crc != rd32(h + 12)) {
         st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the head (stored %08x, computed %08x)", c->name, rd32(h + 12), crc);
         goto out;
@@ -206,8 +240,14 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
         c->tokens[i] = tk, c->imp[i] = f, c->order[i] = o, c->rank[o] = (int)i;
     }
     /* the order table must be importance order (ties to the earlier token):
-     * get takes the first frames as the most important rows */
-    for (uint32_t j = 1; j < n; j++) {
+     * get takes the first frames as the most important rows; or, in a
+     * version-3 chunk that says so, position order */
+    for (uint32_t j = c->positional ? 0 : 1; c->positional && j < n; j++)
+        if (c->order[j] != (int)j) {
+            st = kv_fail(KV_E_DATA, "chunk %s: row order is not position order at row %u", c->name, j);
+            goto out;
+        }
+    for (uint32_t j = 1; !c->positional && j < n; j++) {
         int a = c->order[j - 1], b = c->order[j];
         if (c->imp[a] < c->imp[b] || (c->imp[a] == c->imp[b] && a > b)) {
             st = kv_fail(KV_E_DATA, "chunk %s: row order is not importance order at row %u", c->name, j);
@@ -215,13 +255,19 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
         }
     }
     uint64_t q_bytes = smul(smul(smul(4ull * L, qh), nq), D);
-    c->q_off = HEAD_BYTES + tables;
+    c->q_off = hb + tables;
     uint64_t frame_max = smul(smul(raw_row_bytes(c), R), 2) + (1u << 20);
     if (q_bytes > c->size - c->q_off) {
         st = kv_fail(KV_E_DATA, "chunk %s: truncated query samples", c->name);
         goto out;
     }
-    uint64_t pos = c->q_off + q_bytes;
+    c->sk_off = c->q_off + q_bytes;
+    uint64_t sk_bytes = smul(smul((uint64_t)L * Hkv, (uint64_t)c->sk_r), 6ull + n);
+    if (sk_bytes > c->size - c->sk_off) {
+        st = kv_fail(KV_E_DATA, "chunk %s: truncated key sketch", c->name);
+        goto out;
+    }
+    uint64_t pos = c->sk_off + sk_bytes;
     for (uint32_t f = 0; f < nf; f++) {
         const uint8_t *e = tb + 12ull * n + (uint64_t)FRAME_ENTRY * f;
         tree_frame *fr = &c->frames[f];
@@ -303,35 +349,63 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
             }
         return KV_OK;
     }
-    /* frames needed, each decoded once */
-    int R = c->group_rows;
+    /* frames needed, each decoded once; frames are independent (each
+     * writes its own rows), so they are read and decoded in parallel: a
+     * multi-GB prefix is CRC-, parse- and copy-bound, not disk-bound */
+    const int R = c->group_rows;
     char *need = calloc((size_t)c->n_frames, 1);
-    float *x = NULL; /* allocated once a frame has shown its rows exist */
-    kv_status st = need ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
-    for (int i = 0; i < k && !st; i++) need[c->rank[sel[i]] / R] = 1;
-    for (int f = 0; f < c->n_frames && !st; f++) {
-        if (!need[f]) continue;
-        kvc_file *fk = NULL;
-        if ((st = frame_open(c, f, &fk))) break;
-        int rows = c->frames[f].rows;
-        if (!x && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1))) {
-            kvc_close(fk);
-            st = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
-            break;
+    int *list = malloc((size_t)c->n_frames * sizeof *list + 1), nl = 0;
+    if (!need || !list) {
+        free(need), free(list);
+        return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
+    }
+    for (int i = 0; i < k; i++) need[c->rank[sel[i]] / R] = 1;
+    for (int f = 0; f < c->n_frames; f++)
+        if (need[f]) list[nl++] = f;
+    /* rows of each needed frame: the selection's entries grouped by frame */
+    int *first = calloc((size_t)c->n_frames + 1, sizeof *first), *ent = malloc((size_t)k * sizeof *ent + 1);
+    if (!first || !ent) {
+        free(need), free(list), free(first), free(ent);
+        return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
+    }
+    for (int i = 0; i < k; i++) first[c->rank[sel[i]] / R + 1]++;
+    for (int f = 0; f < c->n_frames; f++) first[f + 1] += first[f];
+    {
+        int *pos = malloc((size_t)c->n_frames * sizeof *pos + 1);
+        if (!pos) {
+            free(need), free(list), free(first), free(ent);
+            return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
         }
-        for (int l = 0; l < L && !st; l++)
-            for (int w = 0; w < 2 && !st; w++) {
+        memcpy(pos, first, (size_t)c->n_frames * sizeof *pos);
+        for (int i = 0; i < k; i++) ent[pos[c->rank[sel[i]] / R]++] = i;
+        free(pos);
+    }
+    kv_status st = KV_OK;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1) if (nl > 1)
+    for (int li = 0; li < nl; li++) {
+        kv_status fst;
+#pragma omp atomic read
+        fst = st;
+        if (fst) continue;
+        const int f = list[li];
+        kvc_file *fk = NULL;
+        float *x = NULL;
+        fst = frame_open(c, f, &fk);
+        const int rows = fst ? 0 : c->frames[f].rows;
+        if (!fst && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1)))
+            fst = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
+        for (int l = 0; l < L && !fst; l++)
+            for (int w = 0; w < 2 && !fst; w++) {
                 char which = w ? 'v' : 'k';
                 char *dst = (w ? vdst : kdst)[l];
                 const kvc_tensor *t = c->enc.codec == KV_TREE_ENC_RAW ? kvc_layer(fk, l, w ? "v" : "k") : NULL;
-                if (!t && (st = kv_layer_decode(fk, l, which, x))) {
+                if (!t && (fst = kv_layer_decode(fk, l, which, x))) {
                     kv_errcontext("chunk %s frame %d", c->name, f);
                     break;
                 }
-                for (int i = 0; i < k; i++) {
-                    int j = c->rank[sel[i]];
-                    if (j / R != f) continue;
-                    int r = j % R;
+                for (int e = first[f]; e < first[f + 1]; e++) {
+                    const int i = ent[e], r = c->rank[sel[i]] % R;
                     for (int h = 0; h < Hkv; h++) {
                         size_t di = (size_t)h * dst_T + off + i;
                         if (t) /* raw: the stored bytes, exactly */
@@ -342,10 +416,17 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
                 }
             }
         kvc_close(fk);
+        free(x);
+        if (fst) {
+#pragma omp critical(tree_chunk_rows_err)
+            if (!st) { /* the detail is per thread: carried over by hand */
+                snprintf(msg, sizeof msg, "%s", kv_errdetail());
+                st = fst;
+            }
+        }
     }
-    free(need);
-    free(x);
-    return st;
+    free(need), free(list), free(first), free(ent);
+    return st ? kv_fail(st, "%s", msg) : KV_OK;
 }
 
 kv_status tree_chunk_queries(tree_chunk *c, float *q)
@@ -356,6 +437,30 @@ kv_status tree_chunk_queries(tree_chunk *c, float *q)
     if (!st && kv_crc32c(0, q, n * 4) != c->q_crc) st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the query samples", c->name);
     for (size_t i = 0; i < n && !st; i++)
         if (!isfinite(q[i])) st = kv_fail(KV_E_DATA, "chunk %s: a query sample is not finite", c->name);
+    return st;
+}
+
+kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *code)
+{
+    const size_t hr = (size_t)c->L * c->Hkv * c->sk_r, nc = hr * (size_t)c->n;
+    if (!hr) return kv_fail(KV_E_INTERNAL, "chunk %s has no key sketch", c->name);
+    uint8_t *b = malloc(hr * 6);
+    if (!b) return kv_fail(KV_E_NOMEM, "cannot allocate a key sketch of %zu bytes", hr * 6);
+    /* the codes (the bulk) straight into place */
+    kv_status st = src_read(c, c->sk_off, b, hr * 6);
+    if (!st) st = src_read_par(c, c->sk_off + hr * 6, code, nc);
+    if (!st && kv_crc32c(kv_crc32c(0, b, hr * 6), code, nc) != c->sk_crc)
+        st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in the key sketch", c->name);
+    for (size_t i = 0; i < hr && !st; i++) {
+        ch[i] = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
+        uint32_t fb = rd32(b + 2 * hr + 4 * i);
+        memcpy(&scale[i], &fb, 4);
+        if (ch[i] >= c->D || (i % c->sk_r && ch[i] <= ch[i - 1]))
+            st = kv_fail(KV_E_DATA, "chunk %s: key sketch channel %u is not an increasing channel below %d", c->name, ch[i], c->D);
+        else if (!isfinite(scale[i]) || scale[i] < 0)
+            st = kv_fail(KV_E_DATA, "chunk %s: key sketch scale %zu is not a finite non-negative number", c->name, i);
+    }
+    free(b);
     return st;
 }
 
@@ -390,6 +495,14 @@ kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
         st = tree_chunk_rows(&c, sel, c.n, k, v, c.n, 0);
     }
     if (!st) st = tree_chunk_queries(&c, q);
+    if (!st && c.sk_r) { /* bounded by the file, as the queries */
+        size_t hr = (size_t)c.L * c.Hkv * c.sk_r;
+        uint16_t *ch = malloc(hr * 2);
+        float *sc = malloc(hr * 4);
+        int8_t *code = malloc(hr * (size_t)c.n);
+        st = ch && sc && code ? tree_chunk_sketch(&c, ch, sc, code) : kv_fail(KV_E_NOMEM, "no memory");
+        free(ch), free(sc), free(code);
+    }
     if (!st) *n_rows = c.n;
     for (int l = 0; k && v && l < c.L; l++) free(k[l]), free(v[l]);
     free(k);
@@ -481,6 +594,78 @@ static kv_status frame_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, in
     return st;
 }
 
+/* The key sketch of n rows (src rows sel[0..n), edge order): per layer and
+ * KV head the r channels that carry most of q.k (mean |k_c| times the RMS
+ * of the query samples' channel c over the head's group; |k_c| alone
+ * without samples), each as int8 codes with one scale. */
+static kv_status sketch_encode(const kv_tree_geom *tg, const chunk_src *src, const int *sel, int n, const float *q,
+                               int q_heads, int n_q, int r, uint8_t **out, size_t *len)
+{
+    const kv_geom *sg = &tg->g;
+    const int L = sg->n_layers, Hkv = sg->n_kv_heads, D = sg->head_dim;
+    const size_t hr = (size_t)L * Hkv * r, es = kv_dtype_size(tg->dtype);
+    *len = hr * 6 + hr * (size_t)n;
+    uint8_t *b = malloc(*len + 1);
+    float *x = malloc((size_t)n * D * sizeof *x + 1), *w = malloc((size_t)D * sizeof *w), *mx = malloc((size_t)D * sizeof *mx);
+    rank_ix *rk = malloc((size_t)D * sizeof *rk);
+    if (!b || !x || !w || !mx || !rk) {
+        free(b), free(x), free(w), free(mx), free(rk);
+        return kv_fail(KV_E_NOMEM, "cannot allocate a key sketch of %d rows", n);
+    }
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < Hkv; h++) {
+            const size_t lh = (size_t)l * Hkv + h;
+            const char *ks = (const char *)src->k[l];
+            for (int t = 0; t < n; t++)
+                get_row(ks + ((size_t)h * src->src_T + sel[t]) * D * es, tg->dtype, 0, x + (size_t)t * D, D);
+            for (int c = 0; c < D; c++) w[c] = 0, mx[c] = 0;
+            for (int t = 0; t < n; t++)
+                for (int c = 0; c < D; c++) {
+                    float a = fabsf(x[(size_t)t * D + c]);
+                    w[c] += a;
+                    if (a > mx[c]) mx[c] = a;
+                }
+            if (q && q_heads) {
+                const int g = q_heads / Hkv;
+                for (int c = 0; c < D; c++) {
+                    double qq = 0;
+                    for (int hq = h * g; hq < (h + 1) * g; hq++)
+                        for (int j = 0; j < n_q; j++) {
+                            double v = q[(((size_t)l * q_heads + hq) * n_q + j) * D + c];
+                            qq += v * v;
+                        }
+                    w[c] *= (float)sqrt(qq / ((double)g * n_q));
+                }
+            }
+            for (int c = 0; c < D; c++) rk[c] = (rank_ix){c, w[c]};
+            qsort(rk, (size_t)D, sizeof *rk, cmp_rank);
+            for (int i = 1; i < r; i++) /* the r chosen, in channel order */
+                for (int j = i; j > 0 && rk[j].j < rk[j - 1].j; j--) {
+                    rank_ix tmp = rk[j];
+                    rk[j] = rk[j - 1], rk[j - 1] = tmp;
+                }
+            for (int i = 0; i < r; i++) {
+                int c = rk[i].j;
+                float sc = mx[c] / 127.0f;
+                uint32_t fb;
+                memcpy(&fb, &sc, 4);
+                b[2 * (lh * r + i)] = (uint8_t)c, b[2 * (lh * r + i) + 1] = (uint8_t)(c >> 8);
+                wr32(b + 2 * hr + 4 * (lh * r + i), fb);
+                int8_t *code = (int8_t *)(b + 6 * hr) + lh * (size_t)n * r;
+                for (int t = 0; t < n; t++) {
+                    float v = sc > 0 ? x[(size_t)t * D + c] / sc : 0;
+                    code[(size_t)t * r + i] = (int8_t)lrintf(v > 127 ? 127 : v < -127 ? -127 : v);
+                }
+            }
+        }
+    free(x), free(w), free(mx), free(rk);
+    *out = b;
+    return KV_OK;
+}
+
+/* Channels of a new chunk's key sketch: a quarter of the head. */
+static int sketch_channels(int D) { return D / 4 > 0 ? D / 4 : 1; }
+
 kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int start, int n,
                             const int32_t *tok, const float *imp, const chunk_src *src, const int *sel,
                             const float *q, int q_heads, int n_q, int zstd_level, uint8_t **out, size_t *out_len)
@@ -489,8 +674,17 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
     *out_len = 0;
     const kv_geom *sg = &tg->g;
     int nf = (n + R - 1) / R;
+    const bool v3 = enc->sketch;
+    const size_t hb = v3 ? HEAD3_BYTES : HEAD_BYTES;
+    const int sk_r = v3 ? sketch_channels(sg->head_dim) : 0;
+    uint8_t *sk = NULL;
+    size_t sk_len = 0;
+    if (v3) {
+        kv_status st0 = sketch_encode(tg, src, sel, n, q, q_heads, n_q, sk_r, &sk, &sk_len);
+        if (st0) return st0;
+    }
     size_t q_bytes = q ? 4ull * sg->n_layers * q_heads * n_q * sg->head_dim : 0;
-    size_t tables = 12ull * n + (size_t)FRAME_ENTRY * nf, head_len = HEAD_BYTES + tables + q_bytes;
+    size_t tables = 12ull * n + (size_t)FRAME_ENTRY * nf, head_len = hb + tables + q_bytes + sk_len;
     uint8_t *head = calloc(head_len, 1), **fb = calloc((size_t)nf, sizeof *fb);
     size_t *fl = calloc((size_t)nf, sizeof *fl);
     rank_ix *rk = malloc((size_t)n * sizeof *rk);
@@ -498,7 +692,7 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
     kv_status st = head && fb && fl && rk && ord ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a chunk of %d tokens", n);
     if (st) goto out;
     for (int i = 0; i < n; i++) rk[i] = (rank_ix){i, imp[i]};
-    qsort(rk, (size_t)n, sizeof *rk, cmp_rank);
+    if (!v3) qsort(rk, (size_t)n, sizeof *rk, cmp_rank); /* version 3: position order */
     for (int i = 0; i < n; i++) ord[i] = rk[i].j;
     for (int f = 0; f < nf && !st; f++) {
         int rows = f + 1 < nf ? R : n - (nf - 1) * R;
@@ -506,13 +700,18 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
     }
     if (st) goto out;
     memcpy(head, MAGIC, 8);
-    wr32(head + 8, KV_TREE_CHUNK_VERSION);
+    wr32(head + 8, v3 ? 3u : 2u);
     uint32_t hv[14] = {(uint32_t)n, (uint32_t)start, (uint32_t)R, (uint32_t)nf, (uint32_t)enc->codec,
                        (uint32_t)(enc->codec == KV_TREE_ENC_RAW ? 0 : enc->bits), enc->zstd ? 1u : 0u,
                        (uint32_t)sg->n_layers, (uint32_t)sg->n_kv_heads, (uint32_t)sg->head_dim, (uint32_t)tg->dtype,
                        q ? (uint32_t)q_heads : 0u, q ? (uint32_t)n_q : 0u, 0};
     for (int i = 0; i < 14; i++) wr32(head + 16 + 4 * i, hv[i]);
-    uint8_t *tb = head + HEAD_BYTES;
+    if (v3) {
+        wr32(head + 72, (uint32_t)sk_r);
+        wr32(head + 76, kv_crc32c(0, sk, sk_len));
+        wr32(head + 80, 1u); /* rows in position order */
+    }
+    uint8_t *tb = head + hb;
     for (int i = 0; i < n; i++) {
         uint32_t fbits;
         memcpy(&fbits, &imp[i], 4);
@@ -530,10 +729,11 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
         pos += fl[f];
     }
     if (q) {
-        memcpy(head + HEAD_BYTES + tables, q, q_bytes);
+        memcpy(head + hb + tables, q, q_bytes);
         wr32(head + 68, kv_crc32c(0, q, q_bytes));
     }
-    wr32(head + 12, kv_crc32c(kv_crc32c(0, head + 16, HEAD_BYTES - 16), tb, tables));
+    if (sk) memcpy(head + hb + tables + q_bytes, sk, sk_len);
+    wr32(head + 12, kv_crc32c(kv_crc32c(0, head + 16, hb - 16), tb, tables));
     uint8_t *all = malloc((size_t)pos);
     if (!all) {
         st = kv_fail(KV_E_NOMEM, "cannot allocate a chunk of %llu bytes", (unsigned long long)pos);
@@ -550,5 +750,6 @@ out:
     free(head);
     free(rk);
     free(ord);
+    free(sk);
     return st;
 }

@@ -178,13 +178,15 @@ static kv_status parse_node(kv_tree *t, const cJSON *o, int idx, long *total)
     nd->chunk_version = (int)cv;
     const char *enc = get_str(o, "encoding");
     if (nd->chunk_version == 1) {
-        nd->enc = (kv_tree_enc){KV_TREE_ENC_RAW, 0, nd->tier == KV_TIER_DISK};
+        nd->enc = (kv_tree_enc){KV_TREE_ENC_RAW, 0, nd->tier == KV_TIER_DISK, false};
         if (enc && strcmp(enc, nd->tier == KV_TIER_DISK ? "raw+zstd" : "raw"))
             return kv_fail(KV_E_DATA, "index: node %d: a version-1 chunk is raw, compressed only on disk", idx);
     } else if (!enc || kv_tree_enc_parse(enc, &nd->enc)) {
         kv_errclear();
         return kv_fail(KV_E_DATA, "index: node %d: a version-2 chunk needs a known encoding", idx);
     }
+    if (nd->chunk_version >= 2 && nd->enc.sketch != (nd->chunk_version == 3))
+        return kv_fail(KV_E_DATA, "index: node %d: chunk version 3 is the one with a key sketch (+sketch)", idx);
     return KV_OK;
 }
 

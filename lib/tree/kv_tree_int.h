@@ -57,6 +57,10 @@ typedef struct {
     int q_heads, n_q;       /* query samples (0, 0: none) */
     uint32_t q_crc;
     uint64_t q_off;
+    int sk_r;               /* key sketch channels per head (version 3; 0: none) */
+    uint32_t sk_crc;
+    uint64_t sk_off;
+    bool positional;        /* rows stored in position order (version 3), else importance order */
     int32_t *tokens;        /* (n) edge token ids */
     float *imp;             /* (n) importances */
     int32_t *order;         /* (n) stored row j holds edge token order[j] */
@@ -73,6 +77,9 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g);
 kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kdst, void *const *vdst, int dst_T, int off);
 /* The query samples, F32 [L, q_heads, n_q, D]. */
 kv_status tree_chunk_queries(tree_chunk *c, float *q);
+/* The key sketch (c->sk_r > 0): channels ch [L, Hkv, r], scales [L, Hkv, r]
+ * and int8 codes [L, Hkv, n, r] in edge order (man/kvc.5). */
+kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *code);
 void tree_chunk_free(tree_chunk *c);
 /* A version-2 chunk image of n tokens (src rows sel[0..n)); q (may be NULL)
  * F32 [L, q_heads, n_q, D]. */

@@ -308,13 +308,22 @@ kv_status kv_tree_store_check(kv_tree_store *s, kv_check_report *r)
             for (int k = 0; k < c.n; k++) sel[k] = k;
             if (tree_chunk_rows(&c, sel, c.n, kb, vb, c.n, 0) || tree_chunk_queries(&c, q))
                 problem(r, "%s", kv_errdetail()), ok = false;
+            else if (c.sk_r) { /* the key sketch: checksum, channels, scales */
+                size_t hr = (size_t)c.L * c.Hkv * c.sk_r;
+                uint16_t *ch = malloc(hr * 2);
+                float *sc = malloc(hr * 4);
+                int8_t *code = malloc(hr * (size_t)c.n);
+                if (!ch || !sc || !code) problem(r, "chunk %s: no memory to verify it", nd->file), ok = false;
+                else if (tree_chunk_sketch(&c, ch, sc, code)) problem(r, "%s", kv_errdetail()), ok = false;
+                free(ch), free(sc), free(code);
+            }
         }
         for (int l = 0; kb && vb && l < c.L; l++) free(kb[l]), free(vb[l]);
         free(kb), free(vb), free(sel), free(q);
         if (c.version == 1 && c.enc.zstd != (nd->tier == KV_TIER_DISK))
             problem(r, "chunk %s is %s but its tier is %s", nd->file, c.enc.zstd ? "compressed" : "not compressed",
                     kv_tier_name(nd->tier)), ok = false;
-        if (c.version == 2 && !kv_tree_enc_equal(&nd->enc, &t->enc[nd->tier])) {
+        if (c.version >= 2 && !kv_tree_enc_equal(&nd->enc, &t->enc[nd->tier])) {
             char a[24], b[24];
             kv_tree_enc_format(&nd->enc, a, sizeof a);
             kv_tree_enc_format(&t->enc[nd->tier], b, sizeof b);

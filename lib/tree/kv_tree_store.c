@@ -1,7 +1,7 @@
 /*
  * kv_tree_store: the store on disk: token importance (IMPRESS: attention
  * mass from the stored query samples, else key norms), opening, locking and
- * saving, chunk files, put and get.  Every file the store writes is new
+ * saving, chunk files and put (get is kv_tree_load.c).  Every file the store writes is new
  * (chunks/c<generation>.kvc, never reused) and the index is committed
  * atomically before replaced chunks are unlinked, so a crash at any point
  * leaves the old or the new index, each naming only complete chunks (at
@@ -410,7 +410,7 @@ static kv_status chunk_write(kv_tree_store *s, kv_tree_node *nd, const chunk_src
         snprintf(nd->file, sizeof nd->file, "%s", file);
         nd->bytes = (uint64_t)len;
         nd->kv_bytes = tree_kv_bytes_of(t, n);
-        nd->chunk_version = KV_TREE_CHUNK_VERSION;
+        nd->chunk_version = enc->sketch ? 3 : 2;
         nd->enc = *enc;
         tree_imp_summary(nd, imp, n);
     }
@@ -495,7 +495,7 @@ static kv_status open_v1(const kv_tree_store *s, int i, int fd, tree_chunk *c)
     if (st) return st;
     c->version = 1;
     c->n = nd->n, c->start = nd->start, c->group_rows = nd->n, c->n_frames = 1;
-    c->enc = (kv_tree_enc){KV_TREE_ENC_RAW, 0, kvc_was_zstd(f)};
+    c->enc = (kv_tree_enc){KV_TREE_ENC_RAW, 0, kvc_was_zstd(f), false};
     c->L = g->n_layers, c->Hkv = g->n_kv_heads, c->D = g->head_dim, c->dt = dt;
     c->tokens = malloc((size_t)nd->n * 4), c->imp = malloc((size_t)nd->n * 4);
     c->order = malloc((size_t)nd->n * 4), c->rank = malloc((size_t)nd->n * sizeof *c->rank);
@@ -546,7 +546,7 @@ kv_status tree_node_open(const kv_tree_store *s, int i, tree_chunk *c)
     for (int k = 0; !st && k < nd->n; k++)
         if (c->tokens[k] != nd->tokens[k])
             st = kv_fail(KV_E_DATA, "chunk %s: token %d is %d, the index says %d", nd->file, k, c->tokens[k], nd->tokens[k]);
-    if (!st && c->version == 2 && !kv_tree_enc_equal(&c->enc, &nd->enc))
+    if (!st && c->version >= 2 && (c->version != nd->chunk_version || !kv_tree_enc_equal(&c->enc, &nd->enc)))
         st = kv_fail(KV_E_DATA, "chunk %s is encoded otherwise than the index says", nd->file);
     if (st) tree_chunk_free(c); /* closes its descriptor */
     return st;
@@ -753,236 +753,5 @@ out:
     free(sel);
     free(k);
     free(v);
-    return st;
-}
-
-// --- get ------------------------------------------------------------------------
-
-typedef struct {
-    const float *imp;
-    int i;
-} imp_ix;
-
-static int cmp_imp_desc(const void *a, const void *b)
-{
-    const imp_ix *x = a, *y = b;
-    if (x->imp[x->i] != y->imp[y->i]) return x->imp[x->i] > y->imp[y->i] ? -1 : 1;
-    return x->i - y->i; /* ties go to the earlier token */
-}
-
-static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
-
-/* Pick the top `keep` of n tokens by importance, returned in position order. */
-static kv_status top_tokens(const float *imp, int n, int keep, int *sel)
-{
-    imp_ix *ix = malloc((size_t)(n ? n : 1) * sizeof *ix);
-    if (!ix) return kv_fail(KV_E_NOMEM, "cannot allocate a ranking");
-    for (int i = 0; i < n; i++) ix[i] = (imp_ix){imp, i};
-    qsort(ix, (size_t)n, sizeof *ix, cmp_imp_desc);
-    for (int i = 0; i < keep; i++) sel[i] = ix[i].i;
-    qsort(sel, (size_t)keep, sizeof *sel, cmp_int);
-    free(ix);
-    return KV_OK;
-}
-
-/* The cached prefix as a writer (its buffers in *kv, *bufs: free after
- * writing). */
-static kv_status get_build(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
-                           kv_get_report *r, kvc_writer **wout, void **keep)
-{
-    memset(r, 0, sizeof *r);
-    *wout = NULL;
-    *keep = NULL;
-    kv_tree *t = s->t;
-    r->tokens = n;
-    if (!t->has_geom) return kv_fail(KV_E_DATA, "the store is empty (no cache was ever put)");
-    const kv_geom *sg = &t->geom.g;
-    int L = sg->n_layers, Hkv = sg->n_kv_heads, D = sg->head_dim;
-    size_t es = es_of(t);
-    int *path = malloc((size_t)(n ? n : 1) * sizeof *path), np = 0, used = 0;
-    if (!path) return kv_fail(KV_E_NOMEM, "cannot allocate a path");
-    int m = kv_tree_match(t, tok, n, path, &np, &used);
-    r->matched = m;
-    r->nodes = np;
-    r->positions = frac < 1;
-    /* one allocation kept alive until the writer has written: tokens,
-     * positions, importances, K/V, queries */
-    tree_chunk c;
-    memset(&c, 0, sizeof c);
-    c.fd = -1;
-    void **kp = calloc((size_t)L + 1, sizeof *kp), **vp = calloc((size_t)L + 1, sizeof *vp);
-    int *sel = malloc((size_t)(m ? m : 1) * sizeof *sel);
-    int32_t *otok = malloc((size_t)m * 4 + 4), *opos = malloc((size_t)m * 4 + 4);
-    float *oimp = malloc((size_t)m * 4 + 4), *q = NULL;
-    char *kv = NULL;
-    kvc_writer *w = NULL;
-    kv_status st = KV_OK;
-    int qh = 0, nq = 0;
-    if (!kp || !vp || !sel || !otok || !opos || !oimp) {
-        st = kv_fail(KV_E_NOMEM, "cannot allocate for %d tokens", m);
-        goto out;
-    }
-    /* Pass 1: which rows each node gives (by importance from the tables
-     * alone).  Pass 2 reads them. */
-    int *nsel = calloc((size_t)np + 1, sizeof *nsel), M = 0;
-    int **psel = calloc((size_t)np + 1, sizeof *psel);
-    if (!nsel || !psel) {
-        free(nsel);
-        free(psel);
-        st = kv_fail(KV_E_NOMEM, "cannot allocate a selection");
-        goto out;
-    }
-    for (int p = 0; p < np && !st; p++) {
-        const kv_tree_node *nd = &t->nodes[path[p]];
-        int u = p == np - 1 ? used : nd->n, k = u;
-        if (!(psel[p] = malloc((size_t)u * sizeof **psel + 1))) {
-            st = kv_fail(KV_E_NOMEM, "cannot allocate a selection");
-            break;
-        }
-        if ((st = tree_node_open(s, path[p], &c))) break;
-        if (frac < 1 && nd->tier == KV_TIER_DISK) {
-            k = (int)ceil(frac * u);
-            if (k > u) k = u;
-            st = top_tokens(c.imp, u, k, psel[p]);
-        } else
-            for (int i = 0; i < u; i++) psel[p][i] = i;
-        for (int i = 0; i < k && !st; i++) {
-            otok[M + i] = nd->tokens[psel[p][i]];
-            opos[M + i] = nd->start + psel[p][i];
-            oimp[M + i] = c.imp[psel[p][i]];
-        }
-        nsel[p] = k;
-        M += k;
-        r->skipped += u - k;
-        r->kv_bytes_out[nd->tier] += tree_kv_bytes_of(t, k);
-        /* the rows: K/V buffers grow as nodes are read, so read into a
-         * per-node area and place it in pass 2 */
-        if (!st) {
-            size_t per = (size_t)Hkv * k * D * es;
-            char *area = malloc(per * 2 * (size_t)L + 1);
-            void **kk = malloc((size_t)L * sizeof *kk + 1), **vv = malloc((size_t)L * sizeof *vv + 1);
-            if (!area || !kk || !vv) st = kv_fail(KV_E_NOMEM, "cannot allocate %d rows", k);
-            for (int l = 0; l < L && !st; l++) kk[l] = area + per * 2 * (size_t)l, vv[l] = area + per * (2 * (size_t)l + 1);
-            if (!st) st = tree_chunk_rows(&c, psel[p], k, kk, vv, k, 0);
-            free(kk);
-            free(vv);
-            free(psel[p]);
-            psel[p] = (int *)(void *)area; /* reused as the node's rows */
-            if (!st && p == np - 1 && used == nd->n && c.n_q > 0 && !r->positions) {
-                qh = c.q_heads, nq = c.n_q;
-                if (!(q = malloc((size_t)L * qh * nq * D * sizeof *q))) st = kv_fail(KV_E_NOMEM, "cannot allocate queries");
-                else st = tree_chunk_queries(&c, q);
-            }
-        }
-        r->bytes_read[nd->tier] += c.bytes_read;
-        tree_chunk_free(&c);
-    }
-    r->kept = M;
-    size_t per = (size_t)Hkv * M * D * es;
-    if (!st && !(kv = malloc(per * 2 * (size_t)L + 1))) st = kv_fail(KV_E_NOMEM, "cannot allocate the output K/V (%d tokens)", M);
-    for (int l = 0; l < L && !st; l++) {
-        char *kb = kv + per * 2 * (size_t)l, *vb = kb + per;
-        for (int p = 0, off = 0; p < np; off += nsel[p], p++) {
-            size_t np_per = (size_t)Hkv * nsel[p] * D * es, row = (size_t)D * es;
-            const char *area = (const char *)psel[p];
-            for (int h = 0; h < Hkv; h++) {
-                memcpy(kb + ((size_t)h * M + off) * row, area + np_per * 2 * (size_t)l + (size_t)h * nsel[p] * row,
-                       (size_t)nsel[p] * row);
-                memcpy(vb + ((size_t)h * M + off) * row, area + np_per * (2 * (size_t)l + 1) + (size_t)h * nsel[p] * row,
-                       (size_t)nsel[p] * row);
-            }
-        }
-    }
-    for (int p = 0; p < np; p++) free(psel[p]);
-    free(psel);
-    free(nsel);
-    if (st) goto out;
-    kv_geom g = *sg;
-    g.n_tokens = M, g.n_q = q ? nq : 0;
-    if (q) g.n_heads = qh;
-    r->n_q = g.n_q;
-    int64_t sh1[1] = {M}, sh3[3] = {Hkv, M, D}, shq[3] = {qh, nq, D};
-    char mbuf[24];
-    snprintf(mbuf, sizeof mbuf, "%d", m);
-    if ((st = kvc_writer_new(&w)) || (st = kvc_writer_geom(w, &g)) || (st = kvc_writer_meta(w, "kvtree.matched", mbuf)) ||
-        (st = kvc_writer_add(w, "tokens", KV_DT_I32, 1, sh1, otok)) ||
-        (r->positions && (st = kvc_writer_add(w, "positions", KV_DT_I32, 1, sh1, opos))) ||
-        (st = kvc_writer_add(w, "importance", KV_DT_F32, 1, sh1, oimp)))
-        goto out;
-    for (int l = 0; l < L; l++) {
-        char name[64];
-        char *kb = kv + per * 2 * (size_t)l, *vb = kb + per;
-        snprintf(name, sizeof name, "layers.%d.k", l);
-        if ((st = kvc_writer_add(w, name, t->geom.dtype, 3, sh3, kb))) goto out;
-        snprintf(name, sizeof name, "layers.%d.v", l);
-        if ((st = kvc_writer_add(w, name, t->geom.dtype, 3, sh3, vb))) goto out;
-        snprintf(name, sizeof name, "layers.%d.q", l);
-        if (q && (st = kvc_writer_add(w, name, KV_DT_F32, 3, shq, q + (size_t)l * qh * nq * D))) goto out;
-    }
-    if (touch)
-        for (int p = 0; p < np; p++) {
-            t->nodes[path[p]].hits++;
-            t->nodes[path[p]].last_use = now;
-        }
-out:
-    free(kp);
-    free(vp);
-    free(sel);
-    free(path);
-    if (st) {
-        kvc_writer_free(w);
-        free(kv);
-        free(otok);
-        free(opos);
-        free(oimp);
-        free(q);
-        return st;
-    }
-    /* the writer borrows these: handed to the caller as one list */
-    void **k4 = malloc(5 * sizeof *k4);
-    if (!k4) {
-        kvc_writer_free(w);
-        free(kv), free(otok), free(opos), free(oimp), free(q);
-        return kv_fail(KV_E_NOMEM, "cannot allocate");
-    }
-    k4[0] = kv, k4[1] = otok, k4[2] = opos, k4[3] = oimp, k4[4] = q;
-    *keep = k4;
-    *wout = w;
-    return KV_OK;
-}
-
-static void get_free(kvc_writer *w, void *keep)
-{
-    kvc_writer_free(w);
-    void **k4 = keep;
-    if (!k4) return;
-    for (int i = 0; i < 5; i++) free(k4[i]);
-    free(k4);
-}
-
-kv_status kv_tree_store_get(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
-                       const char *out_path, kv_get_report *r)
-{
-    kvc_writer *w;
-    void *keep;
-    kv_status st = get_build(s, tok, n, frac, touch, now, r, &w, &keep);
-    if (!st) st = kvc_writer_write(w, out_path, 0);
-    get_free(w, keep);
-    return st;
-}
-
-kv_status kv_tree_store_get_kvc(kv_tree_store *s, const int32_t *tok, int n, double frac, bool touch, int64_t now,
-                                kvc_file **out, kv_get_report *r)
-{
-    *out = NULL;
-    kvc_writer *w;
-    void *keep;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    kv_status st = get_build(s, tok, n, frac, touch, now, r, &w, &keep);
-    if (!st) st = kvc_writer_write_mem(w, 0, &buf, &len);
-    get_free(w, keep);
-    if (!st) st = kvc_open_mem(buf, len, out);
-    free(buf);
     return st;
 }

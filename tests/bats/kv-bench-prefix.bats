@@ -10,7 +10,7 @@ setup() { T="$BATS_TEST_TMPDIR"; }
 @test "kv-bench prefix --help lists every option" {
     run --separate-stderr kv-bench prefix --help
     assert_success
-    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --half-life --steps --ctx --device --output --json; do
+    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --half-life --steps --ctx --device --output --json; do
         [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
     done
 }
@@ -32,18 +32,37 @@ PY
     "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 400 -n 3 > "$T/r.jsonl"
     run --separate-stderr kv-bench prefix -m "$NIAH" -n 8 --gpu-bytes 2M --host-bytes 8M --store "$T/st" "$T/r.jsonl"
     assert_success
-    [ "$(json_get 'len(j["requests"]), sorted(j["summary"])')" = "(15, ['disk', 'disk-important', 'full', 'gpu', 'host'])" ]
+    # the first request has nothing to reuse: only its full prefill runs
+    [ "$(json_get 'len(j["requests"]), sorted(j["summary"])')" = "(13, ['disk', 'disk-important', 'disk-query', 'full', 'gpu', 'host'])" ]
+    [ "$(json_get '[r["mode"] for r in j["requests"] if r["request"] == 0]')" = "['full']" ]
     # after the first request every reuse mode takes a prefix from the tier it names
     [ "$(json_get 'sorted({(r["mode"], r["tier"]) for r in j["requests"] if r["request"] > 0})')" = \
-      "[('disk', 'disk'), ('disk-important', 'disk'), ('full', 'none'), ('gpu', 'gpu'), ('host', 'host')]" ]
+      "[('disk', 'disk'), ('disk-important', 'disk'), ('disk-query', 'disk'), ('full', 'none'), ('gpu', 'gpu'), ('host', 'host')]" ]
+    [ "$(json_get 'all(0 <= r["load_ms"] <= r["ttft_ms"] for r in j["requests"])')" = True ]
     [ "$(json_get 'all(r["reused_tokens"] > 0.6 * r["tokens"] for r in j["requests"] if r["request"] > 0 and r["mode"] in ("gpu", "host", "disk"))')" = True ]
     [ "$(json_get 'all(r["prefilled_tokens"] + (r["tokens"] - r["prefilled_tokens"]) == r["tokens"] and r["ttft_ms"] > 0 for r in j["requests"])')" = True ]
     [ "$(json_get 'all(r["hit_bytes"]["gpu"] > 0 for r in j["requests"] if r["tier"] == "gpu")')" = True ]
     [ "$(json_get 'all(r["hit_bytes"]["disk"] > 0 for r in j["requests"] if r["tier"] == "disk")')" = True ]
-    # disk-important loads a quarter of the disk tokens (the shared node is on disk)
-    [ "$(json_get 'all(r["reused_tokens"] < 0.4 * r["tokens"] for r in j["requests"] if r["mode"] == "disk-important" and r["request"] > 0)')" = True ]
+    # disk-important and disk-query load a quarter of the disk tokens, in whole frames of 32
+    # (the shared node is on disk), and read less than disk does
+    [ "$(json_get 'all(r["reused_tokens"] < 0.4 * r["tokens"] for r in j["requests"] if r["mode"] in ("disk-important", "disk-query") and r["request"] > 0)')" = True ]
+    [ "$(json_get 'all(a["hit_bytes"]["disk"] < 0.6 * b["hit_bytes"]["disk"] for a in j["requests"] for b in j["requests"] if a["request"] == b["request"] > 0 and a["mode"] == "disk-query" and b["mode"] == "disk")')" = True ]
     # reuse of the exact cached rows answers as the full prefill does
     [ "$(json_get 'all(a["text"] == b["text"] for a in j["requests"] for b in j["requests"] if a["request"] == b["request"] and a["mode"] == "full" and b["mode"] in ("gpu", "host", "disk"))')" = True ]
+    run kv-tree check "$T/st"
+    assert_success
+}
+
+@test "kv-bench prefix --insert 1 puts only the first prompt, uncompressed with --zstd 0" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 3 > "$T/r.jsonl"
+    run --separate-stderr kv-bench prefix -m "$NIAH" -n 2 --insert 1 --zstd 0 --put-queries 0 --modes full,disk,disk-query \
+        --store "$T/st" "$T/r.jsonl"
+    assert_success
+    [ "$(json_get 'sorted((r["request"], r["mode"]) for r in j["requests"])')" = \
+      "[(0, 'full'), (1, 'disk'), (1, 'disk-query'), (1, 'full'), (2, 'disk'), (2, 'disk-query'), (2, 'full')]" ]
+    run --separate-stderr kv-tree ls --json "$T/st"
+    assert_success
+    [ "$(json_get '[(n["encoding"], n["chunk"], n["importance"]["source"]) for n in j["list"]]')" = "[('raw+sketch', 3, 'key-norm')]" ]
     run kv-tree check "$T/st"
     assert_success
 }
@@ -56,12 +75,16 @@ PY
     assert_fails_with 64 "unknown mode 'warp'"
 }
 
-@test "kv-bench prefix rejects a bad --important, --put-tier or a missing model with exit 64" {
+@test "kv-bench prefix rejects a bad --important, --put-tier, --insert, --zstd or a missing model with exit 64" {
     printf '{"input": "a"}\n' > "$T/one.jsonl"
     run --separate-stderr kv-bench prefix -m "$NIAH" --important 0 "$T/one.jsonl"
     assert_fails_with 64 "--important must be in (0, 1]"
     run --separate-stderr kv-bench prefix -m "$NIAH" --put-tier tape "$T/one.jsonl"
     assert_fails_with 64 "--put-tier must be gpu, host or disk"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --insert 0 "$T/one.jsonl"
+    assert_fails_with 64 "--insert"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --zstd 20 "$T/one.jsonl"
+    assert_fails_with 64 "--zstd"
     run --separate-stderr kv-bench prefix "$T/one.jsonl"
     assert_fails_with 64 "give exactly one of --model FILE and --synthetic NAME"
     [ -z "$output" ]

@@ -124,6 +124,33 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     [ "$(kv-tree ls "$T/st" --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["nodes"])')" = "$before" ]
 }
 
+@test "kv-run --store --important --query-aware answers a niah4k needle from a quarter of the haystack" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 700 -n 2 --needles 2 > "$T/r.jsonl"
+    "$PY" - "$T/r.jsonl" "$T" <<'PYEOF'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+for i, x in enumerate(r):
+    open("%s/p%d.txt" % (sys.argv[2], i), "w").write(x["input"])
+    open("%s/a%d.txt" % (sys.argv[2], i), "w").write(x["outputs"][0])
+PYEOF
+    kv-tree init --encodings disk=raw+zstd+sketch "$T/st"
+    kv-run -m "$NIAH" --prompt-file "$T/p0.txt" -n 1 --store "$T/st" >/dev/null 2>&1
+    run --separate-stderr kv-run -m "$NIAH" --prompt-file "$T/p1.txt" -n 8 --store "$T/st" --important 0.25 --query-aware --report -
+    assert_success
+    [ "$(json_get 'j["reuse"]["matched"] > 400 and j["reused_tokens"] < 0.4 * j["reuse"]["matched"]')" = True ]
+    [ "$(json_get '"'"$(cat "$T/a1.txt")"'" in j["text"]')" = True ]
+    run kv-tree check "$T/st"
+    assert_success
+    # a store without a key sketch cannot serve it
+    kv-tree init "$T/plain"
+    kv-run -m "$NIAH" --prompt-file "$T/p0.txt" -n 1 --store "$T/plain" >/dev/null 2>&1
+    run --separate-stderr kv-run -m "$NIAH" --prompt-file "$T/p1.txt" -n 2 --store "$T/plain" --important 0.25 --query-aware
+    assert_failure
+    [[ "$stderr" == *"no key sketch"* ]]
+    run --separate-stderr kv-run -m "$NIAH" -p x --store "$T/plain" --query-aware
+    assert_fails_with 64 "--query-aware goes with --store and --important"
+}
+
 @test "kv-run --store refuses a store of another model with exit 65" {
     kv-tree init "$T/st"
     kv-run -m "$M260" -p "$P" -n 1 --store "$T/st" >/dev/null

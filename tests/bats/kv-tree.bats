@@ -118,7 +118,7 @@ two_puts() {
 @test "kv-tree --version names the index version" {
     run kv-tree --version
     assert_success
-    assert_output --partial "kv-tree index version 2, chunk version 2"
+    assert_output --partial "kv-tree index version 2, chunk version 3"
 }
 
 @test "kv-tree rejects an unknown option with exit 64" {
@@ -233,6 +233,24 @@ two_puts() {
     run "$PY" -c "import sys; p=list(map(int,sys.argv[1:])); print(p==sorted(set(p)) and p[-1] < $n)" \
         $("$PY" "$KVT" positions "$BATS_TEST_TMPDIR/g.kvc")
     assert_output "True"
+}
+
+@test "kv-tree get --important on +sketch chunks (version 3) keeps whole frames and reads only them" {
+    L="$BATS_FILE_TMPDIR/long.kvc"
+    kv-tree init --encodings disk=raw+zstd+sketch "$S"
+    kv-tree put "$S" "$L" >/dev/null
+    run --separate-stderr kv-tree ls --json "$S"
+    [ "$(json_get '[(n["encoding"], n["chunk"]) for n in j["list"]]')" = "[('raw+zstd+sketch', 3)]" ]
+    bytes=$(json_get 'j["bytes"]')
+    n=$("$PY" "$KVT" tokens "$L" | wc -w)
+    run --separate-stderr kv-tree get "$S" --kvc "$L" --important 0.25 -o "$BATS_TEST_TMPDIR/g.kvc" --report -
+    assert_success
+    want=$(( (n + 3) / 4 ))
+    [ "$(json_get 'j["kept"] >= '"$want"' and j["kept"] < '"$want"' + 32 and j["positions"]')" = True ]
+    [ "$(json_get 'j["bytes_read"]["disk"] < 0.5 * '"$bytes")" = True ]
+    run --separate-stderr kv-tree check "$S"
+    assert_success
+    [ "$(json_get 'j["ok"], j["chunks_ok"]')" = "(True, 1)" ]
 }
 
 @test "kv-tree get --important reads host-tier chunks in full" {

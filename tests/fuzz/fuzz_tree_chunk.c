@@ -1,10 +1,10 @@
 /*
- * libFuzzer target for the kv-tree chunk reader, version 2
+ * libFuzzer target for the kv-tree chunk reader, versions 2 and 3
  * (lib/tree/kv_tree_chunk.c, man/kvc.5 "KV-TREE CHUNKS"): the head, the
  * token, importance and row order tables, the frame index, every frame (a
- * .kvc image, plain or KIVI/DSQ-packed, maybe zstd) decoded, and the query
- * samples.  Whatever the bytes, the reader returns a status: any crash,
- * sanitizer report, leak or hang is a bug.
+ * .kvc image, plain or KIVI/DSQ-packed, maybe zstd) decoded, the query
+ * samples and (version 3) the key sketch.  Whatever the bytes, the reader
+ * returns a status: any crash, sanitizer report, leak or hang is a bug.
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,7 +3,8 @@
  * on niah4k, "dump the first 90% of a needle prompt, continue with the rest"
  * gives the whole prompt's logits within fp16 tolerance and its greedy
  * answer, with the GPU's own dump and with the CPU's f32 dump, chunked and
- * one token at a time; a positions subset continues as the CPU engine does;
+ * one token at a time; a positions subset continues, and is dumped, as the
+ * CPU engine does;
  * rows already in GPU memory (kv-bench prefix's GPU tier, in segments) give
  * exactly the host path's logits; packed layers are refused.  Without a
  * usable GPU every test is a TAP skip.
@@ -165,12 +166,36 @@ static void test_subset_and_device_rows_continue_as_on_the_cpu(void)
     float c[259], g[259], d[259];
     kv_runner *r;
     OK(runner(KV_DEVICE_CPU, 0, &r));
+    OK(kv_runner_keep(r, 8, true));
     OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, c));
+    OK(kv_runner_dump_kvc(r, ids, n_ids, KV_DT_F32, "/tmp/test_gpu_prefix_dc.kvc", 0));
     kv_runner_free(r);
     OK(runner(KV_DEVICE_CUDA, 0, &r));
+    OK(kv_runner_keep(r, 8, true));
     OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, g));
+    /* the GPU dumps a continued subset as the CPU does: rows at their
+     * positions, zeros where rows were left out (what kv-run --store
+     * --important inserts) */
+    OK(kv_runner_dump_kvc(r, ids, n_ids, KV_DT_F32, "/tmp/test_gpu_prefix_dg.kvc", 0));
     kv_runner_free(r);
     KT_CHECK(nerr(c, g, 259) < 2e-2, "GPU subset continuation vs CPU: %.3g", nerr(c, g, 259));
+    kvc_file *fc, *fg;
+    OK(kvc_open("/tmp/test_gpu_prefix_dc.kvc", &fc));
+    OK(kvc_open("/tmp/test_gpu_prefix_dg.kvc", &fg));
+    double worst = 0;
+    int zeros_differ = 0;
+    for (int l = 0; l < L; l++)
+        for (int w = 0; w < 2; w++) {
+            const kvc_tensor *a = kvc_layer(fc, l, w ? "v" : "k"), *b = kvc_layer(fg, l, w ? "v" : "k");
+            KT_REQUIRE(a && b && a->shape[1] == n_ids && b->shape[1] == n_ids, "dumps of %d rows", n_ids);
+            const int cnt = nkv * n_ids * hd;
+            double e = nerr(a->data, b->data, cnt);
+            if (e > worst) worst = e;
+            for (int i = 0; i < cnt; i++) zeros_differ += (((const float *)a->data)[i] == 0) != (((const float *)b->data)[i] == 0);
+        }
+    KT_CHECK(worst < 2e-2 && zeros_differ == 0, "GPU subset dump vs CPU: %.3g, %d zero entries differ", worst, zeros_differ);
+    kvc_close(fc), kvc_close(fg);
+    unlink("/tmp/test_gpu_prefix_dc.kvc"), unlink("/tmp/test_gpu_prefix_dg.kvc");
     /* the same rows on the device, in two segments */
     const int T1 = T / 3;
     void **dk[2], **dv[2];

@@ -541,9 +541,10 @@ static void test_important_reads_scale_with_frac(void)
     float *vals = malloc((size_t)LL * 2 * LH * T * LD * sizeof *vals);
     kvc_file *f = long_kvc(dir, T, 10, vals);
     KT_REQUIRE(f && vals, "input");
-    static const char *encs[] = {"lossless", "packed", "gpu=raw,host=raw,disk=dsq4+zstd", "gpu=raw,host=raw,disk=kivi4"};
-    static const double tol[] = {0, 0.2, 0.1, 0.1}; /* 2-bit: half a step of range/3; 4-bit: range/15 */
-    for (int e = 0; e < 4; e++) {
+    static const char *encs[] = {"lossless", "packed", "gpu=raw,host=raw,disk=dsq4+zstd", "gpu=raw,host=raw,disk=kivi4",
+                                 "gpu=raw,host=raw,disk=raw+zstd+sketch"};
+    static const double tol[] = {0, 0.2, 0.1, 0.1, 0}; /* 2-bit: half a step of range/3; 4-bit: range/15 */
+    for (int e = 0; e < 5; e++) {
         char cmd[700];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", st_dir);
         KT_REQUIRE(system(cmd) == 0, "clean");
@@ -565,17 +566,21 @@ static void test_important_reads_scale_with_frac(void)
                        kv_errdetail());
             read[k] = r.bytes_read[KV_TIER_DISK];
             double err = max_err(out, vals, T);
-            KT_CHECK(r.kept == (int)ceil(fr[k] * T) && kvc_geom(out)->n_tokens == r.kept, "%s F=%g: kept %d", encs[e],
-                     fr[k], r.kept);
-            if (e == 0) KT_CHECK(err == 0, "lossless F=%g: error %g", fr[k], err);
+            /* version 3 (+sketch) keeps whole frames of 32 positions */
+            int want = (int)ceil(fr[k] * T), kept_ok = e == 4 ? r.kept >= want && r.kept < want + 32 && r.kept % 32 == 0
+                                                              : r.kept == want;
+            KT_CHECK(kept_ok && kvc_geom(out)->n_tokens == r.kept, "%s F=%g: kept %d", encs[e], fr[k], r.kept);
+            if (tol[e] == 0) KT_CHECK(err == 0, "%s F=%g: error %g", encs[e], fr[k], err);
             else KT_CHECK(err > 0 && err <= tol[e], "%s F=%g: error %g not in (0, %g]", encs[e], fr[k], err, tol[e]);
             kvc_close(out);
         }
         printf("# %s: disk bytes read at F = 1, 0.5, 0.25: %llu %llu %llu (%.2f, %.2f)\n", encs[e],
                (unsigned long long)read[0], (unsigned long long)read[1], (unsigned long long)read[2],
                (double)read[1] / (double)read[0], (double)read[2] / (double)read[0]);
-        KT_CHECK(read[0] == pr.bytes_added, "%s: F=1 reads the whole chunk (%llu of %llu)", encs[e],
-                 (unsigned long long)read[0], (unsigned long long)pr.bytes_added);
+        /* all but the key sketch, which only a query-aware load reads */
+        KT_CHECK(e == 4 ? read[0] < pr.bytes_added && read[0] > 0.9 * pr.bytes_added : read[0] == pr.bytes_added,
+                 "%s: F=1 reads the whole chunk (%llu of %llu)", encs[e], (unsigned long long)read[0],
+                 (unsigned long long)pr.bytes_added);
         KT_CHECK(read[2] <= 0.35 * read[0] && read[1] <= 0.6 * read[0] && read[2] < read[1], "%s: bytes read %llu %llu %llu",
                  encs[e], (unsigned long long)read[0], (unsigned long long)read[1], (unsigned long long)read[2]);
         kv_check_report cr;
@@ -631,6 +636,91 @@ static void test_chunk_rejects_damage(void)
              "frame damage: %s", kv_errdetail());
     b[pr.bytes_added - 10] ^= 1;
     KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added - 1, &rows) == KV_E_DATA, "truncated");
+    free(b);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    KT_CHECK(system(cmd) == 0, "cleanup");
+}
+
+/* Chunk version 3 (+sketch): rows in position order, the key sketch
+ * after the tables, both covered by checksums; damage is refused. */
+static void test_chunk_version_3_holds_a_key_sketch(void)
+{
+    char dir[] = "/tmp/test_tree_v3_XXXXXX", st_dir[600], path[700];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    const int T = 100;
+    kvc_file *f = long_kvc(dir, T, 1, NULL);
+    kv_tree_enc enc[KV_TIER_COUNT];
+    KT_REQUIRE(kv_tree_encodings_parse("disk=raw+sketch", enc) == KV_OK && enc[KV_TIER_DISK].sketch &&
+                   !enc[KV_TIER_DISK].zstd, "encodings");
+    char name[24];
+    kv_tree_enc_format(&enc[KV_TIER_DISK], name, sizeof name);
+    KT_CHECK(!strcmp(name, "raw+sketch"), "formatted as %s", name);
+    KT_CHECK(kv_tree_encodings_parse("disk=raw+sketch+zstd", enc) == KV_E_USAGE, "+sketch goes last");
+    kv_errclear();
+    KT_REQUIRE(kv_tree_encodings_parse("disk=raw+sketch", enc) == KV_OK, "encodings");
+    KT_REQUIRE(f && kv_tree_store_create_ex(st_dir, enc) == KV_OK, "init");
+    kv_tree_store *s;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open");
+    kv_put_report pr;
+    KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr) == KV_OK && kv_tree_store_save(s) == KV_OK, "put");
+    KT_CHECK(kv_tree_store_tree(s)->nodes[1].chunk_version == 3, "version %d", kv_tree_store_tree(s)->nodes[1].chunk_version);
+    int32_t tok[100];
+    for (int t = 0; t < T; t++) tok[t] = 1 + t;
+    kv_tree_sketch sk;
+    KT_REQUIRE(kv_tree_store_sketch(s, tok, 60, &sk) == KV_OK, "sketch: %s", kv_errdetail());
+    KT_CHECK(sk.matched == 60 && sk.nseg == 1 && sk.seg[0].n == 60 && sk.seg[0].rows == T && sk.seg[0].r == LD / 4 &&
+                 sk.seg[0].frame_rows == 32 && sk.bytes_read[KV_TIER_DISK] > (uint64_t)LL * LH * (LD / 4) * T,
+             "sketch of %d rows, r %d, %llu bytes", sk.matched, sk.seg[0].r, (unsigned long long)sk.bytes_read[KV_TIER_DISK]);
+    kv_tree_sketch_free(&sk);
+    /* a caller's pick: exactly those rows */
+    int32_t pick[3] = {0, 33, 59};
+    kv_tree_rows x;
+    kv_get_report gr;
+    KT_REQUIRE(kv_tree_store_load(s, tok, 60, 1, pick, 3, false, 1000, &x, &gr) == KV_OK, "load: %s", kv_errdetail());
+    KT_CHECK(x.T == 3 && x.matched == 60 && x.positions[1] == 33 && x.tokens[2] == 60 && gr.positions, "picked %d rows", x.T);
+    KT_CHECK(gr.bytes_read[KV_TIER_DISK] < pr.bytes_added * 3 / 4, "two frames of four read: %llu of %llu",
+             (unsigned long long)gr.bytes_read[KV_TIER_DISK], (unsigned long long)pr.bytes_added);
+    kv_tree_rows_free(&x);
+    int32_t bad[2] = {5, 2};
+    KT_CHECK(kv_tree_store_load(s, tok, 60, 1, bad, 2, false, 1000, &x, &gr) == KV_E_USAGE, "a pick out of order");
+    int32_t far[1] = {70};
+    KT_CHECK(kv_tree_store_load(s, tok, 60, 1, far, 1, false, 1000, &x, &gr) == KV_E_USAGE, "a pick past the match");
+    kv_errclear();
+    snprintf(path, sizeof path, "%s/%s", st_dir, kv_tree_store_tree(s)->nodes[1].file);
+    kv_tree_store_close(s);
+    kvc_close(f);
+    FILE *fp = fopen(path, "rb");
+    KT_REQUIRE(fp, "chunk");
+    uint8_t *b = malloc(pr.bytes_added);
+    KT_REQUIRE(fread(b, 1, pr.bytes_added, fp) == pr.bytes_added, "read");
+    fclose(fp);
+    int rows;
+    KT_CHECK(b[8] == 3 && kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows) == KV_OK && rows == T, "good chunk: %s",
+             kv_errdetail());
+    const size_t sk_at = 88 + 12 * (size_t)T + 24 * 4; /* no query samples */
+    static const struct { size_t at; const char *what; } dmg[] = {
+        {76, "checksum mismatch in the head"}, {80, "unknown row order"}, {sk_at + 1, "key sketch"}, {sk_at + LL * LH * (LD / 4) * 6 + 7, "key sketch"},
+    };
+    for (size_t i = 0; i < sizeof dmg / sizeof dmg[0]; i++) {
+        b[dmg[i].at] ^= 0x40;
+        kv_errclear();
+        kv_status st = kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows);
+        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), dmg[i].what), "byte %zu: want '%s', got %d '%s'", dmg[i].at,
+                 dmg[i].what, st, kv_errdetail());
+        b[dmg[i].at] ^= 0x40;
+    }
+    /* damage on disk: check names it */
+    b[sk_at + 3] ^= 1;
+    fp = fopen(path, "wb");
+    KT_REQUIRE(fp && fwrite(b, 1, pr.bytes_added, fp) == pr.bytes_added && fclose(fp) == 0, "rewrite");
+    KT_REQUIRE(kv_tree_store_open(st_dir, false, &s) == KV_OK, "reopen");
+    kv_check_report cr;
+    KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 1 && strstr(cr.problems[0], "key sketch"), "check: %s",
+             cr.n_problems ? cr.problems[0] : "no problem found");
+    kv_check_report_clear(&cr);
+    kv_tree_store_close(s);
     free(b);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -733,6 +823,7 @@ int main(void)
     KT_RUN(test_store_get_is_exact_after_random_puts);
     KT_RUN(test_important_reads_scale_with_frac);
     KT_RUN(test_chunk_rejects_damage);
+    KT_RUN(test_chunk_version_3_holds_a_key_sketch);
     KT_RUN(test_put_refuses_positions);
     KT_RUN(test_reads_version_1_stores);
     return kt_done();

@@ -1,0 +1,231 @@
+/*
+ * kv_qaware (see kv_qaware.h): sketch, probe, score, pick, load.
+ */
+#include "eval/kv_qaware.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kv_stats.h"
+#include "policy/kv_prefix.h"
+
+typedef struct {
+    int seg, f;     /* segment, frame within it */
+    double score;
+} pblock;
+
+static int cmp_block(const void *a, const void *b)
+{
+    const pblock *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->seg != y->seg ? x->seg - y->seg : x->f - y->f;
+}
+
+/* lg[t * Q + j] = qs[j] . code[t] for n int8 rows of r channels and Q
+ * float queries, qsT (r, Q) the queries transposed.  Vectorised across the
+ * queries (no horizontal sums), and built for AVX2 too, chosen at run time
+ * (the build targets x86-64-v2). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void dot_rows(const int8_t *code, int n, int r, const float *qsT, int Q, float *lg)
+{
+    for (int t = 0; t < n; t++) {
+        const int8_t *c = code + (size_t)t * r;
+        float *acc = lg + (size_t)t * Q;
+        for (int j = 0; j < Q; j++) acc[j] = 0;
+        for (int i = 0; i < r; i++) {
+            const float x = (float)c[i], *qi = qsT + (size_t)i * Q;
+#pragma omp simd
+            for (int j = 0; j < Q; j++) acc[j] += qi[j] * x;
+        }
+    }
+}
+
+/* e^x for x <= 0, to about 1e-5 relative (2^n by the exponent bits, 2^f
+ * by a degree-6 polynomial): softmax weights for a ranking need no more,
+ * and unlike expf it vectorises. */
+static inline float exp_le0(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    const float y = x * 1.44269504f, n = floorf(y), f = y - n; /* f in [0, 1) */
+    float p = 1.5353362e-4f;
+    p = p * f + 1.3398874e-3f;
+    p = p * f + 9.6181291e-3f;
+    p = p * f + 5.5504109e-2f;
+    p = p * f + 2.4022650e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float sc;
+    memcpy(&sc, &e, 4);
+    return p * sc;
+}
+
+/* out[t] = sum_j softmax_t(lg[. * Q + j])[t]: each query's softmax over the
+ * m rows, vectorised across the queries; mx, sum: room for Q. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void softmax_sum(float *lg, int m, int Q, float *mx, float *sum, float *out)
+{
+    for (int j = 0; j < Q; j++) mx[j] = -INFINITY, sum[j] = 0;
+    for (int t = 0; t < m; t++)
+        for (int j = 0; j < Q; j++) mx[j] = lg[(size_t)t * Q + j] > mx[j] ? lg[(size_t)t * Q + j] : mx[j];
+    for (int t = 0; t < m; t++) {
+        float *row = lg + (size_t)t * Q;
+#pragma omp simd
+        for (int j = 0; j < Q; j++) sum[j] += (row[j] = exp_le0(row[j] - mx[j]));
+    }
+    for (int j = 0; j < Q; j++) sum[j] = 1.0f / sum[j];
+    for (int t = 0; t < m; t++) {
+        const float *row = lg + (size_t)t * Q;
+        float a = 0;
+        for (int j = 0; j < Q; j++) a += row[j] * sum[j];
+        out[t] = a;
+    }
+}
+
+/* score[t] (t over the m matched positions) += the attention each query
+ * gives position t over the sketched keys, per layer, query head, query.
+ * One task per layer and KV head: each sketched row is widened to float
+ * once and met by all the group's queries (an int8 x float GEMM, row by
+ * row), then each query's softmax over the whole prefix.  False without
+ * memory. */
+static bool score_rows(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D, double *score)
+{
+    const int m = sk->matched, g = H / Hkv, Q = g * nq, tasks = L * Hkv;
+    const float inv = 1.0f / sqrtf((float)D);
+    float *part = malloc((size_t)tasks * m * sizeof *part + 1);
+    if (!part) return false;
+    bool ok = true;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; task++) {
+        const int l = task / Hkv, h = task % Hkv;
+        float *lg = malloc((size_t)Q * m * sizeof *lg + 1), *qs = malloc((size_t)Q * D * sizeof *qs + 1),
+              *x = malloc(2 * (size_t)Q * sizeof *x + 1), *out = part + (size_t)task * m;
+        if (!lg || !qs || !x) {
+#pragma omp atomic write
+            ok = false;
+            free(lg), free(qs), free(x);
+            continue;
+        }
+        for (int si = 0; si < sk->nseg; si++) {
+            const kv_tree_sketch_seg *sg = &sk->seg[si];
+            const size_t lh = (size_t)l * Hkv + h;
+            const int r = sg->r;
+            const uint16_t *ch = sg->ch + lh * r;
+            const float *scl = sg->scale + lh * r;
+            for (int j = 0; j < Q; j++) { /* the folded query: channels kept, times their scale */
+                const float *qv = q + (((size_t)l * H + h * g + j / nq) * nq + j % nq) * D;
+                for (int i = 0; i < r; i++) qs[(size_t)i * Q + j] = qv[ch[i]] * scl[i] * inv;
+            }
+            dot_rows(sg->code + lh * (size_t)sg->rows * r, sg->n, r, qs, Q, lg + (size_t)sg->start * Q);
+        }
+        softmax_sum(lg, m, Q, x, x + Q, out);
+        free(lg), free(qs), free(x);
+    }
+    for (int task = 0; ok && task < tasks; task++)
+        for (int t = 0; t < m; t++) score[t] += part[(size_t)task * m + t];
+    free(part);
+    return ok;
+}
+
+kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
+                         kv_tree_rows *rows, kv_qaware_report *rep)
+{
+    memset(rows, 0, sizeof *rows);
+    memset(rep, 0, sizeof *rep);
+    const kv_model_config *c = &kv_runner_model(r)->cfg;
+    const int L = c->n_layers, H = c->n_heads, Hkv = c->n_kv_heads, D = c->head_dim;
+    if (!kv_tree_store_tree(s)->has_geom || n < 2) return KV_OK;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids) return kv_fail(KV_E_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) ids[i] = tok[i];
+    double t0 = kv_now_ms();
+    kv_tree_sketch sk;
+    kv_status st = kv_tree_store_sketch(s, ids, n - 1, &sk);
+    rep->sketch_ms = kv_now_ms() - t0;
+    if (st || !sk.matched) {
+        free(ids);
+        kv_tree_sketch_free(&sk);
+        return st;
+    }
+    const int m = sk.matched;
+    rep->matched = m;
+    for (int i = 0; i < KV_TIER_COUNT; i++) rep->sketch_bytes += sk.bytes_read[i];
+    /* the probe: the sink row, then the request's last tokens at their positions */
+    int P = n - m < o->probe ? n - m : o->probe, nq = P < o->queries ? P : o->queries;
+    kv_tree_rows sink;
+    kv_get_report gr;
+    int32_t zero = 0;
+    double t1 = kv_now_ms();
+    float *q = malloc((size_t)L * H * P * D * sizeof *q + 1), *ql = malloc((size_t)H * P * D * sizeof *ql + 1);
+    double *score = calloc((size_t)m, sizeof *score);
+    if (!q || !ql || !score) st = kv_fail(KV_E_NOMEM, "out of memory");
+    if (!st) st = kv_tree_store_load(s, ids, n - 1, 1, &zero, 1, false, o->now, &sink, &gr);
+    for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
+    if (!st) {
+        kv_prefix pre = {.T = 1, .matched = n - P, .n_kv_heads = Hkv, .head_dim = D, .positions = sink.positions,
+                         .tokens = sink.tokens, .dt = sink.dt, .k = (const void *const *)sink.k,
+                         .v = (const void *const *)sink.v};
+        if (!(st = kv_runner_keep(r, P, false))) st = kv_runner_prefill_from(r, &pre, tok + n - P, P, NULL);
+        for (int l = 0; !st && l < L; l++) {
+            int got = kv_runner_queries(r, l, ql);
+            if (got < nq) {
+                st = kv_fail(KV_E_INTERNAL, "the probe kept %d queries of layer %d, not %d", got, l, nq);
+                break;
+            }
+            for (int h = 0; h < H; h++) /* the last nq of each head */
+                memcpy(q + (((size_t)l * H + h) * nq) * D, ql + ((size_t)h * got + (got - nq)) * D, (size_t)nq * D * sizeof *q);
+        }
+        kv_tree_rows_free(&sink);
+    }
+    kv_status st2 = kv_runner_reset(r, NULL);
+    if (!st2) st2 = kv_runner_keep(r, o->keep_nq, o->keep_kv);
+    if (!st) st = st2;
+    rep->probe_ms = kv_now_ms() - t1;
+    /* score, then whole frames by score */
+    double t2 = kv_now_ms();
+    if (!st && !score_rows(&sk, q, L, H, Hkv, nq, D, score)) st = kv_fail(KV_E_NOMEM, "out of memory for the scores");
+    int nb = 0, keep = (int)ceil(o->frac * m);
+    if (keep > m) keep = m;
+    for (int si = 0; si < sk.nseg; si++) nb += (sk.seg[si].n + sk.seg[si].frame_rows - 1) / sk.seg[si].frame_rows;
+    pblock *bl = malloc((size_t)(nb + 1) * sizeof *bl);
+    int32_t *pick = malloc((size_t)m * sizeof *pick + 4);
+    char *take = calloc((size_t)m + 1, 1);
+    if (!st && (!bl || !pick || !take)) st = kv_fail(KV_E_NOMEM, "out of memory");
+    int np = 0;
+    if (!st) {
+        int b = 0;
+        for (int si = 0; si < sk.nseg; si++) {
+            const kv_tree_sketch_seg *sg = &sk.seg[si];
+            for (int f = 0; f * sg->frame_rows < sg->n; f++, b++) {
+                double a = 0;
+                for (int t = f * sg->frame_rows; t < sg->n && t < (f + 1) * sg->frame_rows; t++) a += score[sg->start + t];
+                bool edge = (si == 0 && f == 0) || (si == sk.nseg - 1 && (f + 1) * sg->frame_rows >= sg->n);
+                bl[b] = (pblock){si, f, edge ? INFINITY : a};
+            }
+        }
+        qsort(bl, (size_t)nb, sizeof *bl, cmp_block);
+        int got = 0;
+        for (int i = 0; i < nb && got < keep; i++) {
+            const kv_tree_sketch_seg *sg = &sk.seg[bl[i].seg];
+            for (int t = bl[i].f * sg->frame_rows; t < sg->n && t < (bl[i].f + 1) * sg->frame_rows; t++)
+                take[sg->start + t] = 1, got++;
+        }
+        for (int t = 0; t < m; t++)
+            if (take[t]) pick[np++] = t;
+    }
+    rep->score_ms = kv_now_ms() - t2;
+    double t3 = kv_now_ms();
+    if (!st) st = kv_tree_store_load_ex(s, ids, n - 1, 1, pick, np, false, o->now, o->al, rows, &gr);
+    for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->row_bytes += gr.bytes_read[i];
+    rep->load_ms = kv_now_ms() - t3;
+    rep->kept = rows->T;
+    free(bl), free(pick), free(take), free(score), free(q), free(ql), free(ids);
+    kv_tree_sketch_free(&sk);
+    return st;
+}

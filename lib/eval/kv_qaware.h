@@ -1,0 +1,60 @@
+/*
+ * kv_qaware: query-aware loading of a stored prefix, after IMPRESS.  The
+ * importance that a put records (attention from the prompt's own last
+ * tokens) cannot know the question a later request asks after the shared
+ * prefix, so loading only its top tokens drops what that question needs
+ * (the needle).  Here the importance is decided at load time, with the new
+ * request's queries:
+ *   1. the key sketch of the matched prefix is read whole (kv-tree chunks
+ *      of version 3: per layer and KV head a quarter of the channels, int8;
+ *      about 1/16 of the K/V bytes);
+ *   2. the last tokens of the request (the question) are prefilled once
+ *      after the prefix's first row (the attention sink), at their true
+ *      positions, and their queries are kept;
+ *   3. every prefix token is scored by the attention those queries give
+ *      it over the sketched keys (softmax over the whole prefix per layer,
+ *      query head and query; summed);
+ *   4. the prefix is loaded in whole frames (the unit a chunk is read in):
+ *      the first frame (sink) and the last (recent tokens) always, then
+ *      the frames of highest score until frac of the prefix's tokens.
+ * The runner is used for step 2 and left reset, its capture settings
+ * (kv_runner_keep) those of the options.
+ */
+#ifndef KV_QAWARE_H
+#define KV_QAWARE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kv_runner.h"
+#include "tree/kv_tree.h"
+
+#define KV_QAWARE_PROBE 64  /* request tokens the probe prefills */
+#define KV_QAWARE_QUERIES 4 /* of those, the last ones scored with */
+
+typedef struct {
+    double frac;    /* share of the prefix's tokens to load (0, 1] */
+    int probe;      /* request tokens prefilled for their queries (KV_QAWARE_PROBE) */
+    int queries;    /* of those, the last ones scored with (KV_QAWARE_QUERIES) */
+    int keep_nq;    /* the runner's capture (kv_runner_keep) restored after the probe */
+    bool keep_kv;
+    int64_t now;
+    const kv_tree_alloc *al; /* the rows' block (NULL: malloc) */
+} kv_qaware_opts;
+
+typedef struct {
+    int matched, kept;
+    double sketch_ms, probe_ms, score_ms, load_ms;
+    uint64_t sketch_bytes, row_bytes; /* read from the store (every tier) */
+} kv_qaware_report;
+
+/*
+ * The rows of the longest cached prefix of tok[0..n-1) (the last token is
+ * always prefilled) chosen by the request's own queries; rows->T == 0 on a
+ * miss.  r: fresh or reset; it is reset again before returning.  A chunk
+ * without a key sketch is KV_E_UNSUPPORTED.
+ */
+kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
+                         kv_tree_rows *rows, kv_qaware_report *rep);
+
+#endif
