@@ -25,6 +25,7 @@ typedef struct {
     kv_device dev;
     kv_dtype wt; /* --weights */
     int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs, gemv;
+    int graph; /* --graph: KV_GPU_GRAPH_* (0 auto) */
     bool nq_given, tokenize, special, print_ids, no_insert;
     kv_chat chat; /* --chat */
     double temp, top_p, important;
