@@ -14,9 +14,9 @@
 static void print_graph(const kv_gpu_graph_info *g)
 {
     printf(", \"graph\": \"%s\", \"graph_steps\": {\"steps\": %llu, \"captured\": %llu, \"updated\": %llu, "
-           "\"instantiated\": %llu, \"host_us\": %.1f}", g->state, (unsigned long long)g->steps,
-           (unsigned long long)g->captured, (unsigned long long)g->updated,
-           (unsigned long long)g->instantiated, g->host_us);
+           "\"instantiated\": %llu, \"update_refused\": %llu, \"host_us\": %.1f}", g->state,
+           (unsigned long long)g->steps, (unsigned long long)g->captured, (unsigned long long)g->updated,
+           (unsigned long long)g->instantiated, (unsigned long long)g->refused, g->host_us);
 }
 
 void kv_bench_decode_json(const decode_args *A, const decode_out *D)

@@ -268,6 +268,7 @@ kv_status kv_runner_report(const kv_runner *run, const kv_run_info *info, char *
         cJSON_AddNumberToObject(go, "captured", (double)gi.captured);
         cJSON_AddNumberToObject(go, "updated", (double)gi.updated);
         cJSON_AddNumberToObject(go, "instantiated", (double)gi.instantiated);
+        cJSON_AddNumberToObject(go, "update_refused", (double)gi.refused);
         cJSON_AddNumberToObject(go, "host_us", gi.host_us);
     } else {
         cJSON_AddNullToObject(r, "graph");

@@ -225,8 +225,11 @@ typedef struct {
     uint64_t steps;        /* decode steps run (step and generate) */
     uint64_t captured;     /* of them, replayed from a captured graph */
     uint64_t updated;      /* captures applied to an existing executable graph in place */
-    uint64_t instantiated; /* captures that needed a new executable graph (first, or the
-                              step's shape changed: cudaGraphExecUpdate refused it) */
+    uint64_t instantiated; /* captures that needed a new executable graph (the first ones,
+                              or the step's nodes changed) */
+    uint64_t refused;      /* updates cudaGraphExecUpdate refused (same nodes, a change it
+                              does not take), each followed by a new executable */
+    int refused_result;    /* the last refusal's cudaGraphExecUpdateResult (0: none) */
     double host_us;        /* mean host time of a captured step: capture, update, launch */
     char plain_why[160];   /* why the last step run plainly was ("" when none but the
                               first after a reset, which always runs plainly) */

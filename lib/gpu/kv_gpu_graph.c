@@ -39,6 +39,7 @@
 #ifdef KV_HAVE_CUDA
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -67,7 +68,9 @@ void gl_graph_reset(kv_gpu_engine *e)
     }
     gl_graph_idle(e);
     g->cur = 0;
-    g->steps = g->captured = g->updated = g->instantiated = 0;
+    g->sig[0] = g->sig[1] = g->no_update_sig = 0;
+    g->steps = g->captured = g->updated = g->instantiated = g->refused = 0;
+    g->refused_result = 0;
     g->host_us = 0;
     g->plain_why[0] = 0;
 }
@@ -146,21 +149,63 @@ static kv_status capture_body(kv_gpu_engine *e, const int *dtok, bool want_logit
     return KV_OK;
 }
 
-/* The captured graph into exec[cur]: updated in place, or instantiated anew. */
+kv_status gl_memcpy_2d(kv_gpu_engine *e, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t height, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+    if (!e->gr.capturing) {
+        CK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s));
+        return KV_OK;
+    }
+    for (size_t r = 0; r < height; r++)
+        CK(cudaMemcpyAsync((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s));
+    return KV_OK;
+}
+
+/* A graph's shape: its node count and node types (FNV-1a), so that a
+ * capture of another shape goes straight to a new executable instead of a
+ * cudaGraphExecUpdate that must fail. */
+static uint64_t graph_sig(cudaGraph_t graph)
+{
+    size_t n = 0;
+    if (cudaGraphGetNodes(graph, NULL, &n) != cudaSuccess) return (void)cudaGetLastError(), 0;
+    uint64_t h = (1469598103934665603ull ^ (uint64_t)n) * 1099511628211ull;
+    cudaGraphNode_t *nodes = n ? malloc(n * sizeof *nodes) : NULL;
+    if (nodes && cudaGraphGetNodes(graph, nodes, &n) == cudaSuccess) {
+        for (size_t i = 0; i < n; i++) { /* creation order: the order of the capture */
+            enum cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+            if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess) (void)cudaGetLastError();
+            h = (h ^ (uint64_t)t) * 1099511628211ull;
+        }
+    } else {
+        (void)cudaGetLastError(); /* the count alone */
+    }
+    free(nodes);
+    return h;
+}
+
+/* The captured graph into exec[cur]: updated in place when it has the shape
+ * that exec holds, else instantiated anew. */
 static kv_status install(gl_graph *g, cudaGraph_t graph)
 {
     cudaGraphExec_t *x = &g->exec[g->cur];
-    if (*x) {
+    const uint64_t sig = graph_sig(graph);
+    if (*x && sig == g->sig[g->cur] && sig != g->no_update_sig) {
         cudaGraphExecUpdateResultInfo info;
         memset(&info, 0, sizeof info);
         if (cudaGraphExecUpdate(*x, graph, &info) == cudaSuccess) {
             g->updated++;
             return KV_OK;
         }
-        (void)cudaGetLastError(); /* another shape: a new executable */
+        (void)cudaGetLastError();
+        g->refused++;
+        g->refused_result = (int)info.result;
+        g->no_update_sig = sig; /* a change the update does not take: do not try this shape again */
+    }
+    if (*x) {
         cudaGraphExecDestroy(*x); /* one in flight is freed when it completes */
         *x = NULL;
     }
+    g->sig[g->cur] = sig;
     /* node priorities as captured: the selection streams' kernels outrank the main stream's */
     CK(cudaGraphInstantiate(x, graph, cudaGraphInstantiateFlagUseNodePriority));
     g->instantiated++;
@@ -223,6 +268,8 @@ void kv_gpu_engine_graph_info(const kv_gpu_engine *e, kv_gpu_graph_info *gi)
     gi->captured = g->captured;
     gi->updated = g->updated;
     gi->instantiated = g->instantiated;
+    gi->refused = g->refused;
+    gi->refused_result = g->refused_result;
     gi->host_us = g->captured ? g->host_us / (double)g->captured : 0;
     snprintf(gi->plain_why, sizeof gi->plain_why, "%s", g->plain_why);
     /* the first step after a reset runs plainly without a reason: not a fallback */

@@ -14,6 +14,8 @@
  *   kv_gpu_sparse.c     sparse: the prompt in pinned host memory, selection and
  *                       gather one layer ahead on the selection streams
  *   kv_gpu_streaming.c  streaming: sink + recent ring on the GPU
+ *   kv_gpu_graph.c      (not a placement) the decode step captured into a CUDA
+ *                       graph, updated in place per step and launched once
  *   kv_gpu_weights.c    the weights (not a placement): their upload, 16-bit or
  *                       packed, and the projections that read them
  *
@@ -188,10 +190,13 @@ typedef struct {
 /* The captured decode step (kv_gpu_graph.c). */
 typedef struct {
     cudaGraphExec_t exec[2]; /* alternate steps: one is updated while the other may run */
+    uint64_t sig[2];         /* each one's shape: node count and types (graph_sig) */
+    uint64_t no_update_sig;  /* a shape cudaGraphExecUpdate refused once: instantiate it directly */
     int cur;                 /* the one the next capture goes to */
     bool capturing;          /* a capture is under way on s_main (gl_ensure_ws grows safely) */
     cudaEvent_t ev_fork, ev_fan, ev_join[3]; /* ordering of s_side, s_gath, s_copy with s_main */
-    uint64_t steps, captured, updated, instantiated;
+    uint64_t steps, captured, updated, instantiated, refused;
+    int refused_result;      /* cudaGraphExecUpdateResult of the last refused update */
     double host_us;          /* summed over captured steps */
     char plain_why[160];     /* the last step run plainly: why */
     void *retired[16];       /* workspaces replaced during a capture (freed when idle) */
@@ -320,6 +325,11 @@ void gl_graph_idle(kv_gpu_engine *e);
  * captured into a CUDA graph and launched, or plainly where opts.graph is
  * off or a layer's placement blocks it (gl_placement.graph_block). */
 kv_status gl_graph_step(kv_gpu_engine *e, const int *dtok, bool want_logits, int *next);
+/* cudaMemcpy2DAsync, or inside a capture one 1D copy per row: a captured
+ * 2D copy cannot change its shape when the executable graph is updated in
+ * place (for device-to-device copies in a step, eng_copy_2d is one node). */
+kv_status gl_memcpy_2d(kv_gpu_engine *e, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t height, enum cudaMemcpyKind kind, cudaStream_t s);
 /* During a capture: replace the attention workspace by one of bytes
  * without synchronising (the old one is retired until the device is idle). */
 kv_status gl_graph_grow_ws(kv_gpu_engine *e, size_t bytes);

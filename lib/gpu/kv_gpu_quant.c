@@ -238,11 +238,11 @@ static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y, int pos, const floa
     cudaStream_t s = e->s_main;
     const size_t rb = (size_t)e->hd * 2;
     const int T = q->nq + q->nres;
-    if (q->nres > 0) {
-        CK(cudaMemcpy2DAsync(e->dres.k, (size_t)q->nres * rb, q->rk[q->cur], (size_t)q->rc * rb,
-                             (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
-        CK(cudaMemcpy2DAsync(e->dres.v, (size_t)q->nres * rb, q->rv[q->cur], (size_t)q->rc * rb,
-                             (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
+    if (q->nres > 0) { /* a kernel, not cudaMemcpy2DAsync: a captured step resizes it in place */
+        CK(eng_copy_2d(e->dres.k, (size_t)q->nres * rb, q->rk[q->cur], (size_t)q->rc * rb,
+                       (size_t)q->nres * rb, (size_t)e->nkv, s));
+        CK(eng_copy_2d(e->dres.v, (size_t)q->nres * rb, q->rv[q->cur], (size_t)q->rc * rb,
+                       (size_t)q->nres * rb, (size_t)e->nkv, s));
     }
     kv_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
     kv_cuda_kivi_view kv = {q->p.kc, q->p.ks, q->p.kz, e->dres.k};

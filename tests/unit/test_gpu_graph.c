@@ -11,6 +11,8 @@
  * must be identical; the graph side must have captured steps, and the
  * placements that cannot capture a step (a packed group, a host-packed
  * window) must have run those steps plainly and said why.
+ * The kernel that replaces one of those copies (eng_copy_2d) is checked
+ * against cudaMemcpy2D byte for byte.
  * Without a usable GPU every test is reported as skipped.
  * KV_GPU_TEST_SHORT=1 (compute-sanitizer): fewer steps, the small models.
  */
@@ -24,6 +26,12 @@
 #include "gpu/kv_gpu_engine.h"
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
+
+#ifdef KV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "eng_ops.cuh"
+#endif
 
 #define S260 "tests/data/stories260K/"
 #define NIAH "tests/data/niah4k/"
@@ -114,18 +122,22 @@ static void check_graph(const kv_model *m, const char *spec, int n, int n_step, 
     int ids_differ = 0;
     for (int i = 0; i < n_step + n_gen; i++) ids_differ += r[0].ids[i] != r[1].ids[i];
     const kv_gpu_graph_info *gi = &r[1].gi;
-    printf("# %-58s %s; %llu of %llu steps captured (%llu updated in place, %llu instantiated), "
-           "host %.0f us/step; max |logit diff| %g\n", spec, gi->state, (unsigned long long)gi->captured,
-           (unsigned long long)gi->steps, (unsigned long long)gi->updated,
-           (unsigned long long)gi->instantiated, gi->host_us, dmax);
+    printf("# %-58s %s; %llu of %llu steps captured (%llu updated in place, %llu instantiated, "
+           "%llu updates refused, last result %d), host %.0f us/step; max |logit diff| %g\n", spec, gi->state,
+           (unsigned long long)gi->captured, (unsigned long long)gi->steps, (unsigned long long)gi->updated,
+           (unsigned long long)gi->instantiated, (unsigned long long)gi->refused, gi->refused_result,
+           gi->host_us, dmax);
     KT_CHECK(!strcmp(r[0].gi.state, "off") && r[0].gi.captured == 0, "%s: graph off ran '%s'", spec,
              r[0].gi.state);
     KT_CHECK(gi->steps == (uint64_t)(n_step + n_gen), "%s: %llu steps counted, %d run", spec,
              (unsigned long long)gi->steps, n_step + n_gen);
     KT_CHECK(dmax == 0, "%s: logits with graphs differ by up to %g", spec, dmax);
     KT_CHECK(ids_differ == 0, "%s: %d of %d ids differ with graphs", spec, ids_differ, n_step + n_gen);
-    KT_CHECK(gi->captured > 0 && gi->updated > 0, "%s: %llu steps captured, %llu updated in place", spec,
-             (unsigned long long)gi->captured, (unsigned long long)gi->updated);
+    /* every placement's steps are shaped so that the executable is updated in place */
+    KT_CHECK(gi->captured > 0 && gi->updated > 0 && gi->refused == 0,
+             "%s: %llu steps captured, %llu updated in place, %llu updates refused (result %d)", spec,
+             (unsigned long long)gi->captured, (unsigned long long)gi->updated,
+             (unsigned long long)gi->refused, gi->refused_result);
     if (want_plain)
         KT_CHECK(gi->captured < gi->steps && strstr(gi->plain_why, want_plain),
                  "%s: expected plain steps (%s), got '%s'", spec, want_plain, gi->state);
@@ -165,8 +177,8 @@ static void test_niah4k_sparse_graphs_equal_plain_launches(void)
     const int n = short_run() ? 160 : 400, ns = short_run() ? 6 : 16, ng = short_run() ? 16 : 48;
     check_graph(m, "0=full;*=sparse:k=64,sink=8,window=32,channels=16,select=resident", n, ns, ng, NULL);
     check_graph(m, "0=full;*=sparse:k=64,sink=8,window=32,channels=8", n, ns, ng, NULL);
-    check_graph(m, "0-1=quant:bits=2;*=sparse:k=64,sink=8,window=32,channels=16,select=resident", n, ns,
-                ng, "quant (host-packed)");
+    check_graph(m, "0-1=quant:bits=2,group=16,residual=16;*=sparse:k=64,sink=8,window=32,channels=16,"
+                "select=resident", n, ns, ng, "quant (host-packed)");
     kv_model_close(m);
 }
 
@@ -182,6 +194,51 @@ static void test_head_dim_128_quant_graphs_equal_plain_launches(void)
     check_graph(m, "0=full;*=quant:bits=1,group=32,residual=32", 70, ns, ng, "quant: the step packs");
     kv_model_close(m);
 }
+
+#ifdef KV_HAVE_CUDA
+/* eng_copy_2d against cudaMemcpy2D on random bytes: aligned (the 16-byte
+ * path) and odd (the byte path) shapes, the rows outside left alone. */
+static void test_copy_kernel_equals_memcpy_2d(void)
+{
+    static const size_t shape[][4] = {/* width, height, dpitch, spitch */
+                                      {4096, 8, 8192, 16384}, {256, 32, 256, 512}, {48, 3, 64, 80},
+                                      {77, 5, 100, 91},       {1, 1, 1, 1}};
+    uint64_t z = 0x2545f4914f6cdd1dull;
+    for (size_t k = 0; k < sizeof shape / sizeof shape[0]; k++) {
+        const size_t w = shape[k][0], h = shape[k][1], dp = shape[k][2], sp = shape[k][3];
+        const size_t sn = sp * h, dn = dp * h;
+        unsigned char *hs = malloc(sn), *ha = malloc(dn), *hb = malloc(dn);
+        KT_REQUIRE(hs && ha && hb, "alloc");
+        for (size_t i = 0; i < sn; i++) {
+            z ^= z >> 12, z ^= z << 25, z ^= z >> 27;
+            hs[i] = (unsigned char)(z >> 56);
+        }
+        void *ds = NULL, *da = NULL, *db = NULL;
+        KT_REQUIRE(cudaMalloc(&ds, sn) == cudaSuccess && cudaMalloc(&da, dn) == cudaSuccess &&
+                       cudaMalloc(&db, dn) == cudaSuccess, "cudaMalloc");
+        cudaMemcpy(ds, hs, sn, cudaMemcpyHostToDevice);
+        cudaMemset(da, 0x5a, dn);
+        cudaMemset(db, 0x5a, dn);
+        KT_CHECK(cudaMemcpy2D(da, dp, ds, sp, w, h, cudaMemcpyDeviceToDevice) == cudaSuccess, "memcpy2D");
+        KT_CHECK(eng_copy_2d(db, dp, ds, sp, w, h, 0) == cudaSuccess, "eng_copy_2d %zux%zu", w, h);
+        KT_CHECK(cudaDeviceSynchronize() == cudaSuccess, "sync");
+        cudaMemcpy(ha, da, dn, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hb, db, dn, cudaMemcpyDeviceToHost);
+        size_t bad = 0;
+        for (size_t i = 0; i < dn; i++) bad += ha[i] != hb[i];
+        KT_CHECK(bad == 0, "width %zu, height %zu, pitches %zu/%zu: %zu of %zu bytes differ", w, h, dp, sp,
+                 bad, dn);
+        cudaFree(ds);
+        cudaFree(da);
+        cudaFree(db);
+        free(hs);
+        free(ha);
+        free(hb);
+    }
+    KT_CHECK(eng_copy_2d(NULL, 16, NULL, 16, 16, 1, 0) != cudaSuccess, "a NULL copy was accepted");
+    (void)cudaGetLastError();
+}
+#endif
 
 /* Does test name contain one of filter's comma-separated parts (no filter: yes)? */
 static int selected(const char *name, const char *filter)
@@ -201,6 +258,7 @@ int main(void)
     if (ndev <= 0) {
         printf("# no usable GPU (%s): GPU tests skipped\n", name);
         const char *why = "no usable GPU";
+        KT_SKIP(test_copy_kernel_equals_memcpy_2d, why);
         KT_SKIP(test_stories260k_graphs_equal_plain_launches, why);
         KT_SKIP(test_niah4k_sparse_graphs_equal_plain_launches, why);
         KT_SKIP(test_head_dim_128_quant_graphs_equal_plain_launches, why);
@@ -212,6 +270,9 @@ int main(void)
 #define RUN_ONE(t)                       \
     if (selected(#t, filter)) KT_RUN(t); \
     else KT_SKIP(t, "not selected by KV_TEST_FILTER")
+#ifdef KV_HAVE_CUDA
+    RUN_ONE(test_copy_kernel_equals_memcpy_2d);
+#endif
     RUN_ONE(test_stories260k_graphs_equal_plain_launches);
     RUN_ONE(test_niah4k_sparse_graphs_equal_plain_launches);
     RUN_ONE(test_head_dim_128_quant_graphs_equal_plain_launches);
