@@ -62,7 +62,9 @@ typedef struct kv_gpu_engine kv_gpu_engine;
 
 /* opts.graph: how a decode step reaches the GPU (lib/gpu/kv_gpu_graph.c). */
 enum {
-    KV_GPU_GRAPH_AUTO = 0, /* the measured-faster way: a CUDA graph (docs/BENCHMARKS.md) */
+    KV_GPU_GRAPH_AUTO = 0, /* the measured-faster way (docs/BENCHMARKS.md, "Graph-captured
+                              decode"): kv_gpu_engine_generate captured, kv_gpu_engine_step
+                              (the host waits for each step's logits) kernel by kernel */
     KV_GPU_GRAPH_ON = 1,   /* each step captured into a CUDA graph and replayed */
     KV_GPU_GRAPH_OFF = 2   /* each step's kernels launched one by one (the former path) */
 };
@@ -221,7 +223,7 @@ void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
 
 /* How the decode steps since the last reset reached the GPU (opts.graph). */
 typedef struct {
-    bool on;               /* opts.graph asked for graphs */
+    bool on;               /* opts.graph is on or auto */
     uint64_t steps;        /* decode steps run (step and generate) */
     uint64_t captured;     /* of them, replayed from a captured graph */
     uint64_t updated;      /* captures applied to an existing executable graph in place */
@@ -235,7 +237,8 @@ typedef struct {
                               first after a reset, which always runs plainly) */
     char state[256];       /* "off"; "captured" (every step but the first); "fallback:
                               <reason>" (none captured); "captured, N of M steps plain:
-                              <reason>"; "on (no step captured yet)" */
+                              <reason>"; "on (no step captured yet)"; "off (auto): ..." (auto,
+                              only kv_gpu_engine_step steps, which it runs plainly) */
 } kv_gpu_graph_info;
 void kv_gpu_engine_graph_info(const kv_gpu_engine *e, kv_gpu_graph_info *gi);
 

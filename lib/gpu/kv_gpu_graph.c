@@ -28,6 +28,8 @@
  * the graph begins after all earlier work anyway.
  *
  * A step runs plainly (counted, its reason kept) when opts.graph is off,
+ * when it is auto and the step is kv_gpu_engine_step's (the host waits for
+ * its logits, so the capture's host time is not hidden: measured slower),
  * for the first step after a reset (the launchers' one-time setup, such as
  * occupancy queries, stays out of captures; no reason kept), with opts.profile (timing events are not recorded inside a graph), or
  * when a layer's placement says the step cannot be captured
@@ -110,10 +112,17 @@ kv_status gl_graph_grow_ws(kv_gpu_engine *e, size_t bytes)
     return KV_OK;
 }
 
-/* Why this step runs plainly, or NULL when it can be captured. */
-static const char *step_block(const kv_gpu_engine *e)
+#define AUTO_STEP "auto: a step that returns its logits to the host runs kernel by kernel"
+
+/* Why this step runs plainly, or NULL when it can be captured; generate:
+ * the step is kv_gpu_engine_generate's (its argmax stays on the device). */
+static const char *step_block(const kv_gpu_engine *e, bool generate)
 {
     if (e->o.graph == KV_GPU_GRAPH_OFF) return "off";
+    /* measured (docs/BENCHMARKS.md): when the host waits for every step, the
+     * capture's host time comes before the GPU starts instead of under the
+     * previous step, and the step is slower captured */
+    if (e->o.graph == KV_GPU_GRAPH_AUTO && !generate) return AUTO_STEP;
     if (e->o.profile) return "profile: timing events are not recorded inside a graph";
     if (e->gr.steps == 1) return ""; /* the first step after a reset: launchers' one-time setup */
     for (int l = 0; l < e->L; l++) {
@@ -223,7 +232,7 @@ kv_status gl_graph_step(kv_gpu_engine *e, const int *dtok, bool want_logits, int
 {
     gl_graph *g = &e->gr;
     g->steps++;
-    const char *why = step_block(e);
+    const char *why = step_block(e, next != NULL);
     if (why) {
         if (*why) snprintf(g->plain_why, sizeof g->plain_why, "%s", why);
         return plain_step(e, dtok, want_logits, next);
@@ -274,6 +283,9 @@ void kv_gpu_engine_graph_info(const kv_gpu_engine *e, kv_gpu_graph_info *gi)
     snprintf(gi->plain_why, sizeof gi->plain_why, "%s", g->plain_why);
     /* the first step after a reset runs plainly without a reason: not a fallback */
     if (!gi->on) snprintf(gi->state, sizeof gi->state, "off");
+    else if (!g->captured && !strcmp(g->plain_why, AUTO_STEP))
+        snprintf(gi->state, sizeof gi->state, "off (auto): steps that return logits to the host run kernel "
+                 "by kernel (measured faster)");
     else if (!g->captured && !g->plain_why[0])
         snprintf(gi->state, sizeof gi->state, "on (no step captured yet)");
     else if (!g->plain_why[0]) snprintf(gi->state, sizeof gi->state, "captured");

@@ -44,9 +44,9 @@ load helper
     [ "$output" = "$with" ]
 }
 
-@test "kv-run rejects a --graph that is neither on nor off with exit 64" {
+@test "kv-run rejects a --graph that is not on, off or auto with exit 64" {
     run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" --graph sometimes -n 1
-    assert_fails_with 64 "--graph must be on or off"
+    assert_fails_with 64 "--graph must be on, off or auto"
     [ -z "$output" ]
 }
 
