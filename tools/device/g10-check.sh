@@ -10,9 +10,10 @@
 #      timed captured and kernel by kernel from the same context
 #   p  the same with --pdl 0: does PDL still pay inside graphs?
 #   r  kv-run --synthetic llama-3.1-8b --device cuda, a 4096-token random prompt, 32
-#      steps through kv_gpu_engine_step (logits to the host each step), --graph on / off
+#      steps through kv_gpu_engine_step (logits to the host each step), --graph auto/on/off
 #   h  kv-bench decode --graph both for the hybrid (its 128k context pins ~16 GB)
 #   e  test_gpu_engine (the engine's own device tests, now with graphs on by default)
+# Rounds: 1 ran t d(full,quant) d(hybrid) m; 2 the default STEPS; 3 STEPS=tmdre.
 # Logs in $OUT: summary.txt graph.tap memcheck.log decode-{full-quant,pdl0,hybrid}.json
 # run-{on,off}.json engine.tap
 set -u
@@ -64,7 +65,7 @@ bench() { # name timeout args...
 has d && bench full-quant 25 --graph both --policies full,quant
 has p && bench pdl0 20 --graph both --pdl 0 --policies full,quant
 if has r; then
-    for g in on off; do
+    for g in auto on off; do
         timeout 25 "$D/kv-run" --synthetic llama-3.1-8b --device cuda --random-prompt 4096 -c 8192 -n 32 \
             --graph $g --report "$OUT/run-$g.json" > /dev/null 2>> "$OUT/summary.txt"
         log "kv-run --graph $g rc=$?"
