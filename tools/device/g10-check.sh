@@ -13,7 +13,7 @@
 #      steps through kv_gpu_engine_step (logits to the host each step), --graph auto/on/off
 #   h  kv-bench decode --graph both for the hybrid (its 128k context pins ~16 GB)
 #   e  test_gpu_engine (the engine's own device tests, now with graphs on by default)
-# Rounds: 1 ran t d(full,quant) d(hybrid) m; 2 the default STEPS; 3 STEPS=tmdre.
+# Rounds (the lead's numbering): 1 ran t d(full,quant) d(hybrid) m; 2 the default STEPS; 4 STEPS=tmdre.
 # Logs in $OUT: summary.txt graph.tap memcheck.log decode-{full-quant,pdl0,hybrid}.json
 # run-{on,off}.json engine.tap
 set -u
