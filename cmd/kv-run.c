@@ -169,6 +169,7 @@ int main(int argc, char **argv)
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
     go.device = o.device_ordinal, go.prefill_chunk = o.prefill_chunk, go.gemv_q = o.gemv;
+    go.graph = o.graph;
     if ((st = kv_runner_new(m, prm, ctx, dev, &go, &r))) {
         rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "cannot build the engine");
         goto out;

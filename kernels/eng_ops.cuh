@@ -133,6 +133,11 @@ cudaError_t eng_fill_random(void *x, kv_dtype t, size_t n, uint64_t seed, const 
 /* Fill float x (n) with value. */
 cudaError_t eng_fill_f32(float *x, size_t n, float value, cudaStream_t s);
 
+/* cudaMemcpy2DAsync's device-to-device copy (height rows of width bytes) as
+ * a kernel, which a CUDA graph updated in place may resize (eng_copy.cu). */
+cudaError_t eng_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t height, cudaStream_t s);
+
 /*
  * Convert a dense layer's K and V (nkv, ld, hd) (first T tokens) to the
  * host layouts of a sparse layer:

@@ -85,7 +85,10 @@ int kv_bench_decode_main(int argc, char **argv)
             kv_gpu_engine_opts_default(&o);
             o.device = device;
             st = kv_decode_layers_fill((kv_decode_placement)p, &bc, L, pp);
-            o.profile = kv_decode_is_hybrid(p) || p == KV_DEC_OFFLOAD;
+            /* timing events are not recorded inside a graph: the side streams'
+             * times come with plain steps only */
+            o.profile = (kv_decode_is_hybrid(p) || p == KV_DEC_OFFLOAD) && A.gmode == GRAPH_OFF;
+            o.graph = A.gmode == GRAPH_OFF ? KV_GPU_GRAPH_OFF : KV_GPU_GRAPH_ON;
             o.pdl = pdl;
             o.sel_skip = sel_skip;
             o.prefill_copy_sync = pf_sync;
@@ -99,6 +102,15 @@ int kv_bench_decode_main(int argc, char **argv)
             } else if (!st) {
                 st = kv_gpu_bench_decode(e, pp, &o, T, seed + (uint64_t)ci, cmode == CTX_PREFILL,
                                          warmup, ntok, nnf, &r->r);
+            }
+            if (!st && A.gmode == GRAPH_BOTH) { /* the same context again, kernel by kernel */
+                kv_progress("context %d: %s without graphs", T, kv_decode_placement_name(p));
+                kv_gpu_engine_opts og = o;
+                og.graph = KV_GPU_GRAPH_OFF;
+                og.profile = kv_decode_is_hybrid(p) || p == KV_DEC_OFFLOAD;
+                st = kv_gpu_bench_decode(e, pp, &og, T, seed + (uint64_t)ci, cmode == CTX_PREFILL,
+                                         warmup, ntok, 0, &r->rg);
+                r->ran_g = !st;
             }
             if (!st && cmode == CTX_BOTH) {
                 kv_progress("context %d: %s after a real prefill", T, kv_decode_placement_name(p));

@@ -18,6 +18,7 @@
 #define MAXB 16
 
 enum { CTX_SYNTH = 1, CTX_PREFILL = 2, CTX_BOTH = 3 };
+enum { GRAPH_ON = 1, GRAPH_OFF = 2, GRAPH_BOTH = 3 }; /* --graph */
 
 /* the command line, defaults filled in */
 typedef struct {
@@ -28,6 +29,7 @@ typedef struct {
     int device, pdl;
     unsigned sel_skip;
     int cmode; /* CTX_* */
+    int gmode; /* GRAPH_* */
     bool pf_sync;
     unsigned long long seed;
     bool want[KV_DEC_COUNT], json;
@@ -44,6 +46,8 @@ typedef struct {
     kv_gpu_decode_result r;  /* after the synthesized context (or the prefill, --context prefill) */
     kv_gpu_decode_result rv[MAXV]; /* hybrids: every --variants entry (rv[0] is r) */
     kv_gpu_decode_result rp; /* after a real prefill (--context both) */
+    kv_gpu_decode_result rg; /* --graph both: the same context, steps launched kernel by kernel */
+    bool ran_g;
     char err[256];
 } prun;
 

@@ -11,7 +11,7 @@
 
 enum { O_CTX = 'c', O_TOKENS = 'n', O_SYNTH = 256, O_WTYPE, O_WARMUP, O_OFFTOK, O_NOFETCH,
        O_POLICIES, O_QBITS, O_QLAYERS, O_TOPK, O_CHANNELS, O_SINK, O_WINDOW, O_SEED, O_DEVICE,
-       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_VARIANTS, O_JSON, O_BATCH, O_BCAP, O_GEMM };
+       O_PDL, O_SELSKIP, O_CONTEXT, O_PFCOPY, O_VARIANTS, O_GRAPH, O_JSON, O_BATCH, O_BCAP, O_GEMM };
 
 static const kv_option opts[] = {
     {O_SYNTH, 0, "synthetic", "NAME", "synthetic weights: llama-3.1-8b (default), llama-2-7b, tiny"},
@@ -48,6 +48,8 @@ static const kv_option opts[] = {
     {O_BCAP, 0, "batch-cap", "N", "--batch max takes at most N sequences (default 512)"},
     {O_GEMM, 0, "gemm", "HOW", "batched products: auto (default: gemv for 1 sequence, then cublas), "
                                "gemv or cublas"},
+    {O_GRAPH, 0, "graph", "HOW", "decode steps as CUDA graphs: on (default), off (kernel by kernel) "
+                                 "or both (each placement timed both ways from the same context)"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };
@@ -68,7 +70,7 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
     kv_decode_layers bc = {2, 2, 1024, 8, 8, 56};
     int device = 0, pdl = KV_GPU_PDL_AUTO;
     unsigned sel_skip = 0;
-    int cmode = CTX_SYNTH;
+    int cmode = CTX_SYNTH, gmode = GRAPH_ON;
     bool pf_sync = false;
     unsigned long long seed = 1;
     bool want[KV_DEC_COUNT], json = false;
@@ -167,13 +169,19 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
         case O_GEMM:
             if (kv_gpu_gemm_parse(a, &gemm) != KV_OK) kv_cli_usage_error("--gemm: %s", kv_errdetail());
             break;
+        case O_GRAPH:
+            if (!strcmp(a, "on")) gmode = GRAPH_ON;
+            else if (!strcmp(a, "off")) gmode = GRAPH_OFF;
+            else if (!strcmp(a, "both")) gmode = GRAPH_BOTH;
+            else kv_cli_usage_error("--graph must be on, off or both");
+            break;
         case O_JSON: json = true; break;
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected argument '%s'", argv[oi]);
     *A = (decode_args){.synth = synth, .wt = wt, .nctx = nctx, .tokens = tokens, .warmup = warmup,
                        .offtok = offtok, .nofetch = nofetch, .bc = bc, .device = device, .pdl = pdl,
-                       .sel_skip = sel_skip, .cmode = cmode, .pf_sync = pf_sync, .seed = seed,
+                       .sel_skip = sel_skip, .cmode = cmode, .gmode = gmode, .pf_sync = pf_sync, .seed = seed,
                        .json = json, .nvar = nvar, .nbatch = nbatch, .batch_cap = bcap, .gemm = gemm};
     memcpy(A->batch, batch, sizeof batch);
     memcpy(A->ctx, ctx, sizeof ctx);

@@ -10,6 +10,15 @@
 #include "kv_cli.h"
 #include "decode.h"
 
+/* How the steps reached the GPU (kv_gpu_graph_info), as JSON members. */
+static void print_graph(const kv_gpu_graph_info *g)
+{
+    printf(", \"graph\": \"%s\", \"graph_steps\": {\"steps\": %llu, \"captured\": %llu, \"updated\": %llu, "
+           "\"instantiated\": %llu, \"update_refused\": %llu, \"host_us\": %.1f}", g->state,
+           (unsigned long long)g->steps, (unsigned long long)g->captured, (unsigned long long)g->updated,
+           (unsigned long long)g->instantiated, (unsigned long long)g->refused, g->host_us);
+}
+
 void kv_bench_decode_json(const decode_args *A, const decode_out *D)
 {
     const int nctx = A->nctx, nvar = A->nvar, cmode = A->cmode, pdl = A->pdl;
@@ -42,6 +51,7 @@ void kv_bench_decode_json(const decode_args *A, const decode_out *D)
            bc.window);
     if (pdl == KV_GPU_PDL_AUTO) printf("  \"pdl\": \"auto\",\n");
     else printf("  \"pdl\": %d,\n", pdl);
+    printf("  \"graph\": \"%s\",\n", A->gmode == GRAPH_BOTH ? "both" : A->gmode == GRAPH_OFF ? "off" : "on");
     printf("  \"sel_skip\": %u,\n", sel_skip);
     printf("  \"prefill_copy\": \"%s\",\n", pf_sync ? "sync" : "overlap");
     printf("  \"variants\": [");
@@ -103,7 +113,18 @@ void kv_bench_decode_json(const decode_args *A, const decode_out *D)
                 printf(", \"pcie_hidden\": %.4f",
                        kv_gpu_bench_hidden(x->ms_median, runs[ci][KV_DEC_FULL].r.ms_median, x->pcie_token, bw.h2d));
             if (p == KV_DEC_FULL)
-                printf(", \"bound_ms\": %.4f", (double)(wread + x->gpu_kv) / bw.d2d * 1e3);
+                printf(", \"bound_ms\": %.4f, \"over_bound\": %.4f", (double)(wread + x->gpu_kv) / bw.d2d * 1e3,
+                       x->ms_median / ((double)(wread + x->gpu_kv) / bw.d2d * 1e3));
+            print_graph(&x->graph);
+            if (r->ran_g && vi == 0) {
+                printf(", \"no_graph\": {\"ms_per_token\": %.4f, \"ms_p90\": %.4f", r->rg.ms_median,
+                       r->rg.ms_p90);
+                if (r->rg.select_ms > 0)
+                    printf(", \"breakdown_ms\": {\"selection\": %.4f, \"fetch\": %.4f, \"exposed_wait\": %.4f}",
+                           r->rg.score_ms, r->rg.fetch_ms, r->rg.wait_ms);
+                printf(", \"graph\": \"%s\"}, \"graph_speedup\": %.4f", r->rg.graph.state,
+                       r->rg.ms_median / x->ms_median);
+            }
             /* the real prefill: its time, tokens/s and attention rate, and
              * (both) the decode from its cache against the synthesized one */
             const kv_gpu_decode_result *xp = cmode == CTX_PREFILL ? x : r->ran_pf ? &r->rp : NULL;
@@ -173,7 +194,11 @@ void kv_bench_decode_json(const decode_args *A, const decode_out *D)
                    "\"met\": %s},\n", kv_decode_placement_name(p), q, q <= 1.02 ? "true" : "false");
         }
     if (F->ran) {
-        double bound = (double)(wread + F->r.gpu_kv) / bw.d2d * 1e3;
+        double bound = (double)(wread + F->r.gpu_kv) / bw.d2d * 1e3, q = F->r.ms_median / bound;
+        /* issue 10: 1.10 at 128k, 1.15 at 32k (the earlier 1.25 stays beside it) */
+        const double t10 = ctx[nctx - 1] >= 131072 ? 1.10 : 1.15;
+        printf("    \"full_over_bound_issue10\": {\"value\": %.3f, \"target\": %.2f, \"met\": %s},\n", q, t10,
+               q <= t10 ? "true" : "false");
         printf("    \"full_over_bound\": {\"value\": %.3f, \"target\": 1.25, \"met\": %s}\n",
                F->r.ms_median / bound, F->r.ms_median / bound <= 1.25 ? "true" : "false");
     } else {
@@ -243,6 +268,11 @@ void kv_bench_decode_table(const decode_args *A, const decode_out *D)
                 if (xp && xp != x)
                     printf(", then %.3f ms/token (%.3fx the synthesized context)\n", xp->ms_median,
                            xp->ms_median / x->ms_median);
+                printf("%8s  %-14s graph: %s", "", "", x->graph.state);
+                if (x->graph.captured) printf(" (host %.0f us/step)", x->graph.host_us);
+                if (r->ran_g && vi == 0)
+                    printf("; kernel by kernel %.3f ms/token (%.3fx)", r->rg.ms_median, r->rg.ms_median / x->ms_median);
+                printf("\n");
                 if (kv_decode_is_hybrid(p) && x->select_ms > 0)
                     printf("%8s  %-14s selection %.3f ms, fetch %.3f ms, exposed wait %.3f ms%s", "", "",
                            x->score_ms, x->fetch_ms, x->wait_ms, x->cache_rows ? "" : "\n");

@@ -28,6 +28,7 @@ typedef struct {
     int device_ordinal, prefix, steps, ctx, nq, threads, random_prompt, zstd, prefill_chunk, probs, gemv;
     int batch;        /* --batch B (0: one prompt) */
     kv_gpu_gemm gemm; /* --gemm */
+    int graph;        /* --graph: KV_GPU_GRAPH_* (0 auto) */
     bool nq_given, tokenize, special, print_ids, no_insert, gemm_given, query_aware;
     kv_chat chat; /* --chat */
     double temp, top_p, important;

@@ -14,7 +14,7 @@ enum {
     O_KVDTYPE, O_REPORT, O_DUMP, O_NQ, O_SCORE, O_SYNTH, O_WEIGHTS, O_RANDOM_PROMPT, O_DEVICE,
     O_SELECT, O_COMPARE, O_PREFIX, O_ZSTD, O_PREFILL_CHUNK, O_TOKENIZE, O_SPECIAL, O_CHAT, O_PROBS,
     O_PRINT_IDS, O_GEMV, O_KV, O_STORE,
-    O_IMPORTANT, O_NO_INSERT, O_BATCH, O_GEMM, O_QUERY_AWARE
+    O_IMPORTANT, O_NO_INSERT, O_BATCH, O_GEMM, O_QUERY_AWARE, O_GRAPH
 };
 
 static const kv_option opts[] = {
@@ -51,6 +51,8 @@ static const kv_option opts[] = {
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
+    {O_GRAPH, 0, "graph", "WHEN", "GPU decode steps as CUDA graphs: on, off or auto (default: off for these "
+                                 "host-sampled steps, measured faster)"},
     {O_GEMV, 0, "gemv-variant", "NAME", "GPU decode GEMV of packed weights: default, old, rows, dp4a (measurement)"},
     {O_KV, 0, "kv", "FILE", "start from this .kvc cache; the prompt is its continuation"},
     {O_STORE, 0, "store", "DIR", "reuse the prompt's longest cached prefix from a kv-tree store, then insert the prompt"},
@@ -118,6 +120,12 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
             if (o->gemv < 0) kv_cli_usage_error("--gemv-variant: '%s' is not default, old, rows or dp4a", arg);
             break;
         }
+        case O_GRAPH:
+            if (!strcmp(arg, "on")) o->graph = KV_GPU_GRAPH_ON;
+            else if (!strcmp(arg, "off")) o->graph = KV_GPU_GRAPH_OFF;
+            else if (!strcmp(arg, "auto")) o->graph = KV_GPU_GRAPH_AUTO;
+            else kv_cli_usage_error("--graph must be on, off or auto");
+            break;
         case O_KV: o->kv = arg; break;
         case O_STORE: o->store = arg; break;
         case O_IMPORTANT:

@@ -150,6 +150,8 @@ void kv_runner_bytes(const kv_runner *r, kv_bytes *total)
 
 bool kv_runner_is_gpu(const kv_runner *r) { return r->gpu != NULL; }
 
+const kv_gpu_engine *kv_runner_gpu(const kv_runner *r) { return r->gpu; }
+
 const char *kv_runner_device(const kv_runner *r)
 {
     return r->gpu ? kv_gpu_engine_device(r->gpu) : "cpu";

@@ -113,6 +113,10 @@ int kv_runner_queries(const kv_runner *r, int layer, float *out);
 kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level);
 
+/* The GPU engine behind the runner, or NULL on the CPU (for what only it
+ * reports, such as kv_gpu_engine_graph_info). */
+const kv_gpu_engine *kv_runner_gpu(const kv_runner *r);
+
 /* How the runner's prefill runs, for reports: device "cpu" or "cuda";
  * chunked (in chunks of chunk rows, matrix-matrix products) or one token at
  * a time; why: what decided it. */

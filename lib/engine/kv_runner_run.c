@@ -258,6 +258,21 @@ kv_status kv_runner_report(const kv_runner *run, const kv_run_info *info, char *
         cJSON_AddNumberToObject(r, "prefilled_tokens", info->n_prompt);
         cJSON_AddNumberToObject(r, "ttft_ms", info->prefill_ms);
     }
+    const kv_gpu_engine *g = kv_runner_gpu(run);
+    if (g) { /* how the decode steps reached the GPU (CUDA graphs, --graph) */
+        kv_gpu_graph_info gi;
+        kv_gpu_engine_graph_info(g, &gi);
+        cJSON_AddStringToObject(r, "graph", gi.state);
+        cJSON *go = cJSON_AddObjectToObject(r, "graph_steps");
+        cJSON_AddNumberToObject(go, "steps", (double)gi.steps);
+        cJSON_AddNumberToObject(go, "captured", (double)gi.captured);
+        cJSON_AddNumberToObject(go, "updated", (double)gi.updated);
+        cJSON_AddNumberToObject(go, "instantiated", (double)gi.instantiated);
+        cJSON_AddNumberToObject(go, "update_refused", (double)gi.refused);
+        cJSON_AddNumberToObject(go, "host_us", gi.host_us);
+    } else {
+        cJSON_AddNullToObject(r, "graph");
+    }
     cJSON_AddNumberToObject(r, "decode_steps", n_steps);
     cJSON_AddNumberToObject(r, "ms_per_token_median", st.median);
     cJSON_AddNumberToObject(r, "ms_per_token_p90", st.p90);

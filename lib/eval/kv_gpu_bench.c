@@ -139,6 +139,7 @@ static kv_status timed_run(kv_gpu_engine *e, int warmup, int tokens, int *ids, f
     r->wait_ms = t.wait_ms;
     r->cache_hits = t.cache_hits;
     r->cache_rows = t.cache_rows;
+    kv_gpu_engine_graph_info(e, &r->graph);
     return KV_OK;
 }
 

@@ -93,6 +93,7 @@ typedef struct {
     double score_ms;      /* last step: predicted query to top-K done, summed over layers */
     double wait_ms;       /* last step: the main stream's exposed waits for the selection */
     uint64_t cache_hits, cache_rows; /* sel_cache: rows already held / rows chosen, timed steps */
+    kv_gpu_graph_info graph; /* how the steps reached the GPU (opts.graph), over the whole run */
 } kv_gpu_decode_result;
 
 /* One way to run the sparse layers' step (kv_gpu_engine_opts.sel_serial,

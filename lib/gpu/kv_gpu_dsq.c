@@ -295,6 +295,15 @@ static kv_status dsq_attend(kv_gpu_engine *e, gl_layer *y, int pos, const float 
     return dsq_pack_ready(e, d, pos + 1);
 }
 
+/* A window packed on the host waits for the device: that step runs plainly. */
+static const char *dsq_graph_block(const kv_gpu_engine *e, const gl_layer *y, int pos)
+{
+    (void)e;
+    const dsq_state *d = y->st;
+    return kv_dsq_nwindows(pos + 1, d->dp.window) > d->packed ? "dsq: the step packs a window on the host"
+                                                              : NULL;
+}
+
 /* As kv_policy_dsq.c: packed windows (one mask for K and V) + the fp16 rest. */
 static void dsq_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
 {
@@ -326,6 +335,7 @@ const gl_placement gl_dsq = {
     .observe = dsq_observe,
     .bytes = dsq_bytes,
     .release = dsq_release,
+    .graph_block = dsq_graph_block,
 };
 
 #endif /* KV_HAVE_CUDA */

@@ -133,6 +133,7 @@ bool gl_wants_pred(const kv_gpu_engine *e, int l)
 kv_status gl_ensure_ws(kv_gpu_engine *e, size_t bytes)
 {
     if (bytes <= e->ws_bytes) return KV_OK;
+    if (e->gr.capturing) return gl_graph_grow_ws(e, bytes); /* no synchronising in a capture */
     CK(cudaDeviceSynchronize());
     gl_dfree(&e->ws);
     e->ws_bytes = 0;
@@ -200,6 +201,7 @@ static void release_all(kv_gpu_engine *e)
     if (!e->lay) return;
     cudaDeviceSynchronize();
     (void)cudaGetLastError();
+    gl_graph_reset(e); /* executable graphs hold the layers' pointers */
     for (int l = 0; l < e->L; l++) layer_release(&e->lay[l]);
     cap_clear(e); /* the settings (cap.nq, cap.kv) stay */
     for (int i = 0; i < 2; i++) { /* sized for this configuration's offloaded layers */
@@ -449,6 +451,11 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
     return KV_OK;
 }
 
+kv_status gl_decode_forward(kv_gpu_engine *e, const int *dtok, bool want_logits)
+{
+    return forward(e, dtok, want_logits, NULL);
+}
+
 // --- construction ---------------------------------------------------------------------
 
 /* Programmatic dependent launch (kernels/kv_kernels.h): level 2 on Hopper
@@ -514,6 +521,7 @@ static kv_status engine_init(kv_gpu_engine *e)
     CK(cudaEventCreateWithFlags(&e->off.ev_rope, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&e->pfc.ev_chunk, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&e->pfc.ev_read, cudaEventDisableTiming));
+    TRY(gl_graph_init(e));
     for (int l = 0; l < e->L; l++) {
         CK(cudaEventCreateWithFlags(&e->ev_x[l], cudaEventDisableTiming));
         CK(cudaEventCreateWithFlags(&e->ev_sel[l], cudaEventDisableTiming));
@@ -647,6 +655,7 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
         (void)cudaGetLastError();
     }
     release_all(e);
+    gl_graph_free(e);
     gl_weights_free(e);
     gl_dfree(&e->inv_freq);
     float **acts[] = {&e->x, &e->xp[0], &e->xp[1], &e->qkv, &e->att, &e->hb, &e->xn, &e->gu32,
@@ -1066,13 +1075,14 @@ kv_status kv_gpu_engine_step(kv_gpu_engine *e, int token, float *logits)
     if (e->pos >= e->ctx) return kv_fail(KV_E_USAGE, "context of %d tokens is full", e->ctx);
     e->h_tok[0] = token;
     CK(cudaMemcpyAsync(e->d_tok, e->h_tok, sizeof(int), cudaMemcpyHostToDevice, e->s_main));
-    kv_status st = forward(e, e->d_tok, logits != NULL, NULL);
+    kv_status st = gl_graph_step(e, e->d_tok, logits != NULL, NULL);
     if (st) return st;
     e->pos++;
     if (logits) {
         CK(cudaMemcpyAsync(logits, e->logits, (size_t)e->vocab * 4, cudaMemcpyDeviceToHost, e->s_main));
     }
     CK(cudaStreamSynchronize(e->s_main));
+    gl_graph_idle(e);
     if (logits && kv_first_nonfinite(logits, (size_t)e->vocab) != SIZE_MAX)
         return kv_model_nonfinite_fail(e->m, "logits", e->pos - 1);
     return KV_OK;
@@ -1105,17 +1115,17 @@ kv_status kv_gpu_engine_generate(kv_gpu_engine *e, int token, int n, int *out, f
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "generate start", __FILE__, __LINE__);
     }
     for (int i = 0; i < n && !st; i++) {
-        st = forward(e, e->d_tok + i, true, NULL);
+        st = gl_graph_step(e, e->d_tok + i, true, e->d_tok + i + 1); /* forward, argmax */
         if (st) break;
-        cudaError_t ce = eng_argmax(e->logits, e->vocab, e->d_tok + i + 1, e->s_main);
-        if (ce == cudaSuccess) ce = cudaEventRecord(ev[i + 1], e->s_main);
-        if (ce != cudaSuccess) st = kv_cuda_fail(ce, "argmax", __FILE__, __LINE__);
+        cudaError_t ce = cudaEventRecord(ev[i + 1], e->s_main);
+        if (ce != cudaSuccess) st = kv_cuda_fail(ce, "step event", __FILE__, __LINE__);
         e->pos++;
     }
     if (!st) {
         cudaError_t ce = cudaStreamSynchronize(e->s_main);
         if (ce == cudaSuccess) ce = cudaMemcpy(out, e->d_tok + 1, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "generate", __FILE__, __LINE__);
+        gl_graph_idle(e);
     }
     for (int i = 0; i < n && !st && step_ms; i++) {
         float ms = 0;

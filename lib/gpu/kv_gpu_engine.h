@@ -60,6 +60,15 @@ typedef struct kv_gpu_engine kv_gpu_engine;
 /* opts.pdl: programmatic dependent launch level (kernels/kv_kernels.h). */
 #define KV_GPU_PDL_AUTO (-1) /* 2 on compute capability 9.0 and later, else 0 */
 
+/* opts.graph: how a decode step reaches the GPU (lib/gpu/kv_gpu_graph.c). */
+enum {
+    KV_GPU_GRAPH_AUTO = 0, /* the measured-faster way (docs/BENCHMARKS.md, "Graph-captured
+                              decode"): kv_gpu_engine_generate captured, kv_gpu_engine_step
+                              (the host waits for each step's logits) kernel by kernel */
+    KV_GPU_GRAPH_ON = 1,   /* each step captured into a CUDA graph and replayed */
+    KV_GPU_GRAPH_OFF = 2   /* each step's kernels launched one by one (the former path) */
+};
+
 /* opts.sel_skip bits (measurement only: the attention then reads stale rows
  * or scores): steps of a sparse layer's selection left out. */
 enum {
@@ -103,6 +112,11 @@ typedef struct {
     bool sel_serial;
     bool topk_wide;
     bool sel_cache;
+    int graph;            /* KV_GPU_GRAPH_*: each decode step captured into a CUDA graph
+                             (re-captured per step, the executable graph updated in place,
+                             then launched once) or launched kernel by kernel; a step a
+                             placement cannot capture (a group packed with allocations or on
+                             the host) runs plainly, and kv_gpu_engine_graph_info says which */
     int gemv_q;           /* packed GEMV variant (kernels/eng_ops.cuh, ENG_GEMVQ_*): 0 = the
                              default (per type and shape: eng_gemvq_best), 1 old, 2 rows, 3 dp4a; measurement */
 } kv_gpu_engine_opts;
@@ -213,6 +227,27 @@ typedef struct {
                                         rows already held, and rows chosen (sink included) */
 } kv_gpu_timing;
 void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t);
+
+/* How the decode steps since the last reset reached the GPU (opts.graph). */
+typedef struct {
+    bool on;               /* opts.graph is on or auto */
+    uint64_t steps;        /* decode steps run (step and generate) */
+    uint64_t captured;     /* of them, replayed from a captured graph */
+    uint64_t updated;      /* captures applied to an existing executable graph in place */
+    uint64_t instantiated; /* captures that needed a new executable graph (the first ones,
+                              or the step's nodes changed) */
+    uint64_t refused;      /* updates cudaGraphExecUpdate refused (same nodes, a change it
+                              does not take), each followed by a new executable */
+    int refused_result;    /* the last refusal's cudaGraphExecUpdateResult (0: none) */
+    double host_us;        /* mean host time of a captured step: capture, update, launch */
+    char plain_why[160];   /* why the last step run plainly was ("" when none but the
+                              first after a reset, which always runs plainly) */
+    char state[256];       /* "off"; "captured" (every step but the first); "fallback:
+                              <reason>" (none captured); "captured, N of M steps plain:
+                              <reason>"; "on (no step captured yet)"; "off (auto): ..." (auto,
+                              only kv_gpu_engine_step steps, which it runs plainly) */
+} kv_gpu_graph_info;
+void kv_gpu_engine_graph_info(const kv_gpu_engine *e, kv_gpu_graph_info *gi);
 
 /*
  * Capture for a .kvc dump, as kv_engine_keep: call before the prefill to

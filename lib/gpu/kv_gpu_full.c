@@ -136,11 +136,11 @@ static kv_status offload_issue(kv_gpu_engine *e, int j)
     const int T = e->pos;
     CK(cudaStreamWaitEvent(e->s_copy, e->off.ev_done[b], 0));
     if (e->o.profile) CK(cudaEventRecord(e->ev_p0[l], e->s_copy));
-    if (T > 0) {
-        CK(cudaMemcpy2DAsync(e->off.stage_k[b], pitch, o->hk, pitch, (size_t)T * rb, e->nkv,
-                             cudaMemcpyHostToDevice, e->s_copy));
-        CK(cudaMemcpy2DAsync(e->off.stage_v[b], pitch, o->hv, pitch, (size_t)T * rb, e->nkv,
-                             cudaMemcpyHostToDevice, e->s_copy));
+    if (T > 0) { /* gl_memcpy_2d: row by row inside a graph capture (updatable in place) */
+        TRY(gl_memcpy_2d(e, e->off.stage_k[b], pitch, o->hk, pitch, (size_t)T * rb, e->nkv,
+                         cudaMemcpyHostToDevice, e->s_copy));
+        TRY(gl_memcpy_2d(e, e->off.stage_v[b], pitch, o->hv, pitch, (size_t)T * rb, e->nkv,
+                         cudaMemcpyHostToDevice, e->s_copy));
     }
     if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l], e->s_copy));
     CK(cudaEventRecord(e->off.ev_copied[l], e->s_copy));
@@ -177,10 +177,10 @@ static kv_status offload_attend(kv_gpu_engine *e, gl_layer *y, int pos, const fl
     const size_t rb = (size_t)hd * 2, pitch = (size_t)e->ctx * rb;
     CK(cudaEventRecord(e->off.ev_rope, s));
     CK(cudaStreamWaitEvent(e->s_copy, e->off.ev_rope, 0));
-    CK(cudaMemcpy2DAsync(o->hk + (size_t)pos * hd, pitch, r->k, pitch, rb, e->nkv,
-                         cudaMemcpyDeviceToHost, e->s_copy));
-    CK(cudaMemcpy2DAsync(o->hv + (size_t)pos * hd, pitch, r->v, pitch, rb, e->nkv,
-                         cudaMemcpyDeviceToHost, e->s_copy));
+    TRY(gl_memcpy_2d(e, o->hk + (size_t)pos * hd, pitch, r->k, pitch, rb, e->nkv,
+                     cudaMemcpyDeviceToHost, e->s_copy));
+    TRY(gl_memcpy_2d(e, o->hv + (size_t)pos * hd, pitch, r->v, pitch, rb, e->nkv,
+                     cudaMemcpyDeviceToHost, e->s_copy));
     TRY(gl_attend_dense(e, e->off.stage_k[b], e->off.stage_v[b], (size_t)e->ctx * hd, pos + 1, s));
     CK(cudaEventRecord(e->off.ev_done[b], s));
     if (e->off.next + 2 < e->off.n) TRY(offload_issue(e, e->off.next + 2));

@@ -14,6 +14,8 @@
  *   kv_gpu_sparse.c     sparse: the prompt in pinned host memory, selection and
  *                       gather one layer ahead on the selection streams
  *   kv_gpu_streaming.c  streaming: sink + recent ring on the GPU
+ *   kv_gpu_graph.c      (not a placement) the decode step captured into a CUDA
+ *                       graph, updated in place per step and launched once
  *   kv_gpu_weights.c    the weights (not a placement): their upload, 16-bit or
  *                       packed, and the projections that read them
  *
@@ -132,6 +134,11 @@ typedef struct gl_placement {
     kv_status (*step_opts)(kv_gpu_engine *e, gl_layer *y);
     /* Free y->st and everything it holds (the device is idle). */
     void (*release)(gl_layer *y);
+    /* Optional (no side effects): why the decode step at position pos
+     * cannot be captured into a CUDA graph for this layer (it allocates,
+     * frees or waits for the host: a packed group, a host-packed window),
+     * or NULL when it can; such a step runs plainly (kv_gpu_graph.c). */
+    const char *(*graph_block)(const kv_gpu_engine *e, const gl_layer *y, int pos);
 } gl_placement;
 
 struct gl_layer {
@@ -179,6 +186,22 @@ typedef struct {
     float *ffn_norm;  /* (dim) */
     bool owner;       /* false when the matrices are an earlier layer's (synthetic models) */
 } gw_layer;
+
+/* The captured decode step (kv_gpu_graph.c). */
+typedef struct {
+    cudaGraphExec_t exec[2]; /* alternate steps: one is updated while the other may run */
+    uint64_t sig[2];         /* each one's shape: node count and types (graph_sig) */
+    uint64_t no_update_sig;  /* a shape cudaGraphExecUpdate refused once: instantiate it directly */
+    int cur;                 /* the one the next capture goes to */
+    bool capturing;          /* a capture is under way on s_main (gl_ensure_ws grows safely) */
+    cudaEvent_t ev_fork, ev_fan, ev_join[3]; /* ordering of s_side, s_gath, s_copy with s_main */
+    uint64_t steps, captured, updated, instantiated, refused;
+    int refused_result;      /* cudaGraphExecUpdateResult of the last refused update */
+    double host_us;          /* summed over captured steps */
+    char plain_why[160];     /* the last step run plainly: why */
+    void *retired[16];       /* workspaces replaced during a capture (freed when idle) */
+    int n_retired;
+} gl_graph;
 
 struct kv_gpu_engine {
     const kv_model *m;
@@ -269,6 +292,7 @@ struct kv_gpu_engine {
     struct kv_cublas *cb; /* cuBLAS for the chunked prefill, opened at its first use */
     bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */
     double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
+    gl_graph gr;         /* the captured decode step */
 };
 
 // --- helpers of the core for the placements -----------------------------------------
@@ -289,6 +313,32 @@ kv_status gl_ensure_qx(kv_gpu_engine *e);
 kv_status gl_predict_ahead(kv_gpu_engine *e, int l);
 /* Elapsed ms between two recorded events (0 when unavailable). */
 float gl_elapsed(cudaEvent_t a, cudaEvent_t b);
+
+// --- the captured decode step (kv_gpu_graph.c) ---------------------------------------
+
+/* One decode token through every layer on the main stream at e->pos
+ * (kv_gpu_engine.c's layer loop, no prefill cache). */
+kv_status gl_decode_forward(kv_gpu_engine *e, const int *dtok, bool want_logits);
+/* Events (engine construction) and their release (engine free). */
+kv_status gl_graph_init(kv_gpu_engine *e);
+void gl_graph_free(kv_gpu_engine *e);
+/* Forget the executable graphs and counts (reset; the device is idle). */
+void gl_graph_reset(kv_gpu_engine *e);
+/* The device is idle: free the workspaces retired during captures. */
+void gl_graph_idle(kv_gpu_engine *e);
+/* One decode step from device id *dtok (gl_decode_forward), then, when
+ * next is not NULL, the argmax of its logits into the device int *next:
+ * captured into a CUDA graph and launched, or plainly where opts.graph is
+ * off or a layer's placement blocks it (gl_placement.graph_block). */
+kv_status gl_graph_step(kv_gpu_engine *e, const int *dtok, bool want_logits, int *next);
+/* cudaMemcpy2DAsync, or inside a capture one 1D copy per row: a captured
+ * 2D copy cannot change its shape when the executable graph is updated in
+ * place (for device-to-device copies in a step, eng_copy_2d is one node). */
+kv_status gl_memcpy_2d(kv_gpu_engine *e, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t height, enum cudaMemcpyKind kind, cudaStream_t s);
+/* During a capture: replace the attention workspace by one of bytes
+ * without synchronising (the old one is retired until the device is idle). */
+kv_status gl_graph_grow_ws(kv_gpu_engine *e, size_t bytes);
 
 // --- weights (kv_gpu_weights.c) ------------------------------------------------------
 

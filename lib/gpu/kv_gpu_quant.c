@@ -238,11 +238,11 @@ static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y, int pos, const floa
     cudaStream_t s = e->s_main;
     const size_t rb = (size_t)e->hd * 2;
     const int T = q->nq + q->nres;
-    if (q->nres > 0) {
-        CK(cudaMemcpy2DAsync(e->dres.k, (size_t)q->nres * rb, q->rk[q->cur], (size_t)q->rc * rb,
-                             (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
-        CK(cudaMemcpy2DAsync(e->dres.v, (size_t)q->nres * rb, q->rv[q->cur], (size_t)q->rc * rb,
-                             (size_t)q->nres * rb, e->nkv, cudaMemcpyDeviceToDevice, s));
+    if (q->nres > 0) { /* a kernel, not cudaMemcpy2DAsync: a captured step resizes it in place */
+        CK(eng_copy_2d(e->dres.k, (size_t)q->nres * rb, q->rk[q->cur], (size_t)q->rc * rb,
+                       (size_t)q->nres * rb, (size_t)e->nkv, s));
+        CK(eng_copy_2d(e->dres.v, (size_t)q->nres * rb, q->rv[q->cur], (size_t)q->rc * rb,
+                       (size_t)q->nres * rb, (size_t)e->nkv, s));
     }
     kv_attn_dims d = {e->nqh, e->nkv, e->hd, T, 0, e->scale};
     kv_cuda_kivi_view kv = {q->p.kc, q->p.ks, q->p.kz, e->dres.k};
@@ -250,6 +250,16 @@ static kv_status quant_attend(kv_gpu_engine *e, gl_layer *y, int pos, const floa
     TRY(gl_ensure_ws(e, kv_cuda_attn_kivi_workspace(&d, &q->kp)));
     CK(kv_cuda_attn_kivi(&d, &q->kp, e->q16, &kv, &vv, e->att, e->ws, e->ws_bytes, s));
     return KV_OK;
+}
+
+/* A step that packs a group allocates and frees (stream-ordered) the grown
+ * packed arrays, which a graph cannot hold: such a step runs plainly. */
+static const char *quant_graph_block(const kv_gpu_engine *e, const gl_layer *y, int pos)
+{
+    (void)e, (void)pos;
+    const quant_state *q = y->st;
+    return q->nres + 1 >= q->kp.residual + q->kp.group ? "quant: the step packs a group (allocations)"
+                                                        : NULL;
 }
 
 static void quant_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
@@ -277,6 +287,7 @@ const gl_placement gl_quant = {
     .attend = quant_attend,
     .bytes = quant_bytes,
     .release = quant_release,
+    .graph_block = quant_graph_block,
 };
 
 // --- packed on the host, expanded per step --------------------------------------------------
@@ -462,6 +473,16 @@ static kv_status qhost_attend(kv_gpu_engine *e, gl_layer *y, int pos, const floa
     return gl_attend_dense(e, e->qx.k, e->qx.v, (size_t)e->ctx * e->hd, pos + 1, e->s_main);
 }
 
+/* A group packed on the host waits for the device: that step runs plainly. */
+static const char *qhost_graph_block(const kv_gpu_engine *e, const gl_layer *y, int pos)
+{
+    (void)e;
+    const qhost_state *q = y->st;
+    return kv_kivi_nquant(pos + 1, q->kp.group, q->kp.residual) > q->nq
+               ? "quant (host-packed): the step packs a group on the host"
+               : NULL;
+}
+
 /* The same bytes as the packed form (the fp16 expansion is per-step scratch). */
 static void qhost_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
 {
@@ -486,6 +507,7 @@ const gl_placement gl_quant_host = {
     .attend = qhost_attend,
     .bytes = qhost_bytes,
     .release = qhost_release,
+    .graph_block = qhost_graph_block,
 };
 
 #endif /* KV_HAVE_CUDA */

@@ -148,4 +148,11 @@ void kv_gpu_engine_timing(const kv_gpu_engine *e, kv_gpu_timing *t)
     memset(t, 0, sizeof *t);
 }
 
+void kv_gpu_engine_graph_info(const kv_gpu_engine *e, kv_gpu_graph_info *gi)
+{
+    (void)e;
+    memset(gi, 0, sizeof *gi);
+    snprintf(gi->state, sizeof gi->state, "off");
+}
+
 #endif /* !KV_HAVE_CUDA */

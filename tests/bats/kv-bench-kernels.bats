@@ -131,6 +131,20 @@ load helper
     [ "$status" -eq 69 ]
 }
 
+@test "kv-bench decode takes --graph on, off or both and refuses another word with exit 64" {
+    run --separate-stderr kv-bench decode --graph sometimes
+    assert_fails_with 64 "--graph must be on, off or both"
+    [ -z "$output" ]
+    run --separate-stderr kv-bench decode --help
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"--graph"* ]]
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    for g in on off both; do
+        run --separate-stderr kv-bench decode --graph "$g" -c 1024 -n 2 --synthetic tiny
+        [ "$status" -eq 69 ]
+    done
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny

@@ -43,3 +43,23 @@ load helper
     assert_success
     [ "$output" = "$with" ]
 }
+
+@test "kv-run rejects a --graph that is not on, off or auto with exit 64" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" --graph sometimes -n 1
+    assert_fails_with 64 "--graph must be on, off or auto"
+    [ -z "$output" ]
+}
+
+@test "kv-run takes --graph on the CPU too, generates the same text, and reports graph as null there" {
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" -p "Once upon a time" -n 12 --graph off \
+        --report "$BATS_TEST_TMPDIR/r.json"
+    assert_success
+    local with="$output"
+    run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" -p "Once upon a time" -n 12
+    assert_success
+    [ "$output" = "$with" ]
+    output=$(cat "$BATS_TEST_TMPDIR/r.json")
+    [ "$(json_get 'j["graph"] is None')" = "True" ]
+    run --separate-stderr kv-run --help
+    [[ "$output" == *"--graph"* ]]
+}
