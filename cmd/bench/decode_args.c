@@ -40,9 +40,9 @@ static const kv_option opts[] = {
                                          "overlap (default: each chunk on the copy stream) or sync "
                                          "(measurement: each layer at its end, on the main stream)"},
     {O_VARIANTS, 0, "variants", "LIST", "hybrids: ways to run the sparse step, each after the same "
-                                        "context: base (default: overlapped, one-block top-K, no "
-                                        "cache) or words of serial, wide, cache joined by '+', "
-                                        "e.g. base,wide,wide+cache,serial"},
+                                        "context: base (default: overlapped, many-block chain, no "
+                                        "cache) or words of serial, wide, cache, classic (the "
+                                        "former kernels) joined by '+', e.g. base,classic,serial"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };

@@ -103,7 +103,8 @@ kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
         if (n == 6 && !strncmp(p, "serial", 6)) v->serial = true;
         else if (n == 4 && !strncmp(p, "wide", 4)) v->wide = true;
         else if (n == 5 && !strncmp(p, "cache", 5)) v->cache = true;
-        else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache", s,
+        else if (n == 7 && !strncmp(p, "classic", 7)) v->classic = true;
+        else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache, classic", s,
                             (int)n, p);
         if (!q) break;
         p = q + 1;
@@ -155,6 +156,7 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
     o.sel_serial = v[0].serial;
     o.topk_wide = v[0].wide;
     o.sel_cache = v[0].cache;
+    o.sel_classic = v[0].classic;
     kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
     if (!st) st = prefill ? real_prefill(e, T, seed, &r[0]) : kv_gpu_engine_synthesize(e, T, seed);
     if (st) return st;
@@ -176,6 +178,7 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
             r[i].prefill_ms = r[0].prefill_ms;
             r[i].prefill_attn_ms = r[0].prefill_attn_ms;
             st = kv_gpu_engine_set_step_opts(e, v[i].serial, v[i].wide, v[i].cache, o.profile);
+            kv_gpu_engine_set_sel_classic(e, v[i].classic);
         }
         if (!st) st = timed_run(e, warmup, tokens, ids, ms, dv, &r[i]);
         if (!st && i == 0 && sparse && nofetch_tokens > 0) {
@@ -201,7 +204,7 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
 {
     /* one run, the step as opts says */
     kv_decode_variant v = {.name = "base", .serial = opts->sel_serial, .wide = opts->topk_wide,
-                           .cache = opts->sel_cache};
+                           .cache = opts->sel_cache, .classic = opts->sel_classic};
     return kv_gpu_bench_decode_variants(e, per_layer, opts, T, seed, prefill, warmup, tokens, nofetch_tokens,
                                         &v, 1, r);
 }

@@ -98,11 +98,11 @@ typedef struct {
 /* One way to run the sparse layers' step (kv_gpu_engine_opts.sel_serial,
  * topk_wide, sel_cache), for kv_gpu_bench_decode_variants. */
 typedef struct {
-    char name[32]; /* "base", or the words joined by '+': serial, wide, cache */
-    bool serial, wide, cache;
+    char name[32]; /* "base", or the words joined by '+': serial, wide, cache, classic */
+    bool serial, wide, cache, classic;
 } kv_decode_variant;
 
-/* Parse "base" or words of serial, wide, cache joined by '+' (KV_E_USAGE
+/* Parse "base" or words of serial, wide, cache, classic joined by '+' (KV_E_USAGE
  * naming the word otherwise). */
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
 

@@ -642,6 +642,8 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     gl_dfree(&e->sel.sel[0]);
     gl_dfree(&e->sel.sel[1]);
     gl_dfree(&e->sel.tw_ws);
+    gl_dfree(&e->sel.rs_ws);
+    e->sel.rs_ws_n = 0;
     cudaEvent_t *evs[] = {e->ev_x, e->ev_sel, e->off.ev_copied, e->ev_topk,
                           e->ev_p0, e->ev_p1, e->ev_g0, e->ev_g1,
                           e->ev_t1, e->ev_w0, e->ev_w1};
@@ -1145,6 +1147,7 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 // --- accessors and accounting --------------------------------------------------------------
 
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch) { e->o.no_fetch = no_fetch; }
+void kv_gpu_engine_set_sel_classic(kv_gpu_engine *e, bool classic) { e->o.sel_classic = classic; }
 
 kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
                                       bool sel_cache, bool profile)

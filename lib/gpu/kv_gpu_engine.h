@@ -103,6 +103,13 @@ typedef struct {
     bool sel_serial;
     bool topk_wide;
     bool sel_cache;
+    /* select=resident's kernels: false (the default) eng_resident_select, the
+     * chain of short many-block kernels (kernels/eng_select_fast.cu); true the
+     * former chain (eng_select_pool, eng_score_rows, eng_softmax_combine,
+     * eng_topk or eng_topk_wide), kept for measurement.  The same ids up to
+     * float rounding of the softmax sums; kv_gpu_engine_set_sel_classic
+     * changes it between steps. */
+    bool sel_classic;
     int gemv_q;           /* packed GEMV variant (kernels/eng_ops.cuh, ENG_GEMVQ_*): 0 = the
                              default (per type and shape: eng_gemvq_best), 1 old, 2 rows, 3 dp4a; measurement */
 } kv_gpu_engine_opts;
@@ -169,6 +176,10 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed);
 /* Measurement only: switch the sparse layers' selection and gather off (or
  * back on) without touching the context (see opts.no_fetch). */
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
+
+/* Change opts.sel_classic between steps (the device may be busy: it takes
+ * effect from the next step issued). */
+void kv_gpu_engine_set_sel_classic(kv_gpu_engine *e, bool classic);
 
 /* Change opts.sel_serial, topk_wide and sel_cache (and profile) between
  * steps, keeping the context (a selection cache starts empty again, its

@@ -235,6 +235,8 @@ struct kv_gpu_engine {
         size_t score_n, sel_n[2], chans_n;
         int side_last;   /* this step: the last layer selected on the selection stream, or -1 */
         void *tw_ws;     /* eng_topk_wide_ws(nkv) bytes (opts.topk_wide), or NULL */
+        void *rs_ws;     /* eng_resident_select_ws bytes (select=resident's chain), zeroed */
+        size_t rs_ws_n;
     } sel;               /* sparse (layers take turns on the selection streams) */
     struct {
         uint16_t *stage_k[2], *stage_v[2]; /* (nkv, ctx, hd) double-buffered staging */

@@ -367,6 +367,17 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     TRY(gl_grow_i32(&e->sel.chans, &e->sel.chans_n, (size_t)nkv * p->channels, "critical channels"));
     if (e->o.topk_wide && !e->sel.tw_ws)
         TRY(gl_dalloc(&e->sel.tw_ws, eng_topk_wide_ws(nkv), "top-K workspace"));
+    if (p->select == KV_SELECT_RESIDENT) { /* the chain's workspace, zeroed once */
+        size_t need = eng_resident_select_ws(e->nqh, nkv, (int)ncand);
+        if (need > e->sel.rs_ws_n) {
+            CK(cudaDeviceSynchronize());
+            gl_dfree(&e->sel.rs_ws);
+            e->sel.rs_ws_n = 0;
+            TRY(gl_dalloc(&e->sel.rs_ws, need, "resident selection workspace"));
+            CK(cudaMemset(e->sel.rs_ws, 0, need));
+            e->sel.rs_ws_n = need;
+        }
+    }
     cache_free(sp);
     if (e->o.sel_cache) TRY(cache_alloc(e, y));
     return KV_OK;
@@ -443,6 +454,15 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                                         e->sel.score, s));
             } else if (p->select == KV_SELECT_RESIDENT) {
                 const int C = p->channels < sp->R ? p->channels : sp->R;
+                if (!e->o.sel_classic && !skip && e->sel.rs_ws && eng_topk_many_fits(ncand)) {
+                    /* the chain of short many-block kernels: scores, softmax,
+                     * combine and top-K (kernels/eng_select_fast.cu) */
+                    CK(eng_resident_select(q, sp->chmax, sp->pool, sp->R, C, sp->rrows, sp->rscale,
+                                           sp->rzero, sp->ldt, p->cbits, e->nqh, nkv, hd, cs, cend,
+                                           p->group_reduce == KV_REDUCE_MAX, kk, e->sel.comb,
+                                           e->sel.chans, e->sel.qscale, sel, e->sel.rs_ws, s));
+                    goto gather;
+                }
                 if (!(skip & KV_GPU_SKIP_SCORES)) {
                     CK(eng_select_pool(q, sp->chmax, sp->pool, e->nqh, nkv, hd, sp->R, C,
                                        e->sel.chans, e->sel.qscale, s));
