@@ -30,7 +30,11 @@
  * written in the chain, and is launched with programmatic dependent launch
  * at level 2, so its blocks are resident when the predecessor finishes.
  * eng_topk_many is the top-K part alone (one more histogram pass for digit
- * 1).  CPU references: kv_select_pool_channels, kv_select_score_rows and
+ * 1).  The work is cut in chunks (2048 candidates of the score passes, 4096
+ * keys of the top-K passes) and each kernel runs `blocks` blocks per KV head
+ * that loop over the chunks: few blocks leave the SMs to the main stream's
+ * layer (the decode measured the side kernels' width, not their latency,
+ * as what slowed the layer down: docs/BENCHMARKS.md, issue 17, helper S17).  CPU references: kv_select_pool_channels, kv_select_score_rows and
  * kv_select_combine (lib/policy/kv_select.c), the CPU policy's top-K.
  */
 #include "eng_select.cuh"
@@ -49,20 +53,23 @@ typedef struct {
     unsigned done[4]; /* blocks finished, per histogram pass */
     uint32_t pre;     /* the key bits resolved so far (all 32 after digit 3) */
     int need;         /* keys still to take at that prefix */
-    int cgt[TM_MAXB], ceq[TM_MAXB]; /* per block: keys above / equal to the k-th */
+    int cgt[TM_MAXB], ceq[TM_MAXB]; /* per chunk: keys above / equal to the k-th */
 } tm_head;
 
 extern "C" int eng_topk_many_fits(int n) { return n >= 1 && n <= TM_MAXB * TM_SEG; }
 
 extern "C" size_t eng_topk_many_ws(int nkv) { return (size_t)nkv * sizeof(tm_head); }
 
-static int rf_blocks(int cs, int cend) { return ((cend - (cs & ~7) + 7) / 8 + RF_THREADS - 1) / RF_THREADS; }
+/* chunks of the score passes for candidates [cs, cend) */
+static __host__ __device__ int rf_chunks(int cs, int cend) { return ((cend - (cs & ~7) + 7) / 8 + RF_THREADS - 1) / RF_THREADS; }
+static __host__ __device__ int tm_chunks(int n) { return (n + TM_SEG - 1) / TM_SEG; }
+static unsigned grid_of(int chunks, int blocks) { return (unsigned)(blocks > 0 && blocks < chunks ? blocks : chunks); }
 
 extern "C" size_t eng_resident_select_ws(int nq_heads, int nkv, int n)
 {
     /* the head workspaces, then (nq_heads, blocks, 2) softmax statistics for
      * candidates [cs, cs + n) with cs up to 7 past a multiple of 8 */
-    return eng_topk_many_ws(nkv) + (size_t)nq_heads * (size_t)(rf_blocks(7, 7 + n) + 1) * 2 * sizeof(float);
+    return eng_topk_many_ws(nkv) + (size_t)nq_heads * (size_t)(rf_chunks(7, 7 + n) + 1) * 2 * sizeof(float);
 }
 
 // --- block helpers (TM_THREADS = RF_THREADS = 256 threads) -----------------------------
@@ -177,10 +184,10 @@ static __device__ void tm_flush(const unsigned *sh, unsigned *g, int nb)
         if (sh[b]) atomicAdd(&g[b], sh[b]);
 }
 
-/* This thread's TM_PER contiguous keys of the block's segment (0: none). */
-static __device__ __forceinline__ void tm_keys(const float *x, int n, uint32_t (&k)[TM_PER], int *i0)
+/* This thread's TM_PER contiguous keys of chunk c (0: none). */
+static __device__ __forceinline__ void tm_keys(const float *x, int n, int c, uint32_t (&k)[TM_PER], int *i0)
 {
-    const int a = blockIdx.x * TM_SEG + threadIdx.x * TM_PER;
+    const int a = c * TM_SEG + threadIdx.x * TM_PER;
     *i0 = a;
 #pragma unroll
     for (int j = 0; j < TM_PER; j++) k[j] = a + j < n ? ord_key(x[a + j]) : 0u;
@@ -208,25 +215,27 @@ __global__ void __launch_bounds__(TM_THREADS) tm_hist_kernel(const float *comb, 
     tm_head *hw = ws + kh;
     const uint32_t pre = d == 1 ? 0u : hw->pre;
     __syncthreads();
-    uint32_t key[TM_PER];
-    int i0;
-    tm_keys(comb + (size_t)kh * n, n, key, &i0);
+    for (int c = blockIdx.x; c < tm_chunks(n); c += gridDim.x) {
+        uint32_t key[TM_PER];
+        int i0;
+        tm_keys(comb + (size_t)kh * n, n, c, key, &i0);
 #pragma unroll
-    for (int j = 0; j < TM_PER; j++) {
-        const uint32_t x = key[j];
-        bool m;
-        unsigned bin;
-        if (d == 1) {
-            m = x != 0u;
-            bin = x >> 20;
-        } else if (d == 2) {
-            m = x != 0u && (x >> 20) == (pre >> 20);
-            bin = (x >> 8) & 4095u;
-        } else {
-            m = x != 0u && (x >> 8) == (pre >> 8);
-            bin = x & 255u;
+        for (int j = 0; j < TM_PER; j++) {
+            const uint32_t x = key[j];
+            bool m;
+            unsigned bin;
+            if (d == 1) {
+                m = x != 0u;
+                bin = x >> 20;
+            } else if (d == 2) {
+                m = x != 0u && (x >> 20) == (pre >> 20);
+                bin = (x >> 8) & 4095u;
+            } else {
+                m = x != 0u && (x >> 8) == (pre >> 8);
+                bin = x & 255u;
+            }
+            hist_add(sh, bin, m);
         }
-        hist_add(sh, bin, m);
     }
     unsigned *gh = d == 1 ? hw->hist1 : d == 2 ? hw->hist2 : hw->hist3;
     tm_flush(sh, gh, nb);
@@ -239,7 +248,7 @@ __global__ void __launch_bounds__(TM_THREADS) tm_hist_kernel(const float *comb, 
     }
 }
 
-/* Per block: keys above and equal to the k-th (hw->pre after digit 3). */
+/* Per chunk: keys above and equal to the k-th (hw->pre after digit 3). */
 __global__ void __launch_bounds__(TM_THREADS) tm_count_kernel(const float *comb, int n, tm_head *ws)
 {
     __shared__ int sw[9];
@@ -248,20 +257,21 @@ __global__ void __launch_bounds__(TM_THREADS) tm_count_kernel(const float *comb,
     const int kh = blockIdx.y;
     tm_head *hw = ws + kh;
     const uint32_t thr = hw->pre;
-    uint32_t key[TM_PER];
-    int i0, gt = 0, eq = 0;
-    tm_keys(comb + (size_t)kh * n, n, key, &i0);
+    for (int c = blockIdx.x; c < tm_chunks(n); c += gridDim.x) {
+        uint32_t key[TM_PER];
+        int i0, gt = 0, eq = 0;
+        tm_keys(comb + (size_t)kh * n, n, c, key, &i0);
 #pragma unroll
-    for (int j = 0; j < TM_PER; j++) {
-        gt += key[j] > thr;
-        eq += key[j] == thr;
-    }
-    int tg, te;
-    (void)blk_exscan(gt, sw, &tg);
-    (void)blk_exscan(eq, sw, &te);
-    if (threadIdx.x == 0) {
-        hw->cgt[blockIdx.x] = tg;
-        hw->ceq[blockIdx.x] = te;
+        for (int j = 0; j < TM_PER; j++) {
+            gt += key[j] > thr;
+            eq += key[j] == thr;
+        }
+        int t; /* both counts of a chunk (<= 4096) in one sum */
+        (void)blk_exscan(gt << 16 | eq, sw, &t);
+        if (threadIdx.x == 0) {
+            hw->cgt[c] = t >> 16;
+            hw->ceq[c] = t & 0xffff;
+        }
     }
 }
 
@@ -275,46 +285,50 @@ __global__ void __launch_bounds__(TM_THREADS) tm_write_kernel(const float *comb,
     const int kh = blockIdx.y;
     const tm_head *hw = ws + kh;
     const uint32_t thr = hw->pre;
-    const int need_eq = hw->need;
-    int g0 = 0, e0 = 0; /* earlier blocks' counts */
-    for (int b = threadIdx.x; b < (int)blockIdx.x; b += TM_THREADS) {
-        g0 += hw->cgt[b];
-        e0 += hw->ceq[b];
+    const int need_eq = hw->need, nc = tm_chunks(n);
+    __shared__ int pg[TM_MAXB], pe[TM_MAXB]; /* keys above / equal in the chunks before each */
+    {
+        int tg, te;
+        const int a = threadIdx.x < nc ? hw->cgt[threadIdx.x] : 0, b = threadIdx.x < nc ? hw->ceq[threadIdx.x] : 0;
+        const int xg = blk_exscan(a, sw, &tg), xe = blk_exscan(b, sw, &te);
+        pg[threadIdx.x] = xg;
+        pe[threadIdx.x] = xe;
     }
-    int G0, E0;
-    (void)blk_exscan(g0, sw, &G0);
-    (void)blk_exscan(e0, sw, &E0);
-    uint32_t key[TM_PER];
-    int i0, gt = 0, eq = 0;
-    tm_keys(comb + (size_t)kh * n, n, key, &i0);
-#pragma unroll
-    for (int j = 0; j < TM_PER; j++) {
-        gt += key[j] > thr;
-        eq += key[j] == thr;
-    }
-    int teq, ttk;
-    const int er0 = E0 + blk_exscan(eq, sw, &teq); /* rank among the equal keys of this thread's first */
-    int take_eq = need_eq - er0;
-    take_eq = take_eq < 0 ? 0 : take_eq > eq ? eq : take_eq;
-    int pos = G0 + (E0 < need_eq ? E0 : need_eq) + blk_exscan(gt + take_eq, sw, &ttk);
+    __syncthreads();
     int *out = sel + (size_t)kh * k;
-    int er = er0;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const int G0 = pg[c], E0 = pe[c];
+        uint32_t key[TM_PER];
+        int i0, gt = 0, eq = 0;
+        tm_keys(comb + (size_t)kh * n, n, c, key, &i0);
 #pragma unroll
-    for (int j = 0; j < TM_PER; j++) {
-        const bool g = key[j] > thr, e = key[j] == thr;
-        if (g || (e && er < need_eq)) {
-            if (pos < k) out[pos] = base + i0 + j;
-            pos++;
+        for (int j = 0; j < TM_PER; j++) {
+            gt += key[j] > thr;
+            eq += key[j] == thr;
         }
-        er += e;
+        int teq, ttk;
+        const int er0 = E0 + blk_exscan(eq, sw, &teq); /* rank among the equal keys of this thread's first */
+        int take_eq = need_eq - er0;
+        take_eq = take_eq < 0 ? 0 : take_eq > eq ? eq : take_eq;
+        int pos = G0 + (E0 < need_eq ? E0 : need_eq) + blk_exscan(gt + take_eq, sw, &ttk);
+        int er = er0;
+#pragma unroll
+        for (int j = 0; j < TM_PER; j++) {
+            const bool g = key[j] > thr, e = key[j] == thr;
+            if (g || (e && er < need_eq)) {
+                if (pos < k) out[pos] = base + i0 + j;
+                pos++;
+            }
+            er += e;
+        }
     }
 }
 
 /* Digits 2 and 3, the counts and the ids (digit 1 done). */
 static cudaError_t tm_tail(const float *comb, int nkv, int n, int k, int base, int *sel, tm_head *hw,
-                           cudaStream_t s)
+                           int blocks, cudaStream_t s)
 {
-    const dim3 grid((unsigned)((n + TM_SEG - 1) / TM_SEG), (unsigned)nkv);
+    const dim3 grid(grid_of(tm_chunks(n), blocks), (unsigned)nkv);
     CUDA_CHECK(kv_launch(2, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 2, hw));
     CUDA_CHECK(kv_launch(2, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 3, hw));
     CUDA_CHECK(kv_launch(2, tm_count_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw));
@@ -324,14 +338,14 @@ static cudaError_t tm_tail(const float *comb, int nkv, int n, int k, int base, i
 }
 
 extern "C" cudaError_t eng_topk_many(const float *comb, int nkv, int n, int k, int base, int *sel,
-                                     void *ws, cudaStream_t s)
+                                     void *ws, int blocks, cudaStream_t s)
 {
     if (k <= 0) return cudaSuccess;
     KV_CHECK_ARGS(k <= n && ws != NULL && eng_topk_many_fits(n));
     tm_head *hw = (tm_head *)ws;
-    const dim3 grid((unsigned)((n + TM_SEG - 1) / TM_SEG), (unsigned)nkv);
+    const dim3 grid(grid_of(tm_chunks(n), blocks), (unsigned)nkv);
     CUDA_CHECK(kv_launch(2, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 1, hw));
-    return tm_tail(comb, nkv, n, k, base, sel, hw, s);
+    return tm_tail(comb, nkv, n, k, base, sel, hw, blocks, s);
 }
 
 // --- the resident scores, softmax and combine ------------------------------------------
@@ -451,7 +465,31 @@ static __device__ void rf_pool(const float *q, const float *chmax, const int *po
     __syncthreads();
 }
 
-/* Per block and query head: the max and sum of weights of its scores. */
+/* A running (max, sum of weights) pair of kv_select_combine's softmax and
+ * one more score x (weights as rf_w). */
+static __device__ __forceinline__ void rf_add(float &m, float &l, float x)
+{
+    if (x != x || x == -INFINITY) return; /* weight 0 whatever the max */
+    if (x > m) {
+        l = l * expf(m - x) + 1.0f; /* m -inf: l is 0; x +inf: the finite ones weigh 0 */
+        m = x;
+    } else {
+        l += m == INFINITY ? (float)(x == INFINITY) : expf(x - m);
+    }
+}
+
+/* Two pairs merged. */
+static __device__ __forceinline__ void rf_merge(float &m, float &l, float m2, float l2)
+{
+    const float M = fmaxf(m, m2);
+    if (M == -INFINITY) return;
+    const float a = m == -INFINITY ? 0.0f : M == INFINITY ? (m == INFINITY ? l : 0.0f) : l * expf(m - M);
+    const float b = m2 == -INFINITY ? 0.0f : M == INFINITY ? (m2 == INFINITY ? l2 : 0.0f) : l2 * expf(m2 - M);
+    m = M;
+    l = a + b;
+}
+
+/* Per block and query head: the max and sum of weights of its chunks' scores. */
 template <int BITS, int G>
 __global__ void __launch_bounds__(RF_THREADS)
 rf_stats_kernel(const float *q, const float *chmax, const int *pool, int R, int C, const uint8_t *rows,
@@ -459,7 +497,7 @@ rf_stats_kernel(const float *q, const float *chmax, const int *pool, int R, int 
                 int *cols, float *qscale, float *part)
 {
     extern __shared__ float sm[]; /* qc (g*C), rj (C), ps (R), rk (R) */
-    __shared__ float sq[SEL_MAXG], red[RF_THREADS / 32][G], mz[G];
+    __shared__ float sq[SEL_MAXG], rm[RF_THREADS / 32][G], rl[RF_THREADS / 32][G];
     float *qc = sm;
     int *rj = (int *)(qc + g * C), *rk = rj + C + R;
     float *ps = (float *)(rj + C);
@@ -469,48 +507,36 @@ rf_stats_kernel(const float *q, const float *chmax, const int *pool, int R, int 
     const bool first = blockIdx.x == 0;
     rf_pool(q, chmax, pool, R, C, g, hd, kh, qc, rj, ps, rk, sq, first ? cols : NULL,
             first ? qscale : NULL);
-    const int t8 = (cs & ~7) + 8 * (blockIdx.x * RF_THREADS + threadIdx.x);
-    float acc[G][8];
-    rf_scores<BITS, G>(rows, scale, zero, ldt, g, C, qc, rj, t8, cend, acc);
-    float m[G];
+    float m[G], l[G];
+#pragma unroll
+    for (int h = 0; h < G; h++) m[h] = -INFINITY, l[h] = 0.0f;
+    const int nch = rf_chunks(cs, cend);
+    for (int c = blockIdx.x; c < nch; c += gridDim.x) {
+        const int t8 = (cs & ~7) + 8 * (c * RF_THREADS + threadIdx.x);
+        float acc[G][8];
+        rf_scores<BITS, G>(rows, scale, zero, ldt, g, C, qc, rj, t8, cend, acc);
+#pragma unroll
+        for (int h = 0; h < G; h++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (t8 + i >= cs && t8 + i < cend) rf_add(m[h], l[h], acc[h][i]);
+    }
 #pragma unroll
     for (int h = 0; h < G; h++) {
-        m[h] = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (t8 + i >= cs && t8 + i < cend) m[h] = fmaxf(m[h], acc[h][i]);
-        m[h] = eng_warp_max(m[h]);
-        if (lane == 0) red[w][h] = m[h];
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m[h], o), l2 = __shfl_xor_sync(0xffffffffu, l[h], o);
+            rf_merge(m[h], l[h], m2, l2);
+        }
+        if (lane == 0) rm[w][h] = m[h], rl[w][h] = l[h];
     }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        float x = -INFINITY;
-        for (int v = 0; v < RF_THREADS / 32; v++) x = fmaxf(x, red[v][threadIdx.x]);
-        mz[threadIdx.x] = x;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < G; h++) {
-        float l = 0.0f;
-        const float mx = mz[h];
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (t8 + i >= cs && t8 + i < cend) l += rf_w(acc[h][i], mx);
-        l = eng_warp_sum(l);
-        __syncwarp();
-        m[h] = l;
-    }
-    __syncthreads(); /* red's max readers are done */
-#pragma unroll
-    for (int h = 0; h < G; h++)
-        if (lane == 0) red[w][h] = m[h];
     __syncthreads();
     if (threadIdx.x < g) {
-        float l = 0.0f;
-        for (int v = 0; v < RF_THREADS / 32; v++) l += red[v][threadIdx.x];
+        float M = -INFINITY, L = 0.0f;
+        for (int v = 0; v < RF_THREADS / 32; v++) rf_merge(M, L, rm[v][threadIdx.x], rl[v][threadIdx.x]);
         float *o = part + ((size_t)(kh * g + threadIdx.x) * gridDim.x + blockIdx.x) * 2;
-        o[0] = mz[threadIdx.x];
-        o[1] = l;
+        o[0] = M;
+        o[1] = L;
     }
 }
 
@@ -539,38 +565,39 @@ rf_comb_kernel(const float *q, const int *pool, int R, int C, const int *cols, c
     for (int j = threadIdx.x; j < C; j += RF_THREADS) rj[j] = kh * R + cols[kh * C + j];
     if (w < g) { /* warp h merges head h's block statistics */
         const float *st = part + (size_t)(kh * g + w) * gridDim.x * 2;
-        float M = -INFINITY;
-        for (unsigned b = lane; b < gridDim.x; b += 32) M = fmaxf(M, st[2 * b]);
-        M = eng_warp_max(M);
-        float Z = 0.0f;
-        for (unsigned b = lane; b < gridDim.x; b += 32) {
-            const float mb = st[2 * b], lb = st[2 * b + 1];
-            Z += M == INFINITY ? (mb == INFINITY ? lb : 0.0f) : mb == -INFINITY ? 0.0f : lb * expf(mb - M);
+        float M = -INFINITY, Z = 0.0f;
+        for (unsigned b = lane; b < gridDim.x; b += 32) rf_merge(M, Z, st[2 * b], st[2 * b + 1]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, M, o), l2 = __shfl_xor_sync(0xffffffffu, Z, o);
+            rf_merge(M, Z, m2, l2);
         }
-        Z = eng_warp_sum(Z);
         if (lane == 0) {
             mz[2 * w] = M;
             mz[2 * w + 1] = Z > 0.0f ? 1.0f / Z : 0.0f;
         }
     }
     __syncthreads();
-    const int t8 = (cs & ~7) + 8 * (blockIdx.x * RF_THREADS + threadIdx.x);
-    float acc[G][8];
-    rf_scores<BITS, G>(rows, scale, zero, ldt, g, C, qc, rj, t8, cend, acc);
     float *cr = comb + (size_t)kh * n;
+    const int nch = rf_chunks(cs, cend);
+    for (int ch = blockIdx.x; ch < nch; ch += gridDim.x) {
+        const int t8 = (cs & ~7) + 8 * (ch * RF_THREADS + threadIdx.x);
+        float acc[G][8];
+        rf_scores<BITS, G>(rows, scale, zero, ldt, g, C, qc, rj, t8, cend, acc);
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int t = t8 + i;
-        const bool ok = t >= cs && t < cend;
-        float c = 0.0f;
+        for (int i = 0; i < 8; i++) {
+            const int t = t8 + i;
+            const bool ok = t >= cs && t < cend;
+            float c = 0.0f;
 #pragma unroll
-        for (int h = 0; h < G; h++)
-            if (h < g) {
-                float pr = rf_w(acc[h][i], mz[2 * h]) * mz[2 * h + 1];
-                c = reduce_max ? (pr > c ? pr : c) : c + pr;
-            }
-        if (ok) cr[t - cs] = c;
-        hist_add(sh, ord_key(c) >> 20, ok);
+            for (int h = 0; h < G; h++)
+                if (h < g) {
+                    float pr = rf_w(acc[h][i], mz[2 * h]) * mz[2 * h + 1];
+                    c = reduce_max ? (pr > c ? pr : c) : c + pr;
+                }
+            if (ok) cr[t - cs] = c;
+            hist_add(sh, ord_key(c) >> 20, ok);
+        }
     }
     tm_head *hw = ws + kh;
     tm_flush(sh, hw->hist1, TM_BIN1);
@@ -588,16 +615,16 @@ static cudaError_t rf_launch(const float *q, const float *chmax, const int *pool
                              const uint8_t *rows, const uint16_t *scale, const uint16_t *zero, int ldt,
                              int g, int hd, int cs, int cend, int reduce_max, int k, float *comb,
                              int *cols, float *qscale, int *sel, tm_head *hw, float *part, int nkv,
-                             cudaStream_t s)
+                             int blocks, cudaStream_t s)
 {
-    const dim3 grid((unsigned)rf_blocks(cs, cend), (unsigned)nkv);
+    const dim3 grid(grid_of(rf_chunks(cs, cend), blocks), (unsigned)nkv);
     const size_t sm1 = ((size_t)g * C + C + 2 * (size_t)R) * 4, sm2 = ((size_t)g * C + C) * 4;
     CUDA_CHECK(kv_launch(2, rf_stats_kernel<BITS, G>, grid, dim3(RF_THREADS), sm1, s, q, chmax, pool, R, C,
                          rows, scale, zero, ldt, g, hd, cs, cend, cols, qscale, part));
     CUDA_CHECK(kv_launch(2, rf_comb_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
                          (const int *)cols, (const float *)qscale, rows, scale, zero, ldt, g, hd, cs, cend,
                          reduce_max, (const float *)part, k, comb, hw));
-    return tm_tail(comb, nkv, cend - cs, k, cs, sel, hw, s);
+    return tm_tail(comb, nkv, cend - cs, k, cs, sel, hw, blocks, s);
 }
 
 extern "C" cudaError_t eng_resident_select(const float *q, const float *chmax, const int *pool, int R,
@@ -605,7 +632,7 @@ extern "C" cudaError_t eng_resident_select(const float *q, const float *chmax, c
                                            const uint16_t *zero, int ldt, int bits, int nq_heads,
                                            int nkv, int hd, int cs, int cend, int reduce_max, int k,
                                            float *comb, int *cols, float *qscale, int *sel, void *ws,
-                                           cudaStream_t s)
+                                           int blocks, cudaStream_t s)
 {
     const int n = cend - cs;
     if (k <= 0 || n <= 0) return cudaSuccess;
@@ -618,9 +645,9 @@ extern "C" cudaError_t eng_resident_select(const float *q, const float *chmax, c
     const uint8_t *r = (const uint8_t *)rows;
 #define RF(B)                                                                                             \
     return g <= 4 ? rf_launch<B, 4>(q, chmax, pool, R, C, r, scale, zero, ldt, g, hd, cs, cend, reduce_max, \
-                                    k, comb, cols, qscale, sel, hw, part, nkv, s)                          \
+                                    k, comb, cols, qscale, sel, hw, part, nkv, blocks, s)                  \
                   : rf_launch<B, 8>(q, chmax, pool, R, C, r, scale, zero, ldt, g, hd, cs, cend, reduce_max, \
-                                    k, comb, cols, qscale, sel, hw, part, nkv, s)
+                                    k, comb, cols, qscale, sel, hw, part, nkv, blocks, s)
     switch (bits) {
     case 16: RF(16);
     case 8: RF(8);

@@ -42,7 +42,8 @@ static const kv_option opts[] = {
     {O_VARIANTS, 0, "variants", "LIST", "hybrids: ways to run the sparse step, each after the same "
                                         "context: base (default: overlapped, many-block chain, no "
                                         "cache) or words of serial, wide, cache, classic (the "
-                                        "former kernels) joined by '+', e.g. base,classic,serial"},
+                                        "former kernels), ahead2 (two layers ahead) joined by '+', "
+                                        "e.g. base,classic,ahead2,serial"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
 };

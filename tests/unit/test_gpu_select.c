@@ -87,7 +87,7 @@ static void fill_scores(float *x, size_t n, int kind)
     }
 }
 
-static void check_topk_many(int nkv, int n, int k, int kind, void *ws)
+static void check_topk_many(int nkv, int n, int k, int kind, int blocks, void *ws)
 {
     float *x = malloc((size_t)nkv * n * 4);
     fill_scores(x, (size_t)nkv * n, kind);
@@ -97,7 +97,7 @@ static void check_topk_many(int nkv, int n, int k, int kind, void *ws)
     cudaMalloc((void **)&s1, (size_t)nkv * k * 4);
     cudaMalloc((void **)&s2, (size_t)nkv * k * 4);
     KT_REQUIRE(dx && s1 && s2, "alloc");
-    CU(eng_topk_many(dx, nkv, n, k, 5, s1, ws, 0));
+    CU(eng_topk_many(dx, nkv, n, k, 5, s1, ws, blocks, 0));
     CU(eng_topk(dx, nkv, n, k, 5, s2, 0));
     CU(cudaMemcpy(h1, s1, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(h2, s2, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
@@ -122,17 +122,20 @@ static void test_topk_many_matches_cpu_order(void)
     cudaMalloc(&ws, eng_topk_many_ws(8));
     KT_REQUIRE(ws, "alloc");
     CU(cudaMemset(ws, 0, eng_topk_many_ws(8)));
-    check_topk_many(3, 5003, 97, 0, ws);
-    check_topk_many(2, 40000, 300, 1, ws);
-    check_topk_many(2, 3000, 50, 2, ws);
-    check_topk_many(1, 20000, 200, 2, ws);
-    check_topk_many(2, 9000, 700, 3, ws);
-    check_topk_many(1, 4097, 1, 1, ws);
-    check_topk_many(1, 777, 777, 0, ws);
+    /* blocks 0: one per chunk of 4096 keys; 1-3: blocks looping over chunks */
+    check_topk_many(3, 5003, 97, 0, 0, ws);
+    check_topk_many(2, 40000, 300, 1, 0, ws);
+    check_topk_many(2, 40000, 300, 1, 3, ws);
+    check_topk_many(2, 3000, 50, 2, 0, ws);
+    check_topk_many(1, 20000, 200, 2, 2, ws);
+    check_topk_many(2, 9000, 700, 3, 1, ws);
+    check_topk_many(1, 4097, 1, 1, 0, ws);
+    check_topk_many(1, 777, 777, 0, 0, ws);
     if (!short_run()) {
-        check_topk_many(8, 131072, 1024, 0, ws);
-        check_topk_many(8, 131072, 4000, 1, ws);
-        check_topk_many(1, 1 << 20, 5000, 0, ws);
+        check_topk_many(8, 131072, 1024, 0, 0, ws);
+        check_topk_many(8, 131072, 1024, 0, 8, ws);
+        check_topk_many(8, 131072, 4000, 1, 2, ws);
+        check_topk_many(1, 1 << 20, 5000, 0, 0, ws);
     }
     cudaFree(ws);
 }
@@ -224,7 +227,7 @@ static void cpu_resident(const rlayer *L, int cs, int cend, int rmax, int *cols,
     free(sc);
 }
 
-static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend, int k)
+static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend, int k, int blocks)
 {
     const int nkv = 2, hd = 128, R = 64, C = 8, g = nqh / nkv, n = cend - cs;
     rlayer L;
@@ -246,7 +249,7 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
     int *ref = malloc((size_t)k * 4), *own = malloc((size_t)k * 4);
     for (int rep = 0; rep < 2; rep++) { /* twice: the workspace is left clean */
         CU(eng_resident_select(L.d_q, L.d_chmax, L.d_pool, R, C, L.d_rows, L.d_scale, L.d_zero, L.ldt, bits,
-                               nqh, nkv, hd, cs, cend, rmax, k, comb, cols, qs, sel, ws, 0));
+                               nqh, nkv, hd, cs, cend, rmax, k, comb, cols, qs, sel, ws, blocks, 0));
         CU(cudaMemcpy(gc, comb, (size_t)nkv * n * 4, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(gq, qs, nqh * 4, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(gcol, cols, nkv * C * 4, cudaMemcpyDeviceToHost));
@@ -281,8 +284,8 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
             cpu_bad += v < kth - (float)tol * fabsf(kth) - 1e-12f;
         }
     }
-    printf("# resident chain g %d, %d bits, max %d, n %d, k %d: comb error %.3g, qscale %.2g\n", g, bits,
-           rmax, n, k, ce, qe);
+    printf("# resident chain g %d, %d bits, max %d, n %d, k %d, blocks %d: comb error %.3g, qscale %.2g\n", g,
+           bits, rmax, n, k, blocks, ce, qe);
     KT_CHECK(own_bad == 0, "%d bits: %d ids are not the top-%d of the chain's own scores", bits, own_bad, k);
     /* at 8 bits and more none; below, a code may round the other way at a
      * half-way quotient and move one token's score by a step */
@@ -296,134 +299,165 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
 static void test_resident_select_matches_cpu(void)
 {
     const int T = short_run() ? 3000 : 9000;
-    check_resident(8, 2, 0, T, 9, T - 40, 150);
-    check_resident(8, 16, 0, T, 8, T - 3, 300);
-    check_resident(8, 4, 1, T, 13, T - 64, 97);
-    check_resident(16, 1, 0, T, 5, T - 7, 200);
-    check_resident(16, 2, 1, T, 0, T, 64);
-    check_resident(8, 2, 0, 500, 8, 460, 450); /* k close to n, one block */
+    check_resident(8, 2, 0, T, 9, T - 40, 150, 0);
+    check_resident(8, 2, 0, T, 9, T - 40, 150, 2);
+    check_resident(8, 16, 0, T, 8, T - 3, 300, 1);
+    check_resident(8, 4, 1, T, 13, T - 64, 97, 0);
+    check_resident(16, 1, 0, T, 5, T - 7, 200, 3);
+    check_resident(16, 2, 1, T, 0, T, 64, 0);
+    check_resident(8, 2, 0, 500, 8, 460, 450, 0); /* k close to n, one block */
 }
 
 /* The selection's time at the 8B model's shape (32 query heads, 8 KV
- * heads, pool 64, 8 channels, 2 bits, k 1024, 128k candidates): the former
- * chain and the new one, alone and with a low-priority stream of GEMVs
- * occupying the GPU as the decode's main stream does. */
+ * heads, pool 64, 8 channels, 2 bits, k 1024, 128k candidates) and the
+ * gather of the chosen rows from mapped host memory: the former chain and
+ * the new one at several widths (blocks per KV head), each alone and beside
+ * a low-priority stream of GEMVs (8 FFN-sized, as the decode's main stream),
+ * with how much longer those GEMVs took beside it.  Printed, not asserted. */
+typedef struct {
+    int nqh, nkv, hd, R, C, bits, ldt, cs, cend, k;
+    void *rows, *ws, *W, *host, *hostd, *dst;
+    uint16_t *scl, *zer;
+    float *q, *chmax, *score, *comb, *tmp, *qs, *x, *y;
+    int *pool, *cols, *sel;
+    cudaStream_t sm, ss;
+    cudaEvent_t a, b, c, d;
+} tctx;
+
+/* what: -1 former chain, -2 gather (blocks), else the new chain (blocks). */
+static int t_side(tctx *t, int what, int blocks)
+{
+    const int n = t->cend - t->cs;
+    if (what == -1) {
+        if (eng_select_pool(t->q, t->chmax, t->pool, t->nqh, t->nkv, t->hd, t->R, t->C, t->cols, t->qs, t->ss) ||
+            eng_score_rows(t->q, t->pool, t->cols, t->qs, t->rows, t->scl, t->zer, t->ldt, t->bits, t->nqh, t->nkv,
+                           t->hd, t->R, t->C, t->cs, t->cend, t->score, t->ss) ||
+            eng_softmax_combine(t->score, t->nqh, t->nkv, n, 0, t->tmp, t->comb, t->ss) ||
+            eng_topk(t->comb, t->nkv, n, t->k, t->cs, t->sel, t->ss))
+            return 0;
+        return 1;
+    }
+    if (what == -2)
+        return eng_gather_rows_w(t->hostd, t->nkv, t->hd, KV_DT_F16, t->sel, t->k, NULL, 0, t->dst,
+                                 (uint8_t *)t->dst + (size_t)t->nkv * t->k * t->hd * 2, (size_t)t->k, blocks,
+                                 t->ss) == cudaSuccess;
+    return eng_resident_select(t->q, t->chmax, t->pool, t->R, t->C, t->rows, t->scl, t->zer, t->ldt, t->bits,
+                               t->nqh, t->nkv, t->hd, t->cs, t->cend, 0, t->k, t->comb, t->cols, t->qs, t->sel,
+                               t->ws, blocks, t->ss) == cudaSuccess;
+}
+
+static float t_median(float *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (v[j] < v[i]) {
+                float z = v[i];
+                v[i] = v[j];
+                v[j] = z;
+            }
+    return v[n / 2];
+}
+
+/* Median us of the side work alone, beside the GEMVs, and the GEMVs' extra time beside it. */
+static int t_time(tctx *t, int what, int blocks, double *alone, double *beside, double *gemv)
+{
+    enum { REPS = 15 };
+    const int wr = 14336, wc = 4096;
+    float side[2][REPS], gm[3][REPS], ms;
+    for (int load = 0; load < 3; load++) /* 0 side alone, 1 side beside the GEMVs, 2 GEMVs alone */
+        for (int r = 0; r <= REPS; r++) {
+            if (load) {
+                if (cudaEventRecord(t->c, t->sm)) return 0;
+                for (int j = 0; j < 8; j++)
+                    if (eng_gemv(t->W, KV_DT_F16, wr, wc, t->x, t->y, 0, t->sm)) return 0;
+                if (cudaEventRecord(t->d, t->sm)) return 0;
+            }
+            if (load < 2 && (cudaEventRecord(t->a, t->ss) || !t_side(t, what, blocks) || cudaEventRecord(t->b, t->ss)))
+                return 0;
+            if (cudaDeviceSynchronize()) return 0;
+            if (!r) continue;
+            if (load < 2 && !cudaEventElapsedTime(&ms, t->a, t->b)) side[load][r - 1] = ms * 1000.0f;
+            if (load && !cudaEventElapsedTime(&ms, t->c, t->d)) gm[load][r - 1] = ms * 1000.0f;
+        }
+    *alone = t_median(side[0], REPS);
+    *beside = t_median(side[1], REPS);
+    *gemv = t_median(gm[1], REPS) - t_median(gm[2], REPS);
+    return 1;
+}
+
 static void test_resident_chain_timing(void)
 {
     if (short_run()) return;
-    const int nqh = 32, nkv = 8, hd = 128, R = 64, C = 8, bits = 2, T = 131072, cs = 8, cend = T - 56,
-              k = 1024, n = cend - cs, reps = 20;
-    const int ldt = T, g = nqh / nkv;
-    void *rows = NULL, *ws = NULL, *W = NULL;
-    uint16_t *scl = NULL, *zer = NULL;
-    float *q = NULL, *chmax = NULL, *score = NULL, *comb = NULL, *tmp = NULL, *qs = NULL, *x = NULL, *y = NULL;
-    int *pool = NULL, *cols = NULL, *sel = NULL;
-    cudaMalloc(&rows, (size_t)nkv * R * ldt * bits / 8);
-    cudaMalloc((void **)&scl, (size_t)nkv * R * (ldt / 64) * 2);
-    cudaMalloc((void **)&zer, (size_t)nkv * R * (ldt / 64) * 2);
-    cudaMalloc((void **)&q, (size_t)nqh * hd * 4);
-    cudaMalloc((void **)&chmax, (size_t)nkv * hd * 4);
-    cudaMalloc((void **)&score, (size_t)nqh * n * 4);
-    cudaMalloc((void **)&comb, (size_t)nkv * n * 4);
-    cudaMalloc((void **)&tmp, eng_softmax_tmp(nqh) * 4);
-    cudaMalloc((void **)&qs, nqh * 4);
-    cudaMalloc((void **)&cols, nkv * C * 4);
-    cudaMalloc((void **)&sel, (size_t)nkv * k * 4);
-    cudaMalloc(&ws, eng_resident_select_ws(nqh, nkv, n));
-    const int wr = 14336, wc = 4096; /* a FFN matrix's GEMV as the competing load */
-    cudaMalloc(&W, (size_t)wr * wc * 2);
-    cudaMalloc((void **)&x, (size_t)wc * 4);
-    cudaMalloc((void **)&y, (size_t)wr * 4);
+    tctx t = {32, 8, 128, 64, 8, 2, 131072, 8, 131072 - 56, 1024};
+    const int n = t.cend - t.cs, wr = 14336, wc = 4096, T = t.ldt;
+    cudaMalloc(&t.rows, (size_t)t.nkv * t.R * t.ldt * t.bits / 8);
+    cudaMalloc((void **)&t.scl, (size_t)t.nkv * t.R * (t.ldt / 64) * 2);
+    cudaMalloc((void **)&t.zer, (size_t)t.nkv * t.R * (t.ldt / 64) * 2);
+    cudaMalloc((void **)&t.q, (size_t)t.nqh * t.hd * 4);
+    cudaMalloc((void **)&t.chmax, (size_t)t.nkv * t.hd * 4);
+    cudaMalloc((void **)&t.score, (size_t)t.nqh * n * 4);
+    cudaMalloc((void **)&t.comb, (size_t)t.nkv * n * 4);
+    cudaMalloc((void **)&t.tmp, eng_softmax_tmp(t.nqh) * 4);
+    cudaMalloc((void **)&t.qs, t.nqh * 4);
+    cudaMalloc((void **)&t.cols, t.nkv * t.C * 4);
+    cudaMalloc((void **)&t.sel, (size_t)t.nkv * t.k * 4);
+    cudaMalloc(&t.ws, eng_resident_select_ws(t.nqh, t.nkv, n));
+    cudaMalloc(&t.W, (size_t)wr * wc * 2);
+    cudaMalloc((void **)&t.x, (size_t)wc * 4);
+    cudaMalloc((void **)&t.y, (size_t)wr * 4);
+    cudaMalloc(&t.dst, (size_t)2 * t.nkv * t.k * t.hd * 2);
+    const size_t hb = (size_t)T * t.nkv * 2 * t.hd * 2; /* one layer's host rows: 512 MiB */
+    cudaHostAlloc(&t.host, hb, cudaHostAllocMapped);
+    if (t.host) cudaHostGetDevicePointer(&t.hostd, t.host, 0);
     int hp[8 * 64];
-    for (int h = 0; h < nkv; h++)
-        for (int j = 0; j < R; j++) hp[h * R + j] = 2 * j + (h & 1);
-    pool = dput(hp, sizeof hp);
-    KT_REQUIRE(rows && scl && zer && q && chmax && score && comb && tmp && qs && cols && sel && ws && W && x &&
-                   y && pool, "alloc");
-    CU(cudaMemset(ws, 0, eng_resident_select_ws(nqh, nkv, n)));
-    CU(eng_fill_random(rows, KV_DT_F16, (size_t)nkv * R * ldt * bits / 16, 3, NULL, 1, 1, 0));
-    CU(eng_fill_random(scl, KV_DT_F16, (size_t)nkv * R * (ldt / 64), 4, NULL, 1, 1, 0));
-    CU(eng_fill_random(zer, KV_DT_F16, (size_t)nkv * R * (ldt / 64), 5, NULL, 1, 1, 0));
+    for (int h = 0; h < t.nkv; h++)
+        for (int j = 0; j < t.R; j++) hp[h * t.R + j] = 2 * j + (h & 1);
+    t.pool = dput(hp, sizeof hp);
+    KT_REQUIRE(t.rows && t.scl && t.zer && t.q && t.chmax && t.score && t.comb && t.tmp && t.qs && t.cols &&
+                   t.sel && t.ws && t.W && t.x && t.y && t.dst && t.hostd && t.pool, "alloc");
+    memset(t.host, 0x3c, hb);
+    CU(cudaMemset(t.ws, 0, eng_resident_select_ws(t.nqh, t.nkv, n)));
+    CU(eng_fill_random(t.rows, KV_DT_F16, (size_t)t.nkv * t.R * t.ldt * t.bits / 16, 3, NULL, 1, 1, 0));
+    CU(eng_fill_random(t.scl, KV_DT_F16, (size_t)t.nkv * t.R * (t.ldt / 64), 4, NULL, 1, 1, 0));
+    CU(eng_fill_random(t.zer, KV_DT_F16, (size_t)t.nkv * t.R * (t.ldt / 64), 5, NULL, 1, 1, 0));
     {
         float hq[32 * 128];
-        for (int i = 0; i < nqh * hd; i++) hq[i] = kt_randn(&seed);
-        CU(cudaMemcpy(q, hq, sizeof hq, cudaMemcpyHostToDevice));
+        for (int i = 0; i < t.nqh * t.hd; i++) hq[i] = kt_randn(&seed);
+        CU(cudaMemcpy(t.q, hq, sizeof hq, cudaMemcpyHostToDevice));
     }
-    CU(eng_fill_f32(chmax, (size_t)nkv * hd, 1.0f, 0));
-    CU(eng_fill_random(W, KV_DT_F16, (size_t)wr * wc, 7, NULL, 1, 1, 0));
-    CU(eng_fill_f32(x, (size_t)wc, 0.1f, 0));
+    CU(eng_fill_f32(t.chmax, (size_t)t.nkv * t.hd, 1.0f, 0));
+    CU(eng_fill_random(t.W, KV_DT_F16, (size_t)wr * wc, 7, NULL, 1, 1, 0));
+    CU(eng_fill_f32(t.x, (size_t)wc, 0.1f, 0));
     int lo, hi;
-    cudaStream_t sm, ss;
-    cudaEvent_t a, b;
     CU(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    CU(cudaStreamCreateWithPriority(&sm, cudaStreamNonBlocking, lo));
-    CU(cudaStreamCreateWithPriority(&ss, cudaStreamNonBlocking, hi));
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
+    CU(cudaStreamCreateWithPriority(&t.sm, cudaStreamNonBlocking, lo));
+    CU(cudaStreamCreateWithPriority(&t.ss, cudaStreamNonBlocking, hi));
+    CU(cudaEventCreate(&t.a));
+    CU(cudaEventCreate(&t.b));
+    CU(cudaEventCreate(&t.c));
+    CU(cudaEventCreate(&t.d));
     kv_cuda_set_pdl(2);
-    double us[2][2] = {{0}};
-    for (int load = 0; load < 2; load++)
-        for (int v = 0; v < 2; v++) {
-            float t[32], ms;
-            for (int r = 0; r <= reps; r++) {
-                if (load)
-                    for (int j = 0; j < 8; j++) CU(eng_gemv(W, KV_DT_F16, wr, wc, x, y, 0, sm));
-                CU(cudaEventRecord(a, ss));
-                if (v == 0) {
-                    CU(eng_select_pool(q, chmax, pool, nqh, nkv, hd, R, C, cols, qs, ss));
-                    CU(eng_score_rows(q, pool, cols, qs, rows, scl, zer, ldt, bits, nqh, nkv, hd, R, C, cs,
-                                      cend, score, ss));
-                    CU(eng_softmax_combine(score, nqh, nkv, n, 0, tmp, comb, ss));
-                    CU(eng_topk(comb, nkv, n, k, cs, sel, ss));
-                } else {
-                    CU(eng_resident_select(q, chmax, pool, R, C, rows, scl, zer, ldt, bits, nqh, nkv, hd, cs,
-                                           cend, 0, k, comb, cols, qs, sel, ws, ss));
-                }
-                CU(cudaEventRecord(b, ss));
-                CU(cudaDeviceSynchronize());
-                CU(cudaEventElapsedTime(&ms, a, b));
-                if (r) t[r - 1] = ms * 1000.0f;
-            }
-            for (int i = 0; i < reps; i++) /* median */
-                for (int j = i + 1; j < reps; j++)
-                    if (t[j] < t[i]) {
-                        float z = t[i];
-                        t[i] = t[j];
-                        t[j] = z;
-                    }
-            us[load][v] = t[reps / 2];
-        }
-    /* the parts of the former chain, alone */
-    double part[4] = {0};
-    for (int p = 0; p < 4; p++) {
-        float t[32], ms;
-        for (int r = 0; r <= reps; r++) {
-            CU(cudaEventRecord(a, ss));
-            if (p == 0) CU(eng_select_pool(q, chmax, pool, nqh, nkv, hd, R, C, cols, qs, ss));
-            if (p == 1)
-                CU(eng_score_rows(q, pool, cols, qs, rows, scl, zer, ldt, bits, nqh, nkv, hd, R, C, cs, cend,
-                                  score, ss));
-            if (p == 2) CU(eng_softmax_combine(score, nqh, nkv, n, 0, tmp, comb, ss));
-            if (p == 3) CU(eng_topk_many(comb, nkv, n, k, cs, sel, ws, ss));
-            CU(cudaEventRecord(b, ss));
-            CU(cudaDeviceSynchronize());
-            CU(cudaEventElapsedTime(&ms, a, b));
-            if (r) t[r - 1] = ms * 1000.0f;
-        }
-        float m = t[0];
-        for (int i = 1; i < reps; i++) m = t[i] < m ? t[i] : m;
-        part[p] = m;
+    const struct { const char *name; int what, blocks; } runs[] = {
+        {"former chain", -1, 0}, {"chain, all blocks", 0, 0}, {"chain, 16/head", 0, 16},
+        {"chain, 8/head", 0, 8},  {"chain, 4/head", 0, 4},     {"chain, 2/head", 0, 2},
+        {"gather, all blocks", -2, 0}, {"gather, 4/head", -2, 4}, {"gather, 2/head", -2, 2},
+        {"gather, 1/head", -2, 1},
+    };
+    printf("# side work at 128k (g 4, pool 64, C 8, 2 bits, k 1024; gather 8 x 1024 rows of 512 B), median us:"
+           " alone, beside 8 GEMVs 14336x4096 on a low-priority stream, the GEMVs' extra time\n");
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        double al = 0, be = 0, gx = 0;
+        KT_CHECK(t_time(&t, runs[i].what, runs[i].blocks, &al, &be, &gx), "%s: %s", runs[i].name,
+                 cudaGetErrorString(cudaGetLastError()));
+        printf("#   %-20s %7.1f alone %7.1f beside   GEMVs +%.1f\n", runs[i].name, al, be, gx);
     }
     kv_cuda_set_pdl(0);
-    printf("# resident selection at 128k (g %d, pool %d, C %d, %d bits, k %d), median us: former chain %.1f "
-           "alone / %.1f beside GEMVs; many-block chain %.1f / %.1f\n",
-           g, R, C, bits, k, us[0][0], us[1][0], us[0][1], us[1][1]);
-    printf("# parts (min us): select_pool %.1f, score_rows %.1f, softmax_combine %.1f, topk_many %.1f\n", part[0],
-           part[1], part[2], part[3]);
-    KT_CHECK(us[0][1] > 0 && us[1][1] > 0, "timed");
-    cudaStreamDestroy(sm), cudaStreamDestroy(ss), cudaEventDestroy(a), cudaEventDestroy(b);
-    void *d[] = {rows, ws, W, scl, zer, q, chmax, score, comb, tmp, qs, x, y, pool, cols, sel};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
+    cudaStreamDestroy(t.sm), cudaStreamDestroy(t.ss);
+    cudaEventDestroy(t.a), cudaEventDestroy(t.b), cudaEventDestroy(t.c), cudaEventDestroy(t.d);
+    cudaFreeHost(t.host);
+    void *dv[] = {t.rows, t.ws, t.W, t.scl, t.zer, t.q, t.chmax, t.score, t.comb, t.tmp, t.qs, t.x, t.y, t.pool,
+                  t.cols, t.sel, t.dst};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
 }
 
 static int selected(const char *name, const char *filter)

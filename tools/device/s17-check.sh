@@ -4,14 +4,16 @@
 #   OUT=DIR sh tools/device/s17-check.sh BINDIR      (BINDIR: tools/device/pack.sh's, unpacked)
 # STEPS (each under a timeout, in this order), default tnmsd:
 #   t  test_gpu_select (eng_topk_many and eng_resident_select against the CPU
-#      references, the chain's time alone and beside GEMVs) and test_gpu_engine
-#      filtered to the selection and resident tests and the step variants
-#   m  compute-sanitizer memcheck, s racecheck, of test_gpu_select's short form
-#   d  kv-bench decode --json --context prefill at DCTX (131072): full, offload,
-#      hybrid-resident in the variants DVAR (base,classic,serial)
+#      references at several widths, the side kernels' time alone and beside
+#      GEMVs and what they cost the GEMVs) and test_gpu_engine filtered to the
+#      selection and resident tests and the step variants (classic, ahead2)
 #   n  kv-bench ruler --device cuda, niah4k dev tasks (RLIMIT=20 per length):
 #      full and the default hybrid (sparse frac=0.03, select=resident) in the
-#      default step, then with --gpu-step classic
+#      default step, then with --gpu-step RSTEP (ahead2)
+#   m  compute-sanitizer memcheck of test_gpu_select's short form and of the
+#      engine's step variants (short), s racecheck of test_gpu_select's short form
+#   d  kv-bench decode --json --context prefill at DCTX (131072): full, offload,
+#      hybrid-resident in the variants DVAR
 # Results in $OUT: summary.txt and the logs / JSON of each step.
 set -u
 D=${1:?usage: s17-check.sh BINDIR}
@@ -53,7 +55,7 @@ PY
 if has n; then
     log "kv-bench ruler --device cuda (niah4k dev tasks, 1k/2k/4k)"
     ruler base -P full -P sparse:$S,select=resident
-    ruler classic --gpu-step classic -P sparse:$S,select=resident
+    ruler step --gpu-step "${RSTEP:-ahead2}" -P sparse:$S,select=resident
 fi
 for tool in memcheck racecheck; do
     case $tool in memcheck) has m || continue;; racecheck) has s || continue;; esac
@@ -62,10 +64,16 @@ for tool in memcheck racecheck; do
     log "$tool (test_gpu_select short) done"
     grep -E '^not ok|ERROR SUMMARY|RACECHECK SUMMARY|^ok' "$OUT/$tool.txt" | tail -n 6 | tee -a "$OUT/summary.txt"
 done
+if has m; then
+    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout 30 compute-sanitizer --tool memcheck \
+        --error-exitcode 9 "$D/test_gpu_engine" 2>&1 | head -c 200000 > "$OUT/memcheck-engine.txt"
+    log "memcheck (test_gpu_engine step variants, short) done"
+    grep -E '^not ok|ERROR SUMMARY|^# step' "$OUT/memcheck-engine.txt" | tail -n 14 | tee -a "$OUT/summary.txt"
+fi
 if has d; then
     log "kv-bench decode --context prefill"
     timeout ${DTIME:-75} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-131072}" \
-        --policies full,offload,hybrid-resident --variants "${DVAR:-base,classic,serial}" \
+        --policies full,offload,hybrid-resident --variants "${DVAR:-base,chainall+gatherall,chain16,chain4,chain2,gather1,gather4,gatherall,ahead2,ahead2+chain4,classic,serial}" \
         -n 8 --warmup 2 --offload-tokens 2 --nofetch-tokens 8 > "$OUT/decode.json" 2>> "$OUT/summary.txt"
     log "rc=$?"
     python3 - "$OUT/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
