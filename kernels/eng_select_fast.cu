@@ -350,26 +350,39 @@ extern "C" cudaError_t eng_topk_many(const float *comb, int nkv, int n, int k, i
 
 // --- the resident scores, softmax and combine ------------------------------------------
 
-/* 8 values of resident row `row` from token t8 on, as eng_score_rows decodes them. */
+/* The raw bytes of resident row `row` for tokens t8 .. t8 + 7 (16 bytes of
+ * fp16, or BITS bytes of codes with their group's scale and zero). */
 template <int BITS>
-static __device__ __forceinline__ void rf_values(const uint8_t *rows, const uint16_t *scale,
-                                                 const uint16_t *zero, size_t row, int ldt, int t8,
-                                                 float (&f)[8])
+static __device__ __forceinline__ void rf_load(const uint8_t *rows, const uint16_t *scale,
+                                               const uint16_t *zero, size_t row, int ldt, int t8, uint4 &raw,
+                                               float &sc, float &z)
 {
     if (BITS == 16) {
-        uint4 u = *(const uint4 *)(rows + (row * ldt + t8) * 2);
-        eng_f16::unpack8(u, f);
+        raw = *(const uint4 *)(rows + (row * ldt + t8) * 2);
         return;
     }
     const size_t gi = row * (ldt / 64) + t8 / 64;
-    const float sc = __half2float(__ushort_as_half(scale[gi]));
-    const float z = __half2float(__ushort_as_half(zero[gi]));
+    sc = __half2float(__ushort_as_half(scale[gi]));
+    z = __half2float(__ushort_as_half(zero[gi]));
     const uint8_t *r = rows + row * ((size_t)ldt * BITS / 8) + (size_t)t8 * BITS / 8;
     uint64_t w; /* the 8 codes: t8 * BITS / 8 is a multiple of BITS bytes */
     if (BITS == 1) w = *r;
     else if (BITS == 2) w = *(const uint16_t *)r;
     else if (BITS == 4) w = *(const uint32_t *)r;
     else w = *(const uint64_t *)r;
+    raw.x = (uint32_t)w;
+    raw.y = (uint32_t)(w >> 32);
+}
+
+/* Those bytes as 8 values, as eng_score_rows decodes them. */
+template <int BITS>
+static __device__ __forceinline__ void rf_decode(const uint4 &raw, float sc, float z, float (&f)[8])
+{
+    if (BITS == 16) {
+        eng_f16::unpack8(raw, f);
+        return;
+    }
+    const uint64_t w = (uint64_t)raw.x | (uint64_t)raw.y << 32;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         unsigned code = (unsigned)(w >> (i * BITS)) & ((1u << BITS) - 1u);
@@ -377,7 +390,10 @@ static __device__ __forceinline__ void rf_values(const uint8_t *rows, const uint
     }
 }
 
-/* The block's scores: acc[h][i] for token t8 + i, query head h of the group. */
+#define RF_JB 8 /* rows whose loads are in flight together */
+
+/* The block's scores: acc[h][i] for token t8 + i, query head h of the group
+ * (eng_score_rows' sums, in its order). */
 template <int BITS, int G>
 static __device__ __forceinline__ void rf_scores(const uint8_t *rows, const uint16_t *scale,
                                                  const uint16_t *zero, int ldt, int g, int C,
@@ -389,16 +405,25 @@ static __device__ __forceinline__ void rf_scores(const uint8_t *rows, const uint
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
     if (t8 >= cend) return;
-    for (int j = 0; j < C; j++) {
-        float f[8];
-        rf_values<BITS>(rows, scale, zero, (size_t)rj[j], ldt, t8, f);
+    for (int j0 = 0; j0 < C; j0 += RF_JB) {
+        uint4 raw[RF_JB];
+        float sc[RF_JB], z[RF_JB];
 #pragma unroll
-        for (int h = 0; h < G; h++)
-            if (h < g) {
-                float wq = qc[h * C + j];
+        for (int jj = 0; jj < RF_JB; jj++)
+            if (j0 + jj < C) rf_load<BITS>(rows, scale, zero, (size_t)rj[j0 + jj], ldt, t8, raw[jj], sc[jj], z[jj]);
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[h][i] += wq * f[i];
-            }
+        for (int jj = 0; jj < RF_JB; jj++) {
+            if (j0 + jj >= C) break;
+            float f[8];
+            rf_decode<BITS>(raw[jj], sc[jj], z[jj], f);
+#pragma unroll
+            for (int h = 0; h < G; h++)
+                if (h < g) {
+                    float wq = qc[h * C + j0 + jj];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[h][i] += wq * f[i];
+                }
+        }
     }
 }
 

@@ -1312,7 +1312,9 @@ static void test_pdl_levels_generate_the_same_ids(void)
 }
 
 /* niah4k (head_dim 64) with full and sparse layers
- * against the CPU engine's same policies. */
+ * against the CPU engine's same policies (niah_classic: select=resident with
+ * the former kernels, opts.sel_classic). */
+static bool niah_classic;
 static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_diff)
 {
     kv_model *m = NULL;
@@ -1325,6 +1327,7 @@ static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_d
     OK(kv_policy_parse(spec, m->cfg.n_layers, pp));
     kv_gpu_engine_opts o;
     kv_gpu_engine_opts_default(&o);
+    o.sel_classic = niah_classic;
     kv_engine *cpu = NULL;
     kv_gpu_engine *gpu = NULL;
     /* the CPU reference keeps its sparse prompt copy in fp16, as the GPU does */
@@ -1337,8 +1340,9 @@ static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_d
     if (gpu) {
         cmp_result r;
         compare_engines(cpu, gpu, prompt, n, short_run() ? 8 : 30, V, &r);
-        printf("# niah4k %s%s: %d steps, max logit error %.3g, argmax differences %d\n", spec,
-               sel == KV_SELECT_SKETCH ? " (sketch)" : "", r.steps, r.max_err, r.argmax_diff);
+        printf("# niah4k %s%s%s: %d steps, max logit error %.3g, argmax differences %d\n", spec,
+               sel == KV_SELECT_SKETCH ? " (sketch)" : "", niah_classic ? " (classic kernels)" : "", r.steps,
+               r.max_err, r.argmax_diff);
         KT_CHECK(r.max_err < tol, "%s: logits normalized error %g", spec, r.max_err);
         KT_CHECK(r.argmax_diff <= max_diff, "%s: %d greedy tokens differ", spec, r.argmax_diff);
     }
@@ -1374,6 +1378,13 @@ static void test_niah4k_resident_and_pages_match_cpu(void)
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=8,pool=32,cbits=4,select=resident",
              KV_SELECT_RESIDENT, 1e-1, 1);
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,page=16,select=pages", KV_SELECT_PAGES, 1e-1, 1);
+    /* the former kernels on fresh prompts of the same kind, for comparison */
+    niah_classic = true;
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=16,select=resident", KV_SELECT_RESIDENT,
+             1e-1, 1);
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=8,pool=32,cbits=4,select=resident",
+             KV_SELECT_RESIDENT, 1e-1, 1);
+    niah_classic = false;
 }
 
 /*

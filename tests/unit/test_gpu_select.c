@@ -388,7 +388,10 @@ static int t_time(tctx *t, int what, int blocks, double *alone, double *beside, 
 static void test_resident_chain_timing(void)
 {
     if (short_run()) return;
-    tctx t = {32, 8, 128, 64, 8, 2, 131072, 8, 131072 - 56, 1024};
+    tctx t;
+    memset(&t, 0, sizeof t);
+    t.nqh = 32, t.nkv = 8, t.hd = 128, t.R = 64, t.C = 8, t.bits = 2, t.ldt = 131072, t.cs = 8;
+    t.cend = 131072 - 56, t.k = 1024;
     const int n = t.cend - t.cs, wr = 14336, wc = 4096, T = t.ldt;
     cudaMalloc(&t.rows, (size_t)t.nkv * t.R * t.ldt * t.bits / 8);
     cudaMalloc((void **)&t.scl, (size_t)t.nkv * t.R * (t.ldt / 64) * 2);
