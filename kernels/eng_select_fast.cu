@@ -514,24 +514,50 @@ static __device__ __forceinline__ void rf_merge(float &m, float &l, float m2, fl
     l = a + b;
 }
 
-/* Per block and query head: the max and sum of weights of its chunks' scores. */
-template <int BITS, int G>
+/* One block per KV head: this step's columns and scales (rf_pool), once,
+ * so that the score passes' blocks start from them rather than each
+ * repeating the ranking (measured: the repeated prologue held the SMs). */
 __global__ void __launch_bounds__(RF_THREADS)
-rf_stats_kernel(const float *q, const float *chmax, const int *pool, int R, int C, const uint8_t *rows,
-                const uint16_t *scale, const uint16_t *zero, int ldt, int g, int hd, int cs, int cend,
-                int *cols, float *qscale, float *part)
+rf_pool_kernel(const float *q, const float *chmax, const int *pool, int R, int C, int g, int hd, int *cols,
+               float *qscale)
 {
     extern __shared__ float sm[]; /* qc (g*C), rj (C), ps (R), rk (R) */
-    __shared__ float sq[SEL_MAXG], rm[RF_THREADS / 32][G], rl[RF_THREADS / 32][G];
+    __shared__ float sq[SEL_MAXG];
     float *qc = sm;
     int *rj = (int *)(qc + g * C), *rk = rj + C + R;
     float *ps = (float *)(rj + C);
     kv_pdl_launch_next();
     kv_pdl_wait();
+    rf_pool(q, chmax, pool, R, C, g, hd, blockIdx.x, qc, rj, ps, rk, sq, cols, qscale);
+}
+
+/* qc (g, C) and rj (C) of KV head kh from rf_pool_kernel's columns and scales. */
+static __device__ __forceinline__ void rf_qc(const float *q, const int *pool, int R, int C, const int *cols,
+                                             const float *qscale, int g, int hd, int kh, float *qc, int *rj)
+{
+    for (int i = threadIdx.x; i < g * C; i += blockDim.x) {
+        int h = i / C, j = i % C, qh = kh * g + h;
+        qc[i] = q[(size_t)qh * hd + pool[kh * R + cols[kh * C + j]]] * qscale[qh];
+    }
+    for (int j = threadIdx.x; j < C; j += blockDim.x) rj[j] = kh * R + cols[kh * C + j];
+    __syncthreads();
+}
+
+/* Per block and query head: the max and sum of weights of its chunks' scores. */
+template <int BITS, int G>
+__global__ void __launch_bounds__(RF_THREADS)
+rf_stats_kernel(const float *q, const int *pool, int R, int C, const int *cols, const float *qscale,
+                const uint8_t *rows, const uint16_t *scale, const uint16_t *zero, int ldt, int g, int hd, int cs,
+                int cend, float *part)
+{
+    extern __shared__ float sm[]; /* qc (g*C), rj (C) */
+    __shared__ float rm[RF_THREADS / 32][G], rl[RF_THREADS / 32][G];
+    float *qc = sm;
+    int *rj = (int *)(qc + g * C);
+    kv_pdl_launch_next();
+    kv_pdl_wait();
     const int kh = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const bool first = blockIdx.x == 0;
-    rf_pool(q, chmax, pool, R, C, g, hd, kh, qc, rj, ps, rk, sq, first ? cols : NULL,
-            first ? qscale : NULL);
+    rf_qc(q, pool, R, C, cols, qscale, g, hd, kh, qc, rj);
     float m[G], l[G];
 #pragma unroll
     for (int h = 0; h < G; h++) m[h] = -INFINITY, l[h] = 0.0f;
@@ -583,11 +609,7 @@ rf_comb_kernel(const float *q, const int *pool, int R, int C, const int *cols, c
     for (int b = threadIdx.x; b < TM_BIN1; b += RF_THREADS) sh[b] = 0u;
     kv_pdl_wait();
     const int kh = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5, n = cend - cs;
-    for (int i = threadIdx.x; i < g * C; i += RF_THREADS) {
-        int h = i / C, j = i % C, qh = kh * g + h;
-        qc[i] = q[(size_t)qh * hd + pool[kh * R + cols[kh * C + j]]] * qscale[qh];
-    }
-    for (int j = threadIdx.x; j < C; j += RF_THREADS) rj[j] = kh * R + cols[kh * C + j];
+    rf_qc(q, pool, R, C, cols, qscale, g, hd, kh, qc, rj);
     if (w < g) { /* warp h merges head h's block statistics */
         const float *st = part + (size_t)(kh * g + w) * gridDim.x * 2;
         float M = -INFINITY, Z = 0.0f;
@@ -644,8 +666,10 @@ static cudaError_t rf_launch(const float *q, const float *chmax, const int *pool
 {
     const dim3 grid(grid_of(rf_chunks(cs, cend), blocks), (unsigned)nkv);
     const size_t sm1 = ((size_t)g * C + C + 2 * (size_t)R) * 4, sm2 = ((size_t)g * C + C) * 4;
-    CUDA_CHECK(kv_launch(2, rf_stats_kernel<BITS, G>, grid, dim3(RF_THREADS), sm1, s, q, chmax, pool, R, C,
-                         rows, scale, zero, ldt, g, hd, cs, cend, cols, qscale, part));
+    CUDA_CHECK(kv_launch(2, rf_pool_kernel, dim3((unsigned)nkv), dim3(RF_THREADS), sm1, s, q, chmax, pool, R, C, g,
+                         hd, cols, qscale));
+    CUDA_CHECK(kv_launch(2, rf_stats_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
+                         (const int *)cols, (const float *)qscale, rows, scale, zero, ldt, g, hd, cs, cend, part));
     CUDA_CHECK(kv_launch(2, rf_comb_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
                          (const int *)cols, (const float *)qscale, rows, scale, zero, ldt, g, hd, cs, cend,
                          reduce_max, (const float *)part, k, comb, hw));

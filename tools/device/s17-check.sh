@@ -9,7 +9,7 @@
 #      selection and resident tests and the step variants (classic, ahead2)
 #   n  kv-bench ruler --device cuda, niah4k dev tasks (RLIMIT=20 per length):
 #      full and the default hybrid (sparse frac=0.03, select=resident) in the
-#      default step, then with --gpu-step RSTEP (chain8+gather1)
+#      default step, then with --gpu-step RSTEP (chainall+gather1)
 #   m  compute-sanitizer memcheck of test_gpu_select's short form and of the
 #      engine's step variants (short), s racecheck of test_gpu_select's short form
 #   d  kv-bench decode --json --context prefill at DCTX (131072): full, offload,
@@ -55,7 +55,7 @@ PY
 if has n; then
     log "kv-bench ruler --device cuda (niah4k dev tasks, 1k/2k/4k)"
     ruler base -P full -P sparse:$S,select=resident
-    ruler step --gpu-step "${RSTEP:-chain8+gather1}" -P sparse:$S,select=resident
+    ruler step --gpu-step "${RSTEP:-chainall+gather1}" -P sparse:$S,select=resident
 fi
 for tool in memcheck racecheck; do
     case $tool in memcheck) has m || continue;; racecheck) has s || continue;; esac
@@ -73,7 +73,7 @@ fi
 if has d; then
     log "kv-bench decode --context prefill"
     timeout ${DTIME:-75} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-131072}" \
-        --policies full,offload,hybrid-resident --variants "${DVAR:-base,chainall+gather1,chain8+gather1,chain4+gather1,ahead2+chain4+gather1,chainall+gatherall,classic,serial}" \
+        --policies full,offload,hybrid-resident --variants "${DVAR:-base,chainall+gather1,chain32+gather1,chain8+gather1,chain16+gather2,classic,classic+gatherall,serial}" \
         -n 8 --warmup 2 --offload-tokens 2 --nofetch-tokens 8 > "$OUT/decode.json" 2>> "$OUT/summary.txt"
     log "rc=$?"
     python3 - "$OUT/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
