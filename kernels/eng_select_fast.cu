@@ -5,12 +5,12 @@
  * eng_score_rows, eng_softmax_combine and eng_topk took 0.37 ms a layer
  * next to the layer's 0.18 ms, its top-K one 1024-thread block per head):
  *
- *   rf_stats   every block: this step's C of the R pool channels and the
- *              SparQ scales (eng_select_pool's rule), the scores of its
- *              2048 candidates from the resident rows (eng_score_rows'
- *              arithmetic, so the same floats), each query head's block
- *              max and sum of exp; block 0 of each head also writes the
- *              columns and scales;
+ *   rf_pool    one block per KV head: this step's C of the R pool channels
+ *              and the SparQ scales (eng_select_pool's rule, its ranking in
+ *              O(R) per channel rather than O(R C));
+ *   rf_stats   the scores of its chunks of 2048 candidates from the
+ *              resident rows (eng_score_rows' arithmetic, so the same
+ *              floats), each query head's running max and sum of exp;
  *   rf_comb    the same scores again (a few bytes per token: cheaper than
  *              writing and re-reading a float per token and query head),
  *              softmax with the merged statistics, the GQA combine (sum or
