@@ -7,7 +7,7 @@
  *
  *   rf_pool    one block per KV head: this step's C of the R pool channels
  *              and the SparQ scales (eng_select_pool's rule, its ranking in
- *              O(R) per channel rather than O(R C));
+ *              O(R) per channel where eng_select_pool's is O(R^2));
  *   rf_stats   the scores of its chunks of 2048 candidates from the
  *              resident rows (eng_score_rows' arithmetic, so the same
  *              floats), each query head's running max and sum of exp;
