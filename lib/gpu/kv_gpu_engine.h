@@ -126,7 +126,7 @@ typedef struct {
                              default (per type and shape: eng_gemvq_best), 1 old, 2 rows, 3 dp4a; measurement */
 } kv_gpu_engine_opts;
 
-#define KV_GPU_SEL_BLOCKS 16
+#define KV_GPU_SEL_BLOCKS 32
 #define KV_GPU_GATHER_BLOCKS 1
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
