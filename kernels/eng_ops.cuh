@@ -230,6 +230,12 @@ cudaError_t eng_topk(const float *comb, int nkv, int n, int k, int base, int *se
 cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dtype t, const int *sel, int k,
                             const void *sink, int nsink, void *kdst, void *vdst, size_t ld,
                             cudaStream_t s);
+/* The same with at most `blocks` blocks of 8 warps per head (0: one block
+ * per 64 rows), each warp looping over its rows with 8 in flight: a narrow
+ * gather leaves the SMs to the main stream while it waits on PCIe. */
+cudaError_t eng_gather_rows_w(const void *rows, int nkv, int hd, kv_dtype t, const int *sel, int k,
+                              const void *sink, int nsink, void *kdst, void *vdst, size_t ld, int blocks,
+                              cudaStream_t s);
 
 // --- the resident channel index (select=resident; eng_select.cu) ----------
 
@@ -283,6 +289,39 @@ cudaError_t eng_score_rows(const float *q, const int *pool, const int *cols, con
 size_t eng_topk_wide_ws(int nkv);
 cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
                           cudaStream_t s);
+
+// --- select=resident's chain over many blocks (eng_select_fast.cu) --------
+
+/*
+ * eng_topk's ids (the top k of each row of comb (nkv, n), ties to the lower
+ * index, base + i ascending into sel (nkv, k)) by a radix select of 12, 12
+ * and 8 bits whose passes, the counts and the ordered write each spread
+ * over chunks of 4096 keys, `blocks` blocks per KV head looping over them
+ * (0: one block per chunk).  ws: eng_topk_many_ws(nkv) bytes, zeroed once
+ * before the first call (each call leaves it so).  n at most 2^20
+ * (eng_topk_many_fits).
+ */
+int eng_topk_many_fits(int n);
+size_t eng_topk_many_ws(int nkv);
+cudaError_t eng_topk_many(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
+                          int blocks, cudaStream_t s);
+
+/*
+ * select=resident's whole selection of candidates [cs, cend): eng_select_pool
+ * (cols (nkv, C), qscale (nq_heads) written), eng_score_rows, the softmax and
+ * GQA combine of eng_softmax_combine (comb (nkv, n) written) and the top k
+ * into sel (nkv, k), ids ascending, without writing the per-head scores (two
+ * passes over the resident codes).  0 < k <= n = cend - cs; ws:
+ * eng_resident_select_ws(nq_heads, nkv, n) bytes or more, zeroed once;
+ * blocks: per KV head, each kernel's (0: one per chunk of 2048 candidates
+ * or 4096 keys).
+ */
+size_t eng_resident_select_ws(int nq_heads, int nkv, int n);
+cudaError_t eng_resident_select(const float *q, const float *chmax, const int *pool, int R, int C,
+                                const void *rows, const uint16_t *scale, const uint16_t *zero, int ldt,
+                                int bits, int nq_heads, int nkv, int hd, int cs, int cend,
+                                int reduce_max, int k, float *comb, int *cols, float *qscale, int *sel,
+                                void *ws, int blocks, cudaStream_t s);
 
 // --- the selection cache (opts.sel_cache; eng_select.cu) ------------------
 

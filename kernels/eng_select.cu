@@ -423,32 +423,8 @@ extern "C" cudaError_t eng_softmax_combine(const float *score, int nq_heads, int
 
 // --- top-K: radix select then an ordered compaction -------------------------------
 
-/* Larger float -> larger key.  NaN ranks as -inf and -0 as +0, the order of
- * the CPU's selection (kv_policy_sparse.c): without that, a NaN's key
- * depends on its sign bit (the largest or the smallest of all), so which
- * tokens a NaN score displaces would depend on how it was produced. */
-static __device__ __forceinline__ uint32_t ord_key(float f)
-{
-    if (f != f) f = -INFINITY;
-    if (f == 0.0f) f = 0.0f;
-    uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 #define TOPK_THREADS 1024
 #define TOPK_WARPS (TOPK_THREADS / 32)
-
-/* Histogram increment with the lanes of a warp that hit the same bin
- * combined first: the scores of one layer crowd into a few bins of the
- * top digits, and plain shared atomics then serialise 32-way. */
-static __device__ __forceinline__ void hist_add(unsigned *hist, unsigned bin, bool active)
-{
-    unsigned act = __ballot_sync(0xffffffffu, active);
-    if (!active) return;
-    unsigned peers = __match_any_sync(act, bin);
-    int leader = __ffs(peers) - 1;
-    if ((int)(threadIdx.x & 31) == leader) atomicAdd(&hist[bin], (unsigned)__popc(peers));
-}
 
 /* Thread 0 of a radix-select pass: the bin of the need-th largest key at
  * the digit `shift`, given the histogram of the keys that match the prefix
@@ -931,29 +907,30 @@ extern "C" cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, i
 __global__ void gather_kernel(const uint4 *rows, int nkv, int hd, const int *sel, int k,
                               const uint4 *sink, int nsink, uint4 *kdst, uint4 *vdst, size_t ld)
 {
-    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * GATHER_ROWS;
     const int lane = threadIdx.x & 31, h = blockIdx.y, nr = k + nsink;
-    if (r0 >= nr) return;
-    const int nv = hd / 8;
-    const uint4 *src[GATHER_ROWS];
-#pragma unroll
-    for (int j = 0; j < GATHER_ROWS; j++) {
-        int r = r0 + j;
-        src[j] = r >= nr ? NULL
-                 : r < k ? rows + ((size_t)sel[(size_t)h * k + r] * nkv + h) * 2 * nv
-                         : sink + ((size_t)(r - k) * nkv + h) * 2 * nv;
-    }
-    for (int v = lane; v < 2 * nv; v += 32) {
-        uint4 u[GATHER_ROWS];
-#pragma unroll
-        for (int j = 0; j < GATHER_ROWS; j++)
-            if (src[j]) u[j] = src[j][v];
+    const int step = (int)(gridDim.x * blockDim.x >> 5) * GATHER_ROWS; /* a narrow grid loops */
+    for (int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * GATHER_ROWS; r0 < nr; r0 += step) {
+        const int nv = hd / 8;
+        const uint4 *src[GATHER_ROWS];
 #pragma unroll
         for (int j = 0; j < GATHER_ROWS; j++) {
-            if (!src[j]) continue;
-            size_t o = (size_t)h * ld + (size_t)(r0 + j);
-            if (v < nv) kdst[o * nv + v] = u[j];
-            else vdst[o * nv + (v - nv)] = u[j];
+            int r = r0 + j;
+            src[j] = r >= nr ? NULL
+                     : r < k ? rows + ((size_t)sel[(size_t)h * k + r] * nkv + h) * 2 * nv
+                             : sink + ((size_t)(r - k) * nkv + h) * 2 * nv;
+        }
+        for (int v = lane; v < 2 * nv; v += 32) {
+            uint4 u[GATHER_ROWS];
+#pragma unroll
+            for (int j = 0; j < GATHER_ROWS; j++)
+                if (src[j]) u[j] = src[j][v];
+#pragma unroll
+            for (int j = 0; j < GATHER_ROWS; j++) {
+                if (!src[j]) continue;
+                size_t o = (size_t)h * ld + (size_t)(r0 + j);
+                if (v < nv) kdst[o * nv + v] = u[j];
+                else vdst[o * nv + (v - nv)] = u[j];
+            }
         }
     }
 }
@@ -962,10 +939,19 @@ extern "C" cudaError_t eng_gather_rows(const void *rows, int nkv, int hd, kv_dty
                                        const int *sel, int k, const void *sink, int nsink,
                                        void *kdst, void *vdst, size_t ld, cudaStream_t s)
 {
+    return eng_gather_rows_w(rows, nkv, hd, t, sel, k, sink, nsink, kdst, vdst, ld, 0, s);
+}
+
+extern "C" cudaError_t eng_gather_rows_w(const void *rows, int nkv, int hd, kv_dtype t,
+                                         const int *sel, int k, const void *sink, int nsink,
+                                         void *kdst, void *vdst, size_t ld, int blocks, cudaStream_t s)
+{
     KV_CHECK_ARGS(t == KV_DT_F16 && (hd & 7) == 0);
     if (k + nsink <= 0) return cudaSuccess;
     const int per_block = 8 * GATHER_ROWS; /* 8 warps */
-    dim3 grid((unsigned)((k + nsink + per_block - 1) / per_block), (unsigned)nkv);
+    int nb = (k + nsink + per_block - 1) / per_block;
+    if (blocks > 0 && blocks < nb) nb = blocks;
+    dim3 grid((unsigned)nb, (unsigned)nkv);
     CUDA_CHECK(kv_launch(KV_PDL_NONE, gather_kernel, grid, dim3(256), 0, s, (const uint4 *)rows,
                          nkv, hd, sel, k, (const uint4 *)sink, nsink, (uint4 *)kdst, (uint4 *)vdst,
                          ld));

@@ -40,9 +40,10 @@ static const kv_option opts[] = {
                                          "overlap (default: each chunk on the copy stream) or sync "
                                          "(measurement: each layer at its end, on the main stream)"},
     {O_VARIANTS, 0, "variants", "LIST", "hybrids: ways to run the sparse step, each after the same "
-                                        "context: base (default: overlapped, one-block top-K, no "
-                                        "cache) or words of serial, wide, cache joined by '+', "
-                                        "e.g. base,wide,wide+cache,serial"},
+                                        "context: base (default: overlapped, many-block chain, no "
+                                        "cache) or words of serial, wide, cache, classic (the "
+                                        "former kernels), ahead2 (two layers ahead) joined by '+', "
+                                        "e.g. base,classic,ahead2,serial"},
     {O_BATCH, 0, "batch", "LIST", "batched decode: sequences per step, sizes or max (the most that fit "
                                   "in GPU and host memory), e.g. 1,8,max; its own report"},
     {O_BCAP, 0, "batch-cap", "N", "--batch max takes at most N sequences (default 512)"},

@@ -44,7 +44,7 @@ static const kv_option opts[] = {
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_GPUSTEP, 0, "gpu-step", "HOW", "GPU sparse layers' step: base (default) or words of serial, "
-                                     "wide, cache joined by '+' (as kv-bench decode --variants)"},
+                                     "wide, cache, classic, ahead2 joined by '+' (as kv-bench decode --variants)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -127,6 +127,10 @@ int kv_bench_ruler_main(int argc, char **argv)
             go.sel_serial = v.serial;
             go.topk_wide = v.wide;
             go.sel_cache = v.cache;
+            go.sel_classic = v.classic;
+            go.sel_ahead = v.ahead;
+            go.sel_blocks = v.sel_blocks;
+            go.gather_blocks = v.gather_blocks;
             break;
         }
         case O_SELECT:

@@ -90,6 +90,22 @@ static kv_status real_prefill(kv_gpu_engine *e, int T, uint64_t seed, kv_gpu_dec
     return st;
 }
 
+/* The N of chainN / gatherN: 1 to 999 blocks per KV head, or "all" (-1). */
+static bool word_blocks(const char *p, size_t n, int *out)
+{
+    if (n == 3 && !strncmp(p, "all", 3)) {
+        *out = -1;
+        return true;
+    }
+    int x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return false;
+        x = 10 * x + (p[i] - '0');
+    }
+    *out = x;
+    return x >= 1;
+}
+
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
 {
     memset(v, 0, sizeof *v);
@@ -103,7 +119,12 @@ kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
         if (n == 6 && !strncmp(p, "serial", 6)) v->serial = true;
         else if (n == 4 && !strncmp(p, "wide", 4)) v->wide = true;
         else if (n == 5 && !strncmp(p, "cache", 5)) v->cache = true;
-        else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache", s,
+        else if (n == 7 && !strncmp(p, "classic", 7)) v->classic = true;
+        else if (n == 6 && !strncmp(p, "ahead2", 6)) v->ahead = 2;
+        else if (n > 5 && n < 9 && !strncmp(p, "chain", 5) && word_blocks(p + 5, n - 5, &v->sel_blocks)) {
+        } else if (n > 6 && n < 10 && !strncmp(p, "gather", 6) && word_blocks(p + 6, n - 6, &v->gather_blocks)) {
+        } else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache, classic, ahead2, "
+                              "chainN, gatherN", s,
                             (int)n, p);
         if (!q) break;
         p = q + 1;
@@ -156,6 +177,10 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
     o.sel_serial = v[0].serial;
     o.topk_wide = v[0].wide;
     o.sel_cache = v[0].cache;
+    o.sel_classic = v[0].classic;
+    o.sel_ahead = v[0].ahead;
+    o.sel_blocks = v[0].sel_blocks;
+    o.gather_blocks = v[0].gather_blocks;
     kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
     if (!st) st = prefill ? real_prefill(e, T, seed, &r[0]) : kv_gpu_engine_synthesize(e, T, seed);
     if (st) return st;
@@ -177,6 +202,7 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
             r[i].prefill_ms = r[0].prefill_ms;
             r[i].prefill_attn_ms = r[0].prefill_attn_ms;
             st = kv_gpu_engine_set_step_opts(e, v[i].serial, v[i].wide, v[i].cache, o.profile);
+            kv_gpu_engine_set_sel_opts(e, v[i].classic, v[i].ahead, v[i].sel_blocks, v[i].gather_blocks);
         }
         if (!st) st = timed_run(e, warmup, tokens, ids, ms, dv, &r[i]);
         if (!st && i == 0 && sparse && nofetch_tokens > 0) {
@@ -202,7 +228,9 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
 {
     /* one run, the step as opts says */
     kv_decode_variant v = {.name = "base", .serial = opts->sel_serial, .wide = opts->topk_wide,
-                           .cache = opts->sel_cache};
+                           .cache = opts->sel_cache, .classic = opts->sel_classic,
+                           .ahead = opts->sel_ahead, .sel_blocks = opts->sel_blocks,
+                           .gather_blocks = opts->gather_blocks};
     return kv_gpu_bench_decode_variants(e, per_layer, opts, T, seed, prefill, warmup, tokens, nofetch_tokens,
                                         &v, 1, r);
 }

@@ -99,11 +99,14 @@ typedef struct {
 /* One way to run the sparse layers' step (kv_gpu_engine_opts.sel_serial,
  * topk_wide, sel_cache), for kv_gpu_bench_decode_variants. */
 typedef struct {
-    char name[32]; /* "base", or the words joined by '+': serial, wide, cache */
-    bool serial, wide, cache;
+    char name[32]; /* "base", or the words joined by '+': serial, wide, cache, classic, ahead2 */
+    bool serial, wide, cache, classic;
+    int ahead;     /* ahead2: 2, else 0 (opts.sel_ahead) */
+    int sel_blocks, gather_blocks; /* chainN, gatherN: N (all: -1), else 0 (opts') */
 } kv_decode_variant;
 
-/* Parse "base" or words of serial, wide, cache joined by '+' (KV_E_USAGE
+/* Parse "base" or words of serial, wide, cache, classic, ahead2, chainN,
+ * gatherN (N 1-999 or all) joined by '+' (KV_E_USAGE
  * naming the word otherwise). */
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
 

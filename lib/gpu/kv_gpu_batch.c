@@ -310,7 +310,7 @@ static kv_status batch_forward(kv_gpu_batch *b, const int *dtok)
         CK(cudaEventRecord(b->ev_x, b->s));
         for (int j = 0; j < b->S; j++) CK(cudaStreamWaitEvent(b->lane[j], b->ev_x, 0));
         for (int i = 0; i < b->B; i++)
-            if (l + 1 < L && gl_wants_pred(b->e[i], l + 1)) TRY(gl_predict_ahead(b->e[i], l + 1));
+            TRY(gl_predict_from(b->e[i], l));
         TRY(batch_qkv(b, l));
         CK(cudaEventRecord(b->ev_q, b->s));
         for (int j = 0; j < b->S; j++) CK(cudaStreamWaitEvent(b->lane[j], b->ev_q, 0));

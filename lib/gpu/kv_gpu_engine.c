@@ -386,7 +386,7 @@ typedef struct {
 kv_status gl_predict_ahead(kv_gpu_engine *e, int l)
 {
     gl_layer *y = &e->lay[l];
-    float *xp = e->xp[l & 1];
+    float *xp = e->xp[l % 3];
     /* opts.sel_serial: the same work on the main stream, where it is issued */
     cudaStream_t ss = e->o.sel_serial ? e->s_main : e->s_side;
     cudaStream_t sg = e->o.sel_serial ? e->s_main : e->s_gath;
@@ -401,6 +401,17 @@ kv_status gl_predict_ahead(kv_gpu_engine *e, int l)
     if (e->o.profile) CK(cudaEventRecord(e->ev_p1[l], sg));
     CK(cudaEventRecord(e->ev_sel[l], sg));
     e->sel.side_last = l;
+    return KV_OK;
+}
+
+/* At the start of layer l: the predicted layers' selections to issue now,
+ * each opts.sel_ahead (1 or 2) layers ahead (at layer 0 also the nearer
+ * ones). */
+kv_status gl_predict_from(kv_gpu_engine *e, int l)
+{
+    const int d = e->o.sel_ahead >= 2 ? 2 : 1;
+    for (int t = l == 0 ? 1 : l + d; t <= l + d && t < e->L; t++)
+        if (gl_wants_pred(e, t)) TRY(gl_predict_ahead(e, t));
     return KV_OK;
 }
 
@@ -421,8 +432,8 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
         if (e->lay[l].pl->step_begin) TRY(e->lay[l].pl->step_begin(e, &e->lay[l]));
     for (int l = 0; l < e->L; l++) {
         gl_layer *y = &e->lay[l];
-        /* one layer ahead: the next layer's query and token selection */
-        if (!pf && l + 1 < e->L && gl_wants_pred(e, l + 1)) TRY(gl_predict_ahead(e, l + 1));
+        /* one (or two) layers ahead: a later layer's query and token selection */
+        if (!pf) TRY(gl_predict_from(e, l));
         TRY(gl_qkv(e, l, s));
         float *q = e->qkv, *k = q + e->qd, *v = k + e->kvd;
         gl_row r;
@@ -549,8 +560,8 @@ static kv_status engine_init(kv_gpu_engine *e)
     if (st) return st;
     /* activations, zeroed so that the padding of every GEMV input is zero */
     struct { float **p; int n; } acts[] = {
-        {&e->x, gl_pad8(e->dim)},    {&e->xp[0], e->ld_dim},
-        {&e->xp[1], e->ld_dim},      {&e->qkv, e->qd + 2 * e->kvd}, {&e->att, e->ld_qd},
+        {&e->x, gl_pad8(e->dim)},    {&e->xp[0], e->ld_dim},       {&e->xp[1], e->ld_dim},
+        {&e->xp[2], e->ld_dim},      {&e->qkv, e->qd + 2 * e->kvd}, {&e->att, e->ld_qd},
         {&e->hb, e->ld_hid},          {&e->logits, e->vocab},
         {&e->xn, e->ld_dim},          {&e->gu32, 2 * e->hidden},
         {&e->qpred, e->qd},          {&e->sel.qscale, e->nqh},
@@ -658,7 +669,7 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     gl_graph_free(e);
     gl_weights_free(e);
     gl_dfree(&e->inv_freq);
-    float **acts[] = {&e->x, &e->xp[0], &e->xp[1], &e->qkv, &e->att, &e->hb, &e->xn, &e->gu32,
+    float **acts[] = {&e->x, &e->xp[0], &e->xp[1], &e->xp[2], &e->qkv, &e->att, &e->hb, &e->xn, &e->gu32,
                       &e->logits, &e->qpred, &e->sel.qscale, &e->sel.sm_tmp, &e->sel.score,
                       &e->sel.comb};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) gl_dfree(acts[i]);
@@ -674,9 +685,10 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     gl_dfree(&e->qx.v);
     gl_dfree(&e->qx.imp_sc);
     gl_dfree(&e->sel.chans);
-    gl_dfree(&e->sel.sel[0]);
-    gl_dfree(&e->sel.sel[1]);
+    for (int i = 0; i < 3; i++) gl_dfree(&e->sel.sel[i]);
     gl_dfree(&e->sel.tw_ws);
+    gl_dfree(&e->sel.rs_ws);
+    e->sel.rs_ws_n = 0;
     cudaEvent_t *evs[] = {e->ev_x, e->ev_sel, e->off.ev_copied, e->ev_topk,
                           e->ev_p0, e->ev_p1, e->ev_g0, e->ev_g1,
                           e->ev_t1, e->ev_w0, e->ev_w1};
@@ -1181,6 +1193,13 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 // --- accessors and accounting --------------------------------------------------------------
 
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch) { e->o.no_fetch = no_fetch; }
+void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int sel_blocks, int gather_blocks)
+{
+    e->o.sel_classic = classic;
+    e->o.sel_ahead = ahead;
+    e->o.sel_blocks = sel_blocks;
+    e->o.gather_blocks = gather_blocks;
+}
 
 kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
                                       bool sel_cache, bool profile)

@@ -117,9 +117,31 @@ typedef struct {
                              then launched once) or launched kernel by kernel; a step a
                              placement cannot capture (a group packed with allocations or on
                              the host) runs plainly, and kv_gpu_engine_graph_info says which */
+    /* select=resident's kernels: false (the default) eng_resident_select, the
+     * chain of short many-block kernels (kernels/eng_select_fast.cu); true the
+     * former chain (eng_select_pool, eng_score_rows, eng_softmax_combine,
+     * eng_topk or eng_topk_wide), kept for measurement.  The same ids up to
+     * float rounding of the softmax sums.
+     * sel_ahead: how many layers ahead a predicted layer's query, selection
+     * and gather are issued: 0 or 1 (TailorKV: from the residual stream
+     * before the previous layer), 2 (before the layer two back: twice the
+     * time to hide the chain behind, a query predicted from further back).
+     * kv_gpu_engine_set_sel_opts changes both between steps. */
+    bool sel_classic;
+    int sel_ahead;
+    /* Blocks per KV head of the selection kernels (eng_resident_select) and
+     * of the gather of the chosen rows, for every select mode: 0 = the
+     * defaults KV_GPU_SEL_BLOCKS, KV_GPU_GATHER_BLOCKS; < 0 = one block per
+     * chunk of work (the widest grid).  Narrow kernels leave the SMs to the
+     * layer they hide behind (measurement: kv-bench decode --variants
+     * chainN, gatherN). */
+    int sel_blocks, gather_blocks;
     int gemv_q;           /* packed GEMV variant (kernels/eng_ops.cuh, ENG_GEMVQ_*): 0 = the
                              default (per type and shape: eng_gemvq_best), 1 old, 2 rows, 3 dp4a; measurement */
 } kv_gpu_engine_opts;
+
+#define KV_GPU_SEL_BLOCKS 32
+#define KV_GPU_GATHER_BLOCKS 1
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
  * geometry at 128k on the H200 (docs/BENCHMARKS.md, GPU prefill). */
@@ -190,6 +212,10 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed);
 /* Measurement only: switch the sparse layers' selection and gather off (or
  * back on) without touching the context (see opts.no_fetch). */
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
+
+/* Change opts.sel_classic, sel_ahead, sel_blocks and gather_blocks between
+ * steps (the device may be busy: they take effect from the next step issued). */
+void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int sel_blocks, int gather_blocks);
 
 /* Change opts.sel_serial, topk_wide and sel_cache (and profile) between
  * steps, keeping the context (a selection cache starts empty again, its

@@ -224,7 +224,7 @@ struct kv_gpu_engine {
     cudaStream_t s_main, s_side, s_gath, s_copy;
     /* activations (float32, padded to ld_* with zeros) */
     float *x;            /* (ld_dim) residual stream */
-    float *xp[2];        /* (ld_dim) normalized input of the predicted layer, by parity */
+    float *xp[3];        /* (ld_dim) normalized input of the predicted layer l, in xp[l % 3] */
     float *qkv;          /* (n_heads*hd + 2*n_kv*hd) projections, q then k then v */
     float *att;          /* (ld_qd) attention output */
     float *hb;           /* (ld_hid) SwiGLU output */
@@ -254,10 +254,13 @@ struct kv_gpu_engine {
         float *comb;     /* (nkv, candidates) scores combined over each KV group */
         float *sm_tmp;   /* eng_softmax_tmp(n_heads) floats of softmax scratch */
         float *qscale;   /* (n_heads) channel-selection scale per query head */
-        int *chans, *sel[2]; /* sel: by layer parity, so a gather overlaps the next selection */
-        size_t score_n, sel_n[2], chans_n;
+        int *chans, *sel[3]; /* sel: layer l's in sel[l % 3], so that a gather overlaps the next
+                                two layers' selections (opts.sel_ahead 2) */
+        size_t score_n, sel_n[3], chans_n;
         int side_last;   /* this step: the last layer selected on the selection stream, or -1 */
         void *tw_ws;     /* eng_topk_wide_ws(nkv) bytes (opts.topk_wide), or NULL */
+        void *rs_ws;     /* eng_resident_select_ws bytes (select=resident's chain), zeroed */
+        size_t rs_ws_n;
     } sel;               /* sparse (layers take turns on the selection streams) */
     struct {
         uint16_t *stage_k[2], *stage_v[2]; /* (nkv, ctx, hd) double-buffered staging */
@@ -311,6 +314,9 @@ kv_status gl_ensure_qx(kv_gpu_engine *e);
  * and its token selection, on the selection streams (a decode step of a
  * layer with gl_wants_pred; the batched step calls it per sequence). */
 kv_status gl_predict_ahead(kv_gpu_engine *e, int l);
+/* At the start of layer l: issue the predicted layers' selections due now
+ * (opts.sel_ahead layers ahead; at layer 0 the nearer ones too). */
+kv_status gl_predict_from(kv_gpu_engine *e, int l);
 /* Elapsed ms between two recorded events (0 when unavailable). */
 float gl_elapsed(cudaEvent_t a, cudaEvent_t b);
 

@@ -361,12 +361,23 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
         TRY(gl_dalloc(&e->sel.comb, (size_t)e->nkv * ncand * 4, "selection scores"));
         e->sel.score_n = (size_t)e->nqh * ncand;
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         TRY(gl_grow_i32(&e->sel.sel[i], &e->sel.sel_n[i], (size_t)nkv * (sp->kmax + 1),
                         "selection ids"));
     TRY(gl_grow_i32(&e->sel.chans, &e->sel.chans_n, (size_t)nkv * p->channels, "critical channels"));
     if (e->o.topk_wide && !e->sel.tw_ws)
         TRY(gl_dalloc(&e->sel.tw_ws, eng_topk_wide_ws(nkv), "top-K workspace"));
+    if (p->select == KV_SELECT_RESIDENT) { /* the chain's workspace, zeroed once */
+        size_t need = eng_resident_select_ws(e->nqh, nkv, (int)ncand);
+        if (need > e->sel.rs_ws_n) {
+            CK(cudaDeviceSynchronize());
+            gl_dfree(&e->sel.rs_ws);
+            e->sel.rs_ws_n = 0;
+            TRY(gl_dalloc(&e->sel.rs_ws, need, "resident selection workspace"));
+            CK(cudaMemset(e->sel.rs_ws, 0, need));
+            e->sel.rs_ws_n = need;
+        }
+    }
     cache_free(sp);
     if (e->o.sel_cache) TRY(cache_alloc(e, y));
     return KV_OK;
@@ -384,6 +395,10 @@ static kv_status sparse_step_opts(kv_gpu_engine *e, gl_layer *y)
     cache_free(sp);
     return KV_OK;
 }
+
+/* Blocks per KV head of a side kernel: opts' value, its default for 0, the
+ * widest grid (0 to the launcher) for < 0. */
+static int blocks_of(int o, int dflt) { return o == 0 ? dflt : o < 0 ? 0 : o; }
 
 /* Top-K of comb on stream s, one block per KV head or (opts.topk_wide) many. */
 static kv_status run_topk(kv_gpu_engine *e, const float *comb, int ncand, int kk, int cs, int *sel,
@@ -409,7 +424,7 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
 {
     sparse_state *sp = y->st;
     const int l = y->l;
-    int *sel = e->sel.sel[l & 1];
+    int *sel = e->sel.sel[l % 3];
     bool g0_done = false; /* profile: first host read recorded */
     const kv_policy_params *p = &y->prm;
     const int T = e->pos + 1, nkv = e->nkv, hd = e->hd;
@@ -443,6 +458,17 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                                         e->sel.score, s));
             } else if (p->select == KV_SELECT_RESIDENT) {
                 const int C = p->channels < sp->R ? p->channels : sp->R;
+                if (!e->o.sel_classic && !(skip & (KV_GPU_SKIP_SCORES | KV_GPU_SKIP_SOFTMAX | KV_GPU_SKIP_TOPK)) &&
+                    e->sel.rs_ws && eng_topk_many_fits(ncand)) {
+                    /* the chain of short many-block kernels: scores, softmax,
+                     * combine and top-K (kernels/eng_select_fast.cu) */
+                    CK(eng_resident_select(q, sp->chmax, sp->pool, sp->R, C, sp->rrows, sp->rscale,
+                                           sp->rzero, sp->ldt, p->cbits, e->nqh, nkv, hd, cs, cend,
+                                           p->group_reduce == KV_REDUCE_MAX, kk, e->sel.comb,
+                                           e->sel.chans, e->sel.qscale, sel, e->sel.rs_ws,
+                                           blocks_of(e->o.sel_blocks, KV_GPU_SEL_BLOCKS), s));
+                    goto gather;
+                }
                 if (!(skip & KV_GPU_SKIP_SCORES)) {
                     CK(eng_select_pool(q, sp->chmax, sp->pool, e->nqh, nkv, hd, sp->R, C,
                                        e->sel.chans, e->sel.qscale, s));
@@ -513,8 +539,9 @@ gather:
                                 (size_t)sp->cap, sg));
     } else if (!(skip & KV_GPU_SKIP_GATHER)) {
         size_t off = (size_t)sp->start * hd;
-        CK(eng_gather_rows(sp->rows_d, nkv, hd, KV_DT_F16, sel, kk, sp->sink, cs, sp->ak + off,
-                           sp->av + off, (size_t)sp->cap, sg));
+        CK(eng_gather_rows_w(sp->rows_d, nkv, hd, KV_DT_F16, sel, kk, sp->sink, cs, sp->ak + off,
+                             sp->av + off, (size_t)sp->cap, blocks_of(e->o.gather_blocks, KV_GPU_GATHER_BLOCKS),
+                             sg));
         /* the rows of the region no longer hold what the tags say */
         if (sp->tag) sp->cache_reset = true;
     }

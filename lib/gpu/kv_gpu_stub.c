@@ -86,6 +86,10 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 }
 
 void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch) { (void)e; (void)no_fetch; }
+void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int sel_blocks, int gather_blocks)
+{
+    (void)e, (void)classic, (void)ahead, (void)sel_blocks, (void)gather_blocks;
+}
 kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
                                       bool sel_cache, bool profile)
 {

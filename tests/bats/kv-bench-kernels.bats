@@ -145,6 +145,21 @@ load helper
     done
 }
 
+@test "kv-bench decode takes the selection variants classic, ahead2, chainN and gatherN and refuses a bad N (64)" {
+    run --separate-stderr kv-bench decode --variants chain0
+    assert_fails_with 64 "'chain0' is not one of serial, wide, cache, classic, ahead2, chainN, gatherN"
+    run --separate-stderr kv-bench decode --variants gather4x
+    assert_fails_with 64 "'gather4x' is not one of"
+    run --separate-stderr kv-bench decode --variants chain1000
+    assert_fails_with 64 "'chain1000' is not one of"
+    run --separate-stderr kv-bench decode --help
+    [[ "$output" == *"ahead2"* ]]
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    run --separate-stderr kv-bench decode --variants base,classic,ahead2,chain4+gather1,chainall+gatherall \
+        --policies hybrid-resident -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny

@@ -415,8 +415,11 @@ print("ok")' "$BATS_TEST_TMPDIR/r.svg"
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --gpu-step cache+slow -P full
     assert_fails_with 64 "'slow' is not one of serial, wide, cache"
     [ -z "$output" ]
+    run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --gpu-step ahead3 -P full
+    assert_fails_with 64 "'ahead3' is not one of"
     run --separate-stderr kv-bench ruler --help
     [[ "$output" == *"--gpu-step"* ]]
+    [[ "$output" == *"ahead2"* ]]
     # on the CPU the option changes nothing: the same JSON as without it
     run --separate-stderr ruler --tasks "$NIAH/tasks-dev.jsonl" --limit 1 -l 1024 --json --gpu-step wide+cache -P full
     [ "$status" -eq 0 ]

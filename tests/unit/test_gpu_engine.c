@@ -1315,7 +1315,9 @@ static void test_pdl_levels_generate_the_same_ids(void)
 }
 
 /* niah4k (head_dim 64) with full and sparse layers
- * against the CPU engine's same policies. */
+ * against the CPU engine's same policies (niah_classic: select=resident with
+ * the former kernels, opts.sel_classic). */
+static bool niah_classic;
 static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_diff)
 {
     kv_model *m = NULL;
@@ -1328,6 +1330,7 @@ static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_d
     OK(kv_policy_parse(spec, m->cfg.n_layers, pp));
     kv_gpu_engine_opts o;
     kv_gpu_engine_opts_default(&o);
+    o.sel_classic = niah_classic;
     kv_engine *cpu = NULL;
     kv_gpu_engine *gpu = NULL;
     /* the CPU reference keeps its sparse prompt copy in fp16, as the GPU does */
@@ -1340,8 +1343,9 @@ static void run_niah(const char *spec, kv_select_mode sel, double tol, int max_d
     if (gpu) {
         cmp_result r;
         compare_engines(cpu, gpu, prompt, n, short_run() ? 8 : 30, V, &r);
-        printf("# niah4k %s%s: %d steps, max logit error %.3g, argmax differences %d\n", spec,
-               sel == KV_SELECT_SKETCH ? " (sketch)" : "", r.steps, r.max_err, r.argmax_diff);
+        printf("# niah4k %s%s%s: %d steps, max logit error %.3g, argmax differences %d\n", spec,
+               sel == KV_SELECT_SKETCH ? " (sketch)" : "", niah_classic ? " (classic kernels)" : "", r.steps,
+               r.max_err, r.argmax_diff);
         KT_CHECK(r.max_err < tol, "%s: logits normalized error %g", spec, r.max_err);
         KT_CHECK(r.argmax_diff <= max_diff, "%s: %d greedy tokens differ", spec, r.argmax_diff);
     }
@@ -1377,6 +1381,13 @@ static void test_niah4k_resident_and_pages_match_cpu(void)
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=8,pool=32,cbits=4,select=resident",
              KV_SELECT_RESIDENT, 1e-1, 1);
     run_niah("0=full;*=sparse:k=64,sink=8,window=32,page=16,select=pages", KV_SELECT_PAGES, 1e-1, 1);
+    /* the former kernels on fresh prompts of the same kind, for comparison */
+    niah_classic = true;
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=16,select=resident", KV_SELECT_RESIDENT,
+             1e-1, 1);
+    run_niah("0=full;*=sparse:k=64,sink=8,window=32,channels=8,pool=32,cbits=4,select=resident",
+             KV_SELECT_RESIDENT, 1e-1, 1);
+    niah_classic = false;
 }
 
 /*
@@ -1389,11 +1400,14 @@ static void test_niah4k_resident_and_pages_match_cpu(void)
  * order, so within float rounding, with the same greedy tokens, and it must
  * hit (tokens chosen again) and read fewer host bytes.  Also the cache
  * switched on between steps (kv_gpu_engine_set_step_opts: its tags start
- * from the buffer's content).  niah4k, the default resident hybrid.
+ * from the buffer's content).  niah4k, the default resident hybrid.  The
+ * former resident kernels (classic) within float rounding, the same greedy
+ * tokens; two layers ahead (ahead2) bit for bit against its own serial path.
  */
 typedef struct {
     const char *name;
-    bool serial, wide, cache, switch_on;
+    bool serial, wide, cache, switch_on, classic;
+    int ahead;
 } step_variant;
 
 static void run_step_variant(kv_model *m, const kv_policy_params *pp, const int *prompt, int n,
@@ -1406,6 +1420,8 @@ static void run_step_variant(kv_model *m, const kv_policy_params *pp, const int 
     o.sel_serial = v->serial;
     o.topk_wide = v->wide;
     o.sel_cache = v->cache && !v->switch_on;
+    o.sel_classic = v->classic;
+    o.sel_ahead = v->ahead;
     o.profile = true;
     kv_gpu_engine *g = NULL;
     kv_status st = kv_gpu_engine_new(m, pp, n + steps + 8, &o, &g);
@@ -1440,10 +1456,12 @@ static void test_sparse_step_variants_match_the_serial_path(void)
     OK(kv_policy_parse("0=full;*=sparse:frac=0.03,sink=8,window=32,select=resident", m->cfg.n_layers, pp));
     for (int l = 0; l < m->cfg.n_layers; l++) pp[l].dtype = KV_DT_F16;
     const step_variant vs[] = {
-        {"serial", true, false, false, false},      {"base", false, false, false, false},
-        {"wide", false, true, false, false},        {"serial+wide", true, true, false, false},
-        {"cache", false, false, true, false},       {"wide+cache", false, true, true, false},
-        {"serial+cache", true, false, true, false}, {"cache switched on", false, false, true, true},
+        {"serial", true, false, false, false, false, 0},      {"base", false, false, false, false, false, 0},
+        {"wide", false, true, false, false, false, 0},        {"serial+wide", true, true, false, false, false, 0},
+        {"cache", false, false, true, false, false, 0},       {"wide+cache", false, true, true, false, false, 0},
+        {"serial+cache", true, false, true, false, false, 0}, {"cache switched on", false, false, true, true, false, 0},
+        {"classic", false, false, false, false, true, 0},     {"serial+ahead2", true, false, false, false, false, 2},
+        {"ahead2", false, false, false, false, false, 2},
     };
     const size_t nl = (size_t)(steps + 1) * V;
     float *ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));
@@ -1451,8 +1469,9 @@ static void test_sparse_step_variants_match_the_serial_path(void)
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
         kv_gpu_timing t;
         uint64_t fetched = 0;
-        run_step_variant(m, pp, prompt, n, steps, &vs[i], i ? lg : ref, ids, &t, &fetched);
-        if (!i) {
+        const bool is_ref = !i || (vs[i].serial && vs[i].ahead); /* ahead2's own serial path */
+        run_step_variant(m, pp, prompt, n, steps, &vs[i], is_ref ? ref : lg, ids, &t, &fetched);
+        if (is_ref) {
             fetched_ref = fetched;
             continue;
         }
@@ -1467,7 +1486,10 @@ static void test_sparse_step_variants_match_the_serial_path(void)
                "host bytes %llu (serial %llu), cache hits %llu of %llu\n", vs[i].name, steps, err, diff,
                (unsigned long long)fetched, (unsigned long long)fetched_ref,
                (unsigned long long)t.cache_hits, (unsigned long long)t.cache_rows);
-        if (!vs[i].cache) {
+        if (vs[i].classic) {
+            KT_CHECK(err < 1e-2 && diff == 0, "%s: logits error %g, %d greedy tokens differ", vs[i].name, err,
+                     diff);
+        } else if (!vs[i].cache) {
             KT_CHECK(err == 0, "%s: logits differ from the serial path (%g)", vs[i].name, err);
         } else {
             KT_CHECK(err < 1e-3, "%s: logits normalized error %g against the serial path", vs[i].name, err);
