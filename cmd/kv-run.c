@@ -123,8 +123,8 @@ int main(int argc, char **argv)
     run_opts o;
     run_parse_opts(argc, argv, &o);
     if (o.tokenize) return run_tokenize(&o);
-    if (o.batch) return run_batch(&o);
     if (o.threads) kv_engine_set_threads(o.threads);
+    if (o.batch) return run_batch(&o);
     if (is_stdout(o.dump)) kv_refuse_binary_tty(stdout, "a .kvc file");
     int rc = 0, *prompt = NULL, n_prompt = 0, ctx = 0;
     kv_model *m = NULL;

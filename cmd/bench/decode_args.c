@@ -93,6 +93,7 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
         case O_CTX: {
             nctx = 0;
             char *dup = strdup(a), *save = NULL;
+            if (!dup) kv_die(KV_EXIT_SOFTWARE, "out of memory");
             for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 if (nctx == MAXC) kv_cli_usage_error("at most %d contexts", MAXC);
                 ctx[nctx++] = (int)kv_cli_long("--contexts", t, 16, 1 << 22);
@@ -108,6 +109,7 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
         case O_POLICIES: {
             memset(want, 0, sizeof want);
             char *dup = strdup(a), *save = NULL;
+            if (!dup) kv_die(KV_EXIT_SOFTWARE, "out of memory");
             for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 int p = 0;
                 while (p < KV_DEC_COUNT && strcmp(kv_decode_placement_name((kv_decode_placement)p), t)) p++;
@@ -143,6 +145,7 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
         case O_VARIANTS: {
             nvar = 0;
             char *dup = strdup(a), *save = NULL;
+            if (!dup) kv_die(KV_EXIT_SOFTWARE, "out of memory");
             for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 if (nvar == MAXV) kv_cli_usage_error("at most %d variants", MAXV);
                 if (kv_decode_variant_parse(t, &var[nvar]) != KV_OK)
@@ -158,6 +161,7 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
         case O_BATCH: {
             nbatch = 0;
             char *dup = strdup(a), *save = NULL;
+            if (!dup) kv_die(KV_EXIT_SOFTWARE, "out of memory");
             for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 if (nbatch == MAXB) kv_cli_usage_error("--batch: at most %d sizes", MAXB);
                 batch[nbatch++] = !strcmp(t, "max") ? 0 : (int)kv_cli_long("--batch", t, 1, 65536);
@@ -180,6 +184,8 @@ void kv_bench_decode_args(int argc, char **argv, decode_args *A)
         }
     }
     if (oi < argc) kv_cli_usage_error("unexpected argument '%s'", argv[oi]);
+    if (nbatch && (gmode != GRAPH_ON || cmode != CTX_SYNTH || pf_sync))
+        kv_cli_usage_error("--batch steps synthesized contexts kernel by kernel: drop --graph, --context and --prefill-copy");
     *A = (decode_args){.synth = synth, .wt = wt, .nctx = nctx, .tokens = tokens, .warmup = warmup,
                        .offtok = offtok, .nofetch = nofetch, .bc = bc, .device = device, .pdl = pdl,
                        .sel_skip = sel_skip, .cmode = cmode, .gmode = gmode, .pf_sync = pf_sync, .seed = seed,

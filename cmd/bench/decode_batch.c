@@ -165,7 +165,7 @@ int kv_bench_decode_batch(const decode_args *A)
     if (!pp || !runs) {
         free(pp), free(runs);
         kv_model_close(m);
-        return kv_report(KV_E_NOMEM, "out of memory");
+        return kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "out of memory");
     }
     char dev[400] = "";
     uint64_t wread = 0;
@@ -194,7 +194,7 @@ int kv_bench_decode_batch(const decode_args *A)
                 brun *x = &RUN(ci, p, vi, bi);
                 /* a hybrid's step variant: the sequences take the weights engine's options */
                 kv_gpu_engine_opts ov = o;
-                ov.sel_serial = A->var[vi].serial, ov.topk_wide = A->var[vi].wide, ov.sel_cache = A->var[vi].cache;
+                kv_decode_variant_apply(&A->var[vi], &ov);
                 if ((st = kv_gpu_engine_reset_opts(w, NULL, &ov))) {
                     rc = kv_report(st, "GPU engine");
                     break;

@@ -44,7 +44,7 @@ static const kv_option opts[] = {
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_GPUSTEP, 0, "gpu-step", "HOW", "GPU sparse layers' step: base (default) or words of serial, "
-                                     "wide, cache, classic, ahead2 joined by '+' (as kv-bench decode --variants)"},
+                                     "wide, cache, classic, ahead2, chainN, gatherN joined by '+' (as kv-bench decode --variants)"},
     {0, 0, NULL, NULL, NULL},
 };
 
@@ -124,13 +124,7 @@ int kv_bench_ruler_main(int argc, char **argv)
         case O_GPUSTEP: {
             kv_decode_variant v;
             if (kv_decode_variant_parse(a, &v) != KV_OK) kv_cli_usage_error("--gpu-step: %s", kv_errdetail());
-            go.sel_serial = v.serial;
-            go.topk_wide = v.wide;
-            go.sel_cache = v.cache;
-            go.sel_classic = v.classic;
-            go.sel_ahead = v.ahead;
-            go.sel_blocks = v.sel_blocks;
-            go.gather_blocks = v.gather_blocks;
+            kv_decode_variant_apply(&v, &go);
             break;
         }
         case O_SELECT:

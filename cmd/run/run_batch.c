@@ -95,7 +95,7 @@ int run_batch(const run_opts *o)
     char *json = NULL;
     kv_status st;
     if (!ids || !n) {
-        rc = kv_report(KV_E_NOMEM, "out of memory");
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "out of memory");
         goto out;
     }
     if (o->report && (st = kv_outfile_open(&rep, o->report))) {

@@ -51,8 +51,8 @@ static const kv_option opts[] = {
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
-    {O_GRAPH, 0, "graph", "WHEN", "GPU decode steps as CUDA graphs: on, off or auto (default: off for these "
-                                 "host-sampled steps, measured faster)"},
+    {O_GRAPH, 0, "graph", "WHEN", "GPU decode steps as CUDA graphs: on, off or auto (default: these "
+                                 "host-sampled steps kernel by kernel, measured faster)"},
     {O_GEMV, 0, "gemv-variant", "NAME", "GPU decode GEMV of packed weights: default, old, rows, dp4a (measurement)"},
     {O_KV, 0, "kv", "FILE", "start from this .kvc cache; the prompt is its continuation"},
     {O_STORE, 0, "store", "DIR", "reuse the prompt's longest cached prefix from a kv-tree store, then insert the prompt"},
@@ -194,6 +194,7 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
     if (o->batch && !o->prompt && !o->prompt_file && !o->random_prompt)
         kv_cli_usage_error("--batch needs prompts: --prompt-file (one per line), --random-prompt or --prompt");
     if (o->gemm_given && !o->batch) kv_cli_usage_error("--gemm goes with --batch");
+    if (o->batch && o->graph) kv_cli_usage_error("--batch steps run kernel by kernel: drop --graph");
     const bool other = o->score || o->compare || o->dump || o->report;
     if (o->tokenize && (other || o->tokens || o->random_prompt || o->synth))
         kv_cli_usage_error("--tokenize takes a model or vocabulary and a text (--prompt or --prompt-file) only");

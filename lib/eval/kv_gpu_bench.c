@@ -106,6 +106,17 @@ static bool word_blocks(const char *p, size_t n, int *out)
     return x >= 1;
 }
 
+void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o)
+{
+    o->sel_serial = v->serial;
+    o->topk_wide = v->wide;
+    o->sel_cache = v->cache;
+    o->sel_classic = v->classic;
+    o->sel_ahead = v->ahead;
+    o->sel_blocks = v->sel_blocks;
+    o->gather_blocks = v->gather_blocks;
+}
+
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
 {
     memset(v, 0, sizeof *v);
@@ -174,13 +185,7 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
     if (tokens < 1) return kv_fail(KV_E_USAGE, "no tokens to time");
     kv_gpu_engine_opts o = *opts;
     o.time_prefill = o.time_prefill || prefill;
-    o.sel_serial = v[0].serial;
-    o.topk_wide = v[0].wide;
-    o.sel_cache = v[0].cache;
-    o.sel_classic = v[0].classic;
-    o.sel_ahead = v[0].ahead;
-    o.sel_blocks = v[0].sel_blocks;
-    o.gather_blocks = v[0].gather_blocks;
+    kv_decode_variant_apply(&v[0], &o);
     kv_status st = kv_gpu_engine_reset_opts(e, per_layer, &o);
     if (!st) st = prefill ? real_prefill(e, T, seed, &r[0]) : kv_gpu_engine_synthesize(e, T, seed);
     if (st) return st;

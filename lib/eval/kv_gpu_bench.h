@@ -109,6 +109,8 @@ typedef struct {
  * gatherN (N 1-999 or all) joined by '+' (KV_E_USAGE
  * naming the word otherwise). */
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
+/* The step options of variant v into o (the rest of o unchanged). */
+void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o);
 
 /*
  * Reset e to per_layer/opts, put a T-token context in place — synthesized

@@ -109,8 +109,7 @@ kv_status kv_profile_add_kl(kv_profile *acc, const kvc_file *f, const kv_model *
                         .k = (const void *const *)kp, .v = (const void *const *)vp, .ld = T};
     for (int l = 0; !st && l < L; l++) kv_policy_params_default(&per[l], KV_POL_FULL);
     if (!st) st = kv_engine_new(m, per, T, &e);
-    if (!st) st = run_steps(e, &r, per, lref, V);
-    if (st) kv_errcontext("full");
+    if (!st && (st = run_steps(e, &r, per, lref, V))) kv_errcontext("full");
     for (int l = 0; !st && l < L; l++) {
         for (int o = KV_OPT_FULL + 1; !st && o < KV_OPT_COUNT; o++) {
             if (!(p->choices & (1u << o)) || isnan(acc->bytes[o][l])) { /* not measured, never chosen */

@@ -133,6 +133,9 @@ bool gl_wants_pred(const kv_gpu_engine *e, int l)
 kv_status gl_ensure_ws(kv_gpu_engine *e, size_t bytes)
 {
     if (bytes <= e->ws_bytes) return KV_OK;
+    /* geometric growth: a long decode from a short context grows the split
+     * count step by step, and a capture may retire only a few workspaces */
+    if (bytes < 2 * e->ws_bytes) bytes = 2 * e->ws_bytes;
     if (e->gr.capturing) return gl_graph_grow_ws(e, bytes); /* no synchronising in a capture */
     CK(cudaDeviceSynchronize());
     gl_dfree(&e->ws);

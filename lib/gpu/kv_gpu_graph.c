@@ -260,6 +260,10 @@ kv_status gl_graph_step(kv_gpu_engine *e, const int *dtok, bool want_logits, int
     TRY(st);
     CK(cudaGraphLaunch(g->exec[g->cur], e->s_main));
     g->cur ^= 1;
+    /* the offload staging events were last recorded inside the capture; a
+     * later plain step (or the batch driver) waits on them outside one, so
+     * record them again after the graph's work */
+    for (int i = 0; e->off.n && i < 2; i++) CK(cudaEventRecord(e->off.ev_done[i], e->s_main));
     /* later plain work on the side streams after the graph */
     CK(cudaEventRecord(g->ev_fan, e->s_main));
     for (int i = 0; i < 3; i++) CK(cudaStreamWaitEvent(side[i], g->ev_fan, 0));

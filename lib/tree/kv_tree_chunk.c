@@ -187,6 +187,9 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g)
         uint32_t ok = rd32(h + 80), rsv = rd32(h + 84);
         if (ok > 1 || rsv) return kv_fail(KV_E_DATA, "chunk %s: unknown row order %u", c->name, ok);
         c->positional = ok == 1;
+        /* query-aware loading reads the sketch and the frames by position */
+        if (c->sk_r > 0 && !c->positional)
+            return kv_fail(KV_E_DATA, "chunk %s: a key sketch needs rows in position order", c->name);
     }
     uint32_t n = rd32(h + 16), start = rd32(h + 20), R = rd32(h + 24), nf = rd32(h + 28), codec = rd32(h + 32),
              bits = rd32(h + 36), zs = rd32(h + 40), L = rd32(h + 44), Hkv = rd32(h + 48), D = rd32(h + 52),

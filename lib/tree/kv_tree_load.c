@@ -127,7 +127,7 @@ kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, dou
     tree_chunk *c = calloc((size_t)np + 1, sizeof *c);
     int **psel = calloc((size_t)np + 1, sizeof *psel), *nsel = calloc((size_t)np + 1, sizeof *nsel);
     kv_status st = c && psel && nsel ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a selection");
-    for (int p = 0; p < np; p++) c[p].fd = -1;
+    for (int p = 0; c && p < np; p++) c[p].fd = -1;
     /* pass 1: the rows each node gives, from its tables alone */
     int M = 0, pk = 0;
     for (int p = 0; p < np && !st; p++) {
@@ -190,8 +190,10 @@ kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, dou
         }
     }
     for (int p = 0; p < np; p++) {
-        r->bytes_read[t->nodes[path[p]].tier] += c[p].bytes_read;
-        tree_chunk_free(&c[p]);
+        if (c) {
+            r->bytes_read[t->nodes[path[p]].tier] += c[p].bytes_read;
+            tree_chunk_free(&c[p]);
+        }
         free(psel ? psel[p] : NULL);
     }
     r->kept = M;

@@ -138,3 +138,12 @@ teardown() { rm -rf "$TMP"; }
     assert_output --partial "--batch-cap N"
     assert_output --partial "--gemm HOW"
 }
+
+@test "kv-run --batch and kv-bench decode --batch refuse the single-sequence step options they would ignore (64)" {
+    run --separate-stderr kv-run --synthetic tiny --random-prompt 8 -n 2 --batch 2 --graph on
+    assert_fails_with 64 "drop --graph"
+    run --separate-stderr kv-bench decode --batch 2 --graph off
+    assert_fails_with 64 "drop --graph, --context and --prefill-copy"
+    run --separate-stderr kv-bench decode --batch 2 --context prefill
+    assert_fails_with 64 "drop --graph, --context and --prefill-copy"
+}

@@ -145,7 +145,7 @@ PYEOF
     kv-tree init "$T/plain"
     kv-run -m "$NIAH" --prompt-file "$T/p0.txt" -n 1 --store "$T/plain" >/dev/null 2>&1
     run --separate-stderr kv-run -m "$NIAH" --prompt-file "$T/p1.txt" -n 2 --store "$T/plain" --important 0.25 --query-aware
-    assert_failure
+    [ "$status" -eq 65 ] || { echo "expected exit 65, got $status: $stderr"; false; }
     [[ "$stderr" == *"no key sketch"* ]]
     run --separate-stderr kv-run -m "$NIAH" -p x --store "$T/plain" --query-aware
     assert_fails_with 64 "--query-aware goes with --store and --important"
