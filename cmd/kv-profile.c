@@ -26,7 +26,8 @@ enum {
 static const kv_option opts[] = {
     {OPT_KV_BUDGET, 0, "kv-budget", "B", "resident KV bytes: a fraction of full's fp16 (<= 1) or bytes (0.25)"},
     {OPT_RULE, 0, "rule", "budget|tau", "choose by the errors under --kv-budget, or TailorKV's tau rule (budget)"},
-    {OPT_CHOICES, 0, "choices", "LIST", "options measured and chosen from: names, comma-separated (all)"},
+    {OPT_CHOICES, 0, "choices", "LIST", "options measured and chosen from: names, comma-separated (all; without "
+                                        "--model all but quant1-r0, stream32, stream64, sparse32)"},
     {OPT_MODEL, 'm', "model", "FILE", "the files' model: rate each option by the KL of decoding through it"},
     {OPT_STEPS, 0, "steps", "N", "with --model: decode each file's last N tokens (32)"},
     {OPT_TAU, 0, "tau", "T", "tau rule: score above T is quantization-friendly (0.2)"},
@@ -99,7 +100,7 @@ int main(int argc, char **argv)
     kv_profile_params p;
     kv_profile_params_default(&p);
     const char *arg, *svg = NULL, *model = NULL;
-    bool steps_given = false;
+    bool steps_given = false, choices_given = false;
     bool json = false;
     int c, optind_;
     while ((c = kv_cli_next(argc, argv, &arg, &optind_)) != -1) {
@@ -139,6 +140,7 @@ int main(int argc, char **argv)
         case OPT_CHOICES: {
             kv_status cs = kv_profile_choices_parse(arg, &p.choices);
             if (cs) kv_cli_usage_error("--choices: %s", kv_errdetail());
+            choices_given = true;
             break;
         }
         case OPT_MODEL: model = arg; break;
@@ -152,6 +154,7 @@ int main(int argc, char **argv)
     }
     if (optind_ >= argc) kv_cli_usage_error("no input file");
     if (steps_given && !model) kv_cli_usage_error("--steps goes with --model");
+    if (!choices_given && !model) p.choices &= ~KV_PROFILE_SMALL_CHOICES;
     if (model && p.rule == KV_RULE_TAU) kv_cli_usage_error("--model rates the options for --rule budget; --rule tau uses none");
     int rc = 0;
     kv_profile acc;

@@ -85,6 +85,11 @@ void kv_profile_deploy_params(const kv_profile_params *p, kv_profile_opt o, kv_p
 
 /* Bit o of a choice mask: option o is measured and may be chosen. */
 #define KV_PROFILE_ALL_CHOICES ((1u << KV_OPT_COUNT) - 1)
+/* The small-cache choices (quant1-r0, stream32, stream64, sparse32): only
+ * the model's KL (--model) judges the tokens they drop, so kv-profile
+ * measures them by default only with a model. */
+#define KV_PROFILE_SMALL_CHOICES                                                                      \
+    ((1u << KV_OPT_Q1_R0) | (1u << KV_OPT_STREAM32) | (1u << KV_OPT_STREAM64) | (1u << KV_OPT_SPARSE32))
 
 /* A comma-separated list of option names (or "all") -> a mask; full is
  * always in it (it is what the others are measured against).  KV_E_USAGE

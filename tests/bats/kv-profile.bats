@@ -270,3 +270,12 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     assert_success
     [ "$(json_get 'j["error"], "kl" in j["layers"][0]')" = "('attn', False)" ]
 }
+
+@test "kv-profile measures the small-cache choices by default only with --model" {
+    run --separate-stderr kv-profile --json "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'any(c in j["choices"] for c in ("quant1-r0", "stream32", "stream64", "sparse32"))')" = False ]
+    run --separate-stderr kv-profile --json --choices all "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'all(c in j["choices"] for c in ("quant1-r0", "stream32", "stream64", "sparse32"))')" = True ]
+}
