@@ -5,20 +5,21 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv_cli.h"
 #include "tree.h"
 
 int tree_cmd_place(int argc, char **argv)
 {
-    const char *arg;
+    const char *arg, *encs = NULL;
     int oi = 0, c, rc, zl = ZSTD_DEFAULT;
     uint64_t gpu = 0, host = 0;
-    bool have_gpu = false, have_host = false, have_enc = false;
+    bool have_gpu = false, have_host = false;
     double half = KV_TREE_HALF_LIFE;
     kv_tree_enc enc[KV_TIER_COUNT];
     while ((c = kv_cli_next(argc, argv, &arg, &oi)) != -1) {
-        if (c == O_ENC) tree_parse_encodings(arg, enc), have_enc = true;
+        if (c == O_ENC) tree_parse_encodings(arg, enc), encs = arg; /* checked now, applied to the store's below */
         else if (c == O_GPU) gpu = tree_bytes("--gpu-bytes", arg), have_gpu = true;
         else if (c == O_HOST) host = tree_bytes("--host-bytes", arg), have_host = true;
         else if (c == O_HALF) half = kv_cli_double("--half-life", arg, 1e-3, 1e12);
@@ -28,10 +29,14 @@ int tree_cmd_place(int argc, char **argv)
     if (!have_gpu || !have_host) kv_cli_usage_error("place needs --gpu-bytes and --host-bytes");
     kv_tree_store *s = NULL;
     if ((rc = tree_open_store(dir, true, &s))) return rc;
-    if (have_enc) kv_tree_store_set_encodings(s, enc);
     kv_place_report r;
     kv_errclear();
-    kv_status st = kv_tree_store_place(s, gpu, host, half, zl, tree_now(), &r);
+    kv_status st = KV_OK;
+    if (encs) { /* over the store's own: a TIER=E list leaves the tiers it does not name as they are */
+        memcpy(enc, kv_tree_store_tree(s)->enc, sizeof enc);
+        if (!(st = kv_tree_encodings_apply(encs, enc))) kv_tree_store_set_encodings(s, enc);
+    }
+    if (!st) st = kv_tree_store_place(s, gpu, host, half, zl, tree_now(), &r);
     if (st) rc = kv_report(st, "%s", dir);
     else if (!(rc = tree_save_store(s, dir))) rc = tree_put_json(stdout, kv_place_report_json(&r, gpu, host));
     kv_tree_store_close(s);

@@ -59,6 +59,10 @@ bool kv_tree_enc_equal(const kv_tree_enc *a, const kv_tree_enc *b);
  * disk raw+zstd), "packed" (gpu raw, host kivi2, disk kivi2+zstd, as
  * LMCache and IMPRESS tier them) or a list "gpu=raw,host=dsq2,disk=...". */
 kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT]);
+/* Same, over the encodings enc already holds: a preset sets every tier, a
+ * list changes only the tiers it names (place --encodings host=E keeps the
+ * store's gpu and disk encodings); on an error enc is left as it was. */
+kv_status kv_tree_encodings_apply(const char *s, kv_tree_enc enc[KV_TIER_COUNT]);
 void kv_tree_encodings_default(kv_tree_enc enc[KV_TIER_COUNT]);
 
 typedef struct {

@@ -68,15 +68,20 @@ void kv_tree_encodings_default(kv_tree_enc enc[KV_TIER_COUNT])
     enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_RAW, 0, true, false};
 }
 
-kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
+kv_status kv_tree_encodings_apply(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
 {
-    kv_tree_encodings_default(enc);
-    if (!strcmp(s, "lossless")) return KV_OK;
+    kv_tree_enc out[KV_TIER_COUNT]; /* enc changes only when all of s parses */
+    if (!strcmp(s, "lossless")) {
+        kv_tree_encodings_default(enc);
+        return KV_OK;
+    }
     if (!strcmp(s, "packed")) { /* LMCache / IMPRESS: hot raw, warm packed, cold packed + zstd */
+        kv_tree_encodings_default(enc);
         enc[KV_TIER_HOST] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, false, false};
         enc[KV_TIER_DISK] = (kv_tree_enc){KV_TREE_ENC_KIVI, 2, true, false};
         return KV_OK;
     }
+    memcpy(out, enc, sizeof out);
     char buf[256];
     if (strlen(s) >= sizeof buf) return kv_fail(KV_E_USAGE, "--encodings: too long");
     snprintf(buf, sizeof buf, "%s", s);
@@ -86,10 +91,17 @@ kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
         *eq = 0;
         int t = kv_tier_parse(p);
         if (t < 0) return kv_fail(KV_E_USAGE, "--encodings: unknown tier '%.20s' (gpu, host, disk)", p);
-        kv_status st = kv_tree_enc_parse(eq + 1, &enc[t]);
+        kv_status st = kv_tree_enc_parse(eq + 1, &out[t]);
         if (st) return st;
     }
+    memcpy(enc, out, sizeof out);
     return KV_OK;
+}
+
+kv_status kv_tree_encodings_parse(const char *s, kv_tree_enc enc[KV_TIER_COUNT])
+{
+    kv_tree_encodings_default(enc);
+    return kv_tree_encodings_apply(s, enc);
 }
 
 // --- little-endian fields ---------------------------------------------------------

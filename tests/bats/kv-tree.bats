@@ -674,6 +674,21 @@ EOF
     assert_fails_with 64 "unknown tier"
 }
 
+@test "kv-tree place --encodings host=E changes only the host tier: gpu and disk keep the store's encodings" {
+    kv-tree init --encodings gpu=kivi4,host=kivi2,disk=dsq2+zstd "$S"
+    run --separate-stderr kv-tree place --encodings host=raw "$S" --gpu-bytes 0 --host-bytes 0
+    assert_success
+    run "$PY" -c 'import json,sys; e=json.load(open(sys.argv[1]))["encodings"]; print(e["gpu"], e["host"], e["disk"])' "$S/index.json"
+    assert_output "kivi4 raw dsq2+zstd"
+}
+
+@test "kv-tree place --encodings packed sets every tier" {
+    kv-tree init --encodings gpu=kivi4,host=raw,disk=raw "$S"
+    kv-tree place --encodings packed "$S" --gpu-bytes 0 --host-bytes 0 >/dev/null
+    run "$PY" -c 'import json,sys; e=json.load(open(sys.argv[1]))["encodings"]; print(e["gpu"], e["host"], e["disk"])' "$S/index.json"
+    assert_output "raw kivi2 kivi2+zstd"
+}
+
 @test "kv-tree check flags a chunk whose encoding is not its tier's, and place re-encodes it" {
     two_puts
     "$PY" - "$S/index.json" <<'EOF'

@@ -330,6 +330,17 @@ static void test_index_version_2_fields(void)
              "packed preset");
     KT_CHECK(kv_tree_encodings_parse("disk=zip", e) == KV_E_USAGE, "unknown encoding is a usage error");
     KT_CHECK(kv_tree_encodings_parse("cpu=raw", e) == KV_E_USAGE, "unknown tier is a usage error");
+    /* apply: a list changes only the tiers it names, a bad list changes nothing */
+    KT_REQUIRE(kv_tree_encodings_parse("packed", e) == KV_OK, "packed preset");
+    KT_CHECK(kv_tree_encodings_apply("host=dsq4", e) == KV_OK && e[KV_TIER_HOST].codec == KV_TREE_ENC_DSQ &&
+                 e[KV_TIER_HOST].bits == 4 && e[KV_TIER_DISK].codec == KV_TREE_ENC_KIVI && e[KV_TIER_DISK].zstd &&
+                 e[KV_TIER_GPU].codec == KV_TREE_ENC_RAW,
+             "apply host=dsq4 keeps the packed disk tier");
+    KT_CHECK(kv_tree_encodings_apply("gpu=kivi1,disk=zip", e) == KV_E_USAGE && e[KV_TIER_GPU].codec == KV_TREE_ENC_RAW,
+             "a failed apply leaves every tier as it was");
+    KT_CHECK(kv_tree_encodings_apply("lossless", e) == KV_OK && e[KV_TIER_HOST].codec == KV_TREE_ENC_RAW &&
+                 e[KV_TIER_DISK].codec == KV_TREE_ENC_RAW,
+             "a preset sets every tier");
 }
 
 // --- the store on disk, end to end -------------------------------------------
