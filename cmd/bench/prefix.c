@@ -81,8 +81,10 @@ static void print_table(FILE *f, const char *json)
     fprintf(f, "%-15s %8s %12s %9s %9s\n", "mode", "requests", "ttft_ms", "speedup", "accuracy");
     for (cJSON *m = s ? s->child : NULL; m; m = m->next) {
         cJSON *sp = cJSON_GetObjectItem(m, "speedup_vs_full"), *ac = cJSON_GetObjectItem(m, "accuracy");
-        fprintf(f, "%-15s %8d %12.2f ", m->string, cJSON_GetObjectItem(m, "requests")->valueint,
-                cJSON_GetObjectItem(m, "ttft_ms_median")->valuedouble);
+        cJSON *tt = cJSON_GetObjectItem(m, "ttft_ms_median"); /* null: the mode served no request */
+        fprintf(f, "%-15s %8d ", m->string, cJSON_GetObjectItem(m, "requests")->valueint);
+        if (cJSON_IsNumber(tt)) fprintf(f, "%12.2f ", tt->valuedouble);
+        else fprintf(f, "%12s ", "-");
         if (cJSON_IsNumber(sp)) fprintf(f, "%8.2fx", sp->valuedouble);
         else fprintf(f, "%9s", "-");
         if (cJSON_IsNumber(ac)) fprintf(f, " %9.3f\n", ac->valuedouble);

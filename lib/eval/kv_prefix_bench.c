@@ -596,6 +596,12 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static void add_num_or_null(cJSON *o, const char *name, bool have, double v)
+{
+    if (have) cJSON_AddNumberToObject(o, name, v);
+    else cJSON_AddNullToObject(o, name);
+}
+
 char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
 {
     cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "requests");
@@ -648,14 +654,18 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         cJSON *x = cJSON_AddObjectToObject(sum, kv_pmode_name((kv_pmode)m));
         cJSON_AddNumberToObject(x, "requests", cnt);
         cJSON_AddNumberToObject(x, "reused", reused);
-        cJSON_AddNumberToObject(x, "ttft_ms_median", med);
-        cJSON_AddNumberToObject(x, "load_ms_median", lmed);
-        if (full_med > 0 && med > 0) cJSON_AddNumberToObject(x, "speedup_vs_full", full_med / med);
-        else cJSON_AddNullToObject(x, "speedup_vs_full");
-        if (nacc) cJSON_AddNumberToObject(x, "accuracy", acc / nacc);
-        else cJSON_AddNullToObject(x, "accuracy");
-        cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes_mean");
-        for (int k = 0; k < 3; k++) cJSON_AddNumberToObject(h, tn[k], cnt ? hb[k] / cnt : 0);
+        /* a mode that served no request after the first (nothing was
+         * cached for it) has no times: null, never a 0 ms median */
+        add_num_or_null(x, "ttft_ms_median", cnt > 0, med);
+        add_num_or_null(x, "load_ms_median", cnt > 0, lmed);
+        add_num_or_null(x, "speedup_vs_full", full_med > 0 && cnt > 0 && med > 0, full_med / med);
+        add_num_or_null(x, "accuracy", nacc > 0, nacc ? acc / nacc : 0);
+        if (cnt) {
+            cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes_mean");
+            for (int k = 0; k < 3; k++) cJSON_AddNumberToObject(h, tn[k], hb[k] / cnt);
+        } else {
+            cJSON_AddNullToObject(x, "hit_bytes_mean");
+        }
         free(t);
     }
     char *s = cJSON_Print(j);

@@ -53,6 +53,25 @@ PY
     assert_success
 }
 
+@test "kv-bench prefix reports null TTFT medians, not 0, for modes that served no request" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 1 > "$T/r.jsonl"
+    run --separate-stderr kv-bench prefix -m "$NIAH" -n 2 --modes full,gpu,disk --store "$T/st" "$T/r.jsonl"
+    assert_success
+    # one request: the first, with nothing cached; no mode has a request after it
+    [ "$(json_get '[r["mode"] for r in j["requests"]]')" = "['full']" ]
+    [ "$(json_get 'sorted((k, v["requests"], v["ttft_ms_median"], v["load_ms_median"], v["speedup_vs_full"], v["hit_bytes_mean"]) for k, v in j["summary"].items())')" = \
+      "[('disk', 0, None, None, None, None), ('full', 0, None, None, None, None), ('gpu', 0, None, None, None, None)]" ]
+}
+
+@test "kv-bench prefix's table on a terminal shows - for the TTFT of a mode that served no request" {
+    command -v script >/dev/null || skip "no script(1) to give kv-bench a terminal"
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 1 > "$T/r.jsonl"
+    run script -qec "$(command -v kv-bench) prefix -m $NIAH -n 2 --modes full,gpu --store $T/st $T/r.jsonl 2>/dev/null" /dev/null
+    assert_success
+    [[ "$output" =~ gpu\ +0\ +-\ +- ]] || { echo "$output"; return 1; }
+    [[ "$output" =~ full\ +0\ +-\ +- ]] || { echo "$output"; return 1; }
+}
+
 @test "kv-bench prefix --insert 1 puts only the first prompt, uncompressed with --zstd 0" {
     "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 3 > "$T/r.jsonl"
     run --separate-stderr kv-bench prefix -m "$NIAH" -n 2 --insert 1 --zstd 0 --put-queries 0 --modes full,disk,disk-query \
