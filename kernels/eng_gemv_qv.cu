@@ -290,7 +290,7 @@ static cudaError_t launch_qv(int variant, const void *W, size_t pitch, int rows,
 {
     KV_CHECK_ARGS(cols % G::QK == 0 && pitch >= (size_t)(cols / G::QK) * G::BYTES && (pitch & 1) == 0);
     const dim3 grid((unsigned)((rows + GQV_WARPS * GQV_R - 1) / (GQV_WARPS * GQV_R))), block(GQV_WARPS * 32);
-    if (variant == ENG_GEMVQ_DP4A) {
+    if (variant == KV_GEMV_DP4A) {
         const size_t sm = gq_smem(cols);
         KV_CHECK_ARGS(sm <= 48 * 1024 && ((uintptr_t)x & 15) == 0);
         CUDA_CHECK(kv_launch(1, gemv_qv_kernel<G, true>, grid, block, sm, s, (const uint8_t *)W, pitch, rows,
@@ -313,19 +313,19 @@ static cudaError_t launch_qv(int variant, const void *W, size_t pitch, int rows,
 static inline int eng_gemvq_best(kv_dtype t, int rows, int cols)
 {
     (void)cols;
-    if (t == KV_DT_Q4_K) return ENG_GEMVQ_ROWS;
-    if (t == KV_DT_Q6_K) return rows >= 4096 ? ENG_GEMVQ_ROWS : ENG_GEMVQ_OLD;
-    return rows >= 65536 ? ENG_GEMVQ_ROWS : ENG_GEMVQ_OLD;
+    if (t == KV_DT_Q4_K) return KV_GEMV_ROWS;
+    if (t == KV_DT_Q6_K) return rows >= 4096 ? KV_GEMV_ROWS : KV_GEMV_OLD;
+    return rows >= 65536 ? KV_GEMV_ROWS : KV_GEMV_OLD;
 }
 
 extern "C" cudaError_t eng_gemv_qv(int variant, const void *W, kv_dtype t, int rows, int cols, size_t pitch,
                                    const float *x, float *y, int accumulate, cudaStream_t s)
 {
-    if (variant == ENG_GEMVQ_DEFAULT) variant = eng_gemvq_best(t, rows, cols);
+    if (variant == KV_GEMV_DEFAULT) variant = eng_gemvq_best(t, rows, cols);
     /* wider than the dp4a variant's shared memory holds: the float one */
-    if (variant == ENG_GEMVQ_DP4A && gq_smem(cols) > 48 * 1024) variant = ENG_GEMVQ_ROWS;
-    if (variant == ENG_GEMVQ_OLD) return eng_gemv_q(W, t, rows, cols, pitch, x, y, accumulate, s);
-    KV_CHECK_ARGS(rows > 0 && cols > 0 && W && x && y && (variant == ENG_GEMVQ_ROWS || variant == ENG_GEMVQ_DP4A));
+    if (variant == KV_GEMV_DP4A && gq_smem(cols) > 48 * 1024) variant = KV_GEMV_ROWS;
+    if (variant == KV_GEMV_OLD) return eng_gemv_q(W, t, rows, cols, pitch, x, y, accumulate, s);
+    KV_CHECK_ARGS(rows > 0 && cols > 0 && W && x && y && (variant == KV_GEMV_ROWS || variant == KV_GEMV_DP4A));
     switch (t) {
     case KV_DT_Q8_0: return launch_qv<gq_q8_0>(variant, W, pitch, rows, cols, x, y, accumulate, s);
     case KV_DT_Q4_K:

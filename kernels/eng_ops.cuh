@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common/kv_dtype.h" /* kv_dtype: KV_DT_F16, KV_DT_BF16 */
+#include "common/kv_gemv.h"  /* KV_GEMV_*: the packed GEMV variants */
 
 #include <cuda_runtime_api.h>
 
@@ -65,20 +66,12 @@ cudaError_t eng_gemv_q(const void *W, kv_dtype t, int rows, int cols, size_t pit
                        float *y, int accumulate, cudaStream_t s);
 
 /*
- * Variants of the packed GEMV (kernels/eng_gemv_qv.cu says how they differ),
- * by number for eng_gemv_qv and by name for kv-bench gemv.  ENG_GEMVQ_DEFAULT
- * takes eng_gemvq_best's choice for the type and shape: what the engine uses.
+ * Variants of the packed GEMV (kernels/eng_gemv_qv.cu says how they differ):
+ * KV_GEMV_* of common/kv_gemv.h, the one table of their numbers and names.
+ * KV_GEMV_DEFAULT takes eng_gemvq_best's choice for the type and shape
+ * (eng_gemv_qv.cu, from the H200 measurements in docs/BENCHMARKS.md): what
+ * the engine uses.
  */
-enum { ENG_GEMVQ_DEFAULT = 0, ENG_GEMVQ_OLD, ENG_GEMVQ_ROWS, ENG_GEMVQ_DP4A, ENG_GEMVQ_N };
-/* The default picks per type and shape (eng_gemvq_best in eng_gemv_qv.cu,
- * from the H200 measurements in docs/BENCHMARKS.md). */
-
-/* "old", "rows", "dp4a" (NULL for another number, "default" for 0). */
-static inline const char *eng_gemvq_name(int v)
-{
-    static const char *const n[ENG_GEMVQ_N] = {"default", "old", "rows", "dp4a"};
-    return v >= 0 && v < ENG_GEMVQ_N ? n[v] : NULL;
-}
 
 /* eng_gemv_q by variant: "old" is eng_gemv_q itself; "dp4a" rounds x to int8
  * per 32 values (as the CPU path rounds its activations) and falls back to

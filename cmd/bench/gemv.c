@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kv_cli.h"
+#include "common/kv_gemv.h"
 #include "common/kv_ggml.h"
 #include "eval/kv_cuda_bench.h"
 
@@ -25,7 +26,7 @@ static const kv_option opts[] = {
     {O_TYPES, 't', "types", "LIST", "weight types: q8_0, q4_k, q6_k, f16 (default all four)"},
     {O_SHAPES, 's', "shapes", "LIST", "ROWSxCOLS shapes (default Llama-3.2-1B's: 2048x2048, 512x2048, "
                                       "8192x2048, 2048x8192, 128256x2048)"},
-    {O_VARIANTS, 0, "variants", "LIST", "packed kernels: old, rows, dp4a (default all three)"},
+    {O_VARIANTS, 0, "variants", "LIST", "packed kernels from" KV_GEMV_PACKED_HELP " (default all)"},
     {O_ITERS, 0, "iters", "N", "launches per timing (default 100)"},
     {O_REPS, 0, "reps", "N", "timings per kernel; the median is reported (default 5)"},
     {O_NOCHECK, 0, "no-check", NULL, "skip the comparison with the CPU reference"},
@@ -47,7 +48,6 @@ static const struct {
     const char *name;
     int ggml;
 } types[] = {{"q8_0", KV_GGML_Q8_0}, {"q4_k", KV_GGML_Q4_K}, {"q6_k", KV_GGML_Q6_K}, {"f16", KV_GGML_F16}};
-static const char *const variants[] = {"old", "rows", "dp4a"}; /* ENG_GEMVQ_OLD.. (1, 2, 3) */
 
 /* Split a comma list into at most MAXL items through fn. */
 static int split(const char *opt, const char *a, void (*fn)(const char *opt, const char *item, void *out, int i),
@@ -77,12 +77,8 @@ static void one_type(const char *opt, const char *item, void *out, int i)
 
 static void one_variant(const char *opt, const char *item, void *out, int i)
 {
-    for (int k = 0; k < 3; k++)
-        if (!strcmp(item, variants[k])) {
-            ((int *)out)[i] = k + 1;
-            return;
-        }
-    kv_cli_usage_error("%s: unknown variant '%s' (old, rows, dp4a)", opt, item);
+    kv_errclear();
+    if (kv_gemv_variant_parse(item, true, (int *)out + i)) kv_cli_usage_error("%s: %s", opt, kv_errdetail());
 }
 
 static void one_shape(const char *opt, const char *item, void *out, int i)
@@ -104,7 +100,7 @@ typedef struct {
 int kv_bench_gemv_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    int tsel[MAXL] = {0, 1, 2, 3}, nt = 4, vsel[MAXL] = {1, 2, 3}, nv = 3, oi;
+    int tsel[MAXL] = {0, 1, 2, 3}, nt = 4, vsel[MAXL] = {KV_GEMV_OLD, KV_GEMV_ROWS, KV_GEMV_DP4A}, nv = KV_GEMV_COUNT - 1, oi;
     int shapes[2 * MAXL] = {2048, 2048, 512, 2048, 8192, 2048, 2048, 8192, 128256, 2048}, ns = 5;
     int iters = 100, reps = 5, check = 1;
     bool json = false;
@@ -148,7 +144,7 @@ int kv_bench_gemv_main(int argc, char **argv)
                 kv_bench_gemv_cfg cfg = {types[tsel[k]].ggml, o->rows, o->cols, f16 ? 1 : vsel[v], iters, reps,
                                          check};
                 kv_progress("%s %dx%d %s", types[tsel[k]].name, o->rows, o->cols,
-                            f16 ? "f16" : variants[vsel[v] - 1]);
+                            f16 ? "f16" : kv_gemv_variant_name(vsel[v]));
                 if ((st = kv_cuda_bench_gemv(&cfg, &o->r))) {
                     kv_progress_done();
                     int rc = kv_report(st, "%s %dx%d", types[tsel[k]].name, o->rows, o->cols);
@@ -171,7 +167,7 @@ int kv_bench_gemv_main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
             if (res[j].rows != res[i].rows || res[j].cols != res[i].cols) continue;
-            if (res[j].type == res[i].type && res[j].variant == 1) vs_old[i] = res[j].r.seconds / res[i].r.seconds;
+            if (res[j].type == res[i].type && res[j].variant == KV_GEMV_OLD) vs_old[i] = res[j].r.seconds / res[i].r.seconds;
             if (res[j].variant == 0) vs_f16[i] = res[j].r.seconds / res[i].r.seconds;
         }
     if (kv_want_json(stdout, json)) {
@@ -184,7 +180,7 @@ int kv_bench_gemv_main(int argc, char **argv)
             const row_t *o = &res[i];
             printf("    {\"type\": \"%s\", \"rows\": %d, \"cols\": %d, \"variant\": \"%s\", \"us\": %.3f, "
                    "\"bytes\": %.0f, \"bytes_per_s\": %.4e, \"frac_of_copy\": %.4f, \"copies\": %d",
-                   types[o->type].name, o->rows, o->cols, o->variant ? variants[o->variant - 1] : "f16",
+                   types[o->type].name, o->rows, o->cols, o->variant ? kv_gemv_variant_name(o->variant) : "f16",
                    o->r.seconds * 1e6, o->r.bytes, o->r.bytes_per_s, o->r.bytes_per_s / copy, o->r.copies);
             if (vs_old[i] > 0) printf(", \"speedup_vs_old\": %.3f", vs_old[i]);
             if (vs_f16[i] > 0) printf(", \"speedup_vs_f16\": %.3f", vs_f16[i]);
@@ -203,7 +199,7 @@ int kv_bench_gemv_main(int argc, char **argv)
             char shape[32];
             snprintf(shape, sizeof shape, "%dx%d", o->rows, o->cols);
             printf("%-5s %15s %-5s %9.2f %8.0f %7.1f%%", types[o->type].name, shape,
-                   o->variant ? variants[o->variant - 1] : "f16", o->r.seconds * 1e6, o->r.bytes_per_s / 1e9,
+                   o->variant ? kv_gemv_variant_name(o->variant) : "f16", o->r.seconds * 1e6, o->r.bytes_per_s / 1e9,
                    100 * o->r.bytes_per_s / copy);
             /* "-" where the baseline was not timed (--variants without old, --types without f16) */
             for (int k = 0; k < 2; k++) {

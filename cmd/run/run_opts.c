@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kv_cli.h"
+#include "common/kv_gemv.h"
 #include "run.h"
 
 enum {
@@ -53,7 +54,7 @@ static const kv_option opts[] = {
     {O_PREFILL_CHUNK, 0, "prefill-chunk", "N", "GPU prefill rows per chunk (default 4096; 0: one token at a time)"},
     {O_GRAPH, 0, "graph", "WHEN", "GPU decode steps as CUDA graphs: on, off or auto (default: these "
                                  "host-sampled steps kernel by kernel, measured faster)"},
-    {O_GEMV, 0, "gemv-variant", "NAME", "GPU decode GEMV of packed weights: default, old, rows, dp4a (measurement)"},
+    {O_GEMV, 0, "gemv-variant", "NAME", "GPU decode GEMV of packed weights, for measurement:" KV_GEMV_NAMES_HELP},
     {O_KV, 0, "kv", "FILE", "start from this .kvc cache; the prompt is its continuation"},
     {O_STORE, 0, "store", "DIR", "reuse the prompt's longest cached prefix from a kv-tree store, then insert the prompt"},
     {O_IMPORTANT, 0, "important", "F", "with --store: disk-tier prefix nodes give only their top F of tokens"},
@@ -111,15 +112,10 @@ void run_parse_opts(int argc, char **argv, run_opts *o)
             break;
         case O_COMPARE: o->compare = arg; break;
         case O_PREFIX: o->prefix = (int)kv_cli_long("--prefix", arg, 1, 1 << 24); break;
-        case O_GEMV: {
-            /* the names of kernels/eng_ops.cuh's ENG_GEMVQ_* (default 0, old 1, rows 2, dp4a 3) */
-            static const char *const names[] = {"default", "old", "rows", "dp4a"};
-            o->gemv = -1;
-            for (int i = 0; i < 4; i++)
-                if (!strcmp(arg, names[i])) o->gemv = i;
-            if (o->gemv < 0) kv_cli_usage_error("--gemv-variant: '%s' is not default, old, rows or dp4a", arg);
+        case O_GEMV:
+            kv_errclear();
+            if (kv_gemv_variant_parse(arg, false, &o->gemv)) kv_cli_usage_error("--gemv-variant: %s", kv_errdetail());
             break;
-        }
         case O_GRAPH:
             if (!strcmp(arg, "on")) o->graph = KV_GPU_GRAPH_ON;
             else if (!strcmp(arg, "off")) o->graph = KV_GPU_GRAPH_OFF;

@@ -89,7 +89,7 @@ kv_status kv_cpu_bench_pack(const kv_bench_pack_cfg *c, int threads, kv_bench_pa
 typedef struct {
     int wtype;         /* ggml type number: KV_GGML_Q8_0, _Q4_K, _Q6_K or _F16 */
     int rows, cols;    /* W (rows, cols) */
-    int variant;       /* ENG_GEMVQ_* (kernels/eng_ops.cuh): 1 old, 2 rows, 3 dp4a */
+    int variant;       /* a packed kv_gemv_variant (common/kv_gemv.h): KV_GEMV_OLD, _ROWS or _DP4A */
     int iters, reps;   /* launches per timing, timings (median reported) */
     int check;         /* compare the output with the CPU reference first */
 } kv_bench_gemv_cfg;

@@ -136,8 +136,8 @@ typedef struct {
      * layer they hide behind (measurement: kv-bench decode --variants
      * chainN, gatherN). */
     int sel_blocks, gather_blocks;
-    int gemv_q;           /* packed GEMV variant (kernels/eng_ops.cuh, ENG_GEMVQ_*): 0 = the
-                             default (per type and shape: eng_gemvq_best), 1 old, 2 rows, 3 dp4a; measurement */
+    int gemv_q;           /* packed GEMV variant, a kv_gemv_variant (common/kv_gemv.h): KV_GEMV_DEFAULT
+                             (0: per type and shape, eng_gemvq_best) or one forced, for measurement */
 } kv_gpu_engine_opts;
 
 #define KV_GPU_SEL_BLOCKS 32

@@ -198,7 +198,7 @@ load helper
     for o in --types --shapes --variants --iters --reps --no-check; do
         [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
     done
-    [[ "$output" == *"old, rows, dp4a"* ]]
+    [[ "$output" == *"packed kernels from old rows dp4a (default all)"* ]]
 }
 
 @test "kv-bench gemv rejects a weight type it does not time with exit 64" {
@@ -209,7 +209,10 @@ load helper
 
 @test "kv-bench gemv rejects a variant it does not have with exit 64" {
     run --separate-stderr kv-bench gemv --variants old,fast
-    assert_fails_with 64 "unknown variant 'fast'"
+    assert_fails_with 64 "--variants: 'fast' is not old, rows or dp4a"
+    # default is kv-run's choice per type and shape, not a kernel to time
+    run --separate-stderr kv-bench gemv --variants default
+    assert_fails_with 64 "--variants: 'default' is not old, rows or dp4a"
 }
 
 @test "kv-bench gemv rejects a shape that is not ROWSxCOLS with exit 64" {

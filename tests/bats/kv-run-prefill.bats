@@ -29,6 +29,12 @@ load helper
     [[ "$output" == *"--prefill-chunk"* ]]
 }
 
+@test "kv-run --help lists every GPU GEMV variant" {
+    run --separate-stderr kv-run --help
+    assert_success
+    [[ "$output" == *"--gemv-variant NAME"*"for measurement: default old rows dp4a"* ]]
+}
+
 @test "kv-run rejects a GPU GEMV variant it does not have with exit 64" {
     run --separate-stderr kv-run -m "$DATA/stories260K/stories260K.bin" --gemv-variant fast -n 1
     assert_fails_with 64 "--gemv-variant: 'fast' is not default, old, rows or dp4a"

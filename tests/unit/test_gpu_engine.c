@@ -2068,7 +2068,7 @@ static void check_packed(kv_dtype t, int rows, int cols)
      * on Q4_K 37x1024 on 2026-12-01; dp4a is a measurement variant, not the
      * default) */
     const double eq_cpu = nerr_d(refq, ref, (size_t)rows);
-    for (int v = ENG_GEMVQ_OLD; v < ENG_GEMVQ_N; v++) {
+    for (int v = KV_GEMV_OLD; v < KV_GEMV_COUNT; v++) {
         float *hv = malloc((size_t)rows * 4);
         KT_REQUIRE(hv, "alloc");
         for (int r = 0; r < rows; r++) hv[r] = 1.0f; /* accumulate onto y = 1 */
@@ -2078,15 +2078,15 @@ static void check_packed(kv_dtype t, int rows, int cols)
         CU(cudaMemcpy(hv, yv, (size_t)rows * 4, cudaMemcpyDeviceToHost));
         double ev = nerr(hv, ref, (size_t)rows), evq = nerr(hv, refq, (size_t)rows);
         printf("# gemv %s %dx%d variant %s: normalized error %.3g against float64, %.3g against kv_quant_dot_ref "
-               "(which is %.3g from float64)\n", tn, rows, cols, eng_gemvq_name(v), ev, evq, eq_cpu);
-        if (v == ENG_GEMVQ_DP4A)
+               "(which is %.3g from float64)\n", tn, rows, cols, kv_gemv_variant_name(v), ev, evq, eq_cpu);
+        if (v == KV_GEMV_DP4A)
             KT_CHECK(ev < 2e-2 && ev < 4 * eq_cpu + 1e-6, "gemv %s %dx%d dp4a: normalized error %g against "
                      "float64 (the CPU path's %g)", tn, rows, cols, ev, eq_cpu);
         else
             KT_CHECK(ev < 1e-5, "gemv %s %dx%d %s: normalized error %g against float64", tn, rows, cols,
-                     eng_gemvq_name(v), ev);
+                     kv_gemv_variant_name(v), ev);
         KT_CHECK(evq < 2e-2, "gemv %s %dx%d %s: normalized error %g against kv_quant_dot_ref", tn, rows, cols,
-                 eng_gemvq_name(v), evq);
+                 kv_gemv_variant_name(v), evq);
         free(hv);
         cudaFree(yv);
     }

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "kt.h"
+#include "common/kv_gemv.h"
 #include "engine/kv_engine.h"
 #include "gpu/kv_gpu.h"
 #include "engine/kv_runner.h"
@@ -58,6 +59,30 @@ static void test_device_parse(void)
                  "message: %s", kv_errdetail());
         KT_CHECK(d == KV_DEVICE_CPU, "'%s' wrote the output", bad[i]);
     }
+}
+
+/* The packed GEMV variants: every name parses back to its number, the
+ * packed-only form refuses "default", and a bad name lists the choices. */
+static void test_gemv_variant_names(void)
+{
+    for (int v = 0; v < KV_GEMV_COUNT; v++) {
+        int got = -1;
+        KT_CHECK(kv_gemv_variant_parse(kv_gemv_variant_name(v), false, &got) == KV_OK && got == v, "%d -> %s -> %d",
+                 v, kv_gemv_variant_name(v), got);
+    }
+    KT_CHECK(!strcmp(kv_gemv_variant_name(KV_GEMV_DP4A), "dp4a") && !kv_gemv_variant_name(KV_GEMV_COUNT) &&
+                 !kv_gemv_variant_name(-1),
+             "names and their bounds");
+    int v = 7;
+    kv_errclear();
+    KT_CHECK(kv_gemv_variant_parse("fast", false, &v) == KV_E_USAGE && v == 7 &&
+                 !strcmp(kv_errdetail(), "'fast' is not default, old, rows or dp4a"),
+             "bad name: %s", kv_errdetail());
+    kv_errclear();
+    KT_CHECK(kv_gemv_variant_parse("default", true, &v) == KV_E_USAGE && v == 7 &&
+                 !strcmp(kv_errdetail(), "'default' is not old, rows or dp4a"),
+             "packed only: %s", kv_errdetail());
+    KT_CHECK(!strcmp(KV_GEMV_NAMES_HELP, " default old rows dp4a"), "help list: '%s'", KV_GEMV_NAMES_HELP);
 }
 
 /* Prefill the prompt, then NSTEP greedy steps, on both; every logit and
@@ -282,6 +307,7 @@ int main(void)
     prompt[0] = 1;
     for (int i = 1; i < NPROMPT; i++) prompt[i] = 2 + (int)(kt_rand(&s) * (m->cfg.vocab_size - 2));
     KT_RUN(test_device_parse);
+    KT_RUN(test_gemv_variant_names);
     KT_RUN(test_cpu_runner_is_the_engine);
     KT_RUN(test_ctx_zero_is_the_models);
     KT_RUN(test_bad_device_is_usage);
