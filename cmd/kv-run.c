@@ -147,6 +147,7 @@ int main(int argc, char **argv)
         goto out;
     }
     rep_open = o.report != NULL;
+    if ((rc = reuse_open_kv(&o, &ru))) goto out;
     if ((rc = load_inputs(&o, &m, &tok, &prompt, &n_prompt))) goto out;
     if ((rc = run_load_policies(&o, m->cfg.n_layers, &prm))) goto out;
     if ((rc = reuse_begin(&o, m, &ru))) goto out;
@@ -204,8 +205,8 @@ int main(int argc, char **argv)
         kv_runner_prefill_info(r, &pi);
         kv_note(1, "GPU prefill %s (%s)", pi.chunked ? "in chunks" : "one token at a time", pi.why);
     }
-    if (o.dump && o.kv && !ru.all) {
-        rc = kv_report(kv_fail(KV_E_USAGE, "--dump-kv after --kv needs a cache of a whole prefix with its tokens"), "--dump-kv");
+    if (o.dump && o.kv && !ru.all) { /* reuse_open_kv refused a cache without them: only out of memory is left */
+        rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "--dump-kv");
         goto out;
     }
     if (o.dump && (st = kv_runner_dump_kvc(r, o.kv ? ru.all : prompt, o.kv ? ru.n_all : n_prompt, o.def.dtype, o.dump, o.zstd))) {

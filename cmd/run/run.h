@@ -51,7 +51,11 @@ typedef struct {
     char tmp[4096];
     int *all, n_all; /* --kv: the cached tokens and the prompt (for --dump-kv) */
 } reuse_state;
-/* --kv: open the cache; --store: open the store (reports, returns the exit code). */
+/* --kv: open the cache and check it without the model, refusing --dump-kv
+ * after a cache it cannot extend (reports, returns the exit code). */
+int reuse_open_kv(const run_opts *o, reuse_state *u);
+/* --kv: check the open cache against m; --store: open the store (reports,
+ * returns the exit code). */
 int reuse_begin(const run_opts *o, const kv_model *m, reuse_state *u);
 /* The prefill, from the cache or the store's prefix when there is one. */
 kv_status reuse_prefill(const run_opts *o, kv_runner *r, reuse_state *u, const int *ids, int n, float *logits);

@@ -16,13 +16,26 @@
 #include "common/kv_stats.h"
 #include "run.h"
 
+int reuse_open_kv(const run_opts *o, reuse_state *u)
+{
+    kv_status st;
+    if (!o->kv) return 0;
+    if ((st = kvc_open(o->kv, &u->f)) || (st = kv_prefix_read(u->f, &u->pre))) return kv_report(st, "--kv %s", o->kv);
+    if (u->pre.T < 1) return kv_report(kv_fail(KV_E_DATA, "the cache holds no tokens"), "--kv %s", o->kv);
+    /* refused before a model is loaded: the dump would need the ids of
+     * every token before the prompt, which a subset or an id-less cache lacks */
+    if (o->dump && !kv_prefix_is_whole(&u->pre))
+        return kv_report(kv_fail(KV_E_USAGE, "--dump-kv after --kv needs a cache of a whole prefix with its tokens "
+                                             "(this one has %s)", u->pre.tokens ? "a subset of them" : "no token ids"),
+                         "--kv %s", o->kv);
+    return 0;
+}
+
 int reuse_begin(const run_opts *o, const kv_model *m, reuse_state *u)
 {
     kv_status st = KV_OK;
     if (o->kv) {
-        if ((st = kvc_open(o->kv, &u->f)) || (st = kv_prefix_from_kvc(m, u->f, &u->pre)))
-            return kv_report(st, "--kv %s", o->kv);
-        if (u->pre.T < 1) return kv_report(kv_fail(KV_E_DATA, "the cache holds no tokens"), "--kv %s", o->kv);
+        if ((st = kv_prefix_from_kvc(m, u->f, &u->pre))) return kv_report(st, "--kv %s", o->kv);
         return 0;
     }
     if (!o->store) return 0;
@@ -48,7 +61,7 @@ kv_status reuse_prefill(const run_opts *o, kv_runner *r, reuse_state *u, const i
     double t0 = kv_now_ms();
     kv_status st = kv_runner_prefill_from(r, &u->pre, ids, n, logits);
     u->info = (kv_reuse_info){"kv", u->pre.T, u->pre.matched, n, kv_now_ms() - t0, 0, {0, 0, kvc_file_bytes(u->f)}, NULL};
-    if (!st && u->pre.tokens && u->pre.matched == u->pre.T && (u->all = malloc((size_t)(u->pre.T + n) * sizeof *u->all))) {
+    if (!st && kv_prefix_is_whole(&u->pre) && (u->all = malloc((size_t)(u->pre.T + n) * sizeof *u->all))) {
         for (int i = 0; i < u->pre.T; i++) memcpy(&u->all[i], (const char *)u->pre.tokens + 4 * (size_t)i, 4);
         memcpy(u->all + u->pre.T, ids, (size_t)n * sizeof *ids);
         u->n_all = u->pre.T + n;

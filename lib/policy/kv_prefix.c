@@ -48,9 +48,14 @@ kv_status kv_prefix_check_model(const kv_model *m, const kv_geom *g)
 kv_status kv_prefix_from_kvc(const kv_model *m, const kvc_file *f, kv_prefix *p)
 {
     memset(p, 0, sizeof *p);
+    kv_status st = kv_prefix_check_model(m, kvc_geom(f));
+    return st ? st : kv_prefix_read(f, p);
+}
+
+kv_status kv_prefix_read(const kvc_file *f, kv_prefix *p)
+{
+    memset(p, 0, sizeof *p);
     const kv_geom *g = kvc_geom(f);
-    kv_status st = kv_prefix_check_model(m, g);
-    if (st) return st;
     p->f = f;
     p->T = g->n_tokens;
     p->n_kv_heads = g->n_kv_heads;
@@ -84,6 +89,8 @@ kv_status kv_prefix_from_kvc(const kv_model *m, const kvc_file *f, kv_prefix *p)
     }
     return KV_OK;
 }
+
+bool kv_prefix_is_whole(const kv_prefix *p) { return p->tokens && p->matched == p->T; }
 
 kv_status kv_prefix_rows_f32(const kv_prefix *p, int layer, char which, float *out)
 {

@@ -58,6 +58,12 @@ typedef struct {
  * positions tensor is KV_E_DATA with a one-line reason.
  */
 kv_status kv_prefix_from_kvc(const kv_model *m, const kvc_file *f, kv_prefix *p);
+/* The same without a model (no kv_prefix_check_model): what a front end can
+ * check before it loads one. */
+kv_status kv_prefix_read(const kvc_file *f, kv_prefix *p);
+/* The prefix is the whole of the tokens before matched, with their ids:
+ * a cache that --dump-kv can extend into the prompt's full cache. */
+bool kv_prefix_is_whole(const kv_prefix *p);
 
 /*
  * Does a cache of geometry g fit model m?  Layers, KV heads, head

@@ -103,6 +103,25 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     [ "$(json_get 'j["reuse"]["matched"], j["reused_tokens"] < 30')" = "(30, True)" ]
 }
 
+@test "kv-run --dump-kv after --kv of a subset is refused with exit 64 before the model is loaded" {
+    kv-tree init "$T/st"
+    kv-run -m "$M260" -p "$P she found a red ball" -n 0 --dump-kv "$T/a.kvc"
+    kv-tree put "$T/st" "$T/a.kvc" >/dev/null
+    split_ids "$T/a.kvc" 30
+    kv-tree get "$T/st" --tokens "$T/first.txt" --important 0.5 -o "$T/sub.kvc" 2>/dev/null
+    # a model that does not exist: loading it would be exit 66, so 64 shows the check came first
+    run --separate-stderr kv-run -m "$T/no-such-model.bin" --kv "$T/sub.kvc" --tokens "$T/rest.txt" -n 1 --dump-kv "$T/out.kvc"
+    assert_fails_with 64 "--dump-kv after --kv needs a cache of a whole prefix with its tokens (this one has a subset of them)"
+    [ "${#stderr_lines[@]}" -eq 1 ]
+    [ ! -e "$T/out.kvc" ]
+    # a whole prefix is accepted: the dump holds the cached tokens and the prompt's
+    split_ids "$T/a.kvc" 30
+    kv-tree get "$T/st" --tokens "$T/first.txt" -o "$T/whole.kvc" 2>/dev/null
+    run --separate-stderr kv-run -m "$M260" --kv "$T/whole.kvc" --tokens "$T/rest.txt" -n 1 --dump-kv "$T/out.kvc"
+    assert_success
+    [ "$(ids "$T/out.kvc")" = "$(ids "$T/a.kvc")" ]
+}
+
 @test "kv-run --store reuses the shared prefix, prefills only the rest and inserts the new suffix" {
     kv-tree init "$T/st"
     run --separate-stderr kv-run -m "$M260" -p "$P she found a ball" -n 6 --store "$T/st" --report -
