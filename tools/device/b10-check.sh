@@ -2,6 +2,7 @@
 # Helper B10's device round (issue 10, batched decode), within 150 s:
 #   OUT=DIR sh tools/device/b10-check.sh build-dev-B10     (from the repository root,
 #   after sh tools/device/unpack.sh build-dev-B10; tools/device/pack.sh made the folder)
+# (round 5 ran it as STEPS=tkfqlh TTIME=40 HTIME=50 HCAP=12, from a copy in the folder)
 # STEPS (each under its own timeout):
 #   t  test_gpu_batch: the batched GEMV against eng_gemv (bit for bit) and float64,
 #      batched greedy decodes (tiny and the synthetic 8B, every placement mixed, each
@@ -22,10 +23,7 @@ D=${1:-build-dev-B10}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tmsx}
 mkdir -p "$OUT"
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+. tools/device/common.sh
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; free -g | head -2; } 2>&1 | tee -a "$OUT/summary.txt"
 summarize() {
     python3 - "$1" <<'PY' 2>&1 | tee -a "$OUT/summary.txt"

@@ -34,15 +34,12 @@ chmod +x "$D/kv-run" "$D/kv-convert" "$D/test_gpu_engine" 2>/dev/null
 cp -n "$D"/data/niah4k-*.gguf tests/data/niah4k/ 2>/dev/null
 cp -n "$D"/data/stories260K-*.gguf tests/data/stories260K/ 2>/dev/null
 mkdir -p tests/data/gguf && cp -n "$D"/data/llama3-vocab.gguf tests/data/gguf/ 2>/dev/null
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+. tools/device/common.sh
 N=tests/data/niah4k
 S=tests/data/stories260K
 W=${TMPDIR:-/tmp}/kv-e
 mkdir -p "$W"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+gpu_info
 if has g; then
     KV_TEST_FILTER=packed,qwen2_biases,wide_heads timeout 100 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1
     log "test_gpu_engine (packed, qwen2 biases, wide heads) rc=$?"

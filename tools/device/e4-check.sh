@@ -28,13 +28,10 @@ OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-bgms}
 mkdir -p "$OUT"
 chmod +x "$D"/kv-* "$D"/test_* 2>/dev/null
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+. tools/device/common.sh
 W=${TMPDIR:-/tmp}/kv-e4
 mkdir -p "$W"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+gpu_info
 if has b; then
     timeout 60 "$D/kv-bench" gemv --json > "$OUT/gemv.json" 2>> "$OUT/summary.txt"
     log "kv-bench gemv rc=$?"

@@ -22,13 +22,10 @@ D=${1:-build-dev-F2}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-ekmp}
 mkdir -p "$OUT"
-for z in "$D"/*.gz; do [ -e "$z" ] && gunzip -f "$z" && chmod +x "${z%.gz}"; done
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+. tools/device/common.sh
+dev_gunzip
 N=tests/data/niah4k
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+gpu_info
 if has e; then
     timeout 420 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"

@@ -21,11 +21,8 @@ D=${1:-build-dev-G10}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tmdprhe}
 mkdir -p "$OUT"
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+. tools/device/common.sh
+gpu_info
 if has t; then
     timeout ${TTIME:-20} "$D/test_gpu_graph" > "$OUT/graph.tap" 2>&1; log "test_gpu_graph rc=$?"
     log "$(grep -c '^ok' "$OUT/graph.tap") ok, $(grep -c '^not ok' "$OUT/graph.tap") not ok"

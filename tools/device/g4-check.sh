@@ -31,13 +31,10 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-emrdn}
 mkdir -p "$OUT"
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+. tools/device/common.sh
 N=tests/data/niah4k
 S=s=8,w=32,frac=0.03
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+gpu_info
 if has e; then
     KV_TEST_FILTER=step_variants,resident_and_page,niah4k_resident timeout 30 \
         "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine (filtered) rc=$?"
@@ -79,22 +76,7 @@ for k, v in d.get("targets", {}).items():
     if k.startswith("resident_") and v: print("target %-40s %s (target %s) met %s" % (k, v["value"], v["target"], v["met"]))
 PY
 fi
-ruler() { # name, device, extra options...
-    n=$1; dev=$2; shift 2
-    timeout 25 "$D/kv-bench" ruler --device $dev --limit "${RLIMIT:-20}" -m $N/niah4k.bin --tokenizer $N/tok259.bin \
-        --tasks $N/tasks-dev.jsonl --json --no-progress "$@" > "$OUT/ruler-$n.json" 2>> "$OUT/summary.txt"
-    log "ruler $n rc=$?"
-    python3 - "$OUT/ruler-$n.json" "$n" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-try: d = json.load(open(sys.argv[1]))
-except Exception as e: print("no JSON:", e); sys.exit(0)
-by = {}
-for r in d.get("results", []):
-    by.setdefault(r.get("policy"), []).append("%d:%.2f(n=%s, %dKiB/t)" % (
-        r["length"], r["accuracy"], r.get("n", r.get("tasks", "?")), r.get("fetched_bytes_per_step", 0) // 1024))
-for p, v in by.items(): print("%-10s %-40s %s" % (sys.argv[2], p, " ".join(v)))
-PY
-}
+ruler() { ruler_dev "$@"; } # name, device, extra options... (tools/device/common.sh)
 if has n; then
     log "kv-bench ruler --device cuda (niah4k dev tasks, 1k/2k/4k)"
     ruler base cuda -P full -P sparse:$S,select=resident -P sparse:$S,select=pages

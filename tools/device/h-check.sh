@@ -25,13 +25,10 @@ for z in "$D"/*.xz; do
         python3 -c "import lzma, sys; open(sys.argv[1][:-3], 'wb').write(lzma.open(sys.argv[1]).read())" "$z"
     chmod +x "${z%.xz}"
 done
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. tools/device/common.sh
 export TMPDIR=${TMPDIR:-/tmp}
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
 N=tests/data/niah4k
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+gpu_info
 summ() { # the summary table of a kv-bench prefix JSON
     python3 - "$1" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys

@@ -20,10 +20,8 @@ D=${1:-build-dev-K10}
 OUT=${OUT:-/tmp/k10-out}
 STEPS=${STEPS:-attn,sdpa,pack,unit,mem,race,decode,engine}
 mkdir -p "$OUT"
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. tools/device/common.sh
 [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
 has() { case ",$STEPS," in *,$1,*) return 0;; esac; return 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv; } \
     2>&1 | tee -a "$OUT/summary.txt"

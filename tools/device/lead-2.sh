@@ -9,9 +9,7 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 mkdir -p "$OUT"
 sh tools/device/unpack.sh "$D" || exit 66
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
+. tools/device/common.sh
 for t in test_cuda_kernels test_cuda_prefill; do
     timeout 120 "$D/$t" > "$OUT/$t.tap" 2>&1
     log "$t rc=$? $(grep -c '^ok' "$OUT/$t.tap") ok, $(grep -c '^not ok' "$OUT/$t.tap") not ok"

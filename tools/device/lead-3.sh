@@ -10,8 +10,7 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 mkdir -p "$OUT"
 sh tools/device/unpack.sh "$D" || exit 66
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. tools/device/common.sh
 mkdir -p "$OUT/e" "$OUT/g"
 OUT="$OUT/e" STEPS=${ESTEPS:-gmks} sh tools/device/e-check.sh "$D"
 OUT="$OUT/g" STEPS=${GSTEPS:-emdr} RLIMIT=${RLIMIT:-20} sh tools/device/g-check.sh "$D"

@@ -13,8 +13,7 @@ FINAL=${OUT:-/tmp/kv-out}
 OUT=${W:-/tmp/kv-lead4}
 mkdir -p "$OUT" "$FINAL"
 sh tools/device/unpack.sh "$D" || exit 66
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. tools/device/common.sh
 snap() { # what is there so far goes back even if the call runs out of time
     find "$OUT" -name '*.log' -size +2M -delete
     tar czf "$FINAL/all.tgz" -C "$OUT" . && cp "$OUT/summary.txt" "$FINAL/"

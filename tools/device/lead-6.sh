@@ -10,8 +10,7 @@ set -u
 D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 mkdir -p "$OUT"
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. tools/device/common.sh
 log() { echo "== $(date -u +%H:%M:%S) $*" >> "$OUT/summary.txt"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >> "$OUT/summary.txt" 2>&1
 for t in test_gpu_engine:70 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:15 \

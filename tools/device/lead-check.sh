@@ -12,13 +12,9 @@ D=${1:-build-dev-lead}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-esdrb}
 mkdir -p "$OUT"
-for z in "$D"/*.gz; do [ -e "$z" ] && gunzip -f "$z" && chmod +x "${z%.gz}"; done
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
-tap() { log "$1: $(grep -c '^ok' "$2") ok, $(grep -c '^not ok' "$2") not ok"; grep -E '^not ok|^# ' "$2" | head -${3:-25} | tee -a "$OUT/summary.txt"; }
+. tools/device/common.sh
+dev_gunzip
+gpu_info clocks.sm,clocks.mem
 if has e; then
     for t in test_cuda_prefill test_gpu_engine test_cuda_kernels; do
         [ -x "$D/$t" ] || continue

@@ -18,12 +18,9 @@ OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tesbdpa}
 CTX=${CTX:-8192,32768,131072}
 mkdir -p "$OUT"
-# binaries may travel gzipped (the carried tree is limited to 64 MiB)
-for z in "$D"/*.gz; do [ -e "$z" ] && gunzip -f "$z" && chmod +x "${z%.gz}"; done
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. tools/device/common.sh
+dev_gunzip # binaries may travel gzipped (the carried tree is limited to 64 MiB)
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv;
   nvcc --version | tail -1; ls /usr/local/cuda/lib64/libcublas.so* 2>&1 | head -2; } 2>&1 | tee -a "$OUT/summary.txt"
 if has t; then

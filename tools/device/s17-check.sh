@@ -20,13 +20,10 @@ D=${1:?usage: s17-check.sh BINDIR}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tnmsd}
 mkdir -p "$OUT"
-export PATH="$PATH:/usr/local/cuda/bin"
-export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
-has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+. tools/device/common.sh
 N=tests/data/niah4k
 S=s=8,w=32,frac=0.03
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$OUT/summary.txt"
+gpu_info
 if has t; then
     timeout 40 "$D/test_gpu_select" > "$OUT/select.tap" 2>&1
     log "test_gpu_select rc=$? $(grep -c '^ok' "$OUT/select.tap") ok, $(grep -c '^not ok' "$OUT/select.tap") not ok"
@@ -36,22 +33,7 @@ if has t; then
     log "test_gpu_engine (filtered) rc=$? $(grep -c '^ok' "$OUT/engine.tap") ok (skips included), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (step|niah4k|resident)' "$OUT/engine.tap" | head -30 | tee -a "$OUT/summary.txt"
 fi
-ruler() { # name, extra options...
-    n=$1; shift
-    timeout 25 "$D/kv-bench" ruler --device cuda --limit "${RLIMIT:-20}" -m $N/niah4k.bin --tokenizer $N/tok259.bin \
-        --tasks $N/tasks-dev.jsonl --json --no-progress "$@" > "$OUT/ruler-$n.json" 2>> "$OUT/summary.txt"
-    log "ruler $n rc=$?"
-    python3 - "$OUT/ruler-$n.json" "$n" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-try: d = json.load(open(sys.argv[1]))
-except Exception as e: print("no JSON:", e); sys.exit(0)
-by = {}
-for r in d.get("results", []):
-    by.setdefault(r.get("policy"), []).append("%d:%.2f(n=%s, %dKiB/t)" % (
-        r["length"], r["accuracy"], r.get("n", r.get("tasks", "?")), r.get("fetched_bytes_per_step", 0) // 1024))
-for p, v in by.items(): print("%-10s %-40s %s" % (sys.argv[2], p, " ".join(v)))
-PY
-}
+ruler() { _r=$1; shift; ruler_dev "$_r" cuda "$@"; } # name, extra options... (tools/device/common.sh)
 if has n; then
     log "kv-bench ruler --device cuda (niah4k dev tasks, 1k/2k/4k)"
     ruler base -P full -P sparse:$S,select=resident

@@ -1,0 +1,56 @@
+# Shared by the device check scripts (tools/device/*-check.sh and the
+# lead's call scripts): sourced from the repository root, where the device
+# runs them, after the script has set
+#   D      the folder of binaries (tools/device/pack.sh's, unpacked)
+#   OUT    where the results go (summary.txt there collects the log)
+#   STEPS  the letters of the steps to run (for has)
+# as  . tools/device/common.sh
+# It puts the CUDA tools (compute-sanitizer) on PATH and D/lib (libcjson,
+# which the device lacks) first on LD_LIBRARY_PATH, and defines the helpers
+# every script repeated before: log, has, gpu_info, dev_gunzip, tap and
+# ruler_dev.  A script that needs another form of one defines it after.
+export PATH="$PATH:/usr/local/cuda/bin"
+export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+
+# log MESSAGE: a time-stamped line on stdout and in the summary
+log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
+# has LETTER: the step is in STEPS
+has() { case "$STEPS" in *$1*) return 0;; esac; return 1; }
+# gpu_info [FIELDS]: the date and the GPU (name, driver, memory, then the
+# extra nvidia-smi query fields, comma-separated) into the summary
+gpu_info() {
+    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total${1:+,$1} --format=csv; } 2>&1 |
+        tee -a "$OUT/summary.txt"
+}
+# dev_gunzip: the binaries of the older per-helper packs (X-pack.sh), each
+# gzipped on its own in D
+dev_gunzip() {
+    for z in "$D"/*.gz; do [ -e "$z" ] && gunzip -f "$z" && chmod +x "${z%.gz}"; done
+    return 0
+}
+# tap NAME FILE [LINES]: a TAP file's counts and its failures and notes
+tap() {
+    log "$1: $(grep -c '^ok' "$2") ok, $(grep -c '^not ok' "$2") not ok"
+    grep -E '^not ok|^# ' "$2" | head -${3:-25} | tee -a "$OUT/summary.txt"
+}
+# ruler_dev NAME DEVICE OPTIONS...: kv-bench ruler on the niah4k dev tasks
+# (RLIMIT per length, default 20) into OUT/ruler-NAME.json, and per policy
+# its accuracy by length (with the tasks and the bytes fetched per step)
+ruler_dev() {
+    _n=$1 _dev=$2
+    shift 2
+    timeout 25 "$D/kv-bench" ruler --device "$_dev" --limit "${RLIMIT:-20}" -m tests/data/niah4k/niah4k.bin \
+        --tokenizer tests/data/niah4k/tok259.bin --tasks tests/data/niah4k/tasks-dev.jsonl --json --no-progress \
+        "$@" > "$OUT/ruler-$_n.json" 2>> "$OUT/summary.txt"
+    log "ruler $_n rc=$?"
+    python3 - "$OUT/ruler-$_n.json" "$_n" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print("no JSON:", e); sys.exit(0)
+by = {}
+for r in d.get("results", []):
+    by.setdefault(r.get("policy"), []).append("%d:%.2f(n=%s, %dKiB/t)" % (
+        r["length"], r["accuracy"], r.get("n", r.get("tasks", "?")), r.get("fetched_bytes_per_step", 0) // 1024))
+for p, v in by.items(): print("%-10s %-40s %s" % (sys.argv[2], p, " ".join(v)))
+PY
+}
