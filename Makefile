@@ -40,6 +40,7 @@ CLI_SRC := $(sort $(wildcard cmd/cli/*.c))
 CMD_SRC := $(sort $(wildcard cmd/kv-*.c))
 CU_SRC := $(sort $(wildcard kernels/*.cu))
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_HDRS := $(wildcard tests/unit/*.h)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 TOOLS := $(patsubst cmd/%.c,$(BINDIR)/%,$(CMD_SRC))
 HDRS := $(wildcard lib/*/*.h kernels/*.h kernels/*.cuh cmd/cli/*.h)
@@ -124,7 +125,7 @@ $(BINDIR)/kv-tree: cmd/kv-tree.c $(TREE_SRC) $(TREE_HDRS) $(B)/libkvcli.a $(B)/l
 # ---- unit tests --------------------------------------------------------
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/unit/%,$(UNIT_SRC))
 unit-bins: $(UNIT_BINS)
-$(B)/unit/%: tests/unit/%.c $(B)/libkvcli.a $(B)/libkv.a $(HDRS) tests/unit/kt.h
+$(B)/unit/%: tests/unit/%.c $(B)/libkvcli.a $(B)/libkv.a $(HDRS) $(UNIT_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(B)/libkvcli.a $(B)/libkv.a $(LIBS)
 
@@ -150,7 +151,7 @@ $(B)/asan/cli/%.o: cmd/cli/%.c $(HDRS) $(B)/asan/flags.stamp
 	$(CC) $(ASAN_FLAGS) -c -o $@ $<
 $(B)/asan/libkv.a: $(ASAN_LIB_OBJ) $(patsubst cmd/cli/%.c,$(B)/asan/cli/%.o,$(CLI_SRC))
 	rm -f $@ && ar rcs $@ $^
-$(B)/asan/unit/%: tests/unit/%.c $(B)/asan/libkv.a $(HDRS) tests/unit/kt.h
+$(B)/asan/unit/%: tests/unit/%.c $(B)/asan/libkv.a $(HDRS) $(UNIT_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(ASAN_FLAGS) -Itests/unit -o $@ $< $(B)/asan/libkv.a $(ASAN_LIBS)
 $(B)/asan/bin/%: cmd/%.c $(B)/asan/libkv.a $(HDRS)

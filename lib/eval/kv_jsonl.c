@@ -58,6 +58,15 @@ char *kv_strdup(const char *s)
     return d;
 }
 
+void *kv_grow(void *arr, int n, int *cap, size_t elem, int first)
+{
+    if (n < *cap) return arr;
+    const int nc = *cap ? *cap * 2 : first;
+    void *p = realloc(arr, (size_t)nc * elem);
+    if (p) *cap = nc;
+    return p;
+}
+
 void kv_strings_free(char **s, int n)
 {
     for (int i = 0; s && i < n; i++) free(s[i]);

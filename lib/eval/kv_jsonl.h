@@ -38,4 +38,10 @@ void kv_strings_free(char **s, int n);
 /* strdup that returns NULL on allocation failure (C11 has no strdup). */
 char *kv_strdup(const char *s);
 
+/* Room for element n of the array arr of capacity *cap (elements of elem
+ * bytes): when n has reached *cap, the capacity doubles (to first from 0).
+ * Returns the array, maybe moved, or NULL when out of memory (then arr and
+ * *cap are as they were): the one growth rule of the readers' record lists. */
+void *kv_grow(void *arr, int n, int *cap, size_t elem, int first);
+
 #endif

@@ -102,16 +102,12 @@ kv_status kv_lb_file_parse(const char *text, size_t len, const char *path, kv_lb
     const char *s;
     size_t n;
     while (!st && kv_jsonl_next(&it, &s, &n, NULL)) {
-        if (f->n == cap) {
-            int nc = cap ? cap * 2 : 64;
-            kv_lb_sample *nv = realloc(f->v, (size_t)nc * sizeof *nv);
-            if (!nv) {
-                st = kv_fail(KV_E_NOMEM, "%s", path);
-                break;
-            }
-            f->v = nv;
-            cap = nc;
+        kv_lb_sample *nv = kv_grow(f->v, f->n, &cap, sizeof *nv, 64);
+        if (!nv) {
+            st = kv_fail(KV_E_NOMEM, "%s", path);
+            break;
         }
+        f->v = nv;
         kv_status ls = sample_parse(s, n, it.line, &f->v[f->n]);
         if (!ls) {
             /* ids must be unique: they key resume and shards */
@@ -128,22 +124,7 @@ kv_status kv_lb_file_parse(const char *text, size_t len, const char *path, kv_lb
             st = ls;
             break;
         }
-        if (f->n_bad == bcap) {
-            int nc = bcap ? bcap * 2 : 16;
-            kv_niah_bad *nb = realloc(f->bad, (size_t)nc * sizeof *nb);
-            if (!nb) {
-                st = kv_fail(KV_E_NOMEM, "%s", path);
-                break;
-            }
-            f->bad = nb;
-            bcap = nc;
-        }
-        char *why = kv_strdup(kv_errdetail());
-        if (!why) {
-            st = kv_fail(KV_E_NOMEM, "%s", path);
-            break;
-        }
-        f->bad[f->n_bad++] = (kv_niah_bad){it.line, why};
+        st = kv_niah_bad_add(&f->bad, &f->n_bad, &bcap, it.line, path);
     }
     if (!st && f->n == 0 && f->n_bad == 0) st = kv_fail(KV_E_DATA, "%s: no samples", path);
     if (st) kv_lb_file_free(f);

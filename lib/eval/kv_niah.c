@@ -90,6 +90,16 @@ static void assign_ids(kv_niah_set *s)
     }
 }
 
+kv_status kv_niah_bad_add(kv_niah_bad **bad, int *n_bad, int *cap, int line, const char *name)
+{
+    kv_niah_bad *nb = kv_grow(*bad, *n_bad, cap, sizeof *nb, 16);
+    char *why = nb ? kv_strdup(kv_errdetail()) : NULL;
+    if (nb) *bad = nb;
+    if (!why) return kv_fail(KV_E_NOMEM, "%s", name);
+    nb[(*n_bad)++] = (kv_niah_bad){line, why};
+    return KV_OK;
+}
+
 static kv_status parse_all(const char *text, size_t len, const char *name, bool lenient,
                            kv_niah_set *out)
 {
@@ -101,16 +111,12 @@ static kv_status parse_all(const char *text, size_t len, const char *name, bool 
     size_t n;
     kv_status st = KV_OK;
     while (!st && kv_jsonl_next(&it, &s, &n, NULL)) {
-        if (out->n == cap) {
-            int nc = cap ? cap * 2 : 64;
-            kv_niah_task *nt = realloc(out->tasks, (size_t)nc * sizeof *nt);
-            if (!nt) {
-                st = kv_fail(KV_E_NOMEM, "%s", name);
-                break;
-            }
-            out->tasks = nt;
-            cap = nc;
+        kv_niah_task *nt = kv_grow(out->tasks, out->n, &cap, sizeof *nt, 64);
+        if (!nt) {
+            st = kv_fail(KV_E_NOMEM, "%s", name);
+            break;
         }
+        out->tasks = nt;
         kv_niah_task *t = &out->tasks[out->n];
         memset(t, 0, sizeof *t);
         t->line = it.line;
@@ -125,22 +131,7 @@ static kv_status parse_all(const char *text, size_t len, const char *name, bool 
             st = ls;
             break;
         }
-        if (out->n_bad == bcap) {
-            int nc = bcap ? bcap * 2 : 16;
-            kv_niah_bad *nb = realloc(out->bad, (size_t)nc * sizeof *nb);
-            if (!nb) {
-                st = kv_fail(KV_E_NOMEM, "%s", name);
-                break;
-            }
-            out->bad = nb;
-            bcap = nc;
-        }
-        char *why = kv_strdup(kv_errdetail());
-        if (!why) {
-            st = kv_fail(KV_E_NOMEM, "%s", name);
-            break;
-        }
-        out->bad[out->n_bad++] = (kv_niah_bad){it.line, why};
+        st = kv_niah_bad_add(&out->bad, &out->n_bad, &bcap, it.line, name);
     }
     if (!st && out->n == 0 && out->n_bad == 0) st = kv_fail(KV_E_DATA, "%s: no tasks", name);
     if (st) {

@@ -51,6 +51,10 @@ typedef struct {
     char *why;
 } kv_niah_bad;
 
+/* Record a skipped line with the current error detail as its why: bad
+ * (n_bad, capacity *cap) grows as needed; KV_E_NOMEM naming name. */
+kv_status kv_niah_bad_add(kv_niah_bad **bad, int *n_bad, int *cap, int line, const char *name);
+
 typedef struct {
     kv_niah_task *tasks; /* (n) */
     int n;

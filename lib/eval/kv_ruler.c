@@ -230,24 +230,16 @@ static kv_status make_rows(cJSON *records, const cJSON *pols, row **out, int *n_
         int k = n - 1;
         while (k >= 0 && !(rows[k].pidx == pidx && rows[k].fi == fi && rows[k].length == len)) k--;
         if (k < 0) {
-            if (n == cap) {
-                int nc = cap ? cap * 2 : 16;
-                row *nr = realloc(rows, (size_t)nc * sizeof *nr);
-                if (!nr) goto nomem;
-                rows = nr;
-                cap = nc;
-            }
+            row *nr = kv_grow(rows, n, &cap, sizeof *nr, 16);
+            if (!nr) goto nomem;
+            rows = nr;
             rows[n] = (row){pidx, fi, len, NULL, 0, 0};
             k = n++;
         }
         row *w = &rows[k];
-        if (w->n == w->cap) {
-            int nc = w->cap ? w->cap * 2 : 64;
-            cJSON **nr = realloc(w->rec, (size_t)nc * sizeof *nr);
-            if (!nr) goto nomem;
-            w->rec = nr;
-            w->cap = nc;
-        }
+        cJSON **nr = kv_grow(w->rec, w->n, &w->cap, sizeof *nr, 64);
+        if (!nr) goto nomem;
+        w->rec = nr;
         w->rec[w->n++] = r;
     }
     qsort(rows, (size_t)n, sizeof *rows, cmp_row);

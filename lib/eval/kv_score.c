@@ -204,16 +204,12 @@ kv_status kv_lb_preds_parse(const char *text, size_t len, const char *name, kv_l
     const char *s;
     size_t n;
     while (kv_jsonl_next(&it, &s, &n, NULL)) {
-        if (out->n == cap) {
-            int nc = cap ? cap * 2 : 64;
-            kv_lb_pred *nv = realloc(out->v, (size_t)nc * sizeof *nv);
-            if (!nv) {
-                kv_lb_preds_free(out);
-                return kv_fail(KV_E_NOMEM, "%s", name);
-            }
-            out->v = nv;
-            cap = nc;
+        kv_lb_pred *nv = kv_grow(out->v, out->n, &cap, sizeof *nv, 64);
+        if (!nv) {
+            kv_lb_preds_free(out);
+            return kv_fail(KV_E_NOMEM, "%s", name);
         }
+        out->v = nv;
         kv_lb_pred *p = &out->v[out->n];
         memset(p, 0, sizeof *p);
         p->line = it.line;
@@ -335,16 +331,12 @@ kv_status kv_ruler_preds_parse(const char *text, size_t len, const char *name,
     size_t n;
     kv_status st = KV_OK;
     while (!st && kv_jsonl_next(&it, &s, &n, NULL)) {
-        if (out->n == cap) {
-            int nc = cap ? cap * 2 : 64;
-            kv_ruler_pred *nv = realloc(out->v, (size_t)nc * sizeof *nv);
-            if (!nv) {
-                st = kv_fail(KV_E_NOMEM, "%s", name);
-                break;
-            }
-            out->v = nv;
-            cap = nc;
+        kv_ruler_pred *nv = kv_grow(out->v, out->n, &cap, sizeof *nv, 64);
+        if (!nv) {
+            st = kv_fail(KV_E_NOMEM, "%s", name);
+            break;
         }
+        out->v = nv;
         kv_ruler_pred *p = &out->v[out->n];
         memset(p, 0, sizeof *p);
         p->line = it.line;
@@ -459,13 +451,9 @@ static kv_score_input *input_get(inputs *in, const char *name, bool create, bool
         }
     *existed = false;
     if (!create) return NULL;
-    if (in->n == in->cap) {
-        int nc = in->cap ? in->cap * 2 : 32;
-        kv_score_input *nv = realloc(in->v, (size_t)nc * sizeof *nv);
-        if (!nv) return NULL;
-        in->v = nv;
-        in->cap = nc;
-    }
+    kv_score_input *nv = kv_grow(in->v, in->n, &in->cap, sizeof *nv, 32);
+    if (!nv) return NULL;
+    in->v = nv;
     kv_score_input *x = &in->v[in->n];
     memset(x, 0, sizeof *x);
     if (!(x->name = kv_strdup(name))) return NULL;
@@ -540,16 +528,12 @@ static kv_status add_dir(inputs *in, const char *dir, bool ruler_chunks, int *sh
     for (struct dirent *e; (e = readdir(d));) {
         size_t l = strlen(e->d_name);
         if (l < 7 || strcmp(e->d_name + l - 6, ".jsonl")) continue;
-        if (n == cap) {
-            int nc = cap ? cap * 2 : 32;
-            char **nn = realloc(names, (size_t)nc * sizeof *nn);
-            if (!nn) {
-                st = kv_fail(KV_E_NOMEM, "%s", dir);
-                break;
-            }
-            names = nn;
-            cap = nc;
+        char **nn = kv_grow(names, n, &cap, sizeof *nn, 32);
+        if (!nn) {
+            st = kv_fail(KV_E_NOMEM, "%s", dir);
+            break;
         }
+        names = nn;
         if (!(names[n] = kv_strdup(e->d_name))) {
             st = kv_fail(KV_E_NOMEM, "%s", dir);
             break;

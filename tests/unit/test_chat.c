@@ -12,16 +12,11 @@
 #include <unistd.h>
 
 #include "format/kv_gguf_write.h"
-#include "kt.h"
+#include "kt_kv.h"
 #include "model/kv_chat.h"
 #include "model/kv_tokenizer.h"
 #include "model/kv_ucd.h"
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 static int *enc(const kv_tokenizer *t, const char *s, bool bos, bool special, int *n)
 {

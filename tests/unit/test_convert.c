@@ -22,16 +22,11 @@
 #include "engine/kv_engine.h"
 #include "format/kv_gguf.h"
 #include "format/kv_gguf_write.h"
-#include "kt.h"
+#include "kt_kv.h"
 #include "model/kv_convert.h"
 #include "model/kv_model.h"
 #include "model/kv_tokenizer.h"
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 static char *tmpname(void)
 {
@@ -42,12 +37,6 @@ static char *tmpname(void)
 }
 
 /* The whole file (NULL when it cannot be read): lib's reader, not a copy. */
-static char *slurp(const char *path, size_t *len)
-{
-    char *b = NULL;
-    return kv_file_slurp(path, 0, NULL, &b, len) ? NULL : b;
-}
-
 /* Logits after each of a few tokens (n positions x vocab). */
 static float *logits(const kv_model *m, const int *toks, int n)
 {
@@ -120,7 +109,7 @@ static void test_writer_round_trips_every_value_type(void)
     OK(kv_gguf_writer_write(w, path));
     kv_gguf_writer_free(w);
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = kt_slurp(path, &len);
     KT_REQUIRE(buf, "read back");
     kv_gguf *g;
     OK(kv_gguf_parse(buf, len, &g));
@@ -150,7 +139,7 @@ static void test_writer_round_trips_every_value_type(void)
     OK(kv_gguf_writer_write(w, path));
     kv_gguf_writer_free(w);
     size_t len2;
-    char *buf2 = slurp(path, &len2);
+    char *buf2 = kt_slurp(path, &len2);
     KT_REQUIRE(buf2, "read back");
     kv_gguf *g2;
     OK(kv_gguf_parse(buf2, len2, &g2));
@@ -349,7 +338,7 @@ static void test_refusals_name_the_architecture_and_type(void)
     /* a llama file whose query matrix is IQ2_XS */
     OK(convert("tests/data/niah4k/niah4k.bin", "tests/data/niah4k/tok259.bin", KV_GGML_Q8_0, "llama", false, path));
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = kt_slurp(path, &len);
     KT_REQUIRE(buf, "read");
     kv_gguf *g;
     OK(kv_gguf_parse(buf, len, &g));

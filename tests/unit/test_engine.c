@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "engine/kv_engine.h"
 #include "model/kv_matmul.h"
 #include "model/kv_model.h"
@@ -18,11 +18,6 @@
 #define S260 "tests/data/stories260K/"
 
 /* KT_REQUIRE evaluates its condition twice: call the engine once, here. */
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 static int read_ids(const char *path, int *ids, int max)
 {
@@ -32,14 +27,6 @@ static int read_ids(const char *path, int *ids, int max)
     while (n < max && fscanf(f, "%d", &ids[n]) == 1) n++;
     fclose(f);
     return n;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 static kv_model *load_260k(void)
@@ -63,7 +50,7 @@ static void test_greedy_bos_200_matches_reference(void)
     int tok = 1, mism = -1;
     OK(kv_engine_prefill(e, &tok, 1, logits));
     for (int i = 1; i < n; i++) {
-        tok = argmax(logits, 512);
+        tok = kt_argmax(logits, 512);
         if (tok != ref[i] && mism < 0) mism = i;
         if (i + 1 < n) OK(kv_engine_step(e, tok, logits));
     }

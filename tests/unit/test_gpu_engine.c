@@ -24,7 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "common/kv_ggml.h"
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
@@ -60,11 +60,6 @@ static unsigned long long seed = 0x51ed270b1f3c9a7dULL;
 /* KV_GPU_TEST_SHORT=1 (under compute-sanitizer): smaller prompts and runs. */
 __attribute__((unused)) static int short_run(void) { return getenv("KV_GPU_TEST_SHORT") != NULL; }
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 static void test_engine_refuses_without_gpu(void)
 {
@@ -116,18 +111,10 @@ static double nerr_d(const double *a, const double *b, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 /* Top-1 minus top-2 logit. */
 static float margin(const float *x, int n)
 {
-    int b = argmax(x, n);
+    int b = kt_argmax(x, n);
     float s = -INFINITY;
     for (int i = 0; i < n; i++)
         if (i != b && x[i] > s) s = x[i];
@@ -1038,10 +1025,10 @@ static void compare_engines(kv_engine *cpu, kv_gpu_engine *gpu, const int *promp
     for (int i = 0; i <= steps && sc == KV_OK && sg == KV_OK; i++) {
         double e = nerr_f(lg, lc, (size_t)vocab);
         if (e > r->max_err) r->max_err = e;
-        if (argmax(lg, vocab) != argmax(lc, vocab) && margin(lc, vocab) > 0.05f) r->argmax_diff++;
+        if (kt_argmax(lg, vocab) != kt_argmax(lc, vocab) && margin(lc, vocab) > 0.05f) r->argmax_diff++;
         r->steps++;
         if (i == steps) break;
-        int tok = argmax(lc, vocab);
+        int tok = kt_argmax(lc, vocab);
         sc = kv_engine_step(cpu, tok, lc);
         sg = kv_gpu_engine_step(gpu, tok, lg);
         KT_CHECK(sc == KV_OK && sg == KV_OK, "step %d cpu %d gpu %d: %s", i, (int)sc, (int)sg,
@@ -1078,10 +1065,10 @@ static void test_stories260k_full_matches_cpu(void)
         float *lg = malloc((size_t)m->cfg.vocab_size * 4);
         OK(kv_gpu_engine_prefill(gpu, ref, 1, lg));
         int out[200];
-        OK(kv_gpu_engine_generate(gpu, argmax(lg, m->cfg.vocab_size), 199, out, NULL));
+        OK(kv_gpu_engine_generate(gpu, kt_argmax(lg, m->cfg.vocab_size), 199, out, NULL));
         /* ids equal up to the first difference; fp16 rounding may flip a
          * near-tie late in a 200-token run, after which the texts differ */
-        int same = ref[1] == argmax(lg, m->cfg.vocab_size);
+        int same = ref[1] == kt_argmax(lg, m->cfg.vocab_size);
         for (int i = 0; same == i + 1 && i < 199 && i + 2 < nref; i++) same += out[i] == ref[i + 2];
         printf("# stories260K greedy on the GPU: the first %d of 200 ids equal the reference\n", same);
         KT_CHECK(nref == 201 && same >= 100, "only the first %d greedy ids match", same);
@@ -1151,7 +1138,7 @@ static void test_stories260k_quant_matches_cpu(void)
 /* KL(p || q) of two logit vectors, in double. */
 static double kl_logits(const float *p, const float *q, int n)
 {
-    double mp = p[argmax(p, n)], mq = q[argmax(q, n)], zp = 0, zq = 0, kl = 0;
+    double mp = p[kt_argmax(p, n)], mq = q[kt_argmax(q, n)], zp = 0, zq = 0, kl = 0;
     for (int i = 0; i < n; i++) {
         zp += exp((double)p[i] - mp);
         zq += exp((double)q[i] - mq);
@@ -1214,15 +1201,15 @@ static void test_stories260k_dsq_matches_cpu(void)
         OK(kv_gpu_engine_prefill(gd, prompt, n0, l[3]));
         double kc = 0, kg = 0;
         for (int i = 0; i < steps; i++) {
-            int tok = argmax(l[0], V);
+            int tok = kt_argmax(l[0], V);
             OK(kv_engine_step(cf, tok, l[0]));
             OK(kv_engine_step(cd, tok, l[1]));
             OK(kv_gpu_engine_step(gf, tok, l[2]));
             OK(kv_gpu_engine_step(gd, tok, l[3]));
             kc += kl_logits(l[0], l[1], V);
             kg += kl_logits(l[2], l[3], V);
-            agc += argmax(l[0], V) == argmax(l[1], V);
-            agg += argmax(l[2], V) == argmax(l[3], V);
+            agc += kt_argmax(l[0], V) == kt_argmax(l[1], V);
+            agg += kt_argmax(l[2], V) == kt_argmax(l[3], V);
         }
         printf("# stories260K dsq w=16 vs full, prompt %d: CPU KL %.4f, GPU KL %.4f\n", run,
                kc / steps, kg / steps);
@@ -1274,8 +1261,8 @@ static void test_offload_equals_full_on_gpu(void)
         float lg[512];
         OK(kv_gpu_engine_prefill(a, prompt, 5, lg));
         OK(kv_gpu_engine_prefill(b, prompt, 5, lg));
-        OK(kv_gpu_engine_generate(a, argmax(lg, 512), 40, oa, NULL));
-        OK(kv_gpu_engine_generate(b, argmax(lg, 512), 40, ob, NULL));
+        OK(kv_gpu_engine_generate(a, kt_argmax(lg, 512), 40, oa, NULL));
+        OK(kv_gpu_engine_generate(b, kt_argmax(lg, 512), 40, ob, NULL));
         KT_CHECK(!memcmp(oa, ob, sizeof oa), "offload and full generate different ids");
         kv_bytes bb;
         kv_gpu_engine_bytes(b, &bb);
@@ -1306,7 +1293,7 @@ static void test_pdl_levels_generate_the_same_ids(void)
         OK(kv_gpu_engine_new(m, NULL, 128, &o, &g));
         float lg[512];
         OK(kv_gpu_engine_prefill(g, prompt, 5, lg));
-        OK(kv_gpu_engine_generate(g, argmax(lg, 512), 40, ids[lvl], NULL));
+        OK(kv_gpu_engine_generate(g, kt_argmax(lg, 512), 40, ids[lvl], NULL));
         kv_gpu_engine_free(g);
     }
     KT_CHECK(!memcmp(ids[0], ids[1], sizeof ids[0]) && !memcmp(ids[0], ids[2], sizeof ids[0]),
@@ -1433,7 +1420,7 @@ static void run_step_variant(kv_model *m, const kv_policy_params *pp, const int 
     /* every variant is fed the serial path's tokens (ids, filled by the first) */
     for (int i = 0; i < steps; i++) {
         if (v->switch_on && i == 3) OK(kv_gpu_engine_set_step_opts(g, v->serial, v->wide, true, true));
-        int tok = v->serial ? argmax(logits + (size_t)i * V, V) : ids[i];
+        int tok = v->serial ? kt_argmax(logits + (size_t)i * V, V) : ids[i];
         if (v->serial) ids[i] = tok;
         OK(kv_gpu_engine_step(g, tok, logits + (size_t)(i + 1) * V));
         kv_bytes b;
@@ -1480,7 +1467,7 @@ static void test_sparse_step_variants_match_the_serial_path(void)
         for (int s = 1; s <= steps; s++) {
             double e = nerr_f(lg + (size_t)s * V, ref + (size_t)s * V, (size_t)V);
             if (e > err) err = e;
-            diff += argmax(lg + (size_t)s * V, V) != argmax(ref + (size_t)s * V, V);
+            diff += kt_argmax(lg + (size_t)s * V, V) != kt_argmax(ref + (size_t)s * V, V);
         }
         printf("# step %-18s %d steps: max logit error %.3g against serial, argmax differences %d, "
                "host bytes %llu (serial %llu), cache hits %llu of %llu\n", vs[i].name, steps, err, diff,
@@ -1947,7 +1934,7 @@ static void test_sparse_chunk_copies_equal_the_layer_copy(void)
             OK(kv_gpu_engine_new(m, pp, n + steps + 8, &o, &g));
             lg[k] = malloc((size_t)V * sizeof(float));
             OK(kv_gpu_engine_prefill(g, prompt, n, lg[k]));
-            OK(kv_gpu_engine_generate(g, argmax(lg[k], V), steps, ids[k], NULL));
+            OK(kv_gpu_engine_generate(g, kt_argmax(lg[k], V), steps, ids[k], NULL));
             kv_gpu_engine_bytes(g, &b[k]);
             kv_gpu_engine_free(g);
         }

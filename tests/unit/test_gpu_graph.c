@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "gpu/kv_gpu.h"
 #include "gpu/kv_gpu_engine.h"
 #include "model/kv_model.h"
@@ -36,21 +36,8 @@
 #define S260 "tests/data/stories260K/"
 #define NIAH "tests/data/niah4k/"
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 static int short_run(void) { return getenv("KV_GPU_TEST_SHORT") != NULL; }
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* What one engine produced: logits of the host-driven steps, then ids of
  * the device-driven ones, and how its steps reached the GPU. */
@@ -72,11 +59,11 @@ static kv_status run_engine(const kv_model *m, const kv_policy_params *pp, int g
     float *lg = malloc((size_t)V * sizeof *lg);
     if (!st && !lg) st = kv_fail(KV_E_NOMEM, "out of memory");
     if (!st) st = kv_gpu_engine_prefill(g, prompt, n, lg);
-    int tok = st ? 0 : argmax(lg, V);
+    int tok = st ? 0 : kt_argmax(lg, V);
     for (int i = 0; i < n_step && !st; i++) {
         r->ids[i] = tok;
         st = kv_gpu_engine_step(g, tok, r->logits + (size_t)i * V);
-        if (!st) tok = argmax(r->logits + (size_t)i * V, V);
+        if (!st) tok = kt_argmax(r->logits + (size_t)i * V, V);
     }
     if (!st && n_gen) st = kv_gpu_engine_generate(g, tok, n_gen, r->ids + n_step, NULL);
     if (g) kv_gpu_engine_graph_info(g, &r->gi);

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "common/kv_half.h"
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
@@ -26,19 +26,10 @@
 #include "model/kv_tokenizer.h"
 #include "policy/kv_prefix.h"
 
-#define OK(x) KT_REQUIRE((x) == KV_OK, "%s: %s", #x, kv_errdetail())
 #define NIAH "tests/data/niah4k/"
 
 static kv_model *model;
 static int *ids, n_ids;
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 static double nerr(const float *a, const float *b, int n)
 {
@@ -64,7 +55,7 @@ static void whole_gpu(int chunk, float *logits, int *gen)
     float *l = malloc(259 * sizeof *l);
     memcpy(l, logits, 259 * sizeof *l);
     for (int i = 0; i < 8; i++) {
-        gen[i] = argmax(l, 259);
+        gen[i] = kt_argmax(l, 259);
         OK(kv_runner_step(r, gen[i], l));
     }
     free(l);
@@ -95,7 +86,7 @@ static void continue_gpu(const kv_prefix *pre, int chunk, const float *a, const 
     KT_CHECK(e < tol, "continued logits: normalized error %.3g (chunk %d)", e, chunk);
     int same = 0;
     for (int i = 0; i < 8; i++) {
-        int t = argmax(b, 259);
+        int t = kt_argmax(b, 259);
         same += t == want[i];
         OK(kv_runner_step(r, t, b));
     }

@@ -21,7 +21,7 @@
 
 #include <zstd.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "common/kv_crc.h"
 #include "common/kv_outfile.h"
 #include "common/kv_half.h"
@@ -41,23 +41,6 @@ static char tmpdir[256];
 static void tmp_path(char *buf, size_t n, const char *name)
 {
     snprintf(buf, n, "%s/%s", tmpdir, name);
-}
-
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, fp) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(fp);
-    *len = (size_t)n;
-    return b;
 }
 
 static int count_dir_entries(const char *dir)
@@ -235,7 +218,7 @@ static void test_roundtrip_every_dtype(void)
     kvc_writer_free(w);
 
     size_t len;
-    uint8_t *bytes = slurp(path, &len);
+    uint8_t *bytes = kt_slurp(path, &len);
     KT_REQUIRE(bytes != NULL, "slurp");
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | bytes[i];
@@ -376,7 +359,7 @@ static void test_zstd_roundtrip(void)
     tmp_path(path, sizeof path, "sample.kvc.zst");
     REQUIRE_OK(write_sample(path, 3));
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = kt_slurp(path, &len);
     KT_REQUIRE(b && len > 4 && b[0] == 0x28 && b[1] == 0xb5 && b[2] == 0x2f && b[3] == 0xfd, "zstd magic");
     kvc_file *f;
     REQUIRE_OK(kvc_open(path, &f));
@@ -454,7 +437,7 @@ static void test_zstd_bomb_stops_at_the_described_size(void)
     tmp_path(path, sizeof path, "plain.kvc");
     REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *raw = slurp(path, &len);
+    uint8_t *raw = kt_slurp(path, &len);
     KT_REQUIRE(raw, "sample");
     ZSTD_CCtx *z = ZSTD_createCCtx();
     size_t cap = 1 << 20, zn = 0;
@@ -488,7 +471,7 @@ static void test_pipe_is_read_only_as_far_as_the_header_says(void)
     tmp_path(path, sizeof path, "plain.kvc");
     REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *raw = slurp(path, &len);
+    uint8_t *raw = kt_slurp(path, &len);
     KT_REQUIRE(raw, "sample");
     for (int zstd = 0; zstd < 2; zstd++) {
         int pfd[2];
@@ -561,7 +544,7 @@ static void test_atomic_write_leaves_nothing_on_failure(void)
     KT_CHECK(st == KV_E_IO, "status %d: %s", st, kv_errdetail());
     KT_CHECK(count_dir_entries(dir) == 1, "%d entries: temp file left behind", count_dir_entries(dir));
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = kt_slurp(path, &len);
     KT_CHECK(b && len == 3 && !memcmp(b, "old", 3), "old output untouched");
     free(b);
 
@@ -634,7 +617,7 @@ static void test_every_truncation_fails_cleanly(void)
     tmp_path(path, sizeof path, "sample.kvc");
     REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = kt_slurp(path, &len);
     KT_REQUIRE(b != NULL, "slurp");
     int bad = 0;
     for (size_t n = 0; n < len; n++) {
@@ -659,7 +642,7 @@ static void test_bit_flips_in_data_are_caught(void)
     tmp_path(path, sizeof path, "sample.kvc");
     REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = kt_slurp(path, &len);
     KT_REQUIRE(b != NULL, "slurp");
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | b[i];

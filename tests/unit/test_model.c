@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "engine/kv_engine.h"
 #include "format/kv_gguf.h"
 #include "common/kv_half.h"
@@ -22,11 +22,6 @@
 #include "model/kv_model.h"
 #include "model/kv_quants.h"
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 // --- a tiny GGUF writer -------------------------------------------------------
 
@@ -415,23 +410,6 @@ static void test_real_gguf_files_load(void)
     KT_CHECK(strstr(kv_errdetail(), "token_embd"), "message: %s", kv_errdetail());
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 /* Rewrite the legacy stories260K checkpoint as a v1 ("ak42") file. */
 static uint8_t *legacy_to_v1(const uint8_t *b, size_t n, size_t *out_len)
 {
@@ -473,7 +451,7 @@ static uint8_t *legacy_to_v1(const uint8_t *b, size_t n, size_t *out_len)
 static void test_llama2c_legacy_and_v1_agree(void)
 {
     size_t n;
-    char *b = slurp("tests/data/stories260K/stories260K.bin", &n);
+    char *b = kt_slurp("tests/data/stories260K/stories260K.bin", &n);
     KT_REQUIRE(b, "model file");
     size_t n1;
     uint8_t *v1 = legacy_to_v1((uint8_t *)b, n, &n1);

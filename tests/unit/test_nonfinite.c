@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "engine/kv_engine.h"
 #include "model/kv_model.h"
 #include "policy/kv_policy.h"
@@ -32,23 +32,6 @@ static const char *policies[] = {
     "dsq:window=8",
 };
 #define N_POL (int)(sizeof policies / sizeof policies[0])
-
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
 
 /* Float offsets (after the 7-int legacy llama2.c header) of each tensor
  * family, and the per-layer size of each. */
@@ -105,7 +88,7 @@ static kv_status run_policy(const kv_model *m, const char *spec, bool *fin)
 static void test_nonfinite_weights_are_refused_by_every_policy(void)
 {
     size_t len;
-    uint8_t *orig = slurp(S260, &len);
+    uint8_t *orig = kt_slurp(S260, &len);
     KT_REQUIRE(orig, "cannot read %s", S260);
     family fam[11];
     const int L = layout(orig, fam);

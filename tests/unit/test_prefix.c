@@ -13,22 +13,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "engine/kv_engine.h"
 #include "format/kvc.h"
 #include "model/kv_model.h"
 #include "model/kv_tokenizer.h"
 #include "policy/kv_prefix.h"
 
-#define OK(x) KT_REQUIRE((x) == KV_OK, "%s: %s", #x, kv_errdetail())
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Whole prompt vs the first `split` tokens dumped then continued: logits of
  * the prefill and of `steps` greedy steps must be identical. */
@@ -45,7 +36,7 @@ static void roundtrip(const char *model, const int *ids, int n, int split, int s
     OK(kv_engine_new(m, NULL, n + steps, &e));
     OK(kv_engine_prefill(e, ids, n, a));
     for (int i = 0; i < steps; i++) {
-        ta[i] = argmax(a + (size_t)i * V, V);
+        ta[i] = kt_argmax(a + (size_t)i * V, V);
         OK(kv_engine_step(e, ta[i], a + (size_t)(i + 1) * V));
     }
     OK(kv_engine_reset(e, NULL));
@@ -66,7 +57,7 @@ static void roundtrip(const char *model, const int *ids, int n, int split, int s
     int mism = -1;
     for (int i = 0; i < steps; i++) {
         for (int j = 0; j < V; j++) d = fmaxf(d, fabsf(a[(size_t)i * V + j] - b[j]));
-        tb[i] = argmax(b, V);
+        tb[i] = kt_argmax(b, V);
         if (tb[i] != ta[i] && mism < 0) mism = i;
         OK(kv_engine_step(e, tb[i], b));
     }

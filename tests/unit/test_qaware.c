@@ -15,7 +15,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "common/kv_file.h"
 #include "common/kv_half.h"
 #include "engine/kv_runner.h"
@@ -25,15 +25,6 @@
 #include "policy/kv_prefix.h"
 #include "tree/kv_tree.h"
 
-#define OK(x) KT_REQUIRE((x) == KV_OK, "%s: %s", #x, kv_errdetail())
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Greedy text of n tokens after a prefill that left its logits in lg. */
 static void greedy_text(kv_runner *r, const kv_tokenizer *tok, float *lg, int V, int n, char *out, size_t cap)
@@ -41,7 +32,7 @@ static void greedy_text(kv_runner *r, const kv_tokenizer *tok, float *lg, int V,
     size_t o = 0;
     out[0] = 0;
     for (int i = 0, prev = 0; i < n; i++) {
-        int t = argmax(lg, V);
+        int t = kt_argmax(lg, V);
         size_t pl = 0;
         const char *p = kv_tokenizer_decode(tok, prev, t, &pl);
         if (p && o + pl + 1 < cap) memcpy(out + o, p, pl), o += pl, out[o] = 0;

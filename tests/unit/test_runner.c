@@ -13,7 +13,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "common/kv_gemv.h"
 #include "engine/kv_engine.h"
 #include "gpu/kv_gpu.h"
@@ -27,19 +27,6 @@ static kv_model *m;
 static int prompt[NPROMPT];
 static bool have_gpu;
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 static void test_device_parse(void)
 {
@@ -97,7 +84,7 @@ static void lockstep(kv_engine *e, kv_runner *r, const char *what)
     KT_CHECK(se == KV_OK && sr == KV_OK, "%s prefill: %d %d", what, (int)se, (int)sr);
     KT_CHECK(!memcmp(le, lr, (size_t)V * sizeof(float)), "%s: prefill logits differ", what);
     for (int s = 0; s < NSTEP && se == KV_OK && sr == KV_OK; s++) {
-        int tok = argmax(le, V);
+        int tok = kt_argmax(le, V);
         se = kv_engine_step(e, tok, le);
         sr = kv_runner_step(r, tok, lr);
         KT_CHECK(se == KV_OK && sr == KV_OK, "%s step %d: %d %d", what, s, (int)se, (int)sr);
@@ -208,7 +195,7 @@ static void test_generate_score_report(void)
     int want[NSTEP];
     OK(kv_runner_prefill(r, prompt, NPROMPT, lg));
     for (int i = 0; i < NSTEP; i++) {
-        want[i] = argmax(lg, V);
+        want[i] = kt_argmax(lg, V);
         if (i + 1 < NSTEP) OK(kv_runner_step(r, want[i], lg));
     }
     OK(kv_runner_reset(r, NULL));

@@ -10,14 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "model/kv_sampler.h"
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
 
 static void fill_logits(float *x, int n, unsigned long long seed)
 {

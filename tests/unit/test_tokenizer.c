@@ -15,43 +15,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "format/kv_gguf.h"
 #include "format/kv_gguf_write.h"
 #include "model/kv_model.h"
 #include "model/kv_tokenizer.h"
 #include "model/kv_ucd.h"
 
-#define OK(expr)                                                               \
-    do {                                                                       \
-        kv_status st_ = (expr);                                                \
-        KT_REQUIRE(st_ == KV_OK, "%s: %s", #expr, kv_errdetail());             \
-    } while (0)
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
 
 static void test_spm_reproduces_every_llama_cpp_vector(void)
 {
     kv_model *m = NULL;
     /* the vocab-only file has no tensors: parse its metadata directly */
     size_t len;
-    char *buf = slurp("tests/data/gguf/ggml-vocab-llama-spm.gguf", &len);
+    char *buf = kt_slurp("tests/data/gguf/ggml-vocab-llama-spm.gguf", &len);
     KT_REQUIRE(buf, "vocab file");
     kv_gguf *g;
     OK(kv_gguf_parse(buf, len, &g));
@@ -59,8 +36,8 @@ static void test_spm_reproduces_every_llama_cpp_vector(void)
     OK(kv_tokenizer_from_gguf(g, &t));
     KT_CHECK(kv_tokenizer_vocab(t) == 32000, "vocab %d", kv_tokenizer_vocab(t));
     size_t il, ol;
-    char *inp = slurp("tests/data/gguf/ggml-vocab-llama-spm.gguf.inp", &il);
-    char *outp = slurp("tests/data/gguf/ggml-vocab-llama-spm.gguf.out", &ol);
+    char *inp = kt_slurp("tests/data/gguf/ggml-vocab-llama-spm.gguf.inp", &il);
+    char *outp = kt_slurp("tests/data/gguf/ggml-vocab-llama-spm.gguf.out", &ol);
     KT_REQUIRE(inp && outp, "vector files");
     const char *sep = "\n__ggml_vocab_test__\n";
     char *p = inp, *o = outp;
@@ -110,7 +87,7 @@ static void test_spm_reproduces_every_llama_cpp_vector(void)
 static int run_vectors(const kv_tokenizer *t, const char *inp_path, const char *out_path, int *cases)
 {
     size_t il, ol;
-    char *inp = slurp(inp_path, &il), *outp = slurp(out_path, &ol);
+    char *inp = kt_slurp(inp_path, &il), *outp = kt_slurp(out_path, &ol);
     int bad = 0;
     *cases = 0;
     if (!inp || !outp) {
@@ -416,7 +393,7 @@ static void test_token_lists_parse(void)
 static void test_bad_tokenizer_files_are_data_errors(void)
 {
     size_t len;
-    char *buf = slurp("tests/data/stories260K/tok512.bin", &len);
+    char *buf = kt_slurp("tests/data/stories260K/tok512.bin", &len);
     KT_REQUIRE(buf, "tok512");
     kv_tokenizer *t;
     OK(kv_tokenizer_load_llama2c_mem(buf, len, 512, &t));
