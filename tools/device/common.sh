@@ -7,8 +7,8 @@
 # as  . tools/device/common.sh
 # It puts the CUDA tools (compute-sanitizer) on PATH and D/lib (libcjson,
 # which the device lacks) first on LD_LIBRARY_PATH, and defines the helpers
-# every script repeated before: log, has, gpu_info, dev_gunzip, tap and
-# ruler_dev.  A script that needs another form of one defines it after.
+# every script repeated before: log, has, gpu_info, dev_gunzip, tap,
+# ruler_dev and snap.  A script that needs another form of one defines it after.
 export PATH="$PATH:/usr/local/cuda/bin"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 
@@ -53,4 +53,12 @@ for r in d.get("results", []):
         r["length"], r["accuracy"], r.get("n", r.get("tasks", "?")), r.get("fetched_bytes_per_step", 0) // 1024))
 for p, v in by.items(): print("%-10s %-40s %s" % (sys.argv[2], p, " ".join(v)))
 PY
+}
+# snap: the lead's call scripts, whose device returns only a few files,
+# with FINAL set: what OUT holds so far (logs over 2 MB dropped) as
+# FINAL/all.tgz beside FINAL/summary.txt, so it comes back even if the
+# call runs out of time
+snap() {
+    find "$OUT" -name '*.log' -size +2M -delete
+    tar czf "$FINAL/all.tgz" -C "$OUT" . && cp "$OUT/summary.txt" "$FINAL/"
 }

@@ -14,10 +14,6 @@ OUT=${W:-/tmp/kv-lead4}
 mkdir -p "$OUT" "$FINAL"
 sh tools/device/unpack.sh "$D" || exit 66
 . tools/device/common.sh
-snap() { # what is there so far goes back even if the call runs out of time
-    find "$OUT" -name '*.log' -size +2M -delete
-    tar czf "$FINAL/all.tgz" -C "$OUT" . && cp "$OUT/summary.txt" "$FINAL/"
-}
 for s in ${STAGES:-g4 h e4}; do
     [ -f tools/device/$s-check.sh ] || continue
     mkdir -p "$OUT/$s"

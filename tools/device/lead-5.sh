@@ -14,10 +14,6 @@ OUT=${W:-/tmp/kv-lead5}
 mkdir -p "$OUT" "$FINAL"
 sh tools/device/unpack.sh "$D" || exit 66
 . tools/device/common.sh
-snap() { # what is there so far goes back even if the call runs out of time
-    find "$OUT" -name '*.log' -size +2M -delete
-    tar czf "$FINAL/all.tgz" -C "$OUT" . && cp "$OUT/summary.txt" "$FINAL/"
-}
 stage() { # name, steps, extra environment
     s=$1; st=$2; shift 2
     mkdir -p "$OUT/$s"
