@@ -40,6 +40,19 @@ static const kv_cli_spec spec = {
     "or \"tasks\" (RULER) object maps each name to its score: x100, rounded to 2 decimals.\n"
     "The Chinese LongBench metrics segment words with jieba's dictionary (python3-jieba)."};
 
+/* Entry i of "per_sample": "name": [the n scores], as Python prints them. */
+static void print_samples(FILE *f, int i, const char *name, const double *sample, int n)
+{
+    fprintf(f, "%s\n  ", i ? "," : "");
+    kv_json_pystring(f, name);
+    fputs(": [", f);
+    for (int k = 0; k < n; k++) {
+        fputs(k ? ", " : "", f);
+        kv_json_pyfloat(f, sample[k]);
+    }
+    fputc(']', f);
+}
+
 static void print_lb(FILE *f, bool json, bool e, bool per, const kv_score_input *in, int n,
                      const kv_lb_score *sc)
 {
@@ -70,16 +83,7 @@ static void print_lb(FILE *f, bool json, bool e, bool per, const kv_score_input 
         fputc('}', f);
         if (per) {
             fputs(", \"per_sample\": {", f);
-            for (int i = 0; i < n; i++) {
-                fprintf(f, "%s\n  ", i ? "," : "");
-                kv_json_pystring(f, in[i].name);
-                fputs(": [", f);
-                for (int k = 0; k < sc[i].n; k++) {
-                    fputs(k ? ", " : "", f);
-                    kv_json_pyfloat(f, sc[i].sample[k]);
-                }
-                fputc(']', f);
-            }
+            for (int i = 0; i < n; i++) print_samples(f, i, in[i].name, sc[i].sample, sc[i].n);
             fputs("\n}", f);
         }
         fputs("}\n", f);
@@ -131,16 +135,7 @@ static void print_ruler(FILE *f, bool json, bool per, const kv_score_input *in, 
     fputc('}', f);
     if (per) {
         fputs(", \"per_sample\": {", f);
-        for (int i = 0; i < n; i++) {
-            fprintf(f, "%s\n  ", i ? "," : "");
-            kv_json_pystring(f, in[i].name);
-            fputs(": [", f);
-            for (int k = 0; k < sc[i].n; k++) {
-                fputs(k ? ", " : "", f);
-                kv_json_pyfloat(f, sc[i].sample[k]);
-            }
-            fputc(']', f);
-        }
+        for (int i = 0; i < n; i++) print_samples(f, i, in[i].name, sc[i].sample, sc[i].n);
         fputs("\n}", f);
     }
     fputs("}\n", f);

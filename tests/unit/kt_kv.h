@@ -2,12 +2,15 @@
  * kt_kv: what the unit tests of the library share on top of kt.h (which
  * knows nothing of kvtools): OK, a required check of a kv_status that prints
  * the library's detail; kt_argmax, the greedy token of a logits row; and
- * kt_slurp, a whole file read through the library's own reader.
+ * kt_slurp, a whole file read through the library's own reader; kt_rm_rf,
+ * the cleanup of a test's temporary directory.
  */
 #ifndef KT_KV_H
 #define KT_KV_H
 
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "kt.h"
 #include "common/kv_file.h"
@@ -35,6 +38,14 @@ static inline void *kt_slurp(const char *path, size_t *len)
 {
     char *b = NULL;
     return kv_file_slurp(path, 0, NULL, &b, len) ? NULL : b;
+}
+
+/* rm -rf dir (a mkdtemp name: no quote in it); 0 when it went. */
+static inline int kt_rm_rf(const char *dir)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd);
 }
 
 #endif

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kt.h"
+#include "kt_kv.h"
 #include "eval/kv_batch.h"
 #include "eval/kv_longbench.h"
 
@@ -352,8 +352,6 @@ int main(void)
     KT_RUN(test_data_files);
     KT_RUN(test_middle_truncation);
     KT_RUN(test_llama3_chat_prompt);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) {}
+    (void)kt_rm_rf(dir);
     return kt_done();
 }

@@ -917,8 +917,6 @@ int main(int argc, char **argv)
     KT_RUN(test_dsq_layer_is_validated);
     KT_RUN(test_writer_streams_to_stdout);
     KT_RUN(test_cleanup_all_removes_temp_files);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "test_kvc: could not remove %s\n", tmpdir);
+    if (kt_rm_rf(tmpdir) != 0) fprintf(stderr, "test_kvc: could not remove %s\n", tmpdir);
     return kt_done();
 }

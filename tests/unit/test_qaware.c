@@ -158,9 +158,7 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kv_check_report_clear(&cr);
     kv_tree_store_close(s);
     kvc_close(f);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
     kv_runner_free(r);
     free(ids32), free(lg), free(ids), free(pids), free(nids), free(text);
     cJSON_Delete(j);

@@ -13,7 +13,7 @@
 #include <math.h>
 
 #include "common/kv_half.h"
-#include "kt.h"
+#include "kt_kv.h"
 #include "tree/kv_tree.h"
 
 static unsigned long long seed;
@@ -471,9 +471,7 @@ static void test_store_get_is_exact_after_random_puts(void)
     KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0 && cr.orphans == 0, "check after gc");
     kv_check_report_clear(&cr);
     kv_tree_store_close(s);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
 // --- chunk version 2: frames in importance order --------------------------------
@@ -556,9 +554,7 @@ static void test_important_reads_scale_with_frac(void)
                                  "gpu=raw,host=raw,disk=raw+zstd+sketch"};
     static const double tol[] = {0, 0.2, 0.1, 0.1, 0}; /* 2-bit: half a step of range/3; 4-bit: range/15 */
     for (int e = 0; e < 5; e++) {
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", st_dir);
-        KT_REQUIRE(system(cmd) == 0, "clean");
+        KT_REQUIRE(kt_rm_rf(st_dir) == 0, "clean");
         kv_tree_enc enc[KV_TIER_COUNT];
         KT_REQUIRE(kv_tree_encodings_parse(encs[e], enc) == KV_OK, "encodings");
         KT_REQUIRE(kv_tree_store_create_ex(st_dir, enc) == KV_OK, "init: %s", kv_errdetail());
@@ -603,9 +599,7 @@ static void test_important_reads_scale_with_frac(void)
     }
     kvc_close(f);
     free(vals);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
 /* A chunk file is refused on any damage: head, tables, frame bytes. */
@@ -648,9 +642,7 @@ static void test_chunk_rejects_damage(void)
     b[pr.bytes_added - 10] ^= 1;
     KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added - 1, &rows) == KV_E_DATA, "truncated");
     free(b);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
 /* Chunk version 3 (+sketch): rows in position order, the key sketch
@@ -733,9 +725,7 @@ static void test_chunk_version_3_holds_a_key_sketch(void)
     kv_check_report_clear(&cr);
     kv_tree_store_close(s);
     free(b);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
 /* put refuses a token subset (positions) and changes nothing. */
@@ -771,9 +761,7 @@ static void test_put_refuses_positions(void)
     kv_tree_store_close(s);
     kvc_close(sub);
     kvc_close(f);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
 /* The version-1 store in tests/data/tree-v1 is read, and place upgrades it. */
@@ -817,8 +805,7 @@ static void test_reads_version_1_stores(void)
     kv_tree_store_close(s);
     free(tok);
     kvc_close(a);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    KT_CHECK(system(cmd) == 0, "cleanup");
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
 int main(void)
