@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "kt.h"
+#include "eval/kv_jsonl.h"
 #include "eval/kv_metrics.h"
+#include "eval/kv_niah.h"
 #include "eval/kv_score.h"
 
 static double m(kv_lb_metric k, const char *p, const char *g)
@@ -205,8 +207,35 @@ static void test_pred_files(void)
     KT_CHECK(kv_ruler_preds_parse(rbad, strlen(rbad), "r", &rp) == KV_E_DATA, "index 1e300 refused");
 }
 
+/* The readers' growth rule and their skipped-line records. */
+static void test_grow_and_bad_lines(void)
+{
+    int *v = NULL, cap = 0, n = 0;
+    for (; n < 100; n++) {
+        int *nv = kv_grow(v, n, &cap, sizeof *nv, 4);
+        KT_REQUIRE(nv, "grow at %d", n);
+        v = nv;
+        v[n] = n;
+    }
+    KT_CHECK(cap == 128 && v[99] == 99 && v[0] == 0, "cap %d", cap);
+    KT_CHECK(kv_grow(v, 50, &cap, sizeof *v, 4) == v && cap == 128, "room left: no move");
+    free(v);
+    kv_niah_bad *bad = NULL;
+    int nb = 0, bcap = 0;
+    for (int i = 0; i < 20; i++) {
+        kv_fail(KV_E_DATA, "line %d is bad", i + 1);
+        KT_REQUIRE(kv_niah_bad_add(&bad, &nb, &bcap, i + 1, "t.jsonl") == KV_OK, "add %d", i);
+    }
+    KT_CHECK(nb == 20 && bad[19].line == 20 && !strcmp(bad[19].why, "line 20 is bad") &&
+                 !strcmp(bad[0].why, "line 1 is bad"),
+             "%d bad lines", nb);
+    for (int i = 0; i < nb; i++) free(bad[i].why);
+    free(bad);
+}
+
 int main(void)
 {
+    KT_RUN(test_grow_and_bad_lines);
     KT_RUN(test_qa_f1);
     KT_RUN(test_rouge);
     KT_RUN(test_classification);
