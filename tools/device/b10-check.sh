@@ -22,7 +22,6 @@ set -u
 D=${1:-build-dev-B10}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tmsx}
-mkdir -p "$OUT"
 . tools/device/common.sh
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; free -g | head -2; } 2>&1 | tee -a "$OUT/summary.txt"
 summarize() {

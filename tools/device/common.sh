@@ -5,10 +5,13 @@
 #   OUT    where the results go (summary.txt there collects the log)
 #   STEPS  the letters of the steps to run (for has)
 # as  . tools/device/common.sh
-# It puts the CUDA tools (compute-sanitizer) on PATH and D/lib (libcjson,
-# which the device lacks) first on LD_LIBRARY_PATH, and defines the helpers
-# every script repeated before: log, has, gpu_info, dev_gunzip, tap,
-# ruler_dev and snap.  A script that needs another form of one defines it after.
+# It makes OUT, sets N to the niah4k folder, puts the CUDA tools
+# (compute-sanitizer) on PATH and D/lib (libcjson, which the device lacks)
+# first on LD_LIBRARY_PATH, and defines the helpers every script repeated
+# before: log, has, gpu_info, dev_gunzip, tap, ruler_dev and snap.  A script
+# that needs another form of one defines it after.
+mkdir -p "$OUT"
+N=tests/data/niah4k # the model, tokenizer and tasks most steps run
 export PATH="$PATH:/usr/local/cuda/bin"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 
@@ -39,8 +42,8 @@ tap() {
 ruler_dev() {
     _n=$1 _dev=$2
     shift 2
-    timeout 25 "$D/kv-bench" ruler --device "$_dev" --limit "${RLIMIT:-20}" -m tests/data/niah4k/niah4k.bin \
-        --tokenizer tests/data/niah4k/tok259.bin --tasks tests/data/niah4k/tasks-dev.jsonl --json --no-progress \
+    timeout 25 "$D/kv-bench" ruler --device "$_dev" --limit "${RLIMIT:-20}" -m "$N/niah4k.bin" \
+        --tokenizer "$N/tok259.bin" --tasks "$N/tasks-dev.jsonl" --json --no-progress \
         "$@" > "$OUT/ruler-$_n.json" 2>> "$OUT/summary.txt"
     log "ruler $_n rc=$?"
     python3 - "$OUT/ruler-$_n.json" "$_n" <<'PY' | tee -a "$OUT/summary.txt"

@@ -35,7 +35,6 @@ cp -n "$D"/data/niah4k-*.gguf tests/data/niah4k/ 2>/dev/null
 cp -n "$D"/data/stories260K-*.gguf tests/data/stories260K/ 2>/dev/null
 mkdir -p tests/data/gguf && cp -n "$D"/data/llama3-vocab.gguf tests/data/gguf/ 2>/dev/null
 . tools/device/common.sh
-N=tests/data/niah4k
 S=tests/data/stories260K
 W=${TMPDIR:-/tmp}/kv-e
 mkdir -p "$W"

@@ -21,10 +21,8 @@ set -u
 D=${1:-build-dev-F2}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-ekmp}
-mkdir -p "$OUT"
 . tools/device/common.sh
 dev_gunzip
-N=tests/data/niah4k
 gpu_info
 if has e; then
     timeout 420 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine rc=$?"

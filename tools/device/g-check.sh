@@ -24,10 +24,8 @@ set -u
 D=${1:-build-dev-G}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-emdr}
-mkdir -p "$OUT"
 . tools/device/common.sh
 dev_gunzip
-N=tests/data/niah4k
 gpu_info
 if has e; then
     KV_TEST_FILTER=resident_and_page,niah4k_resident,niah4k_sparse,hybrid_bytes timeout 45 \

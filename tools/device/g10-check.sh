@@ -20,7 +20,6 @@ set -u
 D=${1:-build-dev-G10}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tmdprhe}
-mkdir -p "$OUT"
 . tools/device/common.sh
 gpu_info
 if has t; then

@@ -30,9 +30,7 @@ set -u
 D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-emrdn}
-mkdir -p "$OUT"
 . tools/device/common.sh
-N=tests/data/niah4k
 S=s=8,w=32,frac=0.03
 gpu_info
 if has e; then

@@ -27,7 +27,6 @@ for z in "$D"/*.xz; do
 done
 . tools/device/common.sh
 export TMPDIR=${TMPDIR:-/tmp}
-N=tests/data/niah4k
 gpu_info
 summ() { # the summary table of a kv-bench prefix JSON
     python3 - "$1" <<'PY' | tee -a "$OUT/summary.txt"

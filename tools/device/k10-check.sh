@@ -19,7 +19,6 @@ set -u
 D=${1:-build-dev-K10}
 OUT=${OUT:-/tmp/k10-out}
 STEPS=${STEPS:-attn,sdpa,pack,unit,mem,race,decode,engine}
-mkdir -p "$OUT"
 . tools/device/common.sh
 [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
 has() { case ",$STEPS," in *,$1,*) return 0;; esac; return 1; }

@@ -9,7 +9,6 @@
 set -u
 D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
-mkdir -p "$OUT"
 . tools/device/common.sh
 log() { echo "== $(date -u +%H:%M:%S) $*" >> "$OUT/summary.txt"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >> "$OUT/summary.txt" 2>&1

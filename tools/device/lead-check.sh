@@ -11,7 +11,6 @@ set -u
 D=${1:-build-dev-lead}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-esdrb}
-mkdir -p "$OUT"
 . tools/device/common.sh
 dev_gunzip
 gpu_info clocks.sm,clocks.mem

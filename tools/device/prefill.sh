@@ -17,7 +17,6 @@ D=${1:-build-dev-F}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tesbdpa}
 CTX=${CTX:-8192,32768,131072}
-mkdir -p "$OUT"
 . tools/device/common.sh
 dev_gunzip # binaries may travel gzipped (the carried tree is limited to 64 MiB)
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }

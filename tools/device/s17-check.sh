@@ -19,9 +19,7 @@ set -u
 D=${1:?usage: s17-check.sh BINDIR}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-tnmsd}
-mkdir -p "$OUT"
 . tools/device/common.sh
-N=tests/data/niah4k
 S=s=8,w=32,frac=0.03
 gpu_info
 if has t; then
