@@ -28,6 +28,8 @@
 // --only SUBSTRING runs only the models whose label contains it;
 // --long-story gives the stories260K models a 253-token prompt instead of
 // the 20-token one (differences that start past position 20 show there).
+// --steps N generates N greedy tokens per model (default 40 for the
+// stories260K-sized models, 12 for niah4k).
 // --summary FILE writes every model's figures as JSON (positions within the
 // tolerance against each llama.cpp path, the step where each pair of greedy
 // continuations parts, -1 for identical).
@@ -185,8 +187,9 @@ const fmt3 = (a) => a.map(([id, p]) => `${id}:${p.toFixed(4)}`).join(' ');
 
 const summary = [];
 
-async function checkModel(label, gguf, promptText, steps) {
+async function checkModel(label, gguf, promptText, defaultSteps) {
     if (ONLY && !label.includes(ONLY)) return;
+    const steps = parseInt(opt('--steps', String(defaultSteps)), 10);
     const model = await llama.loadModel({ modelPath: gguf });
     const ctxOpts = {
         contextSize: 1024, threads: THREADS, flashAttention: false,
