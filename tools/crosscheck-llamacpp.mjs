@@ -156,7 +156,9 @@ const LONG_STORY = 'Once upon a time, there was a little girl named Lily. She lo
     'home and had dinner with their families. Lily told her mom about her fun day, and her mom smiled.\n';
 
 // The first step where two greedy continuations part (-1: identical, a
-// shorter one that stopped at an end-of-generation token included).
+// shorter one included that stopped where the longer one has a token that
+// ends generation: llama.cpp's end-of-generation tokens, or BOS, at which
+// kv-run stops as llama2.c's run.c does and llama.cpp does not).
 function parting(a, b, isEog) {
     for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) return i;
     if (a.length === b.length) return -1;
@@ -247,7 +249,7 @@ async function checkModel(label, gguf, promptText, defaultSteps) {
     // greedy continuations: llama.cpp batched (the reference), llama.cpp
     // per-token (the prompt one token per batch; generated tokens are one per
     // batch on both paths), kv-run
-    const isEog = (t) => !!model.isEogToken?.(t);
+    const isEog = (t) => !!model.isEogToken?.(t) || t === model.tokens.bos;
     const ref = await greedy(seq, prompt, steps);
     const ref1 = seq1 ? await greedy(seq1, prompt, steps) : null;
     const out = run('kv-run', ['-m', gguf, '--tokens', '-', '-n', String(steps), '--temp', '0', '--print-ids',
