@@ -13,7 +13,9 @@
 //      batch (batchSize 1: its plain per-row kernels instead of the batched
 //      GEMMs), and the distance between its own two answers is printed
 //      beside kv-run's, as the floor below which a comparison with it
-//      cannot go (--no-self skips the second evaluation);
+//      cannot go (--no-self skips the second evaluation); greedy
+//      continuations come from both llama.cpp paths and kv-run, each pair
+//      compared, with every path's top 3 where a pair parts;
 //   3. with --bench, CPU decode speed on the same GGUF at the same thread
 //      count (both measured in this run, alternating), and kv-run's peak
 //      resident memory against the file size.
@@ -26,6 +28,11 @@
 // --only SUBSTRING runs only the models whose label contains it;
 // --long-story gives the stories260K models a 253-token prompt instead of
 // the 20-token one (differences that start past position 20 show there).
+// --steps N generates N greedy tokens per model (default 40 for the
+// stories260K-sized models, 12 for niah4k).
+// --summary FILE writes every model's figures as JSON (positions within the
+// tolerance against each llama.cpp path, the step where each pair of greedy
+// continuations parts, -1 for identical).
 // --big also converts a synthetic Llama-3.2-1B geometry (random weights,
 // the Llama-3 vocabulary) to Q4_K and benchmarks decode on it.  The exit
 // status is 0 when every comparison meets its target, 1 otherwise.
@@ -148,31 +155,71 @@ const LONG_STORY = 'Once upon a time, there was a little girl named Lily. She lo
     'she gave Tom a big hug. They played with the ball together all day long. When the sun went down, they went ' +
     'home and had dinner with their families. Lily told her mom about her fun day, and her mom smiled.\n';
 
-async function checkModel(label, gguf, promptText, steps) {
+// The first step where two greedy continuations part (-1: identical, a
+// shorter one included that stopped where the longer one has a token that
+// ends generation: llama.cpp's end-of-generation tokens, or BOS, at which
+// kv-run stops as llama2.c's run.c does and llama.cpp does not).
+function parting(a, b, isEog) {
+    for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) return i;
+    if (a.length === b.length) return -1;
+    const [short, long] = a.length < b.length ? [a, b] : [b, a];
+    return isEog(long[short.length]) ? -1 : short.length;
+}
+
+async function greedy(seq, prompt, steps) {
+    await seq.clearHistory();
+    const ids = [];
+    for await (const t of seq.evaluate(prompt, { temperature: 0 })) {
+        ids.push(t);
+        if (ids.length >= steps) break;
+    }
+    return ids;
+}
+
+// The top 3 of the next token after prefix, teacher-forced, from a llama.cpp
+// sequence (its context's batch size picks the path) or from kv-run.
+async function top3Llama(seq, prefix) {
+    await seq.clearHistory();
+    const r = await seq.controlledEvaluate(prefix.map((t, i) => (i + 1 < prefix.length ? t : [t, { generateNext: { probabilities: true } }])));
+    return [...(r[prefix.length - 1]?.next?.probabilities ?? new Map()).entries()].slice(0, 3);
+}
+const top3Kv = (gguf, prefix) => JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '3', '-T', String(THREADS)],
+                                                JSON.stringify(prefix)))[prefix.length - 1].top;
+const fmt3 = (a) => a.map(([id, p]) => `${id}:${p.toFixed(4)}`).join(' ');
+
+const summary = [];
+
+async function checkModel(label, gguf, promptText, defaultSteps) {
     if (ONLY && !label.includes(ONLY)) return;
+    const steps = parseInt(opt('--steps', String(defaultSteps)), 10);
     const model = await llama.loadModel({ modelPath: gguf });
     const ctxOpts = {
         contextSize: 1024, threads: THREADS, flashAttention: false,
         experimentalKvCacheKeyType: 'F32', experimentalKvCacheValueType: 'F32',
     };
     const ctx = await model.createContext({ ...ctxOpts, batchSize: 1024 });
+    // llama.cpp's per-token path: every batch one token (its plain one-row kernels)
+    const ctx1 = flag('--no-self') ? null : await model.createContext({ ...ctxOpts, batchSize: 1 });
     const prompt = Array.from(model.tokenize(promptText, false));
     if (model.tokens.bos != null && model.tokens.shouldPrependBosToken) prompt.unshift(model.tokens.bos);
     // probabilities at every prompt position
     const seq = ctx.getSequence();
+    const seq1 = ctx1?.getSequence();
     const evalAll = (s) => s.controlledEvaluate(prompt.map((t) => [t, { generateNext: { probabilities: true } }]));
     const res = await evalAll(seq);
     const kv = JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '8', '-T', String(THREADS)],
                               JSON.stringify(prompt)));
+    const rec = { label, positions: prompt.length, steps };
     // llama.cpp against itself: the same prompt one token per batch
     let self = '';
-    if (!flag('--no-self')) {
-        const ctx1 = await model.createContext({ ...ctxOpts, batchSize: 1 });
-        const one = (await evalAll(ctx1.getSequence())).map((r) => r?.next?.probabilities ?? new Map());
-        await ctx1.dispose();
+    if (seq1) {
+        const one = (await evalAll(seq1)).map((r) => r?.next?.probabilities ?? new Map());
         const batched = res.map((r) => r?.next?.probabilities ?? new Map());
-        self = `; llama.cpp batched vs per-token ${spread(topDistance(batched, one))}, ` +
-               `kv-run vs llama.cpp per-token ${spread(topDistance(kv.map((o) => new Map(o.top)), one))}`;
+        const selfPer = topDistance(batched, one), kvOnePer = topDistance(kv.map((o) => new Map(o.top)), one);
+        const within = (per) => per.filter((x) => x <= PROB_TOL).length;
+        Object.assign(rec, { self_max: Math.max(...selfPer), self_within: within(selfPer),
+                             kv_pertoken_max: Math.max(...kvOnePer), kv_pertoken_within: within(kvOnePer) });
+        self = `; llama.cpp batched vs per-token ${spread(selfPer)}, kv-run vs llama.cpp per-token ${spread(kvOnePer)}`;
     }
     let worst = 0, worstAt = '', within = 0, firstOver = -1;
     const perPos = [];
@@ -198,39 +245,41 @@ async function checkModel(label, gguf, promptText, steps) {
     }
     const sorted = [...perPos].sort((a, b) => a - b);
     const median = sorted[Math.floor(sorted.length / 2)];
-    await seq.clearHistory();
-    // greedy continuation
-    const ref = [];
-    for await (const t of seq.evaluate(prompt, { temperature: 0 })) {
-        ref.push(t);
-        if (ref.length >= steps) break;
-    }
+    Object.assign(rec, { max: worst, median, within, first_over: firstOver });
+    // greedy continuations: llama.cpp batched (the reference), llama.cpp
+    // per-token (the prompt one token per batch; generated tokens are one per
+    // batch on both paths), kv-run
+    const isEog = (t) => !!model.isEogToken?.(t) || t === model.tokens.bos;
+    const ref = await greedy(seq, prompt, steps);
+    const ref1 = seq1 ? await greedy(seq1, prompt, steps) : null;
     const out = run('kv-run', ['-m', gguf, '--tokens', '-', '-n', String(steps), '--temp', '0', '--print-ids',
                                '-T', String(THREADS)], JSON.stringify(prompt));
     const ids = out.trim() ? out.trim().split(/\s+/).map(Number) : [];
-    const same = JSON.stringify(ids) === JSON.stringify(ref.slice(0, ids.length)) && (ids.length === ref.length ||
-                 (ids.length < ref.length && model.isEogToken?.(ref[ids.length])));
-    let firstDiff = -1;
-    for (let i = 0; i < Math.max(ids.length, ref.length); i++) if (ids[i] !== ref[i]) { firstDiff = i; break; }
-    const ok = worst <= PROB_TOL && (same || firstDiff < 0);
-    // where the continuations part: both programs' top 3 on the shared prefix
-    let parting = '';
-    if (firstDiff >= 0 && firstDiff < ref.length) {
-        const prefix = [...prompt, ...ref.slice(0, firstDiff)];
-        await seq.clearHistory();
-        const lr = await seq.controlledEvaluate(prefix.map((t, i) => (i + 1 < prefix.length ? t : [t, { generateNext: { probabilities: true } }])));
-        const l3 = [...(lr[prefix.length - 1]?.next?.probabilities ?? new Map()).entries()].slice(0, 3);
-        const k3 = JSON.parse(run('kv-run', ['-m', gguf, '--tokens', '-', '--probs', '3', '-T', String(THREADS)],
-                                  JSON.stringify(prefix)))[prefix.length - 1].top;
-        const fmt = (a) => a.map(([id, p]) => `${id}:${p.toFixed(4)}`).join(' ');
-        parting = ` (at that step llama.cpp ${fmt(l3)}, kv-run ${fmt(k3)})`;
+    const pairs = [['kv-run vs llama.cpp batched', ids, ref], ['kv-run vs llama.cpp per-token', ids, ref1],
+                   ['llama.cpp batched vs per-token', ref, ref1]].filter(([, a, b]) => a && b);
+    let greedyText = '';
+    rec.greedy = {};
+    for (const [name, a, b] of pairs) {
+        const at = parting(a, b, isEog);
+        rec.greedy[name] = at;
+        greedyText += `; greedy ${name}: ${a.length}/${b.length} tokens ${at < 0 ? 'identical' : 'differ from step ' + at}`;
+        // where they part: each path's top 3 teacher-forced on the shared prefix
+        if (at >= 0 && at < Math.max(a.length, b.length)) {
+            const prefix = [...prompt, ...a.slice(0, at)];
+            const tops = [['llama.cpp batched', fmt3(await top3Llama(seq, prefix))]];
+            if (seq1) tops.push(['per-token', fmt3(await top3Llama(seq1, prefix))]);
+            tops.push(['kv-run', fmt3(top3Kv(gguf, prefix))]);
+            greedyText += ` (at that step ${tops.map(([n, t]) => n + ' ' + t).join(', ')})`;
+        }
     }
+    const ok = worst <= PROB_TOL && rec.greedy['kv-run vs llama.cpp batched'] < 0;
     log(`model ${label}: ${prompt.length} positions, top-8 max |dp| ${worst.toExponential(2)} (${worstAt}), ` +
         `median ${median.toExponential(1)}, first 3 positions ${perPos.slice(0, 3).map((x) => x.toExponential(1)).join(' ')}, ` +
         `${within}/${prompt.length} positions within ${PROB_TOL}` +
-        `${firstOver >= 0 ? ' (first beyond: ' + firstOver + ')' : ''}; ` +
-        `greedy ${ref.length} tokens ${firstDiff < 0 ? 'identical' : 'differ from step ' + firstDiff + parting}${self} ${ok ? 'ok' : ''}`);
+        `${firstOver >= 0 ? ' (first beyond: ' + firstOver + ')' : ''}${self}${greedyText} ${ok ? 'ok' : ''}`);
     if (!ok) fail(`${label}: probabilities ${worst} > ${PROB_TOL} or greedy differs`);
+    summary.push(rec);
+    if (ctx1) await ctx1.dispose();
     await ctx.dispose();
     await model.dispose();
 }
@@ -329,5 +378,6 @@ if (flag('--bench') || flag('--bench-only')) {
         if (r.rss > 1.1 * r.size) fail(`resident memory ${r.rss} is more than 110% of the file (${r.size})`);
     }
 }
+if (opt('--summary', '')) fs.writeFileSync(opt('--summary', ''), JSON.stringify(summary, null, 1) + '\n');
 log(failures ? `${failures} FAILED` : 'all checks passed');
 process.exit(failures ? 1 : 0);

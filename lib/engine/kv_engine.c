@@ -59,16 +59,6 @@ struct kv_engine {
 
 // --- small helpers -----------------------------------------------------------
 
-static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
-{
-    float ss = 0.0f;
-    for (int j = 0; j < n; j++) ss += x[j] * x[j];
-    ss /= (float)n;
-    ss += eps;
-    ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < n; j++) o[j] = w[j] * (ss * x[j]);
-}
-
 /* cs (hd): cos, sin of each pair's angle at position pos. */
 static void rope_table(const float *inv_freq, int hd, int pos, float *cs)
 {
@@ -89,15 +79,6 @@ static void rope_apply(float *x, int n_heads, int hd, const float *cs)
             v[i] = a * c - b * s;
             v[i + 1] = a * s + b * c;
         }
-    }
-}
-
-static void swiglu(float *hb, const float *hb2, int n)
-{
-    for (int i = 0; i < n; i++) {
-        float g = hb[i];
-        g *= 1.0f / (1.0f + expf(-g));
-        hb[i] = g * hb2[i];
     }
 }
 
@@ -333,12 +314,12 @@ static void prefill_attention(const kv_model_config *c, const float *Q, const fl
                     sc[s] *= scale;
                     if (sc[s] > mx) mx = sc[s];
                 }
-                float sum = 0.0f;
+                double sum = 0.0;
                 for (int s = 0; s < ns; s++) {
                     sc[s] = expf(sc[s] - mx);
                     sum += sc[s];
                 }
-                float inv = 1.0f / sum;
+                const float inv = (float)(1.0 / sum);
                 for (int d = 0; d < hd; d++) o[d] = kv_dot_f32(sc, vt + (size_t)d * T, ns) * inv;
             }
         free(sc);
@@ -471,7 +452,7 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
         for (int t0 = 0; t0 < n; t0 += C) {
             int nc = t0 + C <= n ? C : n - t0, nc4 = (nc + 3) & ~3;
             for (int i = 0; i < nc; i++)
-                rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->attn_norm, D, c->norm_eps);
+                kv_rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->attn_norm, D, c->norm_eps);
             memset(XB + (size_t)nc * D, 0, (size_t)(nc4 - nc) * D * sizeof(float));
             kv_matmul(&w->wq, XB, nc4, Qc);
             kv_matmul(&w->wk, XB, nc4, Kc);
@@ -509,11 +490,11 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
             kv_matmul(&w->wo, Oc, nc4, XB);
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
             for (int i = 0; i < nc; i++)
-                rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->ffn_norm, D, c->norm_eps);
+                kv_rmsnorm(XB + (size_t)i * D, X + (size_t)(t0 + i) * D, w->ffn_norm, D, c->norm_eps);
             memset(XB + (size_t)nc * D, 0, (size_t)(nc4 - nc) * D * sizeof(float));
             kv_matmul(&w->w_gate, XB, nc4, H1);
             kv_matmul(&w->w_up, XB, nc4, H2);
-            swiglu(H1, H2, nc * Hd);
+            kv_swiglu(H1, H2, nc * Hd);
             memset(H1 + (size_t)nc * Hd, 0, (size_t)(nc4 - nc) * Hd * sizeof(float));
             kv_matmul(&w->w_down, H1, nc4, XB);
             for (size_t j = 0; j < (size_t)nc * D; j++) X[(size_t)t0 * D + j] += XB[j];
@@ -561,7 +542,7 @@ static kv_status prefill_impl(kv_engine *e, const int *tokens, int n, float *log
         for (int t = first; t < n; t += C) {
             int nc = t + C <= n ? C : n - t;
             for (int i = 0; i < nc; i++)
-                rmsnorm(XB + (size_t)i * D, X + (size_t)(t + i) * D, m->output_norm, D, c->norm_eps);
+                kv_rmsnorm(XB + (size_t)i * D, X + (size_t)(t + i) * D, m->output_norm, D, c->norm_eps);
             kv_matmul(&m->output, XB, nc, logits + (size_t)(t - first) * c->vocab_size);
             if (!finite_all(logits + (size_t)(t - first) * c->vocab_size, (size_t)nc * c->vocab_size)) {
                 st = nonfinite(e, -1, t, "logits of the prompt chunk");
@@ -637,12 +618,12 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
         /* one layer ahead: the next layer's query from this layer's input */
         if (l + 1 < e->L && e->pol[l + 1]->wants_prediction && e->pol[l + 1]->ops->predict) {
             const kv_layer_weights *wn = &m->layers[l + 1];
-            rmsnorm(e->xb2, e->x, wn->attn_norm, D, c->norm_eps);
+            kv_rmsnorm(e->xb2, e->x, wn->attn_norm, D, c->norm_eps);
             kv_matvec(&wn->wq, e->xb2, e->qpred);
             rope_apply(e->qpred, c->n_heads, hd, e->rope_cs);
             e->pol[l + 1]->ops->predict(e->pol[l + 1], e->qpred);
         }
-        rmsnorm(e->xb, e->x, w->attn_norm, D, c->norm_eps);
+        kv_rmsnorm(e->xb, e->x, w->attn_norm, D, c->norm_eps);
         {
             const kv_weight *ws[3] = {&w->wq, &w->wk, &w->wv};
             float *ys[3] = {e->q, e->k, e->v};
@@ -666,20 +647,20 @@ kv_status kv_engine_step(kv_engine *e, int token, float *logits)
         }
         kv_matvec(&w->wo, e->att, e->xb2);
         for (int i = 0; i < D; i++) e->x[i] += e->xb2[i];
-        rmsnorm(e->xb, e->x, w->ffn_norm, D, c->norm_eps);
+        kv_rmsnorm(e->xb, e->x, w->ffn_norm, D, c->norm_eps);
         {
             const kv_weight *ws[2] = {&w->w_gate, &w->w_up};
             float *ys[2] = {e->hb, e->hb2};
             kv_matvec_multi(2, ws, e->xb, ys);
         }
-        swiglu(e->hb, e->hb2, c->hidden_dim);
+        kv_swiglu(e->hb, e->hb2, c->hidden_dim);
         kv_matvec(&w->w_down, e->hb, e->xb);
         for (int i = 0; i < D; i++) e->x[i] += e->xb[i];
     }
     e->q_seen++;
     e->pos++;
     if (logits) {
-        rmsnorm(e->xb, e->x, m->output_norm, D, c->norm_eps);
+        kv_rmsnorm(e->xb, e->x, m->output_norm, D, c->norm_eps);
         kv_matvec(&m->output, e->xb, logits);
         if (!finite_all(logits, (size_t)c->vocab_size)) return nonfinite(e, -1, pos, "logits");
     }

@@ -4,7 +4,11 @@
  * sets exist: AVX2+FMA+F16C (picked at run time, since the build targets
  * x86-64-v2) and a portable set written with eight independent accumulators
  * so the compiler can vectorise it without reassociating a single sum.
- * Several tokens (prefill) reuse one decoded weight row.
+ * Several tokens (prefill) reuse one decoded weight row.  The engine's
+ * float operations between the products (one attention head, RMSNorm,
+ * SwiGLU) sit at the end; their sums are in double where ggml's CPU
+ * backend sums in double, which keeps them close to llama.cpp's (the
+ * products' 8-bit activations turn a last-bit difference into a step).
  */
 #include "model/kv_matmul.h"
 
@@ -618,15 +622,34 @@ void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, i
         s[t] = K.dot_f32(q, k + (size_t)t * D, D) * scale;
         if (s[t] > mx) mx = s[t];
     }
-    float sum = 0.0f;
+    double sum = 0.0;
     for (int t = 0; t < T; t++) {
         s[t] = expf(s[t] - mx);
         sum += s[t];
     }
-    float inv = 1.0f / sum;
+    const float inv = (float)(1.0 / sum);
     for (int t = 0; t < T; t++) {
         s[t] *= inv;
         K.axpy(s[t], v + (size_t)t * D, out, D);
     }
     if (probs) memcpy(probs, s, (size_t)T * sizeof(float));
+}
+
+/* Sum of squares in double (float products, as ggml's CPU backend), mean
+ * rounded to float once, then scale * x * w in float. */
+void kv_rmsnorm(float *o, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int j = 0; j < n; j++) ss += (double)(x[j] * x[j]);
+    const float mean = (float)(ss / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int j = 0; j < n; j++) o[j] = w[j] * (scale * x[j]);
+}
+
+/* silu(g) = g / (1 + exp(-g)): one division, not g * (1 / (1 + exp(-g))),
+ * whose two roundings put it one float step off in about a quarter of
+ * cases; the same formula as ggml's silu. */
+void kv_swiglu(float *hb, const float *hb2, int n)
+{
+    for (int i = 0; i < n; i++) hb[i] = hb[i] / (1.0f + expf(-hb[i])) * hb2[i];
 }

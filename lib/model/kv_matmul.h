@@ -10,7 +10,8 @@
  * point.  Rows are split across OpenMP threads.  The inner dot products have an AVX2+FMA+F16C
  * version chosen at run time (the build targets x86-64-v2, which lacks
  * them) and a portable version with independent accumulators that the
- * compiler vectorises.
+ * compiler vectorises.  The float operations between the products (one
+ * attention head, RMSNorm, SwiGLU) are here too.
  */
 #ifndef KV_MATMUL_H
 #define KV_MATMUL_H
@@ -41,12 +42,19 @@ void kv_axpy_f32(float a, const float *x, float *y, int n);
 /*
  * One query head attending T keys and values (each (T, D) rows, contiguous):
  * scores q·k_t * scale in float (vectorised dot products), softmax with the
- * maximum subtracted, output sum_t p_t v_t accumulated in float in token
- * order.  probs (T) receives the probabilities when not NULL; s is scratch
+ * maximum subtracted and its normaliser summed in double, output
+ * sum_t p_t v_t accumulated in float in token order.  probs (T) receives the probabilities when not NULL; s is scratch
  * of T floats.  About 5x faster than a plain loop at T = 4096, D = 64.
  */
 void kv_attend_head_f32(const float *q, const float *k, const float *v, int T, int D, float scale,
                         float *out, float *probs, float *s);
+
+/* o (n) = w (n) * x (n) / sqrt(mean(x^2) + eps), the mean of squares
+ * summed in double (o may be x). */
+void kv_rmsnorm(float *o, const float *x, const float *w, int n, float eps);
+
+/* hb (n) = silu(hb) * hb2 (n), silu(g) = g / (1 + exp(-g)). */
+void kv_swiglu(float *hb, const float *hb2, int n);
 
 /* Which inner kernels were chosen: "avx2" or "portable". */
 const char *kv_matmul_isa(void);

@@ -3,7 +3,9 @@
  * portable one, chosen by kv_matmul_set_portable, against the one the CPU
  * would pick (AVX2+FMA where present), and both against float64, on f32,
  * f16 and bf16 weights; and that f16 and bf16 products take their input
- * rounded to the weight's type, as llama.cpp's CPU backend does.
+ * rounded to the weight's type, as llama.cpp's CPU backend does; and the
+ * float operations between the products: RMSNorm and the attention
+ * softmax sum in double, SwiGLU's silu is one division.
  */
 #include <math.h>
 #include <stdint.h>
@@ -144,9 +146,78 @@ static void test_f16_and_bf16_products_round_their_input_to_the_type(void)
     free(w32), free(X), free(y), free(ref), free(raw);
 }
 
+/* RMSNorm's mean of squares summed in double: with one large element and
+ * many ones, a float sum stops growing at 2^24 (every + 1 rounds away) and
+ * the scale comes out 1.2e-4 too large; in double it is exact. */
+static void test_rmsnorm_sums_its_squares_in_double(void)
+{
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof(float)), *w = malloc(N * sizeof(float)), *o = malloc(N * sizeof(float));
+    for (int j = 0; j < N; j++) x[j] = j ? 1.0f : 4096.0f, w[j] = j % 3 ? 0.5f : 2.0f;
+    const float eps = 1e-5f;
+    double ss = 0;
+    for (int j = 0; j < N; j++) ss += (double)x[j] * x[j];
+    const double scale = 1 / sqrt(ss / N + eps);
+    kv_rmsnorm(o, x, w, N, eps);
+    double worst = 0;
+    for (int j = 0; j < N; j++) worst = fmax(worst, fabs(o[j] / (w[j] * x[j] * scale) - 1));
+    KT_CHECK(worst < 1e-6, "largest relative error %g against the float64 norm", worst);
+    kv_rmsnorm(x, x, w, N, eps); /* in place */
+    KT_CHECK(!memcmp(x, o, N * sizeof(float)), "in place differs");
+    free(x), free(w), free(o);
+}
+
+/* Softmax of one head whose probabilities are one large and 4096 small:
+ * each small term (2.5e-8) is below half a float step of 1, so a float
+ * normaliser stays 1.0 and the probabilities sum to 1.0001; in double they
+ * sum to 1. */
+static void test_attention_softmax_normaliser_sums_in_double(void)
+{
+    enum { T = 4097, D = 8 };
+    float q[D] = {1}, out[D], *k = calloc((size_t)T * D, sizeof(float)), *v = malloc((size_t)T * D * sizeof(float));
+    float *p = malloc(T * sizeof(float)), *s = malloc(T * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        k[(size_t)t * D] = t ? -17.5f : 0.0f;
+        for (int c = 0; c < D; c++) v[(size_t)t * D + c] = 1.0f;
+    }
+    for (int portable = 0; portable < 2; portable++) {
+        kv_matmul_set_portable(portable);
+        kv_attend_head_f32(q, k, v, T, D, 1.0f, out, p, s);
+        double sum = 0;
+        for (int t = 0; t < T; t++) sum += p[t];
+        const double p0 = 1 / (1 + (T - 1) * (double)expf(-17.5f));
+        KT_CHECK(fabs(sum - 1) < 1e-6, "%s: probabilities sum to 1 + %g", kv_matmul_isa(), sum - 1);
+        KT_CHECK(fabs(p[0] - p0) < 1e-6, "%s: p[0] = %.9g, want %.9g", kv_matmul_isa(), p[0], p0);
+    }
+    kv_matmul_set_portable(false);
+    free(k), free(v), free(p), free(s);
+}
+
+/* silu(g) as one division g / (1 + exp(-g)), correctly rounded for the
+ * float 1 + exp(-g); g * (1 / (1 + exp(-g))) rounds twice and is a float
+ * step off for a share of inputs. */
+static void test_swiglu_divides_once(void)
+{
+    enum { N = 100000 };
+    float *g = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float)), *want = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        g[i] = 4.0f * kt_randn(&seed);
+        u[i] = i % 2 ? 1.0f : -0.75f;
+        want[i] = (float)((double)g[i] / (double)(1.0f + expf(-g[i]))) * u[i];
+    }
+    kv_swiglu(g, u, N);
+    int off = 0;
+    for (int i = 0; i < N; i++) off += g[i] != want[i];
+    KT_CHECK(off == 0, "%d of %d results differ from the one-division silu", off, N);
+    free(g), free(u), free(want);
+}
+
 int main(void)
 {
     KT_RUN(test_portable_path_matches_the_chosen_one);
     KT_RUN(test_f16_and_bf16_products_round_their_input_to_the_type);
+    KT_RUN(test_rmsnorm_sums_its_squares_in_double);
+    KT_RUN(test_attention_softmax_normaliser_sums_in_double);
+    KT_RUN(test_swiglu_divides_once);
     return kt_done();
 }
