@@ -39,6 +39,9 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->dsq_window = 64;
     p->dsq_salient = KV_DSQ_DEFAULT_SALIENT_FRAC;
     p->dsq_base = KV_DSQ_DEFAULT_BASE;
+    p->dsq_kbits = KV_DSQ_DEFAULT_BITS;
+    p->dsq_vbits = KV_DSQ_DEFAULT_BITS;
+    p->dsq_group = KV_DSQ_DEFAULT_GROUP;
     p->hcap_channel_thresh = 0.0;
     p->hcap_token_keep = 1.0;
     p->predict = true;
@@ -234,6 +237,18 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         else return kv_fail(KV_E_USAGE, "policy key base: '%s' (rest or salient)", val);
         return KV_OK;
     }
+    if (IS("bits", K_(KV_POL_DSQ)) || IS("kbits", K_(KV_POL_DSQ)) || IS("vbits", K_(KV_POL_DSQ))) {
+        int b;
+        kv_status st = parse_int(key, val, 1, 4, &b);
+        if (st == KV_OK && b == 3)
+            return kv_fail(KV_E_USAGE, "policy key %s: 3 is not supported (1, 2 or 4)", key);
+        if (st) return st;
+        if (strcmp(key, "vbits")) p->dsq_kbits = b;
+        if (strcmp(key, "kbits")) p->dsq_vbits = b;
+        return KV_OK;
+    }
+    if (IS("group", K_(KV_POL_DSQ)) || IS("g", K_(KV_POL_DSQ)))
+        return parse_int(key, val, 1, 1 << 20, &p->dsq_group);
     if (IS("chan", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_channel_thresh);
     if (IS("keep", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_token_keep);
 #undef IS
