@@ -46,6 +46,8 @@ static void dsq_params_of(const kv_policy_params *p, kv_dsq_params *dp)
     dp->window = p->dsq_window;
     dp->salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
     dp->base = p->dsq_base;
+    dp->bits = p->dsq_kbits; /* = dsq_vbits: kv_policy_check refuses them apart on the GPU */
+    dp->group = p->dsq_group;
 }
 
 static kv_status dsq_configure(kv_gpu_engine *e, gl_layer *y)

@@ -184,8 +184,9 @@ void kv_policy_free(kv_policy *p);
  *              4), page,
  *              predict=on|off, reduce=sum|max, dtype
  *   streaming: sink|s, window|w, dtype
- *   dsq:       window|w, salient, base=rest|salient, chan (HCAP channel share),
- *              keep (HCAP tokens)
+ *   dsq:       window|w, salient, base=rest|salient, bits (1,2,4: kbits and
+ *              vbits), kbits, vbits, group|g, chan (HCAP channel share), keep
+ *              (HCAP tokens)
  * Strict: an unknown kind or key, or a bad number, is KV_E_USAGE with a
  * message naming it.
  */

@@ -1,9 +1,12 @@
 /*
  * The `dsq` policy (KVO-LLM): tokens are grouped in windows of W (64); in
- * each complete window the S = round(0.2 W) tokens with the most
- * accumulated attention are salient (INT8 per channel), the others 2-bit
- * (keys as deltas from the window's salient mean), packed by lib/kv_dsq
- * (the code kv-quant --method dsq uses); a window still filling stays fp16.
+ * each complete window the S = round(F W) tokens with the most accumulated
+ * attention are salient (INT8 per channel), the others kbits (keys, as
+ * deltas from the window's base) and vbits (values) per token over groups
+ * of 32 channels, packed by lib/kv_dsq (the code kv-quant --method dsq
+ * uses); a window still filling stays fp16.  Defaults F 0.1, kbits 4,
+ * vbits 2 (KV_DSQ_POLICY_*: 2-bit keys lost niah4k needles); KVO-LLM's own
+ * choice is base=salient, salient=0.2, bits=2.
  *
  * Importance: the attention each token has received, summed over the query
  * heads of its KV head, accumulated over every attend since it arrived.  A

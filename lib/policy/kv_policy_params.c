@@ -37,10 +37,10 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->page = 16;
     p->offload = false;
     p->dsq_window = 64;
-    p->dsq_salient = KV_DSQ_DEFAULT_SALIENT_FRAC;
+    p->dsq_salient = KV_DSQ_POLICY_SALIENT_FRAC;
     p->dsq_base = KV_DSQ_DEFAULT_BASE;
-    p->dsq_kbits = KV_DSQ_DEFAULT_BITS;
-    p->dsq_vbits = KV_DSQ_DEFAULT_BITS;
+    p->dsq_kbits = KV_DSQ_POLICY_KBITS;
+    p->dsq_vbits = KV_DSQ_POLICY_VBITS;
     p->dsq_group = KV_DSQ_DEFAULT_GROUP;
     p->hcap_channel_thresh = 0.0;
     p->hcap_token_keep = 1.0;
@@ -439,8 +439,9 @@ kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
         app(buf, n, &at, ":sink=%d,window=%d,dtype=%s", p->sink, p->window, dt);
         break;
     case KV_POL_DSQ:
-        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s", p->dsq_window, p->dsq_salient,
-            p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest");
+        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s,kbits=%d,vbits=%d,group=%d",
+            p->dsq_window, p->dsq_salient, p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
+            p->dsq_kbits, p->dsq_vbits, p->dsq_group);
         if (p->hcap_channel_thresh > 0.0) app(buf, n, &at, ",chan=%.17g", p->hcap_channel_thresh);
         if (p->hcap_token_keep < 1.0) app(buf, n, &at, ",keep=%.17g", p->hcap_token_keep);
         break;
@@ -479,9 +480,10 @@ void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n)
         snprintf(buf, n, "streaming sink=%d window=%d dtype=%s", p->sink, p->window, dt);
         break;
     case KV_POL_DSQ:
-        snprintf(buf, n, "dsq window=%d salient=%g base=%s hcap_channel=%g hcap_token_keep=%g",
+        snprintf(buf, n, "dsq window=%d salient=%g base=%s kbits=%d vbits=%d group=%d "
+                 "hcap_channel=%g hcap_token_keep=%g",
                  p->dsq_window, p->dsq_salient, p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
-                 p->hcap_channel_thresh, p->hcap_token_keep);
+                 p->dsq_kbits, p->dsq_vbits, p->dsq_group, p->hcap_channel_thresh, p->hcap_token_keep);
         break;
     default:
         snprintf(buf, n, "%s dtype=%s", kv_policy_kind_name(p->kind), dt);
