@@ -57,10 +57,6 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
         if (!(p->hcap_token_keep > 0.0 && p->hcap_token_keep <= 1.0) ||
             !(p->hcap_channel_thresh >= 0.0 && p->hcap_channel_thresh < 1.0))
             BAD(KV_E_USAGE, "keep must be in (0, 1] and chan in [0, 1)");
-        if (gpu && p->dsq_kbits != p->dsq_vbits)
-            BAD(KV_E_UNSUPPORTED, "kbits=%d with vbits=%d is not on the GPU engine (one bit width "
-                "for K and V there): use bits=%d or bits=%d, or --device cpu", p->dsq_kbits,
-                p->dsq_vbits, p->dsq_kbits, p->dsq_vbits);
         if (gpu && (p->hcap_token_keep < 1.0 || p->hcap_channel_thresh > 0.0))
             BAD(KV_E_UNSUPPORTED, "HCAP (keep < 1 or chan > 0) is not on the GPU engine; use --device cpu");
         break;

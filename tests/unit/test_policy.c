@@ -224,15 +224,14 @@ static void test_check_per_device(void)
     p.hcap_token_keep = 0.5;
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_UNSUPPORTED, "HCAP on the GPU");
-    /* one bit width for K and V on the GPU (its expansion kernel has one);
-     * the CPU packs each with its own */
+    /* keys and values at their own bits on both engines */
     kv_policy_params_default(&p, KV_POL_DSQ);
     p.dsq_kbits = 4, p.dsq_vbits = 2;
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
-    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_UNSUPPORTED, "kbits != vbits on the GPU");
-    KT_CHECK(strstr(kv_errdetail(), "layer 3 policy dsq: kbits=4 with vbits=2 is not on the GPU") != NULL,
-             "message: %s", kv_errdetail());
-    p.dsq_vbits = 4;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_OK, "kbits 4, vbits 2 on the GPU: %s", kv_errdetail());
+    p.dsq_kbits = 3;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_USAGE, "kbits 3");
+    p.dsq_kbits = 4, p.dsq_vbits = 4;
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_OK, "bits=4 on the GPU: %s", kv_errdetail());
     p.dsq_group = 48;
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_E_USAGE, "dsq group 48 with head dim 64");
