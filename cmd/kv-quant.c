@@ -147,6 +147,9 @@ int main(int argc, char **argv)
                 per[l].dsq.window = x->dsq_window;
                 per[l].dsq.salient = kv_dsq_salient_count(x->dsq_window, x->dsq_salient);
                 per[l].dsq.base = x->dsq_base;
+                per[l].dsq.bits = x->dsq_kbits; /* the policy's: keys and values apart */
+                per[l].dsq_vbits = x->dsq_vbits;
+                per[l].dsq.group = x->dsq_group;
             }
             o.per_layer = per;
         }

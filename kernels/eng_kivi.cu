@@ -75,7 +75,7 @@ __global__ void dsq_expand_kernel(eng_dsq_layer y, int T, uint16_t *ok, uint16_t
 {
     const int hd = y.hd, W = y.window, S = y.salient, nn = W - S, nvs = hd / y.gd;
     const size_t n = (size_t)y.nkv * (size_t)T * (size_t)hd;
-    const size_t rb = (size_t)hd * (size_t)y.bits / 8u;
+    const size_t rbk = (size_t)hd * (size_t)y.kbits / 8u, rbv = (size_t)hd * (size_t)y.vbits / 8u;
     const int mb = W / 8;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -94,8 +94,8 @@ __global__ void dsq_expand_kernel(eng_dsq_layer y, int T, uint16_t *ok, uint16_t
             } else {
                 size_t r = hw * (size_t)nn + (size_t)dsq_rank(mask, j, 0);
                 size_t so = r * (size_t)nvs + (size_t)(c / y.gd);
-                float kc = (float)kv_code_get(y.kcodes + r * rb, c, y.bits);
-                float vc = (float)kv_code_get(y.vcodes + r * rb, c, y.bits);
+                float kc = (float)kv_code_get(y.kcodes + r * rbk, c, y.kbits);
+                float vc = (float)kv_code_get(y.vcodes + r * rbv, c, y.vbits);
                 kf = __fadd_rn(__half2float(__ushort_as_half(y.kzero[so])),
                                __fmul_rn(__half2float(__ushort_as_half(y.kscale[so])), kc));
                 kf = __fadd_rn(__half2float(__ushort_as_half(y.kbase[hw * hd + c])), kf);

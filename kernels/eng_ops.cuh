@@ -400,14 +400,15 @@ cudaError_t eng_kivi_expand(const eng_kivi_layer *y, int T, uint16_t *k, uint16_
  * layout at capacity nwmax windows per head (K and V share the mask), the
  * tokens not yet packed in an fp16 ring. */
 typedef struct {
-    int nkv, hd, window, salient, bits, gd; /* gd: channels per non-salient group */
+    int nkv, hd, window, salient, kbits, vbits, gd; /* bits of the non-salient key and value
+                                                       codes; gd: channels per group */
     int nwmax, packed;                      /* windows allocated / packed per head */
     int ring;                               /* fp16 ring rows; token t at row t % ring */
     const uint8_t *mask;                    /* (nkv, nwmax, W/8) */
     const int8_t *ksal, *vsal;              /* (nkv, nwmax, S, hd) */
     const uint16_t *ksscale, *vsscale;      /* (nkv, nwmax, hd) */
     const uint16_t *kbase;                  /* (nkv, nwmax, hd) */
-    const uint8_t *kcodes, *vcodes;         /* (nkv, nwmax, W-S, hd*bits/8) */
+    const uint8_t *kcodes, *vcodes;         /* (nkv, nwmax, W-S, hd*kbits/8 or hd*vbits/8) */
     const uint16_t *kscale, *kzero;         /* (nkv, nwmax, W-S, hd/gd) */
     const uint16_t *vscale, *vzero;         /* (nkv, nwmax, W-S, hd/gd) */
     const uint16_t *rk, *rv;                /* (nkv, ring, hd) */

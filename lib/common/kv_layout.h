@@ -156,6 +156,16 @@ typedef struct {
 #define KV_DSQ_DEFAULT_BITS 2
 #define KV_DSQ_DEFAULT_GROUP 32
 #define KV_DSQ_DEFAULT_BASE KV_DSQ_BASE_REST /* docs/BENCHMARKS.md, 2026-12-01 */
+/* The dsq policy's defaults (kv-run, kv-bench, kv-profile): keys at 4 bits,
+ * values at 2, 10% salient.  2-bit per-token key deltas lost needles on
+ * niah4k whatever the salient share; 4-bit keys keep `full`'s accuracy at
+ * about the bytes of the 2-bit layout with 20% salient (docs/BENCHMARKS.md,
+ * "DSQ accuracy on niah4k", 2026-12-01).  The layout above is unchanged: K
+ * and V each record their own bits.  KVO-LLM's configuration is
+ * dsq:base=salient,salient=0.2,bits=2. */
+#define KV_DSQ_POLICY_SALIENT_FRAC 0.1
+#define KV_DSQ_POLICY_KBITS 4
+#define KV_DSQ_POLICY_VBITS 2
 
 static inline KV_HD int kv_dsq_nwindows(int T, int window) { return T / window; }
 

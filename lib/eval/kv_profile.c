@@ -139,8 +139,12 @@ static void opt_params(const kv_profile_params *p, kv_profile_opt o, kv_policy_p
         break;
     case KV_OPT_DSQ: *x = p->dsq; break;
     case KV_OPT_DSQ_S10:
+        /* the cheaper layout: 10% salient and 2-bit keys (the dsq default
+         * keeps its keys at 4 bits) */
         *x = p->dsq;
         x->dsq_salient = 0.1;
+        x->dsq_kbits = 2;
+        x->dsq_vbits = 2;
         break;
     default: kv_policy_params_default(x, KV_POL_FULL);
     }

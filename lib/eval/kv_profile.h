@@ -61,7 +61,7 @@ typedef enum {
     KV_OPT_Q2_R32G32,  /* quant bits=2, group=32, residual=32 */
     KV_OPT_Q4_R0,      /* quant bits=4, residual=0 */
     KV_OPT_Q4_R0G128,  /* quant bits=4, group=128, residual=0 */
-    KV_OPT_DSQ_S10,    /* dsq with salient=0.1 */
+    KV_OPT_DSQ_S10,    /* dsq with salient=0.1, bits=2 */
     /* what fits a short cache of small heads (stories260K: head dim 8, where
      * the per-token value scales alone are 1/8 of fp16): 1 bit without the
      * window, StreamingLLM's sink + window, a sparse layer with a short

@@ -33,7 +33,8 @@ typedef struct {
     uint8_t *dmask;           /* (nkv, nwmax, W/8) */
     int8_t *ksal, *vsal;      /* (nkv, nwmax, S, hd) */
     uint16_t *ksscale, *vsscale, *kbase; /* (nkv, nwmax, hd) */
-    uint8_t *kc, *vc;         /* (nkv, nwmax, W-S, hd*bits/8) */
+    int vbits;                /* value codes' bits (dp.bits: the keys') */
+    uint8_t *kc, *vc;         /* (nkv, nwmax, W-S, hd*kbits/8 or hd*vbits/8) */
     uint16_t *ks, *kz, *vs, *vz; /* (nkv, nwmax, W-S, hd/gd) */
     uint16_t *rk, *rv;        /* (nkv, rc, hd) tokens not yet packed */
     float *imp;               /* (nkv, ctx) accumulated attention per token */
@@ -46,6 +47,8 @@ static void dsq_params_of(const kv_policy_params *p, kv_dsq_params *dp)
     dp->window = p->dsq_window;
     dp->salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
     dp->base = p->dsq_base;
+    dp->bits = p->dsq_kbits; /* the keys'; values: dsq_state.vbits */
+    dp->group = p->dsq_group;
 }
 
 static kv_status dsq_configure(kv_gpu_engine *e, gl_layer *y)
@@ -59,11 +62,12 @@ static kv_status dsq_alloc(kv_gpu_engine *e, gl_layer *y)
     TRY(gl_state_new(y, sizeof(dsq_state)));
     dsq_state *d = y->st;
     dsq_params_of(&y->prm, &d->dp);
+    d->vbits = y->prm.dsq_vbits;
     const kv_dsq_params *dp = &d->dp;
     const size_t nkv = (size_t)e->nkv, hd = (size_t)e->hd, W = (size_t)dp->window;
     const size_t S = (size_t)dp->salient, nn = W - S;
     const size_t nvs = hd / (size_t)kv_kivi_vgroup(dp->group, e->hd);
-    const size_t crow = kv_kivi_row_bytes(e->hd, dp->bits);
+    const size_t kcrow = kv_kivi_row_bytes(e->hd, dp->bits), vcrow = kv_kivi_row_bytes(e->hd, d->vbits);
     d->nwmax = e->ctx / dp->window;
     d->rc = dp->window; /* at most W tokens wait for their window to be packed */
     const size_t hw = nkv * (size_t)d->nwmax;
@@ -73,8 +77,8 @@ static kv_status dsq_alloc(kv_gpu_engine *e, gl_layer *y)
     TRY(gl_dalloc(&d->ksscale, hw * hd * 2, "dsq salient key scales"));
     TRY(gl_dalloc(&d->vsscale, hw * hd * 2, "dsq salient value scales"));
     TRY(gl_dalloc(&d->kbase, hw * hd * 2, "dsq key bases"));
-    TRY(gl_dalloc(&d->kc, hw * nn * crow, "dsq key codes"));
-    TRY(gl_dalloc(&d->vc, hw * nn * crow, "dsq value codes"));
+    TRY(gl_dalloc(&d->kc, hw * nn * kcrow, "dsq key codes"));
+    TRY(gl_dalloc(&d->vc, hw * nn * vcrow, "dsq value codes"));
     TRY(gl_dalloc(&d->ks, hw * nn * nvs * 2, "dsq key scales"));
     TRY(gl_dalloc(&d->kz, hw * nn * nvs * 2, "dsq key zeros"));
     TRY(gl_dalloc(&d->vs, hw * nn * nvs * 2, "dsq value scales"));
@@ -91,7 +95,7 @@ static kv_status dsq_alloc(kv_gpu_engine *e, gl_layer *y)
 
 static eng_dsq_layer dsq_view(const kv_gpu_engine *e, const dsq_state *y)
 {
-    eng_dsq_layer v = {e->nkv, e->hd, y->dp.window, y->dp.salient, y->dp.bits,
+    eng_dsq_layer v = {e->nkv, e->hd, y->dp.window, y->dp.salient, y->dp.bits, y->vbits,
                        kv_kivi_vgroup(y->dp.group, e->hd), y->nwmax, y->packed, y->rc,
                        y->dmask, y->ksal, y->vsal, y->ksscale, y->vsscale, y->kbase,
                        y->kc, y->vc, y->ks, y->kz, y->vs, y->vz, y->rk, y->rv};
@@ -111,9 +115,9 @@ static kv_status dsq_pack_host(kv_gpu_engine *e, dsq_state *y, const uint16_t *x
     const kv_dsq_params *dp = &y->dp;
     const int hd = e->hd, W = dp->window, S = dp->salient, nn = W - S, t0 = y->packed * W;
     const int nvs = hd / kv_kivi_vgroup(dp->group, hd);
-    const size_t crow = kv_kivi_row_bytes(hd, dp->bits);
+    const int mbits = dp->bits > y->vbits ? dp->bits : y->vbits;
     float *xw = malloc((size_t)W * hd * sizeof(float));
-    uint8_t *mask = malloc((size_t)W / 8 + 1), *codes = malloc((size_t)nn * crow + 1);
+    uint8_t *mask = malloc((size_t)W / 8 + 1), *codes = malloc((size_t)nn * kv_kivi_row_bytes(hd, mbits) + 1);
     int8_t *sal = malloc((size_t)S * hd + 1);
     kv_half *sscale = malloc((size_t)hd * 2), *base = malloc((size_t)hd * 2);
     kv_half *scale = malloc((size_t)nn * nvs * 2 + 2), *zero = malloc((size_t)nn * nvs * 2 + 2);
@@ -131,7 +135,10 @@ static kv_status dsq_pack_host(kv_gpu_engine *e, dsq_state *y, const uint16_t *x
                 for (int c = 0; c < hd; c++) xw[(size_t)i * hd + c] = kv_half_to_f32(r[c]);
             }
             kv_kivi_axis ax = pass ? KV_KIVI_VALUES : KV_KIVI_KEYS;
-            kv_dsq_pack_window(xw, (size_t)hd, ax, dp, hd, mask, sal, sscale, pass ? NULL : base,
+            kv_dsq_params pp = *dp; /* keys and values at their own bits, as the CPU policy */
+            if (pass) pp.bits = y->vbits;
+            const size_t crow = kv_kivi_row_bytes(hd, pp.bits);
+            kv_dsq_pack_window(xw, (size_t)hd, ax, &pp, hd, mask, sal, sscale, pass ? NULL : base,
                                codes, scale, zero);
             struct { void *dst; const void *src; size_t n; } up[6] = {
                 {(pass ? y->vsal : y->ksal) + hw * (size_t)S * hd, sal, (size_t)S * hd},
@@ -311,9 +318,11 @@ static void dsq_bytes(const kv_gpu_engine *e, const gl_layer *y, kv_bytes *b)
     const uint64_t nkv = (uint64_t)e->nkv, hd = (uint64_t)e->hd, T = (uint64_t)y->T;
     int Tp = d->packed * d->dp.window;
     kv_dsq_sizes ds;
+    kv_dsq_params dpv = d->dp;
+    dpv.bits = d->vbits;
     kv_dsq_part_sizes(KV_KIVI_KEYS, &d->dp, e->nkv, Tp, e->hd, &ds);
     b->resident = kv_dsq_bytes(KV_KIVI_KEYS, &d->dp, e->nkv, Tp, e->hd) +
-                  kv_dsq_bytes(KV_KIVI_VALUES, &d->dp, e->nkv, Tp, e->hd) - ds.mask +
+                  kv_dsq_bytes(KV_KIVI_VALUES, &dpv, e->nkv, Tp, e->hd) - ds.mask +
                   2 * nkv * (T - (uint64_t)Tp) * hd * 2;
 }
 

@@ -82,6 +82,9 @@ typedef struct {
     double dsq_salient;   /* fraction of salient tokens per window (0.2) */
     int dsq_base;         /* kv_dsq_base: key base from the salient keys (KVO-LLM) or the
                              rest (KV_DSQ_DEFAULT_BASE) */
+    int dsq_kbits;        /* bits of the non-salient key rows (1, 2, 4) */
+    int dsq_vbits;        /* bits of the non-salient value rows (1, 2, 4) */
+    int dsq_group;        /* channels per non-salient group (32) */
     double hcap_channel_thresh; /* HCAP: prune channels under this share (0 = off) */
     double hcap_token_keep;     /* HCAP: fraction of tokens kept (1 = off) */
     /* sparse (added by E; defaults from kv_policy_params_default) */
@@ -181,8 +184,9 @@ void kv_policy_free(kv_policy *p);
  *              4), page,
  *              predict=on|off, reduce=sum|max, dtype
  *   streaming: sink|s, window|w, dtype
- *   dsq:       window|w, salient, base=rest|salient, chan (HCAP channel share),
- *              keep (HCAP tokens)
+ *   dsq:       window|w, salient, base=rest|salient, bits (1,2,4: kbits and
+ *              vbits), kbits, vbits, group|g, chan (HCAP channel share), keep
+ *              (HCAP tokens)
  * Strict: an unknown kind or key, or a bad number, is KV_E_USAGE with a
  * message naming it.
  */

@@ -46,9 +46,13 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
         dp.window = p->dsq_window;
         dp.salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
         dp.base = p->dsq_base;
-        if ((st = kv_dsq_check(&dp, g->head_dim))) {
-            kv_errcontext("layer %d policy %s", g->layer, kind);
-            return st;
+        dp.group = p->dsq_group;
+        for (int pass = 0; pass < 2; pass++) {
+            dp.bits = pass ? p->dsq_vbits : p->dsq_kbits;
+            if ((st = kv_dsq_check(&dp, g->head_dim))) {
+                kv_errcontext("layer %d policy %s", g->layer, kind);
+                return st;
+            }
         }
         if (!(p->hcap_token_keep > 0.0 && p->hcap_token_keep <= 1.0) ||
             !(p->hcap_channel_thresh >= 0.0 && p->hcap_channel_thresh < 1.0))

@@ -1,9 +1,12 @@
 /*
  * The `dsq` policy (KVO-LLM): tokens are grouped in windows of W (64); in
- * each complete window the S = round(0.2 W) tokens with the most
- * accumulated attention are salient (INT8 per channel), the others 2-bit
- * (keys as deltas from the window's salient mean), packed by lib/kv_dsq
- * (the code kv-quant --method dsq uses); a window still filling stays fp16.
+ * each complete window the S = round(F W) tokens with the most accumulated
+ * attention are salient (INT8 per channel), the others kbits (keys, as
+ * deltas from the window's base) and vbits (values) per token over groups
+ * of 32 channels, packed by lib/kv_dsq (the code kv-quant --method dsq
+ * uses); a window still filling stays fp16.  Defaults F 0.1, kbits 4,
+ * vbits 2 (KV_DSQ_POLICY_*: 2-bit keys lost niah4k needles); KVO-LLM's own
+ * choice is base=salient, salient=0.2, bits=2.
  *
  * Importance: the attention each token has received, summed over the query
  * heads of its KV head, accumulated over every attend since it arrived.  A
@@ -39,7 +42,8 @@
 
 typedef struct {
     kv_policy base;
-    kv_dsq_params dp;
+    kv_dsq_params dp;  /* keys' parameters (window, salient and group shared with values) */
+    kv_dsq_params dpv; /* values': dp with the values' bits */
     kv_store k, v;   /* (H, max_tokens, D) f32 view: decoded windows, fp16-rounded rest */
     float *imp;      /* (H, max_tokens) accumulated attention */
     float *contrib;  /* (H, D) accumulated channel contribution (HCAP) */
@@ -87,9 +91,10 @@ static void pack_window(dsq_policy *d, int w)
             kv_kivi_axis ax = pass ? KV_KIVI_VALUES : KV_KIVI_KEYS;
             kv_half *base = pass ? NULL : d->kbase;
             for (int i = 0; i < W; i++) kv_store_get(s, h, t0 + i, x + (size_t)i * (size_t)D);
-            kv_dsq_pack_window(x, (size_t)D, ax, &d->dp, D, d->mask, d->sal, d->sscale, base,
+            const kv_dsq_params *dp = pass ? &d->dpv : &d->dp;
+            kv_dsq_pack_window(x, (size_t)D, ax, dp, D, d->mask, d->sal, d->sscale, base,
                                d->codes, d->scale, d->zero);
-            kv_dsq_unpack_window(ax, &d->dp, D, d->mask, d->sal, d->sscale, base, d->codes,
+            kv_dsq_unpack_window(ax, dp, D, d->mask, d->sal, d->sscale, base, d->codes,
                                  d->scale, d->zero, x);
             for (int i = 0; i < W; i++) kv_store_put(s, h, t0 + i, x + (size_t)i * (size_t)D);
         }
@@ -257,7 +262,7 @@ static void dsq_bytes(const kv_policy *p, kv_bytes *b)
     kv_dsq_part_sizes(KV_KIVI_KEYS, &d->dp, H, Tp, D, &s);
     *b = (kv_bytes){0};
     b->resident = kv_dsq_bytes(KV_KIVI_KEYS, &d->dp, H, Tp, D) +
-                  kv_dsq_bytes(KV_KIVI_VALUES, &d->dp, H, Tp, D) - s.mask +
+                  kv_dsq_bytes(KV_KIVI_VALUES, &d->dpv, H, Tp, D) - s.mask +
                   2u * (uint64_t)H * (uint64_t)(p->n_tokens - Tp) * (uint64_t)D * 2u;
 }
 
@@ -298,7 +303,7 @@ static kv_status dsq_load(kv_policy *p, const kvc_file *f, int layer)
     const int H = p->g.n_kv_heads, D = p->g.head_dim, T = K.T;
     float *x = NULL;
     if (K.prm.window != d->dp.window || K.prm.salient != d->dp.salient || K.n_kv_heads != H ||
-        K.head_dim != D || V.T != T || K.prm.bits != V.prm.bits || K.prm.group != V.prm.group ||
+        K.head_dim != D || V.T != T || K.prm.group != V.prm.group ||
         K.prm.salient != V.prm.salient || K.prm.window != V.prm.window) {
         st = kv_fail(KV_E_INTERNAL, "layer %d: packed parameters differ from the policy's", layer);
         goto out;
@@ -307,11 +312,12 @@ static kv_status dsq_load(kv_policy *p, const kvc_file *f, int layer)
         st = kv_fail(KV_E_USAGE, "the cache holds %d tokens, more than the context of %d", T, p->g.max_tokens);
         goto out;
     }
-    if (K.prm.bits != d->dp.bits || K.prm.group != d->dp.group) {
+    if (K.prm.bits != d->dp.bits || V.prm.bits != d->dpv.bits || K.prm.group != d->dp.group) {
         /* the window buffers are sized by bits and group: regrow them */
         const size_t W = (size_t)K.prm.window, S = (size_t)K.prm.salient;
         const size_t gd = (size_t)kv_kivi_vgroup(K.prm.group, D);
-        uint8_t *codes = calloc((W - S) * kv_kivi_row_bytes(D, K.prm.bits) + 1, 1);
+        const int maxbits = K.prm.bits > V.prm.bits ? K.prm.bits : V.prm.bits;
+        uint8_t *codes = calloc((W - S) * kv_kivi_row_bytes(D, maxbits) + 1, 1);
         kv_half *scale = calloc((W - S) * ((size_t)D / gd) + 1, sizeof(kv_half));
         kv_half *zero = calloc((W - S) * ((size_t)D / gd) + 1, sizeof(kv_half));
         if (!codes || !scale || !zero) {
@@ -323,6 +329,7 @@ static kv_status dsq_load(kv_policy *p, const kvc_file *f, int layer)
         d->codes = codes, d->scale = scale, d->zero = zero;
     }
     d->dp = K.prm; /* bits and group too: the file's windows and the ones to come agree */
+    d->dpv = V.prm;
     if (!(x = malloc(((size_t)H * (size_t)T * (size_t)D + 1) * sizeof(float)))) {
         st = kv_fail(KV_E_NOMEM, "dsq load of %d tokens", T);
         goto out;
@@ -364,6 +371,8 @@ kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm
     dp.window = prm->dsq_window;
     dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient); /* checked by kv_policy_new */
     dp.base = prm->dsq_base;
+    dp.bits = prm->dsq_kbits;
+    dp.group = prm->dsq_group;
     kv_status st;
     dsq_policy *d = calloc(1, sizeof *d);
     if (!d) return kv_fail(KV_E_NOMEM, "dsq policy");
@@ -371,6 +380,9 @@ kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm
     d->base.g = *g;
     d->base.wants_prediction = prm->hcap_token_keep < 1.0;
     d->dp = dp;
+    d->dpv = dp;
+    d->dpv.bits = prm->dsq_vbits;
+    const int maxbits = dp.bits > d->dpv.bits ? dp.bits : d->dpv.bits;
     const size_t H = (size_t)g->n_kv_heads, D = (size_t)g->head_dim, W = (size_t)dp.window;
     const size_t S = (size_t)dp.salient, gd = (size_t)kv_kivi_vgroup(dp.group, g->head_dim);
     st = kv_store_init(&d->k, KV_DT_F32, g->n_kv_heads, g->max_tokens, g->head_dim);
@@ -382,7 +394,7 @@ kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm
     d->sal = calloc(S * D + 1, 1);
     d->sscale = calloc(D, sizeof(kv_half));
     d->kbase = calloc(D, sizeof(kv_half));
-    d->codes = calloc((W - S) * kv_kivi_row_bytes(g->head_dim, dp.bits) + 1, 1);
+    d->codes = calloc((W - S) * kv_kivi_row_bytes(g->head_dim, maxbits) + 1, 1);
     d->scale = calloc((W - S) * (D / gd) + 1, sizeof(kv_half));
     d->zero = calloc((W - S) * (D / gd) + 1, sizeof(kv_half));
     d->win = calloc(W * D, sizeof(float));

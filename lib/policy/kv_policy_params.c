@@ -37,8 +37,11 @@ void kv_policy_params_default(kv_policy_params *p, kv_policy_kind kind)
     p->page = 16;
     p->offload = false;
     p->dsq_window = 64;
-    p->dsq_salient = KV_DSQ_DEFAULT_SALIENT_FRAC;
+    p->dsq_salient = KV_DSQ_POLICY_SALIENT_FRAC;
     p->dsq_base = KV_DSQ_DEFAULT_BASE;
+    p->dsq_kbits = KV_DSQ_POLICY_KBITS;
+    p->dsq_vbits = KV_DSQ_POLICY_VBITS;
+    p->dsq_group = KV_DSQ_DEFAULT_GROUP;
     p->hcap_channel_thresh = 0.0;
     p->hcap_token_keep = 1.0;
     p->predict = true;
@@ -234,6 +237,18 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         else return kv_fail(KV_E_USAGE, "policy key base: '%s' (rest or salient)", val);
         return KV_OK;
     }
+    if (IS("bits", K_(KV_POL_DSQ)) || IS("kbits", K_(KV_POL_DSQ)) || IS("vbits", K_(KV_POL_DSQ))) {
+        int b;
+        kv_status st = parse_int(key, val, 1, 4, &b);
+        if (st == KV_OK && b == 3)
+            return kv_fail(KV_E_USAGE, "policy key %s: 3 is not supported (1, 2 or 4)", key);
+        if (st) return st;
+        if (strcmp(key, "vbits")) p->dsq_kbits = b;
+        if (strcmp(key, "kbits")) p->dsq_vbits = b;
+        return KV_OK;
+    }
+    if (IS("group", K_(KV_POL_DSQ)) || IS("g", K_(KV_POL_DSQ)))
+        return parse_int(key, val, 1, 1 << 20, &p->dsq_group);
     if (IS("chan", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_channel_thresh);
     if (IS("keep", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_token_keep);
 #undef IS
@@ -424,8 +439,9 @@ kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
         app(buf, n, &at, ":sink=%d,window=%d,dtype=%s", p->sink, p->window, dt);
         break;
     case KV_POL_DSQ:
-        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s", p->dsq_window, p->dsq_salient,
-            p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest");
+        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s,kbits=%d,vbits=%d,group=%d",
+            p->dsq_window, p->dsq_salient, p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
+            p->dsq_kbits, p->dsq_vbits, p->dsq_group);
         if (p->hcap_channel_thresh > 0.0) app(buf, n, &at, ",chan=%.17g", p->hcap_channel_thresh);
         if (p->hcap_token_keep < 1.0) app(buf, n, &at, ",keep=%.17g", p->hcap_token_keep);
         break;
@@ -464,9 +480,10 @@ void kv_policy_desc(const kv_policy_params *p, char *buf, size_t n)
         snprintf(buf, n, "streaming sink=%d window=%d dtype=%s", p->sink, p->window, dt);
         break;
     case KV_POL_DSQ:
-        snprintf(buf, n, "dsq window=%d salient=%g base=%s hcap_channel=%g hcap_token_keep=%g",
+        snprintf(buf, n, "dsq window=%d salient=%g base=%s kbits=%d vbits=%d group=%d "
+                 "hcap_channel=%g hcap_token_keep=%g",
                  p->dsq_window, p->dsq_salient, p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
-                 p->hcap_channel_thresh, p->hcap_token_keep);
+                 p->dsq_kbits, p->dsq_vbits, p->dsq_group, p->hcap_channel_thresh, p->hcap_token_keep);
         break;
     default:
         snprintf(buf, n, "%s dtype=%s", kv_policy_kind_name(p->kind), dt);

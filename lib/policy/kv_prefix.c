@@ -185,16 +185,21 @@ kv_status kv_prefix_layer_packed(const kv_prefix *p, int layer, bool *packed, kv
             kv_dsq_clear(&k);
             return st;
         }
-        /* the layout parameters (base says how a writer chose the keys' base) */
+        /* the layout parameters (base says how a writer chose the keys' base);
+         * keys and values may have their own bits (dsq:kbits, vbits) */
         bool same = k.prm.window == v.prm.window && k.prm.salient == v.prm.salient &&
-                    k.prm.bits == v.prm.bits && k.prm.group == v.prm.group;
+                    k.prm.group == v.prm.group;
         kv_dsq_params dp = k.prm;
+        const int vbits = v.prm.bits;
         kv_dsq_clear(&k);
         kv_dsq_clear(&v);
         if (!same) return kv_fail(KV_E_UNSUPPORTED, "layer %d packs K and V with different DSQ parameters", layer);
         kv_policy_params_default(prm, KV_POL_DSQ);
         prm->dsq_window = dp.window;
         prm->dsq_salient = (double)dp.salient / (double)dp.window;
+        prm->dsq_kbits = dp.bits;
+        prm->dsq_vbits = vbits;
+        prm->dsq_group = dp.group;
     }
     *packed = true;
     return KV_OK;

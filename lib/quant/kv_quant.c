@@ -104,12 +104,14 @@ static kv_status encode_part(kvc_writer *w, int l, char which, const float *x, c
         *enc = KV_ENC_PLAIN;
     } else if (o->method == KV_ENC_DSQ) {
         kv_dsq_packed p;
-        if ((st = kv_dsq_pack(x, imp, axis, &o->dsq, H, T, D, &p))) return st;
+        kv_dsq_params dp = o->dsq;
+        if (axis == KV_KIVI_VALUES && o->dsq_vbits > 0) dp.bits = o->dsq_vbits;
+        if ((st = kv_dsq_pack(x, imp, axis, &dp, H, T, D, &p))) return st;
         stamp_add(rep, t0);
         kv_dsq_unpack(&p, y);
         st = kv_dsq_write(w, l, which, &p);
         kv_dsq_clear(&p);
-        *bytes = kv_dsq_bytes(axis, &o->dsq, H, T, D);
+        *bytes = kv_dsq_bytes(axis, &dp, H, T, D);
         *enc = KV_ENC_DSQ;
         return st;
     } else {
@@ -160,9 +162,12 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
     }
     for (int l = 0; o->per_layer && !o->decode && l < L && !st; l++) {
         const kv_quant_layer *y = &o->per_layer[l];
+        kv_dsq_params yv = y->dsq; /* the values' parameters */
+        if (y->dsq_vbits > 0) yv.bits = y->dsq_vbits;
         st = y->method == KV_ENC_DSQ    ? kv_dsq_check(&y->dsq, D)
              : y->method == KV_ENC_KIVI ? kv_kivi_check(&y->kivi, D)
                                         : KV_OK;
+        if (!st && y->method == KV_ENC_DSQ) st = kv_dsq_check(&yv, D);
         if (st) {
             kv_errcontext("layer %d", l);
             goto out_rep;
@@ -215,6 +220,7 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
             lo.method = o->per_layer[l].method;
             lo.kivi = o->per_layer[l].kivi;
             lo.dsq = o->per_layer[l].dsq;
+            lo.dsq_vbits = o->per_layer[l].dsq_vbits;
         }
         char nk[32], nv[32];
         snprintf(nk, sizeof nk, "layers.%d.k", l);
@@ -299,8 +305,10 @@ void kv_quant_report_json(const kv_quant_report *r, const kv_quant_opts *o, FILE
                 fprintf(f, ", \"bits\": %d, \"group\": %d, \"residual\": %d", y->kivi.bits,
                         y->kivi.group, y->kivi.residual);
             else if (y->method == KV_ENC_DSQ)
-                fprintf(f, ", \"window\": %d, \"salient\": %d, \"bits\": %d, \"group\": %d, \"base\": \"%s\"",
-                        y->dsq.window, y->dsq.salient, y->dsq.bits, y->dsq.group,
+                fprintf(f, ", \"window\": %d, \"salient\": %d, \"bits\": %d, \"vbits\": %d, "
+                           "\"group\": %d, \"base\": \"%s\"",
+                        y->dsq.window, y->dsq.salient, y->dsq.bits,
+                        y->dsq_vbits > 0 ? y->dsq_vbits : y->dsq.bits, y->dsq.group,
                         kv_dsq_base_name(y->dsq.base));
         }
         fprintf(f, "}%s\n", l + 1 < r->n_layers ? "," : "");

@@ -16,13 +16,15 @@
 typedef struct {
     kv_encoding method;
     kv_kivi_params kivi;
-    kv_dsq_params dsq;
+    kv_dsq_params dsq;  /* dsq.bits: the keys' bits */
+    int dsq_vbits;      /* the values' bits; 0 = dsq.bits */
 } kv_quant_layer;
 
 typedef struct {
     kv_encoding method;    /* KV_ENC_KIVI or KV_ENC_DSQ */
     kv_kivi_params kivi;
-    kv_dsq_params dsq;
+    kv_dsq_params dsq;     /* dsq.bits: the keys' bits */
+    int dsq_vbits;         /* the values' bits; 0 = dsq.bits */
     const bool *layers;    /* (n_layers) layers to quantize; NULL = all */
     bool decode;           /* instead: write every layer as plain F16 */
     const kv_quant_layer *per_layer; /* (n_layers) or NULL: each layer's own encoding,

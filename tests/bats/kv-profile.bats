@@ -174,6 +174,11 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     assert_success
     [ "$(json_get '[l["k_encoding"] for l in j["layers"]]')" = "['kivi', 'plain', 'dsq']" ]
     [ "$(json_get 'j["layers"][0]["bits"], j["layers"][2]["window"], j["layers"][2]["base"]')" = "(4, 32, 'salient')" ]
+    # dsq as the policy packs it by default: keys at 4 bits, values at 2
+    [ "$(json_get 'j["layers"][2]["bits"], j["layers"][2]["vbits"]')" = "(4, 2)" ]
+    run --separate-stderr kv-info --json "$WORK/q2.kvc"
+    assert_success
+    [ "$(json_get 'j["layers"][2]["k"]["bits"], j["layers"][2]["v"]["bits"]')" = "(4, 2)" ]
     run --separate-stderr kv-quant --profile "$WORK/v2.json" --bits 2 -o "$WORK/q3.kvc" "$WORK/a.kvc"
     assert_fails_with 64 "each layer"
 }

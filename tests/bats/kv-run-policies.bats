@@ -79,11 +79,27 @@ stories_report() { # policy [extra args]
 }
 
 @test "kv-run dsq: bytes follow the DSQ layout for the packed windows" {
-    stories_report dsq
+    stories_report dsq:salient=0.2,bits=2
     # 319 tokens: 4 windows of 64 packed (13 salient INT8 + 51 2-bit, mask
     # shared by K and V, key base), 63 tokens fp16; head_dim 8, group 8
     win="(8 + 2*(13*8 + 2*8 + 51*8*2//8 + 4*51*1) + 2*8)"
     [ "$(json_get "all(l['gpu_bytes'] == 4*(4*$win + 63*8*2*2) for l in j['layers'])")" = True ]
+}
+
+@test "kv-run dsq by default packs keys at 4 bits and values at 2 with 10% salient tokens" {
+    stories_report dsq
+    # 6 salient INT8 + 58 non-salient rows: keys 4 bits, values 2 bits
+    win="(8 + 2*(6*8 + 2*8 + 4*58*1) + 58*8*4//8 + 58*8*2//8 + 2*8)"
+    [ "$(json_get "all(l['gpu_bytes'] == 4*(4*$win + 63*8*2*2) for l in j['layers'])")" = True ]
+    [ "$(json_get "all('kbits=4 vbits=2' in l['params'] for l in j['layers'])")" = True ]
+}
+
+@test "kv-run dsq:kbits and vbits set the keys' and the values' bits" {
+    stories_report dsq:salient=0.2,kbits=1,vbits=4
+    win="(8 + 2*(13*8 + 2*8 + 4*51*1) + 51*8*1//8 + 51*8*4//8 + 2*8)"
+    [ "$(json_get "all(l['gpu_bytes'] == 4*(4*$win + 63*8*2*2) for l in j['layers'])")" = True ]
+    run --separate-stderr kv-run -m "$STORIES/stories260K.bin" -p "Once" -n 1 --policy dsq:kbits=3
+    assert_fails_with 64 "kbits: 3 is not supported"
 }
 
 @test "policies that hold every token reproduce full's greedy text exactly" {

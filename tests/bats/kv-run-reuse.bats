@@ -63,11 +63,15 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     kv-run -m "$NIAH" --tokens "$T/first.txt" -n 0 --dump-kv "$T/first.kvc" --kv-dtype f16
     kv-quant --bits 4 --group 32 --residual 32 "$T/first.kvc" -o "$T/kivi.kvc"
     kv-quant --method dsq -b 4 "$T/first.kvc" -o "$T/dsq.kvc"
-    for enc in kivi dsq; do
+    # the dsq policy's default layout: keys at 4 bits, values at 2
+    "$PY" -c 'import json; print(json.dumps({"version": 2, "n_layers": 6, "layers": [{"layer": i, "policy": "dsq"} for i in range(6)]}))' > "$T/dsq42.json"
+    kv-quant --profile "$T/dsq42.json" "$T/first.kvc" -o "$T/dsq42.kvc"
+    for enc in kivi dsq dsq42; do
         run --separate-stderr kv-run -m "$NIAH" --kv "$T/$enc.kvc" --tokens "$T/rest.txt" -n 8 --report -
         assert_success
         want=$([ $enc = kivi ] && echo quant || echo dsq)
         [ "$(json_get 'sorted(set(l["policy"] for l in j["layers"]))')" = "['$want']" ]
+        [ $enc != dsq42 ] || [ "$(json_get 'all("kbits=4 vbits=2" in l["params"] for l in j["layers"])')" = True ]
         # at least 6 of the 8 answer tokens agree with the whole f32 prompt's
         same=$(json_get 'sum(a == b for a, b in zip(j["generated_ids"], '"$(gen_ids "$T/whole.json")"'))')
         [ "$same" -ge 6 ] || { echo "$enc: $same of 8 tokens agree"; return 1; }

@@ -1162,6 +1162,9 @@ static void test_stories260k_dsq_matches_cpu(void)
      * (2026-12-01); a packing bug gives errors near 1 and most tokens
      * apart (the exact packing is checked separately in
      * test_cuda_kernels' dsq pack test) */
+    run_stories_policy("*=dsq:window=16,salient=0,bits=2", 2e-1, 4);
+    /* the default's layout: 4-bit keys, 2-bit values (each plane its own
+     * row bytes on the device); not run on a GPU when written (session 6) */
     run_stories_policy("*=dsq:window=16,salient=0", 2e-1, 4);
 
     /* With salient tokens the choice ranks accumulated attention, and an
@@ -1174,7 +1177,7 @@ static void test_stories260k_dsq_matches_cpu(void)
     OK(kv_model_open(S260 "stories260K.bin", &m));
     const int L = m->cfg.n_layers, V = m->cfg.vocab_size, n0 = 24, steps = short_run() ? 60 : 200;
     kv_policy_params *pd = calloc((size_t)L, sizeof *pd), *pf = calloc((size_t)L, sizeof *pf);
-    OK(kv_policy_parse("*=dsq:window=16", L, pd));
+    OK(kv_policy_parse("*=dsq:window=16,salient=0.2,bits=2", L, pd));
     OK(kv_policy_parse("*=full:dtype=f16", L, pf));
     int prompt[24];
     kv_engine *cf = NULL, *cd = NULL;
@@ -1514,7 +1517,7 @@ static void test_niah4k_streaming_matches_cpu(void)
 
 static void test_niah4k_dsq_matches_cpu(void)
 {
-    run_niah("0=full;*=dsq", KV_SELECT_CHANNELS, 5e-2, 1);
+    run_niah("0=full;*=dsq:salient=0.2,bits=2", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
 /*
@@ -1551,7 +1554,7 @@ static void test_nonfinite_weights_on_every_gpu_policy(void)
     static const char *specs[] = {"full", "full:offload=on", "quant:bits=2", "sparse:k=16,sink=4,window=16",
                                   "sparse:k=16,sink=4,window=16,select=exact",
                                   "sparse:k=16,sink=4,window=16,select=sketch", "streaming:sink=4,window=32",
-                                  "dsq:window=32"};
+                                  "dsq:window=32,bits=2"};
     const int np = (int)(sizeof specs / sizeof specs[0]);
     const float vals[3] = {NAN, INFINITY, -INFINITY};
     int prompt[200];
@@ -1819,7 +1822,7 @@ static void test_niah4k_dsq_salient_choice_differs_only_at_near_ties(void)
     kv_dsq_params_default(&dp);
     const int W = dp.window, S = kv_dsq_salient_count(W, 0.2);
     kv_policy_params *pd = calloc((size_t)L, sizeof *pd);
-    OK(kv_policy_parse("dsq", L, pd));
+    OK(kv_policy_parse("dsq:salient=0.2,bits=2", L, pd));
     kv_engine *ce = NULL;
     kv_gpu_engine *ge = NULL;
     OK(kv_engine_new(m, NULL, 0, &ce));
@@ -2380,7 +2383,12 @@ static void test_bad_requests_fail_cleanly(void)
     OK(kv_policy_parse("*=dsq:keep=0.5", m->cfg.n_layers, pp));
     st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
     KT_CHECK(st == KV_E_UNSUPPORTED && !g, "dsq with HCAP: status %d", (int)st);
-    OK(kv_policy_parse("*=dsq:window=64", m->cfg.n_layers, pp));
+    OK(kv_policy_parse("*=dsq", m->cfg.n_layers, pp)); /* the default: kbits 4, vbits 2 */
+    st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
+    KT_CHECK(st == KV_OK && g, "dsq kbits 4, vbits 2: %s", kv_errdetail());
+    kv_gpu_engine_free(g);
+    g = NULL;
+    OK(kv_policy_parse("*=dsq:window=64,bits=4", m->cfg.n_layers, pp));
     st = kv_gpu_engine_new(m, pp, 64, NULL, &g);
     KT_CHECK(st == KV_OK && g, "dsq: %s", kv_errdetail());
     kv_gpu_engine_free(g);

@@ -151,7 +151,7 @@ static void test_stories260k_graphs_equal_plain_launches(void)
     check_graph(m, "full:offload=on", n, ns, ng, NULL);
     check_graph(m, "*=streaming:sink=4,window=16", n, ns, ng, NULL);
     check_graph(m, "*=quant:bits=2,group=16,residual=16", n, ns, ng, "quant (host-packed)");
-    check_graph(m, "0=full;*=dsq:window=16,salient=0", n, ns, ng, "dsq");
+    check_graph(m, "0=full;*=dsq:window=16,salient=0,bits=2", n, ns, ng, "dsq");
     kv_model_close(m);
 }
 

@@ -168,7 +168,8 @@ static void test_parse_rejects(void)
     const char *bad[] = {"", "fulll", "quant:bits=3", "quant:bits=x", "quant:bits=", "quant:k=3",
                          "sparse:k=-1", "sparse:frac=2", "sparse:select=maybe", "full:",
                          "full:dtype=f8", "9=full", "3-1=full", "0=full;;1=full", "0=bogus",
-                         "*=full;*=quant", "0-x=full", "streaming:c=4", "quant:bits=1,", "0full"};
+                         "*=full;*=quant", "0-x=full", "streaming:c=4", "quant:bits=1,", "0full",
+                         "dsq:bits=3", "dsq:kbits=8", "dsq:vbits=0", "dsq:group=x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kv_errclear();
         kv_status st = kv_policy_parse(bad[i], 8, p);
@@ -223,6 +224,17 @@ static void test_check_per_device(void)
     p.hcap_token_keep = 0.5;
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_UNSUPPORTED, "HCAP on the GPU");
+    /* keys and values at their own bits on both engines */
+    kv_policy_params_default(&p, KV_POL_DSQ);
+    p.dsq_kbits = 4, p.dsq_vbits = 2;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail());
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_OK, "kbits 4, vbits 2 on the GPU: %s", kv_errdetail());
+    p.dsq_kbits = 3;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_E_USAGE, "kbits 3");
+    p.dsq_kbits = 4, p.dsq_vbits = 4;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CUDA) == KV_OK, "bits=4 on the GPU: %s", kv_errdetail());
+    p.dsq_group = 48;
+    KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_E_USAGE, "dsq group 48 with head dim 64");
     kv_policy_params_default(&p, KV_POL_SPARSE);
     p.channels = 65;
     KT_CHECK(kv_policy_check(&p, &g, KV_DEVICE_CPU) == KV_OK, "%s", kv_errdetail()); /* the CPU uses min(C, head_dim) */
@@ -895,20 +907,22 @@ static void test_quant_accuracy(void)
 
 // --- dsq -------------------------------------------------------------
 
-/* Packed windows + fp16 rest, from lib/common/kv_layout.h (mask counted once). */
-static uint64_t dsq_formula(int H, int T, int packed_windows, int D, int W, int S, int b, int G)
+/* Packed windows + fp16 rest, from lib/common/kv_layout.h (mask counted once),
+ * keys at kb bits and values at vb. */
+static uint64_t dsq_formula2(int H, int T, int packed_windows, int D, int W, int S, int kb, int vb,
+                             int G)
 {
     int gd = G < D ? G : D;
     uint64_t nn = (uint64_t)(W - S);
-    uint64_t common = (uint64_t)S * D + 2ull * D + nn * D * b / 8 + 4ull * nn * (D / gd);
-    uint64_t win = W / 8 + 2 * common + 2ull * D; /* mask, K and V parts, key base */
+    uint64_t common = (uint64_t)S * D + 2ull * D + 4ull * nn * (D / gd); /* sal, sscale, scale+zero */
+    uint64_t win = W / 8 + 2 * common + nn * D * (uint64_t)(kb + vb) / 8 + 2ull * D; /* + codes, key base */
     uint64_t rest = (uint64_t)(T - packed_windows * W) * D * 2 * 2;
     return (uint64_t)H * ((uint64_t)packed_windows * win + rest);
 }
 
 static void test_dsq(void)
 {
-    const int nh = 4, nkv = 2, D = 64, T = 300, W = 64, S = 13;
+    const int nh = 4, nkv = 2, D = 64, T = 300, W = 64, S = 6, S20 = 13; /* defaults: 10% salient */
     fixture f = mkfix(nh, nkv, D, T);
     float *q = randv((size_t)nh * D, 1.0f), o1[256], o2[256];
     kv_attend_dense(q, f.k, f.v, T, T, nh, nkv, D, o2);
@@ -917,14 +931,14 @@ static void test_dsq(void)
     REQ_OK(feed(p, &f, 250), "%s", kv_errdetail());
     kv_bytes b;
     p->ops->bytes(p, &b);
-    KT_CHECK(b.resident == dsq_formula(nkv, T, 0, D, W, S, 2, 32), "before attend %llu vs %llu",
-             (unsigned long long)b.resident, (unsigned long long)dsq_formula(nkv, T, 0, D, W, S, 2, 32));
+    KT_CHECK(b.resident == dsq_formula2(nkv, T, 0, D, W, S, 4, 2, 32), "before attend %llu vs %llu",
+             (unsigned long long)b.resident, (unsigned long long)dsq_formula2(nkv, T, 0, D, W, S, 4, 2, 32));
     REQ_OK(p->ops->attend(p, q, o1), "attend");
     KT_CHECK(memcmp(o1, o2, sizeof o1) != 0 && rms_diff(o1, o2, 256) < 1e-3, "first attend is fp16: %g",
              rms_diff(o1, o2, 256));
     p->ops->bytes(p, &b);
-    KT_CHECK(b.resident == dsq_formula(nkv, T, T / W, D, W, S, 2, 32), "after attend %llu vs %llu",
-             (unsigned long long)b.resident, (unsigned long long)dsq_formula(nkv, T, T / W, D, W, S, 2, 32));
+    KT_CHECK(b.resident == dsq_formula2(nkv, T, T / W, D, W, S, 4, 2, 32), "after attend %llu vs %llu",
+             (unsigned long long)b.resident, (unsigned long long)dsq_formula2(nkv, T, T / W, D, W, S, 4, 2, 32));
     REQ_OK(p->ops->attend(p, q, o1), "attend");
     double e = rms_diff(o1, o2, 256);
     printf("# dsq rms err %g\n", e);
@@ -937,8 +951,8 @@ static void test_dsq(void)
     p->ops->observe(p, qs, 4);
     REQ_OK(feed(p, &f, 200), "%s", kv_errdetail());
     p->ops->bytes(p, &b);
-    KT_CHECK(b.resident == dsq_formula(nkv, T, 3, D, W, 16, 2, 32), "observe: %llu vs %llu",
-             (unsigned long long)b.resident, (unsigned long long)dsq_formula(nkv, T, 3, D, W, 16, 2, 32));
+    KT_CHECK(b.resident == dsq_formula2(nkv, T, 3, D, W, 16, 4, 2, 32), "observe: %llu vs %llu",
+             (unsigned long long)b.resident, (unsigned long long)dsq_formula2(nkv, T, 3, D, W, 16, 4, 2, 32));
     kv_policy_free(p);
     free(qs);
     /* HCAP: fewer tokens and channels read, the output stays close */
@@ -953,6 +967,24 @@ static void test_dsq(void)
     printf("# dsq+hcap rms err %g\n", e);
     KT_CHECK(e > 1e-4 && e < 0.3, "hcap rms err %g", e);
     kv_policy_free(p);
+    /* keys and values at their own bit widths: the bytes follow, and 4-bit
+     * key deltas are closer to dense attention than 2-bit ones */
+    double err[2];
+    for (int i = 0; i < 2; i++) {
+        p = mkpol(&f, i ? "dsq:salient=0.2,kbits=4,vbits=2" : "dsq:salient=0.2,bits=2", 400);
+        KT_REQUIRE(p, "create");
+        REQ_OK(feed(p, &f, 250), "%s", kv_errdetail());
+        REQ_OK(p->ops->attend(p, q, o1), "attend");
+        p->ops->bytes(p, &b);
+        uint64_t want = dsq_formula2(nkv, T, T / W, D, W, S20, i ? 4 : 2, 2, 32);
+        KT_CHECK(b.resident == want, "kbits %d: %llu vs %llu", i ? 4 : 2,
+                 (unsigned long long)b.resident, (unsigned long long)want);
+        REQ_OK(p->ops->attend(p, q, o1), "attend");
+        err[i] = rms_diff(o1, o2, 256);
+        kv_policy_free(p);
+    }
+    printf("# dsq rms err kbits 2: %g, kbits 4: %g\n", err[0], err[1]);
+    KT_CHECK(err[1] < err[0], "4-bit keys (%g) not closer than 2-bit (%g)", err[1], err[0]);
     free(q);
     freefix(&f);
 }

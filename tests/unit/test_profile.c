@@ -182,7 +182,7 @@ static void test_budget_variants_and_choices(void)
     /* 200 tokens, residual 0: group 128 quantizes 128 and keeps 72 in fp16,
      * group 32 (the option's base) quantizes 192 */
     KT_CHECK(b[KV_OPT_Q4_R0G128][0] > b[KV_OPT_Q4_R0][0], "group 128 keeps more tokens in fp16");
-    KT_CHECK(b[KV_OPT_DSQ_S10][0] < b[KV_OPT_DSQ][0], "fewer salient tokens, fewer bytes");
+    KT_CHECK(b[KV_OPT_DSQ_S10][0] < b[KV_OPT_DSQ][0], "2-bit keys, fewer bytes");
     /* on uniform attention (layer 0) the fp16 window of recent tokens is
      * what 2-bit loses without: more error at residual 0 */
     KT_CHECK(a.layer_err[KV_OPT_Q2_R0][0] >= a.layer_err[KV_OPT_Q2][0],
@@ -201,7 +201,9 @@ static void test_budget_variants_and_choices(void)
                          x->group == (o == KV_OPT_Q4_R0G128 ? 128 : 32) && x->bits == (o == KV_OPT_Q2_R0 ? 2 : 4),
                      "layer %d: %s deployed as bits %d group %d residual %d", l, kv_profile_opt_name(o), x->bits,
                      x->group, x->residual);
-        if (o == KV_OPT_DSQ_S10) KT_CHECK(x->kind == KV_POL_DSQ && x->dsq_salient == 0.1, "dsq-s10");
+        if (o == KV_OPT_DSQ_S10)
+            KT_CHECK(x->kind == KV_POL_DSQ && x->dsq_salient == 0.1 && x->dsq_kbits == 2 && x->dsq_vbits == 2,
+                     "dsq-s10");
     }
     kv_deploy_clear(&d);
     kv_profile_choice_clear(&c);
