@@ -130,7 +130,7 @@ int main(int argc, char **argv)
         }
         kv_deploy_quant_mask(&dep, g->n_layers, sel);
         o.layers = sel;
-        if (dep.per_layer) { /* version 2: every layer's own encoding */
+        if (dep.per_layer) { /* versions 2 and 3: every layer's own encoding */
             if (method || bits > 0 || group > 0 || residual >= 0 || window > 0 || salient >= 0 || base >= 0)
                 kv_cli_usage_error("--profile %s gives each layer's parameters: no --method, --bits, "
                                    "--group, --residual, --window, --salient or --base with it", profile);

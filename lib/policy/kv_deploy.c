@@ -7,6 +7,7 @@
 #include "policy/kv_deploy.h"
 #include "common/kv_file.h"
 #include "common/kv_json.h"
+#include "common/kv_layout.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -79,8 +80,17 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Version 2: one spec per layer. */
-static kv_status parse_v2(const cJSON *o, int n_layers, kv_deploy *d)
+/* The pre-session-6 dsq defaults for a version 2 layer whose spec did not
+ * name them (kv_deploy.h). */
+static void dsq_v2_defaults(const char *spec, kv_policy_params *p)
+{
+    if (p->kind != KV_POL_DSQ) return;
+    if (!strstr(spec, "bits=")) p->dsq_kbits = p->dsq_vbits = KV_DSQ_DEFAULT_BITS;
+    if (!strstr(spec, "salient=")) p->dsq_salient = KV_DSQ_DEFAULT_SALIENT_FRAC;
+}
+
+/* Versions 2 and 3: one spec per layer. */
+static kv_status parse_v2(const cJSON *o, int n_layers, int ver, kv_deploy *d)
 {
     static const char *const known[] = {"version", "n_layers", "rule", "kv_budget", "layers", NULL};
     static const char *const known_l[] = {"layer", "policy", "error", "bytes", NULL};
@@ -92,9 +102,9 @@ static kv_status parse_v2(const cJSON *o, int n_layers, kv_deploy *d)
         while (known[k] && strcmp(known[k], it->string)) k++;
         if (!known[k]) return kv_fail(KV_E_DATA, "deploy config: unknown member \"%s\"", it->string);
     }
-    d->version = 2;
+    d->version = ver;
     if (!(it = cJSON_GetObjectItemCaseSensitive(o, "n_layers")))
-        return kv_fail(KV_E_DATA, "deploy config: version 2 needs \"n_layers\"");
+        return kv_fail(KV_E_DATA, "deploy config: version %d needs \"n_layers\"", ver);
     if ((st = get_int(it, "n_layers", 1, 1 << 20, &d->n_layers))) return st;
     if (n_layers > 0 && d->n_layers != n_layers)
         return kv_fail(KV_E_DATA, "deploy config is for %d layers, the model has %d", d->n_layers,
@@ -111,7 +121,7 @@ static kv_status parse_v2(const cJSON *o, int n_layers, kv_deploy *d)
     }
     const cJSON *ls = cJSON_GetObjectItemCaseSensitive(o, "layers");
     if (!ls || !cJSON_IsArray(ls))
-        return kv_fail(KV_E_DATA, "deploy config: version 2 needs a \"layers\" array");
+        return kv_fail(KV_E_DATA, "deploy config: version %d needs a \"layers\" array", ver);
     const int L = d->n_layers;
     d->per_layer = malloc((size_t)L * sizeof *d->per_layer);
     bool *seen = calloc((size_t)L, 1);
@@ -167,6 +177,7 @@ static kv_status parse_v2(const cJSON *o, int n_layers, kv_deploy *d)
                          kv_errdetail());
             break;
         }
+        if (ver == 2) dsq_v2_defaults(sp->valuestring, &d->per_layer[l]);
         d->per_layer[l].given = 0; /* front-end defaults still apply */
     }
     free(seen);
@@ -186,9 +197,9 @@ static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
         (st = get_int(it, "version", 1, 1 << 20, &ver)))
         return st;
     if (ver > KV_DEPLOY_VERSION)
-        return kv_fail(KV_E_DATA, "deploy config: version %d not supported (this reads 1 and %d)",
+        return kv_fail(KV_E_DATA, "deploy config: version %d not supported (this reads 1 to %d)",
                        ver, KV_DEPLOY_VERSION);
-    if (ver == 2) return parse_v2(o, n_layers, d);
+    if (ver >= 2) return parse_v2(o, n_layers, ver, d);
     cJSON_ArrayForEach(it, o)
     {
         int k = 0;
@@ -232,6 +243,12 @@ static kv_status parse_obj(const cJSON *o, int n_layers, kv_deploy *d)
         } else {
             d->sparse.topk_frac = 0.0;
         }
+    }
+    if (d->quant.kind == KV_POL_DSQ) { /* kv_deploy.h: as version 1 meant them */
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "bits"), *g = cJSON_GetObjectItemCaseSensitive(o, "group");
+        d->quant.dsq_kbits = d->quant.dsq_vbits = b ? d->quant.bits : KV_DSQ_DEFAULT_BITS;
+        d->quant.dsq_group = g ? d->quant.group : KV_DSQ_DEFAULT_GROUP;
+        d->quant.dsq_salient = KV_DSQ_DEFAULT_SALIENT_FRAC;
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "dsq_salient"))) {
         if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 1))
@@ -357,7 +374,8 @@ void kv_deploy_write_json_ext(const kv_deploy *d, const double *errors, const do
     const char *pad = "                                ";
     int in = indent + 2 < 32 ? indent + 2 : 32;
     if (d->per_layer) {
-        fprintf(f, "{\n%.*s\"version\": 2,\n%.*s\"n_layers\": %d,\n", in, pad, in, pad, d->n_layers);
+        fprintf(f, "{\n%.*s\"version\": %d,\n%.*s\"n_layers\": %d,\n", in, pad, KV_DEPLOY_VERSION, in, pad,
+                d->n_layers);
         if (d->rule[0]) fprintf(f, "%.*s\"rule\": \"%s\",\n", in, pad, d->rule);
         if (d->kv_budget > 0) fprintf(f, "%.*s\"kv_budget\": %.17g,\n", in, pad, d->kv_budget);
         fprintf(f, "%.*s\"layers\": [", in, pad);
@@ -382,8 +400,10 @@ void kv_deploy_write_json_ext(const kv_deploy *d, const double *errors, const do
     write_list(f, d->quant_layers, d->n_quant);
     fprintf(f, ",\n%.*s\"sparse_layers\": ", in, pad);
     write_list(f, d->sparse_layers, d->n_sparse);
+    const bool dsq = d->quant.kind == KV_POL_DSQ; /* version 1 has one width: the keys' */
     fprintf(f, ",\n%.*s\"bits\": %d,\n%.*s\"group\": %d,\n%.*s\"residual\": %d,\n", in, pad,
-            d->quant.bits, in, pad, d->quant.group, in, pad, d->quant.residual);
+            dsq ? d->quant.dsq_kbits : d->quant.bits, in, pad, dsq ? d->quant.dsq_group : d->quant.group, in,
+            pad, d->quant.residual);
     if (d->sparse.topk > 0) fprintf(f, "%.*s\"budget\": %d,\n", in, pad, d->sparse.topk);
     else fprintf(f, "%.*s\"budget\": %.17g,\n", in, pad, d->sparse.topk_frac);
     fprintf(f, "%.*s\"channels\": %d,\n%.*s\"sink\": %d,\n%.*s\"window\": %d,\n", in, pad,

@@ -40,12 +40,18 @@
 #include "policy/kv_policy.h"
 #include "common/kv_status.h"
 
-#define KV_DEPLOY_VERSION 2 /* the newest this reads; 1 is read too */
+/* The newest version this reads and writes.  3: one policy spec per layer.
+ * 2: the same, written before dsq's defaults changed (session 6, 2026-12-01):
+ * a dsq spec that names no bits reads as 2-bit keys and values, one that
+ * names no salient as 0.2, so an old config deploys what it was fitted
+ * with.  1: the two lists; its "bits", "group" and "dsq_salient" set a dsq
+ * method's layers (2, 32 and 0.2 when absent, as then). */
+#define KV_DEPLOY_VERSION 3
 
 /* The config's numbers are the policy parameters themselves: what a quant
  * layer and a sparse layer get, copied whole by kv_deploy_apply. */
 typedef struct {
-    int version;           /* 1 (the two lists) or 2 (per_layer) */
+    int version;           /* 1 (the two lists), 2 or 3 (per_layer) */
     int n_layers;          /* as written by kv-profile; 0 if absent */
     int *quant_layers;     /* (n_quant) */
     int n_quant;

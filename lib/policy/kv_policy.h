@@ -79,11 +79,11 @@ typedef struct {
     bool offload;         /* full: K/V in host memory, copied in per step (GPU engine) */
     /* dsq */
     int dsq_window;       /* tokens per DSQ window (64) */
-    double dsq_salient;   /* fraction of salient tokens per window (0.2) */
+    double dsq_salient;   /* fraction of salient tokens per window (KV_DSQ_POLICY_SALIENT_FRAC, 0.1) */
     int dsq_base;         /* kv_dsq_base: key base from the salient keys (KVO-LLM) or the
                              rest (KV_DSQ_DEFAULT_BASE) */
-    int dsq_kbits;        /* bits of the non-salient key rows (1, 2, 4) */
-    int dsq_vbits;        /* bits of the non-salient value rows (1, 2, 4) */
+    int dsq_kbits;        /* bits of the non-salient key rows (1, 2, 4; default 4) */
+    int dsq_vbits;        /* bits of the non-salient value rows (1, 2, 4; default 2) */
     int dsq_group;        /* channels per non-salient group (32) */
     double hcap_channel_thresh; /* HCAP: prune channels under this share (0 = off) */
     double hcap_token_keep;     /* HCAP: fraction of tokens kept (1 = off) */

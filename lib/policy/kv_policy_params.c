@@ -248,7 +248,7 @@ static kv_status set_key(kv_policy_params *p, const char *key, const char *val)
         return KV_OK;
     }
     if (IS("group", K_(KV_POL_DSQ)) || IS("g", K_(KV_POL_DSQ)))
-        return parse_int(key, val, 1, 1 << 20, &p->dsq_group);
+        return parse_int(key, val, 1, 65536, &p->dsq_group);
     if (IS("chan", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_channel_thresh);
     if (IS("keep", K_(KV_POL_DSQ))) return parse_real(key, val, 0.0, 1.0, &p->hcap_token_keep);
 #undef IS

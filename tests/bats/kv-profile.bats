@@ -62,7 +62,7 @@ q.write_kvc('$WORK/noq.kvc', {k: np.array(v) for k, v in t.items() if not k.ends
     [ "$(json_get 'all(len(l["heads"]["score"]) == 4 and 0 <= l["score"] <= 1 for l in j["layers"])')" = True ]
     [ "$(json_get 'all(l[e] >= 0 for l in j["layers"] for e in ("err_1bit", "err_2bit", "err_4bit", "err_sparse", "err_dsq"))')" = True ]
     [ "$(json_get 'all(len(l["heads"]["err_dsq"]) == 4 for l in j["layers"])')" = True ]
-    [ "$(json_get 'j["deploy"]["version"], sorted(e["layer"] for e in j["deploy"]["layers"])')" = "(2, [0, 1, 2])" ]
+    [ "$(json_get 'j["deploy"]["version"], sorted(e["layer"] for e in j["deploy"]["layers"])')" = "(3, [0, 1, 2])" ]
     [ "$(json_get 'all((l["tau_class"] == "quant") == (l["score"] > 0.2) for l in j["layers"])')" = True ]
     # every layer's choice is one of the options, its class the policy kind deployed
     [ "$(json_get 'all(l["choice"] in l["bytes"] and j["deploy"]["layers"][i]["policy"].startswith(l["class"]) for i, l in enumerate(j["layers"]))')" = True ]
@@ -168,8 +168,8 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     [ "$(json_get 'all(l["k_encoding"] == "kivi" and l["bits"] == 2 for l in j["layers"])')" = True ]
 }
 
-@test "kv-quant --profile packs each layer of a version 2 config with its own encoding" {
-    printf '{"version": 2, "n_layers": 3, "layers": [{"layer": 0, "policy": "quant:bits=4,group=32,residual=16"}, {"layer": 2, "policy": "dsq:window=32,base=salient"}, {"layer": 1, "policy": "sparse"}]}' > "$WORK/v2.json"
+@test "kv-quant --profile packs each layer of a version 3 config with its own encoding" {
+    printf '{"version": 3, "n_layers": 3, "layers": [{"layer": 0, "policy": "quant:bits=4,group=32,residual=16"}, {"layer": 2, "policy": "dsq:window=32,base=salient"}, {"layer": 1, "policy": "sparse"}]}' > "$WORK/v2.json"
     run --separate-stderr kv-quant --profile "$WORK/v2.json" --report - -o "$WORK/q2.kvc" "$WORK/a.kvc"
     assert_success
     [ "$(json_get '[l["k_encoding"] for l in j["layers"]]')" = "['kivi', 'plain', 'dsq']" ]
@@ -179,6 +179,11 @@ print(len([e for e in r if e.tag.endswith('rect') and e.find('{http://www.w3.org
     run --separate-stderr kv-info --json "$WORK/q2.kvc"
     assert_success
     [ "$(json_get 'j["layers"][2]["k"]["bits"], j["layers"][2]["v"]["bits"]')" = "(4, 2)" ]
+    # the same file as version 2 (written before the 4/2 default) packs as it was fitted: 2/2
+    sed 's/"version": 3/"version": 2/' "$WORK/v2.json" > "$WORK/v2old.json"
+    run --separate-stderr kv-quant --profile "$WORK/v2old.json" --report - -o "$WORK/q2old.kvc" "$WORK/a.kvc"
+    assert_success
+    [ "$(json_get 'j["layers"][2]["bits"], j["layers"][2]["vbits"]')" = "(2, 2)" ]
     run --separate-stderr kv-quant --profile "$WORK/v2.json" --bits 2 -o "$WORK/q3.kvc" "$WORK/a.kvc"
     assert_fails_with 64 "each layer"
 }

@@ -64,7 +64,7 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     kv-quant --bits 4 --group 32 --residual 32 "$T/first.kvc" -o "$T/kivi.kvc"
     kv-quant --method dsq -b 4 "$T/first.kvc" -o "$T/dsq.kvc"
     # the dsq policy's default layout: keys at 4 bits, values at 2
-    "$PY" -c 'import json; print(json.dumps({"version": 2, "n_layers": 6, "layers": [{"layer": i, "policy": "dsq"} for i in range(6)]}))' > "$T/dsq42.json"
+    "$PY" -c 'import json; print(json.dumps({"version": 3, "n_layers": 6, "layers": [{"layer": i, "policy": "dsq"} for i in range(6)]}))' > "$T/dsq42.json"
     kv-quant --profile "$T/dsq42.json" "$T/first.kvc" -o "$T/dsq42.kvc"
     for enc in kivi dsq dsq42; do
         run --separate-stderr kv-run -m "$NIAH" --kv "$T/$enc.kvc" --tokens "$T/rest.txt" -n 8 --report -

@@ -1160,8 +1160,9 @@ static void test_stories260k_dsq_matches_cpu(void)
      * window's error stays for the rest of the run.  Over random prompts an
      * H200 measured 0.065 with 1 greedy token apart, and 0.144 with 3
      * (2026-12-01); a packing bug gives errors near 1 and most tokens
-     * apart (the exact packing is checked separately in
-     * test_cuda_kernels' dsq pack test) */
+     * apart (this path packs on the host with the CPU policy's code and
+     * expands with eng_dsq_expand; test_cuda_kernels checks the separate
+     * device packer, kv_cuda_dsq_pack) */
     run_stories_policy("*=dsq:window=16,salient=0,bits=2", 2e-1, 4);
     /* the default's layout: 4-bit keys, 2-bit values (each plane its own
      * row bytes on the device); not run on a GPU when written (session 6) */
@@ -1518,6 +1519,9 @@ static void test_niah4k_streaming_matches_cpu(void)
 static void test_niah4k_dsq_matches_cpu(void)
 {
     run_niah("0=full;*=dsq:salient=0.2,bits=2", KV_SELECT_CHANNELS, 5e-2, 1);
+    /* the default: 4-bit keys, 2-bit values at head_dim 64 (not run on a
+     * GPU when written, session 6) */
+    run_niah("0=full;*=dsq", KV_SELECT_CHANNELS, 5e-2, 1);
 }
 
 /*

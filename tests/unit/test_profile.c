@@ -353,6 +353,8 @@ static void test_deploy_v2(void)
     KT_CHECK(pl[1].kind == KV_POL_FULL, "layer 1 full");
     KT_CHECK(pl[2].kind == KV_POL_DSQ && pl[2].dsq_base == KV_DSQ_BASE_SALIENT && pl[2].dsq_salient == 0.5,
              "layer 2");
+    /* version 2 was written before dsq's 4/2-bit default: no bits named is 2/2 */
+    KT_CHECK(pl[2].dsq_kbits == 2 && pl[2].dsq_vbits == 2, "v2 dsq bits %d/%d", pl[2].dsq_kbits, pl[2].dsq_vbits);
     KT_CHECK(pl[3].kind == KV_POL_SPARSE && pl[3].select == KV_SELECT_PAGES && pl[3].page == 8, "layer 3");
     bool m[4];
     kv_deploy_quant_mask(&d, 4, m);
@@ -374,12 +376,35 @@ static void test_deploy_v2(void)
         KT_CHECK(!memcmp(&a, &b, sizeof a), "layer %d round trip", l);
     }
     KT_CHECK(!strcmp(back.rule, "budget") && back.kv_budget == 0.25, "informative members");
+    KT_CHECK(back.version == KV_DEPLOY_VERSION && strstr(buf, "\"version\": 3"), "written as version 3");
     kv_deploy_clear(&back);
     free(buf);
     kv_deploy_clear(&d);
+    /* what each version means by a dsq layer that names no bits or salient */
+    const char *vs[] = {
+        "{\"version\": 2, \"n_layers\": 1, \"layers\": [{\"layer\": 0, \"policy\": \"dsq\"}]}",
+        "{\"version\": 3, \"n_layers\": 1, \"layers\": [{\"layer\": 0, \"policy\": \"dsq\"}]}",
+        "{\"version\": 2, \"n_layers\": 1, \"layers\": [{\"layer\": 0, \"policy\": \"dsq:vbits=4,salient=0.3\"}]}",
+        "{\"method\": \"dsq\", \"quant_layers\": [0], \"sparse_layers\": []}",
+        "{\"method\": \"dsq\", \"quant_layers\": [0], \"sparse_layers\": [], \"bits\": 4, \"group\": 16}",
+    };
+    const int want[][3] = {{2, 2, 20}, {4, 2, 10}, {4, 4, 30}, {2, 2, 20}, {4, 4, 20}};
+    const int wgroup[] = {32, 32, 32, 32, 16};
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+        kv_deploy dv;
+        KT_OK(kv_deploy_parse(vs[i], strlen(vs[i]), 1, &dv));
+        kv_policy_params q;
+        kv_deploy_apply(&dv, 1, &q);
+        KT_CHECK(q.kind == KV_POL_DSQ && q.dsq_kbits == want[i][0] && q.dsq_vbits == want[i][1] &&
+                     (int)lround(q.dsq_salient * 100) == want[i][2] && q.dsq_group == wgroup[i],
+                 "%s: kbits %d vbits %d salient %g group %d", vs[i], q.dsq_kbits, q.dsq_vbits, q.dsq_salient,
+                 q.dsq_group);
+        kv_deploy_clear(&dv);
+    }
     /* every kind's spec_write round-trips through the parser */
     const char *specs[] = {"full:dtype=bf16", "quant:bits=2,g=32,r=16", "sparse:frac=0.015,s=4,w=8,cbits=8",
-                           "streaming:s=2,w=9", "dsq:w=32,salient=0.3,keep=0.5,chan=0.01"};
+                           "streaming:s=2,w=9", "dsq:w=32,salient=0.3,keep=0.5,chan=0.01",
+                           "dsq:kbits=1,vbits=4,g=16"};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kv_policy_params a, b;
         char sp[512];
@@ -402,7 +427,7 @@ static void test_deploy_v2(void)
         "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"full\", \"extra\": 1}]}",
         "{\"version\": 2, \"n_layers\": 4, \"layers\": [{\"layer\": 1, \"policy\": \"full\", \"error\": \"x\"}]}",
         "{\"version\": 2, \"n_layers\": 4, \"layers\": [], \"quant_layers\": []}",
-        "{\"version\": 3, \"n_layers\": 4, \"layers\": []}",
+        "{\"version\": 4, \"n_layers\": 4, \"layers\": []}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kv_errclear();

@@ -1,4 +1,7 @@
 #!/bin/sh
+# Note (session 6): these runs predate the dsq default of 4-bit keys, 2-bit values and
+# 10% salient; `dsq` here meant `dsq:salient=0.2,bits=2` (append ",salient=0.2,bits=2" to
+# each dsq spec to reproduce the recorded numbers).
 # Lead's device call 3 (2026-12-01, after merging helpers E and G): helper
 # E's checks (tools/device/e-check.sh: packed GGUF weights on the GPU, qwen2
 # biases) and helper G's (tools/device/g-check.sh: resident/pages selection

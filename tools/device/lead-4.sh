@@ -1,4 +1,7 @@
 #!/bin/sh
+# Note (session 6): these runs predate the dsq default of 4-bit keys, 2-bit values and
+# 10% salient; `dsq` here meant `dsq:salient=0.2,bits=2` (append ",salient=0.2,bits=2" to
+# each dsq spec to reproduce the recorded numbers).
 # Lead's device call 4 (2026-12-01, after merging helpers E4, G4, H1):
 # E4's packed GEMV variants (tools/device/e4-check.sh), G4's sparse step
 # variants (tools/device/g4-check.sh), H1's stored-cache round trips and
