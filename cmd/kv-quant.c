@@ -11,6 +11,7 @@
 #include "kv_cli.h"
 #include "common/kv_outfile.h"
 #include "policy/kv_deploy.h"
+#include "policy/kv_policy_dsqp.h"
 #include "quant/kv_quant.h"
 #include "format/kvc.h"
 
@@ -143,13 +144,8 @@ int main(int argc, char **argv)
                 per[l].method = x->kind == KV_POL_QUANT ? KV_ENC_KIVI : x->kind == KV_POL_DSQ ? KV_ENC_DSQ
                                                                                             : KV_ENC_PLAIN;
                 per[l].kivi = (kv_kivi_params){x->bits, x->group, x->residual};
-                kv_dsq_params_default(&per[l].dsq);
-                per[l].dsq.window = x->dsq_window;
-                per[l].dsq.salient = kv_dsq_salient_count(x->dsq_window, x->dsq_salient);
-                per[l].dsq.base = x->dsq_base;
-                per[l].dsq.bits = x->dsq_kbits; /* the policy's: keys and values apart */
+                kv_policy_dsq_params(x, &per[l].dsq, NULL); /* the policy's: keys and values apart */
                 per[l].dsq_vbits = x->dsq_vbits;
-                per[l].dsq.group = x->dsq_group;
             }
             o.per_layer = per;
         }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "common/kv_half.h"
+#include "policy/kv_policy_dsqp.h"
 #include "quant/kv_dsq.h"
 
 #define DSQ_OBSERVE 32 /* prompt queries a dsq layer observes: PREFILL_OBSERVE of kv_engine.c */
@@ -41,15 +42,6 @@ typedef struct {
     float *obs;               /* (DSQ_OBSERVE, n_heads*hd) the prompt's last queries */
 } dsq_state;
 
-static void dsq_params_of(const kv_policy_params *p, kv_dsq_params *dp)
-{
-    kv_dsq_params_default(dp);
-    dp->window = p->dsq_window;
-    dp->salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
-    dp->base = p->dsq_base;
-    dp->bits = p->dsq_kbits; /* the keys'; values: dsq_state.vbits */
-    dp->group = p->dsq_group;
-}
 
 static kv_status dsq_configure(kv_gpu_engine *e, gl_layer *y)
 {
@@ -61,7 +53,7 @@ static kv_status dsq_alloc(kv_gpu_engine *e, gl_layer *y)
 {
     TRY(gl_state_new(y, sizeof(dsq_state)));
     dsq_state *d = y->st;
-    dsq_params_of(&y->prm, &d->dp);
+    kv_policy_dsq_params(&y->prm, &d->dp, NULL);
     d->vbits = y->prm.dsq_vbits;
     const kv_dsq_params *dp = &d->dp;
     const size_t nkv = (size_t)e->nkv, hd = (size_t)e->hd, W = (size_t)dp->window;

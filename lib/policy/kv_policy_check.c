@@ -6,6 +6,7 @@
  */
 #include "policy/kv_policy.h"
 
+#include "policy/kv_policy_dsqp.h"
 #include "quant/kv_dsq.h"
 #include "quant/kv_kivi.h"
 
@@ -41,15 +42,10 @@ kv_status kv_policy_check(const kv_policy_params *p, const kv_policy_geom *g, kv
         break;
     }
     case KV_POL_DSQ: {
-        kv_dsq_params dp;
-        kv_dsq_params_default(&dp);
-        dp.window = p->dsq_window;
-        dp.salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
-        dp.base = p->dsq_base;
-        dp.group = p->dsq_group;
+        kv_dsq_params dp[2];
+        kv_policy_dsq_params(p, &dp[0], &dp[1]);
         for (int pass = 0; pass < 2; pass++) {
-            dp.bits = pass ? p->dsq_vbits : p->dsq_kbits;
-            if ((st = kv_dsq_check(&dp, g->head_dim))) {
+            if ((st = kv_dsq_check(&dp[pass], g->head_dim))) {
                 kv_errcontext("layer %d policy %s", g->layer, kind);
                 return st;
             }

@@ -37,6 +37,7 @@
 
 #include "quant/kv_dsq.h"
 #include "common/kv_half.h"
+#include "policy/kv_policy_dsqp.h"
 #include "policy/kv_policy_int.h"
 #include "quant/kv_layer_io.h"
 
@@ -362,17 +363,26 @@ static const kv_policy_ops dsq_ops = {
     .observe = dsq_observe,
 };
 
+void kv_policy_dsq_params(const kv_policy_params *p, kv_dsq_params *k, kv_dsq_params *v)
+{
+    kv_dsq_params_default(k);
+    k->window = p->dsq_window;
+    k->salient = kv_dsq_salient_count(p->dsq_window, p->dsq_salient);
+    k->base = p->dsq_base;
+    k->bits = p->dsq_kbits;
+    k->group = p->dsq_group;
+    if (v) {
+        *v = *k;
+        v->bits = p->dsq_vbits;
+    }
+}
+
 kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm,
                                kv_policy **out)
 {
     *out = NULL;
-    kv_dsq_params dp;
-    kv_dsq_params_default(&dp);
-    dp.window = prm->dsq_window;
-    dp.salient = kv_dsq_salient_count(prm->dsq_window, prm->dsq_salient); /* checked by kv_policy_new */
-    dp.base = prm->dsq_base;
-    dp.bits = prm->dsq_kbits;
-    dp.group = prm->dsq_group;
+    kv_dsq_params dp, dpv; /* checked by kv_policy_new */
+    kv_policy_dsq_params(prm, &dp, &dpv);
     kv_status st;
     dsq_policy *d = calloc(1, sizeof *d);
     if (!d) return kv_fail(KV_E_NOMEM, "dsq policy");
@@ -380,8 +390,7 @@ kv_status kv_policy_dsq_new(const kv_policy_geom *g, const kv_policy_params *prm
     d->base.g = *g;
     d->base.wants_prediction = prm->hcap_token_keep < 1.0;
     d->dp = dp;
-    d->dpv = dp;
-    d->dpv.bits = prm->dsq_vbits;
+    d->dpv = dpv;
     const int maxbits = dp.bits > d->dpv.bits ? dp.bits : d->dpv.bits;
     const size_t H = (size_t)g->n_kv_heads, D = (size_t)g->head_dim, W = (size_t)dp.window;
     const size_t S = (size_t)dp.salient, gd = (size_t)kv_kivi_vgroup(dp.group, g->head_dim);
