@@ -34,11 +34,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fclose(f);
     kv_deploy back;
     if (kv_deploy_parse(buf, len, n_layers, &back)) abort();
-    if (back.n_quant != d.n_quant || back.n_sparse != d.n_sparse || back.quant.bits != d.quant.bits ||
+    /* the writer writes the newest per-layer version (2 comes back as 3, its
+     * dsq defaults made explicit) or version 1, whose one "bits" is a dsq
+     * method's keys' */
+    const bool dsq = !d.per_layer && d.quant.kind == KV_POL_DSQ;
+    if (back.n_quant != d.n_quant || back.n_sparse != d.n_sparse ||
+        (dsq ? back.quant.dsq_kbits != d.quant.dsq_kbits : back.quant.bits != d.quant.bits) ||
         back.sparse.topk != d.sparse.topk || back.quant.dsq_window != d.quant.dsq_window ||
-        back.version != d.version || !back.per_layer != !d.per_layer)
+        back.version != (d.per_layer ? KV_DEPLOY_VERSION : 1) || !back.per_layer != !d.per_layer)
         abort();
-    /* version 2: every layer's parameters come back (what a spec sets) */
+    /* versions 2 and 3: every layer's parameters come back (what a spec sets) */
     for (int i = 0; d.per_layer && i < n_layers; i++) {
         kv_policy_params a = d.per_layer[i], b = back.per_layer[i];
         if (memcmp(&a, &b, sizeof a)) abort();
