@@ -49,6 +49,12 @@ kv_status kv_dsq_check(const kv_dsq_params *p, int head_dim)
         return kv_fail(KV_E_USAGE, "DSQ salient count %d outside 0..%d", p->salient, p->window);
     if (p->base != KV_DSQ_BASE_SALIENT && p->base != KV_DSQ_BASE_REST)
         return kv_fail(KV_E_USAGE, "DSQ key base %d is not salient (0) or rest (1)", p->base);
+    /* the rows' codes are KIVI's: its check covers the head dim; bits and
+     * group first with DSQ's own names */
+    if (p->bits != 1 && p->bits != 2 && p->bits != 4)
+        return kv_fail(KV_E_USAGE, "DSQ bits must be 1, 2 or 4, not %d", p->bits);
+    if (p->group < 1 || p->group > 65536)
+        return kv_fail(KV_E_USAGE, "DSQ group must be 1..65536, not %d", p->group);
     kv_kivi_params k = {p->bits, p->group, 0};
     return kv_kivi_check(&k, head_dim);
 }

@@ -158,6 +158,11 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
     if ((st = report_alloc(rep, L))) goto out_rep;
     if (!o->decode && !o->per_layer) {
         st = o->method == KV_ENC_DSQ ? kv_dsq_check(&o->dsq, D) : kv_kivi_check(&o->kivi, D);
+        if (!st && o->method == KV_ENC_DSQ && o->dsq_vbits > 0) {
+            kv_dsq_params ov = o->dsq; /* the values' parameters */
+            ov.bits = o->dsq_vbits;
+            st = kv_dsq_check(&ov, D);
+        }
         if (st) goto out_rep;
     }
     for (int l = 0; o->per_layer && !o->decode && l < L && !st; l++) {
@@ -275,6 +280,8 @@ void kv_quant_report_json(const kv_quant_report *r, const kv_quant_opts *o, FILE
         fprintf(f, "  \"window\": %d,\n  \"salient\": %d,\n  \"bits\": %d,\n  \"group\": %d,\n"
                    "  \"base\": \"%s\",\n",
                 o->dsq.window, o->dsq.salient, o->dsq.bits, o->dsq.group, kv_dsq_base_name(o->dsq.base));
+    if (!o->per_layer && !o->decode && o->method == KV_ENC_DSQ && o->dsq_vbits > 0 && o->dsq_vbits != o->dsq.bits)
+        fprintf(f, "  \"vbits\": %d,\n", o->dsq_vbits);
     fprintf(f, "  \"bytes_before\": %llu,\n  \"bytes_after\": %llu,\n  \"bytes_f16\": %llu,\n",
             (unsigned long long)r->kv_bytes_in, (unsigned long long)r->kv_bytes_out,
             (unsigned long long)r->f16_bytes);

@@ -302,11 +302,16 @@ static void test_batch_equals_alone_8b(void)
 {
     batch_vs_alone("llama-3.1-8b", KV_DT_BF16, 8, 3000, 12, KV_GPU_GEMM_GEMV, 0);
 }
-/* bounds from the H200 (bf16: 5.0e-2 measured) with some room */
+/* bounds from the H200 with some room: bf16 5.0e-2 measured (B10 and since);
+ * fp16 1.53e-2 in B10's rounds, 2.29e-2 on every merged tree since (session 5's
+ * last call and session 7's first: the single-sequence reference it is compared
+ * with changed with K10/G10's kernels), hence 4e-2.  Random weights over 32
+ * layers amplify the inputs' rounding, so fp16 is not bf16's error / 8; a
+ * broken GEMM gives errors near 1. */
 static void test_batch_cublas_is_close_8b(void)
 {
     batch_vs_alone("llama-3.1-8b", KV_DT_BF16, 8, 3000, 12, KV_GPU_GEMM_CUBLAS, 8e-2);
-    batch_vs_alone("llama-3.1-8b", KV_DT_F16, 4, 3000, 12, KV_GPU_GEMM_CUBLAS, 2e-2);
+    batch_vs_alone("llama-3.1-8b", KV_DT_F16, 4, 3000, 12, KV_GPU_GEMM_CUBLAS, 4e-2);
 }
 
 static void test_sharing_engines_do_not_upload_weights_and_probe_counts_kv(void)

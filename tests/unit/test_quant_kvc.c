@@ -223,10 +223,66 @@ static void test_transcode_selected_layers_and_decode(void)
     unlink(p3);
 }
 
+/* A whole-file DSQ transcode with its own value bits: bad bits are refused
+ * before anything is written, with DSQ's own message; good ones pack the
+ * values at them (the bytes say so) and the report names them. */
+static void test_whole_file_dsq_value_bits_are_checked_and_used(void)
+{
+    fill();
+    kvc_writer *w;
+    KT_OK(kvc_writer_new(&w));
+    kv_geom g = geom(1);
+    KT_OK(kvc_writer_geom(w, &g));
+    const int64_t s[3] = {H, T, D};
+    KT_OK(kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, s, xk));
+    KT_OK(kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, s, xv));
+    char p1[64];
+    kvc_file *f = reopen(w, p1);
+    kvc_writer_free(w);
+    KT_REQUIRE(f, "input: %s", kv_errdetail());
+    kv_quant_opts o;
+    memset(&o, 0, sizeof o);
+    o.method = KV_ENC_DSQ;
+    kv_dsq_params_default(&o.dsq);
+    o.dsq.bits = 2;
+    o.dsq_vbits = 3;
+    kv_quant_report r;
+    KT_OK(kvc_writer_new(&w));
+    kv_status st = kv_quant_file(f, &o, w, &r);
+    KT_CHECK(st == KV_E_USAGE && strstr(kv_errdetail(), "DSQ bits must be 1, 2 or 4, not 3"),
+             "value bits 3: status %d, %s", st, kv_errdetail());
+    kvc_writer_free(w);
+    o.dsq_vbits = 4;
+    KT_OK(kvc_writer_new(&w));
+    KT_OK(kv_quant_file(f, &o, w, &r));
+    kv_dsq_params vp = o.dsq;
+    vp.bits = 4;
+    uint64_t want = kv_dsq_bytes(KV_KIVI_KEYS, &o.dsq, H, T, D) + kv_dsq_bytes(KV_KIVI_VALUES, &vp, H, T, D);
+    KT_CHECK(r.kv_bytes_out == want, "bytes %llu, want %llu (keys 2 bits, values 4)",
+             (unsigned long long)r.kv_bytes_out, (unsigned long long)want);
+    char rp[64];
+    snprintf(rp, sizeof rp, "/tmp/kt_qrep_%d.json", (int)getpid());
+    FILE *rf = fopen(rp, "w+");
+    KT_REQUIRE(rf, "report file");
+    kv_quant_report_json(&r, &o, rf);
+    rewind(rf);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, rf);
+    buf[n] = 0;
+    fclose(rf);
+    unlink(rp);
+    KT_CHECK(strstr(buf, "\"bits\": 2,") && strstr(buf, "\"vbits\": 4,"), "report names both bits:\n%s", buf);
+    kv_quant_report_clear(&r);
+    kvc_writer_free(w);
+    kvc_close(f);
+    unlink(p1);
+}
+
 int main(void)
 {
     KT_RUN(test_kivi_and_dsq_layers_round_trip);
     KT_RUN(test_inconsistent_dsq_layers_are_rejected);
     KT_RUN(test_transcode_selected_layers_and_decode);
+    KT_RUN(test_whole_file_dsq_value_bits_are_checked_and_used);
     return kt_done();
 }
