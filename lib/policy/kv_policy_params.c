@@ -415,9 +415,22 @@ static void app(char *buf, size_t n, size_t *at, const char *fmt, ...)
     if (w > 0) *at += (size_t)w;
 }
 
+/* v in the fewest significant digits (up to 17) that read back as v:
+ * "0.1", not "0.10000000000000001"; out holds 32 bytes. */
+static const char *exact_g(char out[32], double v)
+{
+    for (int d = 6; d < 17; d++) {
+        snprintf(out, 32, "%.*g", d, v);
+        if (strtod(out, NULL) == v) return out;
+    }
+    snprintf(out, 32, "%.17g", v);
+    return out;
+}
+
 kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
 {
     size_t at = 0;
+    char g[32]; /* exact_g's digits */
     const char *dt = kv_float_dtype_name(p->dtype);
     app(buf, n, &at, "%s", kv_policy_kind_name(p->kind));
     switch (p->kind) {
@@ -430,7 +443,7 @@ kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
     case KV_POL_SPARSE:
         app(buf, n, &at, ":sink=%d,window=%d,channels=%d,", p->sink, p->window, p->channels);
         if (p->topk > 0) app(buf, n, &at, "k=%d", p->topk);
-        else app(buf, n, &at, "frac=%.17g", p->topk_frac);
+        else app(buf, n, &at, "frac=%s", exact_g(g, p->topk_frac));
         app(buf, n, &at, ",select=%s,cbits=%d,pool=%d,page=%d,predict=%s,reduce=%s,dtype=%s",
             kv_select_mode_name(p->select), p->cbits, p->pool, p->page, p->predict ? "on" : "off",
             p->group_reduce == KV_REDUCE_MAX ? "max" : "sum", dt);
@@ -439,11 +452,11 @@ kv_status kv_policy_spec_write(const kv_policy_params *p, char *buf, size_t n)
         app(buf, n, &at, ":sink=%d,window=%d,dtype=%s", p->sink, p->window, dt);
         break;
     case KV_POL_DSQ:
-        app(buf, n, &at, ":window=%d,salient=%.17g,base=%s,kbits=%d,vbits=%d,group=%d",
-            p->dsq_window, p->dsq_salient, p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
+        app(buf, n, &at, ":window=%d,salient=%s,base=%s,kbits=%d,vbits=%d,group=%d",
+            p->dsq_window, exact_g(g, p->dsq_salient), p->dsq_base == KV_DSQ_BASE_SALIENT ? "salient" : "rest",
             p->dsq_kbits, p->dsq_vbits, p->dsq_group);
-        if (p->hcap_channel_thresh > 0.0) app(buf, n, &at, ",chan=%.17g", p->hcap_channel_thresh);
-        if (p->hcap_token_keep < 1.0) app(buf, n, &at, ",keep=%.17g", p->hcap_token_keep);
+        if (p->hcap_channel_thresh > 0.0) app(buf, n, &at, ",chan=%s", exact_g(g, p->hcap_channel_thresh));
+        if (p->hcap_token_keep < 1.0) app(buf, n, &at, ",keep=%s", exact_g(g, p->hcap_token_keep));
         break;
     default: return kv_fail(KV_E_USAGE, "unknown policy kind %d", (int)p->kind);
     }

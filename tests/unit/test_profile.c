@@ -414,6 +414,21 @@ static void test_deploy_v2(void)
         a.given = b.given = 0;
         KT_CHECK(!memcmp(&a, &b, sizeof a), "%s -> %s", specs[i], sp);
     }
+    /* fractions in their shortest exact form, not 17 digits */
+    {
+        kv_policy_params a, b;
+        char sp[512];
+        KT_OK(kv_policy_parse("dsq:salient=0.1,keep=0.7", 1, &a));
+        KT_OK(kv_policy_spec_write(&a, sp, sizeof sp));
+        KT_CHECK(strstr(sp, "salient=0.1,") && strstr(sp, "keep=0.7") && !strstr(sp, "0000"), "%s", sp);
+        KT_OK(kv_policy_parse("sparse:frac=0.03", 1, &a));
+        KT_OK(kv_policy_spec_write(&a, sp, sizeof sp));
+        KT_CHECK(strstr(sp, "frac=0.03,"), "%s", sp);
+        a.dsq_salient = 1.0 / 3.0, a.kind = KV_POL_DSQ;
+        KT_OK(kv_policy_spec_write(&a, sp, sizeof sp));
+        KT_OK(kv_policy_parse(sp, 1, &b));
+        KT_CHECK(b.dsq_salient == 1.0 / 3.0, "1/3 written as %s reads back %.17g", sp, b.dsq_salient);
+    }
     const char *bad[] = {
         "{\"version\": 2, \"layers\": []}", /* no n_layers */
         "{\"version\": 2, \"n_layers\": 4}", /* no layers */
