@@ -1468,11 +1468,15 @@ static void test_sparse_step_variants_match_the_serial_path(void)
         }
         double err = 0;
         int diff = 0;
+        char trace[512] = "";
+        size_t tl = 0;
         for (int s = 1; s <= steps; s++) {
             double e = nerr_f(lg + (size_t)s * V, ref + (size_t)s * V, (size_t)V);
             if (e > err) err = e;
+            if (tl < sizeof trace - 16) tl += (size_t)snprintf(trace + tl, sizeof trace - tl, " %.1e", e);
             diff += kt_argmax(lg + (size_t)s * V, V) != kt_argmax(ref + (size_t)s * V, V);
         }
+        if (vs[i].cache) printf("#   %s: error per step%s\n", vs[i].name, trace);
         printf("# step %-18s %d steps: max logit error %.3g against serial, argmax differences %d, "
                "host bytes %llu (serial %llu), cache hits %llu of %llu\n", vs[i].name, steps, err, diff,
                (unsigned long long)fetched, (unsigned long long)fetched_ref,
