@@ -1,6 +1,7 @@
 /*
  * prefill_attn_sm90a: the wgmma kernels of the prefill attention (internal to
- * kernels/: pf_attn in prefill_attn.cu dispatches to them).  ti: 0 fp16,
+ * kernels/: pf_attn in prefill_attn.cu dispatches to them; the tma ones are
+ * in prefill_attn_tma_sm90a.cu).  ti: 0 fp16,
  * 1 bf16, 2 fp16 in with bf16 out.
  */
 #ifndef PREFILL_ATTN_SM90A_H
@@ -18,5 +19,13 @@ const char *pf_attn_wg_name(int variant);
 /* Is the current device one that runs sm_90a code (compute capability 9.0)? */
 int pf_attn_wg_available(void);
 cudaError_t pf_attn_wg(const pf_attn_args *a, int ti, int variant, cudaStream_t s);
+
+/* The warp-specialized kernels (prefill_attn_tma_sm90a.cu: a producer warp
+ * loading K/V tiles through the tensor copy engine, consumer warpgroups on
+ * wgmma), numbered after the wgmma tiles above.  cudaErrorNotSupported off
+ * Hopper or where the driver has no tensor-map encoder. */
+int pf_attn_tma_variants(void);
+const char *pf_attn_tma_name(int variant);
+cudaError_t pf_attn_tma(const pf_attn_args *a, int ti, int variant, cudaStream_t s);
 
 #endif
