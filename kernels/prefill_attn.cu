@@ -369,8 +369,17 @@ static const int n_variants = (int)(sizeof variants / sizeof variants[0]);
 } // namespace
 
 /* Variant numbers: 0 the default for the device, then the mma.sync tiles,
- * then the wgmma tiles (kernels/prefill_attn_sm90a.cu). */
-static int best_variant(void) { return pf_attn_wg_available() ? 1 + n_variants + PF_WG_DEFAULT : 1; }
+ * then the wgmma tiles (kernels/prefill_attn_sm90a.cu), then the
+ * warp-specialized ones (kernels/prefill_attn_tma_sm90a.cu).  The default:
+ * PF_TMA_DEFAULT where the driver encodes tensor maps, else PF_WG_DEFAULT on
+ * Hopper, else the first mma.sync tile. */
+static int best_variant(void)
+{
+    if (!pf_attn_wg_available()) return 1;
+    if (PF_TMA_DEFAULT >= 0 && pf_attn_tma_available())
+        return 1 + n_variants + pf_attn_wg_variants() + PF_TMA_DEFAULT;
+    return 1 + n_variants + PF_WG_DEFAULT;
+}
 
 extern "C" int pf_attn_variants(void)
 {

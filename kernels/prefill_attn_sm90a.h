@@ -20,11 +20,16 @@ const char *pf_attn_wg_name(int variant);
 int pf_attn_wg_available(void);
 cudaError_t pf_attn_wg(const pf_attn_args *a, int ti, int variant, cudaStream_t s);
 
-/* The warp-specialized kernels (prefill_attn_tma_sm90a.cu: a producer warp
+/* The warp-specialized kernels (prefill_attn_tma_sm90a.cu: a producer warpgroup
  * loading K/V tiles through the tensor copy engine, consumer warpgroups on
  * wgmma), numbered after the wgmma tiles above.  cudaErrorNotSupported off
- * Hopper or where the driver has no tensor-map encoder. */
+ * Hopper or where the driver has no tensor-map encoder.  PF_TMA_DEFAULT:
+ * the one variant 0 uses where they run (-1: the wgmma tile PF_WG_DEFAULT
+ * stays the default). */
+#define PF_TMA_DEFAULT -1
 int pf_attn_tma_variants(void);
+/* Hopper and a driver that encodes tensor maps: the tma kernels run. */
+int pf_attn_tma_available(void);
 const char *pf_attn_tma_name(int variant);
 cudaError_t pf_attn_tma(const pf_attn_args *a, int ti, int variant, cudaStream_t s);
 

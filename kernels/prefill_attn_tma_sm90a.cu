@@ -445,6 +445,7 @@ static bool encode(CUtensorMap *m, const void *ptr, int rank, const cuuint64_t *
 } // namespace
 
 int pf_attn_tma_variants(void) { return n_tma; }
+int pf_attn_tma_available(void) { return pf_attn_wg_available() && encoder() != nullptr; }
 const char *pf_attn_tma_name(int v) { return v >= 0 && v < n_tma ? tma_variants[v].name : "?"; }
 
 cudaError_t pf_attn_tma(const pf_attn_args *a, int ti, int variant, cudaStream_t s)
