@@ -25,8 +25,11 @@ cudaError_t pf_attn_wg(const pf_attn_args *a, int ti, int variant, cudaStream_t 
  * wgmma), numbered after the wgmma tiles above.  cudaErrorNotSupported off
  * Hopper or where the driver has no tensor-map encoder.  PF_TMA_DEFAULT:
  * the one variant 0 uses where they run (-1: the wgmma tile PF_WG_DEFAULT
- * stays the default). */
-#define PF_TMA_DEFAULT -1
+ * stays the default): tma2n128op, the fastest alone at 32k (614.7 TFLOP/s
+ * against wg2n128's 444) and tied with tma2n128s3op at 128k inside the
+ * chunked prefill (576.8 and 577.8 against 431.9), device round of
+ * 2026-12-01 20:31 in tools/device/NOTES-prefill.md. */
+#define PF_TMA_DEFAULT 0
 int pf_attn_tma_variants(void);
 /* Hopper and a driver that encodes tensor maps: the tma kernels run. */
 int pf_attn_tma_available(void);

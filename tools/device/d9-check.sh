@@ -15,17 +15,18 @@
 #   a128    the variants in A128 alone at 128k (one kv-bench run each)
 #   p32     the full prefill at 32k: kvtools (variant PV) then the peer
 #   p128    the same at 128k
+#   p       both contexts in one process each (PCTX; saves a start-up)
 #   mem     compute-sanitizer memcheck, KV_TEST_SHORT, the attention test
 #           with the variants in MEMV too
 # Results in $OUT: summary.txt, results.tar.gz (every log and JSON).
 set -u
 D=${1:-build-dev-D}
 OUT=${OUT:-/tmp/d9-out}
-STEPS=${STEPS:-test,a32,mem,sdpa,a128,p32}
+STEPS=${STEPS:-full,p,mem}
 BUDGET=${BUDGET:-95}
 A128=${A128:-0 16 17 18 19 20 21}
 PV=${PV:-best} # best: the fastest variant of a32 (0 when a32 did not run)
-MEMV=${MEMV:-tma2n128op,tma2n128o,tma2n128p,tma2n128,tma1n128o,tma2n128s3op}
+MEMV=${MEMV:-}
 . tools/device/common.sh
 [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
 has() { case ",$STEPS," in *,$1,*) return 0;; esac; return 1; }
@@ -50,8 +51,8 @@ if has test && left 30 test; then
     grep -E '^not ok|^# (prefill|GPU|seed)' "$R/test.tap" | head -12 | tee -a "$OUT/summary.txt"
     grep -E '^#   ' "$R/test.tap" | head -12 | tee -a "$OUT/summary.txt"
 fi
-if has full && left 60 full; then
-    timeout 60 "$D/test_cuda_prefill" > "$R/full.tap" 2>&1
+if has full && left 30 full; then
+    timeout 30 "$D/test_cuda_prefill" > "$R/full.tap" 2>&1
     log "test_cuda_prefill (all) rc=$? $(grep -c '^ok' "$R/full.tap") ok, $(grep -c '^not ok' "$R/full.tap") not ok"
     grep -E '^not ok|^# ' "$R/full.tap" | head -16 | tee -a "$OUT/summary.txt"
 fi
@@ -59,12 +60,6 @@ if has a32 && left 15 a32; then
     timeout 25 "$D/kv-bench" prefill --json -c 32768 --layers 1 --reps 1 --gemm 0 --variants \
         > "$R/a32.json" 2> "$R/a32.err"
     log "kv-bench prefill -c 32768 --layers 1 --variants rc=$?"
-fi
-if has mem && left 25 mem; then
-    KV_TEST_SHORT=1 KV_TEST_FILTER=attention_matches KV_TEST_VARIANTS="$MEMV" timeout 45 \
-        compute-sanitizer --tool memcheck --error-exitcode 9 "$D/test_cuda_prefill" > "$R/memcheck.log" 2>&1
-    log "memcheck (short, attention, + $MEMV) rc=$?"
-    grep -E '^not ok|ERROR SUMMARY|^# prefill' "$R/memcheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has sdpa && left 20 sdpa; then
     PYTHONUNBUFFERED=1 timeout 30 python3 "$PEER" --sdpa-only --contexts 32768,131072 --reps 3 \
@@ -91,6 +86,15 @@ except Exception:
 PY
 )
 fi
+if has p && left 65 p; then
+    timeout 40 "$D/kv-bench" prefill --json -c "${PCTX:-32768,131072}" --reps 1 --variant "$PV" \
+        > "$R/p-kv.json" 2> "$R/p-kv.err"
+    log "kv-bench prefill -c ${PCTX:-32768,131072} --reps 1 --variant $PV rc=$?"
+    rest=$(( BUDGET - ($(date +%s) - T0) )); [ $rest -gt 45 ] && rest=45; [ $rest -lt 5 ] && rest=5
+    PYTHONUNBUFFERED=1 timeout $rest python3 "$PEER" --contexts "${PCTX:-32768,131072}" --reps 1 \
+        > "$R/p-peer.json" 2> "$R/p-peer.err"
+    log "prefill_peer.py --contexts ${PCTX:-32768,131072} --reps 1 rc=$?"
+fi
 for c in 32768:p32 131072:p128; do
     T=${c%%:*}; s=${c#*:}
     has "$s" || continue
@@ -104,6 +108,12 @@ for c in 32768:p32 131072:p128; do
     log "prefill_peer.py --contexts $T --reps 1 rc=$?"
 done
 
+if has mem && left 16 mem; then
+    KV_TEST_SHORT=1 KV_TEST_FILTER=attention_matches KV_TEST_VARIANTS="$MEMV" timeout 20 \
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$D/test_cuda_prefill" > "$R/memcheck.log" 2>&1
+    log "memcheck (short, attention, + $MEMV) rc=$?"
+    grep -E '^not ok|ERROR SUMMARY|^# prefill' "$R/memcheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
+fi
 python3 - "$R" <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
 import glob, json, os, sys
 r = sys.argv[1]
@@ -123,19 +133,23 @@ s = load(os.path.join(r, "sdpa.json"))
 if s:
     for c in s["contexts"]:
         print("SDPA alone %6d: f16 %6.1f bf16 %6.1f TFLOP/s" % (c["T"], c["f16"]["tflops"], c["bf16"]["tflops"]))
-for t in ("p32", "p128"):
+for t in ("p", "p32", "p128"):
     k, pe = load(os.path.join(r, t + "-kv.json")), load(os.path.join(r, t + "-peer.json"))
-    if k and "prefill_ms" in k["contexts"][0]:
-        c = k["contexts"][0]
-        print("kvtools %s (%s): %.1f ms %.0f tok/s attn %.1f TF/s alone %.1f other %.1f TF/s gemm %.1f" % (
-            t, k["attn_variant"], c["prefill_ms"], c["tokens_per_s"], c["attn_tflops"],
-            c.get("attn_alone_tflops", 0), c["gemm_part_tflops"], k["gemm_tflops"]))
-    if pe and "prefill_ms" in pe["contexts"][0]:
-        c = pe["contexts"][0]
-        print("torch   %s: %.1f ms %.0f tok/s sdpa %.1f TF/s gemm %.1f" % (
-            t, c["prefill_ms"], c["tokens_per_s"], c["sdpa_tflops"], pe["gemm_tflops"]))
-        if k and "tokens_per_s" in k["contexts"][0]:
-            print("ratio %s: %.3fx" % (t, k["contexts"][0]["tokens_per_s"] / c["tokens_per_s"]))
+    kc = {c["T"]: c for c in k["contexts"]} if k else {}
+    pc = {c["T"]: c for c in pe["contexts"]} if pe else {}
+    for T in sorted(set(kc) | set(pc)):
+        c = kc.get(T, {})
+        if "prefill_ms" in c:
+            print("kvtools %6d (%s): %.1f ms %.0f tok/s attn %.1f ms %.1f TF/s alone %.1f other %.1f TF/s gemm %.1f gpu %.1f GB" % (
+                T, k["attn_variant"], c["prefill_ms"], c["tokens_per_s"], c["attn_ms"], c["attn_tflops"],
+                c.get("attn_alone_tflops", 0), c["gemm_part_tflops"], k["gemm_tflops"], c["gpu_bytes"] / 1e9))
+        p = pc.get(T, {})
+        if "prefill_ms" in p:
+            print("torch   %6d: %.1f ms %.0f tok/s sdpa %.1f TF/s gemm %.1f finite %s peak %.1f GB" % (
+                T, p["prefill_ms"], p["tokens_per_s"], p["sdpa_tflops"], pe["gemm_tflops"], p["finite"],
+                p["peak_bytes"] / 1e9))
+            if "tokens_per_s" in c:
+                print("ratio %6d: %.3fx" % (T, c["tokens_per_s"] / p["tokens_per_s"]))
 PY
 tar czf "$OUT/results.tar.gz" -C "$OUT" r && rm -rf "$R"
 log "done in $(( $(date +%s) - T0 )) s"
