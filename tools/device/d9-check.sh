@@ -22,7 +22,7 @@
 set -u
 D=${1:-build-dev-D}
 OUT=${OUT:-/tmp/d9-out}
-STEPS=${STEPS:-full,p,mem}
+STEPS=${STEPS:-p32,p128,mem}
 BUDGET=${BUDGET:-95}
 A128=${A128:-0 16 17 18 19 20 21}
 PV=${PV:-best} # best: the fastest variant of a32 (0 when a32 did not run)
@@ -98,14 +98,15 @@ fi
 for c in 32768:p32 131072:p128; do
     T=${c%%:*}; s=${c#*:}
     has "$s" || continue
-    if [ "$T" = 32768 ]; then need=20; else need=45; fi
+    # reps: P32REPS (default 3) at 32k, P128REPS (default 1) at 128k
+    if [ "$T" = 32768 ]; then n=${P32REPS:-3}; need=$((12 + 4 * n)); else n=${P128REPS:-1}; need=$((30 + 24 * n)); fi
     left "$need" "$s" || continue
-    timeout $((need / 2 + 5)) "$D/kv-bench" prefill --json -c "$T" --reps 1 --variant "$PV" \
+    timeout $((need / 2 + 4)) "$D/kv-bench" prefill --json -c "$T" --reps "$n" --variant "$PV" \
         > "$R/$s-kv.json" 2> "$R/$s-kv.err"
-    log "kv-bench prefill -c $T --reps 1 --variant $PV rc=$?"
-    PYTHONUNBUFFERED=1 timeout $((need / 2 + 5)) python3 "$PEER" --contexts "$T" --reps 1 \
+    log "kv-bench prefill -c $T --reps $n --variant $PV rc=$?"
+    PYTHONUNBUFFERED=1 timeout $((need / 2 + 6)) python3 "$PEER" --contexts "$T" --reps "$n" \
         > "$R/$s-peer.json" 2> "$R/$s-peer.err"
-    log "prefill_peer.py --contexts $T --reps 1 rc=$?"
+    log "prefill_peer.py --contexts $T --reps $n rc=$?"
 done
 
 if has mem && left 16 mem; then
