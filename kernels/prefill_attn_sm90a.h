@@ -9,9 +9,10 @@
 
 #include "prefill_ops.h"
 
-/* The wgmma tile pf_attn's variant 0 uses on Hopper (index into these):
- * wg2n128, the fastest alone at 128k and tied in the prefill in the device
- * runs of tools/device/NOTES-prefill.md. */
+/* The wgmma tile pf_attn's variant 0 uses on Hopper when the tma kernels
+ * below cannot run (index into these): wg2n128, the fastest of these alone
+ * at 128k and tied in the prefill in the device runs of
+ * tools/device/NOTES-prefill.md. */
 #define PF_WG_DEFAULT 0
 
 int pf_attn_wg_variants(void);
