@@ -369,16 +369,29 @@ static const int n_variants = (int)(sizeof variants / sizeof variants[0]);
 } // namespace
 
 /* Variant numbers: 0 the default for the device, then the mma.sync tiles,
- * then the wgmma tiles (kernels/prefill_attn_sm90a.cu). */
-static int best_variant(void) { return pf_attn_wg_available() ? 1 + n_variants + PF_WG_DEFAULT : 1; }
+ * then the wgmma tiles (kernels/prefill_attn_sm90a.cu), then the
+ * warp-specialized ones (kernels/prefill_attn_tma_sm90a.cu).  The default:
+ * PF_TMA_DEFAULT where the driver encodes tensor maps, else PF_WG_DEFAULT on
+ * Hopper, else the first mma.sync tile. */
+static int best_variant(void)
+{
+    if (!pf_attn_wg_available()) return 1;
+    if (PF_TMA_DEFAULT >= 0 && pf_attn_tma_available())
+        return 1 + n_variants + pf_attn_wg_variants() + PF_TMA_DEFAULT;
+    return 1 + n_variants + PF_WG_DEFAULT;
+}
 
-extern "C" int pf_attn_variants(void) { return 1 + n_variants + pf_attn_wg_variants(); }
+extern "C" int pf_attn_variants(void)
+{
+    return 1 + n_variants + pf_attn_wg_variants() + pf_attn_tma_variants();
+}
 
 extern "C" const char *pf_attn_variant_name(int v)
 {
     if (v == 0) return "auto";
     if (v >= 1 && v <= n_variants) return variants[v - 1].name;
-    return pf_attn_wg_name(v - 1 - n_variants);
+    if (v <= n_variants + pf_attn_wg_variants()) return pf_attn_wg_name(v - 1 - n_variants);
+    return pf_attn_tma_name(v - 1 - n_variants - pf_attn_wg_variants());
 }
 
 extern "C" int pf_attn_default_variant(void) { return best_variant(); }
@@ -400,6 +413,8 @@ extern "C" cudaError_t pf_attn(const pf_attn_args *a, pf_dtype t, pf_dtype ot, i
     if (a->n == 0) return cudaSuccess;
     if (variant == 0) variant = best_variant();
     const int ti = t == PF_BF16 ? 1 : ot == PF_BF16 ? 2 : 0;
+    if (variant > n_variants + pf_attn_wg_variants())
+        return pf_attn_tma(a, ti, variant - 1 - n_variants - pf_attn_wg_variants(), s);
     if (variant > n_variants) return pf_attn_wg(a, ti, variant - 1 - n_variants, s);
     const pf_variant &pv = variants[variant - 1];
     pf_kernel_fn f = pv.f[ti][a->head_dim == 128];

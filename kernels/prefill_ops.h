@@ -55,10 +55,12 @@ typedef struct {
 int pf_attn_supported(const pf_attn_args *a);
 
 /*
- * Tile configurations (measurement): 0 = the default for the device (the
- * wgmma kernel on compute capability 9.0, else mma.sync), then the mma.sync
- * tiles, then the wgmma tiles (sm_90a; refused with cudaErrorNotSupported
- * elsewhere); pf_attn_variant_name says which.  Every variant computes the
+ * Tile configurations (measurement): 0 = the default for the device (on
+ * compute capability 9.0 the warp-specialized tma kernel, or the wgmma tile
+ * where the driver cannot encode tensor maps; else mma.sync), then the
+ * mma.sync tiles, then the wgmma tiles, then the tma ones (both sm_90a;
+ * refused with cudaErrorNotSupported elsewhere); pf_attn_variant_name says
+ * which.  Every variant computes the
  * same function; pf_attn_default_variant is the one 0 stands for here.
  */
 int pf_attn_variants(void);

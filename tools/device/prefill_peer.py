@@ -14,6 +14,11 @@ nothing but torch.  Timed with CUDA events: one warm-up, then the median of
 3 warm-ups) of the same run, as the ceiling.  Prints JSON.
 
     python3 tools/device/prefill_peer.py [--contexts 8192,32768,131072] [--reps 3]
+    python3 tools/device/prefill_peer.py --sdpa-only [--contexts 32768,131072]
+
+--sdpa-only times the attention alone (one layer's shapes, fp16 and bf16,
+the median of --reps runs of 3 calls each after a warm-up), as kv-bench
+prefill's "alone" figure does for kvtools' kernel, and skips the prefill.
 """
 import argparse
 import json
@@ -60,13 +65,47 @@ def gemm_ceiling(dev, n=8192):
     return 2 * n ** 3 / s / 1e12
 
 
+def sdpa_only(dev, args):
+    H, G, hd = 32, 8, 128
+    res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "contexts": []}
+    for T in [int(t) for t in args.contexts.split(",")]:
+        row = {"T": T}
+        for name, dt in (("f16", torch.float16), ("bf16", torch.bfloat16)):
+            q = torch.randn(1, H, T, hd, device=dev, dtype=dt)
+            k = torch.randn(1, G, T, hd, device=dev, dtype=dt)
+            v = torch.randn(1, G, T, hd, device=dev, dtype=dt)
+            with torch.inference_mode():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(max(args.reps, 1)):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(3):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                    e1.record()
+                    e1.synchronize()
+                    ts.append(e0.elapsed_time(e1) / 3)
+            ts.sort()
+            ms = ts[len(ts) // 2]
+            row[name] = {"ms": ms, "ms_all": ts, "tflops": 4.0 * T * T * H * hd / 2 / (ms * 1e-3) / 1e12}
+            del q, k, v
+            torch.cuda.empty_cache()
+        res["contexts"].append(row)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="8192,32768,131072")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--sdpa-only", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.sdpa_only:
+        print(json.dumps(sdpa_only(dev, args), indent=2))
+        return
     dt = torch.bfloat16
     D, Hd, H, G, hd, L = 4096, 14336, 32, 8, 128, args.layers
     qd, kvd = H * hd, G * hd
