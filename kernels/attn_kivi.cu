@@ -10,6 +10,7 @@
  * kv_softmax_merge_store (attn_f16.cuh), the epilogue the fp16 blocks share.
  */
 #include "attn_kivi.cuh"
+#include "attn_kivi3.cuh"
 
 #ifndef KV_KIVI2_MINB
 #define KV_KIVI2_MINB 4 /* resident blocks per SM the v2 instances are compiled for */
@@ -908,11 +909,33 @@ static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *p
     return cudaSuccess;
 }
 
+/* The kernel kv_cuda_tuning.kivi_kernel 0 means (docs/BENCHMARKS.md, Packed
+ * attention v3, has the measurements behind the choice). */
+#ifndef KV_KIVI_DEFAULT_KERNEL
+#define KV_KIVI_DEFAULT_KERNEL 2
+#endif
+
+static bool kivi_use_v3(const kv_attn_dims *d, const kv_kivi_params *prm)
+{
+    int k = kv_cuda_get_tuning()->kivi_kernel;
+    if (k == 0) k = KV_KIVI_DEFAULT_KERNEL;
+    return k == 3 && kv_kivi3_ok(d, prm);
+}
+
+extern "C" int kv_cuda_attn_kivi_kernel(const kv_attn_dims *d, const kv_kivi_params *prm)
+{
+    if (!kv_cuda_attn_kivi_supported(d, prm)) return 0;
+    return kivi_use_v3(d, prm) ? 3 : 2;
+}
+
+/* Enough for either kernel, so that a workspace sized once serves both. */
 extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
     kivi_plan p;
     if (!kv_cuda_attn_kivi_supported(d, prm) || kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
-    return (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
+    size_t v2 = (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
+    size_t v3 = kv_kivi3_ok(d, prm) ? kv_kivi3_workspace(d, prm) : 0;
+    return v2 > v3 ? v2 : v3;
 }
 
 extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_params *prm,
@@ -921,6 +944,7 @@ extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_pa
                                          size_t ws_bytes, cudaStream_t stream)
 {
     KV_CHECK_ARGS(kv_cuda_attn_kivi_supported(d, prm) && q && K && V && out && ws);
+    if (kivi_use_v3(d, prm)) return kv_kivi3_launch(d, prm, q, K, V, out, ws, ws_bytes, stream);
     kivi_plan p;
     CUDA_CHECK(kivi_make_plan(d, prm, &p));
     int nsplit = p.nsplit_p + p.nsplit_r;

@@ -343,6 +343,11 @@ kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r)
     if (c->variant.f16_waves) t.f16_waves = c->variant.f16_waves;
     t.kivi2_var = c->variant.kivi2_var;
     t.f16_legacy = c->variant.f16_legacy;
+    t.kivi_kernel = c->variant.kivi_kernel;
+    t.kivi3_nst = c->variant.kivi3_nst;
+    t.kivi3_unfused = c->variant.kivi3_unfused;
+    t.kivi3_cps = c->variant.kivi3_cps;
+    t.kivi3_diag = c->variant.kivi3_diag;
     kv_cuda_set_tuning(&t);
     kv_status st = bench_attn(c, r);
     kv_cuda_set_tuning(&keep);
@@ -406,6 +411,10 @@ static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
         CK(f16_launch(&a, 0));
         CK(cudaMemcpy(got, a.out, nq * 4, cudaMemcpyDeviceToHost));
         r->f16.err = nerr(got, ref, nq);
+    }
+    {
+        kv_kivi_params kp = {1, c->group, c->residual};
+        r->kivi_kernel = kv_cuda_attn_kivi_kernel(&a.d, &kp);
     }
     if ((st = bench_kivi(c, &a, dev.l2_bytes, 1, hq, hk, hv, &r->kivi1))) goto done;
     if ((st = bench_kivi(c, &a, dev.l2_bytes, 2, hq, hk, hv, &r->kivi2))) goto done;

@@ -37,6 +37,11 @@ typedef struct {
     int f16_waves;    /* 0 (= 1): waves of resident blocks in the fp16 grid */
     int kivi2_var;    /* packed v2 variant bits; 8, 16, 32 compute wrong results */
     int f16_legacy;   /* 1: the register-streaming fp16 kernel, not the tensor-core one */
+    int kivi_kernel;  /* packed kernel: 0 (the default), 2 (v2) or 3 (v3) */
+    int kivi3_nst;    /* v3 stages per warp (0: the default) */
+    int kivi3_unfused; /* v3: 1 = separate combine pass */
+    int kivi3_cps;    /* v3: blocks per SM cap (0: occupancy) */
+    int kivi3_diag;   /* v3: 1 = staging only (wrong results) */
 } kv_bench_variant;
 
 typedef struct {
@@ -61,6 +66,7 @@ typedef struct {
 typedef struct {
     int copies;                  /* input copies rotated to defeat L2 (fp16 path) */
     kv_bench_attn_path f16, kivi1, kivi2;
+    int kivi_kernel;             /* the packed kernel that ran (2 or 3; 0: none) */
 } kv_bench_attn_result;
 
 kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r);

@@ -1,0 +1,77 @@
+#!/bin/sh
+# Helper C7's device round (issue 10: packed attention v3, kernels/attn_kivi3.cu).
+# From the repository root, after tools/device/pack.sh DIR and the lead's unpack:
+#   OUT=<dir> sh tools/device/c10-check.sh DIR        (CAP seconds in all, default 98)
+# Steps, in order of need, each under a timeout and skipped when the cap
+# would be passed:
+#   unit   test_cuda_kernels, packed-attention tests only (v2, v3 and its
+#          variants, niah4k layer 0) against the CPU reference
+#   bench  kv-bench attn --check --json -c 32768,131072 with --kivi-kernel 2,
+#          then 3 (fp16 measured in both)
+#   mem    compute-sanitizer memcheck of the v3 test (KV_TEST_SHORT=1)
+#   vars   v3 variants at 128k (--iters 100 --reps 5): stages 2 and 4, the
+#          combine pass, 2 blocks/SM, staging only (diag)
+# Results: OUT/summary.txt, OUT/c10.tgz (every log and JSON).
+set -u
+D=${1:-build-dev-C}
+OUT=${OUT:-/tmp/c10-out}
+CAP=${CAP:-98}
+STEPS=${STEPS:-unit,bench,mem,vars}
+. tools/device/common.sh
+START=$(date +%s)
+[ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
+# fits SECONDS: there is time for a step of at most SECONDS
+fits() { [ $(( $(date +%s) - START + $1 )) -le "$CAP" ]; }
+gpu_info clocks.sm,clocks.mem
+if has unit && fits 30; then
+    env KV_TEST_FILTER=attn_kivi timeout 30 "$D/test_cuda_kernels" > "$OUT/unit.tap" 2>&1
+    log "test_cuda_kernels (attn_kivi) rc=$?"
+    tap unit "$OUT/unit.tap" 60
+fi
+if has bench; then
+    for k in 2 3; do
+        fits 16 || break
+        timeout 16 "$D/kv-bench" attn --check --json -c 32768,131072 --kivi-kernel $k \
+            > "$OUT/attn-k$k.json" 2> "$OUT/attn-k$k.err"
+        log "kv-bench attn --check -c 32768,131072 --kivi-kernel $k rc=$?"
+    done
+fi
+if has mem && fits 25; then
+    env KV_TEST_SHORT=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool memcheck \
+        --error-exitcode 9 "$D/test_cuda_kernels" > "$OUT/memcheck.log" 2>&1
+    log "memcheck (attn_kivi3, short) rc=$?"
+    grep -E '^not ok|ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
+fi
+if has vars; then
+    for v in nst2:--kivi3-stages=2 nst4:--kivi3-stages=4 comb:--kivi3-combine cps2:--kivi3-blocks=2 \
+        diag:--kivi3-diag; do
+        fits 9 || break
+        n=${v%%:*}; o=$(echo "${v#*:}" | tr = ' ')
+        timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel 3 $o \
+            > "$OUT/attn-$n.json" 2> "$OUT/attn-$n.err"
+        log "kv-bench attn -c 131072 --kivi-kernel 3 $o rc=$?"
+    done
+fi
+# a short table last
+python3 - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
+import glob, json, os, sys
+o = sys.argv[1]
+for f in sorted(glob.glob(os.path.join(o, "attn-*.json"))):
+    try:
+        a = json.load(open(f))
+    except Exception as e:
+        print(os.path.basename(f), "unreadable:", e); continue
+    for r in a["contexts"]:
+        row = ["%-14s T %6d" % (os.path.basename(f)[5:-5], r["T"])]
+        for p in ("f16", "kivi1", "kivi2"):
+            x = r.get(p)
+            if x:
+                row.append("%s %7.2f us (%5.2fx%s)" % (p, x["us"], x["speedup_vs_f16"],
+                           ", err %.1e" % x["err_vs_cpu"] if "err_vs_cpu" in x else ""))
+        row.append("kernel %s" % r.get("kivi_kernel", "?"))
+        print("  ".join(row))
+PY
+log "done in $(( $(date +%s) - START )) s"
+# one tarball and the summary come back (the device returns only a few files)
+tar czf /tmp/c10.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -type f ! -name summary.txt -delete &&
+    mv /tmp/c10.tgz "$OUT/c10.tgz"
