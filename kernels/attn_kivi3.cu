@@ -216,22 +216,32 @@ __device__ void kv3_merge(const kivi3_args &a, int kvh, float *smf)
         if (lane == 0) linv[h] = 1.0f / L;
     }
     __syncthreads();
-    for (int idx = tid; idx < HPG * D; idx += KV3_THREADS) {
-        const int h = idx / D, c = idx % D;
+    /* One thread per (head, 4 channels): 16-byte loads, eight records in flight. */
+    for (int idx = tid; idx < HPG * D / 4; idx += KV3_THREADS) {
+        const int h = idx / (D / 4), c = 4 * (idx % (D / 4));
         const float *r = rec0 + (size_t)h * ns * (D + 2) + 2 + c;
         const float *wh = w + 2 * h * ns;
-        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-        int s = 0;
-        for (; s + 4 <= ns; s += 4) {
-            const float x0 = __ldcg(r + (size_t)s * (D + 2)), x1 = __ldcg(r + (size_t)(s + 1) * (D + 2));
-            const float x2 = __ldcg(r + (size_t)(s + 2) * (D + 2)), x3 = __ldcg(r + (size_t)(s + 3) * (D + 2));
-            o0 = fmaf(wh[2 * s], x0, o0);
-            o1 = fmaf(wh[2 * s + 2], x1, o1);
-            o2 = fmaf(wh[2 * s + 4], x2, o2);
-            o3 = fmaf(wh[2 * s + 6], x3, o3);
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s0 = 0; s0 < ns; s0 += 8) {
+            float4 x[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int s = min(s0 + u, ns - 1);
+                /* records are D + 2 floats: 8-byte aligned, so two 8-byte loads */
+                const float2 lo = __ldcg(reinterpret_cast<const float2 *>(r + (size_t)s * (D + 2)));
+                const float2 hi = __ldcg(reinterpret_cast<const float2 *>(r + (size_t)s * (D + 2) + 2));
+                x[u] = make_float4(lo.x, lo.y, hi.x, hi.y);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float f = s0 + u < ns ? wh[2 * (s0 + u)] : 0.0f;
+                o.x = fmaf(f, x[u].x, o.x), o.y = fmaf(f, x[u].y, o.y);
+                o.z = fmaf(f, x[u].z, o.z), o.w = fmaf(f, x[u].w, o.w);
+            }
         }
-        for (; s < ns; s++) o0 = fmaf(wh[2 * s], __ldcg(r + (size_t)s * (D + 2)), o0);
-        a.out[((size_t)kvh * HPG + h) * D + c] = ((o0 + o1) + (o2 + o3)) * linv[h];
+        const float li = linv[h];
+        float *dst = a.out + ((size_t)kvh * HPG + h) * D + c;
+        dst[0] = o.x * li, dst[1] = o.y * li, dst[2] = o.z * li, dst[3] = o.w * li;
     }
 }
 
