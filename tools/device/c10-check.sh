@@ -11,12 +11,14 @@
 #   mem    compute-sanitizer memcheck of the v3 test (KV_TEST_SHORT=1)
 #   vars   v3 variants at 128k (--iters 100 --reps 5): stages 2 and 4, the
 #          combine pass, 2 blocks/SM, staging only (diag)
+#   race   compute-sanitizer racecheck of the v3 test (KV_TEST_SHORT=1)
+#   again  v2 and v3 at 128k once more (--iters 100 --reps 5): the spread
 # Results: OUT/summary.txt, OUT/c10.tgz (every log and JSON).
 set -u
 D=${1:-build-dev-C}
 OUT=${OUT:-/tmp/c10-out}
 CAP=${CAP:-98}
-STEPS=${STEPS:-unit,bench,mem,vars}
+STEPS=${STEPS:-unit,bench,mem,vars,race,again}
 . tools/device/common.sh
 START=$(date +%s)
 [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
@@ -50,6 +52,20 @@ if has vars; then
         timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel 3 $o \
             > "$OUT/attn-$n.json" 2> "$OUT/attn-$n.err"
         log "kv-bench attn -c 131072 --kivi-kernel 3 $o rc=$?"
+    done
+fi
+if has race && fits 25; then
+    env KV_TEST_SHORT=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 "$D/test_cuda_kernels" > "$OUT/racecheck.log" 2>&1
+    log "racecheck (attn_kivi3, short) rc=$?"
+    grep -E '^not ok|RACECHECK SUMMARY|Hazard' "$OUT/racecheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
+fi
+if has again; then
+    for k in 2 3; do
+        fits 9 || break
+        timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel $k \
+            > "$OUT/attn-again-k$k.json" 2> "$OUT/attn-again-k$k.err"
+        log "kv-bench attn -c 131072 --kivi-kernel $k (again) rc=$?"
     done
 fi
 # a short table last
