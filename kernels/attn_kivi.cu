@@ -877,7 +877,8 @@ extern "C" int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_
     if (!d || !prm || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1 ||
         d->head_dim != KV_KIVI_D || prm->residual < 0)
         return 0;
-    return kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads) != nullptr;
+    return kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads) != nullptr ||
+           (prm->bits == 4 && kv_kivi3_ok(d, prm)); /* 4 bits: v3 only */
 }
 
 struct kivi_plan {
@@ -917,6 +918,7 @@ static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *p
 
 static bool kivi_use_v3(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
+    if (prm->bits == 4) return true; /* v2 has no 4-bit kernel (supported() checked v3) */
     int k = kv_cuda_get_tuning()->kivi_kernel;
     if (k == 0) k = KV_KIVI_DEFAULT_KERNEL;
     return k == 3 && kv_kivi3_ok(d, prm);
@@ -931,8 +933,10 @@ extern "C" int kv_cuda_attn_kivi_kernel(const kv_attn_dims *d, const kv_kivi_par
 /* Enough for either kernel, so that a workspace sized once serves both. */
 extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
+    if (!kv_cuda_attn_kivi_supported(d, prm)) return 0;
+    if (prm->bits == 4) return kv_kivi3_workspace(d, prm);
     kivi_plan p;
-    if (!kv_cuda_attn_kivi_supported(d, prm) || kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
+    if (kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
     size_t v2 = (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
     size_t v3 = kv_kivi3_ok(d, prm) ? kv_kivi3_workspace(d, prm) : 0;
     return v2 > v3 ? v2 : v3;

@@ -166,11 +166,13 @@ __device__ __forceinline__ void kv3_load16(uint32_t (&w)[16], const __half *p)
 template <int BITS> struct kv3_keys {
     static __host__ __device__ constexpr int chan(int s, int j, int hi)
     {
-        return BITS == 1 ? (j == 0 ? 2 * s + 1 : 2 * s) + 16 * hi : (j == 0 ? s : 16 + s) + 8 * hi;
+        return BITS == 1   ? (j == 0 ? 2 * s + 1 : 2 * s) + 16 * hi
+               : BITS == 2 ? (j == 0 ? s : 16 + s) + 8 * hi
+                           : 8 * ((2 * s + j) >> 2) + 4 * hi + ((2 * s + j) & 3);
     }
     static __host__ __device__ constexpr float fold(int s, int j)
     {
-        return BITS == 1 ? (j == 0 ? 0.5f : 128.0f) : ((s & 1) ? 4.0f : 16.0f);
+        return BITS == 1 ? (j == 0 ? 0.5f : 128.0f) : BITS == 2 ? ((s & 1) ? 4.0f : 16.0f) : 16.0f;
     }
 };
 
@@ -356,7 +358,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t az[4] = {z0, z0, z1, z1};                                             \
         const uint32_t bq[2] = {qf[S][0], qf[S][1]};                                         \
         kv_mma_16816(cz, az, bq);                                                            \
-        if constexpr (BITS == 2) {                                                           \
+        if constexpr (BITS != 1) {                                                           \
             const uint32_t am[4] = {KV3_MONE2, KV3_MONE2, KV3_MONE2, KV3_MONE2};             \
             const uint32_t bb[2] = {bk[S][0], bk[S][1]};                                     \
             kv_mma_16816(cz, am, bb);                                                        \
@@ -383,6 +385,25 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
     }
                     KV3_K1(0) KV3_K1(1) KV3_K1(2) KV3_K1(3) KV3_K1(4) KV3_K1(5) KV3_K1(6) KV3_K1(7)
 #undef KV3_K1
+                } else if constexpr (BITS == 4) {
+                    /* pair P = 2s + j: word P / 4 of the lane's 16 bytes, code P % 4 of
+                     * each half moved to bits 6-9: 1 + code/16 */
+                    const uint4 qa = reinterpret_cast<const uint4 *>(skc + ra * C::RB)[t];
+                    const uint4 qb = reinterpret_cast<const uint4 *>(skc + rb * C::RB)[t];
+                    const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+#define KV3_K4(S)                                                                            \
+    {                                                                                        \
+        const uint32_t ya0 = kv3_shift<6 - 4 * ((2 * S) & 3)>(wa4[(2 * S) >> 2]);            \
+        const uint32_t yb0 = kv3_shift<6 - 4 * ((2 * S) & 3)>(wb4[(2 * S) >> 2]);            \
+        const uint32_t ya1 = kv3_shift<6 - 4 * ((2 * S + 1) & 3)>(wa4[(2 * S + 1) >> 2]);    \
+        const uint32_t yb1 = kv3_shift<6 - 4 * ((2 * S + 1) & 3)>(wb4[(2 * S + 1) >> 2]);    \
+        const uint32_t af[4] = {(ya0 & 0x03C003C0u) | KV3_ONE2, (yb0 & 0x03C003C0u) | KV3_ONE2, \
+                                (ya1 & 0x03C003C0u) | KV3_ONE2, (yb1 & 0x03C003C0u) | KV3_ONE2}; \
+        const uint32_t bf[2] = {bk[S][0], bk[S][1]};                                         \
+        kv_mma_16816(c, af, bf);                                                             \
+    }
+                    KV3_K4(0) KV3_K4(1) KV3_K4(2) KV3_K4(3) KV3_K4(4) KV3_K4(5) KV3_K4(6) KV3_K4(7)
+#undef KV3_K4
                 } else {
                     const uint2 wa = reinterpret_cast<const uint2 *>(skc + ra * C::RB)[t];
                     const uint2 wb = reinterpret_cast<const uint2 *>(skc + rb * C::RB)[t];
@@ -494,6 +515,23 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
     }
                     KV3_V1(0) KV3_V1(1) KV3_V1(2) KV3_V1(3) KV3_V1(4) KV3_V1(5) KV3_V1(6) KV3_V1(7)
 #undef KV3_V1
+                } else if constexpr (BITS == 4) {
+                    /* lane g: word g of each value group (channels 8g..8g+7); tile i
+                     * takes channels 2(i & 3) (row g) and 2(i & 3) + 1 (row g + 8) */
+#define KV3_V4(I)                                                                            \
+    {                                                                                        \
+        constexpr int GV = (I) >> 2, C0 = 2 * ((I) & 3), C1 = C0 + 1;                        \
+        const uint32_t w0 = r0[8 * GV + g], w1 = r1[8 * GV + g], w2 = r2[8 * GV + g], w3 = r3[8 * GV + g]; \
+        const uint32_t yab = __byte_perm(w0, w1, C0 < 4 ? 0x5410u : 0x7632u);               \
+        const uint32_t ycd = __byte_perm(w2, w3, C0 < 4 ? 0x5410u : 0x7632u);               \
+        const uint32_t a0 = kv3_shift<6 - 4 * (C0 & 3)>(yab), a1 = kv3_shift<6 - 4 * (C1 & 3)>(yab); \
+        const uint32_t c0 = kv3_shift<6 - 4 * (C0 & 3)>(ycd), c1 = kv3_shift<6 - 4 * (C1 & 3)>(ycd); \
+        const uint32_t af[4] = {(a0 & 0x03C003C0u) | KV3_ONE2, (a1 & 0x03C003C0u) | KV3_ONE2, \
+                                (c0 & 0x03C003C0u) | KV3_ONE2, (c1 & 0x03C003C0u) | KV3_ONE2}; \
+        kv_mma_16816(O[I], af, bv[GV]);                                                      \
+    }
+                    KV3_V4(0) KV3_V4(1) KV3_V4(2) KV3_V4(3) KV3_V4(4) KV3_V4(5) KV3_V4(6) KV3_V4(7)
+#undef KV3_V4
                 } else {
                     /* lane g: halfword g of each value group; codes x (row g) and
                      * x + 1 (row g + 8) from one shift: 1 + code/16 and 1 + code/4 */
@@ -544,7 +582,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     if constexpr (BITS == 1)
                         o = O[i][e] * (r == 0 ? 0.5f : 128.0f);
                     else /* remove the sum of p * scale that the 1 in each code half added */
-                        o = (O[i][e] - Z[i >> 2][e & 1]) * (r == 0 ? 16.0f : 4.0f);
+                        o = (O[i][e] - Z[i >> 2][e & 1]) * (BITS == 4 || r == 0 ? 16.0f : 4.0f);
                     osm[n * D + kv3_vchan<BITS>(i, r, g)] = o + zv[i >> 2][e & 1];
                 }
             }
@@ -582,8 +620,9 @@ static int kv3_nst(void)
     return n == 2 || n == 4 ? n : 3;
 }
 
-/* Instances: NST 3 for every geometry, NST 2 and 4 and the staging
- * diagnostic for 4 query heads per KV head (the Llama geometry). */
+/* Instances: 1 and 2 bits with NST 3 for every geometry, NST 2 and 4 and
+ * the staging diagnostic for 4 query heads per KV head (the Llama
+ * geometry); 4 bits with NST 2 (9 KB stages: two blocks fit an SM). */
 static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem)
 {
 #define KV3_PICK(B, H, N, X)                                                \
@@ -595,15 +634,18 @@ static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem)
     KV3_PICK(1, 1, 3, 0) KV3_PICK(2, 1, 3, 0)
     KV3_PICK(1, 4, 2, 0) KV3_PICK(2, 4, 2, 0) KV3_PICK(1, 4, 4, 0) KV3_PICK(2, 4, 4, 0)
     KV3_PICK(1, 4, 3, 1) KV3_PICK(2, 4, 3, 1)
+    KV3_PICK(4, 4, 2, 0) KV3_PICK(4, 2, 2, 0) KV3_PICK(4, 1, 2, 0)
 #undef KV3_PICK
     return nullptr;
 }
 
+static int kv3_default_nst(int bits) { return bits == 4 ? 2 : 3; }
+
 static kivi3_kernel kv3_pick_tuned(int bits, int hpg, int *smem)
 {
     const kv_cuda_tuning *t = kv_cuda_get_tuning();
-    kivi3_kernel k = kv3_pick(bits, hpg, kv3_nst(), t->kivi3_diag ? 1 : 0, smem);
-    return k ? k : kv3_pick(bits, hpg, 3, 0, smem); /* variants exist for 4 heads per KV head only */
+    kivi3_kernel k = kv3_pick(bits, hpg, bits == 4 ? 2 : kv3_nst(), t->kivi3_diag ? 1 : 0, smem);
+    return k ? k : kv3_pick(bits, hpg, kv3_default_nst(bits), 0, smem); /* variants: 4 heads per KV head */
 }
 
 bool kv_kivi3_ok(const kv_attn_dims *d, const kv_kivi_params *prm)
@@ -611,7 +653,7 @@ bool kv_kivi3_ok(const kv_attn_dims *d, const kv_kivi_params *prm)
     int smem = 0;
     return d && prm && d->head_dim == KV_KIVI_D && prm->group == KV3_G && d->n_kv_heads >= 1 &&
            d->n_heads % d->n_kv_heads == 0 && prm->residual >= 0 && d->T >= 1 &&
-           kv3_pick(prm->bits, d->n_heads / d->n_kv_heads, 3, 0, &smem) != nullptr;
+           kv3_pick(prm->bits, d->n_heads / d->n_kv_heads, kv3_default_nst(prm->bits), 0, &smem) != nullptr;
 }
 
 /* Resident blocks per SM of an instance at its shared memory, asked once

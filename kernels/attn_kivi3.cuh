@@ -9,8 +9,8 @@
 
 #include "kv_kernels.h"
 
-/* Does v3 serve this geometry (bits 1 or 2, group 64, head_dim 128,
- * 1, 2 or 4 query heads per KV head)? */
+/* Does v3 serve this geometry (bits 1, 2 or 4, group 64, head_dim 128,
+ * 1, 2 or 4 query heads per KV head)?  4 bits only v3 serves. */
 bool kv_kivi3_ok(const kv_attn_dims *d, const kv_kivi_params *prm);
 size_t kv_kivi3_workspace(const kv_attn_dims *d, const kv_kivi_params *prm);
 cudaError_t kv_kivi3_launch(const kv_attn_dims *d, const kv_kivi_params *prm, const uint16_t *q,

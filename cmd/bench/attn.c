@@ -186,7 +186,8 @@ int kv_bench_attn_main(int argc, char **argv)
                    res[i].copies, res[i].kivi_kernel);
             path_json("f16", &res[i].f16, copy, &res[i].f16, 0);
             path_json("kivi1", &res[i].kivi1, copy, &res[i].f16, 0);
-            path_json("kivi2", &res[i].kivi2, copy, &res[i].f16, 1);
+            path_json("kivi2", &res[i].kivi2, copy, &res[i].f16, 0);
+            path_json("kivi4", &res[i].kivi4, copy, &res[i].f16, 1);
             printf("    }%s\n", i + 1 < nctx ? "," : "");
         }
         printf("  ],\n  \"targets_at_T\": %d,\n  \"targets\": {\n", ctx[nctx - 1]);
@@ -204,9 +205,9 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("%8s  %-6s %10s %10s %8s %8s %10s\n", "context", "path", "time us", "GB/s",
                "of copy", "speedup", "err");
         for (int i = 0; i < nctx; i++) {
-            const kv_bench_attn_path *p[3] = {&res[i].f16, &res[i].kivi1, &res[i].kivi2};
-            const char *nm[3] = {"fp16", "1-bit", "2-bit"};
-            for (int j = 0; j < 3; j++) {
+            const kv_bench_attn_path *p[4] = {&res[i].f16, &res[i].kivi1, &res[i].kivi2, &res[i].kivi4};
+            const char *nm[4] = {"fp16", "1-bit", "2-bit", "4-bit"};
+            for (int j = 0; j < 4; j++) {
                 if (!p[j]->ok) {
                     printf("%8d  %-6s %10s\n", ctx[i], nm[j], "n/a");
                     continue;

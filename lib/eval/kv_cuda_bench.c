@@ -361,7 +361,7 @@ static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
     kv_bench_device dev;
     if ((st = kv_cuda_bench_device(&dev))) return st;
     memset(r, 0, sizeof *r);
-    r->f16.err = r->kivi1.err = r->kivi2.err = -1;
+    r->f16.err = r->kivi1.err = r->kivi2.err = r->kivi4.err = -1;
     attn_ctx a;
     memset(&a, 0, sizeof a);
     a.d = (kv_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->T,
@@ -418,6 +418,7 @@ static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
     }
     if ((st = bench_kivi(c, &a, dev.l2_bytes, 1, hq, hk, hv, &r->kivi1))) goto done;
     if ((st = bench_kivi(c, &a, dev.l2_bytes, 2, hq, hk, hv, &r->kivi2))) goto done;
+    if ((st = bench_kivi(c, &a, dev.l2_bytes, 4, hq, hk, hv, &r->kivi4))) goto done;
 done:
     for (int i = 0; i < MAX_COPIES; i++) cudaFree(a.k[i]), cudaFree(a.v[i]);
     cudaFree((void *)a.q), cudaFree(a.out), cudaFree(a.ws);

@@ -66,7 +66,8 @@ typedef struct {
 typedef struct {
     int copies;                  /* input copies rotated to defeat L2 (fp16 path) */
     kv_bench_attn_path f16, kivi1, kivi2;
-    int kivi_kernel;             /* the packed kernel that ran (2 or 3; 0: none) */
+    int kivi_kernel;             /* the 1/2-bit packed kernel that ran (2 or 3; 0: none) */
+    kv_bench_attn_path kivi4;    /* 4 bits (v3 only; ok 0 where it does not serve) */
 } kv_bench_attn_result;
 
 kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r);

@@ -426,6 +426,7 @@ static void check_kivi_random_cases(const char *label)
         {32, 8, 3001, 2, 32, 128}, {32, 8, 100, 1, 64, 128},  {32, 8, 4096, 2, 64, 0},
         {16, 8, 2500, 1, 64, 128}, {8, 8, 2500, 2, 64, 128},  {32, 8, 20000, 1, 64, 128},
         {32, 8, 3001, 2, 64, 128}, {8, 8, 777, 1, 64, 128},   {16, 8, 20000, 2, 64, 128},
+        {32, 8, 5000, 4, 64, 128}, {16, 8, 3001, 4, 64, 128}, {8, 8, 777, 4, 64, 0},
     };
     char why[256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -506,7 +507,7 @@ static void test_attn_kivi_matches_cpu_on_real_data(void)
     for (int ver = 2; ver <= 3; ver++) {
         t.kivi_kernel = ver;
         kv_cuda_set_tuning(&t);
-        for (int bits = 1; bits <= 2; bits++) {
+        for (int bits = 1; bits <= 4; bits *= 2) {
             double e = kivi_case(2, 1, T, bits, 64, 128, q, k, v, why, sizeof why);
             KT_CHECK(e <= TOL_KIVI, "niah4k layer 0, v%d, %d bits: %s", ver, bits, why);
             printf("# packed attention (v%d) on niah4k layer 0, %d-bit: %s\n", ver, bits, why);
@@ -671,9 +672,15 @@ static void test_launchers_reject_bad_arguments(void)
     KT_CHECK(e == cudaErrorInvalidValue, "head dim 96 accepted (%d)", (int)e);
     KT_CHECK(strstr(kv_cuda_last_error(), "kv_cuda_attn_f16") != NULL, "message '%s'",
              kv_cuda_last_error());
-    kv_kivi_params prm = {4, 64, 128};
+    kv_kivi_params prm = {4, 32, 128};
     d.head_dim = 128;
-    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention claimed");
+    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention at group 32 claimed");
+    prm.bits = 3;
+    prm.group = 64;
+    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "3-bit packed attention claimed");
+    prm.bits = 4;
+    KT_CHECK(kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention at group 64 not claimed");
+    KT_CHECK(kv_cuda_attn_kivi_kernel(&d, &prm) == 3, "4-bit packed attention not on v3");
     kv_dsq_params dp = {256, 51, 2, 32, KV_DSQ_BASE_SALIENT};
     KT_CHECK(!kv_cuda_dsq_supported(&dp, 128), "DSQ window 256 claimed");
     dp.window = 64, dp.salient = 13;
