@@ -910,17 +910,21 @@ static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *p
     return cudaSuccess;
 }
 
-/* The kernel kv_cuda_tuning.kivi_kernel 0 means (docs/BENCHMARKS.md, Packed
- * attention v3, has the measurements behind the choice). */
-#ifndef KV_KIVI_DEFAULT_KERNEL
-#define KV_KIVI_DEFAULT_KERNEL 2
+/* The kernel kv_cuda_tuning.kivi_kernel 0 means, per bit width
+ * (docs/BENCHMARKS.md, Packed attention v3, has the measurements behind
+ * the choice); 4 bits have v3 only. */
+#ifndef KV_KIVI_DEFAULT_KERNEL1
+#define KV_KIVI_DEFAULT_KERNEL1 2
+#endif
+#ifndef KV_KIVI_DEFAULT_KERNEL2
+#define KV_KIVI_DEFAULT_KERNEL2 2
 #endif
 
 static bool kivi_use_v3(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
     if (prm->bits == 4) return true; /* v2 has no 4-bit kernel (supported() checked v3) */
     int k = kv_cuda_get_tuning()->kivi_kernel;
-    if (k == 0) k = KV_KIVI_DEFAULT_KERNEL;
+    if (k == 0) k = prm->bits == 1 ? KV_KIVI_DEFAULT_KERNEL1 : KV_KIVI_DEFAULT_KERNEL2;
     return k == 3 && kv_kivi3_ok(d, prm);
 }
 

@@ -32,6 +32,13 @@
 #define KV3_SLOTS 16 /* ticket sets: launches in flight on different streams take different ones */
 #define KV3_MAXKV 64 /* KV heads a ticket set covers (more: the separate combine pass) */
 
+/* 1: the last block of each KV head merges the splits (kivi3_unfused
+ * turns it off); 0: the combine pass always (docs/BENCHMARKS.md, Packed
+ * attention v3, has the two measured). */
+#ifndef KV3_MERGE_IN_KERNEL
+#define KV3_MERGE_IN_KERNEL 1
+#endif
+
 /* Tickets of the in-kernel merge; each launch's last block per head resets its own to 0. */
 __device__ unsigned kv3_tickets[KV3_SLOTS * KV3_MAXKV];
 
@@ -58,6 +65,7 @@ struct kivi3_args {
     float *part, *out;
     unsigned *tickets; /* (n_kv_heads), or NULL: kv_attn_combine merges */
     int nq, ng, nres, gps, nsplit_p, nsplit, res_tps;
+    int prefetch; /* bulk-prefetch each warp's first groups into L2 before the PDL wait */
     float qscale;
 };
 
@@ -247,7 +255,7 @@ __device__ void kv3_merge(const kivi3_args &a, int kvh, float *smf)
     }
 }
 
-template <int BITS, int HPG, int NST, bool DIAG>
+template <int BITS, int HPG, int NST, int DIAG>
 __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
 {
     using C = kv3_cfg<BITS>;
@@ -266,7 +274,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
 
     const int kvh = blockIdx.x, split = blockIdx.y;
     kv_pdl_launch_next();
-    if (split < a.nsplit_p) kv3_prefetch<C, NST>(a, kvh, split);
+    if (a.prefetch && split < a.nsplit_p) kv3_prefetch<C, NST>(a, kvh, split);
     kv_pdl_wait(); /* q (and the newest residual row) come from the kernel before */
     for (int i = threadIdx.x; i < HPG * D; i += KV3_THREADS)
         qsm[i] = __half2float(a.q[(size_t)kvh * HPG * D + i]) * a.qscale;
@@ -323,11 +331,11 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         for (int k = 0; k < nk; k++) {
             kv_cp_async_wait<NST - 2>();
             __syncwarp(); /* group k is in for every lane; group k - 1's stage is free */
-            if (k + NST - 1 < nk)
+            if (k + NST - 1 < nk && DIAG != 2) /* DIAG 2: compute on the first stages again */
                 kv3_stage<C>(wring + ((k + NST - 1) % NST) * C::TOTAL, a, kvh,
                              gstart + (k + NST - 1) * KV3_WARPS, lane);
             kv_cp_async_commit();
-            if constexpr (DIAG) continue;
+            if constexpr (DIAG == 1) continue; /* staging only */
             const uint4 *st = wring + (k % NST) * C::TOTAL;
             const uint8_t *skc = reinterpret_cast<const uint8_t *>(st);
             const uint8_t *svc = skc + G * C::RB;
@@ -628,12 +636,12 @@ static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem)
 #define KV3_PICK(B, H, N, X)                                                \
     if (bits == B && hpg == H && nst == N && diag == X) {                   \
         *smem = kv3_smem_bytes<B, H, N>();                                  \
-        return attn_kivi3<B, H, N, X != 0>;                                 \
+        return attn_kivi3<B, H, N, X>;                                      \
     }
     KV3_PICK(1, 4, 3, 0) KV3_PICK(2, 4, 3, 0) KV3_PICK(1, 2, 3, 0) KV3_PICK(2, 2, 3, 0)
     KV3_PICK(1, 1, 3, 0) KV3_PICK(2, 1, 3, 0)
     KV3_PICK(1, 4, 2, 0) KV3_PICK(2, 4, 2, 0) KV3_PICK(1, 4, 4, 0) KV3_PICK(2, 4, 4, 0)
-    KV3_PICK(1, 4, 3, 1) KV3_PICK(2, 4, 3, 1)
+    KV3_PICK(1, 4, 3, 1) KV3_PICK(2, 4, 3, 1) KV3_PICK(1, 4, 3, 2) KV3_PICK(2, 4, 3, 2)
     KV3_PICK(4, 4, 2, 0) KV3_PICK(4, 2, 2, 0) KV3_PICK(4, 1, 2, 0)
 #undef KV3_PICK
     return nullptr;
@@ -644,7 +652,7 @@ static int kv3_default_nst(int bits) { return bits == 4 ? 2 : 3; }
 static kivi3_kernel kv3_pick_tuned(int bits, int hpg, int *smem)
 {
     const kv_cuda_tuning *t = kv_cuda_get_tuning();
-    kivi3_kernel k = kv3_pick(bits, hpg, bits == 4 ? 2 : kv3_nst(), t->kivi3_diag ? 1 : 0, smem);
+    kivi3_kernel k = kv3_pick(bits, hpg, bits == 4 ? 2 : kv3_nst(), t->kivi3_diag, smem);
     return k ? k : kv3_pick(bits, hpg, kv3_default_nst(bits), 0, smem); /* variants: 4 heads per KV head */
 }
 
@@ -717,7 +725,7 @@ static cudaError_t kv3_make_plan(const kv_attn_dims *d, const kv_kivi_params *pr
      * 1/L per head, in the ring (the block's shared memory before qsm). */
     const int nsplit = p->nsplit_p + p->nsplit_r;
     const int ring_floats = (p->smem - 16 - hpg * 4 - KV3_WARPS * hpg * (KV3_G * 4 + 12) - hpg * KV_KIVI_D * 4) / 4;
-    p->fuse = !kv_cuda_get_tuning()->kivi3_unfused && d->n_kv_heads <= KV3_MAXKV &&
+    p->fuse = KV3_MERGE_IN_KERNEL && !kv_cuda_get_tuning()->kivi3_unfused && d->n_kv_heads <= KV3_MAXKV &&
               2 * hpg * nsplit + hpg <= ring_floats;
     return cudaSuccess;
 }
@@ -781,6 +789,7 @@ cudaError_t kv_kivi3_launch(const kv_attn_dims *d, const kv_kivi_params *prm, co
     a.nsplit_p = p.nsplit_p;
     a.nsplit = nsplit;
     a.res_tps = p.res_tps;
+    a.prefetch = !kv_cuda_get_tuning()->kivi3_noprefetch;
     a.qscale = d->scale * KV_LOG2E;
     CUDA_CHECK(kv_launch(2, p.k, dim3(d->n_kv_heads, nsplit), dim3(KV3_THREADS), (size_t)p.smem, stream, a));
     if (p.fuse) return cudaSuccess;

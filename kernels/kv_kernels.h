@@ -65,7 +65,9 @@ typedef struct {
     int kivi3_nst;    /* v3: shared-memory stages per warp, 2, 3 or 4 (0 = the default) */
     int kivi3_unfused; /* v3: 1 = merge the splits in kv_attn_combine, not in the last block */
     int kivi3_cps;    /* v3: at most this many blocks per SM in the grid plan (0 = occupancy) */
-    int kivi3_diag;   /* v3: 1 = staging only (a timing diagnostic: wrong results) */
+    int kivi3_diag;   /* v3 timing diagnostics (wrong results): 1 = staging only, 2 = compute
+                         only (the first stages computed again, no further loads) */
+    int kivi3_noprefetch; /* v3: 1 = no L2 prefetch of the first groups before the PDL wait */
 } kv_cuda_tuning;
 
 void kv_cuda_tuning_default(kv_cuda_tuning *t);

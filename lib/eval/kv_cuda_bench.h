@@ -41,7 +41,8 @@ typedef struct {
     int kivi3_nst;    /* v3 stages per warp (0: the default) */
     int kivi3_unfused; /* v3: 1 = separate combine pass */
     int kivi3_cps;    /* v3: blocks per SM cap (0: occupancy) */
-    int kivi3_diag;   /* v3: 1 = staging only (wrong results) */
+    int kivi3_diag;   /* v3: 1 = staging only, 2 = compute only (wrong results) */
+    int kivi3_noprefetch; /* v3: 1 = no L2 prefetch before the PDL wait */
 } kv_bench_variant;
 
 typedef struct {

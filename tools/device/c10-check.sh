@@ -4,13 +4,15 @@
 #   OUT=<dir> sh tools/device/c10-check.sh DIR        (CAP seconds in all, default 98)
 # Steps, in order of need, each under a timeout and skipped when the cap
 # would be passed:
-#   unit   test_cuda_kernels, packed-attention tests only (v2, v3 and its
-#          variants, niah4k layer 0) against the CPU reference
+#   unit   test_cuda_kernels, the v3 packed-attention tests (v3 and its
+#          variants, 1/2/4 bits; niah4k layer 0 with v2 and v3) against the
+#          CPU reference (v2's random-data test is unchanged and slow here)
 #   bench  kv-bench attn --check --json -c 32768,131072 with --kivi-kernel 2,
 #          then 3 (fp16 measured in both)
 #   mem    compute-sanitizer memcheck of the v3 test (KV_TEST_SHORT=1)
-#   vars   v3 variants at 128k (--iters 100 --reps 5): stages 2 and 4, the
-#          combine pass, 2 blocks/SM, staging only (diag)
+#   vars   v3 variants at 128k (--iters 100 --reps 5): staging only and
+#          compute only (diag 1, 2), each with the in-kernel merge and with
+#          the combine pass; no L2 prefetch; 2 stages; 3 blocks/SM
 #   race   compute-sanitizer racecheck of the v3 test (KV_TEST_SHORT=1)
 #   again  v2 and v3 at 128k once more (--iters 100 --reps 5): the spread
 # Results: OUT/summary.txt, OUT/c10.tgz (every log and JSON).
@@ -25,47 +27,51 @@ START=$(date +%s)
 # fits SECONDS: there is time for a step of at most SECONDS
 fits() { [ $(( $(date +%s) - START + $1 )) -le "$CAP" ]; }
 gpu_info clocks.sm,clocks.mem
-if has unit && fits 30; then
-    env KV_TEST_FILTER=attn_kivi timeout 30 "$D/test_cuda_kernels" > "$OUT/unit.tap" 2>&1
-    log "test_cuda_kernels (attn_kivi) rc=$?"
+if has unit && fits 45; then
+    env KV_TEST_QUICK=1 KV_TEST_FILTER=attn_kivi3,attn_kivi_matches_cpu_on_real,launchers timeout 45 \
+        "$D/test_cuda_kernels" > "$OUT/unit.tap" 2>&1
+    log "test_cuda_kernels (attn_kivi3, real data, launchers) rc=$?"
     tap unit "$OUT/unit.tap" 60
 fi
 if has bench; then
-    for k in 2 3; do
+    for v in k2:--kivi-kernel=2 k3:--kivi-kernel=3 k3comb:--kivi-kernel=3:--kivi3-combine; do
         fits 16 || break
-        timeout 16 "$D/kv-bench" attn --check --json -c 32768,131072 --kivi-kernel $k \
-            > "$OUT/attn-k$k.json" 2> "$OUT/attn-k$k.err"
-        log "kv-bench attn --check -c 32768,131072 --kivi-kernel $k rc=$?"
+        n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
+        timeout 16 "$D/kv-bench" attn --check --json -c 32768,131072 $o \
+            > "$OUT/attn-$n.json" 2> "$OUT/attn-$n.err"
+        log "kv-bench attn --check -c 32768,131072 $o rc=$?"
     done
 fi
 if has mem && fits 25; then
-    env KV_TEST_SHORT=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool memcheck \
+    env KV_TEST_SHORT=1 KV_TEST_QUICK=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool memcheck \
         --error-exitcode 9 "$D/test_cuda_kernels" > "$OUT/memcheck.log" 2>&1
     log "memcheck (attn_kivi3, short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has vars; then
-    for v in nst2:--kivi3-stages=2 nst4:--kivi3-stages=4 comb:--kivi3-combine cps2:--kivi3-blocks=2 \
-        diag:--kivi3-diag; do
+    for v in diag1:--kivi3-diag=1 diag1comb:--kivi3-diag=1:--kivi3-combine diag2:--kivi3-diag=2 \
+        diag2comb:--kivi3-diag=2:--kivi3-combine nopf:--kivi3-no-prefetch nst2:--kivi3-stages=2 \
+        nst2comb:--kivi3-stages=2:--kivi3-combine cps3comb:--kivi3-blocks=3:--kivi3-combine; do
         fits 9 || break
-        n=${v%%:*}; o=$(echo "${v#*:}" | tr = ' ')
+        n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel 3 $o \
             > "$OUT/attn-$n.json" 2> "$OUT/attn-$n.err"
         log "kv-bench attn -c 131072 --kivi-kernel 3 $o rc=$?"
     done
 fi
 if has race && fits 25; then
-    env KV_TEST_SHORT=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool racecheck \
+    env KV_TEST_SHORT=1 KV_TEST_QUICK=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool racecheck \
         --error-exitcode 9 "$D/test_cuda_kernels" > "$OUT/racecheck.log" 2>&1
     log "racecheck (attn_kivi3, short) rc=$?"
     grep -E '^not ok|RACECHECK SUMMARY|Hazard' "$OUT/racecheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has again; then
-    for k in 2 3; do
+    for v in k2:--kivi-kernel=2 k3:--kivi-kernel=3 k3comb:--kivi-kernel=3:--kivi3-combine; do
         fits 9 || break
-        timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel $k \
-            > "$OUT/attn-again-k$k.json" 2> "$OUT/attn-again-k$k.err"
-        log "kv-bench attn -c 131072 --kivi-kernel $k (again) rc=$?"
+        n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
+        timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 $o \
+            > "$OUT/attn-again-$n.json" 2> "$OUT/attn-again-$n.err"
+        log "kv-bench attn -c 131072 $o (again) rc=$?"
     done
 fi
 # a short table last
@@ -78,8 +84,8 @@ for f in sorted(glob.glob(os.path.join(o, "attn-*.json"))):
     except Exception as e:
         print(os.path.basename(f), "unreadable:", e); continue
     for r in a["contexts"]:
-        row = ["%-14s T %6d" % (os.path.basename(f)[5:-5], r["T"])]
-        for p in ("f16", "kivi1", "kivi2"):
+        row = ["%-16s T %6d" % (os.path.basename(f)[5:-5], r["T"])]
+        for p in ("f16", "kivi1", "kivi2", "kivi4"):
             x = r.get(p)
             if x:
                 row.append("%s %7.2f us (%5.2fx%s)" % (p, x["us"], x["speedup_vs_f16"],
