@@ -910,14 +910,15 @@ static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *p
     return cudaSuccess;
 }
 
-/* The kernel kv_cuda_tuning.kivi_kernel 0 means, per bit width
- * (docs/BENCHMARKS.md, Packed attention v3, has the measurements behind
- * the choice); 4 bits have v3 only. */
+/* The kernel kv_cuda_tuning.kivi_kernel 0 means, per bit width: the faster
+ * in the same device run (docs/BENCHMARKS.md, Packed attention v3, H200,
+ * 128k): 1 bit v2 (46.8 against 48.1 us for v3), 2 bits v3 (60.5 against
+ * 63.1 us; 23.5 against 27.8 at 32k); 4 bits have v3 only. */
 #ifndef KV_KIVI_DEFAULT_KERNEL1
 #define KV_KIVI_DEFAULT_KERNEL1 2
 #endif
 #ifndef KV_KIVI_DEFAULT_KERNEL2
-#define KV_KIVI_DEFAULT_KERNEL2 2
+#define KV_KIVI_DEFAULT_KERNEL2 3
 #endif
 
 static bool kivi_use_v3(const kv_attn_dims *d, const kv_kivi_params *prm)

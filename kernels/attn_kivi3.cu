@@ -32,11 +32,12 @@
 #define KV3_SLOTS 16 /* ticket sets: launches in flight on different streams take different ones */
 #define KV3_MAXKV 64 /* KV heads a ticket set covers (more: the separate combine pass) */
 
-/* 1: the last block of each KV head merges the splits (kivi3_unfused
- * turns it off); 0: the combine pass always (docs/BENCHMARKS.md, Packed
- * attention v3, has the two measured). */
+/* The default merge of the splits (kivi3_unfused 1 and 2 choose): 0, the
+ * combine pass (kv_attn_combine) after the kernel; 1, the last block of
+ * each KV head.  The combine pass measured faster (docs/BENCHMARKS.md,
+ * Packed attention v3: 48.1 against 49.9 us at 1 bit, 128k). */
 #ifndef KV3_MERGE_IN_KERNEL
-#define KV3_MERGE_IN_KERNEL 1
+#define KV3_MERGE_IN_KERNEL 0
 #endif
 
 /* Tickets of the in-kernel merge; each launch's last block per head resets its own to 0. */
@@ -192,6 +193,12 @@ __host__ __device__ constexpr int kv3_vchan(int i, int r, int g)
 }
 
 #define KV3_ONE2 0x3C003C00u  /* half2 {1, 1} */
+/* The MMAs of the key and of the value stage; DIAG 4 leaves the first out,
+ * DIAG 3 the second (compute-only timing diagnostics). */
+#define KV3_KMMA(d, a, b) \
+    if constexpr (DIAG != 4) kv_mma_16816(d, a, b)
+#define KV3_VMMA(d, a, b) \
+    if constexpr (DIAG != 3) kv_mma_16816(d, a, b)
 #define KV3_MONE2 0xBC00BC00u /* half2 {-1, -1} */
 
 /* The last block of KV head kvh to finish merges the nsplit records of its
@@ -331,7 +338,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         for (int k = 0; k < nk; k++) {
             kv_cp_async_wait<NST - 2>();
             __syncwarp(); /* group k is in for every lane; group k - 1's stage is free */
-            if (k + NST - 1 < nk && DIAG != 2) /* DIAG 2: compute on the first stages again */
+            if (k + NST - 1 < nk && DIAG < 2) /* DIAG >= 2: compute on the first stages again */
                 kv3_stage<C>(wring + ((k + NST - 1) % NST) * C::TOTAL, a, kvh,
                              gstart + (k + NST - 1) * KV3_WARPS, lane);
             kv_cp_async_commit();
@@ -365,11 +372,11 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                                       kv_pack_half2(1.0f / KK::fold(S, 1), 1.0f / KK::fold(S, 1))); \
         const uint32_t az[4] = {z0, z0, z1, z1};                                             \
         const uint32_t bq[2] = {qf[S][0], qf[S][1]};                                         \
-        kv_mma_16816(cz, az, bq);                                                            \
+        KV3_KMMA(cz, az, bq);                                                                \
         if constexpr (BITS != 1) {                                                           \
             const uint32_t am[4] = {KV3_MONE2, KV3_MONE2, KV3_MONE2, KV3_MONE2};             \
             const uint32_t bb[2] = {bk[S][0], bk[S][1]};                                     \
-            kv_mma_16816(cz, am, bb);                                                        \
+            KV3_KMMA(cz, am, bb);                                                            \
         }                                                                                    \
     }
                 KV3_ZERO(0) KV3_ZERO(1) KV3_ZERO(2) KV3_ZERO(3) KV3_ZERO(4) KV3_ZERO(5) KV3_ZERO(6) KV3_ZERO(7)
@@ -389,7 +396,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t ya = kv3_shift<13 - 2 * S>(wa), yb = kv3_shift<13 - 2 * S>(wb);       \
         const uint32_t af[4] = {ya & 0x40004000u, yb & 0x40004000u, ya & 0x20002000u, yb & 0x20002000u}; \
         const uint32_t bf[2] = {bk[S][0], bk[S][1]};                                         \
-        kv_mma_16816(c, af, bf);                                                             \
+        KV3_KMMA(c, af, bf);                                                                 \
     }
                     KV3_K1(0) KV3_K1(1) KV3_K1(2) KV3_K1(3) KV3_K1(4) KV3_K1(5) KV3_K1(6) KV3_K1(7)
 #undef KV3_K1
@@ -408,7 +415,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t af[4] = {(ya0 & 0x03C003C0u) | KV3_ONE2, (yb0 & 0x03C003C0u) | KV3_ONE2, \
                                 (ya1 & 0x03C003C0u) | KV3_ONE2, (yb1 & 0x03C003C0u) | KV3_ONE2}; \
         const uint32_t bf[2] = {bk[S][0], bk[S][1]};                                         \
-        kv_mma_16816(c, af, bf);                                                             \
+        KV3_KMMA(c, af, bf);                                                                 \
     }
                     KV3_K4(0) KV3_K4(1) KV3_K4(2) KV3_K4(3) KV3_K4(4) KV3_K4(5) KV3_K4(6) KV3_K4(7)
 #undef KV3_K4
@@ -425,8 +432,8 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t ao[4] = {(xa & 0x03000300u) | KV3_ONE2, (xb & 0x03000300u) | KV3_ONE2, \
                                 (ya & 0x03000300u) | KV3_ONE2, (yb & 0x03000300u) | KV3_ONE2}; \
         const uint32_t be[2] = {bk[S - 1][0], bk[S - 1][1]}, bo[2] = {bk[S][0], bk[S][1]};  \
-        kv_mma_16816(c, ae, be);                                                             \
-        kv_mma_16816(c, ao, bo);                                                             \
+        KV3_KMMA(c, ae, be);                                                                 \
+        KV3_KMMA(c, ao, bo);                                                                 \
     }
                     KV3_K2(1) KV3_K2(3) KV3_K2(5) KV3_K2(7)
 #undef KV3_K2
@@ -501,8 +508,8 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                 }
                 {
                     const uint32_t one[4] = {KV3_ONE2, KV3_ONE2, KV3_ONE2, KV3_ONE2};
-                    kv_mma_16816(Z[0], one, bv[0]);
-                    kv_mma_16816(Z[1], one, bv[1]);
+                    KV3_VMMA(Z[0], one, bv[0]);
+                    KV3_VMMA(Z[1], one, bv[1]);
                 }
                 const uint32_t *r0 = reinterpret_cast<const uint32_t *>(svc + ta * C::RB);
                 const uint32_t *r1 = reinterpret_cast<const uint32_t *>(svc + (ta + 1) * C::RB);
@@ -519,7 +526,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
     {                                                                                        \
         const uint32_t s0 = kv3_shift<13 - 2 * I>(yab), s1 = kv3_shift<13 - 2 * I>(ycd);     \
         const uint32_t af[4] = {s0 & 0x40004000u, s0 & 0x20002000u, s1 & 0x40004000u, s1 & 0x20002000u}; \
-        kv_mma_16816(O[I], af, bv[(I) >> 2]);                                                \
+        KV3_VMMA(O[I], af, bv[(I) >> 2]);                                                    \
     }
                     KV3_V1(0) KV3_V1(1) KV3_V1(2) KV3_V1(3) KV3_V1(4) KV3_V1(5) KV3_V1(6) KV3_V1(7)
 #undef KV3_V1
@@ -536,7 +543,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t c0 = kv3_shift<6 - 4 * (C0 & 3)>(ycd), c1 = kv3_shift<6 - 4 * (C1 & 3)>(ycd); \
         const uint32_t af[4] = {(a0 & 0x03C003C0u) | KV3_ONE2, (a1 & 0x03C003C0u) | KV3_ONE2, \
                                 (c0 & 0x03C003C0u) | KV3_ONE2, (c1 & 0x03C003C0u) | KV3_ONE2}; \
-        kv_mma_16816(O[I], af, bv[GV]);                                                      \
+        KV3_VMMA(O[I], af, bv[GV]);                                                          \
     }
                     KV3_V4(0) KV3_V4(1) KV3_V4(2) KV3_V4(3) KV3_V4(4) KV3_V4(5) KV3_V4(6) KV3_V4(7)
 #undef KV3_V4
@@ -555,7 +562,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t s1 = kv3_shift<6 - 4 * ((I) & 3)>(ycd[(I) >> 2]);                      \
         const uint32_t af[4] = {(s0 & 0x00C000C0u) | KV3_ONE2, (s0 & 0x03000300u) | KV3_ONE2, \
                                 (s1 & 0x00C000C0u) | KV3_ONE2, (s1 & 0x03000300u) | KV3_ONE2}; \
-        kv_mma_16816(O[I], af, bv[(I) >> 2]);                                                \
+        KV3_VMMA(O[I], af, bv[(I) >> 2]);                                                    \
     }
                     KV3_V2(0) KV3_V2(1) KV3_V2(2) KV3_V2(3) KV3_V2(4) KV3_V2(5) KV3_V2(6) KV3_V2(7)
 #undef KV3_V2
@@ -642,6 +649,7 @@ static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem)
     KV3_PICK(1, 1, 3, 0) KV3_PICK(2, 1, 3, 0)
     KV3_PICK(1, 4, 2, 0) KV3_PICK(2, 4, 2, 0) KV3_PICK(1, 4, 4, 0) KV3_PICK(2, 4, 4, 0)
     KV3_PICK(1, 4, 3, 1) KV3_PICK(2, 4, 3, 1) KV3_PICK(1, 4, 3, 2) KV3_PICK(2, 4, 3, 2)
+    KV3_PICK(1, 4, 3, 3) KV3_PICK(1, 4, 3, 4)
     KV3_PICK(4, 4, 2, 0) KV3_PICK(4, 2, 2, 0) KV3_PICK(4, 1, 2, 0)
 #undef KV3_PICK
     return nullptr;
@@ -725,7 +733,8 @@ static cudaError_t kv3_make_plan(const kv_attn_dims *d, const kv_kivi_params *pr
      * 1/L per head, in the ring (the block's shared memory before qsm). */
     const int nsplit = p->nsplit_p + p->nsplit_r;
     const int ring_floats = (p->smem - 16 - hpg * 4 - KV3_WARPS * hpg * (KV3_G * 4 + 12) - hpg * KV_KIVI_D * 4) / 4;
-    p->fuse = KV3_MERGE_IN_KERNEL && !kv_cuda_get_tuning()->kivi3_unfused && d->n_kv_heads <= KV3_MAXKV &&
+    const int mode = kv_cuda_get_tuning()->kivi3_unfused; /* 0 default, 1 combine pass, 2 in kernel */
+    p->fuse = (mode == 2 || (mode == 0 && KV3_MERGE_IN_KERNEL)) && d->n_kv_heads <= KV3_MAXKV &&
               2 * hpg * nsplit + hpg <= ring_floats;
     return cudaSuccess;
 }

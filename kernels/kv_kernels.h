@@ -63,10 +63,12 @@ typedef struct {
     int kivi_kernel;  /* packed attention: 0 = the default, 2 = v2 (attn_kivi.cu), 3 = v3
                          (attn_kivi3.cu) where it serves the geometry, else v2 */
     int kivi3_nst;    /* v3: shared-memory stages per warp, 2, 3 or 4 (0 = the default) */
-    int kivi3_unfused; /* v3: 1 = merge the splits in kv_attn_combine, not in the last block */
+    int kivi3_unfused; /* v3 merge of the splits: 0 = the default (kv_attn_combine), 1 = the
+                          combine pass, 2 = the last block of each KV head merges */
     int kivi3_cps;    /* v3: at most this many blocks per SM in the grid plan (0 = occupancy) */
     int kivi3_diag;   /* v3 timing diagnostics (wrong results): 1 = staging only, 2 = compute
-                         only (the first stages computed again, no further loads) */
+                         only (the first stages computed again, no further loads), 3 = 2
+                         without the value MMAs, 4 = 2 without the key MMAs */
     int kivi3_noprefetch; /* v3: 1 = no L2 prefetch of the first groups before the PDL wait */
 } kv_cuda_tuning;
 

@@ -18,7 +18,7 @@ int kv_bench_attn_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_HEADS = 256, O_KVH, O_DIM, O_GROUP, O_RESID, O_ITERS, O_REPS, O_CHECK,
        O_CHECKMAX, O_F16LEG, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_KIVIK, O_K3NST,
-       O_K3COMB, O_K3CPS, O_K3DIAG, O_K3NOPF, O_PDL, O_JSON };
+       O_K3COMB, O_K3FUSED, O_K3CPS, O_K3DIAG, O_K3NOPF, O_PDL, O_JSON };
 
 static const kv_option opts[] = {
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 8192,32768,131072)"},
@@ -39,9 +39,11 @@ static const kv_option opts[] = {
                                          "8, 16, 32 time stages and compute wrong results"},
     {O_KIVIK, 0, "kivi-kernel", "N", "packed kernel: 2 (v2) or 3 (v3, group 64; default: the engine's)"},
     {O_K3NST, 0, "kivi3-stages", "N", "variant of v3: shared-memory stages per warp, 2, 3 (default) or 4"},
-    {O_K3COMB, 0, "kivi3-combine", NULL, "variant of v3: merge the splits in a separate combine pass"},
+    {O_K3COMB, 0, "kivi3-combine", NULL, "v3 merges the splits in a separate combine pass (the default)"},
+    {O_K3FUSED, 0, "kivi3-fused", NULL, "variant of v3: the last block of each KV head merges the splits"},
     {O_K3CPS, 0, "kivi3-blocks", "N", "variant of v3: at most N blocks per SM in the grid (default: occupancy)"},
-    {O_K3DIAG, 0, "kivi3-diag", "N", "v3 timing diagnostic, wrong results: 1 staging only, 2 compute only"},
+    {O_K3DIAG, 0, "kivi3-diag", "N", "v3 timing diagnostic, wrong results: 1 staging only, 2 compute only, "
+                                     "3 and 4: 2 without the value / key MMAs"},
     {O_K3NOPF, 0, "kivi3-no-prefetch", NULL, "variant of v3: no L2 prefetch before the launch wait"},
     {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0 or 2 (default 2 on Hopper, as the engine)"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
@@ -132,8 +134,9 @@ int kv_bench_attn_main(int argc, char **argv)
             cfg.variant.kivi3_nst = (int)kv_cli_long("--kivi3-stages", a, 2, 4);
             break;
         case O_K3COMB: cfg.variant.kivi3_unfused = 1; break;
+        case O_K3FUSED: cfg.variant.kivi3_unfused = 2; break;
         case O_K3CPS: cfg.variant.kivi3_cps = (int)kv_cli_long("--kivi3-blocks", a, 1, 64); break;
-        case O_K3DIAG: cfg.variant.kivi3_diag = (int)kv_cli_long("--kivi3-diag", a, 1, 2); break;
+        case O_K3DIAG: cfg.variant.kivi3_diag = (int)kv_cli_long("--kivi3-diag", a, 1, 4); break;
         case O_K3NOPF: cfg.variant.kivi3_noprefetch = 1; break;
         case O_PDL:
             cfg.pdl = (int)kv_cli_long("--pdl", a, 0, 2);
@@ -175,7 +178,7 @@ int kv_bench_attn_main(int argc, char **argv)
                cfg.head_dim, cfg.group, cfg.residual);
         printf("  \"variant\": {\"f16_legacy\": %d, \"f16_prefetch\": %d, \"f16_unroll\": %d, "
                "\"f16_waves\": %d, \"kivi2_variant\": %d, \"kivi_kernel\": %d, \"kivi3_stages\": %d, "
-               "\"kivi3_combine\": %d, \"kivi3_blocks\": %d, \"kivi3_diag\": %d, \"kivi3_prefetch\": %d},\n",
+               "\"kivi3_merge\": %d, \"kivi3_blocks\": %d, \"kivi3_diag\": %d, \"kivi3_prefetch\": %d},\n",
                cfg.variant.f16_legacy, cfg.variant.f16_prefetch,
                cfg.variant.f16_unroll ? cfg.variant.f16_unroll : 4,
                cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var,

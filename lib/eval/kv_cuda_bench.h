@@ -39,9 +39,9 @@ typedef struct {
     int f16_legacy;   /* 1: the register-streaming fp16 kernel, not the tensor-core one */
     int kivi_kernel;  /* packed kernel: 0 (the default), 2 (v2) or 3 (v3) */
     int kivi3_nst;    /* v3 stages per warp (0: the default) */
-    int kivi3_unfused; /* v3: 1 = separate combine pass */
+    int kivi3_unfused; /* v3 merge: 0 default, 1 separate combine pass, 2 in the kernel */
     int kivi3_cps;    /* v3: blocks per SM cap (0: occupancy) */
-    int kivi3_diag;   /* v3: 1 = staging only, 2 = compute only (wrong results) */
+    int kivi3_diag;   /* v3: 1 staging only, 2 compute only, 3/4 2 without value/key MMAs */
     int kivi3_noprefetch; /* v3: 1 = no L2 prefetch before the PDL wait */
 } kv_bench_variant;
 

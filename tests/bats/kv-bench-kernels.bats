@@ -46,7 +46,7 @@ load helper
     run --separate-stderr kv-bench attn --help
     assert_success
     for o in --f16-legacy --f16-prefetch --f16-unroll --f16-waves --kivi2-variant --kivi-kernel \
-        --kivi3-stages --kivi3-combine --kivi3-blocks --kivi3-diag --kivi3-no-prefetch; do
+        --kivi3-stages --kivi3-combine --kivi3-fused --kivi3-blocks --kivi3-diag --kivi3-no-prefetch; do
         [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
     done
 }
@@ -64,7 +64,7 @@ load helper
     assert_fails_with 64 "--kivi3-stages"
     run --separate-stderr kv-bench attn --kivi3-blocks 0
     assert_fails_with 64 "--kivi3-blocks"
-    run --separate-stderr kv-bench attn --kivi3-diag 3
+    run --separate-stderr kv-bench attn --kivi3-diag 5
     assert_fails_with 64 "--kivi3-diag"
 }
 
@@ -73,7 +73,7 @@ load helper
         skip "a GPU is present: the benchmark would run"
     fi
     run --separate-stderr kv-bench attn --contexts 1024 --kivi-kernel 3 --kivi3-stages 4 \
-        --kivi3-combine --kivi3-blocks 2 --kivi3-diag 2 --kivi3-no-prefetch
+        --kivi3-fused --kivi3-blocks 2 --kivi3-diag 4 --kivi3-no-prefetch
     assert_fails_with 69 "GPU"
 }
 

@@ -7,14 +7,15 @@
 #   unit   test_cuda_kernels, the v3 packed-attention tests (v3 and its
 #          variants, 1/2/4 bits; niah4k layer 0 with v2 and v3) against the
 #          CPU reference (v2's random-data test is unchanged and slow here)
-#   bench  kv-bench attn --check --json -c 32768,131072 with --kivi-kernel 2,
-#          then 3 (fp16 measured in both)
+#   bench  kv-bench attn --check --json -c 32768,131072: v2 (--kivi-kernel 2),
+#          the default (the engine's choice), v3 (--kivi-kernel 3), v3 with
+#          the in-kernel merge (--kivi3-fused); fp16 measured in each
 #   mem    compute-sanitizer memcheck of the v3 test (KV_TEST_SHORT=1)
-#   vars   v3 variants at 128k (--iters 100 --reps 5): staging only and
-#          compute only (diag 1, 2), each with the in-kernel merge and with
-#          the combine pass; no L2 prefetch; 2 stages; 3 blocks/SM
+#   vars   v3 variants at 128k (--iters 100 --reps 5): staging only (diag
+#          1, also with the in-kernel merge), compute only (2), compute only
+#          without the value MMAs (3) or the key MMAs (4); 2 and 4 stages
 #   race   compute-sanitizer racecheck of the v3 test (KV_TEST_SHORT=1)
-#   again  v2 and v3 at 128k once more (--iters 100 --reps 5): the spread
+#   again  v2, the default and v3 at 128k once more (--iters 100 --reps 5)
 # Results: OUT/summary.txt, OUT/c10.tgz (every log and JSON).
 set -u
 D=${1:-build-dev-C}
@@ -34,7 +35,7 @@ if has unit && fits 45; then
     tap unit "$OUT/unit.tap" 60
 fi
 if has bench; then
-    for v in k2:--kivi-kernel=2 k3:--kivi-kernel=3 k3comb:--kivi-kernel=3:--kivi3-combine; do
+    for v in k2:--kivi-kernel=2 dflt: k3:--kivi-kernel=3 k3fused:--kivi-kernel=3:--kivi3-fused; do
         fits 16 || break
         n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 16 "$D/kv-bench" attn --check --json -c 32768,131072 $o \
@@ -49,9 +50,8 @@ if has mem && fits 25; then
     grep -E '^not ok|ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has vars; then
-    for v in diag1:--kivi3-diag=1 diag1comb:--kivi3-diag=1:--kivi3-combine diag2:--kivi3-diag=2 \
-        diag2comb:--kivi3-diag=2:--kivi3-combine nopf:--kivi3-no-prefetch nst2:--kivi3-stages=2 \
-        nst2comb:--kivi3-stages=2:--kivi3-combine cps3comb:--kivi3-blocks=3:--kivi3-combine; do
+    for v in diag1:--kivi3-diag=1 diag2:--kivi3-diag=2 diag3:--kivi3-diag=3 diag4:--kivi3-diag=4 \
+        diag1f:--kivi3-diag=1:--kivi3-fused nst2:--kivi3-stages=2 nst4:--kivi3-stages=4; do
         fits 9 || break
         n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel 3 $o \
@@ -66,7 +66,7 @@ if has race && fits 25; then
     grep -E '^not ok|RACECHECK SUMMARY|Hazard' "$OUT/racecheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has again; then
-    for v in k2:--kivi-kernel=2 k3:--kivi-kernel=3 k3comb:--kivi-kernel=3:--kivi3-combine; do
+    for v in k2:--kivi-kernel=2 dflt: k3:--kivi-kernel=3; do
         fits 9 || break
         n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 $o \
