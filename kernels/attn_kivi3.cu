@@ -262,9 +262,14 @@ __device__ void kv3_merge(const kivi3_args &a, int kvh, float *smf)
     }
 }
 
-template <int BITS, int HPG, int NST, int DIAG>
+/* VAR bit 1 (ZALU): the column sums of the value operand (p * scale and
+ * p * zero over the tokens) in fp32 adds, not in 8 MMAs with A = 1 per group. */
+#define KV3_VAR_ZALU 1
+
+template <int BITS, int HPG, int NST, int DIAG, int VAR = 0>
 __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
 {
+    constexpr bool ZALU = (VAR & KV3_VAR_ZALU) != 0;
     using C = kv3_cfg<BITS>;
     using KK = kv3_keys<BITS>;
     constexpr int D = C::D, G = KV3_G;
@@ -322,6 +327,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
 #pragma unroll
             for (int e = 0; e < 4; e++) Z[i][e] = 0.0f;
         float m_run = -INFINITY, l_run = 0.0f;
+        float zs[2] = {0.0f, 0.0f}; /* ZALU: this lane's part of column g's sums, per value group */
         /* B of the value MMAs: column g < HPG is head g times the value
          * scale, HPG <= g < 2 HPG head g - HPG times the value zero. */
         const int vh = g % HPG;
@@ -486,6 +492,10 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     Z[i][0] *= cra, Z[i][2] *= cra;
                     Z[i][1] *= crb, Z[i][3] *= crb;
                 }
+                if constexpr (ZALU) {
+                    const float crv = corr_sm[warp * HPG + vh];
+                    zs[0] *= crv, zs[1] *= crv;
+                }
             }
 
             /* Values, 16 tokens per step: O^T += codes^T * (p * scale). */
@@ -506,7 +516,14 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     bv[0][1] = kv3_hmul2(p2cd, __byte_perm(scd.x, scd.y, 0x5410u));
                     bv[1][1] = kv3_hmul2(p2cd, __byte_perm(scd.x, scd.y, 0x7632u));
                 }
-                {
+                if constexpr (ZALU) {
+#pragma unroll
+                    for (int gv = 0; gv < 2; gv++) {
+                        const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&bv[gv][0]));
+                        const float2 y = __half22float2(*reinterpret_cast<const __half2 *>(&bv[gv][1]));
+                        zs[gv] += (x.x + x.y) + (y.x + y.y);
+                    }
+                } else {
                     const uint32_t one[4] = {KV3_ONE2, KV3_ONE2, KV3_ONE2, KV3_ONE2};
                     KV3_VMMA(Z[0], one, bv[0]);
                     KV3_VMMA(Z[1], one, bv[1]);
@@ -575,16 +592,34 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         /* O^T tiles plus the value-zero sums into this warp's ring, then the
          * block's warps merge into one record per head. */
         float zv[2][2]; /* [group][column parity]: p . zero of head 2t + parity */
+        if constexpr (ZALU) {
+            /* column g's sums: the four lanes t of g add up; then Z's C
+             * layout (column 2t + e) and the zero columns from lanes 4 col */
 #pragma unroll
-        for (int gv = 0; gv < 2; gv++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int col = (HPG + ((2 * t + e) % HPG)) % 8;
-                const int src = g * 4 + (col >> 1);
-                const float z0 = __shfl_sync(KV_FULL_MASK, Z[gv][0], src);
-                const float z1 = __shfl_sync(KV_FULL_MASK, Z[gv][1], src);
-                zv[gv][e] = (col & 1) ? z1 : z0;
+            for (int gv = 0; gv < 2; gv++) {
+                zs[gv] += __shfl_xor_sync(KV_FULL_MASK, zs[gv], 1);
+                zs[gv] += __shfl_xor_sync(KV_FULL_MASK, zs[gv], 2);
             }
+#pragma unroll
+            for (int gv = 0; gv < 2; gv++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = (HPG + ((2 * t + e) % HPG)) % 8;
+                    zv[gv][e] = __shfl_sync(KV_FULL_MASK, zs[gv], 4 * col);
+                    Z[gv][e] = __shfl_sync(KV_FULL_MASK, zs[gv], 4 * ((2 * t + e) % 8));
+                }
+        } else {
+#pragma unroll
+            for (int gv = 0; gv < 2; gv++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = (HPG + ((2 * t + e) % HPG)) % 8;
+                    const int src = g * 4 + (col >> 1);
+                    const float z0 = __shfl_sync(KV_FULL_MASK, Z[gv][0], src);
+                    const float z1 = __shfl_sync(KV_FULL_MASK, Z[gv][1], src);
+                    zv[gv][e] = (col & 1) ? z1 : z0;
+                }
+        }
         __syncwarp();
         float *osm = reinterpret_cast<float *>(wring);
 #pragma unroll
@@ -638,20 +673,27 @@ static int kv3_nst(void)
 /* Instances: 1 and 2 bits with NST 3 for every geometry, NST 2 and 4 and
  * the staging diagnostic for 4 query heads per KV head (the Llama
  * geometry); 4 bits with NST 2 (9 KB stages: two blocks fit an SM). */
-static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem)
+static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem, int var = 0)
 {
 #define KV3_PICK(B, H, N, X)                                                \
-    if (bits == B && hpg == H && nst == N && diag == X) {                   \
+    if (bits == B && hpg == H && nst == N && diag == X && var == 0) {       \
         *smem = kv3_smem_bytes<B, H, N>();                                  \
         return attn_kivi3<B, H, N, X>;                                      \
+    }
+#define KV3_PICKV(B, H, N, V)                                               \
+    if (bits == B && hpg == H && nst == N && diag == 0 && var == V) {       \
+        *smem = kv3_smem_bytes<B, H, N>();                                  \
+        return attn_kivi3<B, H, N, 0, V>;                                   \
     }
     KV3_PICK(1, 4, 3, 0) KV3_PICK(2, 4, 3, 0) KV3_PICK(1, 2, 3, 0) KV3_PICK(2, 2, 3, 0)
     KV3_PICK(1, 1, 3, 0) KV3_PICK(2, 1, 3, 0)
     KV3_PICK(1, 4, 2, 0) KV3_PICK(2, 4, 2, 0) KV3_PICK(1, 4, 4, 0) KV3_PICK(2, 4, 4, 0)
     KV3_PICK(1, 4, 3, 1) KV3_PICK(2, 4, 3, 1) KV3_PICK(1, 4, 3, 2) KV3_PICK(2, 4, 3, 2)
     KV3_PICK(1, 4, 3, 3) KV3_PICK(1, 4, 3, 4)
+    KV3_PICKV(1, 4, 3, 1) KV3_PICKV(2, 4, 3, 1) KV3_PICKV(4, 4, 2, 1)
     KV3_PICK(4, 4, 2, 0) KV3_PICK(4, 2, 2, 0) KV3_PICK(4, 1, 2, 0)
 #undef KV3_PICK
+#undef KV3_PICKV
     return nullptr;
 }
 
@@ -660,7 +702,7 @@ static int kv3_default_nst(int bits) { return bits == 4 ? 2 : 3; }
 static kivi3_kernel kv3_pick_tuned(int bits, int hpg, int *smem)
 {
     const kv_cuda_tuning *t = kv_cuda_get_tuning();
-    kivi3_kernel k = kv3_pick(bits, hpg, bits == 4 ? 2 : kv3_nst(), t->kivi3_diag, smem);
+    kivi3_kernel k = kv3_pick(bits, hpg, bits == 4 ? 2 : kv3_nst(), t->kivi3_diag, smem, t->kivi3_var);
     return k ? k : kv3_pick(bits, hpg, kv3_default_nst(bits), 0, smem); /* variants: 4 heads per KV head */
 }
 

@@ -70,6 +70,8 @@ typedef struct {
                          only (the first stages computed again, no further loads), 3 = 2
                          without the value MMAs, 4 = 2 without the key MMAs */
     int kivi3_noprefetch; /* v3: 1 = no L2 prefetch of the first groups before the PDL wait */
+    int kivi3_var;    /* v3 variant bits (attn_kivi3.cu): 1 = value-operand sums in fp32 adds,
+                         not MMAs (an instance for 4 query heads per KV head only) */
 } kv_cuda_tuning;
 
 void kv_cuda_tuning_default(kv_cuda_tuning *t);

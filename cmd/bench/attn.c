@@ -18,7 +18,7 @@ int kv_bench_attn_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_HEADS = 256, O_KVH, O_DIM, O_GROUP, O_RESID, O_ITERS, O_REPS, O_CHECK,
        O_CHECKMAX, O_F16LEG, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_KIVIK, O_K3NST,
-       O_K3COMB, O_K3FUSED, O_K3CPS, O_K3DIAG, O_K3NOPF, O_PDL, O_JSON };
+       O_K3COMB, O_K3FUSED, O_K3CPS, O_K3DIAG, O_K3NOPF, O_K3ZALU, O_PDL, O_JSON };
 
 static const kv_option opts[] = {
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 8192,32768,131072)"},
@@ -45,6 +45,7 @@ static const kv_option opts[] = {
     {O_K3DIAG, 0, "kivi3-diag", "N", "v3 timing diagnostic, wrong results: 1 staging only, 2 compute only, "
                                      "3 and 4: 2 without the value / key MMAs"},
     {O_K3NOPF, 0, "kivi3-no-prefetch", NULL, "variant of v3: no L2 prefetch before the launch wait"},
+    {O_K3ZALU, 0, "kivi3-zsum-alu", NULL, "variant of v3: value-operand sums in fp32 adds, not MMAs"},
     {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0 or 2 (default 2 on Hopper, as the engine)"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
@@ -84,7 +85,7 @@ static void target_json(const char *name, double value, double target, int last)
 int kv_bench_attn_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, -1};
+    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, -1};
     int ctx[MAXC] = {8192, 32768, 131072}, nctx = 3, oi, check = 0, check_max = 32768;
     bool json = false;
     const char *a;
@@ -138,6 +139,7 @@ int kv_bench_attn_main(int argc, char **argv)
         case O_K3CPS: cfg.variant.kivi3_cps = (int)kv_cli_long("--kivi3-blocks", a, 1, 64); break;
         case O_K3DIAG: cfg.variant.kivi3_diag = (int)kv_cli_long("--kivi3-diag", a, 1, 4); break;
         case O_K3NOPF: cfg.variant.kivi3_noprefetch = 1; break;
+        case O_K3ZALU: cfg.variant.kivi3_var |= 1; break;
         case O_PDL:
             cfg.pdl = (int)kv_cli_long("--pdl", a, 0, 2);
             if (cfg.pdl == 1) kv_cli_usage_error("--pdl must be 0 or 2 (level 1 covers only GEMVs)");
@@ -178,13 +180,14 @@ int kv_bench_attn_main(int argc, char **argv)
                cfg.head_dim, cfg.group, cfg.residual);
         printf("  \"variant\": {\"f16_legacy\": %d, \"f16_prefetch\": %d, \"f16_unroll\": %d, "
                "\"f16_waves\": %d, \"kivi2_variant\": %d, \"kivi_kernel\": %d, \"kivi3_stages\": %d, "
-               "\"kivi3_merge\": %d, \"kivi3_blocks\": %d, \"kivi3_diag\": %d, \"kivi3_prefetch\": %d},\n",
+               "\"kivi3_merge\": %d, \"kivi3_blocks\": %d, \"kivi3_diag\": %d, \"kivi3_prefetch\": %d, "
+               "\"kivi3_var\": %d},\n",
                cfg.variant.f16_legacy, cfg.variant.f16_prefetch,
                cfg.variant.f16_unroll ? cfg.variant.f16_unroll : 4,
                cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var,
                cfg.variant.kivi_kernel, cfg.variant.kivi3_nst ? cfg.variant.kivi3_nst : 3,
                cfg.variant.kivi3_unfused, cfg.variant.kivi3_cps, cfg.variant.kivi3_diag,
-               !cfg.variant.kivi3_noprefetch);
+               !cfg.variant.kivi3_noprefetch, cfg.variant.kivi3_var);
         printf("  \"pdl\": %d,\n  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n"
                "  \"contexts\": [\n", cfg.pdl, cfg.iters, cfg.reps, copy);
         for (int i = 0; i < nctx; i++) {

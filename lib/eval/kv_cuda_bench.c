@@ -349,6 +349,7 @@ kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r)
     t.kivi3_cps = c->variant.kivi3_cps;
     t.kivi3_diag = c->variant.kivi3_diag;
     t.kivi3_noprefetch = c->variant.kivi3_noprefetch;
+    t.kivi3_var = c->variant.kivi3_var;
     kv_cuda_set_tuning(&t);
     kv_status st = bench_attn(c, r);
     kv_cuda_set_tuning(&keep);

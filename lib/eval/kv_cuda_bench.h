@@ -43,6 +43,7 @@ typedef struct {
     int kivi3_cps;    /* v3: blocks per SM cap (0: occupancy) */
     int kivi3_diag;   /* v3: 1 staging only, 2 compute only, 3/4 2 without value/key MMAs */
     int kivi3_noprefetch; /* v3: 1 = no L2 prefetch before the PDL wait */
+    int kivi3_var;    /* v3 variant bits: 1 = value-operand sums in fp32 adds */
 } kv_bench_variant;
 
 typedef struct {

@@ -46,7 +46,7 @@ load helper
     run --separate-stderr kv-bench attn --help
     assert_success
     for o in --f16-legacy --f16-prefetch --f16-unroll --f16-waves --kivi2-variant --kivi-kernel \
-        --kivi3-stages --kivi3-combine --kivi3-fused --kivi3-blocks --kivi3-diag --kivi3-no-prefetch; do
+        --kivi3-stages --kivi3-combine --kivi3-fused --kivi3-blocks --kivi3-diag --kivi3-no-prefetch --kivi3-zsum-alu; do
         [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
     done
 }
@@ -73,7 +73,7 @@ load helper
         skip "a GPU is present: the benchmark would run"
     fi
     run --separate-stderr kv-bench attn --contexts 1024 --kivi-kernel 3 --kivi3-stages 4 \
-        --kivi3-fused --kivi3-blocks 2 --kivi3-diag 4 --kivi3-no-prefetch
+        --kivi3-fused --kivi3-blocks 2 --kivi3-diag 4 --kivi3-no-prefetch --kivi3-zsum-alu
     assert_fails_with 69 "GPU"
 }
 

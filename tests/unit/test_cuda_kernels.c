@@ -465,16 +465,17 @@ static void test_attn_kivi_matches_cpu_on_random_data(void)
 
 /* v3 (attn_kivi3.cu) in its variants: the default on every case, then on
  * the short ones 2 and 4 stages, the in-kernel merge, a one-block-
- * per-SM plan and no L2 prefetch; the default again, so that a second pass
+ * per-SM plan, no L2 prefetch and the fp32-add sums (4 query heads per KV
+ * head; other geometries fall back to the default); the default again, so that a second pass
  * over the ticket sets finds them reset.  KV_TEST_QUICK=1 (the device
  * rounds' time cap) leaves out 4 stages, one block/SM and no prefetch. */
 static void test_attn_kivi3_matches_cpu_on_random_data(void)
 {
-    static const struct { int nst, unfused, cps, nopf, slow; const char *label; } vars[] = {
-        {0, 0, 0, 0, 0, "v3"},          {2, 0, 0, 0, 0, "v3 2 stages"},
-        {4, 0, 0, 0, 1, "v3 4 stages"}, {0, 2, 0, 0, 0, "v3 merged in the kernel"},
-        {0, 0, 1, 0, 1, "v3 1 block/SM"}, {0, 0, 0, 1, 1, "v3 no prefetch"},
-        {0, 0, 0, 0, 0, "v3 again"},
+    static const struct { int nst, unfused, cps, nopf, var, slow; const char *label; } vars[] = {
+        {0, 0, 0, 0, 0, 0, "v3"},          {2, 0, 0, 0, 0, 0, "v3 2 stages"},
+        {4, 0, 0, 0, 0, 1, "v3 4 stages"}, {0, 2, 0, 0, 0, 0, "v3 merged in the kernel"},
+        {0, 0, 1, 0, 0, 1, "v3 1 block/SM"}, {0, 0, 0, 1, 0, 1, "v3 no prefetch"},
+        {0, 0, 0, 0, 1, 0, "v3 sums in fp32 adds"}, {0, 0, 0, 0, 0, 0, "v3 again"},
     };
     const int quick = getenv("KV_TEST_QUICK") != NULL;
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
@@ -485,6 +486,7 @@ static void test_attn_kivi3_matches_cpu_on_random_data(void)
         t.kivi3_unfused = vars[i].unfused;
         t.kivi3_cps = vars[i].cps;
         t.kivi3_noprefetch = vars[i].nopf;
+        t.kivi3_var = vars[i].var;
         kivi_quick = i > 0;
         with_kivi_tuning(&t, check_kivi_random_cases, vars[i].label);
     }

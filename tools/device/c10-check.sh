@@ -13,7 +13,8 @@
 #   mem    compute-sanitizer memcheck of the v3 test (KV_TEST_SHORT=1)
 #   vars   v3 variants at 128k (--iters 100 --reps 5): staging only (diag
 #          1, also with the in-kernel merge), compute only (2), compute only
-#          without the value MMAs (3) or the key MMAs (4); 2 and 4 stages
+#          without the value MMAs (3) or the key MMAs (4); the value sums in
+#          fp32 adds (--kivi3-zsum-alu); 2 stages
 #   race   compute-sanitizer racecheck of the v3 test (KV_TEST_SHORT=1)
 #   again  v2, the default and v3 at 128k once more (--iters 100 --reps 5)
 # Results: OUT/summary.txt, OUT/c10.tgz (every log and JSON).
@@ -51,7 +52,7 @@ if has mem && fits 25; then
 fi
 if has vars; then
     for v in diag1:--kivi3-diag=1 diag2:--kivi3-diag=2 diag3:--kivi3-diag=3 diag4:--kivi3-diag=4 \
-        diag1f:--kivi3-diag=1:--kivi3-fused nst2:--kivi3-stages=2 nst4:--kivi3-stages=4; do
+        diag1f:--kivi3-diag=1:--kivi3-fused zalu:--kivi3-zsum-alu nst2:--kivi3-stages=2; do
         fits 9 || break
         n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel 3 $o \
