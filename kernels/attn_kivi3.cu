@@ -664,15 +664,17 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
 
 typedef void (*kivi3_kernel)(kivi3_args);
 
+/* Stages per warp: 2 by default (rounds 3 and 4: 0.4-0.6 us faster than 3
+ * at 128k, 1 and 2 bits; the arithmetic, not the loads, bounds the kernel). */
 static int kv3_nst(void)
 {
     const int n = kv_cuda_get_tuning()->kivi3_nst;
-    return n == 2 || n == 4 ? n : 3;
+    return n == 3 || n == 4 ? n : 2;
 }
 
-/* Instances: 1 and 2 bits with NST 3 for every geometry, NST 2 and 4 and
- * the staging diagnostic for 4 query heads per KV head (the Llama
- * geometry); 4 bits with NST 2 (9 KB stages: two blocks fit an SM). */
+/* Instances: 1 and 2 bits with NST 2 and 3 for every geometry, NST 4 and
+ * the diagnostics for 4 query heads per KV head (the Llama geometry); 4
+ * bits with NST 2 (9 KB stages: two blocks fit an SM). */
 static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem, int var = 0)
 {
 #define KV3_PICK(B, H, N, X)                                                \
@@ -687,7 +689,8 @@ static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem, in
     }
     KV3_PICK(1, 4, 3, 0) KV3_PICK(2, 4, 3, 0) KV3_PICK(1, 2, 3, 0) KV3_PICK(2, 2, 3, 0)
     KV3_PICK(1, 1, 3, 0) KV3_PICK(2, 1, 3, 0)
-    KV3_PICK(1, 4, 2, 0) KV3_PICK(2, 4, 2, 0) KV3_PICK(1, 4, 4, 0) KV3_PICK(2, 4, 4, 0)
+    KV3_PICK(1, 4, 2, 0) KV3_PICK(2, 4, 2, 0) KV3_PICK(1, 2, 2, 0) KV3_PICK(2, 2, 2, 0)
+    KV3_PICK(1, 1, 2, 0) KV3_PICK(2, 1, 2, 0) KV3_PICK(1, 4, 4, 0) KV3_PICK(2, 4, 4, 0)
     KV3_PICK(1, 4, 3, 1) KV3_PICK(2, 4, 3, 1) KV3_PICK(1, 4, 3, 2) KV3_PICK(2, 4, 3, 2)
     KV3_PICK(1, 4, 3, 3) KV3_PICK(1, 4, 3, 4)
     KV3_PICKV(1, 4, 3, 1) KV3_PICKV(2, 4, 3, 1) KV3_PICKV(4, 4, 2, 1)
@@ -697,12 +700,13 @@ static kivi3_kernel kv3_pick(int bits, int hpg, int nst, int diag, int *smem, in
     return nullptr;
 }
 
-static int kv3_default_nst(int bits) { return bits == 4 ? 2 : 3; }
+static int kv3_default_nst(int bits) { return bits == 4 ? 2 : kv3_nst(); }
 
 static kivi3_kernel kv3_pick_tuned(int bits, int hpg, int *smem)
 {
     const kv_cuda_tuning *t = kv_cuda_get_tuning();
-    kivi3_kernel k = kv3_pick(bits, hpg, bits == 4 ? 2 : kv3_nst(), t->kivi3_diag, smem, t->kivi3_var);
+    const int nst = bits == 4 ? 2 : (t->kivi3_diag || t->kivi3_var) && !t->kivi3_nst ? 3 : kv3_nst();
+    kivi3_kernel k = kv3_pick(bits, hpg, nst, t->kivi3_diag, smem, t->kivi3_var);
     return k ? k : kv3_pick(bits, hpg, kv3_default_nst(bits), 0, smem); /* variants: 4 heads per KV head */
 }
 

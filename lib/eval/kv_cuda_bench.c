@@ -290,6 +290,7 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
     st = time_launches(kivi_launch, &a, c->iters, c->reps, &out->seconds);
     if (st) goto done;
     out->ok = 1;
+    out->kernel = kv_cuda_attn_kivi_kernel(&a.d, &a.prm);
     out->bytes = (double)per_copy + 2.0 * 2 * c->n_heads * D + 4.0 * c->n_heads * D;
     out->bytes_per_s = out->bytes / out->seconds;
     if (c->check) {

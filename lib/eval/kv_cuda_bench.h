@@ -63,6 +63,7 @@ typedef struct {
     double bytes;      /* bytes the path must read (K, V, scales, zeros, residual, q, out) */
     double bytes_per_s;
     double err;        /* normalized error vs the CPU reference, or -1 when not checked */
+    int kernel;        /* packed paths: the kernel that ran (2 or 3); 0 for fp16 */
 } kv_bench_attn_path;
 
 typedef struct {

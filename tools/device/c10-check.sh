@@ -8,21 +8,20 @@
 #          variants, 1/2/4 bits; niah4k layer 0 with v2 and v3) against the
 #          CPU reference (v2's random-data test is unchanged and slow here)
 #   bench  kv-bench attn --check --json -c 32768,131072: v2 (--kivi-kernel 2),
-#          the default (the engine's choice), v3 (--kivi-kernel 3), v3 with
-#          the in-kernel merge (--kivi3-fused); fp16 measured in each
+#          the default (the engine's choice), v3 (--kivi-kernel 3); fp16
+#          measured in each
 #   mem    compute-sanitizer memcheck of the v3 test (KV_TEST_SHORT=1)
-#   vars   v3 variants at 128k (--iters 100 --reps 5): staging only (diag
-#          1, also with the in-kernel merge), compute only (2), compute only
-#          without the value MMAs (3) or the key MMAs (4); the value sums in
-#          fp32 adds (--kivi3-zsum-alu); 2 stages
 #   race   compute-sanitizer racecheck of the v3 test (KV_TEST_SHORT=1)
+#   vars   v3 variants at 128k (--iters 100 --reps 5): 3 stages, the
+#          in-kernel merge (rounds 2-4 ran the diagnostics, with other
+#          STEPS lists of this script: tools/device/runs/c7-round-N)
 #   again  v2, the default and v3 at 128k once more (--iters 100 --reps 5)
 # Results: OUT/summary.txt, OUT/c10.tgz (every log and JSON).
 set -u
 D=${1:-build-dev-C}
 OUT=${OUT:-/tmp/c10-out}
 CAP=${CAP:-98}
-STEPS=${STEPS:-unit,bench,mem,vars,race,again}
+STEPS=${STEPS:-unit,bench,mem,race,vars,again}
 . tools/device/common.sh
 START=$(date +%s)
 [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
@@ -36,7 +35,7 @@ if has unit && fits 45; then
     tap unit "$OUT/unit.tap" 60
 fi
 if has bench; then
-    for v in k2:--kivi-kernel=2 dflt: k3:--kivi-kernel=3 k3fused:--kivi-kernel=3:--kivi3-fused; do
+    for v in k2:--kivi-kernel=2 dflt: k3:--kivi-kernel=3; do
         fits 16 || break
         n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 16 "$D/kv-bench" attn --check --json -c 32768,131072 $o \
@@ -50,21 +49,20 @@ if has mem && fits 25; then
     log "memcheck (attn_kivi3, short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
+if has race && fits 25; then
+    env KV_TEST_SHORT=1 KV_TEST_QUICK=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 "$D/test_cuda_kernels" > "$OUT/racecheck.log" 2>&1
+    log "racecheck (attn_kivi3, short) rc=$?"
+    grep -E '^not ok|RACECHECK SUMMARY|Hazard' "$OUT/racecheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
+fi
 if has vars; then
-    for v in diag1:--kivi3-diag=1 diag2:--kivi3-diag=2 diag3:--kivi3-diag=3 diag4:--kivi3-diag=4 \
-        diag1f:--kivi3-diag=1:--kivi3-fused zalu:--kivi3-zsum-alu nst2:--kivi3-stages=2; do
+    for v in nst3:--kivi3-stages=3 fused:--kivi3-fused; do
         fits 9 || break
         n=${v%%:*}; o=$(echo "${v#*:}" | tr =: '  ')
         timeout 9 "$D/kv-bench" attn --json -c 131072 --iters 100 --reps 5 --kivi-kernel 3 $o \
             > "$OUT/attn-$n.json" 2> "$OUT/attn-$n.err"
         log "kv-bench attn -c 131072 --kivi-kernel 3 $o rc=$?"
     done
-fi
-if has race && fits 25; then
-    env KV_TEST_SHORT=1 KV_TEST_QUICK=1 KV_TEST_FILTER=attn_kivi3 timeout 25 compute-sanitizer --tool racecheck \
-        --error-exitcode 9 "$D/test_cuda_kernels" > "$OUT/racecheck.log" 2>&1
-    log "racecheck (attn_kivi3, short) rc=$?"
-    grep -E '^not ok|RACECHECK SUMMARY|Hazard' "$OUT/racecheck.log" | tail -n 6 | tee -a "$OUT/summary.txt"
 fi
 if has again; then
     for v in k2:--kivi-kernel=2 dflt: k3:--kivi-kernel=3; do
