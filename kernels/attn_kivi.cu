@@ -10,6 +10,7 @@
  * kv_softmax_merge_store (attn_f16.cuh), the epilogue the fp16 blocks share.
  */
 #include "attn_kivi.cuh"
+#include "attn_kivi3.cuh"
 
 #ifndef KV_KIVI2_MINB
 #define KV_KIVI2_MINB 4 /* resident blocks per SM the v2 instances are compiled for */
@@ -876,7 +877,8 @@ extern "C" int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_
     if (!d || !prm || d->n_heads < 1 || d->n_kv_heads < 1 || d->n_heads % d->n_kv_heads || d->T < 1 ||
         d->head_dim != KV_KIVI_D || prm->residual < 0)
         return 0;
-    return kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads) != nullptr;
+    return kivi_pick(prm->bits, prm->group, d->n_heads / d->n_kv_heads) != nullptr ||
+           (prm->bits == 4 && kv_kivi3_ok(d, prm)); /* 4 bits: v3 only */
 }
 
 struct kivi_plan {
@@ -908,11 +910,41 @@ static cudaError_t kivi_make_plan(const kv_attn_dims *d, const kv_kivi_params *p
     return cudaSuccess;
 }
 
+/* The kernel kv_cuda_tuning.kivi_kernel 0 means, per bit width: the faster
+ * in the same device run (docs/BENCHMARKS.md, Packed attention v3, H200,
+ * 128k): 1 bit v2 (46.8 against 48.1 us for v3), 2 bits v3 (60.5 against
+ * 63.1 us; 23.5 against 27.8 at 32k); 4 bits have v3 only. */
+#ifndef KV_KIVI_DEFAULT_KERNEL1
+#define KV_KIVI_DEFAULT_KERNEL1 2
+#endif
+#ifndef KV_KIVI_DEFAULT_KERNEL2
+#define KV_KIVI_DEFAULT_KERNEL2 3
+#endif
+
+static bool kivi_use_v3(const kv_attn_dims *d, const kv_kivi_params *prm)
+{
+    if (prm->bits == 4) return true; /* v2 has no 4-bit kernel (supported() checked v3) */
+    int k = kv_cuda_get_tuning()->kivi_kernel;
+    if (k == 0) k = prm->bits == 1 ? KV_KIVI_DEFAULT_KERNEL1 : KV_KIVI_DEFAULT_KERNEL2;
+    return k == 3 && kv_kivi3_ok(d, prm);
+}
+
+extern "C" int kv_cuda_attn_kivi_kernel(const kv_attn_dims *d, const kv_kivi_params *prm)
+{
+    if (!kv_cuda_attn_kivi_supported(d, prm)) return 0;
+    return kivi_use_v3(d, prm) ? 3 : 2;
+}
+
+/* Enough for either kernel, so that a workspace sized once serves both. */
 extern "C" size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm)
 {
+    if (!kv_cuda_attn_kivi_supported(d, prm)) return 0;
+    if (prm->bits == 4) return kv_kivi3_workspace(d, prm);
     kivi_plan p;
-    if (!kv_cuda_attn_kivi_supported(d, prm) || kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
-    return (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
+    if (kivi_make_plan(d, prm, &p) != cudaSuccess) return 0;
+    size_t v2 = (size_t)d->n_heads * (p.nsplit_p + p.nsplit_r) * (d->head_dim + 2) * sizeof(float);
+    size_t v3 = kv_kivi3_ok(d, prm) ? kv_kivi3_workspace(d, prm) : 0;
+    return v2 > v3 ? v2 : v3;
 }
 
 extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_params *prm,
@@ -921,6 +953,7 @@ extern "C" cudaError_t kv_cuda_attn_kivi(const kv_attn_dims *d, const kv_kivi_pa
                                          size_t ws_bytes, cudaStream_t stream)
 {
     KV_CHECK_ARGS(kv_cuda_attn_kivi_supported(d, prm) && q && K && V && out && ws);
+    if (kivi_use_v3(d, prm)) return kv_kivi3_launch(d, prm, q, K, V, out, ws, ws_bytes, stream);
     kivi_plan p;
     CUDA_CHECK(kivi_make_plan(d, prm, &p));
     int nsplit = p.nsplit_p + p.nsplit_r;

@@ -24,7 +24,7 @@ static int pdl_level;
 extern "C" void kv_cuda_set_pdl(int level) { pdl_level = level < 0 ? 0 : level > 2 ? 2 : level; }
 extern "C" int kv_cuda_pdl(void) { return pdl_level; }
 
-static kv_cuda_tuning tuning = {0, 4 /* KV_F16_UNROLL */, 1, 0, 0};
+static kv_cuda_tuning tuning = {0, 4 /* KV_F16_UNROLL */, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
 extern "C" void kv_cuda_tuning_default(kv_cuda_tuning *t)
 {
@@ -33,6 +33,13 @@ extern "C" void kv_cuda_tuning_default(kv_cuda_tuning *t)
     t->f16_waves = 1;
     t->kivi2_var = 0;
     t->f16_legacy = 0;
+    t->kivi_kernel = 0;
+    t->kivi3_nst = 0;
+    t->kivi3_unfused = 0;
+    t->kivi3_cps = 0;
+    t->kivi3_diag = 0;
+    t->kivi3_noprefetch = 0;
+    t->kivi3_var = 0;
 }
 
 extern "C" void kv_cuda_set_tuning(const kv_cuda_tuning *t)

@@ -60,6 +60,18 @@ typedef struct {
     int f16_legacy;   /* fp16 attention: 1 = the register-streaming kernel everywhere, not the
                          pipelined tensor-core one (attn_f16_tc.cu); f16_prefetch and
                          f16_unroll 8 imply it */
+    int kivi_kernel;  /* packed attention: 0 = the default, 2 = v2 (attn_kivi.cu), 3 = v3
+                         (attn_kivi3.cu) where it serves the geometry, else v2 */
+    int kivi3_nst;    /* v3: shared-memory stages per warp, 2, 3 or 4 (0 = the default) */
+    int kivi3_unfused; /* v3 merge of the splits: 0 = the default (kv_attn_combine), 1 = the
+                          combine pass, 2 = the last block of each KV head merges */
+    int kivi3_cps;    /* v3: at most this many blocks per SM in the grid plan (0 = occupancy) */
+    int kivi3_diag;   /* v3 timing diagnostics (wrong results): 1 = staging only, 2 = compute
+                         only (the first stages computed again, no further loads), 3 = 2
+                         without the value MMAs, 4 = 2 without the key MMAs */
+    int kivi3_noprefetch; /* v3: 1 = no L2 prefetch of the first groups before the PDL wait */
+    int kivi3_var;    /* v3 variant bits (attn_kivi3.cu): 1 = value-operand sums in fp32 adds,
+                         not MMAs (an instance for 4 query heads per KV head only) */
 } kv_cuda_tuning;
 
 void kv_cuda_tuning_default(kv_cuda_tuning *t);
@@ -106,9 +118,14 @@ typedef struct {
 
 /* Is this packed geometry supported by kv_cuda_attn_kivi (bits 1 or 2,
  * head_dim 128, group 32 or 64, n_heads/kv_heads 1, 2 or 4)?  The kernel
- * also needs an sm_80 or newer GPU (tensor-core mma.m16n8k16, cp.async). */
+ * also needs an sm_80 or newer GPU (tensor-core mma.m16n8k16, cp.async).
+ * Group 64 runs on v3 (attn_kivi3.cu: deeper staging, the splits merged by
+ * the last block) when kv_cuda_tuning.kivi_kernel asks for it, else v2. */
 int kv_cuda_attn_kivi_supported(const kv_attn_dims *d, const kv_kivi_params *prm);
 size_t kv_cuda_attn_kivi_workspace(const kv_attn_dims *d, const kv_kivi_params *prm);
+/* Which kernel kv_cuda_attn_kivi runs for this geometry under the current
+ * tuning: 2 or 3 (0 when unsupported). */
+int kv_cuda_attn_kivi_kernel(const kv_attn_dims *d, const kv_kivi_params *prm);
 
 /*
  * Decode attention straight from KIVI-packed keys and values, with the key

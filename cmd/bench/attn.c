@@ -17,7 +17,8 @@
 int kv_bench_attn_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_HEADS = 256, O_KVH, O_DIM, O_GROUP, O_RESID, O_ITERS, O_REPS, O_CHECK,
-       O_CHECKMAX, O_F16LEG, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_PDL, O_JSON };
+       O_CHECKMAX, O_F16LEG, O_F16PF, O_F16UNROLL, O_F16WAVES, O_KIVI2VAR, O_KIVIK, O_K3NST,
+       O_K3COMB, O_K3FUSED, O_K3CPS, O_K3DIAG, O_K3NOPF, O_K3ZALU, O_PDL, O_JSON };
 
 static const kv_option opts[] = {
     {O_CTX, 'c', "contexts", "LIST", "context lengths (default 8192,32768,131072)"},
@@ -36,6 +37,15 @@ static const kv_option opts[] = {
     {O_F16WAVES, 0, "f16-waves", "N", "variant: fp16 grid of N waves of blocks (default 1)"},
     {O_KIVI2VAR, 0, "kivi2-variant", "N", "variant of the packed kernel: 0 (default), 1, 2, 3, 7, 71; "
                                          "8, 16, 32 time stages and compute wrong results"},
+    {O_KIVIK, 0, "kivi-kernel", "N", "packed kernel: 2 (v2) or 3 (v3, group 64; default: the engine's)"},
+    {O_K3NST, 0, "kivi3-stages", "N", "variant of v3: shared-memory stages per warp, 2 (default), 3 or 4"},
+    {O_K3COMB, 0, "kivi3-combine", NULL, "v3 merges the splits in a separate combine pass (the default)"},
+    {O_K3FUSED, 0, "kivi3-fused", NULL, "variant of v3: the last block of each KV head merges the splits"},
+    {O_K3CPS, 0, "kivi3-blocks", "N", "variant of v3: at most N blocks per SM in the grid (default: occupancy)"},
+    {O_K3DIAG, 0, "kivi3-diag", "N", "v3 timing diagnostic, wrong results: 1 staging only, 2 compute only, "
+                                     "3 and 4: 2 without the value / key MMAs"},
+    {O_K3NOPF, 0, "kivi3-no-prefetch", NULL, "variant of v3: no L2 prefetch before the launch wait"},
+    {O_K3ZALU, 0, "kivi3-zsum-alu", NULL, "variant of v3: value-operand sums in fp32 adds, not MMAs"},
     {O_PDL, 0, "pdl", "LEVEL", "programmatic dependent launch: 0 or 2 (default 2 on Hopper, as the engine)"},
     {O_JSON, 'j', "json", NULL, "JSON even on a terminal"},
     {0, 0, NULL, NULL, NULL},
@@ -63,6 +73,7 @@ static void path_json(const char *name, const kv_bench_attn_path *p, double copy
            name, p->seconds * 1e6, p->bytes, p->bytes_per_s, p->bytes_per_s / copy,
            f16->seconds / p->seconds);
     if (p->err >= 0) printf(", \"err_vs_cpu\": %.3e", p->err);
+    if (p->kernel) printf(", \"kernel\": %d", p->kernel);
     printf("}%s\n", last ? "" : ",");
 }
 
@@ -75,7 +86,7 @@ static void target_json(const char *name, double value, double target, int last)
 int kv_bench_attn_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0, 0}, -1};
+    kv_bench_attn_cfg cfg = {32, 8, 128, 0, 64, 128, 200, 7, 0, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, -1};
     int ctx[MAXC] = {8192, 32768, 131072}, nctx = 3, oi, check = 0, check_max = 32768;
     bool json = false;
     const char *a;
@@ -118,6 +129,18 @@ int kv_bench_attn_main(int argc, char **argv)
             cfg.variant.kivi2_var = (int)v;
             break;
         }
+        case O_KIVIK:
+            cfg.variant.kivi_kernel = (int)kv_cli_long("--kivi-kernel", a, 2, 3);
+            break;
+        case O_K3NST:
+            cfg.variant.kivi3_nst = (int)kv_cli_long("--kivi3-stages", a, 2, 4);
+            break;
+        case O_K3COMB: cfg.variant.kivi3_unfused = 1; break;
+        case O_K3FUSED: cfg.variant.kivi3_unfused = 2; break;
+        case O_K3CPS: cfg.variant.kivi3_cps = (int)kv_cli_long("--kivi3-blocks", a, 1, 64); break;
+        case O_K3DIAG: cfg.variant.kivi3_diag = (int)kv_cli_long("--kivi3-diag", a, 1, 4); break;
+        case O_K3NOPF: cfg.variant.kivi3_noprefetch = 1; break;
+        case O_K3ZALU: cfg.variant.kivi3_var |= 1; break;
         case O_PDL:
             cfg.pdl = (int)kv_cli_long("--pdl", a, 0, 2);
             if (cfg.pdl == 1) kv_cli_usage_error("--pdl must be 0 or 2 (level 1 covers only GEMVs)");
@@ -157,17 +180,24 @@ int kv_bench_attn_main(int argc, char **argv)
                "\"residual\": %d, \"batch\": 1, \"layers\": 1},\n", cfg.n_heads, cfg.n_kv_heads,
                cfg.head_dim, cfg.group, cfg.residual);
         printf("  \"variant\": {\"f16_legacy\": %d, \"f16_prefetch\": %d, \"f16_unroll\": %d, "
-               "\"f16_waves\": %d, \"kivi2_variant\": %d},\n", cfg.variant.f16_legacy,
-               cfg.variant.f16_prefetch,
+               "\"f16_waves\": %d, \"kivi2_variant\": %d, \"kivi_kernel\": %d, \"kivi3_stages\": %d, "
+               "\"kivi3_merge\": %d, \"kivi3_blocks\": %d, \"kivi3_diag\": %d, \"kivi3_prefetch\": %d, "
+               "\"kivi3_var\": %d},\n",
+               cfg.variant.f16_legacy, cfg.variant.f16_prefetch,
                cfg.variant.f16_unroll ? cfg.variant.f16_unroll : 4,
-               cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var);
+               cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var,
+               cfg.variant.kivi_kernel, cfg.variant.kivi3_nst ? cfg.variant.kivi3_nst : 2,
+               cfg.variant.kivi3_unfused, cfg.variant.kivi3_cps, cfg.variant.kivi3_diag,
+               !cfg.variant.kivi3_noprefetch, cfg.variant.kivi3_var);
         printf("  \"pdl\": %d,\n  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n"
                "  \"contexts\": [\n", cfg.pdl, cfg.iters, cfg.reps, copy);
         for (int i = 0; i < nctx; i++) {
-            printf("    {\n      \"T\": %d,\n      \"copies\": %d,\n", ctx[i], res[i].copies);
+            printf("    {\n      \"T\": %d,\n      \"copies\": %d,\n      \"kivi_kernel\": %d,\n", ctx[i],
+                   res[i].copies, res[i].kivi_kernel);
             path_json("f16", &res[i].f16, copy, &res[i].f16, 0);
             path_json("kivi1", &res[i].kivi1, copy, &res[i].f16, 0);
-            path_json("kivi2", &res[i].kivi2, copy, &res[i].f16, 1);
+            path_json("kivi2", &res[i].kivi2, copy, &res[i].f16, 0);
+            path_json("kivi4", &res[i].kivi4, copy, &res[i].f16, 1);
             printf("    }%s\n", i + 1 < nctx ? "," : "");
         }
         printf("  ],\n  \"targets_at_T\": %d,\n  \"targets\": {\n", ctx[nctx - 1]);
@@ -185,9 +215,9 @@ int kv_bench_attn_main(int argc, char **argv)
         printf("%8s  %-6s %10s %10s %8s %8s %10s\n", "context", "path", "time us", "GB/s",
                "of copy", "speedup", "err");
         for (int i = 0; i < nctx; i++) {
-            const kv_bench_attn_path *p[3] = {&res[i].f16, &res[i].kivi1, &res[i].kivi2};
-            const char *nm[3] = {"fp16", "1-bit", "2-bit"};
-            for (int j = 0; j < 3; j++) {
+            const kv_bench_attn_path *p[4] = {&res[i].f16, &res[i].kivi1, &res[i].kivi2, &res[i].kivi4};
+            const char *nm[4] = {"fp16", "1-bit", "2-bit", "4-bit"};
+            for (int j = 0; j < 4; j++) {
                 if (!p[j]->ok) {
                     printf("%8d  %-6s %10s\n", ctx[i], nm[j], "n/a");
                     continue;

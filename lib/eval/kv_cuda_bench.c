@@ -290,6 +290,7 @@ static kv_status bench_kivi(const kv_bench_attn_cfg *c, attn_ctx *f16, size_t l2
     st = time_launches(kivi_launch, &a, c->iters, c->reps, &out->seconds);
     if (st) goto done;
     out->ok = 1;
+    out->kernel = kv_cuda_attn_kivi_kernel(&a.d, &a.prm);
     out->bytes = (double)per_copy + 2.0 * 2 * c->n_heads * D + 4.0 * c->n_heads * D;
     out->bytes_per_s = out->bytes / out->seconds;
     if (c->check) {
@@ -343,6 +344,13 @@ kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r)
     if (c->variant.f16_waves) t.f16_waves = c->variant.f16_waves;
     t.kivi2_var = c->variant.kivi2_var;
     t.f16_legacy = c->variant.f16_legacy;
+    t.kivi_kernel = c->variant.kivi_kernel;
+    t.kivi3_nst = c->variant.kivi3_nst;
+    t.kivi3_unfused = c->variant.kivi3_unfused;
+    t.kivi3_cps = c->variant.kivi3_cps;
+    t.kivi3_diag = c->variant.kivi3_diag;
+    t.kivi3_noprefetch = c->variant.kivi3_noprefetch;
+    t.kivi3_var = c->variant.kivi3_var;
     kv_cuda_set_tuning(&t);
     kv_status st = bench_attn(c, r);
     kv_cuda_set_tuning(&keep);
@@ -356,7 +364,7 @@ static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
     kv_bench_device dev;
     if ((st = kv_cuda_bench_device(&dev))) return st;
     memset(r, 0, sizeof *r);
-    r->f16.err = r->kivi1.err = r->kivi2.err = -1;
+    r->f16.err = r->kivi1.err = r->kivi2.err = r->kivi4.err = -1;
     attn_ctx a;
     memset(&a, 0, sizeof a);
     a.d = (kv_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->T,
@@ -407,8 +415,13 @@ static kv_status bench_attn(const kv_bench_attn_cfg *c, kv_bench_attn_result *r)
         CK(cudaMemcpy(got, a.out, nq * 4, cudaMemcpyDeviceToHost));
         r->f16.err = nerr(got, ref, nq);
     }
+    {
+        kv_kivi_params kp = {1, c->group, c->residual};
+        r->kivi_kernel = kv_cuda_attn_kivi_kernel(&a.d, &kp);
+    }
     if ((st = bench_kivi(c, &a, dev.l2_bytes, 1, hq, hk, hv, &r->kivi1))) goto done;
     if ((st = bench_kivi(c, &a, dev.l2_bytes, 2, hq, hk, hv, &r->kivi2))) goto done;
+    if ((st = bench_kivi(c, &a, dev.l2_bytes, 4, hq, hk, hv, &r->kivi4))) goto done;
 done:
     for (int i = 0; i < MAX_COPIES; i++) cudaFree(a.k[i]), cudaFree(a.v[i]);
     cudaFree((void *)a.q), cudaFree(a.out), cudaFree(a.ws);

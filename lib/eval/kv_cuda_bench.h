@@ -37,6 +37,13 @@ typedef struct {
     int f16_waves;    /* 0 (= 1): waves of resident blocks in the fp16 grid */
     int kivi2_var;    /* packed v2 variant bits; 8, 16, 32 compute wrong results */
     int f16_legacy;   /* 1: the register-streaming fp16 kernel, not the tensor-core one */
+    int kivi_kernel;  /* packed kernel: 0 (the default), 2 (v2) or 3 (v3) */
+    int kivi3_nst;    /* v3 stages per warp (0: the default) */
+    int kivi3_unfused; /* v3 merge: 0 default, 1 separate combine pass, 2 in the kernel */
+    int kivi3_cps;    /* v3: blocks per SM cap (0: occupancy) */
+    int kivi3_diag;   /* v3: 1 staging only, 2 compute only, 3/4 2 without value/key MMAs */
+    int kivi3_noprefetch; /* v3: 1 = no L2 prefetch before the PDL wait */
+    int kivi3_var;    /* v3 variant bits: 1 = value-operand sums in fp32 adds */
 } kv_bench_variant;
 
 typedef struct {
@@ -56,11 +63,14 @@ typedef struct {
     double bytes;      /* bytes the path must read (K, V, scales, zeros, residual, q, out) */
     double bytes_per_s;
     double err;        /* normalized error vs the CPU reference, or -1 when not checked */
+    int kernel;        /* packed paths: the kernel that ran (2 or 3); 0 for fp16 */
 } kv_bench_attn_path;
 
 typedef struct {
     int copies;                  /* input copies rotated to defeat L2 (fp16 path) */
     kv_bench_attn_path f16, kivi1, kivi2;
+    int kivi_kernel;             /* the 1/2-bit packed kernel that ran (2 or 3; 0: none) */
+    kv_bench_attn_path kivi4;    /* 4 bits (v3 only; ok 0 where it does not serve) */
 } kv_bench_attn_result;
 
 kv_status kv_cuda_bench_attn(kv_bench_attn_cfg *c, kv_bench_attn_result *r);

@@ -2,8 +2,9 @@
  * Placement `quant` of the GPU engine (kv_gpu_int.h): KIVI 1/2/4-bit keys
  * and values resident on the GPU, in one of two forms chosen at configure:
  *
- *   gl_quant       where kernels/ has the geometry (head_dim 128, 1 or 2
- *                  bits, groups 32/64): the prompt packed on the GPU, the
+ *   gl_quant       where kernels/ has the geometry (head_dim 128; 1 or 2
+ *                  bits at groups 32/64, 4 bits at group 64, which only the
+ *                  v3 kernel attends): the prompt packed on the GPU, the
  *                  packed parts dense over nq tokens (kv_layout.h) and grown
  *                  a group at a time, the fp16 residual in one of two
  *                  (nkv, R+G, hd) stores; attention straight from the

@@ -45,9 +45,36 @@ load helper
 @test "kv-bench attn --help lists the kernel variant options" {
     run --separate-stderr kv-bench attn --help
     assert_success
-    for o in --f16-legacy --f16-prefetch --f16-unroll --f16-waves --kivi2-variant; do
+    for o in --f16-legacy --f16-prefetch --f16-unroll --f16-waves --kivi2-variant --kivi-kernel \
+        --kivi3-stages --kivi3-combine --kivi3-fused --kivi3-blocks --kivi3-diag --kivi3-no-prefetch --kivi3-zsum-alu; do
         [[ "$output" == *"$o"* ]] || { echo "help lacks $o"; return 1; }
     done
+}
+
+@test "kv-bench attn rejects a packed kernel other than 2 or 3 with exit 64" {
+    run --separate-stderr kv-bench attn --kivi-kernel 1
+    assert_fails_with 64 "--kivi-kernel"
+    [ -z "$output" ]
+    run --separate-stderr kv-bench attn --kivi-kernel 4
+    assert_fails_with 64 "--kivi-kernel"
+}
+
+@test "kv-bench attn rejects 5 stages per warp for the v3 kernel with exit 64" {
+    run --separate-stderr kv-bench attn --kivi3-stages 5
+    assert_fails_with 64 "--kivi3-stages"
+    run --separate-stderr kv-bench attn --kivi3-blocks 0
+    assert_fails_with 64 "--kivi3-blocks"
+    run --separate-stderr kv-bench attn --kivi3-diag 5
+    assert_fails_with 64 "--kivi3-diag"
+}
+
+@test "kv-bench attn takes the v3 kernel and its variants and gets past option parsing" {
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        skip "a GPU is present: the benchmark would run"
+    fi
+    run --separate-stderr kv-bench attn --contexts 1024 --kivi-kernel 3 --kivi3-stages 4 \
+        --kivi3-fused --kivi3-blocks 2 --kivi3-diag 4 --kivi3-no-prefetch --kivi3-zsum-alu
+    assert_fails_with 69 "GPU"
 }
 
 @test "kv-bench attn exits 69 with a message when no GPU is usable" {

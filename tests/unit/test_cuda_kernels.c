@@ -414,16 +414,24 @@ static double kivi_case(int nh, int nkv, int T, int bits, int G, int R, const kv
     return e;
 }
 
-static void test_attn_kivi_matches_cpu_on_random_data(void)
+/* The packed cases (odd T, group 32, 16/8 and 8/8 heads, no residual, a
+ * long cache), each against kv_attn_decode_kivi; label names the kernel.
+ * kivi_quick (the v3 variants): group 64 only and no case over 5000 tokens,
+ * as under KV_TEST_SHORT. */
+static int kivi_quick;
+static void check_kivi_random_cases(const char *label)
 {
     static const struct { int nh, nkv, T, bits, G, R; } cases[] = {
         {32, 8, 5000, 1, 64, 128}, {32, 8, 5000, 2, 64, 128}, {32, 8, 3001, 1, 32, 128},
         {32, 8, 3001, 2, 32, 128}, {32, 8, 100, 1, 64, 128},  {32, 8, 4096, 2, 64, 0},
         {16, 8, 2500, 1, 64, 128}, {8, 8, 2500, 2, 64, 128},  {32, 8, 20000, 1, 64, 128},
+        {32, 8, 3001, 2, 64, 128}, {8, 8, 777, 1, 64, 128},   {16, 8, 20000, 2, 64, 128},
+        {32, 8, 5000, 4, 64, 128}, {16, 8, 3001, 4, 64, 128}, {8, 8, 777, 4, 64, 0},
     };
     char why[256];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int nh = cases[i].nh, nkv = cases[i].nkv, T = cases[i].T;
+        if ((kivi_quick && cases[i].G != 64) || ((kivi_quick || f16_short) && T > 5000)) continue;
         size_t n = (size_t)nkv * T * 128;
         kv_half *q = malloc((size_t)nh * 128 * 2), *k = malloc(n * 2), *v = malloc(n * 2);
         float *tmp = malloc(n * 4 + 4 * 128 * nh);
@@ -431,12 +439,58 @@ static void test_attn_kivi_matches_cpu_on_random_data(void)
         rand_half(n, 128, k, tmp);
         rand_half(n, 128, v, tmp);
         double e = kivi_case(nh, nkv, T, cases[i].bits, cases[i].G, cases[i].R, q, k, v, why, sizeof why);
-        KT_CHECK(e <= TOL_KIVI, "%d/%d heads T %d bits %d G %d R %d: %s", nh, nkv, T, cases[i].bits,
-                 cases[i].G, cases[i].R, why);
-        printf("# packed attention %d/%d heads T %d %d-bit G %d: %s\n", nh, nkv, T, cases[i].bits,
-               cases[i].G, why);
+        KT_CHECK(e <= TOL_KIVI, "%s: %d/%d heads T %d bits %d G %d R %d: %s", label, nh, nkv, T,
+                 cases[i].bits, cases[i].G, cases[i].R, why);
+        printf("# packed attention (%s) %d/%d heads T %d %d-bit G %d R %d: %s\n", label, nh, nkv, T,
+               cases[i].bits, cases[i].G, cases[i].R, why);
         free(q), free(k), free(v), free(tmp);
     }
+}
+
+/* Run fn with the packed kernel settings of t in force, the old ones restored. */
+static void with_kivi_tuning(const kv_cuda_tuning *t, void (*fn)(const char *), const char *label)
+{
+    kv_cuda_tuning keep = *kv_cuda_get_tuning();
+    kv_cuda_set_tuning(t);
+    fn(label);
+    kv_cuda_set_tuning(&keep);
+}
+
+static void test_attn_kivi_matches_cpu_on_random_data(void)
+{
+    kv_cuda_tuning t = *kv_cuda_get_tuning();
+    t.kivi_kernel = 2;
+    with_kivi_tuning(&t, check_kivi_random_cases, "v2");
+}
+
+/* v3 (attn_kivi3.cu) in its variants: the default on every case, then on
+ * the short ones 3 and 4 stages, the in-kernel merge, a one-block-
+ * per-SM plan, no L2 prefetch and the fp32-add sums (4 query heads per KV
+ * head; other geometries fall back to the default); the default again, so that a second pass
+ * over the ticket sets finds them reset.  KV_TEST_QUICK=1 (the device
+ * rounds' time cap) leaves out 4 stages, one block/SM and no prefetch. */
+static void test_attn_kivi3_matches_cpu_on_random_data(void)
+{
+    static const struct { int nst, unfused, cps, nopf, var, slow; const char *label; } vars[] = {
+        {0, 0, 0, 0, 0, 0, "v3"},          {3, 0, 0, 0, 0, 0, "v3 3 stages"},
+        {4, 0, 0, 0, 0, 1, "v3 4 stages"}, {0, 2, 0, 0, 0, 0, "v3 merged in the kernel"},
+        {0, 0, 1, 0, 0, 1, "v3 1 block/SM"}, {0, 0, 0, 1, 0, 1, "v3 no prefetch"},
+        {0, 0, 0, 0, 1, 0, "v3 sums in fp32 adds"}, {0, 0, 0, 0, 0, 0, "v3 again"},
+    };
+    const int quick = getenv("KV_TEST_QUICK") != NULL;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        if (quick && vars[i].slow) continue;
+        kv_cuda_tuning t = *kv_cuda_get_tuning();
+        t.kivi_kernel = 3;
+        t.kivi3_nst = vars[i].nst;
+        t.kivi3_unfused = vars[i].unfused;
+        t.kivi3_cps = vars[i].cps;
+        t.kivi3_noprefetch = vars[i].nopf;
+        t.kivi3_var = vars[i].var;
+        kivi_quick = i > 0;
+        with_kivi_tuning(&t, check_kivi_random_cases, vars[i].label);
+    }
+    kivi_quick = 0;
 }
 
 /* niah4k has head_dim 64; the packed kernel wants 128, so the two KV heads
@@ -458,11 +512,17 @@ static void test_attn_kivi_matches_cpu_on_real_data(void)
             v[(size_t)t * 128 + c] = kv_f32_to_half(r.v[src]);
         }
     char why[256];
-    for (int bits = 1; bits <= 2; bits++) {
-        double e = kivi_case(2, 1, T, bits, 64, 128, q, k, v, why, sizeof why);
-        KT_CHECK(e <= TOL_KIVI, "niah4k layer 0, %d bits: %s", bits, why);
-        printf("# packed attention on niah4k layer 0, %d-bit: %s\n", bits, why);
+    kv_cuda_tuning keep = *kv_cuda_get_tuning(), t = keep;
+    for (int ver = 2; ver <= 3; ver++) {
+        t.kivi_kernel = ver;
+        kv_cuda_set_tuning(&t);
+        for (int bits = 1; bits <= 4; bits *= 2) {
+            double e = kivi_case(2, 1, T, bits, 64, 128, q, k, v, why, sizeof why);
+            KT_CHECK(e <= TOL_KIVI, "niah4k layer 0, v%d, %d bits: %s", ver, bits, why);
+            printf("# packed attention (v%d) on niah4k layer 0, %d-bit: %s\n", ver, bits, why);
+        }
     }
+    kv_cuda_set_tuning(&keep);
     free(q), free(k), free(v);
     niah_layer0_free(&r);
 }
@@ -621,9 +681,15 @@ static void test_launchers_reject_bad_arguments(void)
     KT_CHECK(e == cudaErrorInvalidValue, "head dim 96 accepted (%d)", (int)e);
     KT_CHECK(strstr(kv_cuda_last_error(), "kv_cuda_attn_f16") != NULL, "message '%s'",
              kv_cuda_last_error());
-    kv_kivi_params prm = {4, 64, 128};
+    kv_kivi_params prm = {4, 32, 128};
     d.head_dim = 128;
-    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention claimed");
+    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention at group 32 claimed");
+    prm.bits = 3;
+    prm.group = 64;
+    KT_CHECK(!kv_cuda_attn_kivi_supported(&d, &prm), "3-bit packed attention claimed");
+    prm.bits = 4;
+    KT_CHECK(kv_cuda_attn_kivi_supported(&d, &prm), "4-bit packed attention at group 64 not claimed");
+    KT_CHECK(kv_cuda_attn_kivi_kernel(&d, &prm) == 3, "4-bit packed attention not on v3");
     kv_dsq_params dp = {256, 51, 2, 32, KV_DSQ_BASE_SALIENT};
     KT_CHECK(!kv_cuda_dsq_supported(&dp, 128), "DSQ window 256 claimed");
     dp.window = 64, dp.salient = 13;
@@ -642,6 +708,7 @@ static void test_launchers_reject_bad_arguments(void)
     X(test_attn_f16_matches_cpu_on_real_data)                                         \
     X(test_attn_f16_variants_match_cpu)                                               \
     X(test_attn_kivi_matches_cpu_on_random_data)                                      \
+    X(test_attn_kivi3_matches_cpu_on_random_data)                                     \
     X(test_attn_kivi_matches_cpu_on_real_data)                                        \
     X(test_dsq_pack_and_unpack_are_identical_to_cpu)                                  \
     X(test_dsq_pack_and_unpack_are_identical_on_real_data)                            \
