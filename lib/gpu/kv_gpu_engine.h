@@ -136,11 +136,27 @@ typedef struct {
      * layer they hide behind (measurement: kv-bench decode --variants
      * chainN, gatherN). */
     int sel_blocks, gather_blocks;
+    /* select=resident's chain (eng_resident_select), how its kernels follow
+     * each other: 0 = KV_GPU_SELK_DEFAULT, else KV_GPU_SELK_SET with some of
+     * KV_GPU_SELK_LATE (a kernel lets its successor's blocks onto the SMs
+     * only as it ends, not first thing), KV_GPU_SELK_NOPDL (no programmatic
+     * dependent launch), KV_GPU_SELK_COLLECT (top-K: the k-th key's bin
+     * collected in one pass, two passes over every key fewer).  The same ids
+     * every way; for measurement (kv-bench decode --variants late, nopdl,
+     * collect, early, hist). */
+    int sel_kernels;
     int gemv_q;           /* packed GEMV variant, a kv_gemv_variant (common/kv_gemv.h): KV_GEMV_DEFAULT
                              (0: per type and shape, eng_gemvq_best) or one forced, for measurement */
 } kv_gpu_engine_opts;
 
 #define KV_GPU_SEL_BLOCKS 32
+
+/* opts.sel_kernels bits (the values of kernels/eng_ops.cuh's ENG_SEL_*) */
+#define KV_GPU_SELK_LATE 1
+#define KV_GPU_SELK_NOPDL 2
+#define KV_GPU_SELK_COLLECT 4
+#define KV_GPU_SELK_SET 256 /* the bits are explicit (0 would be "none") */
+#define KV_GPU_SELK_DEFAULT 0
 #define KV_GPU_GATHER_BLOCKS 1
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
@@ -216,6 +232,11 @@ void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
 /* Change opts.sel_classic, sel_ahead, sel_blocks and gather_blocks between
  * steps (the device may be busy: they take effect from the next step issued). */
 void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int sel_blocks, int gather_blocks);
+
+/* Change opts.sel_kernels, or opts.sel_skip (measurement only), between
+ * steps (they take effect from the next step issued). */
+void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels);
+void kv_gpu_engine_set_sel_skip(kv_gpu_engine *e, unsigned sel_skip);
 
 /* Change opts.sel_serial, topk_wide and sel_cache (and profile) between
  * steps, keeping the context (a selection cache starts empty again, its

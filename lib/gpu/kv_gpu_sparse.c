@@ -400,6 +400,19 @@ static kv_status sparse_step_opts(kv_gpu_engine *e, gl_layer *y)
  * widest grid (0 to the launcher) for < 0. */
 static int blocks_of(int o, int dflt) { return o == 0 ? dflt : o < 0 ? 0 : o; }
 
+_Static_assert(KV_GPU_SELK_LATE == ENG_SEL_LATE && KV_GPU_SELK_NOPDL == ENG_SEL_NOPDL &&
+                   KV_GPU_SELK_COLLECT == ENG_SEL_COLLECT,
+               "opts.sel_kernels bits are eng_resident_select's flags");
+
+/* eng_resident_select's flags of opts.sel_kernels (0: the default). */
+static int sel_flags(int k)
+{
+    return k & KV_GPU_SELK_SET ? k & (ENG_SEL_LATE | ENG_SEL_NOPDL | ENG_SEL_COLLECT) : KV_GPU_SELK_DEFAULT;
+}
+
+void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels) { e->o.sel_kernels = sel_kernels; }
+void kv_gpu_engine_set_sel_skip(kv_gpu_engine *e, unsigned sel_skip) { e->o.sel_skip = sel_skip; }
+
 /* Top-K of comb on stream s, one block per KV head or (opts.topk_wide) many. */
 static kv_status run_topk(kv_gpu_engine *e, const float *comb, int ncand, int kk, int cs, int *sel,
                           cudaStream_t s)
@@ -466,7 +479,8 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                                            sp->rzero, sp->ldt, p->cbits, e->nqh, nkv, hd, cs, cend,
                                            p->group_reduce == KV_REDUCE_MAX, kk, e->sel.comb,
                                            e->sel.chans, e->sel.qscale, sel, e->sel.rs_ws,
-                                           blocks_of(e->o.sel_blocks, KV_GPU_SEL_BLOCKS), s));
+                                           blocks_of(e->o.sel_blocks, KV_GPU_SEL_BLOCKS),
+                                           sel_flags(e->o.sel_kernels), s));
                     goto gather;
                 }
                 if (!(skip & KV_GPU_SKIP_SCORES)) {
