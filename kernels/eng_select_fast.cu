@@ -23,6 +23,17 @@
  *              in ascending order: every key above the k-th and the first
  *              ones equal to it (lowest index), exactly eng_topk's ids.
  *
+ * With ENG_SEL_COLLECT (kernels/eng_ops.cuh) tm_collect and tm_finish take
+ * the place of the two tm_hist passes and tm_count: one pass counts per
+ * chunk the keys above digit 1's bin and appends the keys of that bin (a
+ * few hundred to a few thousand: the bin is 1/8 of an octave wide) to a
+ * list per head; one block per head finds digits 2 and 3 and the counts per
+ * chunk among them (among every key of the bin when the list overflowed).
+ * Four kernels then run over all the candidates instead of six.
+ * ENG_SEL_LATE and ENG_SEL_NOPDL change only how the kernels follow each
+ * other: the early trigger below lets every later kernel's blocks onto the
+ * SMs, waiting, as soon as its predecessor's have started.
+ *
  * Each histogram pass ends in its last block (a counter per head): it
  * picks the digit, leaves the prefix and what is still needed in the
  * workspace, and zeroes the histogram and counter for the next step.  Every
