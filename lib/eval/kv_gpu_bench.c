@@ -116,6 +116,7 @@ void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o)
     o->sel_blocks = v->sel_blocks;
     o->gather_blocks = v->gather_blocks;
     o->sel_kernels = v->sel_kernels;
+    o->sel_every = v->sel_every;
 }
 
 /* A chain word (late, early, nopdl, collect, hist) into v->sel_kernels. */
@@ -153,8 +154,10 @@ kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
         else if (n > 5 && n < 9 && !strncmp(p, "chain", 5) && word_blocks(p + 5, n - 5, &v->sel_blocks)) {
         } else if (n > 6 && n < 10 && !strncmp(p, "gather", 6) && word_blocks(p + 6, n - 6, &v->gather_blocks)) {
         } else if (word_kernels(p, n, v)) {
+        } else if (n > 5 && n < 9 && !strncmp(p, "every", 5) && word_blocks(p + 5, n - 5, &v->sel_every) &&
+                   v->sel_every >= 2) {
         } else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache, classic, ahead2, "
-                              "chainN, gatherN, late, early, nopdl, collect, hist", s,
+                              "chainN, gatherN, late, early, nopdl, collect, hist, everyN", s,
                             (int)n, p);
         if (!q) break;
         p = q + 1;
@@ -227,7 +230,7 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
             r[i].prefill_attn_ms = r[0].prefill_attn_ms;
             st = kv_gpu_engine_set_step_opts(e, v[i].serial, v[i].wide, v[i].cache, o.profile);
             kv_gpu_engine_set_sel_opts(e, v[i].classic, v[i].ahead, v[i].sel_blocks, v[i].gather_blocks);
-            kv_gpu_engine_set_sel_kernels(e, v[i].sel_kernels);
+            kv_gpu_engine_set_sel_kernels(e, v[i].sel_kernels, v[i].sel_every);
         }
         if (!st) st = timed_run(e, warmup, tokens, ids, ms, dv, &r[i]);
         if (!st && sparse && nofetch_tokens > 0) { /* this variant's selection, no gather */
@@ -264,7 +267,8 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
     kv_decode_variant v = {.name = "base", .serial = opts->sel_serial, .wide = opts->topk_wide,
                            .cache = opts->sel_cache, .classic = opts->sel_classic,
                            .ahead = opts->sel_ahead, .sel_blocks = opts->sel_blocks,
-                           .gather_blocks = opts->gather_blocks, .sel_kernels = opts->sel_kernels};
+                           .gather_blocks = opts->gather_blocks, .sel_kernels = opts->sel_kernels,
+                           .sel_every = opts->sel_every};
     return kv_gpu_bench_decode_variants(e, per_layer, opts, T, seed, prefill, warmup, tokens, nofetch_tokens,
                                         &v, 1, r);
 }

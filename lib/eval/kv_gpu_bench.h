@@ -109,11 +109,12 @@ typedef struct {
     int sel_blocks, gather_blocks; /* chainN, gatherN: N (all: -1), else 0 (opts') */
     int sel_kernels; /* late, nopdl, collect (set) and early, hist (clear) over the default:
                         opts.sel_kernels, 0 when none is named */
+    int sel_every;   /* everyN: N (opts.sel_every), else 0 */
 } kv_decode_variant;
 
 /* Parse "base" or words of serial, wide, cache, classic, ahead2, chainN,
- * gatherN (N 1-999 or all), late, early, nopdl, collect, hist joined by '+'
- * (KV_E_USAGE naming the word otherwise). */
+ * gatherN (N 1-999 or all), late, early, nopdl, collect, hist, everyN (N
+ * 2-999) joined by '+' (KV_E_USAGE naming the word otherwise). */
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
 /* The step options of variant v into o (the rest of o unchanged). */
 void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o);

@@ -145,6 +145,12 @@ typedef struct {
      * every way; for measurement (kv-bench decode --variants late, nopdl,
      * collect, early, hist). */
     int sel_kernels;
+    /* Selection reuse (sparse layers, measurement and option): 0 or 1 = a
+     * new selection every step; N >= 2 = each layer's chosen ids kept and
+     * reused for N - 1 steps after the step that chose them (the scoring and
+     * top-K skipped then; the gather still runs, and with sel_cache finds
+     * the rows held).  A new selection also when the top-K size changes. */
+    int sel_every;
     int gemv_q;           /* packed GEMV variant, a kv_gemv_variant (common/kv_gemv.h): KV_GEMV_DEFAULT
                              (0: per type and shape, eng_gemvq_best) or one forced, for measurement */
 } kv_gpu_engine_opts;
@@ -233,9 +239,9 @@ void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
  * steps (the device may be busy: they take effect from the next step issued). */
 void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int sel_blocks, int gather_blocks);
 
-/* Change opts.sel_kernels, or opts.sel_skip (measurement only), between
+/* Change opts.sel_kernels and sel_every, or opts.sel_skip (measurement only), between
  * steps (they take effect from the next step issued). */
-void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels);
+void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels, int sel_every);
 void kv_gpu_engine_set_sel_skip(kv_gpu_engine *e, unsigned sel_skip);
 
 /* Change opts.sel_serial, topk_wide and sel_cache (and profile) between

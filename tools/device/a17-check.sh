@@ -14,7 +14,8 @@
 #      hybrid-resident in the variants DVAR, -n 8 --warmup 2 --nofetch-tokens 8
 #      (ms_no_fetch once, ms_no_gather per variant)
 #   r  kv-bench ruler --device cuda, niah4k dev tasks (20 per length): full and
-#      the default hybrid, then the hybrid with --gpu-step RSTEP
+#      the default hybrid, then the hybrid with --gpu-step RSTEP, RSTEP2, RSTEP3
+#      (late+collect, and with the ids reused: every2+cache, every4+cache)
 #   m  compute-sanitizer memcheck, s racecheck, of test_gpu_select's short form
 # Results in $OUT: summary.txt and a17.tgz (every log and JSON), refreshed
 # after each step.
@@ -38,7 +39,7 @@ if has d; then
     log "kv-bench decode --context prefill"
     timeout ${DTIME:-70} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-131072}" \
         --policies full,hybrid-resident \
-        --variants "${DVAR:-base,late,nopdl,collect,late+collect,nopdl+collect,chain16+late+collect,chain64+late+collect,chainall+late+collect,chain64+nopdl+collect,late+collect+gather2,serial}" \
+        --variants "${DVAR:-base,late,nopdl,collect,late+collect,nopdl+collect,chain16+late+collect,chain64+late+collect,chainall+late+collect,chain64+nopdl+collect,late+collect+gather2,late+collect+every2,late+collect+every2+cache,late+collect+every4+cache,cache,serial}" \
         -n 8 --warmup 2 --nofetch-tokens 8 > "$L/decode.json" 2>> "$L/decode.err"
     log "decode rc=$?"
     python3 - "$L/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
@@ -71,6 +72,8 @@ if has r; then
     log "kv-bench ruler --device cuda (niah4k dev tasks, 1k/2k/4k)"
     ruler base -P full -P sparse:$S,select=resident
     ruler step --gpu-step "${RSTEP:-late+collect}" -P sparse:$S,select=resident
+    ruler every2 --gpu-step "${RSTEP2:-late+collect+every2+cache}" -P sparse:$S,select=resident
+    ruler every4 --gpu-step "${RSTEP3:-late+collect+every4+cache}" -P sparse:$S,select=resident
     mv "$OUT"/ruler-*.json "$L/" 2>/dev/null
     pack
 fi
