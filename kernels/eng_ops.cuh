@@ -315,6 +315,11 @@ cudaError_t eng_topk_many(const float *comb, int nkv, int n, int k, int base, in
 #define ENG_SEL_LATE 1
 #define ENG_SEL_NOPDL 2
 #define ENG_SEL_COLLECT 4
+/*   ENG_SEL_DIRECT   as collect, the list also holding the keys above the
+ *                    bin, and the one block per head writes the ids too
+ *                    (for n <= 131072 when the list held them): the chain's
+ *                    last pass over every key goes as well. */
+#define ENG_SEL_DIRECT 8
 
 /*
  * select=resident's whole selection of candidates [cs, cend): eng_select_pool

@@ -30,6 +30,9 @@
  * list per head; one block per head finds digits 2 and 3 and the counts per
  * chunk among them (among every key of the bin when the list overflowed).
  * Four kernels then run over all the candidates instead of six.
+ * ENG_SEL_DIRECT also lists the keys above that bin, and tm_finish writes
+ * the ids itself (a bitmap of the chosen ids, read in order) when the list
+ * held them all and n <= 131072; tm_write's blocks then return at once.
  * ENG_SEL_LATE and ENG_SEL_NOPDL change only how the kernels follow each
  * other: the early trigger below lets every later kernel's blocks onto the
  * SMs, waiting, as soon as its predecessor's have started.
@@ -66,6 +69,7 @@ typedef struct {
     int need;         /* keys still to take at that prefix */
     int cgt[TM_MAXB], ceq[TM_MAXB]; /* per chunk: keys above / equal to the k-th */
     unsigned ncand;   /* ENG_SEL_COLLECT: candidates of digit 1's bin appended (may pass TM_CAP) */
+    int skipw;        /* ENG_SEL_DIRECT: tm_finish wrote the ids (tm_write has nothing to do) */
 } tm_head;
 
 /* ENG_SEL_COLLECT: candidates of digit 1's bin kept per KV head; more send
@@ -304,13 +308,14 @@ __global__ void __launch_bounds__(TM_THREADS) tm_count_kernel(const float *comb,
 
 /* The chosen ids, ascending: keys above the k-th, then the first equal ones. */
 __global__ void __launch_bounds__(TM_THREADS) tm_write_kernel(const float *comb, int n, int k, int base,
-                                                              int *sel, const tm_head *ws, int early)
+                                                              int *sel, const tm_head *ws, int direct, int early)
 {
     __shared__ int sw[9];
     if (early) kv_pdl_launch_next();
     kv_pdl_wait();
     const int kh = blockIdx.y;
     const tm_head *hw = ws + kh;
+    if (direct && hw->skipw) return; /* tm_finish wrote them */
     const uint32_t thr = hw->pre;
     const int need_eq = hw->need, nc = tm_chunks(n);
     __shared__ int pg[TM_MAXB], pe[TM_MAXB]; /* keys above / equal in the chunks before each */
@@ -359,7 +364,7 @@ __global__ void __launch_bounds__(TM_THREADS) tm_write_kernel(const float *comb,
  * 3 and the counts took three.
  */
 __global__ void __launch_bounds__(TM_THREADS) tm_collect_kernel(const float *comb, int n, tm_head *ws, int nkv,
-                                                                int early)
+                                                                int direct, int early)
 {
     __shared__ int sw[9], sbase;
     if (early) kv_pdl_launch_next();
@@ -376,7 +381,7 @@ __global__ void __launch_bounds__(TM_THREADS) tm_collect_kernel(const float *com
 #pragma unroll
         for (int j = 0; j < TM_PER; j++) {
             gt += key[j] != 0u && (key[j] >> 20) > b;
-            nb += key[j] != 0u && (key[j] >> 20) == b;
+            nb += key[j] != 0u && (direct ? (key[j] >> 20) >= b : (key[j] >> 20) == b);
         }
         int tg, tb;
         (void)blk_exscan(gt, sw, &tg);
@@ -389,7 +394,7 @@ __global__ void __launch_bounds__(TM_THREADS) tm_collect_kernel(const float *com
         int at = sbase + off;
 #pragma unroll
         for (int j = 0; j < TM_PER; j++)
-            if (key[j] != 0u && (key[j] >> 20) == b) {
+            if (key[j] != 0u && (direct ? (key[j] >> 20) >= b : (key[j] >> 20) == b)) {
                 if (at < TM_CAP) {
                     ck[at] = key[j];
                     ci[at] = i0 + j;
@@ -401,15 +406,59 @@ __global__ void __launch_bounds__(TM_THREADS) tm_collect_kernel(const float *com
 }
 
 /*
+ * ENG_SEL_DIRECT's end in one block (all threads): from the list of every
+ * key in digit 1's bin and above (m of them, ids below n <= 32 * TM_BIN1),
+ * with the k-th key thr and need_eq of the keys equal to it to take, the
+ * ids as tm_write_kernel writes them: a bitmap of the keys above thr, the
+ * lowest-index need_eq of the equal ones added, then every set bit in
+ * ascending order into out (k).  S, E: TM_BIN1 words of shared memory.
+ */
+static __device__ void tm_direct(const uint32_t *ck, const int *ci, int m, int n, uint32_t thr, int need_eq,
+                                 unsigned *S, unsigned *E, int *sw, int *out, int k, int base)
+{
+    const int nw = (n + 31) / 32, per = (nw + TM_THREADS - 1) / TM_THREADS, w0 = threadIdx.x * per;
+    for (int w = threadIdx.x; w < nw; w += TM_THREADS) S[w] = E[w] = 0u;
+    __syncthreads();
+    for (int i = threadIdx.x; i < m; i += TM_THREADS) {
+        const uint32_t key = ck[i];
+        const int id = ci[i];
+        if (key > thr) atomicOr(&S[id >> 5], 1u << (id & 31));
+        else if (key == thr) atomicOr(&E[id >> 5], 1u << (id & 31));
+    }
+    __syncthreads();
+    int c = 0, tot;
+    for (int w = w0; w < w0 + per && w < nw; w++) c += __popc(E[w]);
+    int r = blk_exscan(c, sw, &tot); /* equal keys at lower ids than this thread's words */
+    for (int w = w0; w < w0 + per && w < nw; w++) {
+        unsigned v = E[w], keep = 0u;
+        while (v && r < need_eq) { /* the lowest bits first */
+            const unsigned b = v & (0u - v);
+            keep |= b;
+            v ^= b;
+            r++;
+        }
+        S[w] |= keep;
+    }
+    c = 0;
+    for (int w = w0; w < w0 + per && w < nw; w++) c += __popc(S[w]);
+    int pos = blk_exscan(c, sw, &tot);
+    for (int w = w0; w < w0 + per && w < nw; w++)
+        for (unsigned v = S[w]; v; v &= v - 1u) {
+            if (pos < k) out[pos] = base + w * 32 + __ffs(v) - 1;
+            pos++;
+        }
+}
+
+/*
  * ENG_SEL_COLLECT, one block per KV head: digits 2 and 3 of the k-th key
  * over the candidates (or, past TM_CAP, over every key of bin b), then per
  * chunk the candidates above and equal to it added to the counts, which
  * leaves hw as tm_count_kernel would for tm_write_kernel; ncand reset.
  */
-__global__ void __launch_bounds__(TM_THREADS) tm_finish_kernel(const float *comb, int n, tm_head *ws, int nkv,
-                                                               int early)
+__global__ void __launch_bounds__(TM_THREADS) tm_finish_kernel(const float *comb, int n, int k, int base, int *sel,
+                                                               tm_head *ws, int nkv, int direct, int early)
 {
-    __shared__ unsigned sh[TM_BIN1];
+    __shared__ unsigned sh[TM_BIN1], eqm[TM_BIN1];
     __shared__ int sgt[TM_MAXB], seq[TM_MAXB], sw[9], sbin[2];
     if (early) kv_pdl_launch_next();
     kv_pdl_wait();
@@ -439,6 +488,14 @@ __global__ void __launch_bounds__(TM_THREADS) tm_finish_kernel(const float *comb
         const int bsel = tm_pick<true>(sh, nb, &need, sw, sbin);
         pre = d == 2 ? pre | ((uint32_t)bsel << 8) : pre | (uint32_t)bsel;
     }
+    if (direct && list && n <= TM_BIN1 * 32) { /* the ids from the list itself */
+        tm_direct(ck, ci, m, n, pre, need, sh, eqm, sw, sel + (size_t)kh * k, k, base);
+        if (threadIdx.x == 0) {
+            hw->skipw = 1;
+            hw->ncand = 0u;
+        }
+        return;
+    }
     for (int c = threadIdx.x; c < TM_MAXB; c += TM_THREADS) sgt[c] = seq[c] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < cnt; i += TM_THREADS) {
@@ -457,6 +514,7 @@ __global__ void __launch_bounds__(TM_THREADS) tm_finish_kernel(const float *comb
         hw->pre = pre;
         hw->need = need;
         hw->ncand = 0u;
+        hw->skipw = 0;
     }
 }
 
@@ -467,17 +525,18 @@ static cudaError_t tm_tail(const float *comb, int nkv, int n, int k, int base, i
 {
     const dim3 grid(grid_of(tm_chunks(n), blocks), (unsigned)nkv);
     const int lv = flags & ENG_SEL_NOPDL ? KV_PDL_NONE : 2, early = !(flags & ENG_SEL_LATE);
-    if (flags & ENG_SEL_COLLECT) {
-        CUDA_CHECK(kv_launch(lv, tm_collect_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw, nkv, early));
-        CUDA_CHECK(kv_launch(lv, tm_finish_kernel, dim3((unsigned)nkv), dim3(TM_THREADS), 0, s, comb, n, hw, nkv,
-                             early));
+    const int direct = (flags & ENG_SEL_DIRECT) != 0;
+    if (flags & (ENG_SEL_COLLECT | ENG_SEL_DIRECT)) {
+        CUDA_CHECK(kv_launch(lv, tm_collect_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw, nkv, direct, early));
+        CUDA_CHECK(kv_launch(lv, tm_finish_kernel, dim3((unsigned)nkv), dim3(TM_THREADS), 0, s, comb, n, k, base, sel,
+                             hw, nkv, direct, early));
     } else {
         CUDA_CHECK(kv_launch(lv, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 2, hw, early));
         CUDA_CHECK(kv_launch(lv, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 3, hw, early));
         CUDA_CHECK(kv_launch(lv, tm_count_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw, early));
     }
     CUDA_CHECK(kv_launch(lv, tm_write_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, base, sel,
-                         (const tm_head *)hw, early));
+                         (const tm_head *)hw, direct, early));
     return cudaSuccess;
 }
 

@@ -45,7 +45,7 @@ static const kv_option opts[] = {
                                         "cache) or words of serial, wide, cache, classic (the "
                                         "former kernels), ahead2 (two layers ahead), chainN, gatherN "
                                         "(blocks per KV head), late, early, nopdl (how the chain's "
-                                        "kernels follow each other), collect, hist (its top-K tail), "
+                                        "kernels follow each other), collect, direct, hist (its top-K tail), "
                                         "everyN (ids reused N-1 steps) "
                                         "joined by '+', e.g. base,classic,late+collect,serial"},
     {O_BATCH, 0, "batch", "LIST", "batched decode: sequences per step, sizes or max (the most that fit "

@@ -119,13 +119,13 @@ void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o)
     o->sel_every = v->sel_every;
 }
 
-/* A chain word (late, early, nopdl, collect, hist) into v->sel_kernels. */
+/* A chain word (late, early, nopdl, collect, direct, hist) into v->sel_kernels. */
 static bool word_kernels(const char *p, size_t n, kv_decode_variant *v)
 {
     static const struct { const char *w; int set, clear; } K[] = {
         {"late", KV_GPU_SELK_LATE, 0},       {"early", 0, KV_GPU_SELK_LATE},
         {"nopdl", KV_GPU_SELK_NOPDL, 0},     {"collect", KV_GPU_SELK_COLLECT, 0},
-        {"hist", 0, KV_GPU_SELK_COLLECT},
+        {"direct", KV_GPU_SELK_DIRECT, 0},   {"hist", 0, KV_GPU_SELK_COLLECT | KV_GPU_SELK_DIRECT},
     };
     for (size_t i = 0; i < sizeof K / sizeof K[0]; i++)
         if (strlen(K[i].w) == n && !strncmp(p, K[i].w, n)) {
@@ -157,7 +157,7 @@ kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
         } else if (n > 5 && n < 9 && !strncmp(p, "every", 5) && word_blocks(p + 5, n - 5, &v->sel_every) &&
                    v->sel_every >= 2) {
         } else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache, classic, ahead2, "
-                              "chainN, gatherN, late, early, nopdl, collect, hist, everyN", s,
+                              "chainN, gatherN, late, early, nopdl, collect, direct, hist, everyN", s,
                             (int)n, p);
         if (!q) break;
         p = q + 1;

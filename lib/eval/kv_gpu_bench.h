@@ -107,13 +107,13 @@ typedef struct {
     bool serial, wide, cache, classic;
     int ahead;     /* ahead2: 2, else 0 (opts.sel_ahead) */
     int sel_blocks, gather_blocks; /* chainN, gatherN: N (all: -1), else 0 (opts') */
-    int sel_kernels; /* late, nopdl, collect (set) and early, hist (clear) over the default:
+    int sel_kernels; /* late, nopdl, collect, direct (set) and early, hist (clear) over the default:
                         opts.sel_kernels, 0 when none is named */
     int sel_every;   /* everyN: N (opts.sel_every), else 0 */
 } kv_decode_variant;
 
 /* Parse "base" or words of serial, wide, cache, classic, ahead2, chainN,
- * gatherN (N 1-999 or all), late, early, nopdl, collect, hist, everyN (N
+ * gatherN (N 1-999 or all), late, early, nopdl, collect, direct, hist, everyN (N
  * 2-999) joined by '+' (KV_E_USAGE naming the word otherwise). */
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
 /* The step options of variant v into o (the rest of o unchanged). */

@@ -141,9 +141,10 @@ typedef struct {
      * KV_GPU_SELK_LATE (a kernel lets its successor's blocks onto the SMs
      * only as it ends, not first thing), KV_GPU_SELK_NOPDL (no programmatic
      * dependent launch), KV_GPU_SELK_COLLECT (top-K: the k-th key's bin
-     * collected in one pass, two passes over every key fewer).  The same ids
-     * every way; for measurement (kv-bench decode --variants late, nopdl,
-     * collect, early, hist). */
+     * collected in one pass, two passes over every key fewer),
+     * KV_GPU_SELK_DIRECT (the same, the ids written from the list: three
+     * fewer).  The same ids every way; for measurement (kv-bench decode
+     * --variants late, nopdl, collect, direct, early, hist). */
     int sel_kernels;
     /* Selection reuse (sparse layers, measurement and option): 0 or 1 = a
      * new selection every step; N >= 2 = each layer's chosen ids kept and
@@ -161,6 +162,7 @@ typedef struct {
 #define KV_GPU_SELK_LATE 1
 #define KV_GPU_SELK_NOPDL 2
 #define KV_GPU_SELK_COLLECT 4
+#define KV_GPU_SELK_DIRECT 8
 #define KV_GPU_SELK_SET 256 /* the bits are explicit (0 would be "none") */
 #define KV_GPU_SELK_DEFAULT 0
 #define KV_GPU_GATHER_BLOCKS 1

@@ -408,13 +408,13 @@ static kv_status sparse_step_opts(kv_gpu_engine *e, gl_layer *y)
 static int blocks_of(int o, int dflt) { return o == 0 ? dflt : o < 0 ? 0 : o; }
 
 _Static_assert(KV_GPU_SELK_LATE == ENG_SEL_LATE && KV_GPU_SELK_NOPDL == ENG_SEL_NOPDL &&
-                   KV_GPU_SELK_COLLECT == ENG_SEL_COLLECT,
+                   KV_GPU_SELK_COLLECT == ENG_SEL_COLLECT && KV_GPU_SELK_DIRECT == ENG_SEL_DIRECT,
                "opts.sel_kernels bits are eng_resident_select's flags");
 
 /* eng_resident_select's flags of opts.sel_kernels (0: the default). */
 static int sel_flags(int k)
 {
-    return k & KV_GPU_SELK_SET ? k & (ENG_SEL_LATE | ENG_SEL_NOPDL | ENG_SEL_COLLECT) : KV_GPU_SELK_DEFAULT;
+    return k & KV_GPU_SELK_SET ? k & (ENG_SEL_LATE | ENG_SEL_NOPDL | ENG_SEL_COLLECT | ENG_SEL_DIRECT) : KV_GPU_SELK_DEFAULT;
 }
 
 void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels, int sel_every)

@@ -1458,6 +1458,7 @@ static void test_sparse_step_variants_match_the_serial_path(void)
         {"late+collect", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_LATE | KV_GPU_SELK_COLLECT},
         {"nopdl+collect", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_NOPDL | KV_GPU_SELK_COLLECT},
         {"early+hist", false, false, false, false, false, 0, KV_GPU_SELK_SET},
+        {"late+direct", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_LATE | KV_GPU_SELK_DIRECT},
     };
     const size_t nl = (size_t)(steps + 1) * V;
     float *ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));

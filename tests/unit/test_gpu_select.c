@@ -127,8 +127,9 @@ static void test_topk_many_matches_cpu_order(void)
     /* blocks 0: one per chunk of 4096 keys; 1-3: blocks looping over chunks;
      * every way the kernels follow each other, the candidates collected
      * (all-equal scores: more than the list holds) or the digit histograms */
-    static const int fl[] = {0, ENG_SEL_COLLECT, ENG_SEL_LATE | ENG_SEL_COLLECT, ENG_SEL_NOPDL, ENG_SEL_LATE};
-    for (size_t f = short_run() ? 1 : 0; f < (short_run() ? 3 : sizeof fl / sizeof fl[0]); f++) {
+    static const int fl[] = {0, ENG_SEL_COLLECT, ENG_SEL_LATE | ENG_SEL_DIRECT, ENG_SEL_DIRECT,
+                             ENG_SEL_LATE | ENG_SEL_COLLECT, ENG_SEL_NOPDL, ENG_SEL_LATE};
+    for (size_t f = short_run() ? 1 : 0; f < (short_run() ? 4 : sizeof fl / sizeof fl[0]); f++) {
         const int F = fl[f];
         check_topk_many(1, 20000, 300, 3, 2, F, ws); /* all equal: more than the candidate list holds */
         check_topk_many(3, 5003, 97, 0, 0, F, ws);
@@ -139,7 +140,7 @@ static void test_topk_many_matches_cpu_order(void)
         check_topk_many(2, 9000, 700, 3, 1, F, ws);
         check_topk_many(1, 4097, 1, 1, 0, F, ws);
         check_topk_many(1, 777, 777, 0, 0, F, ws);
-        if (!short_run() && f < 3) {
+        if (!short_run() && f < 4) {
             check_topk_many(8, 131072, 1024, 0, 0, F, ws);
             check_topk_many(8, 131072, 1024, 0, 8, F, ws);
             check_topk_many(8, 131072, 4000, 1, 2, F, ws);
@@ -309,7 +310,8 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
 static void test_resident_select_matches_cpu(void)
 {
     const int T = short_run() ? 3000 : 9000;
-    static const int fl[] = {0, ENG_SEL_COLLECT, ENG_SEL_LATE | ENG_SEL_COLLECT | ENG_SEL_NOPDL};
+    static const int fl[] = {0, ENG_SEL_COLLECT, ENG_SEL_LATE | ENG_SEL_COLLECT | ENG_SEL_NOPDL,
+                             ENG_SEL_LATE | ENG_SEL_DIRECT};
     for (size_t f = short_run() ? 1 : 0; f < sizeof fl / sizeof fl[0]; f++) {
         const int F = fl[f];
         check_resident(8, 2, 0, T, 9, T - 40, 150, 0, F);
@@ -462,6 +464,8 @@ static void test_resident_chain_timing(void)
         {"chain 32 nopdl+coll", N | K, 32}, {"chain 16 late+coll", L | K, 16},
         {"chain 64 late+coll", L | K, 64}, {"chain all late+coll", L | K, 0},
         {"chain 8 late+coll", L | K, 8},  {"chain 16", 0, 16},
+        {"chain 32 late+direct", L | ENG_SEL_DIRECT, 32}, {"chain 64 late+direct", L | ENG_SEL_DIRECT, 64},
+        {"chain all late+direct", L | ENG_SEL_DIRECT, 0}, {"chain 32 direct", ENG_SEL_DIRECT, 32},
         {"chain 8", 0, 8},                {"gather, 1/head", -2, 1},
         {"gather, 2/head", -2, 2},
     };
