@@ -61,6 +61,7 @@
 #define TM_MAXB 256 /* blocks per KV head of the top-K passes */
 #define TM_BIN1 4096
 #define TM_BIN3 256
+#define TM_CAP 16384 /* ENG_SEL_COLLECT: candidates listed per KV head */
 
 typedef struct {
     unsigned hist1[TM_BIN1], hist2[TM_BIN1], hist3[TM_BIN3];
@@ -70,25 +71,20 @@ typedef struct {
     int cgt[TM_MAXB], ceq[TM_MAXB]; /* per chunk: keys above / equal to the k-th */
     unsigned ncand;   /* ENG_SEL_COLLECT: candidates of digit 1's bin appended (may pass TM_CAP) */
     int skipw;        /* ENG_SEL_DIRECT: tm_finish wrote the ids (tm_write has nothing to do) */
+    /* ENG_SEL_COLLECT: the candidates' keys and ids, the first TM_CAP of them
+     * (more send tm_finish over every key of the head instead: right, slower);
+     * in each head's own workspace, so that a workspace sized for more heads
+     * serves fewer */
+    uint32_t ckey[TM_CAP];
+    int cidx[TM_CAP];
 } tm_head;
 
-/* ENG_SEL_COLLECT: candidates of digit 1's bin kept per KV head; more send
- * tm_finish over every key of the head instead (right, slower). */
-#define TM_CAP 16384
-
-/* The candidate lists after the head workspaces: (nkv, TM_CAP) keys, then ids. */
-static __device__ __forceinline__ uint32_t *tm_ckey(tm_head *ws, int nkv, int kh)
-{
-    return (uint32_t *)(ws + nkv) + (size_t)kh * TM_CAP;
-}
-static __device__ __forceinline__ int *tm_cidx(tm_head *ws, int nkv, int kh)
-{
-    return (int *)(ws + nkv) + (size_t)nkv * TM_CAP + (size_t)kh * TM_CAP;
-}
+static __device__ __forceinline__ uint32_t *tm_ckey(tm_head *ws, int nkv, int kh) { return ws[kh].ckey; }
+static __device__ __forceinline__ int *tm_cidx(tm_head *ws, int nkv, int kh) { return ws[kh].cidx; }
 
 extern "C" int eng_topk_many_fits(int n) { return n >= 1 && n <= TM_MAXB * TM_SEG; }
 
-extern "C" size_t eng_topk_many_ws(int nkv) { return (size_t)nkv * (sizeof(tm_head) + (size_t)TM_CAP * 8); }
+extern "C" size_t eng_topk_many_ws(int nkv) { return (size_t)nkv * sizeof(tm_head); }
 
 /* chunks of the score passes for candidates [cs, cend) */
 static __host__ __device__ int rf_chunks(int cs, int cend) { return ((cend - (cs & ~7) + 7) / 8 + RF_THREADS - 1) / RF_THREADS; }

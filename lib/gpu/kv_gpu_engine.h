@@ -137,7 +137,7 @@ typedef struct {
      * chainN, gatherN). */
     int sel_blocks, gather_blocks;
     /* select=resident's chain (eng_resident_select), how its kernels follow
-     * each other: 0 = KV_GPU_SELK_DEFAULT, else KV_GPU_SELK_SET with some of
+     * each other: 0 = KV_GPU_SELK_DEFAULT (late + collect), else KV_GPU_SELK_SET with some of
      * KV_GPU_SELK_LATE (a kernel lets its successor's blocks onto the SMs
      * only as it ends, not first thing), KV_GPU_SELK_NOPDL (no programmatic
      * dependent launch), KV_GPU_SELK_COLLECT (top-K: the k-th key's bin
@@ -164,7 +164,9 @@ typedef struct {
 #define KV_GPU_SELK_COLLECT 4
 #define KV_GPU_SELK_DIRECT 8
 #define KV_GPU_SELK_SET 256 /* the bits are explicit (0 would be "none") */
-#define KV_GPU_SELK_DEFAULT 0
+/* the default: late trigger and the collected top-K tail, measured fastest
+ * at 128k on the H200 (docs/BENCHMARKS.md, helper A7) */
+#define KV_GPU_SELK_DEFAULT (KV_GPU_SELK_LATE | KV_GPU_SELK_COLLECT)
 #define KV_GPU_GATHER_BLOCKS 1
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B

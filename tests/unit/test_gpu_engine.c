@@ -1453,12 +1453,15 @@ static void test_sparse_step_variants_match_the_serial_path(void)
         {"wide", false, true, false, false, false, 0, 0},        {"serial+wide", true, true, false, false, false, 0, 0},
         {"cache", false, false, true, false, false, 0, 0},       {"wide+cache", false, true, true, false, false, 0, 0},
         {"serial+cache", true, false, true, false, false, 0, 0}, {"cache switched on", false, false, true, true, false, 0, 0},
-        {"classic", false, false, false, false, true, 0, 0},     {"serial+ahead2", true, false, false, false, false, 2, 0},
-        {"ahead2", false, false, false, false, false, 2, 0},
-        {"late+collect", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_LATE | KV_GPU_SELK_COLLECT},
-        {"nopdl+collect", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_NOPDL | KV_GPU_SELK_COLLECT},
+        {"classic", false, false, false, false, true, 0, 0},
+        /* the chain's kernels every way (the default is late+collect): the same ids */
         {"early+hist", false, false, false, false, false, 0, KV_GPU_SELK_SET},
+        {"nopdl+collect", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_NOPDL | KV_GPU_SELK_COLLECT},
         {"late+direct", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_LATE | KV_GPU_SELK_DIRECT},
+        {"early+direct", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_DIRECT},
+        /* last: serial+ahead2 becomes the reference of what follows */
+        {"serial+ahead2", true, false, false, false, false, 2, 0},
+        {"ahead2", false, false, false, false, false, 2, 0},
     };
     const size_t nl = (size_t)(steps + 1) * V;
     float *ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));
