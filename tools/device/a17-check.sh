@@ -14,8 +14,9 @@
 #      hybrid-resident in the variants DVAR, -n 8 --warmup 2 --nofetch-tokens 8
 #      (ms_no_fetch once, ms_no_gather per variant)
 #   r  kv-bench ruler --device cuda, niah4k dev tasks (20 per length): full and
-#      the default hybrid, then the hybrid with --gpu-step RSTEP, RSTEP2, RSTEP3
-#      (direct, and with the ids reused: every2+cache, every4+cache; the words apply over the default late+collect)
+#      the default hybrid, then the hybrid with --gpu-step RSTEP, RSTEP2 (and
+#      RSTEP3 if set): every2, every2+cache (the ids reused; the words apply
+#      over the default late+collect)
 #   m  compute-sanitizer memcheck, s racecheck, of test_gpu_select's short form
 # Results in $OUT: summary.txt and a17.tgz (every log and JSON), refreshed
 # after each step.
@@ -39,7 +40,7 @@ if has d; then
     log "kv-bench decode --context prefill"
     timeout ${DTIME:-70} "$D/kv-bench" decode --json --context prefill -c "${DCTX:-131072}" \
         --policies full,hybrid-resident \
-        --variants "${DVAR:-base,early+hist,hist,nopdl,direct,early+direct,nopdl+direct,chain64,chainall,chain64+direct,ahead2,every2,every2+cache,every4+cache,direct+every2+cache,serial}" \
+        --variants "${DVAR:-base,early+hist,nopdl,ahead2,direct,chain24,chain48,every2,serial}" \
         -n 8 --warmup 2 --nofetch-tokens 8 > "$L/decode.json" 2>> "$L/decode.err"
     log "decode rc=$?"
     python3 - "$L/decode.json" <<'PY' | tee -a "$OUT/summary.txt"
@@ -71,9 +72,9 @@ ruler() { _r=$1; shift; ruler_dev "$_r" cuda "$@"; } # tools/device/common.sh; w
 if has r; then
     log "kv-bench ruler --device cuda (niah4k dev tasks, 1k/2k/4k)"
     ruler base -P full -P sparse:$S,select=resident
-    ruler step --gpu-step "${RSTEP:-direct}" -P sparse:$S,select=resident
+    ruler step --gpu-step "${RSTEP:-every2}" -P sparse:$S,select=resident
     ruler every2 --gpu-step "${RSTEP2:-every2+cache}" -P sparse:$S,select=resident
-    ruler every4 --gpu-step "${RSTEP3:-every4+cache}" -P sparse:$S,select=resident
+    [ -n "${RSTEP3:-}" ] && ruler every4 --gpu-step "$RSTEP3" -P sparse:$S,select=resident
     mv "$OUT"/ruler-*.json "$L/" 2>/dev/null
     pack
 fi
