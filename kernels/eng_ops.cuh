@@ -297,7 +297,29 @@ cudaError_t eng_topk_wide(const float *comb, int nkv, int n, int k, int base, in
 int eng_topk_many_fits(int n);
 size_t eng_topk_many_ws(int nkv);
 cudaError_t eng_topk_many(const float *comb, int nkv, int n, int k, int base, int *sel, void *ws,
-                          int blocks, cudaStream_t s);
+                          int blocks, int flags, cudaStream_t s);
+
+/* flags of eng_topk_many and eng_resident_select (0: the first way, which
+ * helper S17 measured; the ids are the same every way):
+ *   ENG_SEL_LATE     a kernel of the chain lets its successor's blocks in
+ *                    only as it ends (not first thing), so that the blocks
+ *                    of the chain's later kernels do not sit on the SMs,
+ *                    waiting, beside the main stream's layer;
+ *   ENG_SEL_NOPDL    the chain launched without programmatic dependent
+ *                    launch at all;
+ *   ENG_SEL_COLLECT  after digit 1, one pass collects the keys of the k-th
+ *                    key's bin (up to 16384 a head) and one block per head
+ *                    finds digits 2 and 3 and the counts among them: two
+ *                    passes over every key fewer than the histograms of
+ *                    digits 2 and 3 and the counts. */
+#define ENG_SEL_LATE 1
+#define ENG_SEL_NOPDL 2
+#define ENG_SEL_COLLECT 4
+/*   ENG_SEL_DIRECT   as collect, the list also holding the keys above the
+ *                    bin, and the one block per head writes the ids too
+ *                    (for n <= 131072 when the list held them): the chain's
+ *                    last pass over every key goes as well. */
+#define ENG_SEL_DIRECT 8
 
 /*
  * select=resident's whole selection of candidates [cs, cend): eng_select_pool
@@ -314,7 +336,7 @@ cudaError_t eng_resident_select(const float *q, const float *chmax, const int *p
                                 const void *rows, const uint16_t *scale, const uint16_t *zero, int ldt,
                                 int bits, int nq_heads, int nkv, int hd, int cs, int cend,
                                 int reduce_max, int k, float *comb, int *cols, float *qscale, int *sel,
-                                void *ws, int blocks, cudaStream_t s);
+                                void *ws, int blocks, int flags, cudaStream_t s);
 
 // --- the selection cache (opts.sel_cache; eng_select.cu) ------------------
 

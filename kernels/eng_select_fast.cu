@@ -23,6 +23,20 @@
  *              in ascending order: every key above the k-th and the first
  *              ones equal to it (lowest index), exactly eng_topk's ids.
  *
+ * With ENG_SEL_COLLECT (kernels/eng_ops.cuh) tm_collect and tm_finish take
+ * the place of the two tm_hist passes and tm_count: one pass counts per
+ * chunk the keys above digit 1's bin and appends the keys of that bin (a
+ * few hundred to a few thousand: the bin is 1/8 of an octave wide) to a
+ * list per head; one block per head finds digits 2 and 3 and the counts per
+ * chunk among them (among every key of the bin when the list overflowed).
+ * Four kernels then run over all the candidates instead of six.
+ * ENG_SEL_DIRECT also lists the keys above that bin, and tm_finish writes
+ * the ids itself (a bitmap of the chosen ids, read in order) when the list
+ * held them all and n <= 131072; tm_write's blocks then return at once.
+ * ENG_SEL_LATE and ENG_SEL_NOPDL change only how the kernels follow each
+ * other: the early trigger below lets every later kernel's blocks onto the
+ * SMs, waiting, as soon as its predecessor's have started.
+ *
  * Each histogram pass ends in its last block (a counter per head): it
  * picks the digit, leaves the prefix and what is still needed in the
  * workspace, and zeroes the histogram and counter for the next step.  Every
@@ -47,6 +61,7 @@
 #define TM_MAXB 256 /* blocks per KV head of the top-K passes */
 #define TM_BIN1 4096
 #define TM_BIN3 256
+#define TM_CAP 16384 /* ENG_SEL_COLLECT: candidates listed per KV head */
 
 typedef struct {
     unsigned hist1[TM_BIN1], hist2[TM_BIN1], hist3[TM_BIN3];
@@ -54,7 +69,18 @@ typedef struct {
     uint32_t pre;     /* the key bits resolved so far (all 32 after digit 3) */
     int need;         /* keys still to take at that prefix */
     int cgt[TM_MAXB], ceq[TM_MAXB]; /* per chunk: keys above / equal to the k-th */
+    unsigned ncand;   /* ENG_SEL_COLLECT: candidates of digit 1's bin appended (may pass TM_CAP) */
+    int skipw;        /* ENG_SEL_DIRECT: tm_finish wrote the ids (tm_write has nothing to do) */
+    /* ENG_SEL_COLLECT: the candidates' keys and ids, the first TM_CAP of them
+     * (more send tm_finish over every key of the head instead: right, slower);
+     * in each head's own workspace, so that a workspace sized for more heads
+     * serves fewer */
+    uint32_t ckey[TM_CAP];
+    int cidx[TM_CAP];
 } tm_head;
+
+static __device__ __forceinline__ uint32_t *tm_ckey(tm_head *ws, int nkv, int kh) { return ws[kh].ckey; }
+static __device__ __forceinline__ int *tm_cidx(tm_head *ws, int nkv, int kh) { return ws[kh].cidx; }
 
 extern "C" int eng_topk_many_fits(int n) { return n >= 1 && n <= TM_MAXB * TM_SEG; }
 
@@ -108,13 +134,14 @@ static __device__ int blk_exscan(int v, int *sw, int *total)
  * than need and the keys from it up at least need; *need_io becomes what is
  * still needed within b.  Zeroes h for the next pass.  sw: 9 ints.
  */
+template <bool SHARED = false>
 static __device__ int tm_pick(unsigned *h, int nb, int *need_io, int *sw, int *sbin)
 {
     const int per = nb / TM_THREADS, b0 = threadIdx.x * per; /* 16 or 1 bins a thread */
     unsigned c[16];
     int mine = 0;
     for (int i = 0; i < per; i++) {
-        c[i] = __ldcg(&h[b0 + i]);
+        c[i] = SHARED ? h[b0 + i] : __ldcg(&h[b0 + i]);
         h[b0 + i] = 0u;
         mine += (int)c[i];
     }
@@ -202,12 +229,12 @@ static __device__ __forceinline__ void tm_keys(const float *x, int n, int c, uin
  * digits read what is still needed from the workspace).
  */
 __global__ void __launch_bounds__(TM_THREADS) tm_hist_kernel(const float *comb, int n, int k, int d,
-                                                             tm_head *ws)
+                                                             tm_head *ws, int early)
 {
     __shared__ unsigned sh[TM_BIN1];
     __shared__ int sw[9], sbin[2];
     __shared__ bool s_last;
-    kv_pdl_launch_next();
+    if (early) kv_pdl_launch_next();
     const int nb = d == 3 ? TM_BIN3 : TM_BIN1;
     for (int b = threadIdx.x; b < nb; b += TM_THREADS) sh[b] = 0u;
     kv_pdl_wait();
@@ -249,10 +276,10 @@ __global__ void __launch_bounds__(TM_THREADS) tm_hist_kernel(const float *comb, 
 }
 
 /* Per chunk: keys above and equal to the k-th (hw->pre after digit 3). */
-__global__ void __launch_bounds__(TM_THREADS) tm_count_kernel(const float *comb, int n, tm_head *ws)
+__global__ void __launch_bounds__(TM_THREADS) tm_count_kernel(const float *comb, int n, tm_head *ws, int early)
 {
     __shared__ int sw[9];
-    kv_pdl_launch_next();
+    if (early) kv_pdl_launch_next();
     kv_pdl_wait();
     const int kh = blockIdx.y;
     tm_head *hw = ws + kh;
@@ -277,13 +304,14 @@ __global__ void __launch_bounds__(TM_THREADS) tm_count_kernel(const float *comb,
 
 /* The chosen ids, ascending: keys above the k-th, then the first equal ones. */
 __global__ void __launch_bounds__(TM_THREADS) tm_write_kernel(const float *comb, int n, int k, int base,
-                                                              int *sel, const tm_head *ws)
+                                                              int *sel, const tm_head *ws, int direct, int early)
 {
     __shared__ int sw[9];
-    kv_pdl_launch_next();
+    if (early) kv_pdl_launch_next();
     kv_pdl_wait();
     const int kh = blockIdx.y;
     const tm_head *hw = ws + kh;
+    if (direct && hw->skipw) return; /* tm_finish wrote them */
     const uint32_t thr = hw->pre;
     const int need_eq = hw->need, nc = tm_chunks(n);
     __shared__ int pg[TM_MAXB], pe[TM_MAXB]; /* keys above / equal in the chunks before each */
@@ -324,28 +352,200 @@ __global__ void __launch_bounds__(TM_THREADS) tm_write_kernel(const float *comb,
     }
 }
 
-/* Digits 2 and 3, the counts and the ids (digit 1 done). */
+/*
+ * ENG_SEL_COLLECT, after digit 1 (hw->pre's bits 31-20 name the bin b of the
+ * k-th key): per chunk, the keys above b (all chosen) counted into cgt, and
+ * the keys of bin b appended to the head's candidate list (TM_CAP of them
+ * kept; ncand counts them all).  One pass over the keys where digits 2 and
+ * 3 and the counts took three.
+ */
+__global__ void __launch_bounds__(TM_THREADS) tm_collect_kernel(const float *comb, int n, tm_head *ws, int nkv,
+                                                                int direct, int early)
+{
+    __shared__ int sw[9], sbase;
+    if (early) kv_pdl_launch_next();
+    kv_pdl_wait();
+    const int kh = blockIdx.y;
+    tm_head *hw = ws + kh;
+    const uint32_t b = hw->pre >> 20;
+    uint32_t *ck = tm_ckey(ws, nkv, kh);
+    int *ci = tm_cidx(ws, nkv, kh);
+    for (int c = blockIdx.x; c < tm_chunks(n); c += gridDim.x) {
+        uint32_t key[TM_PER];
+        int i0, gt = 0, nb = 0;
+        tm_keys(comb + (size_t)kh * n, n, c, key, &i0);
+#pragma unroll
+        for (int j = 0; j < TM_PER; j++) {
+            gt += key[j] != 0u && (key[j] >> 20) > b;
+            nb += key[j] != 0u && (direct ? (key[j] >> 20) >= b : (key[j] >> 20) == b);
+        }
+        int tg, tb;
+        (void)blk_exscan(gt, sw, &tg);
+        const int off = blk_exscan(nb, sw, &tb);
+        if (threadIdx.x == 0) {
+            hw->cgt[c] = tg;
+            sbase = tb ? (int)atomicAdd(&hw->ncand, (unsigned)tb) : 0;
+        }
+        __syncthreads();
+        int at = sbase + off;
+#pragma unroll
+        for (int j = 0; j < TM_PER; j++)
+            if (key[j] != 0u && (direct ? (key[j] >> 20) >= b : (key[j] >> 20) == b)) {
+                if (at < TM_CAP) {
+                    ck[at] = key[j];
+                    ci[at] = i0 + j;
+                }
+                at++;
+            }
+        __syncthreads(); /* sbase is read before the next chunk's write */
+    }
+}
+
+/*
+ * ENG_SEL_DIRECT's end in one block (all threads): from the list of every
+ * key in digit 1's bin and above (m of them, ids below n <= 32 * TM_BIN1),
+ * with the k-th key thr and need_eq of the keys equal to it to take, the
+ * ids as tm_write_kernel writes them: a bitmap of the keys above thr, the
+ * lowest-index need_eq of the equal ones added, then every set bit in
+ * ascending order into out (k).  S, E: TM_BIN1 words of shared memory.
+ */
+static __device__ void tm_direct(const uint32_t *ck, const int *ci, int m, int n, uint32_t thr, int need_eq,
+                                 unsigned *S, unsigned *E, int *sw, int *out, int k, int base)
+{
+    const int nw = (n + 31) / 32, per = (nw + TM_THREADS - 1) / TM_THREADS, w0 = threadIdx.x * per;
+    for (int w = threadIdx.x; w < nw; w += TM_THREADS) S[w] = E[w] = 0u;
+    __syncthreads();
+    for (int i = threadIdx.x; i < m; i += TM_THREADS) {
+        const uint32_t key = ck[i];
+        const int id = ci[i];
+        if (key > thr) atomicOr(&S[id >> 5], 1u << (id & 31));
+        else if (key == thr) atomicOr(&E[id >> 5], 1u << (id & 31));
+    }
+    __syncthreads();
+    int c = 0, tot;
+    for (int w = w0; w < w0 + per && w < nw; w++) c += __popc(E[w]);
+    int r = blk_exscan(c, sw, &tot); /* equal keys at lower ids than this thread's words */
+    for (int w = w0; w < w0 + per && w < nw; w++) {
+        unsigned v = E[w], keep = 0u;
+        while (v && r < need_eq) { /* the lowest bits first */
+            const unsigned b = v & (0u - v);
+            keep |= b;
+            v ^= b;
+            r++;
+        }
+        S[w] |= keep;
+    }
+    c = 0;
+    for (int w = w0; w < w0 + per && w < nw; w++) c += __popc(S[w]);
+    int pos = blk_exscan(c, sw, &tot);
+    for (int w = w0; w < w0 + per && w < nw; w++)
+        for (unsigned v = S[w]; v; v &= v - 1u) {
+            if (pos < k) out[pos] = base + w * 32 + __ffs(v) - 1;
+            pos++;
+        }
+}
+
+/*
+ * ENG_SEL_COLLECT, one block per KV head: digits 2 and 3 of the k-th key
+ * over the candidates (or, past TM_CAP, over every key of bin b), then per
+ * chunk the candidates above and equal to it added to the counts, which
+ * leaves hw as tm_count_kernel would for tm_write_kernel; ncand reset.
+ */
+__global__ void __launch_bounds__(TM_THREADS) tm_finish_kernel(const float *comb, int n, int k, int base, int *sel,
+                                                               tm_head *ws, int nkv, int direct, int early)
+{
+    __shared__ unsigned sh[TM_BIN1], eqm[TM_BIN1];
+    __shared__ int sgt[TM_MAXB], seq[TM_MAXB], sw[9], sbin[2];
+    if (early) kv_pdl_launch_next();
+    kv_pdl_wait();
+    const int kh = blockIdx.x;
+    tm_head *hw = ws + kh;
+    const uint32_t *ck = tm_ckey(ws, nkv, kh);
+    const int *ci = tm_cidx(ws, nkv, kh);
+    const float *x = comb + (size_t)kh * n;
+    const int m = (int)hw->ncand, nc = tm_chunks(n);
+    const bool list = m <= TM_CAP;
+    const int cnt = list ? m : n;
+    const uint32_t b1 = hw->pre >> 20;
+    int need = hw->need;
+    uint32_t pre = hw->pre;
+    for (int d = 2; d <= 3; d++) {
+        const int nb = d == 3 ? TM_BIN3 : TM_BIN1;
+        for (int i = threadIdx.x; i < nb; i += TM_THREADS) sh[i] = 0u;
+        __syncthreads();
+        for (int i0 = 0; i0 < cnt; i0 += TM_THREADS) { /* whole warps in the loop: hist_add's ballot */
+            const int i = i0 + threadIdx.x;
+            const uint32_t key = i < cnt ? (list ? ck[i] : ord_key(x[i])) : 0u;
+            bool on = i < cnt && key != 0u && (key >> 20) == b1;
+            if (d == 3) on = on && (key >> 8) == (pre >> 8);
+            hist_add(sh, d == 2 ? (key >> 8) & 4095u : key & 255u, on);
+        }
+        __syncthreads();
+        const int bsel = tm_pick<true>(sh, nb, &need, sw, sbin);
+        pre = d == 2 ? pre | ((uint32_t)bsel << 8) : pre | (uint32_t)bsel;
+    }
+    if (direct && list && n <= TM_BIN1 * 32) { /* the ids from the list itself */
+        tm_direct(ck, ci, m, n, pre, need, sh, eqm, sw, sel + (size_t)kh * k, k, base);
+        if (threadIdx.x == 0) {
+            hw->skipw = 1;
+            hw->ncand = 0u;
+        }
+        return;
+    }
+    for (int c = threadIdx.x; c < TM_MAXB; c += TM_THREADS) sgt[c] = seq[c] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < cnt; i += TM_THREADS) {
+        const uint32_t key = list ? ck[i] : ord_key(x[i]);
+        const int id = list ? ci[i] : i;
+        if ((key >> 20) != b1 || key == 0u) continue;
+        if (key > pre) atomicAdd(&sgt[id / TM_SEG], 1);
+        else if (key == pre) atomicAdd(&seq[id / TM_SEG], 1);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < nc; c += TM_THREADS) {
+        hw->cgt[c] += sgt[c];
+        hw->ceq[c] = seq[c];
+    }
+    if (threadIdx.x == 0) {
+        hw->pre = pre;
+        hw->need = need;
+        hw->ncand = 0u;
+        hw->skipw = 0;
+    }
+}
+
+/* Digits 2 and 3 (or, ENG_SEL_COLLECT, the candidates' pass), the counts
+ * and the ids (digit 1 done). */
 static cudaError_t tm_tail(const float *comb, int nkv, int n, int k, int base, int *sel, tm_head *hw,
-                           int blocks, cudaStream_t s)
+                           int blocks, int flags, cudaStream_t s)
 {
     const dim3 grid(grid_of(tm_chunks(n), blocks), (unsigned)nkv);
-    CUDA_CHECK(kv_launch(2, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 2, hw));
-    CUDA_CHECK(kv_launch(2, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 3, hw));
-    CUDA_CHECK(kv_launch(2, tm_count_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw));
-    CUDA_CHECK(kv_launch(2, tm_write_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, base, sel,
-                         (const tm_head *)hw));
+    const int lv = flags & ENG_SEL_NOPDL ? KV_PDL_NONE : 2, early = !(flags & ENG_SEL_LATE);
+    const int direct = (flags & ENG_SEL_DIRECT) != 0;
+    if (flags & (ENG_SEL_COLLECT | ENG_SEL_DIRECT)) {
+        CUDA_CHECK(kv_launch(lv, tm_collect_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw, nkv, direct, early));
+        CUDA_CHECK(kv_launch(lv, tm_finish_kernel, dim3((unsigned)nkv), dim3(TM_THREADS), 0, s, comb, n, k, base, sel,
+                             hw, nkv, direct, early));
+    } else {
+        CUDA_CHECK(kv_launch(lv, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 2, hw, early));
+        CUDA_CHECK(kv_launch(lv, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 3, hw, early));
+        CUDA_CHECK(kv_launch(lv, tm_count_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, hw, early));
+    }
+    CUDA_CHECK(kv_launch(lv, tm_write_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, base, sel,
+                         (const tm_head *)hw, direct, early));
     return cudaSuccess;
 }
 
 extern "C" cudaError_t eng_topk_many(const float *comb, int nkv, int n, int k, int base, int *sel,
-                                     void *ws, int blocks, cudaStream_t s)
+                                     void *ws, int blocks, int flags, cudaStream_t s)
 {
     if (k <= 0) return cudaSuccess;
     KV_CHECK_ARGS(k <= n && ws != NULL && eng_topk_many_fits(n));
     tm_head *hw = (tm_head *)ws;
     const dim3 grid(grid_of(tm_chunks(n), blocks), (unsigned)nkv);
-    CUDA_CHECK(kv_launch(2, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 1, hw));
-    return tm_tail(comb, nkv, n, k, base, sel, hw, blocks, s);
+    const int lv = flags & ENG_SEL_NOPDL ? KV_PDL_NONE : 2, early = !(flags & ENG_SEL_LATE);
+    CUDA_CHECK(kv_launch(lv, tm_hist_kernel, grid, dim3(TM_THREADS), 0, s, comb, n, k, 1, hw, early));
+    return tm_tail(comb, nkv, n, k, base, sel, hw, blocks, flags, s);
 }
 
 // --- the resident scores, softmax and combine ------------------------------------------
@@ -519,14 +719,14 @@ static __device__ __forceinline__ void rf_merge(float &m, float &l, float m2, fl
  * repeating the ranking (measured: the repeated prologue held the SMs). */
 __global__ void __launch_bounds__(RF_THREADS)
 rf_pool_kernel(const float *q, const float *chmax, const int *pool, int R, int C, int g, int hd, int *cols,
-               float *qscale)
+               float *qscale, int early)
 {
     extern __shared__ float sm[]; /* qc (g*C), rj (C), ps (R), rk (R) */
     __shared__ float sq[SEL_MAXG];
     float *qc = sm;
     int *rj = (int *)(qc + g * C), *rk = rj + C + R;
     float *ps = (float *)(rj + C);
-    kv_pdl_launch_next();
+    if (early) kv_pdl_launch_next();
     kv_pdl_wait();
     rf_pool(q, chmax, pool, R, C, g, hd, blockIdx.x, qc, rj, ps, rk, sq, cols, qscale);
 }
@@ -548,13 +748,13 @@ template <int BITS, int G>
 __global__ void __launch_bounds__(RF_THREADS)
 rf_stats_kernel(const float *q, const int *pool, int R, int C, const int *cols, const float *qscale,
                 const uint8_t *rows, const uint16_t *scale, const uint16_t *zero, int ldt, int g, int hd, int cs,
-                int cend, float *part)
+                int cend, float *part, int early)
 {
     extern __shared__ float sm[]; /* qc (g*C), rj (C) */
     __shared__ float rm[RF_THREADS / 32][G], rl[RF_THREADS / 32][G];
     float *qc = sm;
     int *rj = (int *)(qc + g * C);
-    kv_pdl_launch_next();
+    if (early) kv_pdl_launch_next();
     kv_pdl_wait();
     const int kh = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     rf_qc(q, pool, R, C, cols, qscale, g, hd, kh, qc, rj);
@@ -596,7 +796,7 @@ template <int BITS, int G>
 __global__ void __launch_bounds__(RF_THREADS)
 rf_comb_kernel(const float *q, const int *pool, int R, int C, const int *cols, const float *qscale,
                const uint8_t *rows, const uint16_t *scale, const uint16_t *zero, int ldt, int g, int hd,
-               int cs, int cend, int reduce_max, const float *part, int k, float *comb, tm_head *ws)
+               int cs, int cend, int reduce_max, const float *part, int k, float *comb, tm_head *ws, int early)
 {
     extern __shared__ float sm[]; /* qc (g*C), rj (C) */
     __shared__ unsigned sh[TM_BIN1];
@@ -605,7 +805,7 @@ rf_comb_kernel(const float *q, const int *pool, int R, int C, const int *cols, c
     __shared__ bool s_last;
     float *qc = sm;
     int *rj = (int *)(qc + g * C);
-    kv_pdl_launch_next();
+    if (early) kv_pdl_launch_next();
     for (int b = threadIdx.x; b < TM_BIN1; b += RF_THREADS) sh[b] = 0u;
     kv_pdl_wait();
     const int kh = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5, n = cend - cs;
@@ -662,18 +862,20 @@ static cudaError_t rf_launch(const float *q, const float *chmax, const int *pool
                              const uint8_t *rows, const uint16_t *scale, const uint16_t *zero, int ldt,
                              int g, int hd, int cs, int cend, int reduce_max, int k, float *comb,
                              int *cols, float *qscale, int *sel, tm_head *hw, float *part, int nkv,
-                             int blocks, cudaStream_t s)
+                             int blocks, int flags, cudaStream_t s)
 {
     const dim3 grid(grid_of(rf_chunks(cs, cend), blocks), (unsigned)nkv);
     const size_t sm1 = ((size_t)g * C + C + 2 * (size_t)R) * 4, sm2 = ((size_t)g * C + C) * 4;
-    CUDA_CHECK(kv_launch(2, rf_pool_kernel, dim3((unsigned)nkv), dim3(RF_THREADS), sm1, s, q, chmax, pool, R, C, g,
-                         hd, cols, qscale));
-    CUDA_CHECK(kv_launch(2, rf_stats_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
-                         (const int *)cols, (const float *)qscale, rows, scale, zero, ldt, g, hd, cs, cend, part));
-    CUDA_CHECK(kv_launch(2, rf_comb_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
+    const int lv = flags & ENG_SEL_NOPDL ? KV_PDL_NONE : 2, early = !(flags & ENG_SEL_LATE);
+    CUDA_CHECK(kv_launch(lv, rf_pool_kernel, dim3((unsigned)nkv), dim3(RF_THREADS), sm1, s, q, chmax, pool, R, C, g,
+                         hd, cols, qscale, early));
+    CUDA_CHECK(kv_launch(lv, rf_stats_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
+                         (const int *)cols, (const float *)qscale, rows, scale, zero, ldt, g, hd, cs, cend, part,
+                         early));
+    CUDA_CHECK(kv_launch(lv, rf_comb_kernel<BITS, G>, grid, dim3(RF_THREADS), sm2, s, q, pool, R, C,
                          (const int *)cols, (const float *)qscale, rows, scale, zero, ldt, g, hd, cs, cend,
-                         reduce_max, (const float *)part, k, comb, hw));
-    return tm_tail(comb, nkv, cend - cs, k, cs, sel, hw, blocks, s);
+                         reduce_max, (const float *)part, k, comb, hw, early));
+    return tm_tail(comb, nkv, cend - cs, k, cs, sel, hw, blocks, flags, s);
 }
 
 extern "C" cudaError_t eng_resident_select(const float *q, const float *chmax, const int *pool, int R,
@@ -681,7 +883,7 @@ extern "C" cudaError_t eng_resident_select(const float *q, const float *chmax, c
                                            const uint16_t *zero, int ldt, int bits, int nq_heads,
                                            int nkv, int hd, int cs, int cend, int reduce_max, int k,
                                            float *comb, int *cols, float *qscale, int *sel, void *ws,
-                                           int blocks, cudaStream_t s)
+                                           int blocks, int flags, cudaStream_t s)
 {
     const int n = cend - cs;
     if (k <= 0 || n <= 0) return cudaSuccess;
@@ -694,9 +896,9 @@ extern "C" cudaError_t eng_resident_select(const float *q, const float *chmax, c
     const uint8_t *r = (const uint8_t *)rows;
 #define RF(B)                                                                                             \
     return g <= 4 ? rf_launch<B, 4>(q, chmax, pool, R, C, r, scale, zero, ldt, g, hd, cs, cend, reduce_max, \
-                                    k, comb, cols, qscale, sel, hw, part, nkv, blocks, s)                  \
+                                    k, comb, cols, qscale, sel, hw, part, nkv, blocks, flags, s)           \
                   : rf_launch<B, 8>(q, chmax, pool, R, C, r, scale, zero, ldt, g, hd, cs, cend, reduce_max, \
-                                    k, comb, cols, qscale, sel, hw, part, nkv, blocks, s)
+                                    k, comb, cols, qscale, sel, hw, part, nkv, blocks, flags, s)
     switch (bits) {
     case 16: RF(16);
     case 8: RF(8);

@@ -63,8 +63,9 @@ int kv_bench_decode_main(int argc, char **argv)
     int rc = KV_EXIT_OK;
     for (int ci = 0; ci < nctx && rc == KV_EXIT_OK; ci++) {
         int T = ctx[ci];
-        /* each variant decodes warmup + tokens more from the same context */
-        int extra = nvar * (warmup + (tokens > offtok ? tokens : offtok)) + nofetch + 16;
+        /* each variant decodes warmup + tokens (and nofetch without its gather)
+         * more from the same context, the first nofetch more without fetching */
+        int extra = nvar * (warmup + (tokens > offtok ? tokens : offtok) + nofetch) + nofetch + 16;
         kv_gpu_engine_opts o;
         kv_gpu_engine_opts_default(&o);
         o.device = device;

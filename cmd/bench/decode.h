@@ -14,7 +14,7 @@
 #include "model/kv_model.h"
 
 #define MAXC 8
-#define MAXV 8
+#define MAXV 16
 #define MAXB 16
 
 enum { CTX_SYNTH = 1, CTX_PREFILL = 2, CTX_BOTH = 3 };

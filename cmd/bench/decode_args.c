@@ -21,7 +21,8 @@ static const kv_option opts[] = {
     {O_TOKENS, 0, "tokens", "N", NULL}, /* deprecated: --tokens is a token-id file elsewhere */
     {O_WARMUP, 0, "warmup", "N", "untimed tokens first (default 4)"},
     {O_OFFTOK, 0, "offload-tokens", "N", "timed tokens for offload, which is slow (default 16)"},
-    {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse fetching off (default 16)"},
+    {O_NOFETCH, 0, "nofetch-tokens", "N", "tokens timed with sparse selection and gather off, and per "
+                                          "variant with the gather alone off (default 16)"},
     {O_POLICIES, 0, "policies", "LIST", "of full,quant,hybrid,hybrid-sketch,offload,hybrid-resident,hybrid-pages (default all)"},
     {O_QBITS, 0, "quant-bits", "B", "bits of quantized layers, 1 or 2 (default 2)"},
     {O_QLAYERS, 0, "quant-layers", "N", "hybrid: the first N layers quantized (default 2)"},
@@ -42,8 +43,11 @@ static const kv_option opts[] = {
     {O_VARIANTS, 0, "variants", "LIST", "hybrids: ways to run the sparse step, each after the same "
                                         "context: base (default: overlapped, many-block chain, no "
                                         "cache) or words of serial, wide, cache, classic (the "
-                                        "former kernels), ahead2 (two layers ahead) joined by '+', "
-                                        "e.g. base,classic,ahead2,serial"},
+                                        "former kernels), ahead2 (two layers ahead), chainN, gatherN "
+                                        "(blocks per KV head), late, early, nopdl (how the chain's "
+                                        "kernels follow each other), collect, direct, hist (its top-K tail), "
+                                        "everyN (ids reused N-1 steps) "
+                                        "joined by '+', e.g. base,classic,late+collect,serial"},
     {O_BATCH, 0, "batch", "LIST", "batched decode: sequences per step, sizes or max (the most that fit "
                                   "in GPU and host memory), e.g. 1,8,max; its own report"},
     {O_BCAP, 0, "batch-cap", "N", "--batch max takes at most N sequences (default 512)"},

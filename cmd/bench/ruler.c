@@ -44,7 +44,8 @@ static const kv_option opts[] = {
     {O_DEVICE, 0, "device", "DEV", "cpu, cuda[:N] or auto (default cpu; auto: the GPU when usable)"},
     {O_SELECT, 0, "select", "HOW", "GPU sparse layers: policy (default) or sketch (1-bit key sketch)"},
     {O_GPUSTEP, 0, "gpu-step", "HOW", "GPU sparse layers' step: base (default) or words of serial, "
-                                     "wide, cache, classic, ahead2, chainN, gatherN joined by '+' (as kv-bench decode --variants)"},
+                                     "wide, cache, classic, ahead2, chainN, gatherN, late, early, nopdl, collect, direct, hist, everyN "
+                                     "joined by '+' (as kv-bench decode --variants)"},
     {0, 0, NULL, NULL, NULL},
 };
 

@@ -115,6 +115,25 @@ void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o)
     o->sel_ahead = v->ahead;
     o->sel_blocks = v->sel_blocks;
     o->gather_blocks = v->gather_blocks;
+    o->sel_kernels = v->sel_kernels;
+    o->sel_every = v->sel_every;
+}
+
+/* A chain word (late, early, nopdl, collect, direct, hist) into v->sel_kernels. */
+static bool word_kernels(const char *p, size_t n, kv_decode_variant *v)
+{
+    static const struct { const char *w; int set, clear; } K[] = {
+        {"late", KV_GPU_SELK_LATE, 0},       {"early", 0, KV_GPU_SELK_LATE},
+        {"nopdl", KV_GPU_SELK_NOPDL, 0},     {"collect", KV_GPU_SELK_COLLECT, 0},
+        {"direct", KV_GPU_SELK_DIRECT, 0},   {"hist", 0, KV_GPU_SELK_COLLECT | KV_GPU_SELK_DIRECT},
+    };
+    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++)
+        if (strlen(K[i].w) == n && !strncmp(p, K[i].w, n)) {
+            if (!v->sel_kernels) v->sel_kernels = KV_GPU_SELK_SET | KV_GPU_SELK_DEFAULT;
+            v->sel_kernels = (v->sel_kernels | K[i].set) & ~K[i].clear;
+            return true;
+        }
+    return false;
 }
 
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
@@ -134,8 +153,11 @@ kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v)
         else if (n == 6 && !strncmp(p, "ahead2", 6)) v->ahead = 2;
         else if (n > 5 && n < 9 && !strncmp(p, "chain", 5) && word_blocks(p + 5, n - 5, &v->sel_blocks)) {
         } else if (n > 6 && n < 10 && !strncmp(p, "gather", 6) && word_blocks(p + 6, n - 6, &v->gather_blocks)) {
+        } else if (word_kernels(p, n, v)) {
+        } else if (n > 5 && n < 9 && !strncmp(p, "every", 5) && word_blocks(p + 5, n - 5, &v->sel_every) &&
+                   v->sel_every >= 2) {
         } else return kv_fail(KV_E_USAGE, "variant '%s': '%.*s' is not one of serial, wide, cache, classic, ahead2, "
-                              "chainN, gatherN", s,
+                              "chainN, gatherN, late, early, nopdl, collect, direct, hist, everyN", s,
                             (int)n, p);
         if (!q) break;
         p = q + 1;
@@ -208,8 +230,18 @@ kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params 
             r[i].prefill_attn_ms = r[0].prefill_attn_ms;
             st = kv_gpu_engine_set_step_opts(e, v[i].serial, v[i].wide, v[i].cache, o.profile);
             kv_gpu_engine_set_sel_opts(e, v[i].classic, v[i].ahead, v[i].sel_blocks, v[i].gather_blocks);
+            kv_gpu_engine_set_sel_kernels(e, v[i].sel_kernels, v[i].sel_every);
         }
         if (!st) st = timed_run(e, warmup, tokens, ids, ms, dv, &r[i]);
+        if (!st && sparse && nofetch_tokens > 0) { /* this variant's selection, no gather */
+            kv_gpu_engine_set_sel_skip(e, o.sel_skip | KV_GPU_SKIP_GATHER);
+            st = kv_gpu_engine_generate(e, ids[warmup + tokens - 1], nofetch_tokens, ids, ms);
+            kv_gpu_engine_set_sel_skip(e, o.sel_skip);
+            if (!st) {
+                for (int j = 0; j < nofetch_tokens; j++) dv[j] = ms[j];
+                r[i].ms_nogather = median(dv, nofetch_tokens);
+            }
+        }
         if (!st && i == 0 && sparse && nofetch_tokens > 0) {
             kv_gpu_engine_set_no_fetch(e, true);
             st = kv_gpu_engine_generate(e, ids[warmup + tokens - 1], nofetch_tokens, ids, ms);
@@ -235,7 +267,8 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
     kv_decode_variant v = {.name = "base", .serial = opts->sel_serial, .wide = opts->topk_wide,
                            .cache = opts->sel_cache, .classic = opts->sel_classic,
                            .ahead = opts->sel_ahead, .sel_blocks = opts->sel_blocks,
-                           .gather_blocks = opts->gather_blocks};
+                           .gather_blocks = opts->gather_blocks, .sel_kernels = opts->sel_kernels,
+                           .sel_every = opts->sel_every};
     return kv_gpu_bench_decode_variants(e, per_layer, opts, T, seed, prefill, warmup, tokens, nofetch_tokens,
                                         &v, 1, r);
 }

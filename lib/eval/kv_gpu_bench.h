@@ -75,12 +75,16 @@ kv_status kv_decode_layers_fill(kv_decode_placement p, const kv_decode_layers *c
                                 kv_policy_params *per_layer);
 
 /* Share of the PCIe time (bytes at h2d bytes/s) that does not show in the
- * step time ms against ms_ref, clamped to [0, 1]. */
+ * step time ms against ms_ref, clamped to [0, 1].  kv-bench decode reports
+ * it against ms_nogather (pcie_hidden: the gather's cost alone) and against
+ * ms_nofetch (side_work_hidden: selection and gather together). */
 double kv_gpu_bench_hidden(double ms, double ms_ref, uint64_t bytes, double h2d);
 
 typedef struct {
     double ms_median, ms_p90, ms_min; /* per decoded token */
     double ms_nofetch;    /* median with sparse selection/gather switched off (0 if n/a) */
+    double ms_nogather;   /* median with the selection on and only the gather of the chosen
+                             rows from host memory off (0 if n/a) */
     uint64_t gpu_kv;      /* KV bytes resident on the GPU after the run */
     uint64_t host_kv;     /* KV bytes in pinned host memory */
     uint64_t pcie_token;  /* bytes read from host memory by the last step */
@@ -103,11 +107,14 @@ typedef struct {
     bool serial, wide, cache, classic;
     int ahead;     /* ahead2: 2, else 0 (opts.sel_ahead) */
     int sel_blocks, gather_blocks; /* chainN, gatherN: N (all: -1), else 0 (opts') */
+    int sel_kernels; /* late, nopdl, collect, direct (set) and early, hist (clear) over the default:
+                        opts.sel_kernels, 0 when none is named */
+    int sel_every;   /* everyN: N (opts.sel_every), else 0 */
 } kv_decode_variant;
 
 /* Parse "base" or words of serial, wide, cache, classic, ahead2, chainN,
- * gatherN (N 1-999 or all) joined by '+' (KV_E_USAGE
- * naming the word otherwise). */
+ * gatherN (N 1-999 or all), late, early, nopdl, collect, direct, hist, everyN (N
+ * 2-999) joined by '+' (KV_E_USAGE naming the word otherwise). */
 kv_status kv_decode_variant_parse(const char *s, kv_decode_variant *v);
 /* The step options of variant v into o (the rest of o unchanged). */
 void kv_decode_variant_apply(const kv_decode_variant *v, kv_gpu_engine_opts *o);
@@ -127,7 +134,8 @@ kv_status kv_gpu_bench_decode(kv_gpu_engine *e, const kv_policy_params *per_laye
  * The same with one context for nv variants of the step: after the prefill
  * (or synthesis), each variant in turn (kv_gpu_engine_set_step_opts) decodes
  * warmup + tokens timed tokens into r[i]; the fetch-free time is taken once,
- * after the first, and copied to every r[i].
+ * after the first, and copied to every r[i]; the gather-free time (the
+ * variant's selection on, the gather off) after each, nofetch_tokens more.
  */
 kv_status kv_gpu_bench_decode_variants(kv_gpu_engine *e, const kv_policy_params *per_layer,
                                        const kv_gpu_engine_opts *opts, int T, uint64_t seed,

@@ -136,11 +136,37 @@ typedef struct {
      * layer they hide behind (measurement: kv-bench decode --variants
      * chainN, gatherN). */
     int sel_blocks, gather_blocks;
+    /* select=resident's chain (eng_resident_select), how its kernels follow
+     * each other: 0 = KV_GPU_SELK_DEFAULT (late + collect), else KV_GPU_SELK_SET with some of
+     * KV_GPU_SELK_LATE (a kernel lets its successor's blocks onto the SMs
+     * only as it ends, not first thing), KV_GPU_SELK_NOPDL (no programmatic
+     * dependent launch), KV_GPU_SELK_COLLECT (top-K: the k-th key's bin
+     * collected in one pass, two passes over every key fewer),
+     * KV_GPU_SELK_DIRECT (the same, the ids written from the list: three
+     * fewer).  The same ids every way; for measurement (kv-bench decode
+     * --variants late, nopdl, collect, direct, early, hist). */
+    int sel_kernels;
+    /* Selection reuse (sparse layers, measurement and option): 0 or 1 = a
+     * new selection every step; N >= 2 = each layer's chosen ids kept and
+     * reused for N - 1 steps after the step that chose them (the scoring and
+     * top-K skipped then; the gather still runs, and with sel_cache finds
+     * the rows held).  A new selection also when the top-K size changes. */
+    int sel_every;
     int gemv_q;           /* packed GEMV variant, a kv_gemv_variant (common/kv_gemv.h): KV_GEMV_DEFAULT
                              (0: per type and shape, eng_gemvq_best) or one forced, for measurement */
 } kv_gpu_engine_opts;
 
 #define KV_GPU_SEL_BLOCKS 32
+
+/* opts.sel_kernels bits (the values of kernels/eng_ops.cuh's ENG_SEL_*) */
+#define KV_GPU_SELK_LATE 1
+#define KV_GPU_SELK_NOPDL 2
+#define KV_GPU_SELK_COLLECT 4
+#define KV_GPU_SELK_DIRECT 8
+#define KV_GPU_SELK_SET 256 /* the bits are explicit (0 would be "none") */
+/* the default: late trigger and the collected top-K tail, measured fastest
+ * at 128k on the H200 (docs/BENCHMARKS.md, helper A7) */
+#define KV_GPU_SELK_DEFAULT (KV_GPU_SELK_LATE | KV_GPU_SELK_COLLECT)
 #define KV_GPU_GATHER_BLOCKS 1
 
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
@@ -216,6 +242,11 @@ void kv_gpu_engine_set_no_fetch(kv_gpu_engine *e, bool no_fetch);
 /* Change opts.sel_classic, sel_ahead, sel_blocks and gather_blocks between
  * steps (the device may be busy: they take effect from the next step issued). */
 void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int sel_blocks, int gather_blocks);
+
+/* Change opts.sel_kernels and sel_every, or opts.sel_skip (measurement only), between
+ * steps (they take effect from the next step issued). */
+void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels, int sel_every);
+void kv_gpu_engine_set_sel_skip(kv_gpu_engine *e, unsigned sel_skip);
 
 /* Change opts.sel_serial, topk_wide and sel_cache (and profile) between
  * steps, keeping the context (a selection cache starts empty again, its

@@ -73,6 +73,10 @@ typedef struct {
     unsigned long long *cstat;
     bool cache_reset;
     uint64_t extra_last;      /* host bytes of the last step besides the gathered rows */
+    /* opts.sel_every >= 2: the ids chosen at position keep_pos (-1: none) for
+     * keep_kk rows from candidate keep_cs on, (nkv, kmax + 1) device */
+    int *keep;
+    int keep_pos, keep_kk, keep_cs;
 } sparse_state;
 
 #define SPARSE_OBSERVE 32 /* prompt queries observed: PREFILL_OBSERVE of kv_engine.c */
@@ -380,6 +384,9 @@ static kv_status sparse_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K,
     }
     cache_free(sp);
     if (e->o.sel_cache) TRY(cache_alloc(e, y));
+    gl_dfree(&sp->keep);
+    TRY(gl_dalloc(&sp->keep, (size_t)nkv * (sp->kmax + 1) * sizeof(int), "kept selection ids"));
+    sp->keep_pos = -1;
     return KV_OK;
 }
 
@@ -399,6 +406,23 @@ static kv_status sparse_step_opts(kv_gpu_engine *e, gl_layer *y)
 /* Blocks per KV head of a side kernel: opts' value, its default for 0, the
  * widest grid (0 to the launcher) for < 0. */
 static int blocks_of(int o, int dflt) { return o == 0 ? dflt : o < 0 ? 0 : o; }
+
+_Static_assert(KV_GPU_SELK_LATE == ENG_SEL_LATE && KV_GPU_SELK_NOPDL == ENG_SEL_NOPDL &&
+                   KV_GPU_SELK_COLLECT == ENG_SEL_COLLECT && KV_GPU_SELK_DIRECT == ENG_SEL_DIRECT,
+               "opts.sel_kernels bits are eng_resident_select's flags");
+
+/* eng_resident_select's flags of opts.sel_kernels (0: the default). */
+static int sel_flags(int k)
+{
+    return k & KV_GPU_SELK_SET ? k & (ENG_SEL_LATE | ENG_SEL_NOPDL | ENG_SEL_COLLECT | ENG_SEL_DIRECT) : KV_GPU_SELK_DEFAULT;
+}
+
+void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels, int sel_every)
+{
+    e->o.sel_kernels = sel_kernels;
+    e->o.sel_every = sel_every;
+}
+void kv_gpu_engine_set_sel_skip(kv_gpu_engine *e, unsigned sel_skip) { e->o.sel_skip = sel_skip; }
 
 /* Top-K of comb on stream s, one block per KV head or (opts.topk_wide) many. */
 static kv_status run_topk(kv_gpu_engine *e, const float *comb, int ncand, int kk, int cs, int *sel,
@@ -424,7 +448,9 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
 {
     sparse_state *sp = y->st;
     const int l = y->l;
-    int *sel = e->sel.sel[l % 3];
+    /* opts.sel_every: ids the layer keeps (reused until sel_every steps have passed) */
+    const bool keeping = e->o.sel_every >= 2 && sp->keep;
+    int *sel = keeping ? sp->keep : e->sel.sel[l % 3];
     bool g0_done = false; /* profile: first host read recorded */
     const kv_policy_params *p = &y->prm;
     const int T = e->pos + 1, nkv = e->nkv, hd = e->hd;
@@ -448,6 +474,16 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
         y->fetched_last = 0;
         return KV_OK;
     }
+    if (!keeping) {
+        sp->keep_pos = -1;
+    } else if (sp->keep_pos >= 0 && e->pos - sp->keep_pos < e->o.sel_every && sp->keep_kk == kk &&
+               sp->keep_cs == cs) {
+        goto gather; /* the kept ids: no scoring, no top-K */
+    } else {
+        sp->keep_pos = e->pos;
+        sp->keep_kk = kk;
+        sp->keep_cs = cs;
+    }
     if (kk > 0) {
         if (kk < ncand) {
             if (p->select == KV_SELECT_SKETCH) {
@@ -466,7 +502,8 @@ static kv_status sparse_select(kv_gpu_engine *e, gl_layer *y, const float *q, cu
                                            sp->rzero, sp->ldt, p->cbits, e->nqh, nkv, hd, cs, cend,
                                            p->group_reduce == KV_REDUCE_MAX, kk, e->sel.comb,
                                            e->sel.chans, e->sel.qscale, sel, e->sel.rs_ws,
-                                           blocks_of(e->o.sel_blocks, KV_GPU_SEL_BLOCKS), s));
+                                           blocks_of(e->o.sel_blocks, KV_GPU_SEL_BLOCKS),
+                                           sel_flags(e->o.sel_kernels), s));
                     goto gather;
                 }
                 if (!(skip & KV_GPU_SKIP_SCORES)) {
@@ -652,6 +689,7 @@ static void sparse_release(gl_layer *y)
     gl_hfree(&sp->kcm_h);
     sp->rows_d = sp->kcm_d = NULL;
     cache_free(sp);
+    gl_dfree(&sp->keep);
     void *dev[] = {&sp->sink, &sp->sketch, &sp->chmax, &sp->kmean, &sp->kmad, &sp->ak, &sp->av,
                    &sp->pool, &sp->rrows, &sp->rscale, &sp->rzero, &sp->obs, &sp->pmin, &sp->pmax};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);

@@ -90,6 +90,11 @@ void kv_gpu_engine_set_sel_opts(kv_gpu_engine *e, bool classic, int ahead, int s
 {
     (void)e, (void)classic, (void)ahead, (void)sel_blocks, (void)gather_blocks;
 }
+void kv_gpu_engine_set_sel_kernels(kv_gpu_engine *e, int sel_kernels, int sel_every)
+{
+    (void)e, (void)sel_kernels, (void)sel_every;
+}
+void kv_gpu_engine_set_sel_skip(kv_gpu_engine *e, unsigned sel_skip) { (void)e, (void)sel_skip; }
 kv_status kv_gpu_engine_set_step_opts(kv_gpu_engine *e, bool sel_serial, bool topk_wide,
                                       bool sel_cache, bool profile)
 {

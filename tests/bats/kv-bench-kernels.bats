@@ -187,6 +187,28 @@ load helper
     [ "$status" -eq 69 ]
 }
 
+@test "kv-bench decode and ruler take the chain words late, early, nopdl, collect, hist and everyN and refuse a misspelt one (64)" {
+    run --separate-stderr kv-bench decode --variants late+colect
+    assert_fails_with 64 "'colect' is not one of serial, wide, cache, classic, ahead2, chainN, gatherN, late, early, nopdl, collect, direct, hist, everyN"
+    [ -z "$output" ]
+    run --separate-stderr kv-bench ruler --gpu-step nopdl+lat
+    assert_fails_with 64 "'lat' is not one of"
+    run --separate-stderr kv-bench decode --variants late,late
+    assert_fails_with 64 "'late' twice"
+    run --separate-stderr kv-bench decode --variants every1
+    assert_fails_with 64 "'every1' is not one of"
+    run --separate-stderr kv-bench ruler --gpu-step everyall
+    assert_fails_with 64 "'everyall' is not one of"
+    run --separate-stderr kv-bench decode --help
+    [[ "$output" == *"collect"* && "$output" == *"nopdl"* ]]
+    run --separate-stderr kv-bench ruler --help
+    [[ "$output" == *"collect"* ]]
+    if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present: the benchmark would run"; fi
+    run --separate-stderr kv-bench decode --variants base,late,nopdl+collect,early+hist,late+collect+chain16,every2+cache,late+direct \
+        --policies hybrid-resident -c 1024 -n 2 --synthetic tiny
+    [ "$status" -eq 69 ]
+}
+
 @test "kv-bench decode without a usable GPU exits 69 with one message" {
     if nvidia-smi -L >/dev/null 2>&1; then skip "a GPU is present"; fi
     run --separate-stderr kv-bench decode -c 1024 -n 2 --synthetic tiny

@@ -1399,6 +1399,7 @@ typedef struct {
     const char *name;
     bool serial, wide, cache, switch_on, classic;
     int ahead;
+    int sel_kernels; /* opts.sel_kernels (0: the default) */
 } step_variant;
 
 static void run_step_variant(kv_model *m, const kv_policy_params *pp, const int *prompt, int n,
@@ -1413,6 +1414,7 @@ static void run_step_variant(kv_model *m, const kv_policy_params *pp, const int 
     o.sel_cache = v->cache && !v->switch_on;
     o.sel_classic = v->classic;
     o.sel_ahead = v->ahead;
+    o.sel_kernels = v->sel_kernels;
     o.profile = true;
     kv_gpu_engine *g = NULL;
     kv_status st = kv_gpu_engine_new(m, pp, n + steps + 8, &o, &g);
@@ -1447,12 +1449,19 @@ static void test_sparse_step_variants_match_the_serial_path(void)
     OK(kv_policy_parse("0=full;*=sparse:frac=0.03,sink=8,window=32,select=resident", m->cfg.n_layers, pp));
     for (int l = 0; l < m->cfg.n_layers; l++) pp[l].dtype = KV_DT_F16;
     const step_variant vs[] = {
-        {"serial", true, false, false, false, false, 0},      {"base", false, false, false, false, false, 0},
-        {"wide", false, true, false, false, false, 0},        {"serial+wide", true, true, false, false, false, 0},
-        {"cache", false, false, true, false, false, 0},       {"wide+cache", false, true, true, false, false, 0},
-        {"serial+cache", true, false, true, false, false, 0}, {"cache switched on", false, false, true, true, false, 0},
-        {"classic", false, false, false, false, true, 0},     {"serial+ahead2", true, false, false, false, false, 2},
-        {"ahead2", false, false, false, false, false, 2},
+        {"serial", true, false, false, false, false, 0, 0},      {"base", false, false, false, false, false, 0, 0},
+        {"wide", false, true, false, false, false, 0, 0},        {"serial+wide", true, true, false, false, false, 0, 0},
+        {"cache", false, false, true, false, false, 0, 0},       {"wide+cache", false, true, true, false, false, 0, 0},
+        {"serial+cache", true, false, true, false, false, 0, 0}, {"cache switched on", false, false, true, true, false, 0, 0},
+        {"classic", false, false, false, false, true, 0, 0},
+        /* the chain's kernels every way (the default is late+collect): the same ids */
+        {"early+hist", false, false, false, false, false, 0, KV_GPU_SELK_SET},
+        {"nopdl+collect", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_NOPDL | KV_GPU_SELK_COLLECT},
+        {"late+direct", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_LATE | KV_GPU_SELK_DIRECT},
+        {"early+direct", false, false, false, false, false, 0, KV_GPU_SELK_SET | KV_GPU_SELK_DIRECT},
+        /* last: serial+ahead2 becomes the reference of what follows */
+        {"serial+ahead2", true, false, false, false, false, 2, 0},
+        {"ahead2", false, false, false, false, false, 2, 0},
     };
     const size_t nl = (size_t)(steps + 1) * V;
     float *ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));

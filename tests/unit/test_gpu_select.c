@@ -87,7 +87,7 @@ static void fill_scores(float *x, size_t n, int kind)
     }
 }
 
-static void check_topk_many(int nkv, int n, int k, int kind, int blocks, void *ws)
+static void check_topk_many(int nkv, int n, int k, int kind, int blocks, int flags, void *ws)
 {
     float *x = malloc((size_t)nkv * n * 4);
     fill_scores(x, (size_t)nkv * n, kind);
@@ -97,7 +97,7 @@ static void check_topk_many(int nkv, int n, int k, int kind, int blocks, void *w
     cudaMalloc((void **)&s1, (size_t)nkv * k * 4);
     cudaMalloc((void **)&s2, (size_t)nkv * k * 4);
     KT_REQUIRE(dx && s1 && s2, "alloc");
-    CU(eng_topk_many(dx, nkv, n, k, 5, s1, ws, blocks, 0));
+    CU(eng_topk_many(dx, nkv, n, k, 5, s1, ws, blocks, flags, 0));
     CU(eng_topk(dx, nkv, n, k, 5, s2, 0));
     CU(cudaMemcpy(h1, s1, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(h2, s2, (size_t)nkv * k * 4, cudaMemcpyDeviceToHost));
@@ -106,8 +106,10 @@ static void check_topk_many(int nkv, int n, int k, int kind, int blocks, void *w
         cpu_topk(x + (size_t)h * n, n, k, 5, ref);
         for (int i = 0; i < k; i++) bad += h1[(size_t)h * k + i] != ref[i];
     }
-    KT_CHECK(bad == 0, "n %d k %d kind %d: %d of %d ids differ from the CPU's order", n, k, kind, bad, nkv * k);
-    KT_CHECK(!memcmp(h1, h2, (size_t)nkv * k * 4), "n %d k %d kind %d: ids differ from eng_topk", n, k, kind);
+    KT_CHECK(bad == 0, "n %d k %d kind %d flags %d: %d of %d ids differ from the CPU's order", n, k, kind, flags,
+             bad, nkv * k);
+    KT_CHECK(!memcmp(h1, h2, (size_t)nkv * k * 4), "n %d k %d kind %d flags %d: ids differ from eng_topk", n, k,
+             kind, flags);
     cudaFree(dx), cudaFree(s1), cudaFree(s2);
     free(x), free(h1), free(h2), free(ref);
 }
@@ -122,20 +124,29 @@ static void test_topk_many_matches_cpu_order(void)
     cudaMalloc(&ws, eng_topk_many_ws(8));
     KT_REQUIRE(ws, "alloc");
     CU(cudaMemset(ws, 0, eng_topk_many_ws(8)));
-    /* blocks 0: one per chunk of 4096 keys; 1-3: blocks looping over chunks */
-    check_topk_many(3, 5003, 97, 0, 0, ws);
-    check_topk_many(2, 40000, 300, 1, 0, ws);
-    check_topk_many(2, 40000, 300, 1, 3, ws);
-    check_topk_many(2, 3000, 50, 2, 0, ws);
-    check_topk_many(1, 20000, 200, 2, 2, ws);
-    check_topk_many(2, 9000, 700, 3, 1, ws);
-    check_topk_many(1, 4097, 1, 1, 0, ws);
-    check_topk_many(1, 777, 777, 0, 0, ws);
-    if (!short_run()) {
-        check_topk_many(8, 131072, 1024, 0, 0, ws);
-        check_topk_many(8, 131072, 1024, 0, 8, ws);
-        check_topk_many(8, 131072, 4000, 1, 2, ws);
-        check_topk_many(1, 1 << 20, 5000, 0, 0, ws);
+    /* blocks 0: one per chunk of 4096 keys; 1-3: blocks looping over chunks;
+     * every way the kernels follow each other, the candidates collected
+     * (all-equal scores: more than the list holds) or the digit histograms */
+    static const int fl[] = {0, ENG_SEL_COLLECT, ENG_SEL_LATE | ENG_SEL_DIRECT, ENG_SEL_DIRECT,
+                             ENG_SEL_LATE | ENG_SEL_COLLECT, ENG_SEL_NOPDL, ENG_SEL_LATE};
+    for (size_t f = short_run() ? 1 : 0; f < (short_run() ? 4 : sizeof fl / sizeof fl[0]); f++) {
+        const int F = fl[f];
+        check_topk_many(1, 20000, 300, 3, 2, F, ws); /* all equal: more than the candidate list holds */
+        check_topk_many(3, 5003, 97, 0, 0, F, ws);
+        check_topk_many(2, 40000, 300, 1, 0, F, ws);
+        check_topk_many(2, 40000, 300, 1, 3, F, ws);
+        check_topk_many(2, 3000, 50, 2, 0, F, ws);
+        check_topk_many(1, 20000, 200, 2, 2, F, ws);
+        check_topk_many(2, 9000, 700, 3, 1, F, ws);
+        check_topk_many(1, 4097, 1, 1, 0, F, ws);
+        check_topk_many(1, 777, 777, 0, 0, F, ws);
+        if (!short_run() && f < 4) {
+            check_topk_many(8, 131072, 1024, 0, 0, F, ws);
+            check_topk_many(8, 131072, 1024, 0, 8, F, ws);
+            check_topk_many(8, 131072, 4000, 1, 2, F, ws);
+            check_topk_many(1, 1 << 20, 5000, 0, 0, F, ws);
+            check_topk_many(2, 60000, 1024, 3, 4, F, ws); /* all equal: past the candidate list */
+        }
     }
     cudaFree(ws);
 }
@@ -227,7 +238,7 @@ static void cpu_resident(const rlayer *L, int cs, int cend, int rmax, int *cols,
     free(sc);
 }
 
-static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend, int k, int blocks)
+static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend, int k, int blocks, int flags)
 {
     const int nkv = 2, hd = 128, R = 64, C = 8, g = nqh / nkv, n = cend - cs;
     rlayer L;
@@ -249,7 +260,7 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
     int *ref = malloc((size_t)k * 4), *own = malloc((size_t)k * 4);
     for (int rep = 0; rep < 2; rep++) { /* twice: the workspace is left clean */
         CU(eng_resident_select(L.d_q, L.d_chmax, L.d_pool, R, C, L.d_rows, L.d_scale, L.d_zero, L.ldt, bits,
-                               nqh, nkv, hd, cs, cend, rmax, k, comb, cols, qs, sel, ws, blocks, 0));
+                               nqh, nkv, hd, cs, cend, rmax, k, comb, cols, qs, sel, ws, blocks, flags, 0));
         CU(cudaMemcpy(gc, comb, (size_t)nkv * n * 4, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(gq, qs, nqh * 4, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(gcol, cols, nkv * C * 4, cudaMemcpyDeviceToHost));
@@ -284,8 +295,8 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
             cpu_bad += v < kth - (float)tol * fabsf(kth) - 1e-12f;
         }
     }
-    printf("# resident chain g %d, %d bits, max %d, n %d, k %d, blocks %d: comb error %.3g, qscale %.2g\n", g,
-           bits, rmax, n, k, blocks, ce, qe);
+    printf("# resident chain g %d, %d bits, max %d, n %d, k %d, blocks %d, flags %d: comb error %.3g, qscale %.2g\n",
+           g, bits, rmax, n, k, blocks, flags, ce, qe);
     KT_CHECK(own_bad == 0, "%d bits: %d ids are not the top-%d of the chain's own scores", bits, own_bad, k);
     /* at 8 bits and more none; below, a code may round the other way at a
      * half-way quotient and move one token's score by a step */
@@ -299,13 +310,18 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
 static void test_resident_select_matches_cpu(void)
 {
     const int T = short_run() ? 3000 : 9000;
-    check_resident(8, 2, 0, T, 9, T - 40, 150, 0);
-    check_resident(8, 2, 0, T, 9, T - 40, 150, 2);
-    check_resident(8, 16, 0, T, 8, T - 3, 300, 1);
-    check_resident(8, 4, 1, T, 13, T - 64, 97, 0);
-    check_resident(16, 1, 0, T, 5, T - 7, 200, 3);
-    check_resident(16, 2, 1, T, 0, T, 64, 0);
-    check_resident(8, 2, 0, 500, 8, 460, 450, 0); /* k close to n, one block */
+    static const int fl[] = {0, ENG_SEL_COLLECT, ENG_SEL_LATE | ENG_SEL_COLLECT | ENG_SEL_NOPDL,
+                             ENG_SEL_LATE | ENG_SEL_DIRECT};
+    for (size_t f = short_run() ? 1 : 0; f < sizeof fl / sizeof fl[0]; f++) {
+        const int F = fl[f];
+        check_resident(8, 2, 0, T, 9, T - 40, 150, 0, F);
+        check_resident(8, 2, 0, T, 9, T - 40, 150, 2, F);
+        check_resident(8, 16, 0, T, 8, T - 3, 300, 1, F);
+        check_resident(8, 4, 1, T, 13, T - 64, 97, 0, F);
+        check_resident(16, 1, 0, T, 5, T - 7, 200, 3, F);
+        check_resident(16, 2, 1, T, 0, T, 64, 0, F);
+        check_resident(8, 2, 0, 500, 8, 460, 450, 0, F); /* k close to n, one block */
+    }
 }
 
 /* The selection's time at the 8B model's shape (32 query heads, 8 KV
@@ -324,7 +340,7 @@ typedef struct {
     cudaEvent_t a, b, c, d;
 } tctx;
 
-/* what: -1 former chain, -2 gather (blocks), else the new chain (blocks). */
+/* what: -1 former chain, -2 gather (blocks), else the new chain (blocks) with flags what. */
 static int t_side(tctx *t, int what, int blocks)
 {
     const int n = t->cend - t->cs;
@@ -343,7 +359,7 @@ static int t_side(tctx *t, int what, int blocks)
                                  t->ss) == cudaSuccess;
     return eng_resident_select(t->q, t->chmax, t->pool, t->R, t->C, t->rows, t->scl, t->zer, t->ldt, t->bits,
                                t->nqh, t->nkv, t->hd, t->cs, t->cend, 0, t->k, t->comb, t->cols, t->qs, t->sel,
-                               t->ws, blocks, t->ss) == cudaSuccess;
+                               t->ws, blocks, what, t->ss) == cudaSuccess;
 }
 
 static float t_median(float *v, int n)
@@ -440,11 +456,18 @@ static void test_resident_chain_timing(void)
     CU(cudaEventCreate(&t.c));
     CU(cudaEventCreate(&t.d));
     kv_cuda_set_pdl(2);
+    const int L = ENG_SEL_LATE, N = ENG_SEL_NOPDL, K = ENG_SEL_COLLECT;
     const struct { const char *name; int what, blocks; } runs[] = {
-        {"former chain", -1, 0}, {"chain, all blocks", 0, 0}, {"chain, 16/head", 0, 16},
-        {"chain, 8/head", 0, 8},  {"chain, 4/head", 0, 4},     {"chain, 2/head", 0, 2},
-        {"gather, all blocks", -2, 0}, {"gather, 4/head", -2, 4}, {"gather, 2/head", -2, 2},
-        {"gather, 1/head", -2, 1},
+        {"former chain", -1, 0},          {"chain 32", 0, 32},
+        {"chain 32 late", L, 32},         {"chain 32 nopdl", N, 32},
+        {"chain 32 collect", K, 32},      {"chain 32 late+coll", L | K, 32},
+        {"chain 32 nopdl+coll", N | K, 32}, {"chain 16 late+coll", L | K, 16},
+        {"chain 64 late+coll", L | K, 64}, {"chain all late+coll", L | K, 0},
+        {"chain 8 late+coll", L | K, 8},  {"chain 16", 0, 16},
+        {"chain 32 late+direct", L | ENG_SEL_DIRECT, 32}, {"chain 64 late+direct", L | ENG_SEL_DIRECT, 64},
+        {"chain all late+direct", L | ENG_SEL_DIRECT, 0}, {"chain 32 direct", ENG_SEL_DIRECT, 32},
+        {"chain 8", 0, 8},                {"gather, 1/head", -2, 1},
+        {"gather, 2/head", -2, 2},
     };
     printf("# side work at 128k (g 4, pool 64, C 8, 2 bits, k 1024; gather 8 x 1024 rows of 512 B), median us:"
            " alone, beside 8 GEMVs 14336x4096 on a low-priority stream, the GEMVs' extra time\n");
