@@ -375,7 +375,10 @@ static kv_status dsq_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, cons
 #undef LCK
     (void)n;
     free(ring);
-    if (!st) d->packed = nw;
+    if (!st) {
+        d->packed = nw;
+        d->dp = fk.prm; /* the base rule too: later windows are packed as the file's (as the CPU policy) */
+    }
     d->obs_n = 0; /* a loaded layer observes nothing, as on the CPU */
     kv_dsq_clear(&fk);
     kv_dsq_clear(&fv);

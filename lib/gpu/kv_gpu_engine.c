@@ -828,6 +828,7 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     float *X = e->pfb.X;
     uint16_t *K = e->pfb.K, *V = e->pfb.V, *tmp = e->pfb.tmp;
     kv_pf_ws ws = e->pfb.ws;
+    ws.C = C; /* kept for a longer chunk: this prefill's chunks are C rows (opts may have changed) */
     kv_status st = lw && kc && vc ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
     for (int l = 0; !st && l < e->L; l++) {
         gl_prefill_layer(e, l, &lw[l]);

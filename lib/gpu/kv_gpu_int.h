@@ -315,7 +315,8 @@ struct kv_gpu_engine {
     double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
     gl_graph gr;         /* the captured decode step */
     /* the chunked prefill's buffers, kept between prefills when they are
-     * small (KV_GPU_PF_KEEP_BYTES in all; kv_gpu_reuse.c): a request's
+     * small (KV_GPU_PF_KEEP_BYTES in all, 64 MiB: niah4k's 3.9k-token prefill needs
+     * about 46; kv_gpu_reuse.c): a request's
      * cudaMalloc/cudaFree pairs cost more than a short prefill computes */
     struct {
         float *X;          /* (rows, ld_dim) residual stream */
@@ -336,7 +337,7 @@ struct kv_gpu_engine {
 // --- the prefill's kept buffers and packed continuation (kv_gpu_reuse.c) -----------
 
 /* Prefill buffers of at most this many bytes in all stay allocated between prefills. */
-#define KV_GPU_PF_KEEP_BYTES ((size_t)256 << 20)
+#define KV_GPU_PF_KEEP_BYTES ((size_t)64 << 20)
 
 /* The chunked prefill's buffers for rows (all rows, cached ones included)
  * of which nn are new, C rows a chunk, geometry g: grown when too small;
