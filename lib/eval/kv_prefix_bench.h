@@ -71,8 +71,9 @@ typedef struct {
     double ttft_ms;
     double load_ms;         /* of it: finding and loading the prefix (the rest is the prefill) */
     double qa_ms[4];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows */
-    double probe_ms[4];     /* disk-query: of the probe, the sink row's load, its prefill, the reset;
-                               then the wait for the sketch read (beside the probe) after it */
+    double probe_ms[5];     /* disk-query: of the probe, the sink row's load, its prefill, the reset;
+                               then the wait for the sketch read (beside the probe) after it and
+                               the start of its thread (of the prefill) */
     double pf_ms[6];        /* GPU engine: the request's prefill's phases (kv_gpu_prefill_phases:
                                setup, rows, compute, logits, total, capture); all 0 on the CPU */
     double probe_pf_ms[5];  /* disk-query on the GPU: the same for the probe's prefill */

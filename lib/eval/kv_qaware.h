@@ -47,6 +47,7 @@ typedef struct {
     double sketch_ms, probe_ms, score_ms, load_ms;
     double probe_sink_ms, probe_prefill_ms, probe_reset_ms; /* of probe_ms: the sink row's load, the
                                                               64-token prefill, the runner's reset */
+    double sketch_spawn_ms; /* of probe_prefill_ms: starting the sketch read's thread */
     double sketch_wait_ms; /* of the total: the wait for the sketch read after the probe (the read
                               runs beside the probe on a second thread; sketch_ms is its own time) */
     double probe_pf[5];    /* the probe prefill's phases on the GPU engine (kv_gpu_prefill_phases), else 0 */

@@ -11,7 +11,7 @@
 #   i  the same with --insert 1 (requests after the first have no dump capture:
 #      full is a plain prefill)
 #   p  test_gpu_prefix (the plain --kv round trips)
-#   m  test_gpu_kv's DSQ test under compute-sanitizer memcheck (leaks too)
+#   m  test_gpu_kv's DSQ and head_dim-128 KIVI tests under compute-sanitizer memcheck (leaks too)
 #   c  kv-run --device cuda --kv of a KIVI-packed niah4k cache (report layers)
 # Results: $OUT/summary.txt and $OUT/b11.tgz (every log and JSON).
 set -u
@@ -84,6 +84,12 @@ if has m; then
             "$D/test_gpu_kv" > "$W/memcheck.log" 2>&1
         log "memcheck test_gpu_kv (dsq) rc=$? (timeout $s)"; grep -E "ERROR SUMMARY|LEAK SUMMARY|^(not )?ok" "$W/memcheck.log" | head -8 | tee -a "$S"
     else log "memcheck skipped: no time left"; fi
+    s=$(upto 30 15)
+    if [ "$s" -gt 0 ]; then # the quant placement packed on the GPU (head_dim 128)
+        TEST_GPU_KV_ONLY=128 timeout "$s" compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+            "$D/test_gpu_kv" > "$W/memcheck128.log" 2>&1
+        log "memcheck test_gpu_kv (head_dim 128) rc=$? (timeout $s)"; grep -E "ERROR SUMMARY|LEAK SUMMARY|^(not )?ok" "$W/memcheck128.log" | head -8 | tee -a "$S"
+    else log "memcheck (head_dim 128) skipped: no time left"; fi
 fi
 # the remaining seeds, while time is left
 shift 2 2>/dev/null || set --
