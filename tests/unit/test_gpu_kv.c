@@ -169,6 +169,8 @@ static void compare(const char *what, const char *path, kv_policy_kind want, con
     KT_CHECK(bytes == L, "%s: %d of %d layers hold the CPU's resident bytes (layer 0: GPU %llu, CPU %llu)", what,
              bytes, L, (unsigned long long)rg[0], (unsigned long long)rc[0]);
     double e = nerr(c, g, V);
+    printf("# %s: GPU vs CPU continuation of the file: logits error %.3g, %d of 8 ids; layer 0 resident %llu bytes\n",
+           what, e, same, (unsigned long long)rg[0]);
     KT_CHECK(e < 2e-2, "%s: GPU vs CPU continuation logits, normalized error %.3g", what, e);
     KT_CHECK(same == 8, "%s: %d of 8 greedy ids as the CPU's continuation", what, same);
     whole_gpu(p, w, gw);
