@@ -211,9 +211,16 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true};
     pthread_t th;
     double tsp = kv_now_ms();
-    bool threaded = !st && pthread_create(&th, NULL, sketch_run, &job) == 0;
-    if (!threaded) job.own_thread = false; /* then run here, after the probe */
-    rep->sketch_spawn_ms = kv_now_ms() - tsp;
+    bool threaded = false;
+    if (!st && o->sketch_serial) { /* before the probe, on this thread */
+        job.own_thread = false;
+        sketch_run(&job);
+    } else if (!st) {
+        threaded = pthread_create(&th, NULL, sketch_run, &job) == 0;
+        if (!threaded) job.own_thread = false; /* then run here, after the probe */
+    }
+    rep->sketch_spawn_ms = threaded ? kv_now_ms() - tsp : 0;
+    if (o->sketch_serial) tp = kv_now_ms(); /* the probe's prefill starts after the read */
     if (!st) {
         kv_prefix pre = {.T = 1, .matched = n - P, .n_kv_heads = Hkv, .head_dim = D, .positions = sink.positions,
                          .tokens = sink.tokens, .dt = sink.dt, .k = (const void *const *)sink.k,
@@ -241,13 +248,13 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     kv_status st2 = kv_runner_reset(r, NULL);
     if (!st2) st2 = kv_runner_keep(r, o->keep_nq, o->keep_kv);
     if (!st) st = st2;
-    rep->probe_ms = kv_now_ms() - t1;
+    rep->probe_ms = kv_now_ms() - t1 - (o->sketch_serial ? job.ms : 0); /* the serial read is sketch_ms */
     rep->probe_reset_ms = kv_now_ms() - tr;
     double tj = kv_now_ms();
     if (threaded) pthread_join(th, NULL);
-    else if (!st) sketch_run(&job); /* no thread (own_thread false): after the probe */
+    else if (!st && !o->sketch_serial) sketch_run(&job); /* no thread (own_thread false): after the probe */
     rep->sketch_ms = job.ms;
-    rep->sketch_wait_ms = kv_now_ms() - tj;
+    rep->sketch_wait_ms = o->sketch_serial ? 0 : kv_now_ms() - tj;
     if (!st && job.st) st = kv_fail(job.st, "%s", job.why);
     if (!st && sk.matched != m)
         st = kv_fail(KV_E_INTERNAL, "the sketch covers %d tokens, the index matched %d", sk.matched, m);

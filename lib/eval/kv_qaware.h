@@ -40,6 +40,8 @@ typedef struct {
     bool keep_kv;
     int64_t now;
     const kv_tree_alloc *al; /* the rows' block (NULL: malloc) */
+    bool sketch_serial; /* read the key sketch before the probe instead of on a second thread
+                           beside it (measurement: which is faster depends on the machine) */
 } kv_qaware_opts;
 
 typedef struct {

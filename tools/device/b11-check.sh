@@ -3,13 +3,14 @@
 # caches; TTFT and needle accuracy of prefix reuse on the GPU), one round of
 # at most CAP seconds, run from the repository root after the round unpacked
 # the binaries into DIR:   OUT=dir sh DIR/run.sh DIR   (this file is DIR/run.sh)
-# STEPS (default tnipmc), in this order, each under a timeout inside the cap
+# STEPS (default tnsipmc), in this order, each under a timeout inside the cap
 # (a step that no longer fits is skipped and says so):
 #   t  test_gpu_kv (packed caches continued on the GPU vs the CPU and the whole prompt)
 #   n  kv-bench prefix on niah4k, 8 requests of ~3,930 tokens sharing ~88%, every
 #      request inserted (the brief's command), seeds $SEEDS, uncompressed chunks
+#   s  the same with --sketch-serial (disk-query reads the sketch before its probe)
 #   i  the same with --insert 1 (requests after the first have no dump capture:
-#      full is a plain prefill)
+#      full is a plain prefill); n, s and i interleaved per seed
 #   p  test_gpu_prefix (the plain --kv round trips)
 #   m  test_gpu_kv's DSQ and head_dim-128 KIVI tests under compute-sanitizer memcheck (leaks too)
 #   c  kv-run --device cuda --kv of a KIVI-packed niah4k cache (report layers)
@@ -17,7 +18,7 @@
 set -u
 D=${1:-build-dev-B}
 OUT=${OUT:-/tmp/kv-b11}
-STEPS=${STEPS:-tnipmc}
+STEPS=${STEPS:-tnsipmc}
 SEEDS=${SEEDS:-1 2 3 4}
 CAP=${CAP:-76}
 mkdir -p "$OUT"
@@ -66,12 +67,14 @@ bench() { # tag seed extra-args...
         log "kv-bench prefix $tag seed $seed rc=$? (timeout $s)"; summ "$W/$tag-s$seed.json"
     else log "kv-bench prefix $tag seed $seed skipped: no time left"; fi
 }
-set -- $SEEDS
-S1=$1; S2=${2:-$1}
-has n && bench niah "$S1"
-has i && bench niah-ins1 "$S1" --insert 1
-has n && [ "$S2" != "$S1" ] && bench niah "$S2"
-has i && [ "$S2" != "$S1" ] && bench niah-ins1 "$S2" --insert 1
+# per seed: the brief's command, the same with the sketch read before the
+# probe (--sketch-serial), and --insert 1; interleaved so that a slower
+# stretch of the machine hits all three
+for sd in $SEEDS; do
+    has n && bench niah "$sd"
+    has s && bench niah-serial "$sd" --sketch-serial
+    has i && bench niah-ins1 "$sd" --insert 1
+done
 if has p; then
     s=$(upto 15)
     if [ "$s" -gt 0 ]; then timeout "$s" "$D/test_gpu_prefix" > "$W/gpu_prefix.tap" 2>&1; log "test_gpu_prefix rc=$?"; tap "$W/gpu_prefix.tap"
@@ -91,12 +94,6 @@ if has m; then
         log "memcheck test_gpu_kv (head_dim 128) rc=$? (timeout $s)"; grep -E "ERROR SUMMARY|LEAK SUMMARY|^(not )?ok" "$W/memcheck128.log" | head -8 | tee -a "$S"
     else log "memcheck (head_dim 128) skipped: no time left"; fi
 fi
-# the remaining seeds, while time is left
-shift 2 2>/dev/null || set --
-for sd in "$@"; do
-    has n && bench niah "$sd"
-    has i && bench niah-ins1 "$sd" --insert 1
-done
 if has c; then
     s=$(upto 10)
     if [ "$s" -gt 0 ]; then
