@@ -87,18 +87,25 @@ __global__ void dsq_expand_kernel(eng_dsq_layer y, int T, uint16_t *ok, uint16_t
             int w = t / W, j = t % W;
             size_t hw = (size_t)h * (size_t)y.nwmax + (size_t)w;
             const uint8_t *mask = y.mask + hw * (size_t)mb;
+            const uint8_t *vmask = y.vmask ? y.vmask + hw * (size_t)mb : mask;
             if (kv_dsq_mask_get(mask, j)) {
                 size_t r = (hw * (size_t)S + (size_t)dsq_rank(mask, j, 1)) * (size_t)hd + (size_t)c;
                 kf = __fmul_rn(__half2float(__ushort_as_half(y.ksscale[hw * hd + c])), (float)y.ksal[r]);
-                vf = __fmul_rn(__half2float(__ushort_as_half(y.vsscale[hw * hd + c])), (float)y.vsal[r]);
             } else {
                 size_t r = hw * (size_t)nn + (size_t)dsq_rank(mask, j, 0);
                 size_t so = r * (size_t)nvs + (size_t)(c / y.gd);
                 float kc = (float)kv_code_get(y.kcodes + r * rbk, c, y.kbits);
-                float vc = (float)kv_code_get(y.vcodes + r * rbv, c, y.vbits);
                 kf = __fadd_rn(__half2float(__ushort_as_half(y.kzero[so])),
                                __fmul_rn(__half2float(__ushort_as_half(y.kscale[so])), kc));
                 kf = __fadd_rn(__half2float(__ushort_as_half(y.kbase[hw * hd + c])), kf);
+            }
+            if (kv_dsq_mask_get(vmask, j)) {
+                size_t r = (hw * (size_t)S + (size_t)dsq_rank(vmask, j, 1)) * (size_t)hd + (size_t)c;
+                vf = __fmul_rn(__half2float(__ushort_as_half(y.vsscale[hw * hd + c])), (float)y.vsal[r]);
+            } else {
+                size_t r = hw * (size_t)nn + (size_t)dsq_rank(vmask, j, 0);
+                size_t so = r * (size_t)nvs + (size_t)(c / y.gd);
+                float vc = (float)kv_code_get(y.vcodes + r * rbv, c, y.vbits);
                 vf = __fadd_rn(__half2float(__ushort_as_half(y.vzero[so])),
                                __fmul_rn(__half2float(__ushort_as_half(y.vscale[so])), vc));
             }

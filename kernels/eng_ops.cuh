@@ -419,7 +419,8 @@ cudaError_t eng_kivi_expand(const eng_kivi_layer *y, int T, uint16_t *k, uint16_
                             cudaStream_t s);
 
 /* One `dsq` layer on the device: packed windows in lib/common/kv_layout.h's DSQ
- * layout at capacity nwmax windows per head (K and V share the mask), the
+ * layout at capacity nwmax windows per head (K and V share the mask unless
+ * vmask is set), the
  * tokens not yet packed in an fp16 ring. */
 typedef struct {
     int nkv, hd, window, salient, kbits, vbits, gd; /* bits of the non-salient key and value
@@ -434,6 +435,8 @@ typedef struct {
     const uint16_t *kscale, *kzero;         /* (nkv, nwmax, W-S, hd/gd) */
     const uint16_t *vscale, *vzero;         /* (nkv, nwmax, W-S, hd/gd) */
     const uint16_t *rk, *rv;                /* (nkv, ring, hd) */
+    const uint8_t *vmask;                   /* (nkv, nwmax, W/8) the values' own salient masks (a file
+                                               packed them apart, kv-run --kv), or NULL: mask */
 } eng_dsq_layer;
 
 /* Dequantize tokens [0, T) of y into fp16 k, v (nkv, ld, hd), as

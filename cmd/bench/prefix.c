@@ -30,7 +30,7 @@ int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
        O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD,
-       O_INSERT, O_PUTQ, O_QUERIES };
+       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -47,6 +47,7 @@ static const kv_option opts[] = {
     {O_INSERT, 0, "insert", "N", "put only the first N requests' prompts into the store (default: every one)"},
     {O_PUTQ, 0, "put-queries", "N", "query samples per layer for the put's importance (default 32; 0: key norms)"},
     {O_QUERIES, 0, "queries", "N", "disk-query: the request's last N queries score the prefix (1-64, default 4)"},
+    {O_SKSERIAL, 0, "sketch-serial", NULL, "disk-query: read the sketch before the probe, not beside it (measurement)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
     {O_CTX, 'c', "ctx", "N", "context capacity (default: the longest request plus -n)"},
@@ -133,6 +134,7 @@ int kv_bench_prefix_main(int argc, char **argv)
         case O_INSERT: po.insert_max = (int)kv_cli_long("--insert", a, 1, 1 << 30); break;
         case O_PUTQ: po.put_queries = (int)kv_cli_long("--put-queries", a, 0, 4096); break;
         case O_QUERIES: po.queries = (int)kv_cli_long("--queries", a, 1, KV_QAWARE_PROBE); break;
+        case O_SKSERIAL: po.sketch_serial = true; break;
         case O_HALF: po.half_life = kv_cli_double("--half-life", a, 1e-3, 1e12); break;
         case O_STEPS: po.max_new = (int)kv_cli_long("-n", a, 1, 1 << 16); break;
         case O_CTX: ctx = (int)kv_cli_long("--ctx", a, 1, 1 << 24); break;

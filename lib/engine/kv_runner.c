@@ -110,8 +110,11 @@ kv_status kv_runner_prefill_from(kv_runner *r, const kv_prefix *pre, const int *
 {
     kv_status st = r->gpu ? kv_gpu_engine_prefill_from(r->gpu, pre, tokens, n, logits_last)
                           : kv_engine_prefill_from(r->cpu, pre, tokens, n, logits_last);
-    if (r->cpu) /* packed layers now run with the file's encoding */
-        for (int l = 0; l < r->m->cfg.n_layers; l++) r->prm[l] = *kv_engine_params(r->cpu, l);
+    /* packed layers now run with the file's encoding */
+    for (int l = 0; l < r->m->cfg.n_layers; l++) {
+        const kv_policy_params *p = r->cpu ? kv_engine_params(r->cpu, l) : kv_gpu_engine_layer_params(r->gpu, l);
+        if (p) r->prm[l] = *p;
+    }
     r->cont_T = st ? 0 : pre->T, r->cont_matched = st ? 0 : pre->matched;
     free(r->cont_pos);
     r->cont_pos = NULL;

@@ -18,6 +18,7 @@
 #include "eval/kv_qaware.h"
 #include "format/kvc.h"
 #include "gpu/kv_gpu.h"
+#include "gpu/kv_gpu_engine.h"
 #include "model/kv_prompt.h"
 #include "model/kv_sampler.h"
 #include "policy/kv_prefix.h"
@@ -378,7 +379,7 @@ static void source_clear(psource *s)
  * from the store.  *tier: what was used; hit: bytes per tier. */
 static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *s, const int *tok, int n,
                             const kv_pbench_opts *o, int64_t now, psource *src, const char **tier, uint64_t *hit,
-                            double *qa_ms)
+                            double *qa_ms, double *probe_ms, double *probe_pf)
 {
     const kv_tree *t = kv_tree_store_tree(s);
     *tier = "none";
@@ -426,10 +427,13 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         const kv_tree_alloc al = {arena_alloc, arena_free, c};
         if (m == KV_PM_DISK_QUERY) {
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now,
-                                 c->gpu ? &al : NULL};
+                                 c->gpu ? &al : NULL, o->sketch_serial};
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
+            probe_ms[0] = qr.probe_sink_ms, probe_ms[1] = qr.probe_prefill_ms, probe_ms[2] = qr.probe_reset_ms;
+            probe_ms[3] = qr.sketch_wait_ms, probe_ms[4] = qr.sketch_spawn_ms;
+            memcpy(probe_pf, qr.probe_pf, sizeof qr.probe_pf);
             gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;
         } else
             st = kv_tree_store_load_ex(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now,
@@ -511,8 +515,8 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if ((st = kv_runner_reset(r, NULL))) break;
             if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
-            double qa_ms[4] = {0, 0, 0, 0};
-            st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms);
+            double qa_ms[4] = {0, 0, 0, 0}, probe_ms[5] = {0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
+            st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms, probe_ms, probe_pf);
             double t1 = kv_now_ms();
             int reused = src.pre.T, start = src.pre.matched;
             if (!st && !is_full && !reused) { /* nothing to reuse */
@@ -522,6 +526,11 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if (!st) st = reused ? kv_runner_prefill_from(r, &src.pre, ids + start, len - start, logits)
                                  : kv_runner_prefill(r, ids, len, logits);
             double ttft = kv_now_ms() - t0;
+            if (!st && kv_runner_gpu(r)) {
+                kv_gpu_prefill_phases ph;
+                kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
+                pf[0] = ph.setup, pf[1] = ph.rows, pf[2] = ph.compute, pf[3] = ph.logits, pf[4] = ph.total, pf[5] = ph.capture;
+            }
             source_clear(&src);
             if (st) {
                 kv_errcontext("request %s, mode %s", q->id, kv_pmode_name(mode));
@@ -544,7 +553,10 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if (want) {
                 kv_pbench_row *row = &out[k++];
                 *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, t1 - t0,
-                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3]}, {hit[0], hit[1], hit[2]}, -1, text};
+                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4]},
+                                       {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]},
+                                       {probe_pf[0], probe_pf[1], probe_pf[2], probe_pf[3], probe_pf[4]},
+                                       {hit[0], hit[1], hit[2]}, -1, text};
                 if (q->n_out) {
                     row->correct = 1;
                     for (int a = 0; a < q->n_out; a++)
@@ -621,6 +633,17 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
             cJSON *qa = cJSON_AddObjectToObject(x, "query_aware_ms");
             static const char *qn[4] = {"sketch", "probe", "score", "rows"};
             for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(qa, qn[t], r->qa_ms[t]);
+            static const char *pn[5] = {"probe_sink", "probe_prefill", "probe_reset", "sketch_wait", "sketch_spawn"};
+            for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(qa, pn[t], r->probe_ms[t]);
+        }
+        static const char *phn[6] = {"setup", "rows", "compute", "logits", "total", "capture"};
+        if (r->pf_ms[4] > 0) { /* the GPU engine's phases of this request's prefill */
+            cJSON *ph = cJSON_AddObjectToObject(x, "prefill_phases_ms");
+            for (int t = 0; t < 6; t++) cJSON_AddNumberToObject(ph, phn[t], r->pf_ms[t]);
+        }
+        if (r->probe_pf_ms[4] > 0) {
+            cJSON *ph = cJSON_AddObjectToObject(x, "probe_prefill_phases_ms");
+            for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(ph, phn[t], r->probe_pf_ms[t]);
         }
         cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes");
         for (int t = 0; t < 3; t++) cJSON_AddNumberToObject(h, tn[t], (double)r->hit_bytes[t]);

@@ -61,6 +61,7 @@ typedef struct {
     int insert_max;    /* put only the first N requests' prompts (0: every request) */
     int put_queries;   /* query samples kept per layer for the put's importance (32; 0: key norms) */
     int queries;       /* disk-query: the request's last queries scored with (0: KV_QAWARE_QUERIES) */
+    bool sketch_serial; /* disk-query: the sketch read before the probe (kv_qaware_opts.sketch_serial) */
 } kv_pbench_opts;
 
 typedef struct {
@@ -71,6 +72,12 @@ typedef struct {
     double ttft_ms;
     double load_ms;         /* of it: finding and loading the prefix (the rest is the prefill) */
     double qa_ms[4];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows */
+    double probe_ms[5];     /* disk-query: of the probe, the sink row's load, its prefill, the reset;
+                               then the wait for the sketch read (beside the probe) after it and
+                               the start of its thread (of the prefill) */
+    double pf_ms[6];        /* GPU engine: the request's prefill's phases (kv_gpu_prefill_phases:
+                               setup, rows, compute, logits, total, capture); all 0 on the CPU */
+    double probe_pf_ms[5];  /* disk-query on the GPU: the same for the probe's prefill */
     uint64_t hit_bytes[3];  /* cache bytes taken from the gpu, host and disk tiers */
     int correct;            /* 1, 0, or -1 without expected outputs */
     char *text;             /* the generated text (or ids) */

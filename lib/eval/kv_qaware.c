@@ -4,11 +4,16 @@
 #include "eval/kv_qaware.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "common/kv_stats.h"
+#include "gpu/kv_gpu_engine.h"
 #include "policy/kv_prefix.h"
 
 typedef struct {
@@ -133,6 +138,34 @@ static bool score_rows(const kv_tree_sketch *sk, const float *q, int L, int H, i
     return ok;
 }
 
+/* The sketch read on a second thread while the probe runs (the probe is
+ * GPU work and CUDA calls, the read is file I/O and copying): the store is
+ * touched by one thread at a time (the sink row is loaded before the thread
+ * starts; the probe does not touch the store). */
+typedef struct {
+    kv_tree_store *s;
+    const int32_t *ids;
+    int n;
+    kv_tree_sketch *sk;
+    kv_status st;
+    double ms;
+    char why[512]; /* the thread's error detail (thread-local there) */
+    bool own_thread;
+} sketch_job;
+
+static void *sketch_run(void *p)
+{
+    sketch_job *j = p;
+    /* one thread: an OpenMP team in a new thread is created afresh each
+     * request (measured: the read then ended ~0.5 ms after the probe) */
+    if (j->own_thread) omp_set_num_threads(1);
+    double t = kv_now_ms();
+    j->st = kv_tree_store_sketch(j->s, j->ids, j->n, j->sk);
+    if (j->st) snprintf(j->why, sizeof j->why, "%s", kv_errdetail());
+    j->ms = kv_now_ms() - t;
+    return NULL;
+}
+
 kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
                          kv_tree_rows *rows, kv_qaware_report *rep)
 {
@@ -144,21 +177,27 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     if (!ids) return kv_fail(KV_E_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) ids[i] = tok[i];
-    double t0 = kv_now_ms();
-    kv_tree_sketch sk;
-    kv_status st = kv_tree_store_sketch(s, ids, n - 1, &sk);
-    rep->sketch_ms = kv_now_ms() - t0;
-    if (st || !sk.matched) {
+    /* the match (from the index alone) sizes the probe; the sketch is read
+     * beside the probe and must agree with it */
+    int *path = malloc((size_t)n * sizeof *path), npath = 0, used = 0;
+    if (!path) {
         free(ids);
-        kv_tree_sketch_free(&sk);
-        return st;
+        return kv_fail(KV_E_NOMEM, "out of memory");
     }
-    const int m = sk.matched;
+    const int m = kv_tree_match(kv_tree_store_tree(s), ids, n - 1, path, &npath, &used);
+    free(path);
+    kv_tree_sketch sk;
+    memset(&sk, 0, sizeof sk);
+    if (!m) {
+        free(ids);
+        return KV_OK;
+    }
     rep->matched = m;
-    for (int i = 0; i < KV_TIER_COUNT; i++) rep->sketch_bytes += sk.bytes_read[i];
+    kv_status st = KV_OK;
     /* the probe: the sink row, then the request's last tokens at their positions */
     int P = n - m < o->probe ? n - m : o->probe, nq = P < o->queries ? P : o->queries;
     kv_tree_rows sink;
+    memset(&sink, 0, sizeof sink);
     kv_get_report gr;
     int32_t zero = 0;
     double t1 = kv_now_ms();
@@ -167,11 +206,32 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     if (!q || !ql || !score) st = kv_fail(KV_E_NOMEM, "out of memory");
     if (!st) st = kv_tree_store_load(s, ids, n - 1, 1, &zero, 1, false, o->now, &sink, &gr);
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
+    double tp = kv_now_ms();
+    rep->probe_sink_ms = tp - t1;
+    sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true};
+    pthread_t th;
+    double tsp = kv_now_ms();
+    bool threaded = false;
+    if (!st && o->sketch_serial) { /* before the probe, on this thread */
+        job.own_thread = false;
+        sketch_run(&job);
+    } else if (!st) {
+        threaded = pthread_create(&th, NULL, sketch_run, &job) == 0;
+        if (!threaded) job.own_thread = false; /* then run here, after the probe */
+    }
+    rep->sketch_spawn_ms = threaded ? kv_now_ms() - tsp : 0;
+    if (o->sketch_serial) tp = kv_now_ms(); /* the probe's prefill starts after the read */
     if (!st) {
         kv_prefix pre = {.T = 1, .matched = n - P, .n_kv_heads = Hkv, .head_dim = D, .positions = sink.positions,
                          .tokens = sink.tokens, .dt = sink.dt, .k = (const void *const *)sink.k,
                          .v = (const void *const *)sink.v};
         if (!(st = kv_runner_keep(r, P, false))) st = kv_runner_prefill_from(r, &pre, tok + n - P, P, NULL);
+        if (!st && kv_runner_gpu(r)) {
+            kv_gpu_prefill_phases ph;
+            kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
+            rep->probe_pf[0] = ph.setup, rep->probe_pf[1] = ph.rows, rep->probe_pf[2] = ph.compute;
+            rep->probe_pf[3] = ph.logits, rep->probe_pf[4] = ph.total;
+        }
         for (int l = 0; !st && l < L; l++) {
             int got = kv_runner_queries(r, l, ql);
             if (got < nq) {
@@ -183,10 +243,22 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
         }
         kv_tree_rows_free(&sink);
     }
+    double tr = kv_now_ms();
+    rep->probe_prefill_ms = tr - tp;
     kv_status st2 = kv_runner_reset(r, NULL);
     if (!st2) st2 = kv_runner_keep(r, o->keep_nq, o->keep_kv);
     if (!st) st = st2;
-    rep->probe_ms = kv_now_ms() - t1;
+    rep->probe_ms = kv_now_ms() - t1 - (o->sketch_serial ? job.ms : 0); /* the serial read is sketch_ms */
+    rep->probe_reset_ms = kv_now_ms() - tr;
+    double tj = kv_now_ms();
+    if (threaded) pthread_join(th, NULL);
+    else if (!st && !o->sketch_serial) sketch_run(&job); /* no thread (own_thread false): after the probe */
+    rep->sketch_ms = job.ms;
+    rep->sketch_wait_ms = o->sketch_serial ? 0 : kv_now_ms() - tj;
+    if (!st && job.st) st = kv_fail(job.st, "%s", job.why);
+    if (!st && sk.matched != m)
+        st = kv_fail(KV_E_INTERNAL, "the sketch covers %d tokens, the index matched %d", sk.matched, m);
+    for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += sk.bytes_read[i];
     /* score, then whole frames by score */
     double t2 = kv_now_ms();
     if (!st && !score_rows(&sk, q, L, H, Hkv, nq, D, score)) st = kv_fail(KV_E_NOMEM, "out of memory for the scores");

@@ -40,11 +40,19 @@ typedef struct {
     bool keep_kv;
     int64_t now;
     const kv_tree_alloc *al; /* the rows' block (NULL: malloc) */
+    bool sketch_serial; /* read the key sketch before the probe instead of on a second thread
+                           beside it (measurement: which is faster depends on the machine) */
 } kv_qaware_opts;
 
 typedef struct {
     int matched, kept;
     double sketch_ms, probe_ms, score_ms, load_ms;
+    double probe_sink_ms, probe_prefill_ms, probe_reset_ms; /* of probe_ms: the sink row's load, the
+                                                              64-token prefill, the runner's reset */
+    double sketch_spawn_ms; /* of probe_prefill_ms: starting the sketch read's thread */
+    double sketch_wait_ms; /* of the total: the wait for the sketch read after the probe (the read
+                              runs beside the probe on a second thread; sketch_ms is its own time) */
+    double probe_pf[5];    /* the probe prefill's phases on the GPU engine (kv_gpu_prefill_phases), else 0 */
     uint64_t sketch_bytes, row_bytes; /* read from the store (every tier) */
 } kv_qaware_report;
 

@@ -22,7 +22,9 @@
 
 #include "common/kv_half.h"
 #include "policy/kv_policy_dsqp.h"
+#include "policy/kv_prefix.h"
 #include "quant/kv_dsq.h"
+#include "quant/kv_layer_io.h"
 
 #define DSQ_OBSERVE 32 /* prompt queries a dsq layer observes: PREFILL_OBSERVE of kv_engine.c */
 
@@ -40,6 +42,8 @@ typedef struct {
     uint16_t *rk, *rv;        /* (nkv, rc, hd) tokens not yet packed */
     float *imp;               /* (nkv, ctx) accumulated attention per token */
     float *obs;               /* (DSQ_OBSERVE, n_heads*hd) the prompt's last queries */
+    uint8_t *vmask;           /* (nkv, nwmax, W/8) the values' masks where a loaded file's differ
+                                 from the keys' (dsq_load), else NULL: dmask serves both */
 } dsq_state;
 
 
@@ -90,7 +94,7 @@ static eng_dsq_layer dsq_view(const kv_gpu_engine *e, const dsq_state *y)
     eng_dsq_layer v = {e->nkv, e->hd, y->dp.window, y->dp.salient, y->dp.bits, y->vbits,
                        kv_kivi_vgroup(y->dp.group, e->hd), y->nwmax, y->packed, y->rc,
                        y->dmask, y->ksal, y->vsal, y->ksscale, y->vsscale, y->kbase,
-                       y->kc, y->vc, y->ks, y->kz, y->vs, y->vz, y->rk, y->rv};
+                       y->kc, y->vc, y->ks, y->kz, y->vs, y->vz, y->rk, y->rv, y->vmask};
     return v;
 }
 
@@ -120,6 +124,7 @@ static kv_status dsq_pack_host(kv_gpu_engine *e, dsq_state *y, const uint16_t *x
         const size_t hw = (size_t)h * y->nwmax + (size_t)y->packed;
         kv_dsq_select(imp + (size_t)h * imp_ld, W, S, mask);
         st = gl_h2d_sync(e, y->dmask + hw * (size_t)(W / 8), mask, (size_t)W / 8);
+        if (!st && y->vmask) st = gl_h2d_sync(e, y->vmask + hw * (size_t)(W / 8), mask, (size_t)W / 8);
         for (int pass = 0; pass < 2 && !st; pass++) {
             const uint16_t *x = pass ? xv : xk;
             for (int i = 0; i < W; i++) {
@@ -270,6 +275,116 @@ static kv_status dsq_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
     return st;
 }
 
+/*
+ * The file's packed windows as they are (uploaded into the capacity layout;
+ * the values' masks apart when they differ from the keys'), its unpacked
+ * tail and rows [P, T) into the fp16 ring, importance 0: as the CPU
+ * policy's load and appends, the windows completed by the new rows are
+ * packed at the end of the first decode step, from that step's attention.
+ * The ring is grown to hold every unpacked row until then.
+ */
+static kv_status dsq_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V, int ld,
+                          int T, uint16_t *tmp)
+{
+    (void)tmp;
+    dsq_state *d = y->st;
+    kv_dsq_packed fk, fv;
+    memset(&fv, 0, sizeof fv);
+    TRY(kv_dsq_read(y->load_from->f, y->l, 'k', &fk));
+    kv_status st = kv_dsq_read(y->load_from->f, y->l, 'v', &fv);
+    const int nkv = e->nkv, hd = e->hd;
+    if (!st && (fk.prm.window != d->dp.window || fk.prm.salient != d->dp.salient || fk.prm.group != d->dp.group ||
+                fk.prm.bits != d->dp.bits || fv.prm.bits != d->vbits || fv.prm.window != fk.prm.window ||
+                fv.prm.salient != fk.prm.salient || fv.prm.group != fk.prm.group || fk.n_kv_heads != nkv ||
+                fk.head_dim != hd || fv.T != fk.T || fk.T != y->load_from->T || fv.nw != fk.nw))
+        st = kv_fail(KV_E_DATA, "layer %d: the file's DSQ K/V parameters or shapes differ from each other or from "
+                     "the model's", y->l);
+    const int W = d->dp.window, S = d->dp.salient, nw = fk.nw, P = fk.T, n = T - P;
+    if (!st && nw > d->nwmax)
+        st = kv_fail(KV_E_USAGE, "layer %d: %d packed windows exceed the context's %d", y->l, nw, d->nwmax);
+    const size_t rb = (size_t)hd * 2, mb = (size_t)W / 8, nn = (size_t)(W - S);
+    const size_t nvs = (size_t)hd / (size_t)kv_kivi_vgroup(d->dp.group, hd);
+    const size_t kcrow = kv_kivi_row_bytes(hd, d->dp.bits), vcrow = kv_kivi_row_bytes(hd, d->vbits);
+    const size_t hwm = (size_t)d->nwmax, hwf = (size_t)nw; /* windows per head: device pitch, file */
+    cudaStream_t s = e->s_main;
+    /* every row not yet packed waits in the ring until the first decode step packs it */
+    const int wait = T + 1 - nw * W;
+    const int rc = wait > W ? (wait + W - 1) / W * W : W;
+    if (!st && rc > d->rc) {
+        gl_dfree(&d->rk);
+        gl_dfree(&d->rv);
+        d->rc = 0;
+        st = gl_dalloc(&d->rk, (size_t)nkv * rc * rb, "dsq fp16 K");
+        if (!st) st = gl_dalloc(&d->rv, (size_t)nkv * rc * rb, "dsq fp16 V");
+        if (!st) d->rc = rc;
+    }
+    const bool vm = !st && nw > 0 && memcmp(fk.mask, fv.mask, (size_t)nkv * hwf * mb) != 0;
+    if (!st && vm && !d->vmask) st = gl_dalloc(&d->vmask, (size_t)nkv * hwm * mb, "dsq value masks");
+    const size_t rn = (size_t)nkv * d->rc * hd;
+    uint16_t *ring = !st ? calloc(2 * rn + 1, 2) : NULL;
+    if (!st && !ring) st = kv_fail(KV_E_NOMEM, "dsq load staging");
+#define LCK(call) do { cudaError_t ce_ = (call); if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__); } while (0)
+    if (!st && nw > 0) {
+        /* per head: nw windows of the file at the pitch of nwmax */
+        struct { void *dst; const void *src; size_t per_w; } pl[12] = {
+            {d->dmask, fk.mask, mb},
+            {d->vmask, vm ? fv.mask : NULL, mb},
+            {d->ksal, fk.sal, (size_t)S * hd},
+            {d->vsal, fv.sal, (size_t)S * hd},
+            {d->ksscale, fk.sscale, rb},
+            {d->vsscale, fv.sscale, rb},
+            {d->kbase, fk.base, rb},
+            {d->kc, fk.codes, nn * kcrow},
+            {d->vc, fv.codes, nn * vcrow},
+            {d->ks, fk.scale, nn * nvs * 2},
+            {d->kz, fk.zero, nn * nvs * 2},
+            {d->vs, fv.scale, nn * nvs * 2},
+        };
+        for (int i = 0; i < 12; i++)
+            if (pl[i].dst && pl[i].src && pl[i].per_w)
+                LCK(cudaMemcpy2DAsync(pl[i].dst, hwm * pl[i].per_w, pl[i].src, hwf * pl[i].per_w, hwf * pl[i].per_w,
+                                      nkv, cudaMemcpyHostToDevice, s));
+        LCK(cudaMemcpy2DAsync(d->vz, hwm * nn * nvs * 2, fv.zero, hwf * nn * nvs * 2, hwf * nn * nvs * 2, nkv,
+                              cudaMemcpyHostToDevice, s));
+        if (!vm && d->vmask) /* an earlier load's value masks: this file's are the keys' */
+            LCK(cudaMemcpy2DAsync(d->vmask, hwm * mb, fk.mask, hwf * mb, hwf * mb, nkv, cudaMemcpyHostToDevice, s));
+    }
+    /* the unpacked tail (the file's fp16 rows) and the new rows (read back) into the ring */
+    const int tail = P - nw * W;
+    for (int h = 0; h < nkv && !st; h++)
+        for (int t = 0; t < tail; t++) {
+            const size_t dr = ((size_t)h * d->rc + (size_t)((nw * W + t) % d->rc)) * hd, sr = ((size_t)h * tail + t) * hd;
+            memcpy(ring + dr, fk.resid + sr, rb);
+            memcpy(ring + rn + dr, fv.resid + sr, rb);
+        }
+    if (!st) {
+        st = gl_h2d_sync(e, d->rk, ring, rn * 2);
+        if (!st) st = gl_h2d_sync(e, d->rv, ring + rn, rn * 2);
+    }
+    /* rows t in [P, T) at ring row t % rc: one 2D copy per contiguous run */
+    for (int t = P; t < T && !st;) {
+        const int r0 = t % d->rc, run = T - t < d->rc - r0 ? T - t : d->rc - r0;
+        LCK(cudaMemcpy2DAsync(d->rk + (size_t)r0 * hd, (size_t)d->rc * rb, K + (size_t)t * hd, (size_t)ld * rb,
+                              (size_t)run * rb, nkv, cudaMemcpyDeviceToDevice, s));
+        LCK(cudaMemcpy2DAsync(d->rv + (size_t)r0 * hd, (size_t)d->rc * rb, V + (size_t)t * hd, (size_t)ld * rb,
+                              (size_t)run * rb, nkv, cudaMemcpyDeviceToDevice, s));
+        t += run;
+    }
+    LCK(cudaMemsetAsync(d->imp, 0, (size_t)nkv * e->ctx * 4, s));
+    LCK(cudaStreamSynchronize(s));
+#undef LCK
+    (void)n;
+    free(ring);
+    if (!st) {
+        d->packed = nw;
+        d->dp = fk.prm; /* the base rule too: later windows are packed as the file's (as the CPU policy) */
+    }
+    d->obs_n = 0; /* a loaded layer observes nothing, as on the CPU */
+    kv_dsq_clear(&fk);
+    kv_dsq_clear(&fv);
+    return st;
+}
+
 static kv_status dsq_slot(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r)
 {
     dsq_state *d = y->st;
@@ -322,7 +437,7 @@ static void dsq_release(gl_layer *y)
 {
     dsq_state *d = y->st;
     void *dev[] = {&d->dmask, &d->ksal, &d->vsal, &d->ksscale, &d->vsscale, &d->kbase, &d->kc,
-                   &d->vc, &d->ks, &d->kz, &d->vs, &d->vz, &d->rk, &d->rv, &d->imp, &d->obs};
+                   &d->vc, &d->ks, &d->kz, &d->vs, &d->vz, &d->rk, &d->rv, &d->imp, &d->obs, &d->vmask};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gl_dfree(dev[i]);
 }
 
@@ -331,6 +446,7 @@ const gl_placement gl_dsq = {
     .configure = dsq_configure,
     .alloc = dsq_alloc,
     .ingest = dsq_ingest,
+    .load = dsq_load,
     .slot = dsq_slot,
     .attend = dsq_attend,
     .observe = dsq_observe,

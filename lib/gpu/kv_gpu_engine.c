@@ -197,8 +197,6 @@ static void layer_release(gl_layer *y)
     y->fetched_last = y->fetched_total = y->attends = 0;
 }
 
-static void cap_clear(kv_gpu_engine *e);
-
 static void release_all(kv_gpu_engine *e)
 {
     if (!e->lay) return;
@@ -206,7 +204,7 @@ static void release_all(kv_gpu_engine *e)
     (void)cudaGetLastError();
     gl_graph_reset(e); /* executable graphs hold the layers' pointers */
     for (int l = 0; l < e->L; l++) layer_release(&e->lay[l]);
-    cap_clear(e); /* the settings (cap.nq, cap.kv) stay */
+    gl_cap_clear(e); /* the settings (cap.nq, cap.kv) stay */
     for (int i = 0; i < 2; i++) { /* sized for this configuration's offloaded layers */
         gl_dfree(&e->off.stage_k[i]);
         gl_dfree(&e->off.stage_v[i]);
@@ -259,7 +257,8 @@ static kv_status ingest(kv_gpu_engine *e, int l, const uint16_t *K, const uint16
     gl_layer *y = &e->lay[l];
     y->T = T;
     y->fetched_last = y->fetched_total = y->attends = 0;
-    TRY(y->pl->ingest(e, y, K, V, ld, T, tmp));
+    if (y->load_from) TRY(y->pl->load(e, y, K, V, ld, T, tmp)); /* packed in the file: held as packed */
+    else TRY(y->pl->ingest(e, y, K, V, ld, T, tmp));
     if (sync) CK(cudaStreamSynchronize(e->s_main));
     return KV_OK;
 }
@@ -270,111 +269,6 @@ static size_t ingest_scratch(const kv_gpu_engine *e, int T)
     size_t need = (size_t)2 * e->nkv * T * e->hd;
     size_t cm = (size_t)e->nkv * e->hd * gl_pad8(T);
     return need > cm ? need : cm;
-}
-
-// --- capture for dumps (kv_gpu_engine_keep) ---------------------------------------
-
-static void cap_clear(kv_gpu_engine *e)
-{
-    for (int l = 0; l < e->L; l++) {
-        if (e->cap.k) free(e->cap.k[l]);
-        if (e->cap.v) free(e->cap.v[l]);
-    }
-    free(e->cap.k);
-    free(e->cap.v);
-    free(e->cap.q);
-    e->cap.k = e->cap.v = NULL;
-    e->cap.q = NULL;
-    e->cap.T = e->cap.q_n = 0;
-}
-
-/* Host buffers for the capture of an n-token prompt, when one is asked for. */
-static kv_status cap_begin(kv_gpu_engine *e, int n)
-{
-    cap_clear(e);
-    if (!e->cap.nq && !e->cap.kv) return KV_OK;
-    const size_t per = (size_t)e->nkv * n * e->hd * 2;
-    bool nomem = false;
-    if (e->cap.kv) {
-        e->cap.k = calloc((size_t)e->L, sizeof *e->cap.k);
-        e->cap.v = calloc((size_t)e->L, sizeof *e->cap.v);
-        nomem = !e->cap.k || !e->cap.v;
-        for (int l = 0; l < e->L && !nomem; l++) {
-            e->cap.k[l] = malloc(per);
-            e->cap.v[l] = malloc(per);
-            nomem = !e->cap.k[l] || !e->cap.v[l];
-        }
-    }
-    e->cap.q_n = e->cap.nq < n ? e->cap.nq : n;
-    if (!nomem && e->cap.q_n) {
-        e->cap.q = malloc((size_t)e->L * e->cap.q_n * e->qd * 2);
-        nomem = !e->cap.q;
-    }
-    if (nomem) {
-        cap_clear(e);
-        return kv_fail(KV_E_NOMEM, "out of host memory for the captured prompt (%d tokens)", n);
-    }
-    e->cap.T = n;
-    return KV_OK;
-}
-
-/* Layer l's dense prompt K/V (nkv, ld, hd), first T tokens, to the host. */
-static kv_status cap_layer_kv(kv_gpu_engine *e, int l, const uint16_t *K, const uint16_t *V,
-                              int ld, int T)
-{
-    if (!e->cap.k) return KV_OK;
-    const size_t rb = (size_t)e->hd * 2;
-    CK(cudaMemcpy2DAsync(e->cap.k[l], (size_t)T * rb, K, (size_t)ld * rb, (size_t)T * rb, e->nkv,
-                         cudaMemcpyDeviceToHost, e->s_main));
-    CK(cudaMemcpy2DAsync(e->cap.v[l], (size_t)T * rb, V, (size_t)ld * rb, (size_t)T * rb, e->nkv,
-                         cudaMemcpyDeviceToHost, e->s_main));
-    CK(cudaStreamSynchronize(e->s_main));
-    return KV_OK;
-}
-
-/* Rows [pos, pos + rows) of layer l's rotated fp16 queries q (rows, ldq) on
- * the device, of an n-token prompt: those among the last q_n to the host. */
-static kv_status cap_queries(kv_gpu_engine *e, int l, int pos, int rows, int n, const uint16_t *q,
-                             size_t ldq, cudaStream_t s)
-{
-    const int first = n - e->cap.q_n; /* the first position kept */
-    if (!e->cap.q || pos + rows <= first) return KV_OK;
-    const int skip = pos < first ? first - pos : 0, j = pos + skip - first;
-    CK(cudaMemcpy2DAsync(e->cap.q + ((size_t)l * e->cap.q_n + j) * e->qd, (size_t)e->qd * 2,
-                         q + (size_t)skip * ldq, ldq * 2, (size_t)e->qd * 2, (size_t)(rows - skip),
-                         cudaMemcpyDeviceToHost, s));
-    CK(cudaStreamSynchronize(s));
-    return KV_OK;
-}
-
-kv_status kv_gpu_engine_keep(kv_gpu_engine *e, int nq, bool prompt_kv)
-{
-    if (nq < 0 || nq > 1 << 16) return kv_fail(KV_E_USAGE, "query capture count %d out of range", nq);
-    cap_clear(e);
-    e->cap.nq = nq;
-    e->cap.kv = prompt_kv;
-    return KV_OK;
-}
-
-const uint16_t *kv_gpu_engine_prompt_kv(const kv_gpu_engine *e, int layer, char which, int *T)
-{
-    *T = 0;
-    if (layer < 0 || layer >= e->L || !e->cap.k || !e->cap.T) return NULL;
-    *T = e->cap.T;
-    return which == 'k' ? e->cap.k[layer] : which == 'v' ? e->cap.v[layer] : NULL;
-}
-
-int kv_gpu_engine_queries(const kv_gpu_engine *e, int layer, uint16_t *out)
-{
-    if (layer < 0 || layer >= e->L || !e->cap.q || !e->cap.T) return 0;
-    const int n = e->cap.q_n, hd = e->hd;
-    if (!out) return n;
-    const uint16_t *q = e->cap.q + (size_t)layer * n * e->qd;
-    for (int j = 0; j < n; j++)
-        for (int h = 0; h < e->nqh; h++)
-            memcpy(out + ((size_t)h * n + j) * hd, q + (size_t)j * e->qd + (size_t)h * hd,
-                   (size_t)hd * 2);
-    return n;
 }
 
 // --- the forward pass --------------------------------------------------------------
@@ -450,7 +344,7 @@ static kv_status forward(kv_gpu_engine *e, const int *dtok, bool want_logits,
         CK(eng_rope_store(q, e->q16, e->nqh, k, v, nkv, hd, e->inv_freq, pos + e->rope_off, r.k, r.v,
                           r.hs, s));
         if (pf) {
-            TRY(cap_queries(e, l, pos, 1, pf->n, e->q16, (size_t)e->qd, s));
+            TRY(gl_cap_queries(e, l, pos, 1, pf->n, e->q16, (size_t)e->qd, s));
             if (y->pl->observe) TRY(y->pl->observe(e, y, q, pos, pf->n));
             TRY(gl_attend_dense(e, pf->k[l], pf->v[l], (size_t)pf->n * hd, pos + 1, s));
         } else {
@@ -669,6 +563,7 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
         (void)cudaGetLastError();
     }
     release_all(e);
+    gl_pf_buffers_trim(e, true);
     gl_graph_free(e);
     gl_weights_free(e);
     gl_dfree(&e->inv_freq);
@@ -716,8 +611,33 @@ void kv_gpu_engine_free(kv_gpu_engine *e)
     free(e);
 }
 
+/* A reset that keeps the policies and every layer's allocations (each
+ * placement's clear): what kv-bench prefix does between a request's modes
+ * and after a query-aware probe, where releasing and allocating every
+ * layer's cache again cost more than the probe computes. */
+static void clear_all(kv_gpu_engine *e)
+{
+    cudaDeviceSynchronize();
+    (void)cudaGetLastError();
+    gl_graph_reset(e);
+    for (int l = 0; l < e->L; l++) {
+        gl_layer *y = &e->lay[l];
+        y->pl->clear(e, y);
+        y->T = 0;
+        y->fetched_last = y->fetched_total = y->attends = 0;
+        y->load_from = NULL;
+    }
+    gl_cap_clear(e);
+    e->pos = 0;
+    e->rope_off = 0;
+}
+
 kv_status kv_gpu_engine_reset(kv_gpu_engine *e, const kv_policy_params *per_layer)
 {
+    if (!per_layer && gl_can_clear(e)) {
+        clear_all(e);
+        return KV_OK;
+    }
     release_all(e);
     TRY(set_policies(e, per_layer));
     return alloc_layers(e);
@@ -745,7 +665,7 @@ static kv_status ingest_all(kv_gpu_engine *e, uint16_t **K, uint16_t **V, int ld
     TRY(gl_dalloc(&tmp, ingest_scratch(e, T) * 2, "ingest scratch"));
     kv_status st = KV_OK;
     for (int l = 0; l < e->L && !st; l++) {
-        st = cap_layer_kv(e, l, K[l], V[l], ld, T);
+        st = gl_cap_layer_kv(e, l, K[l], V[l], ld, T);
         if (!st) st = ingest(e, l, K[l], V[l], ld, T, tmp, true);
         if (st) kv_errcontext("layer %d ingest", l);
     }
@@ -822,7 +742,7 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
      * streamed: the placement's ingest then copies them all */
     if (y->pl->chunk && !e->o.prefill_copy_sync && !c->pre)
         TRY(y->pl->chunk(e, y, c->K, c->V, c->T, p0, n, c->T));
-    TRY(cap_queries(e, l, p0, n, c->T, q, (size_t)ldq, (cudaStream_t)stream));
+    TRY(gl_cap_queries(e, l, p0, n, c->T, q, (size_t)ldq, (cudaStream_t)stream));
     if (!y->pl->observe) return KV_OK;
     for (int i = 0; i < n; i++) {
         int pos = p0 + i;
@@ -839,7 +759,7 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
 static kv_status pf_on_layer(void *ctx, int l, void *stream)
 {
     pf_hook_ctx *c = ctx;
-    kv_status st = cap_layer_kv(c->e, l, c->K, c->V, c->T, c->T);
+    kv_status st = gl_cap_layer_kv(c->e, l, c->K, c->V, c->T, c->T);
     /* opts.prefill_copy_sync measures the former path: copies on the main
      * stream at the layer's end, the host waiting for each layer */
     if (!st) st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp, c->e->o.prefill_copy_sync);
@@ -883,29 +803,33 @@ bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_
  * float32, the dense cache 2*(nkv, n, hd) fp16, the ingest scratch and the
  * chunk workspace.
  */
+/* The chunked prefill's geometry and chunk rows for nn new tokens after P cached ones. */
+static void pf_geom(const kv_gpu_engine *e, const kv_prefix *pre, int nn, kv_pf_geom *g, int *C)
+{
+    const int C0 = e->o.prefill_chunk > 0 ? e->o.prefill_chunk : KV_GPU_PREFILL_CHUNK;
+    const int P = pre ? pre->T : 0;
+    *C = C0 < nn ? C0 : nn;
+    *g = (kv_pf_geom){e->dim, e->hidden, e->nqh, e->nkv, e->hd, e->ld_dim, e->ld_qd, e->ld_hid,
+                      e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0, gl_weights_packed(e),
+                      pre ? pre->matched - P : 0};
+}
+
 static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool want_logits,
                                  const kv_prefix *pre, uint16_t *stage)
 {
-    const int C0 = e->o.prefill_chunk > 0 ? e->o.prefill_chunk : KV_GPU_PREFILL_CHUNK;
     const int P = pre ? pre->T : 0, nn = n; /* n: all rows from here on; nn new ones */
     n = P + nn;
-    const int C = C0 < nn ? C0 : nn;
-    kv_pf_geom g = {e->dim, e->hidden, e->nqh, e->nkv, e->hd, e->ld_dim, e->ld_qd, e->ld_hid,
-                    e->eps, e->scale, e->wt == KV_DT_BF16, 0, 0, gl_weights_packed(e),
-                    pre ? pre->matched - P : 0};
+    int C;
+    kv_pf_geom g;
+    pf_geom(e, pre, nn, &g, &C);
     kv_pf_layer *lw = calloc((size_t)e->L, sizeof *lw);
     void **kc = calloc((size_t)e->L, sizeof *kc), **vc = calloc((size_t)e->L, sizeof *vc);
-    float *X = NULL;
-    uint16_t *K = NULL, *V = NULL, *tmp = NULL;
-    kv_pf_ws ws;
-    memset(&ws, 0, sizeof ws);
+    /* the engine's kept buffers, grown by gpu_prefill (gl_pf_buffers) */
+    float *X = e->pfb.X;
+    uint16_t *K = e->pfb.K, *V = e->pfb.V, *tmp = e->pfb.tmp;
+    kv_pf_ws ws = e->pfb.ws;
+    ws.C = C; /* kept for a longer chunk: this prefill's chunks are C rows (opts may have changed) */
     kv_status st = lw && kc && vc ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
-    const size_t kvn = (size_t)e->nkv * n * e->hd;
-    if (!st) st = gl_dalloc(&X, (size_t)nn * e->ld_dim * 4, "prefill residual stream");
-    if (!st) st = gl_dalloc(&K, kvn * 2, "prefill K");
-    if (!st) st = gl_dalloc(&V, kvn * 2, "prefill V");
-    if (!st) st = gl_dalloc(&tmp, ingest_scratch(e, n) * 2, "ingest scratch");
-    if (!st) st = kv_gpu_prefill_ws_alloc(&g, C, &ws);
     for (int l = 0; !st && l < e->L; l++) {
         gl_prefill_layer(e, l, &lw[l]);
         kc[l] = K;
@@ -950,11 +874,6 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     free(ev.stop);
     gl_dfree(&e->pfc.stage); /* the sparse layers' chunk staging (after the synchronise above) */
     e->pfc.n = 0;
-    kv_gpu_prefill_ws_free(&ws);
-    gl_dfree(&tmp);
-    gl_dfree(&V);
-    gl_dfree(&K);
-    gl_dfree(&X);
     free(vc);
     free(kc);
     free(lw);
@@ -986,22 +905,29 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
         return kv_fail(KV_E_USAGE, "%d cached and %d new tokens exceed the context of %d", P, n, e->ctx);
     if (pre && (pre->n_kv_heads != e->nkv || pre->head_dim != e->hd || pre->matched < P))
         return kv_fail(KV_E_DATA, "the cache's rows do not fit this model");
-    for (int l = 0; pre && l < e->L; l++) {
-        bool packed;
-        kv_policy_params pp;
-        TRY(kv_prefix_layer_packed(pre, l, &packed, &pp));
-        if (packed)
-            return kv_fail(KV_E_UNSUPPORTED, "layer %d of the cache is packed (%s): the GPU engine continues only "
-                           "from plain f32/f16/bf16 layers (decode it with kv-quant -d, or use --device cpu)",
-                           l, kv_policy_kind_name(pp.kind));
-    }
     for (int i = 0; i < n; i++) TRY(check_token(e, tokens[i], i));
+    const double t_start = gl_now_ms();
+    memset(&e->ph, 0, sizeof e->ph);
+    bool any_packed = false;
+    /* layers packed in the file take its encoding and load its planes (gl_placement.load) */
+    kv_status st = gl_take_packed(e, pre, &any_packed);
+    if (st) {
+        for (int l = 0; l < e->L; l++) e->lay[l].load_from = NULL;
+        return st;
+    }
     const bool chunked = pf_chunked_ok(e);
     n = P + nn; /* rows from here on */
     prefill_cache pf = {NULL, NULL, n};
     int *dt = NULL;
     uint16_t *stage = NULL;
-    kv_status st = cap_begin(e, n);
+    if (chunked) { /* the kept buffers, grown when too small; dt is one of them */
+        int C;
+        kv_pf_geom g;
+        pf_geom(e, pre, nn, &g, &C);
+        st = gl_pf_buffers(e, n, nn, C, &g, ingest_scratch(e, n));
+        dt = e->pfb.dt;
+    }
+    if (!st) st = gl_cap_begin(e, n);
     if (!st && P && e->cap.q_n > nn) e->cap.q_n = nn; /* only the new rows' queries are computed */
     if (!st && P && !pre->device && !(!pre->f && pre->dt == KV_DT_F16))
         st = gl_halloc(&stage, NULL, (size_t)2 * e->nkv * P * e->hd * 2, "cached rows staging");
@@ -1016,7 +942,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
             if (!st) st = gl_dalloc(&pf.v[l], per, "prompt V");
         }
     }
-    if (!st) st = gl_dalloc(&dt, (size_t)nn * sizeof(int), "prompt tokens");
+    if (!st && !chunked) st = gl_dalloc(&dt, (size_t)nn * sizeof(int), "prompt tokens");
     if (!st) {
         /* On the main stream, not cudaMemcpy: from pageable memory that may
          * return before the DMA lands, and the legacy stream it runs on does
@@ -1029,10 +955,18 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
         if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prompt upload", __FILE__, __LINE__);
     }
     e->rope_off = pre ? pre->matched - P : 0;
+    double t_mark = gl_now_ms();
+    e->ph.setup = t_mark - t_start;
     if (chunked) {
         if (!st) st = prefill_chunked(e, dt, nn, logits_last != NULL, pre, stage);
     } else {
         for (int l = 0; P && l < e->L && !st; l++) st = put_prefix_rows(e, pre, l, pf.k[l], pf.v[l], n, stage);
+        if (!st && P) {
+            cudaError_t ce = cudaStreamSynchronize(e->s_main);
+            if (ce != cudaSuccess) st = kv_cuda_fail(ce, "cached rows", __FILE__, __LINE__);
+        }
+        e->ph.rows = gl_now_ms() - t_mark;
+        t_mark = gl_now_ms();
         for (int i = P; i < n && !st; i++) {
             e->pos = i;
             st = forward(e, dt + (i - P), i == n - 1 && logits_last, &pf);
@@ -1040,6 +974,8 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
         e->pos = 0;
         if (!st) st = ingest_all(e, pf.k, pf.v, n, n);
     }
+    e->ph.compute = gl_now_ms() - t_mark;
+    t_mark = gl_now_ms();
     if (!st && logits_last) {
         cudaError_t ce = cudaMemcpyAsync(logits_last, e->logits, (size_t)e->vocab * 4,
                                          cudaMemcpyDeviceToHost, e->s_main);
@@ -1052,15 +988,19 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
             st = kv_model_nonfinite_fail(e->m, "logits", n - 1);
     }
     cudaDeviceSynchronize();
+    e->ph.logits = gl_now_ms() - t_mark;
     for (int l = 0; pf.k && l < e->L; l++) gl_dfree(&pf.k[l]);
     for (int l = 0; pf.v && l < e->L; l++) gl_dfree(&pf.v[l]);
     free(pf.k);
     free(pf.v);
-    gl_dfree(&dt);
+    if (!chunked) gl_dfree(&dt);
+    gl_pf_buffers_trim(e, false); /* kept only when small */
     gl_hfree(&stage);
+    for (int l = 0; l < e->L; l++) e->lay[l].load_from = NULL; /* pre is borrowed for this call */
+    e->ph.total = gl_now_ms() - t_start;
     if (!st) e->pos = n;
     else {
-        cap_clear(e);
+        gl_cap_clear(e);
         e->rope_off = 0;
     }
     return st;
@@ -1157,7 +1097,7 @@ kv_status kv_gpu_engine_synthesize(kv_gpu_engine *e, int T, uint64_t seed)
 {
     if (e->pos != 0) return kv_fail(KV_E_USAGE, "synthesize on an engine at position %d: reset it first", e->pos);
     if (T < 1 || T >= e->ctx) return kv_fail(KV_E_USAGE, "synthetic context of %d tokens does not fit %d", T, e->ctx);
-    cap_clear(e); /* a synthesized context has no prompt to dump */
+    gl_cap_clear(e); /* a synthesized context has no prompt to dump */
     uint16_t *K = NULL, *V = NULL;
     float *scale = NULL;
     size_t n = (size_t)e->nkv * T * e->hd;

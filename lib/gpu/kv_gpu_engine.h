@@ -211,8 +211,18 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
  * pre's P rows first, then tokens (n >= 1) are prefilled after them in
  * chunks (or one at a time, as kv_gpu_engine_prefill would), rotated at
  * positions pre->matched, ...; each layer's placement then ingests all
- * P + n rows.  Packed layers in the file are KV_E_UNSUPPORTED on the GPU
- * (the placements cannot load packed planes yet). */
+ * P + n rows.  A layer packed in the file (KIVI or DSQ, kv_prefix_layer_packed)
+ * is held packed, as on the CPU: its policy is replaced by the file's
+ * encoding (quant with the file's bits, group and residual; dsq with its
+ * window, salient count, bits and group; the policy's dtype kept), the
+ * file's codes, scales and fp16 rows are uploaded into that placement as
+ * they are (never re-quantized), and the n new rows are appended after them
+ * as decode steps would append (KIVI groups packed as they fill; DSQ
+ * windows at the first decode step, from its attention, as the CPU policy
+ * packs them).  kv_gpu_engine_layer_params says what each layer then runs;
+ * a reset keeps those policies unless new ones are given.  A file layer
+ * the GPU cannot hold that way (an offloaded layer's policy) is
+ * KV_E_UNSUPPORTED with a one-line reason. */
 kv_status kv_gpu_engine_prefill_from(kv_gpu_engine *e, const kv_prefix *pre, const int *tokens,
                                      int n, float *logits_last);
 
@@ -334,5 +344,29 @@ bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_
 /* The attention kernels' GPU time in the last prefill (ms), when it ran in
  * chunks with opts.time_prefill; 0 otherwise. */
 double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e);
+
+/* The policy layer l runs with now (after kv_gpu_engine_prefill_from of a
+ * packed cache: the file's encoding), or NULL when l is out of range. */
+const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int layer);
+
+/* Host-clock phases of the last prefill (kv_gpu_engine_prefill or _from),
+ * in ms, each measured up to a synchronisation, for finding fixed costs
+ * (kv-bench prefix --json "prefill_phases_ms"):
+ *   setup    checks, packed layers replaced, buffers (the persistent ones
+ *            grown only when too small), the token upload;
+ *   rows     the cached rows into the dense cache (with rows: all layers'
+ *            host copies; in the chunked prefill they are issued per layer
+ *            and counted in compute);
+ *   compute  the layers (chunked or token by token) and every placement's
+ *            ingest or load, to the device synchronisation;
+ *   logits   the logits' download and the finite check;
+ *   total    the whole call;
+ *   capture  of compute: the dump capture's downloads (kv_gpu_engine_keep:
+ *            the prompt K/V and queries), what a request that is put into
+ *            a store pays on top of its prefill. */
+typedef struct {
+    double setup, rows, compute, logits, total, capture;
+} kv_gpu_prefill_phases;
+void kv_gpu_engine_prefill_phases(const kv_gpu_engine *e, kv_gpu_prefill_phases *out);
 
 #endif

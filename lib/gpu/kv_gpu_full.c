@@ -82,6 +82,13 @@ static void full_release(gl_layer *y)
     gl_dfree(&f->v);
 }
 
+/* Nothing to forget: the cache is overwritten by the next ingest, and
+ * attention reads only the rows held. */
+static void full_clear(kv_gpu_engine *e, gl_layer *y)
+{
+    (void)e, (void)y;
+}
+
 const gl_placement gl_full = {
     .name = "full",
     .configure = full_configure,
@@ -91,6 +98,7 @@ const gl_placement gl_full = {
     .attend = full_attend,
     .bytes = full_bytes,
     .release = full_release,
+    .clear = full_clear,
 };
 
 // --- offload ---------------------------------------------------------------------------

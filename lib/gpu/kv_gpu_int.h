@@ -18,6 +18,10 @@
  *                       graph, updated in place per step and launched once
  *   kv_gpu_weights.c    the weights (not a placement): their upload, 16-bit or
  *                       packed, and the projections that read them
+ *   kv_gpu_capture.c    the prompt capture for .kvc dumps (not a placement)
+ *   kv_gpu_reuse.c      (not a placement) the prefill's kept buffers, layers
+ *                       packed in a continued file taken over with the file's
+ *                       encoding, the prefill's host-clock phases
  *
  * The core knows no placement: it asks gl_placement_for() for the table of a
  * policy kind, and a placement's state lives in its own file's struct
@@ -139,6 +143,18 @@ typedef struct gl_placement {
      * frees or waits for the host: a packed group, a host-packed window),
      * or NULL when it can; such a step runs plainly (kv_gpu_graph.c). */
     const char *(*graph_block)(const kv_gpu_engine *e, const gl_layer *y, int pos);
+    /* Optional: hold layer y->l of y->load_from's file as it is packed there
+     * (its P rows' codes, scales and fp16 rows uploaded, not re-quantized),
+     * then append rows [P, T) of the dense fp16 cache K/V (nkv, ld, hd) as
+     * new tokens, as decode steps would (kv_gpu_engine_prefill_from; tmp as
+     * for ingest).  The layer's policy is the file's encoding
+     * (kv_prefix_layer_packed).  Instead of ingest. */
+    kv_status (*load)(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V, int ld,
+                      int T, uint16_t *tmp);
+    /* Optional: forget the layer's tokens but keep its allocations (a reset
+     * with the same policies; the device is idle).  Without it a reset
+     * releases and allocates the layer again. */
+    void (*clear)(kv_gpu_engine *e, gl_layer *y);
 } gl_placement;
 
 struct gl_layer {
@@ -148,6 +164,8 @@ struct gl_layer {
     int T;                 /* tokens held */
     uint64_t fetched_last, fetched_total, attends; /* host bytes read per step / in total */
     void *st;              /* the placement's own state (its file's struct) */
+    const kv_prefix *load_from; /* during kv_gpu_engine_prefill_from: the file this layer is
+                                   loaded packed from (gl_placement.load), else NULL */
 };
 
 /* The placement of a policy kind, or NULL when the engine has none. */
@@ -296,7 +314,60 @@ struct kv_gpu_engine {
     bool cb_failed;      /* cuBLAS could not be loaded: prefill one token at a time */
     double pf_attn_ms;   /* the last chunked prefill's attention time (opts.time_prefill) */
     gl_graph gr;         /* the captured decode step */
+    /* the chunked prefill's buffers, kept between prefills when they are
+     * small (KV_GPU_PF_KEEP_BYTES in all, 64 MiB: niah4k's 3.9k-token prefill needs
+     * about 46; kv_gpu_reuse.c): a request's
+     * cudaMalloc/cudaFree pairs cost more than a short prefill computes */
+    struct {
+        float *X;          /* (rows, ld_dim) residual stream */
+        uint16_t *K, *V;   /* (nkv, rows, hd) each, dense layer cache */
+        uint16_t *tmp;     /* ingest scratch, tmp_n fp16 values */
+        int *dt;           /* (dt_n) token ids */
+        size_t X_n, kv_n, tmp_n, dt_n; /* elements allocated */
+        kv_pf_ws ws;       /* the chunk workspace (ws.C rows), or base NULL */
+        int ws_packed;     /* the geometry it was sized for had packed weights */
+        size_t ws_bytes;   /* its size */
+        uint16_t *qpin;    /* pinned host memory the captured queries land in (cap.q points
+                              into it): their copies then need no wait per layer */
+        size_t qpin_n;     /* fp16 values allocated */
+    } pfb;
+    kv_gpu_prefill_phases ph; /* the last prefill's host-clock phases */
 };
+
+// --- the prefill's kept buffers and packed continuation (kv_gpu_reuse.c) -----------
+
+/* Prefill buffers of at most this many bytes in all stay allocated between prefills. */
+#define KV_GPU_PF_KEEP_BYTES ((size_t)64 << 20)
+
+/* The chunked prefill's buffers for rows (all rows, cached ones included)
+ * of which nn are new, C rows a chunk, geometry g: grown when too small;
+ * *ws points at the engine's workspace. */
+kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_geom *g, size_t tmp_n);
+/* After a prefill (the device is idle): free them when they are larger than
+ * KV_GPU_PF_KEEP_BYTES (or always, at engine free). */
+void gl_pf_buffers_trim(kv_gpu_engine *e, bool all);
+/* Before a continued prefill: every layer packed in pre's file gets the
+ * file's encoding as its policy (placement configured and allocated again)
+ * and load_from = pre; the others are left alone.  *any: some layer was. */
+kv_status gl_take_packed(kv_gpu_engine *e, const kv_prefix *pre, bool *any);
+/* A soft reset: every layer's placement can clear (gl_placement.clear). */
+bool gl_can_clear(const kv_gpu_engine *e);
+/* Host clock in ms (phases). */
+double gl_now_ms(void);
+
+// --- the prompt capture for dumps (kv_gpu_capture.c) -------------------------------
+
+/* Forget the captured prompt (the settings cap.nq, cap.kv stay). */
+void gl_cap_clear(kv_gpu_engine *e);
+/* Host buffers for the capture of an n-token prompt, when one is asked for. */
+kv_status gl_cap_begin(kv_gpu_engine *e, int n);
+/* Layer l's dense prompt K/V (nkv, ld, hd), first T tokens, to the host (waits). */
+kv_status gl_cap_layer_kv(kv_gpu_engine *e, int l, const uint16_t *K, const uint16_t *V, int ld, int T);
+/* Rows [pos, pos + rows) of layer l's rotated fp16 queries q (rows, ldq) on
+ * the device, of an n-token prompt: those among the last q_n to the host,
+ * asynchronously on stream s (the prefill's final synchronisation waits). */
+kv_status gl_cap_queries(kv_gpu_engine *e, int l, int pos, int rows, int n, const uint16_t *q, size_t ldq,
+                         cudaStream_t s);
 
 // --- helpers of the core for the placements -----------------------------------------
 

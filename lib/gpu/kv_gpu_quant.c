@@ -26,7 +26,9 @@
 #include <string.h>
 
 #include "common/kv_half.h"
+#include "policy/kv_prefix.h"
 #include "quant/kv_kivi.h"
+#include "quant/kv_layer_io.h"
 
 /* The packed planes of keys (k*) and values (v*): codes, scales, zeros. */
 typedef struct {
@@ -144,6 +146,118 @@ static kv_status quant_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, 
     q->nres = nres;
     q->cur = 0;
     return KV_OK;
+}
+
+/* Layer y->l's K and V as the file packs them, checked against the layer's
+ * policy (the file's encoding, kv_prefix_layer_packed) and geometry. */
+static kv_status kivi_read_pair(const kv_gpu_engine *e, const gl_layer *y, const kv_kivi_params *kp,
+                                kv_kivi_packed *K, kv_kivi_packed *V)
+{
+    const kvc_file *f = y->load_from->f;
+    memset(V, 0, sizeof *V);
+    TRY(kv_kivi_read(f, y->l, 'k', K));
+    kv_status st = kv_kivi_read(f, y->l, 'v', V);
+    if (!st && (memcmp(&K->prm, kp, sizeof *kp) || memcmp(&V->prm, kp, sizeof *kp) ||
+                K->n_kv_heads != e->nkv || K->head_dim != e->hd || V->T != K->T || K->T != y->load_from->T))
+        st = kv_fail(KV_E_DATA, "layer %d: the file's KIVI K/V parameters or shapes differ from each other or "
+                     "from the model's", y->l);
+    if (st) {
+        kv_kivi_clear(K);
+        kv_kivi_clear(V);
+    }
+    return st;
+}
+
+/*
+ * The file's packed planes as they are, then rows [P, T) of K/V appended
+ * as decode steps would append them: the file's fp16 residual and the new
+ * rows, dense, are packed in one call (kv_cuda_kivi_pack groups them from
+ * the residual's first row, as the appends fill groups; the codes are the
+ * CPU's), and the packed planes are the file's followed by the new ones.
+ */
+static kv_status quant_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V, int ld,
+                            int T, uint16_t *tmp)
+{
+    quant_state *q = y->st;
+    const kv_kivi_params *kp = &q->kp;
+    kv_kivi_packed fk, fv;
+    TRY(kivi_read_pair(e, y, kp, &fk, &fv));
+    const int nkv = e->nkv, hd = e->hd, G = kp->group, P = fk.T, nq0 = fk.nq, r0 = P - nq0;
+    const int rows = r0 + (T - P), nq1 = kv_kivi_nquant(rows, G, kp->residual), nq = nq0 + nq1;
+    const size_t rb = (size_t)hd * 2, crow = kv_kivi_row_bytes(hd, kp->bits);
+    const size_t nvs = (size_t)hd / (size_t)kv_kivi_vgroup(G, hd), vsb = nvs * 2;
+    cudaStream_t s = e->s_main;
+    kv_status st = KV_OK;
+    uint16_t *Kd = tmp, *Vd = tmp + (size_t)nkv * rows * hd; /* dense (nkv, rows, hd): residual, new rows */
+    uint8_t *blk = NULL;                                     /* the new rows' packed parts */
+    const size_t c1 = (size_t)nkv * nq1 * crow, s1 = (size_t)nkv * (nq1 / G) * rb, v1 = (size_t)nkv * nq1 * vsb;
+#define LCK(call) do { cudaError_t ce_ = (call); if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__); } while (0)
+    if (r0 > 0) {
+        LCK(cudaMemcpy2DAsync(Kd, (size_t)rows * rb, fk.resid, (size_t)r0 * rb, (size_t)r0 * rb, nkv,
+                              cudaMemcpyHostToDevice, s));
+        LCK(cudaMemcpy2DAsync(Vd, (size_t)rows * rb, fv.resid, (size_t)r0 * rb, (size_t)r0 * rb, nkv,
+                              cudaMemcpyHostToDevice, s));
+    }
+    if (T > P) {
+        LCK(cudaMemcpy2DAsync(Kd + (size_t)r0 * hd, (size_t)rows * rb, K + (size_t)P * hd, (size_t)ld * rb,
+                              (size_t)(T - P) * rb, nkv, cudaMemcpyDeviceToDevice, s));
+        LCK(cudaMemcpy2DAsync(Vd + (size_t)r0 * hd, (size_t)rows * rb, V + (size_t)P * hd, (size_t)ld * rb,
+                              (size_t)(T - P) * rb, nkv, cudaMemcpyDeviceToDevice, s));
+    }
+    /* the planes, stream-ordered as quant_ingest's (quant_maybe_pack regrows them) */
+    LCK(cudaMallocAsync((void **)&q->p.kc, (size_t)nkv * nq * crow + 16, s));
+    LCK(cudaMallocAsync((void **)&q->p.vc, (size_t)nkv * nq * crow + 16, s));
+    LCK(cudaMallocAsync((void **)&q->p.ks, (size_t)nkv * (nq / G) * rb + 16, s));
+    LCK(cudaMallocAsync((void **)&q->p.kz, (size_t)nkv * (nq / G) * rb + 16, s));
+    LCK(cudaMallocAsync((void **)&q->p.vs, (size_t)nkv * nq * vsb + 16, s));
+    LCK(cudaMallocAsync((void **)&q->p.vz, (size_t)nkv * nq * vsb + 16, s));
+    LCK(cudaMallocAsync((void **)&blk, 2 * c1 + 2 * s1 + 2 * v1 + 6 * 256, s));
+    if (!st) {
+        size_t o = 0;
+        uint8_t *part[6];
+        const size_t sz[6] = {c1, c1, s1, s1, v1, v1};
+        for (int i = 0; i < 6; i++) part[i] = blk + o, o += (sz[i] + 255) / 256 * 256;
+        /* the pack's residual goes to the spare store, then to the live one at pitch rc */
+        kv_cuda_kivi_out ko = {part[0], (uint16_t *)part[2], (uint16_t *)part[3], q->rk[1]};
+        kv_cuda_kivi_out vo = {part[1], (uint16_t *)part[4], (uint16_t *)part[5], q->rv[1]};
+        LCK(kv_cuda_kivi_pack(KV_KIVI_KEYS, kp, nkv, rows, hd, Kd, &ko, s));
+        LCK(kv_cuda_kivi_pack(KV_KIVI_VALUES, kp, nkv, rows, hd, Vd, &vo, s));
+        /* each plane: the file's nq0 tokens per head (host), then the new nq1 (device) */
+        struct { void *dst; const void *file; const void *add; size_t w0, w1; } pl[6] = {
+            {q->p.kc, fk.codes, part[0], (size_t)nq0 * crow, (size_t)nq1 * crow},
+            {q->p.vc, fv.codes, part[1], (size_t)nq0 * crow, (size_t)nq1 * crow},
+            {q->p.ks, fk.scale, part[2], (size_t)(nq0 / G) * rb, (size_t)(nq1 / G) * rb},
+            {q->p.kz, fk.zero, part[3], (size_t)(nq0 / G) * rb, (size_t)(nq1 / G) * rb},
+            {q->p.vs, fv.scale, part[4], (size_t)nq0 * vsb, (size_t)nq1 * vsb},
+            {q->p.vz, fv.zero, part[5], (size_t)nq0 * vsb, (size_t)nq1 * vsb},
+        };
+        for (int i = 0; i < 6; i++) {
+            const size_t pitch = pl[i].w0 + pl[i].w1;
+            if (pl[i].w0)
+                LCK(cudaMemcpy2DAsync(pl[i].dst, pitch, pl[i].file, pl[i].w0, pl[i].w0, nkv,
+                                      cudaMemcpyHostToDevice, s));
+            if (pl[i].w1)
+                LCK(cudaMemcpy2DAsync((uint8_t *)pl[i].dst + pl[i].w0, pitch, pl[i].add, pl[i].w1, pl[i].w1, nkv,
+                                      cudaMemcpyDeviceToDevice, s));
+        }
+        const int nres = rows - nq1;
+        if (nres > 0) {
+            LCK(cudaMemcpy2DAsync(q->rk[0], (size_t)q->rc * rb, q->rk[1], (size_t)nres * rb, (size_t)nres * rb, nkv,
+                                  cudaMemcpyDeviceToDevice, s));
+            LCK(cudaMemcpy2DAsync(q->rv[0], (size_t)q->rc * rb, q->rv[1], (size_t)nres * rb, (size_t)nres * rb, nkv,
+                                  cudaMemcpyDeviceToDevice, s));
+        }
+        q->nq = nq;
+        q->nres = nres;
+        q->cur = 0;
+    }
+    if (blk) LCK(cudaFreeAsync(blk, s));
+    /* the host planes are read by copies in flight */
+    LCK(cudaStreamSynchronize(s));
+#undef LCK
+    kv_kivi_clear(&fk);
+    kv_kivi_clear(&fv);
+    return st;
 }
 
 static kv_status quant_slot(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r)
@@ -284,6 +398,7 @@ const gl_placement gl_quant = {
     .configure = quant_configure,
     .alloc = quant_alloc,
     .ingest = quant_ingest,
+    .load = quant_load,
     .slot = quant_slot,
     .attend = quant_attend,
     .bytes = quant_bytes,
@@ -453,6 +568,74 @@ static kv_status qhost_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, 
     return KV_OK;
 }
 
+/* The file's planes into the capacity layout, its fp16 residual into the
+ * ring, then rows [P, T) appended one by one as qhost_attend's appends
+ * would (a group packed on the host whenever kv_kivi_nquant grows). */
+static kv_status qhost_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V, int ld,
+                            int T, uint16_t *tmp)
+{
+    (void)tmp;
+    qhost_state *q = y->st;
+    kv_kivi_packed fk, fv;
+    TRY(kivi_read_pair(e, y, &q->kp, &fk, &fv));
+    const int nkv = e->nkv, hd = e->hd, G = q->kp.group, P = fk.T, nq0 = fk.nq, n = T - P;
+    const size_t rb = (size_t)hd * 2, crow = kv_kivi_row_bytes(hd, q->kp.bits);
+    const size_t vsb = (size_t)hd / (size_t)kv_kivi_vgroup(G, hd) * 2;
+    const size_t rn = (size_t)nkv * q->rc * hd, nn = (size_t)nkv * (size_t)n * hd;
+    cudaStream_t s = e->s_main;
+    uint16_t *hx = malloc((2 * rn + 2 * nn + 1) * 2);
+    kv_status st = hx ? KV_OK : kv_fail(KV_E_NOMEM, "quant load staging");
+    uint16_t *ring = hx, *hk = hx + 2 * rn, *hv = hk + nn;
+#define LCK(call) do { cudaError_t ce_ = (call); if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__); } while (0)
+    if (!st) {
+        memset(ring, 0, 2 * rn * 2);
+        struct { void *dst; const void *src; size_t dpitch, w; } pl[6] = {
+            {q->p.kc, fk.codes, (size_t)q->qcap * crow, (size_t)nq0 * crow},
+            {q->p.vc, fv.codes, (size_t)q->qcap * crow, (size_t)nq0 * crow},
+            {q->p.ks, fk.scale, (size_t)q->ngk * rb, (size_t)(nq0 / G) * rb},
+            {q->p.kz, fk.zero, (size_t)q->ngk * rb, (size_t)(nq0 / G) * rb},
+            {q->p.vs, fv.scale, (size_t)q->qcap * vsb, (size_t)nq0 * vsb},
+            {q->p.vz, fv.zero, (size_t)q->qcap * vsb, (size_t)nq0 * vsb},
+        };
+        for (int i = 0; i < 6; i++)
+            if (pl[i].w) LCK(cudaMemcpy2DAsync(pl[i].dst, pl[i].dpitch, pl[i].src, pl[i].w, pl[i].w, nkv,
+                                               cudaMemcpyHostToDevice, s));
+        if (n > 0) {
+            LCK(cudaMemcpy2DAsync(hk, (size_t)n * rb, K + (size_t)P * hd, (size_t)ld * rb, (size_t)n * rb, nkv,
+                                  cudaMemcpyDeviceToHost, s));
+            LCK(cudaMemcpy2DAsync(hv, (size_t)n * rb, V + (size_t)P * hd, (size_t)ld * rb, (size_t)n * rb, nkv,
+                                  cudaMemcpyDeviceToHost, s));
+        }
+        LCK(cudaStreamSynchronize(s));
+    }
+    q->nq = nq0;
+    for (int h = 0; h < nkv && !st; h++)
+        for (int t = nq0; t < P; t++)
+            memcpy(ring + ((size_t)h * q->rc + (size_t)(t % q->rc)) * hd,
+                   fk.resid + ((size_t)h * (size_t)(P - nq0) + (size_t)(t - nq0)) * hd, rb),
+            memcpy(ring + rn + ((size_t)h * q->rc + (size_t)(t % q->rc)) * hd,
+                   fv.resid + ((size_t)h * (size_t)(P - nq0) + (size_t)(t - nq0)) * hd, rb);
+    for (int t = P; t < T && !st; t++) { /* the appends */
+        for (int h = 0; h < nkv; h++) {
+            memcpy(ring + ((size_t)h * q->rc + (size_t)(t % q->rc)) * hd, hk + ((size_t)h * n + (size_t)(t - P)) * hd, rb);
+            memcpy(ring + rn + ((size_t)h * q->rc + (size_t)(t % q->rc)) * hd, hv + ((size_t)h * n + (size_t)(t - P)) * hd, rb);
+        }
+        if (kv_kivi_nquant(t + 1, G, q->kp.residual) > q->nq)
+            st = qhost_pack(e, q, ring, ring + rn, (size_t)q->rc * hd, q->rc);
+    }
+    if (!st) {
+        LCK(cudaMemcpyAsync(q->rk, ring, rn * 2, cudaMemcpyHostToDevice, s));
+        LCK(cudaMemcpyAsync(q->rv, ring + rn, rn * 2, cudaMemcpyHostToDevice, s));
+        LCK(cudaStreamSynchronize(s));
+    }
+#undef LCK
+    free(hx);
+    kv_kivi_clear(&fk);
+    kv_kivi_clear(&fv);
+    q->nres = T - q->nq;
+    return st;
+}
+
 static kv_status qhost_slot(kv_gpu_engine *e, gl_layer *y, int pos, gl_row *r)
 {
     qhost_state *q = y->st;
@@ -504,6 +687,7 @@ const gl_placement gl_quant_host = {
     .configure = quant_configure,
     .alloc = qhost_alloc,
     .ingest = qhost_ingest,
+    .load = qhost_load,
     .slot = qhost_slot,
     .attend = qhost_attend,
     .bytes = qhost_bytes,

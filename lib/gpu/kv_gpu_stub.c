@@ -124,6 +124,18 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
 
 double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return 0; }
 
+const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int layer)
+{
+    (void)e, (void)layer;
+    return NULL;
+}
+
+void kv_gpu_engine_prefill_phases(const kv_gpu_engine *e, kv_gpu_prefill_phases *out)
+{
+    (void)e;
+    memset(out, 0, sizeof *out);
+}
+
 kv_status kv_gpu_engine_keep(kv_gpu_engine *e, int nq, bool prompt_kv)
 {
     (void)e; (void)nq; (void)prompt_kv;

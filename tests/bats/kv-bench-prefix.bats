@@ -10,7 +10,7 @@ setup() { T="$BATS_TEST_TMPDIR"; }
 @test "kv-bench prefix --help lists every option" {
     run --separate-stderr kv-bench prefix --help
     assert_success
-    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --half-life --steps --ctx --device --output --json; do
+    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --sketch-serial --half-life --steps --ctx --device --output --json; do
         [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
     done
 }
@@ -84,6 +84,20 @@ PY
     [ "$(json_get '[(n["encoding"], n["chunk"], n["importance"]["source"]) for n in j["list"]]')" = "[('raw+sketch', 3, 'key-norm')]" ]
     run kv-tree check "$T/st"
     assert_success
+}
+
+@test "kv-bench prefix --sketch-serial reads disk-query's sketch before the probe, not on a thread beside it" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 2 > "$T/r.jsonl"
+    q='[r["query_aware_ms"] for r in j["requests"] if r["mode"] == "disk-query"]'
+    run --separate-stderr kv-bench prefix -m "$NIAH" -n 2 --insert 1 --zstd 0 --put-queries 0 --modes full,disk-query "$T/r.jsonl"
+    assert_success
+    # a thread was started, and the read took time
+    [ "$(json_get 'all(x["sketch_spawn"] > 0 and x["sketch"] > 0 for x in '"$q"') and len('"$q"') == 1')" = True ]
+    run --separate-stderr kv-bench prefix -m "$NIAH" -n 2 --insert 1 --zstd 0 --put-queries 0 --modes full,disk-query \
+        --sketch-serial "$T/r.jsonl"
+    assert_success
+    # none started and none waited for; the read still took time
+    [ "$(json_get 'all(x["sketch_spawn"] == 0 and x["sketch_wait"] == 0 and x["sketch"] > 0 for x in '"$q"') and len('"$q"') == 1')" = True ]
 }
 
 @test "kv-bench prefix refuses a bad request line with exit 65 naming it" {

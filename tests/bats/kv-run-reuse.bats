@@ -78,6 +78,26 @@ gen_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gener
     done
 }
 
+@test "kv-run --device cuda --kv of a packed cache without a usable GPU exits 69, and auto runs the file's encoding on the CPU" {
+    if kv-run --version | grep -q '^GPU: NVIDIA'; then
+        skip "a GPU is present: test_gpu_kv continues packed caches on it"
+    fi
+    "$PY" -c 'import json; t=json.loads(open("'"$DATA"'/niah4k/tasks-dev.jsonl").readline()); open("'"$T"'/p.txt","w").write(t["input"])'
+    kv-run -m "$NIAH" --prompt-file "$T/p.txt" -n 0 --dump-kv "$T/all.kvc" --kv-dtype f16
+    n=$(ids "$T/all.kvc" | wc -w)
+    split_ids "$T/all.kvc" $((n - 40))
+    kv-run -m "$NIAH" --tokens "$T/first.txt" -n 0 --dump-kv "$T/first.kvc" --kv-dtype f16
+    kv-quant --bits 2 --group 32 --residual 64 "$T/first.kvc" -o "$T/kivi.kvc"
+    run --separate-stderr kv-run -m "$NIAH" --kv "$T/kivi.kvc" --tokens "$T/rest.txt" -n 4 --device cuda
+    assert_fails_with 69 "--device cuda"
+    [ -z "$output" ]
+    # a policy asking for another layout: the file's encoding is what runs
+    run --separate-stderr kv-run -m "$NIAH" --kv "$T/kivi.kvc" --tokens "$T/rest.txt" -n 4 --device auto \
+        --policy quant:bits=1 --report -
+    assert_success
+    [ "$(json_get 'sorted(set((l["policy"], "bits=2" in l["params"]) for l in j["layers"]))')" = "[('quant', True)]" ]
+}
+
 @test "kv-run --kv refuses a cache from another model with exit 65 and the reason" {
     kv-run -m "$M260" -p "$P" -n 0 --dump-kv "$T/s.kvc"
     echo "1 40 50" > "$T/t.txt"

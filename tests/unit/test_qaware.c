@@ -118,7 +118,7 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kv_tree_sketch_free(&sk);
 
     /* the question's own queries choose a quarter of the haystack */
-    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL};
+    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false};
     kv_qaware_report qr;
     kv_tree_rows rows;
     OK(kv_runner_reset(r, NULL));
@@ -135,6 +135,17 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     OK(kv_runner_prefill_from(r, &pre, ids + np, n - np, lg));
     greedy_text(r, tok, lg, V, 8, qa, sizeof qa);
     KT_CHECK(strstr(qa, ans), "query-aware 25%% answers '%s' (got '%s')", ans, qa);
+    /* the sketch read before the probe instead of beside it: the same rows */
+    kv_tree_rows rows2;
+    kv_qaware_report qr2;
+    qo.sketch_serial = true;
+    OK(kv_runner_reset(r, NULL));
+    OK(kv_qaware_load(r, s, ids, n, &qo, &rows2, &qr2));
+    KT_CHECK(rows2.T == rows.T && !memcmp(rows2.positions, rows.positions, (size_t)rows.T * sizeof *rows.positions) &&
+                 qr.sketch_spawn_ms > 0 && qr2.sketch_spawn_ms == 0 && qr2.sketch_wait_ms == 0,
+             "serial read: %d rows (threaded %d), spawn %.3f / %.3f ms", rows2.T, rows.T, qr.sketch_spawn_ms,
+             qr2.sketch_spawn_ms);
+    kv_tree_rows_free(&rows2);
     kv_tree_rows_free(&rows);
 
     /* the put's importance at 25%, for the record (the needle is usually lost) */
