@@ -455,6 +455,7 @@ cudaError_t pf_attn_tma(const pf_attn_args *a, int ti, int variant, cudaStream_t
     const int D = a->head_dim, BM = pv.nwg * 64;
     pf_tma_fn f = pv.f[ti][D == 128];
     const size_t smem = (size_t)(BM + 2 * pv.st * pv.bn) * D * 2 + 1024 + 8 * (1 + 4 * pv.st);
+    static_assert(sizeof tma_variants / sizeof tma_variants[0] <= 8, "raised[] holds 8 variants");
     static thread_local bool raised[8][3][2];
     bool &r = raised[variant][ti][D == 128];
     if (!r) {

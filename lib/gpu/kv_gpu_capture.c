@@ -3,8 +3,9 @@
  * kv_gpu_engine_prompt_kv, kv_gpu_engine_queries): each layer's dense
  * prompt K/V downloaded as its placement takes it, and the prompt's last
  * queries, post-RoPE, into a pinned buffer the engine keeps (their copies
- * need no wait per layer; the prefill synchronises at its end).  Moved out
- * of the core (kv_gpu_engine.c) as it is; CUDA builds only.
+ * need no wait per layer; the prefill synchronises at its end; before
+ * session 7 each layer's queries went through malloc and a wait).  Moved
+ * out of the core (kv_gpu_engine.c); CUDA builds only.
  */
 #include "gpu/kv_gpu_int.h"
 

@@ -214,7 +214,9 @@ kv_status kv_gpu_engine_prefill(kv_gpu_engine *e, const int *tokens, int n, floa
  * P + n rows.  A layer packed in the file (KIVI or DSQ, kv_prefix_layer_packed)
  * is held packed, as on the CPU: its policy is replaced by the file's
  * encoding (quant with the file's bits, group and residual; dsq with its
- * window, salient count, bits and group; the policy's dtype kept), the
+ * window, salient count, bits and group; the policy's dtype kept, and kept
+ * after kv_gpu_engine_reset(e, NULL) as the CPU engine keeps it: a reset
+ * that names the policies again undoes it), the
  * file's codes, scales and fp16 rows are uploaded into that placement as
  * they are (never re-quantized), and the n new rows are appended after them
  * as decode steps would append (KIVI groups packed as they fill; DSQ
