@@ -323,7 +323,6 @@ static kv_status dsq_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, cons
     const size_t rn = (size_t)nkv * d->rc * hd;
     uint16_t *ring = !st ? calloc(2 * rn + 1, 2) : NULL;
     if (!st && !ring) st = kv_fail(KV_E_NOMEM, "dsq load staging");
-#define LCK(call) do { cudaError_t ce_ = (call); if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__); } while (0)
     if (!st && nw > 0) {
         /* per head: nw windows of the file at the pitch of nwmax */
         struct { void *dst; const void *src; size_t per_w; } pl[12] = {
@@ -342,12 +341,12 @@ static kv_status dsq_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, cons
         };
         for (int i = 0; i < 12; i++)
             if (pl[i].dst && pl[i].src && pl[i].per_w)
-                LCK(cudaMemcpy2DAsync(pl[i].dst, hwm * pl[i].per_w, pl[i].src, hwf * pl[i].per_w, hwf * pl[i].per_w,
+                GL_LCK(cudaMemcpy2DAsync(pl[i].dst, hwm * pl[i].per_w, pl[i].src, hwf * pl[i].per_w, hwf * pl[i].per_w,
                                       nkv, cudaMemcpyHostToDevice, s));
-        LCK(cudaMemcpy2DAsync(d->vz, hwm * nn * nvs * 2, fv.zero, hwf * nn * nvs * 2, hwf * nn * nvs * 2, nkv,
+        GL_LCK(cudaMemcpy2DAsync(d->vz, hwm * nn * nvs * 2, fv.zero, hwf * nn * nvs * 2, hwf * nn * nvs * 2, nkv,
                               cudaMemcpyHostToDevice, s));
         if (!vm && d->vmask) /* an earlier load's value masks: this file's are the keys' */
-            LCK(cudaMemcpy2DAsync(d->vmask, hwm * mb, fk.mask, hwf * mb, hwf * mb, nkv, cudaMemcpyHostToDevice, s));
+            GL_LCK(cudaMemcpy2DAsync(d->vmask, hwm * mb, fk.mask, hwf * mb, hwf * mb, nkv, cudaMemcpyHostToDevice, s));
     }
     /* the unpacked tail (the file's fp16 rows) and the new rows (read back) into the ring */
     const int tail = P - nw * W;
@@ -364,15 +363,14 @@ static kv_status dsq_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, cons
     /* rows t in [P, T) at ring row t % rc: one 2D copy per contiguous run */
     for (int t = P; t < T && !st;) {
         const int r0 = t % d->rc, run = T - t < d->rc - r0 ? T - t : d->rc - r0;
-        LCK(cudaMemcpy2DAsync(d->rk + (size_t)r0 * hd, (size_t)d->rc * rb, K + (size_t)t * hd, (size_t)ld * rb,
+        GL_LCK(cudaMemcpy2DAsync(d->rk + (size_t)r0 * hd, (size_t)d->rc * rb, K + (size_t)t * hd, (size_t)ld * rb,
                               (size_t)run * rb, nkv, cudaMemcpyDeviceToDevice, s));
-        LCK(cudaMemcpy2DAsync(d->rv + (size_t)r0 * hd, (size_t)d->rc * rb, V + (size_t)t * hd, (size_t)ld * rb,
+        GL_LCK(cudaMemcpy2DAsync(d->rv + (size_t)r0 * hd, (size_t)d->rc * rb, V + (size_t)t * hd, (size_t)ld * rb,
                               (size_t)run * rb, nkv, cudaMemcpyDeviceToDevice, s));
         t += run;
     }
-    LCK(cudaMemsetAsync(d->imp, 0, (size_t)nkv * e->ctx * 4, s));
-    LCK(cudaStreamSynchronize(s));
-#undef LCK
+    GL_LCK(cudaMemsetAsync(d->imp, 0, (size_t)nkv * e->ctx * 4, s));
+    GL_LCK(cudaStreamSynchronize(s));
     (void)n;
     free(ring);
     if (!st) {

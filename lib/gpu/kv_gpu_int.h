@@ -49,6 +49,13 @@
 
 /* A failed CUDA call returns its recorded status (kv_gpu_cuda.h). */
 #define CK(call) KV_CUDA_CK(call)
+/* GL_LCK(call): keep the first CUDA error in the caller's kv_status st and
+ * go on (a load that must release what it staged, whatever failed) */
+#define GL_LCK(call)                                                                       \
+    do {                                                                                   \
+        cudaError_t ce_ = (call);                                                          \
+        if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__);  \
+    } while (0)
 
 #define TRY(expr)                                                                 \
     do {                                                                          \

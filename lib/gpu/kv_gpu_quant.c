@@ -191,27 +191,26 @@ static kv_status quant_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
     uint16_t *Kd = tmp, *Vd = tmp + (size_t)nkv * rows * hd; /* dense (nkv, rows, hd): residual, new rows */
     uint8_t *blk = NULL;                                     /* the new rows' packed parts */
     const size_t c1 = (size_t)nkv * nq1 * crow, s1 = (size_t)nkv * (nq1 / G) * rb, v1 = (size_t)nkv * nq1 * vsb;
-#define LCK(call) do { cudaError_t ce_ = (call); if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__); } while (0)
     if (r0 > 0) {
-        LCK(cudaMemcpy2DAsync(Kd, (size_t)rows * rb, fk.resid, (size_t)r0 * rb, (size_t)r0 * rb, nkv,
+        GL_LCK(cudaMemcpy2DAsync(Kd, (size_t)rows * rb, fk.resid, (size_t)r0 * rb, (size_t)r0 * rb, nkv,
                               cudaMemcpyHostToDevice, s));
-        LCK(cudaMemcpy2DAsync(Vd, (size_t)rows * rb, fv.resid, (size_t)r0 * rb, (size_t)r0 * rb, nkv,
+        GL_LCK(cudaMemcpy2DAsync(Vd, (size_t)rows * rb, fv.resid, (size_t)r0 * rb, (size_t)r0 * rb, nkv,
                               cudaMemcpyHostToDevice, s));
     }
     if (T > P) {
-        LCK(cudaMemcpy2DAsync(Kd + (size_t)r0 * hd, (size_t)rows * rb, K + (size_t)P * hd, (size_t)ld * rb,
+        GL_LCK(cudaMemcpy2DAsync(Kd + (size_t)r0 * hd, (size_t)rows * rb, K + (size_t)P * hd, (size_t)ld * rb,
                               (size_t)(T - P) * rb, nkv, cudaMemcpyDeviceToDevice, s));
-        LCK(cudaMemcpy2DAsync(Vd + (size_t)r0 * hd, (size_t)rows * rb, V + (size_t)P * hd, (size_t)ld * rb,
+        GL_LCK(cudaMemcpy2DAsync(Vd + (size_t)r0 * hd, (size_t)rows * rb, V + (size_t)P * hd, (size_t)ld * rb,
                               (size_t)(T - P) * rb, nkv, cudaMemcpyDeviceToDevice, s));
     }
     /* the planes, stream-ordered as quant_ingest's (quant_maybe_pack regrows them) */
-    LCK(cudaMallocAsync((void **)&q->p.kc, (size_t)nkv * nq * crow + 16, s));
-    LCK(cudaMallocAsync((void **)&q->p.vc, (size_t)nkv * nq * crow + 16, s));
-    LCK(cudaMallocAsync((void **)&q->p.ks, (size_t)nkv * (nq / G) * rb + 16, s));
-    LCK(cudaMallocAsync((void **)&q->p.kz, (size_t)nkv * (nq / G) * rb + 16, s));
-    LCK(cudaMallocAsync((void **)&q->p.vs, (size_t)nkv * nq * vsb + 16, s));
-    LCK(cudaMallocAsync((void **)&q->p.vz, (size_t)nkv * nq * vsb + 16, s));
-    LCK(cudaMallocAsync((void **)&blk, 2 * c1 + 2 * s1 + 2 * v1 + 6 * 256, s));
+    GL_LCK(cudaMallocAsync((void **)&q->p.kc, (size_t)nkv * nq * crow + 16, s));
+    GL_LCK(cudaMallocAsync((void **)&q->p.vc, (size_t)nkv * nq * crow + 16, s));
+    GL_LCK(cudaMallocAsync((void **)&q->p.ks, (size_t)nkv * (nq / G) * rb + 16, s));
+    GL_LCK(cudaMallocAsync((void **)&q->p.kz, (size_t)nkv * (nq / G) * rb + 16, s));
+    GL_LCK(cudaMallocAsync((void **)&q->p.vs, (size_t)nkv * nq * vsb + 16, s));
+    GL_LCK(cudaMallocAsync((void **)&q->p.vz, (size_t)nkv * nq * vsb + 16, s));
+    GL_LCK(cudaMallocAsync((void **)&blk, 2 * c1 + 2 * s1 + 2 * v1 + 6 * 256, s));
     if (!st) {
         size_t o = 0;
         uint8_t *part[6];
@@ -220,8 +219,8 @@ static kv_status quant_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
         /* the pack's residual goes to the spare store, then to the live one at pitch rc */
         kv_cuda_kivi_out ko = {part[0], (uint16_t *)part[2], (uint16_t *)part[3], q->rk[1]};
         kv_cuda_kivi_out vo = {part[1], (uint16_t *)part[4], (uint16_t *)part[5], q->rv[1]};
-        LCK(kv_cuda_kivi_pack(KV_KIVI_KEYS, kp, nkv, rows, hd, Kd, &ko, s));
-        LCK(kv_cuda_kivi_pack(KV_KIVI_VALUES, kp, nkv, rows, hd, Vd, &vo, s));
+        GL_LCK(kv_cuda_kivi_pack(KV_KIVI_KEYS, kp, nkv, rows, hd, Kd, &ko, s));
+        GL_LCK(kv_cuda_kivi_pack(KV_KIVI_VALUES, kp, nkv, rows, hd, Vd, &vo, s));
         /* each plane: the file's nq0 tokens per head (host), then the new nq1 (device) */
         struct { void *dst; const void *file; const void *add; size_t w0, w1; } pl[6] = {
             {q->p.kc, fk.codes, part[0], (size_t)nq0 * crow, (size_t)nq1 * crow},
@@ -234,27 +233,26 @@ static kv_status quant_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
         for (int i = 0; i < 6; i++) {
             const size_t pitch = pl[i].w0 + pl[i].w1;
             if (pl[i].w0)
-                LCK(cudaMemcpy2DAsync(pl[i].dst, pitch, pl[i].file, pl[i].w0, pl[i].w0, nkv,
+                GL_LCK(cudaMemcpy2DAsync(pl[i].dst, pitch, pl[i].file, pl[i].w0, pl[i].w0, nkv,
                                       cudaMemcpyHostToDevice, s));
             if (pl[i].w1)
-                LCK(cudaMemcpy2DAsync((uint8_t *)pl[i].dst + pl[i].w0, pitch, pl[i].add, pl[i].w1, pl[i].w1, nkv,
+                GL_LCK(cudaMemcpy2DAsync((uint8_t *)pl[i].dst + pl[i].w0, pitch, pl[i].add, pl[i].w1, pl[i].w1, nkv,
                                       cudaMemcpyDeviceToDevice, s));
         }
         const int nres = rows - nq1;
         if (nres > 0) {
-            LCK(cudaMemcpy2DAsync(q->rk[0], (size_t)q->rc * rb, q->rk[1], (size_t)nres * rb, (size_t)nres * rb, nkv,
+            GL_LCK(cudaMemcpy2DAsync(q->rk[0], (size_t)q->rc * rb, q->rk[1], (size_t)nres * rb, (size_t)nres * rb, nkv,
                                   cudaMemcpyDeviceToDevice, s));
-            LCK(cudaMemcpy2DAsync(q->rv[0], (size_t)q->rc * rb, q->rv[1], (size_t)nres * rb, (size_t)nres * rb, nkv,
+            GL_LCK(cudaMemcpy2DAsync(q->rv[0], (size_t)q->rc * rb, q->rv[1], (size_t)nres * rb, (size_t)nres * rb, nkv,
                                   cudaMemcpyDeviceToDevice, s));
         }
         q->nq = nq;
         q->nres = nres;
         q->cur = 0;
     }
-    if (blk) LCK(cudaFreeAsync(blk, s));
+    if (blk) GL_LCK(cudaFreeAsync(blk, s));
     /* the host planes are read by copies in flight */
-    LCK(cudaStreamSynchronize(s));
-#undef LCK
+    GL_LCK(cudaStreamSynchronize(s));
     kv_kivi_clear(&fk);
     kv_kivi_clear(&fv);
     return st;
@@ -586,7 +584,6 @@ static kv_status qhost_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
     uint16_t *hx = malloc((2 * rn + 2 * nn + 1) * 2);
     kv_status st = hx ? KV_OK : kv_fail(KV_E_NOMEM, "quant load staging");
     uint16_t *ring = hx, *hk = hx + 2 * rn, *hv = hk + nn;
-#define LCK(call) do { cudaError_t ce_ = (call); if (ce_ != cudaSuccess && !st) st = kv_cuda_fail(ce_, #call, __FILE__, __LINE__); } while (0)
     if (!st) {
         memset(ring, 0, 2 * rn * 2);
         struct { void *dst; const void *src; size_t dpitch, w; } pl[6] = {
@@ -598,15 +595,15 @@ static kv_status qhost_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
             {q->p.vz, fv.zero, (size_t)q->qcap * vsb, (size_t)nq0 * vsb},
         };
         for (int i = 0; i < 6; i++)
-            if (pl[i].w) LCK(cudaMemcpy2DAsync(pl[i].dst, pl[i].dpitch, pl[i].src, pl[i].w, pl[i].w, nkv,
+            if (pl[i].w) GL_LCK(cudaMemcpy2DAsync(pl[i].dst, pl[i].dpitch, pl[i].src, pl[i].w, pl[i].w, nkv,
                                                cudaMemcpyHostToDevice, s));
         if (n > 0) {
-            LCK(cudaMemcpy2DAsync(hk, (size_t)n * rb, K + (size_t)P * hd, (size_t)ld * rb, (size_t)n * rb, nkv,
+            GL_LCK(cudaMemcpy2DAsync(hk, (size_t)n * rb, K + (size_t)P * hd, (size_t)ld * rb, (size_t)n * rb, nkv,
                                   cudaMemcpyDeviceToHost, s));
-            LCK(cudaMemcpy2DAsync(hv, (size_t)n * rb, V + (size_t)P * hd, (size_t)ld * rb, (size_t)n * rb, nkv,
+            GL_LCK(cudaMemcpy2DAsync(hv, (size_t)n * rb, V + (size_t)P * hd, (size_t)ld * rb, (size_t)n * rb, nkv,
                                   cudaMemcpyDeviceToHost, s));
         }
-        LCK(cudaStreamSynchronize(s));
+        GL_LCK(cudaStreamSynchronize(s));
     }
     q->nq = nq0;
     for (int h = 0; h < nkv && !st; h++)
@@ -624,11 +621,10 @@ static kv_status qhost_load(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, co
             st = qhost_pack(e, q, ring, ring + rn, (size_t)q->rc * hd, q->rc);
     }
     if (!st) {
-        LCK(cudaMemcpyAsync(q->rk, ring, rn * 2, cudaMemcpyHostToDevice, s));
-        LCK(cudaMemcpyAsync(q->rv, ring + rn, rn * 2, cudaMemcpyHostToDevice, s));
-        LCK(cudaStreamSynchronize(s));
+        GL_LCK(cudaMemcpyAsync(q->rk, ring, rn * 2, cudaMemcpyHostToDevice, s));
+        GL_LCK(cudaMemcpyAsync(q->rv, ring + rn, rn * 2, cudaMemcpyHostToDevice, s));
+        GL_LCK(cudaStreamSynchronize(s));
     }
-#undef LCK
     free(hx);
     kv_kivi_clear(&fk);
     kv_kivi_clear(&fv);
