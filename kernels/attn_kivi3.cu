@@ -664,12 +664,14 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
 
 typedef void (*kivi3_kernel)(kivi3_args);
 
-/* Stages per warp: 2 by default (rounds 3 and 4: 0.4-0.6 us faster than 3
- * at 128k, 1 and 2 bits; the arithmetic, not the loads, bounds the kernel). */
+/* Stages per warp: 3 by default, as measured as the default in rounds 3
+ * and 4; 2 measured 0.4-0.6 us faster at 128k (1 and 2 bits) as a variant
+ * there, but the build that would make it the default did not get a device
+ * round (docs/BENCHMARKS.md, Packed attention v3). */
 static int kv3_nst(void)
 {
     const int n = kv_cuda_get_tuning()->kivi3_nst;
-    return n == 3 || n == 4 ? n : 2;
+    return n == 2 || n == 4 ? n : 3;
 }
 
 /* Instances: 1 and 2 bits with NST 2 and 3 for every geometry, NST 4 and

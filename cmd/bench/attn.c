@@ -38,7 +38,7 @@ static const kv_option opts[] = {
     {O_KIVI2VAR, 0, "kivi2-variant", "N", "variant of the packed kernel: 0 (default), 1, 2, 3, 7, 71; "
                                          "8, 16, 32 time stages and compute wrong results"},
     {O_KIVIK, 0, "kivi-kernel", "N", "packed kernel: 2 (v2) or 3 (v3, group 64; default: the engine's)"},
-    {O_K3NST, 0, "kivi3-stages", "N", "variant of v3: shared-memory stages per warp, 2 (default), 3 or 4"},
+    {O_K3NST, 0, "kivi3-stages", "N", "variant of v3: shared-memory stages per warp, 2, 3 (default) or 4"},
     {O_K3COMB, 0, "kivi3-combine", NULL, "v3 merges the splits in a separate combine pass (the default)"},
     {O_K3FUSED, 0, "kivi3-fused", NULL, "variant of v3: the last block of each KV head merges the splits"},
     {O_K3CPS, 0, "kivi3-blocks", "N", "variant of v3: at most N blocks per SM in the grid (default: occupancy)"},
@@ -186,7 +186,7 @@ int kv_bench_attn_main(int argc, char **argv)
                cfg.variant.f16_legacy, cfg.variant.f16_prefetch,
                cfg.variant.f16_unroll ? cfg.variant.f16_unroll : 4,
                cfg.variant.f16_waves ? cfg.variant.f16_waves : 1, cfg.variant.kivi2_var,
-               cfg.variant.kivi_kernel, cfg.variant.kivi3_nst ? cfg.variant.kivi3_nst : 2,
+               cfg.variant.kivi_kernel, cfg.variant.kivi3_nst ? cfg.variant.kivi3_nst : 3,
                cfg.variant.kivi3_unfused, cfg.variant.kivi3_cps, cfg.variant.kivi3_diag,
                !cfg.variant.kivi3_noprefetch, cfg.variant.kivi3_var);
         printf("  \"pdl\": %d,\n  \"iters\": %d,\n  \"reps\": %d,\n  \"copy_bytes_per_s\": %.4e,\n"
