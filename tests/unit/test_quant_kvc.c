@@ -158,21 +158,33 @@ static void test_inconsistent_dsq_layers_are_rejected(void)
     KT_CHECK(open_tampered("none", "layers.0.k.group", "12") == KV_E_DATA, "group not dividing D");
 }
 
-static void test_transcode_selected_layers_and_decode(void)
+/* A plain F32 cache of L layers (layer l's K and V are xk and xv, swapped on
+ * odd layers), written and reopened from path; NULL on failure. */
+static kvc_file *plain_input(int L, char path[64])
 {
     fill();
     kvc_writer *w;
-    KT_OK(kvc_writer_new(&w));
-    kv_geom g = geom(2);
-    KT_OK(kvc_writer_geom(w, &g));
+    if (kvc_writer_new(&w)) return NULL;
+    kv_geom g = geom(L);
     const int64_t s[3] = {H, T, D};
-    KT_OK(kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, s, xk));
-    KT_OK(kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, s, xv));
-    KT_OK(kvc_writer_add(w, "layers.1.k", KV_DT_F32, 3, s, xv));
-    KT_OK(kvc_writer_add(w, "layers.1.v", KV_DT_F32, 3, s, xk));
-    char p1[64], p2[64];
-    kvc_file *f = reopen(w, p1);
+    kv_status st = kvc_writer_geom(w, &g);
+    for (int l = 0; l < L && !st; l++) {
+        char nk[32], nv[32];
+        snprintf(nk, sizeof nk, "layers.%d.k", l);
+        snprintf(nv, sizeof nv, "layers.%d.v", l);
+        st = kvc_writer_add(w, nk, KV_DT_F32, 3, s, l % 2 ? xv : xk);
+        if (!st) st = kvc_writer_add(w, nv, KV_DT_F32, 3, s, l % 2 ? xk : xv);
+    }
+    kvc_file *f = st ? NULL : reopen(w, path);
     kvc_writer_free(w);
+    return f;
+}
+
+static void test_transcode_selected_layers_and_decode(void)
+{
+    kvc_writer *w;
+    char p1[64], p2[64];
+    kvc_file *f = plain_input(2, p1);
     KT_REQUIRE(f, "input: %s", kv_errdetail());
     bool sel[2] = {false, true};
     kv_quant_opts o;
@@ -228,17 +240,9 @@ static void test_transcode_selected_layers_and_decode(void)
  * values at them (the bytes say so) and the report names them. */
 static void test_whole_file_dsq_value_bits_are_checked_and_used(void)
 {
-    fill();
     kvc_writer *w;
-    KT_OK(kvc_writer_new(&w));
-    kv_geom g = geom(1);
-    KT_OK(kvc_writer_geom(w, &g));
-    const int64_t s[3] = {H, T, D};
-    KT_OK(kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, s, xk));
-    KT_OK(kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, s, xv));
     char p1[64];
-    kvc_file *f = reopen(w, p1);
-    kvc_writer_free(w);
+    kvc_file *f = plain_input(1, p1);
     KT_REQUIRE(f, "input: %s", kv_errdetail());
     kv_quant_opts o;
     memset(&o, 0, sizeof o);
