@@ -263,7 +263,7 @@ kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *
     free(k);
     free(sel);
 out_rep:
-    if (rep == &local) kv_quant_report_clear(&local);
+    if (rep == &local || st) kv_quant_report_clear(rep); /* a failed run reports nothing */
     return st;
 }
 

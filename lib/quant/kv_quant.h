@@ -48,7 +48,8 @@ typedef struct {
  * queries and other tensors and metadata are carried over): selected layers
  * are decoded and packed with o->method (DSQ importance from the stored
  * queries, else key norms), the others are copied unchanged; with
- * o->decode every layer becomes plain F16.  rep may be NULL.  w borrows
+ * o->decode every layer becomes plain F16.  rep may be NULL; on failure it
+ * is left cleared (nothing to free).  w borrows
  * tensors from `in`: keep it open until kvc_writer_write.
  */
 kv_status kv_quant_file(const kvc_file *in, const kv_quant_opts *o, kvc_writer *w,
