@@ -53,10 +53,11 @@ show 'kv-profile --kv-budget 0.45 --json $WORK/story.kvc > $WORK/profile.json'
 /usr/bin/python3 - "$WORK/profile.json" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
-errs = [e for e in j["layers"][0] if e.startswith("err_")]
+# the options this profile measured (one left out reports null errors)
+errs = [e for e in j["layers"][0] if e.startswith("err_") and any(l[e] is not None for l in j["layers"])]
 print("   layer  score  " + " ".join(f"{e[4:]:>10}" for e in errs) + "  chosen")
 for l in j["layers"]:
-    print(f"   {l['layer']:5d}  {l['score']:.3f}  " + " ".join(f"{l[e]:10.4f}" for e in errs) +
+    print(f"   {l['layer']:5d}  {l['score']:.3f}  " + " ".join(f"{l[e]:10.4f}" if l[e] is not None else f"{'-':>10}" for e in errs) +
           f"  {l['choice']} ({l['bytes'][l['choice']] / l['bytes']['full']:.2f} of full)")
 c = j["choice"]
 print(f"   chosen: {c['kv_bytes']} of {c['full_bytes']} fp16 bytes ({c['ratio']:.3f}), budget met: {c['budget_met']}")
