@@ -55,6 +55,19 @@
 /* KV_GPU_TEST_SHORT=1 (under compute-sanitizer): smaller prompts and runs. */
 static inline int short_run(void) { return getenv("KV_GPU_TEST_SHORT") != NULL; }
 
+/* Whether the GPU tests run here: the GPU named, or the notice that they
+ * are skipped (always in a CPU-only build). */
+static inline int gpu_tests_start(void)
+{
+    char name[256];
+    if (kv_gpu_probe(name, sizeof name) <= 0) {
+        printf("# no usable GPU (%s): GPU tests skipped\n", name);
+        return 0;
+    }
+    printf("# GPU: %s\n", name);
+    return 1;
+}
+
 #ifdef KV_HAVE_CUDA
 
 /* ||a - b|| / ||b|| */
@@ -159,7 +172,9 @@ static inline int selected(const char *name, const char *filter)
     return 0;
 }
 
-/* a test run, or reported skipped when KV_TEST_FILTER (in filter) leaves it out */
+/* t run, or reported skipped when KV_TEST_FILTER=a,b (in filter) leaves it
+ * out: only the tests whose names contain a or b run (e.g. under
+ * compute-sanitizer) */
 #define RUN_ONE(t)                               \
     if (selected(#t, filter)) KT_RUN(t);         \
     else KT_SKIP(t, "not selected by KV_TEST_FILTER")

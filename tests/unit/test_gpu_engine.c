@@ -555,10 +555,7 @@ static void test_niah4k_dsq_matches_cpu(void)
 
 int main(void)
 {
-    char name[256];
-    int ndev = kv_gpu_probe(name, sizeof name);
-    if (ndev <= 0) {
-        printf("# no usable GPU (%s): GPU tests skipped\n", name);
+    if (!gpu_tests_start()) {
         KT_RUN(test_engine_refuses_without_gpu);
         const char *why = "no usable GPU";
         KT_SKIP(test_stories260k_full_matches_cpu, why);
@@ -578,9 +575,6 @@ int main(void)
         return kt_done();
     }
 #ifdef KV_HAVE_CUDA
-    printf("# GPU: %s\n", name);
-    /* KV_TEST_FILTER=a,b runs only the tests whose names contain a or b
-     * (e.g. under compute-sanitizer) */
     const char *filter = getenv("KV_TEST_FILTER");
     RUN_ONE(test_stories260k_full_matches_cpu);
     RUN_ONE(test_stories260k_streaming_matches_cpu);

@@ -930,10 +930,7 @@ static void test_bad_requests_fail_cleanly(void)
 
 int main(void)
 {
-    char name[256];
-    int ndev = kv_gpu_probe(name, sizeof name);
-    if (ndev <= 0) {
-        printf("# no usable GPU (%s): GPU tests skipped\n", name);
+    if (!gpu_tests_start()) {
         const char *why = "no usable GPU";
         KT_SKIP(test_niah4k_gpu_dump_matches_cpu_dump, why);
         KT_SKIP(test_sparse_chunk_copies_equal_the_layer_copy, why);
@@ -948,10 +945,7 @@ int main(void)
         return kt_done();
     }
 #ifdef KV_HAVE_CUDA
-    printf("# GPU: %s\n", name);
     if (short_run()) seed = SEED_SHORT;
-    /* KV_TEST_FILTER=a,b runs only the tests whose names contain a or b
-     * (e.g. under compute-sanitizer) */
     const char *filter = getenv("KV_TEST_FILTER");
     RUN_ONE(test_niah4k_gpu_dump_matches_cpu_dump);
     RUN_ONE(test_sparse_chunk_copies_equal_the_layer_copy);

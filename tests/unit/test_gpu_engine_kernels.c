@@ -891,10 +891,7 @@ static void test_attn_importance_matches_float64(void)
 
 int main(void)
 {
-    char name[256];
-    int ndev = kv_gpu_probe(name, sizeof name);
-    if (ndev <= 0) {
-        printf("# no usable GPU (%s): GPU tests skipped\n", name);
+    if (!gpu_tests_start()) {
         const char *why = "no usable GPU";
         KT_SKIP(test_gemv_matches_float64, why);
         KT_SKIP(test_attend_matches_float64, why);
@@ -908,9 +905,6 @@ int main(void)
         return kt_done();
     }
 #ifdef KV_HAVE_CUDA
-    printf("# GPU: %s\n", name);
-    /* KV_TEST_FILTER=a,b runs only the tests whose names contain a or b
-     * (e.g. under compute-sanitizer) */
     const char *filter = getenv("KV_TEST_FILTER");
     RUN_ONE(test_gemv_matches_float64);
     RUN_ONE(test_attend_matches_float64);
