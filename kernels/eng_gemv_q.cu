@@ -8,7 +8,7 @@
  * share a block (eng_quant.cuh), so consecutive lanes read consecutive bytes
  * of the row and consecutive activations.  Activations stay float32 (the CPU
  * path quantizes them to Q8_0/Q8_K first, as llama.cpp's CPU backend does;
- * tests/unit/test_gpu_engine.c measures both against float64).
+ * tests/unit/test_gpu_engine_data.c measures both against float64).
  * CPU reference: kv_quant_dequant_row and kv_quant_dot_ref (lib/model/kv_quants.h).
  */
 #include "eng_quant.cuh"

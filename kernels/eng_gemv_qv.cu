@@ -20,7 +20,7 @@
  *         CPU path rounds them (kv_quant_activations: Q8_0 per 32, Q8_K per
  *         256), so the error against float64 is of that size (~1e-3), not 1e-7.
  * CPU reference: kv_quant_dequant_row / kv_quant_dot_ref (lib/model/kv_quants.h);
- * tests/unit/test_gpu_engine.c compares every variant with both.
+ * tests/unit/test_gpu_engine_data.c compares every variant with both.
  */
 #include "eng_quant.cuh"
 

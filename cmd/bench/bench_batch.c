@@ -106,6 +106,18 @@ void bench_batch_policies_free(kv_batch_policy *pols, kv_policy_params *params, 
     free(params);
 }
 
+int bench_batch_engine(const bench_batch *b, const kv_model *m, bool sketch, kv_device dev,
+                       const kv_gpu_engine_opts *go, kv_batch_policy **pols, kv_policy_params **params,
+                       int *np, kv_runner **e)
+{
+    int rc = bench_batch_policies(b, m->cfg.n_layers, sketch, pols, params, np);
+    if (rc) return rc;
+    kv_status st = kv_runner_new(m, NULL, 0, dev, go, e);
+    if (st) return dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "engine");
+    kv_note(1, "running on %s", kv_runner_device(*e));
+    return 0;
+}
+
 static void fmt_eta(double s, char *buf, size_t cap)
 {
     if (s < 0) snprintf(buf, cap, "?");

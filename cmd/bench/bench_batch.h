@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "kv_cli.h"
+#include "engine/kv_runner.h"
 #include "eval/kv_batch.h"
 #include "policy/kv_policy.h"
 
@@ -59,6 +60,12 @@ int bench_batch_precheck(const bench_batch *b);
 int bench_batch_policies(const bench_batch *b, int n_layers, bool sketch, kv_batch_policy **pols,
                          kv_policy_params **params, int *np);
 void bench_batch_policies_free(kv_batch_policy *pols, kv_policy_params *params, int np);
+/* bench_batch_policies for m, then the engine that runs them on dev (go:
+ * the GPU's options), its device noted at -v.  0 or an exit code (message
+ * printed); the caller frees what was made either way. */
+int bench_batch_engine(const bench_batch *b, const kv_model *m, bool sketch, kv_device dev,
+                       const kv_gpu_engine_opts *go, kv_batch_policy **pols, kv_policy_params **params,
+                       int *np, kv_runner **e);
 /* --svg: the report's charts of records; 0 or an exit code. */
 int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records);
 /* Hooks printing progress (kv_progress) and skip warnings (kv_warn). */

@@ -192,12 +192,7 @@ int kv_bench_longbench_main(int argc, char **argv)
         rc = kv_report(st, "--chat auto");
         goto out;
     }
-    if ((rc = bench_batch_policies(&bb, m->cfg.n_layers, sketch, &pols, &prm, &np))) goto out;
-    if ((st = kv_runner_new(m, NULL, 0, dev, &go, &e))) {
-        rc = dev == KV_DEVICE_CUDA ? kv_report(st, "--device cuda") : kv_report(st, "engine");
-        goto out;
-    }
-    kv_note(1, "running on %s", kv_runner_device(e));
+    if ((rc = bench_batch_engine(&bb, m, sketch, dev, &go, &pols, &prm, &np, &e))) goto out;
     header = kv_lb_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
                           files, nf, &prompts, &maxlen, &lo);
     if (!header) {

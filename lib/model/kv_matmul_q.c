@@ -213,22 +213,32 @@ KV_AVX2 static inline int scales_dot16(const int16_t *bsums, __m256i sc16)
     return _mm_cvtsi128_si32(q);
 }
 
-KV_AVX2 static float avx2_q4_k(const void *row, const void *xq, int n)
+/* Q4_K and Q5_K share their scales, mins and nibbles; Q5_K adds a fifth
+ * bit per value from qh (q5, a constant where it is inlined). */
+KV_AVX2 static inline float avx2_k45(const void *row, const void *xq, int n, bool q5)
 {
     const uint8_t *w = row;
     const kv_block_q8_k *y = xq;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const size_t bytes = q5 ? sizeof(kv_block_q5_k) : sizeof(kv_block_q4_k);
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
-    for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q4_k)) {
-        const uint8_t *qs = w + 16;
+    for (int b = 0; b < n / 256; b++, w += bytes) {
+        const uint8_t *qh = w + 16, *qs = w + (q5 ? 48 : 16);
         uint8_t s[8], m[8];
         k4_scales(w + 4, s, m);
         const int msum = mins_dot(y[b].bsums, m);
+        const __m256i h = q5 ? ld(qh) : _mm256_setzero_si256();
         __m256i isum = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
             __m256i q = ld(qs + 32 * p);
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (q5) {
+                __m256i hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * p), one), 4);
+                __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * p + 1), one), 4);
+                lo = _mm256_or_si256(lo, hl);
+                hi = _mm256_or_si256(hi, hh);
+            }
             __m256i plo = _mm256_maddubs_epi16(lo, ld((const uint8_t *)y[b].qs + 64 * p));
             __m256i phi = _mm256_maddubs_epi16(hi, ld((const uint8_t *)y[b].qs + 64 * p + 32));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)s[2 * p])));
@@ -241,37 +251,8 @@ KV_AVX2 static float avx2_q4_k(const void *row, const void *xq, int n)
     return hsum_ps(acc) - accm;
 }
 
-KV_AVX2 static float avx2_q5_k(const void *row, const void *xq, int n)
-{
-    const uint8_t *w = row;
-    const kv_block_q8_k *y = xq;
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
-    for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q5_k)) {
-        const uint8_t *qh = w + 16, *qs = w + 48;
-        uint8_t s[8], m[8];
-        k4_scales(w + 4, s, m);
-        const int msum = mins_dot(y[b].bsums, m);
-        const __m256i h = ld(qh);
-        __m256i isum = _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-            __m256i q = ld(qs + 32 * p);
-            __m256i hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * p), one), 4);
-            __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * p + 1), one), 4);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), hl);
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hh);
-            __m256i plo = _mm256_maddubs_epi16(lo, ld((const uint8_t *)y[b].qs + 64 * p));
-            __m256i phi = _mm256_maddubs_epi16(hi, ld((const uint8_t *)y[b].qs + 64 * p + 32));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)s[2 * p])));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)s[2 * p + 1])));
-        }
-        const float dy = y[b].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * f16at(w)), _mm256_cvtepi32_ps(isum), acc);
-        accm += dy * f16at(w + 2) * (float)msum;
-    }
-    return hsum_ps(acc) - accm;
-}
+KV_AVX2 static float avx2_q4_k(const void *row, const void *xq, int n) { return avx2_k45(row, xq, n, false); }
+KV_AVX2 static float avx2_q5_k(const void *row, const void *xq, int n) { return avx2_k45(row, xq, n, true); }
 
 KV_AVX2 static float avx2_q6_k(const void *row, const void *xq, int n)
 {

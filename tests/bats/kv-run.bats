@@ -266,7 +266,7 @@ JSON
 
 @test "kv-run --device cuda --dump-kv without a usable GPU exits 69 and writes no file" {
     if kv-run --version | grep -q '^GPU: NVIDIA'; then
-        skip "a GPU is present: test_gpu_engine compares the GPU dump with the CPU's there"
+        skip "a GPU is present: test_gpu_engine_data compares the GPU dump with the CPU's there"
     fi
     run --separate-stderr kv-run -m "$MODEL" -p "Once upon a time" -n 0 --device cuda \
         --dump-kv "$BATS_TEST_TMPDIR/g.kvc"

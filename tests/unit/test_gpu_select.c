@@ -277,7 +277,7 @@ static void check_resident(int nqh, int bits, int rmax, int T, int cs, int cend,
     double ce = sqrt(num / den);
     /* codes at 4 bits and below may differ where (x - zero) / scale sits at a
      * half (kv_select_channel_row divides as the GPU does, but in another
-     * rounding context): as the score test of test_gpu_engine.c */
+     * rounding context): as the score test of test_gpu_engine_kernels.c */
     const double tol = bits >= 8 ? 1e-5 : 1e-3;
     KT_CHECK(qe < 1e-5, "%d bits: qscale error %g", bits, qe);
     KT_CHECK(ce < tol, "g %d, %d bits, max %d: combined scores error %g", g, bits, rmax, ce);

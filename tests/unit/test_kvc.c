@@ -156,6 +156,20 @@ out:
     return st;
 }
 
+/* The sample written as name in the test folder, and its bytes (free
+ * them); NULL, the reason printed, when either step failed. */
+static uint8_t *sample_bytes(const char *name, size_t *len)
+{
+    char path[300];
+    tmp_path(path, sizeof path, name);
+    kv_status st = write_sample(path, 0);
+    if (st) {
+        printf("#   write_sample(%s, 0): status %d: %s\n", path, st, kv_errdetail());
+        return NULL;
+    }
+    return kt_slurp(path, len);
+}
+
 // --- CRC ----------------------------------------------------------------
 
 static uint32_t crc_bitwise(const uint8_t *p, size_t n)
@@ -433,11 +447,8 @@ static void test_zstd_without_content_size_at_buffer_sizes(void)
  * it (up to its 64 GiB cap) before the tiling check refused the file. */
 static void test_zstd_bomb_stops_at_the_described_size(void)
 {
-    char path[300];
-    tmp_path(path, sizeof path, "plain.kvc");
-    REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *raw = kt_slurp(path, &len);
+    uint8_t *raw = sample_bytes("plain.kvc", &len);
     KT_REQUIRE(raw, "sample");
     ZSTD_CCtx *z = ZSTD_createCCtx();
     size_t cap = 1 << 20, zn = 0;
@@ -467,11 +478,8 @@ static void test_zstd_bomb_stops_at_the_described_size(void)
  * the header describes plus one byte and stops (it read to end of input). */
 static void test_pipe_is_read_only_as_far_as_the_header_says(void)
 {
-    char path[300];
-    tmp_path(path, sizeof path, "plain.kvc");
-    REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *raw = kt_slurp(path, &len);
+    uint8_t *raw = sample_bytes("plain.kvc", &len);
     KT_REQUIRE(raw, "sample");
     for (int zstd = 0; zstd < 2; zstd++) {
         int pfd[2];
@@ -613,11 +621,8 @@ static void test_open_missing_file_is_noinput(void)
 
 static void test_every_truncation_fails_cleanly(void)
 {
-    char path[300];
-    tmp_path(path, sizeof path, "sample.kvc");
-    REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *b = kt_slurp(path, &len);
+    uint8_t *b = sample_bytes("sample.kvc", &len);
     KT_REQUIRE(b != NULL, "slurp");
     int bad = 0;
     for (size_t n = 0; n < len; n++) {
@@ -638,11 +643,8 @@ static void test_every_truncation_fails_cleanly(void)
 
 static void test_bit_flips_in_data_are_caught(void)
 {
-    char path[300];
-    tmp_path(path, sizeof path, "sample.kvc");
-    REQUIRE_OK(write_sample(path, 0));
     size_t len;
-    uint8_t *b = kt_slurp(path, &len);
+    uint8_t *b = sample_bytes("sample.kvc", &len);
     KT_REQUIRE(b != NULL, "slurp");
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | b[i];

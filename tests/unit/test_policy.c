@@ -53,6 +53,15 @@ static void freefix(fixture *f)
     free(f->v);
 }
 
+/* Needles at token t: each KV head's key there is 3 times the query of its
+ * group's first head, so that exact attention finds them. */
+static void plant_needles(fixture *f, const float *q, int t)
+{
+    for (int kh = 0; kh < f->nkv; kh++)
+        for (int c = 0; c < f->D; c++)
+            f->k[((size_t)kh * f->T + t) * f->D + c] = 3.0f * q[(kh * (f->nh / f->nkv)) * f->D + c];
+}
+
 static kv_policy *mkpol(const fixture *f, const char *spec, int cap)
 {
     kv_policy_params prm;
@@ -508,8 +517,7 @@ static void test_sparse_approx(void)
     fixture f = mkfix(nh, nkv, D, T);
     float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128];
     /* plant needles at token 200: keys = 3 * query of the group's first head */
-    for (int kh = 0; kh < nkv; kh++)
-        for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
+    plant_needles(&f, q, 200);
     kv_policy *p = mkpol(&f, "sparse:s=8,w=56,c=8,k=16,select=channels", 600);
     KT_REQUIRE(p, "create");
     REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
@@ -695,8 +703,7 @@ static void test_sparse_pages(void)
     const int nh = 4, nkv = 2, D = 32, T = 512, T0 = 500, K = 16, P = 8;
     fixture f = mkfix(nh, nkv, D, T);
     float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128];
-    for (int kh = 0; kh < nkv; kh++)
-        for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
+    plant_needles(&f, q, 200);
     kv_policy *p = mkpol(&f, "sparse:s=8,w=56,k=16,select=pages,page=8", 600);
     KT_REQUIRE(p, "create");
     REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
@@ -725,8 +732,7 @@ static void test_sparse_pca(void)
     const int nh = 4, nkv = 2, D = 32, T = 512, T0 = 500;
     fixture f = mkfix(nh, nkv, D, T);
     float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128], o3[128];
-    for (int kh = 0; kh < nkv; kh++)
-        for (int c = 0; c < D; c++) f.k[((size_t)kh * T + 200) * D + c] = 3.0f * q[(kh * 2) * D + c];
+    plant_needles(&f, q, 200);
     const char *spec[3] = {"sparse:s=8,w=56,k=16,select=exact", "sparse:s=8,w=56,k=16,c=32,select=pca,cbits=16",
                            "sparse:s=8,w=56,k=16,c=8,select=pca,cbits=16"};
     float *out[3] = {o1, o2, o3};

@@ -4,7 +4,7 @@
  * under every policy (stories260K, prefill then greedy steps, then a reset
  * to another policy).  Also: device names, and KV_DEVICE_CUDA without a
  * usable GPU being KV_E_UNAVAILABLE while AUTO falls back to the CPU.
- * The GPU side of the runner is the GPU engine, tested in test_gpu_engine.
+ * The GPU side of the runner is the GPU engine, tested in test_gpu_engine*.c.
  */
 #include <math.h>
 #include <stdio.h>

@@ -62,7 +62,7 @@ PY
     pack
 fi
 if has e; then
-    KV_TEST_FILTER=step_variants,resident timeout 35 "$D/test_gpu_engine" > "$L/engine.tap" 2>&1
+    engine_tests env KV_TEST_FILTER=step_variants,resident timeout 35 > "$L/engine.tap" 2>&1
     log "test_gpu_engine (step_variants,resident) rc=$?"
     grep -E '^not ok|^# (step|niah4k|resident)' "$L/engine.tap" | head -40 | tee -a "$OUT/summary.txt"
     log "engine: $(grep -c '^ok' "$L/engine.tap") ok (skips included), $(grep -c '^not ok' "$L/engine.tap") not ok"

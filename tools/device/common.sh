@@ -8,13 +8,24 @@
 # It makes OUT, sets N to the niah4k folder, puts the CUDA tools
 # (compute-sanitizer) on PATH and D/lib (libcjson, which the device lacks)
 # first on LD_LIBRARY_PATH, and defines the helpers every script repeated
-# before: log, has, gpu_info, dev_gunzip, tap, ruler_dev and snap.  A script
+# before: engine_tests, log, has, gpu_info, dev_gunzip, tap, ruler_dev and snap.  A script
 # that needs another form of one defines it after.
 mkdir -p "$OUT"
 N=tests/data/niah4k # the model, tokenizer and tasks most steps run
 export PATH="$PATH:/usr/local/cuda/bin"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 
+# The GPU engine's test programs (one, test_gpu_engine, until session 8; the
+# split is in tests/unit/gpu_engine_tests.h).  engine_tests CMD...: CMD
+# (timeout, compute-sanitizer and their options; env VAR=... for variables)
+# with each of the programs in D in turn as its last argument, one stdout;
+# the status the last nonzero one.  KV_TEST_FILTER names tests of any of them.
+ENGINE_TESTS="test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data"
+engine_tests() {
+    e_rc=0
+    for e_t in $ENGINE_TESTS; do "$@" "$D/$e_t" || e_rc=$?; done
+    return $e_rc
+}
 # log MESSAGE: a time-stamped line on stdout and in the summary
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
 # has LETTER: the step is in STEPS

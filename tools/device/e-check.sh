@@ -29,7 +29,7 @@ OUT=${OUT:-/tmp/kv-out}
 STEPS=${STEPS:-gmks}
 mkdir -p "$OUT"
 for z in "$D"/*.gz "$D"/data/*.gz; do [ -e "$z" ] && gunzip -f "$z"; done
-chmod +x "$D/kv-run" "$D/kv-convert" "$D/test_gpu_engine" 2>/dev/null
+chmod +x "$D/kv-run" "$D/kv-convert" "$D"/test_gpu_engine* 2>/dev/null
 # the fixtures where the tests look for them (the device's copy of main)
 cp -n "$D"/data/niah4k-*.gguf tests/data/niah4k/ 2>/dev/null
 cp -n "$D"/data/stories260K-*.gguf tests/data/stories260K/ 2>/dev/null
@@ -40,14 +40,14 @@ W=${TMPDIR:-/tmp}/kv-e
 mkdir -p "$W"
 gpu_info
 if has g; then
-    KV_TEST_FILTER=packed,qwen2_biases,wide_heads timeout 100 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1
+    engine_tests env KV_TEST_FILTER=packed,qwen2_biases,wide_heads timeout 100 > "$OUT/engine.tap" 2>&1
     log "test_gpu_engine (packed, qwen2 biases, wide heads) rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok ($(grep -c '# SKIP not selected' "$OUT/engine.tap") not selected), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (gemv|niah4k|stories260K|tiny|qwen2)|^#   ' "$OUT/engine.tap" | head -60 | tee -a "$OUT/summary.txt"
 fi
 if has m; then
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=packed_kernels,qwen2_biases timeout 60 compute-sanitizer \
-        --tool memcheck --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/sanitizer.log" 2>&1
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=packed_kernels,qwen2_biases timeout 60 compute-sanitizer \
+        --tool memcheck --error-exitcode 9 > "$OUT/sanitizer.log" 2>&1
     log "memcheck (packed kernels, qwen2 biases; short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 4 | tee -a "$OUT/summary.txt"
 fi

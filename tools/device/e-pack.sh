@@ -19,7 +19,7 @@ BIN=${BINDIR:-bin-dev}
 CONV=${CONV:-bin-cpu/kv-convert}
 rm -rf "$D"
 mkdir -p "$D/lib" "$D/data"
-for f in "$BIN/kv-run" "$B/unit/test_gpu_engine" "$CONV"; do
+for f in "$BIN/kv-run" "$B"/unit/test_gpu_engine* "$CONV"; do
     [ -x "$f" ] || { echo "e-pack: $f is missing (see the build line at the top of this script)" >&2; exit 66; }
     strip -o "$D/$(basename "$f")" "$f"
     gzip -9 -f "$D/$(basename "$f")"

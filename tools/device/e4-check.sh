@@ -56,14 +56,14 @@ for (t, v), f in sorted(best.items()):
 PY
 fi
 if has g; then
-    KV_TEST_FILTER=packed timeout 60 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1
+    engine_tests env KV_TEST_FILTER=packed timeout 60 > "$OUT/engine.tap" 2>&1
     log "test_gpu_engine (packed) rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok ($(grep -c '# SKIP not selected' "$OUT/engine.tap") not selected), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (gemv|niah4k|stories260K|tiny)|^#   ' "$OUT/engine.tap" | head -60 | tee -a "$OUT/summary.txt"
 fi
 if has m; then
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=packed_kernels timeout 30 compute-sanitizer \
-        --tool memcheck --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/sanitizer.log" 2>&1
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=packed_kernels timeout 30 compute-sanitizer \
+        --tool memcheck --error-exitcode 9 > "$OUT/sanitizer.log" 2>&1
     log "memcheck test_gpu_engine (packed kernels; short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 4 | tee -a "$OUT/summary.txt"
     timeout 30 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/kv-bench" gemv --json --iters 1 --reps 1 \

@@ -25,13 +25,13 @@ STEPS=${STEPS:-ekmp}
 dev_gunzip
 gpu_info
 if has e; then
-    timeout 420 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine rc=$?"
+    engine_tests timeout 420 > "$OUT/engine.tap" 2>&1; log "test_gpu_engine* rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (niah4k (dump|task|dsq)|0=full|  )' "$OUT/engine.tap" | head -60 | tee -a "$OUT/summary.txt"
 fi
 if has m; then
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=gpu_dump,sparse_chunk timeout 240 compute-sanitizer \
-        --tool memcheck --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/sanitizer.log" 2>&1
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=gpu_dump,sparse_chunk timeout 240 compute-sanitizer \
+        --tool memcheck --error-exitcode 9 > "$OUT/sanitizer.log" 2>&1
     log "memcheck (dump, sparse chunk copies; short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 4 | tee -a "$OUT/summary.txt"
 fi

@@ -10,7 +10,7 @@ D=${1:?usage: f2-pack.sh DIR}
 B=${B:-build}
 BIN=${BINDIR:-bin}
 mkdir -p "$D/lib"
-for f in "$BIN/kv-run" "$BIN/kv-bench" "$BIN/kv-info" "$B/unit/test_gpu_engine"; do
+for f in "$BIN/kv-run" "$BIN/kv-bench" "$BIN/kv-info" "$B"/unit/test_gpu_engine*; do
     [ -x "$f" ] || { echo "f2-pack: $f is missing (build with CUDA first: make)" >&2; exit 66; }
     strip -o "$D/$(basename "$f")" "$f"
     gzip -f "$D/$(basename "$f")"

@@ -28,14 +28,14 @@ STEPS=${STEPS:-emdr}
 dev_gunzip
 gpu_info
 if has e; then
-    KV_TEST_FILTER=resident_and_page,niah4k_resident,niah4k_sparse,hybrid_bytes timeout 45 \
-        "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine (filtered) rc=$?"
+    engine_tests env KV_TEST_FILTER=resident_and_page,niah4k_resident,niah4k_sparse,hybrid_bytes timeout 45 \
+        > "$OUT/engine.tap" 2>&1; log "test_gpu_engine* (filtered) rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok (skips included), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (resident|page|niah4k)|^#   ' "$OUT/engine.tap" | head -40 | tee -a "$OUT/summary.txt"
 fi
 if has m; then
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=resident_and_page,niah4k_resident timeout 45 compute-sanitizer \
-        --tool memcheck --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/sanitizer.log" 2>&1
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=resident_and_page,niah4k_resident timeout 45 compute-sanitizer \
+        --tool memcheck --error-exitcode 9 > "$OUT/sanitizer.log" 2>&1
     log "memcheck (resident and page kernels, niah4k resident/pages; short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 4 | tee -a "$OUT/summary.txt"
 fi

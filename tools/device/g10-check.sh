@@ -71,7 +71,7 @@ if has r; then
 fi
 has h && bench hybrid 35 --graph both --policies hybrid
 if has e; then
-    timeout ${ETIME:-30} stdbuf -oL "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine rc=$?"
+    engine_tests timeout ${ETIME:-30} stdbuf -oL > "$OUT/engine.tap" 2>&1; log "test_gpu_engine* rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|check failed' "$OUT/engine.tap" | head -20 | tee -a "$OUT/summary.txt"
 fi

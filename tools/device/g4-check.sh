@@ -34,15 +34,15 @@ STEPS=${STEPS:-emrdn}
 S=s=8,w=32,frac=0.03
 gpu_info
 if has e; then
-    KV_TEST_FILTER=step_variants,resident_and_page,niah4k_resident timeout 30 \
-        "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "test_gpu_engine (filtered) rc=$?"
+    engine_tests env KV_TEST_FILTER=step_variants,resident_and_page,niah4k_resident timeout 30 \
+        > "$OUT/engine.tap" 2>&1; log "test_gpu_engine* (filtered) rc=$?"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok (skips included), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (step|resident|page|niah4k)|^#   ' "$OUT/engine.tap" | head -40 | tee -a "$OUT/summary.txt"
 fi
 for tool in memcheck racecheck; do
     case $tool in memcheck) has m || continue;; racecheck) has r || continue;; esac
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout ${STIME:-20} compute-sanitizer \
-        --tool $tool --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/$tool.log" 2>&1
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout ${STIME:-20} compute-sanitizer \
+        --tool $tool --error-exitcode 9 > "$OUT/$tool.log" 2>&1
     log "$tool (step variants, short) rc=$?"
     grep -E '^not ok|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -n 4 | tee -a "$OUT/summary.txt"
 done

@@ -16,10 +16,12 @@ mkdir -p $D/bin && tar xzf $D/bins.tgz -C $D/bin || exit 3
 B=$D/bin S=$OUT/summary.txt
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current --format=csv,noheader; nproc; } > $S 2>&1
 t0=$(date +%s)
-( OMP_NUM_THREADS=4 timeout 200 $B/test_gpu_engine > $OUT/engine.tap 2>&1; echo "test_gpu_engine rc=$?" >> $S ) &
+( for t in test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data; do
+    OMP_NUM_THREADS=4 timeout 200 $B/$t; echo "$t rc=$?" >> $S; done > $OUT/engine.tap 2>&1 ) &
 ( OMP_NUM_THREADS=4 timeout 150 $B/test_cuda_kernels > $OUT/kernels.tap 2>&1; echo "test_cuda_kernels rc=$?" >> $S ) &
-( KV_GPU_TEST_SHORT=1 OMP_NUM_THREADS=4 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    $B/test_gpu_engine > $OUT/memcheck-engine.log 2>&1; echo "memcheck test_gpu_engine (short) rc=$?" >> $S ) &
+( for t in test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data; do
+    KV_GPU_TEST_SHORT=1 OMP_NUM_THREADS=4 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    $B/$t; echo "memcheck $t (short) rc=$?" >> $S; done > $OUT/memcheck-engine.log 2>&1 ) &
 ( OMP_NUM_THREADS=4 timeout 200 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
     $B/test_cuda_kernels > $OUT/memcheck-kernels.log 2>&1; echo "memcheck test_cuda_kernels rc=$?" >> $S ) &
 wait

@@ -28,7 +28,8 @@ log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 if [ "${NOBUILD:-0}" = 1 ]; then # NOBUILD=1: carried binaries only
     true & mk=$!
 else
-    make B=build-gpu BINDIR=bin-gpu -j12 bin-gpu/kv-bench build-gpu/unit/test_gpu_engine > "$OUT/build.log" 2>&1 &
+    make B=build-gpu BINDIR=bin-gpu -j12 bin-gpu/kv-bench build-gpu/unit/test_gpu_engine build-gpu/unit/test_gpu_engine_kernels \
+        build-gpu/unit/test_gpu_engine_data > "$OUT/build.log" 2>&1 &
     mk=$!
 fi
 built=0
@@ -40,8 +41,10 @@ if ! $B/kv-bench --version >/dev/null 2>&1; then
 fi
 
 if [ "$what" != bench ]; then
-    log "unit test: test_gpu_engine"
-    timeout 240 $B/test_gpu_engine > "$OUT/tests.tap" 2>&1; log "test_gpu_engine rc=$?"
+    for t in test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data; do
+        log "unit test: $t"
+        timeout 240 $B/$t >> "$OUT/tests.tap" 2>&1; log "$t rc=$?"
+    done
     if [ -x $B/test_cuda_kernels ]; then
         log "unit test: test_cuda_kernels"
         timeout 150 $B/test_cuda_kernels >> "$OUT/tests.tap" 2>&1; log "test_cuda_kernels rc=$?"
@@ -51,8 +54,10 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" = all ] || [ "$what" = sanitize ]; then
     log "compute-sanitizer memcheck (short sizes)"
-    KV_GPU_TEST_SHORT=1 timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
-        $B/test_gpu_engine > "$OUT/sanitizer.log" 2>&1; log "memcheck rc=$?"
+    for t in test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data; do
+        KV_GPU_TEST_SHORT=1 timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
+            $B/$t >> "$OUT/sanitizer.log" 2>&1; log "memcheck $t rc=$?"
+    done
     if [ -x $B/test_cuda_kernels ]; then
         timeout ${SAN_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
             $B/test_cuda_kernels >> "$OUT/sanitizer.log" 2>&1; log "memcheck (kernels) rc=$?"

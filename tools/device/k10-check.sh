@@ -92,7 +92,7 @@ if p:
 EOF
 if has engine; then
     # the GPU engine's fidelity tests run every fp16 layer through these kernels
-    timeout 75 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1
+    engine_tests timeout 75 > "$OUT/engine.tap" 2>&1
     log "test_gpu_engine rc=$? $(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -A4 '^not ok' "$OUT/engine.tap" | head -30 | tee -a "$OUT/summary.txt"
 fi

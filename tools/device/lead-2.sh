@@ -16,8 +16,8 @@ for t in test_cuda_kernels test_cuda_prefill; do
     grep '^not ok' "$OUT/$t.tap" | tee -a "$OUT/summary.txt"
 done
 OUT="$OUT" STEPS=${STEPS:-ekmp} sh tools/device/f2-check.sh "$D"
-KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=nonfinite,selection_ranks,near_ties timeout 200 compute-sanitizer \
-    --tool memcheck --error-exitcode 9 "$D/test_gpu_engine" > "$OUT/memcheck-nan.log" 2>&1
+engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=nonfinite,selection_ranks,near_ties timeout 200 compute-sanitizer \
+    --tool memcheck --error-exitcode 9 > "$OUT/memcheck-nan.log" 2>&1
 log "memcheck (NaN sweep, selection NaN ranks, dsq near-ties; short) rc=$?"
 grep -E '^not ok|^ok|ERROR SUMMARY' "$OUT/memcheck-nan.log" | tail -n 8 | tee -a "$OUT/summary.txt"
 log "end"

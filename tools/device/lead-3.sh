@@ -33,7 +33,7 @@ for r in d.get("results", []):
     by.setdefault(r.get("policy"), []).append("%d:%.2f" % (r["length"], r["accuracy"]))
 for p, v in by.items(): print("%-40s %s" % (p, " ".join(v)))
 PY
-for t in test_gpu_engine test_cuda_kernels test_cuda_prefill; do
+for t in $ENGINE_TESTS test_cuda_kernels test_cuda_prefill; do
     timeout 200 "$D/$t" > "$OUT/$t.tap" 2>&1
     echo "== $t rc=$? $(grep -c '^ok' "$OUT/$t.tap") ok, $(grep -c '^not ok' "$OUT/$t.tap") not ok" | tee -a "$OUT/summary.txt"
     grep '^not ok' "$OUT/$t.tap" | tee -a "$OUT/summary.txt"

@@ -22,7 +22,7 @@ stage() { # name, steps, extra environment
     cat "$OUT/$s/summary.txt" >> "$OUT/summary.txt" 2>/dev/null
     snap
 }
-for t in test_gpu_engine test_cuda_kernels test_cuda_prefill test_gpu_prefix; do
+for t in $ENGINE_TESTS test_cuda_kernels test_cuda_prefill test_gpu_prefix; do
     timeout 150 "$D/$t" > "$OUT/$t.tap" 2>&1
     echo "== $t rc=$? $(grep -c '^ok' "$OUT/$t.tap") ok, $(grep -c '^not ok' "$OUT/$t.tap") not ok" >> "$OUT/summary.txt"
     grep -A3 '^not ok' "$OUT/$t.tap" >> "$OUT/summary.txt"

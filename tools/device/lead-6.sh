@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/kv-out}
 . tools/device/common.sh
 log() { echo "== $(date -u +%H:%M:%S) $*" >> "$OUT/summary.txt"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >> "$OUT/summary.txt" 2>&1
-for t in test_gpu_engine:70 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:15 \
+for t in test_gpu_engine_kernels:25 test_gpu_engine:50 test_gpu_engine_data:50 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:15 \
          test_gpu_prefix:15 test_cuda_prefill:40; do
     n=${t%%:*}; s=${t#*:}
     timeout "$s" "$D/$n" > "$OUT/$n.tap" 2>&1

@@ -13,16 +13,16 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 . tools/device/common.sh
 gpu_info
-for t in test_gpu_engine:90 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:15 \
+for t in test_gpu_engine_kernels:30 test_gpu_engine:60 test_gpu_engine_data:60 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:15 \
          test_gpu_prefix:15 test_cuda_prefill:40; do
     n=${t%%:*}; s=${t#*:}
     timeout "$s" "$D/$n" > "$OUT/$n.tap" 2>&1
     log "$n rc=$?"
     tap "$n" "$OUT/$n.tap" 30
 done
-KV_TEST_FILTER=dsq timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/test_gpu_engine" \
+engine_tests env KV_TEST_FILTER=dsq timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
     > "$OUT/memcheck-dsq.txt" 2>&1
-log "memcheck test_gpu_engine (dsq tests) rc=$? $(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck-dsq.txt") clean summaries"
+log "memcheck test_gpu_engine* (dsq tests) rc=$? $(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck-dsq.txt") clean summaries"
 tail -3 "$OUT/memcheck-dsq.txt" >> "$OUT/summary.txt"
 ruler_dev dsq cuda -P full -P "0=full;*=dsq"
 ruler_dev dsq-old cuda -P "0=full;*=dsq:salient=0.2,bits=2"

@@ -15,7 +15,7 @@ L="$OUT/logs"
 mkdir -p "$L"
 pack() { tar czf "$OUT/lead8.tgz" -C "$L" . 2>/dev/null; }
 gpu_info
-for t in test_gpu_engine:60 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:25 \
+for t in test_gpu_engine_kernels:20 test_gpu_engine:40 test_gpu_engine_data:40 test_cuda_kernels:40 test_gpu_graph:25 test_gpu_batch:30 test_gpu_select:25 \
          test_gpu_prefix:25 test_gpu_kv:40 test_cuda_prefill:50; do
     n=${t%%:*}; s=${t#*:}
     [ -x "$D/$n" ] || { log "$n: not in the pack"; continue; }

@@ -21,8 +21,8 @@ if has e; then
     done
 fi
 if has s; then
-    KV_GPU_TEST_SHORT=1 KV_TEST_SHORT=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$D/test_gpu_engine" > "$OUT/sanitizer.log" 2>&1; log "memcheck test_gpu_engine (short) rc=$?"
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_SHORT=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        > "$OUT/sanitizer.log" 2>&1; log "memcheck test_gpu_engine* (short) rc=$?"
     grep -E 'ERROR SUMMARY|^not ok' "$OUT/sanitizer.log" | tail -n 5 | tee -a "$OUT/summary.txt"
     KV_TEST_SHORT=1 KV_TEST_FILTER=attention timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
         "$D/test_cuda_prefill" >> "$OUT/sanitizer.log" 2>&1; log "racecheck prefill attention (short) rc=$?"

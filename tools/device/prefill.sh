@@ -31,7 +31,7 @@ fi
 if has e && [ -x "$D/test_gpu_engine" ]; then
     # the GPU engine against the CPU engine, now prefilling in chunks
     log "test_gpu_engine (chunked prefill)"
-    timeout 300 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1; log "rc=$?"
+    engine_tests timeout 300 > "$OUT/engine.tap" 2>&1; log "rc=$?"
     grep -v '^ok' "$OUT/engine.tap" | head -30 | tee -a "$OUT/summary.txt"
     log "$(grep -c '^ok' "$OUT/engine.tap") ok, $(grep -c '^not ok' "$OUT/engine.tap") not ok"
 fi

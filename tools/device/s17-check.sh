@@ -26,8 +26,8 @@ if has t; then
     timeout 40 "$D/test_gpu_select" > "$OUT/select.tap" 2>&1
     log "test_gpu_select rc=$? $(grep -c '^ok' "$OUT/select.tap") ok, $(grep -c '^not ok' "$OUT/select.tap") not ok"
     grep -E '^not ok|^#' "$OUT/select.tap" | head -30 | tee -a "$OUT/summary.txt"
-    KV_TEST_FILTER=topk_selects,selection_ranks,selection_kernels,resident_and_page,niah4k_resident,step_variants,niah4k_sparse \
-        timeout 40 "$D/test_gpu_engine" > "$OUT/engine.tap" 2>&1
+    engine_tests env KV_TEST_FILTER=topk_selects,selection_ranks,selection_kernels,resident_and_page,niah4k_resident,step_variants,niah4k_sparse \
+        timeout 40 > "$OUT/engine.tap" 2>&1
     log "test_gpu_engine (filtered) rc=$? $(grep -c '^ok' "$OUT/engine.tap") ok (skips included), $(grep -c '^not ok' "$OUT/engine.tap") not ok"
     grep -E '^not ok|^# (step|niah4k|resident)' "$OUT/engine.tap" | head -30 | tee -a "$OUT/summary.txt"
 fi
@@ -45,8 +45,8 @@ for tool in memcheck racecheck; do
     grep -E '^not ok|ERROR SUMMARY|RACECHECK SUMMARY|^ok' "$OUT/$tool.txt" | tail -n 6 | tee -a "$OUT/summary.txt"
 done
 if has m; then
-    KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout 30 compute-sanitizer --tool memcheck \
-        --error-exitcode 9 "$D/test_gpu_engine" 2>&1 | head -c 200000 > "$OUT/memcheck-engine.txt"
+    engine_tests env KV_GPU_TEST_SHORT=1 KV_TEST_FILTER=step_variants timeout 30 compute-sanitizer --tool memcheck \
+        --error-exitcode 9 2>&1 | head -c 200000 > "$OUT/memcheck-engine.txt"
     log "memcheck (test_gpu_engine step variants, short) done"
     grep -E '^not ok|ERROR SUMMARY|^# step' "$OUT/memcheck-engine.txt" | tail -n 14 | tee -a "$OUT/summary.txt"
 fi
