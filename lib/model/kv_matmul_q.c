@@ -13,6 +13,7 @@
  */
 #include "model/kv_matmul_q.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "common/kv_ggml.h"
@@ -246,7 +247,12 @@ KV_AVX2 static inline float avx2_k45(const void *row, const void *xq, int n, boo
         }
         const float dy = y[b].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * f16at(w)), _mm256_cvtepi32_ps(isum), acc);
-        accm += dy * f16at(w + 2) * (float)msum;
+        /* Q5_K: one rounding, as llama.cpp's contracted sum (Q4_K's
+           repacked AVX2 kernel there sums otherwise: left as it was) */
+        if (q5)
+            accm = fmaf(dy * f16at(w + 2), (float)msum, accm);
+        else
+            accm += dy * f16at(w + 2) * (float)msum;
     }
     return hsum_ps(acc) - accm;
 }
@@ -263,8 +269,13 @@ KV_AVX2 static float avx2_q6_k(const void *row, const void *xq, int n)
     for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q6_k)) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
-        /* the -32 of every code, through the group sums */
-        const int corr = scales_dot16(y[b].bsums, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+        /* The -32 of every code, through the group sums, taken off in
+         * integers lane by lane (lane j: groups 2j, 2j+1), so each lane is
+         * the exact block sum of its values before its one rounding.  As a
+         * float term after the rounding it cancelled against sums up to
+         * ~2^25 (codes 0..63), costing bits that llama.cpp's kernel keeps. */
+        const __m256i corr = _mm256_slli_epi32(
+            _mm256_madd_epi16(ld((const uint8_t *)y[b].bsums), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc))), 5);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             __m256i l0 = ld(ql + 64 * h), l1 = ld(ql + 64 * h + 32), hb = ld(qh + 32 * h);
@@ -283,8 +294,7 @@ KV_AVX2 static float avx2_q6_k(const void *row, const void *xq, int n)
             }
         }
         const float dy = y[b].d * f16at(w + 208);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy), _mm256_cvtepi32_ps(isum), acc);
-        acc = _mm256_sub_ps(acc, _mm256_setr_ps(dy * (float)(32 * corr), 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, corr)), acc);
     }
     return hsum_ps(acc);
 }
@@ -309,8 +319,10 @@ KV_AVX2 static float avx2_q3_k(const void *row, const void *xq, int n)
         int8_t sc[16];
         __m128i sv = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)q4), _mm_set1_epi8(32));
         _mm_storeu_si128((__m128i *)sc, sv);
-        /* codes are stored +4 (clear high bit = -4): undo through the sums */
-        const int corr = scales_dot16(y[b].bsums, _mm256_cvtepi8_epi16(sv));
+        /* codes are stored +4 (clear high bit = -4): the 4 comes off each
+         * pair of products in 16 bits (4 * y, |.| <= 1016), so every lane
+         * holds the exact sum of its values before its one rounding */
+        const __m256i four = _mm256_set1_epi8(4);
         const __m256i hb = ld(hm);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
@@ -318,15 +330,15 @@ KV_AVX2 static float avx2_q3_k(const void *row, const void *xq, int n)
             for (int s = 0; s < 4; s++) {
                 __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * s), m2);
                 __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4 * h + s), one), 2);
-                __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo, hi),
-                                                 ld((const uint8_t *)y[b].qs + 128 * h + 32 * s));
+                const __m256i yv = ld((const uint8_t *)y[b].qs + 128 * h + 32 * s);
+                __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(_mm256_or_si256(lo, hi), yv),
+                                             _mm256_maddubs_epi16(four, yv));
                 int k = 8 * h + 2 * s;
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales2(sc[k], sc[k + 1])));
             }
         }
         const float dy = y[b].d * f16at(w + 108);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy), _mm256_cvtepi32_ps(isum), acc);
-        acc = _mm256_sub_ps(acc, _mm256_setr_ps(dy * (float)(4 * corr), 0, 0, 0, 0, 0, 0, 0));
     }
     return hsum_ps(acc);
 }
@@ -337,11 +349,15 @@ KV_AVX2 static float avx2_q2_k(const void *row, const void *xq, int n)
     const kv_block_q8_k *y = xq;
     const __m256i m2 = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
     for (int b = 0; b < n / 256; b++, w += sizeof(kv_block_q2_k)) {
         const uint8_t *sc = w, *qs = w + 16;
-        int msum = 0;
-        for (int k = 0; k < 16; k++) msum += (sc[k] >> 4) * y[b].bsums[k];
+        /* the mins term lane by lane (lane j: groups 2j, 2j+1), into the
+         * same accumulator: 8 exact integer sums, one rounding each */
+        const float dy = y[b].d;
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)sc),
+                                                                                  _mm_set1_epi8((char)0xF0)), 4));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-(dy * f16at(w + 82))),
+                              _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, ld((const uint8_t *)y[b].bsums))), acc);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const __m256i q2 = ld(qs + 32 * h);
@@ -352,11 +368,9 @@ KV_AVX2 static float avx2_q2_k(const void *row, const void *xq, int n)
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scales2(sc[k] & 0xF, sc[k + 1] & 0xF)));
             }
         }
-        const float dy = y[b].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * f16at(w + 80)), _mm256_cvtepi32_ps(isum), acc);
-        accm += dy * f16at(w + 82) * (float)msum;
     }
-    return hsum_ps(acc) - accm;
+    return hsum_ps(acc);
 }
 #endif
 

@@ -299,6 +299,106 @@ static void test_fast_dots_match_the_reference(void)
     free(wd);
 }
 
+/* Codes of value i of a Q2_K, Q3_K, Q5_K or Q6_K block, from the layout
+ * (as value_at): q the code with its fixed offset applied (Q3_K: -4 where
+ * the high bit is clear; Q6_K: -32), sc its group's scale, mn its group's
+ * min (Q2_K, Q5_K), so the value is d*sc*q - dmin*mn. */
+static void codes_at(uint32_t t, const uint8_t *b, int i, int *q, int *sc, int *mn)
+{
+    int g = i / 16, half = i / 128, sub = (i % 128) / 32, l = i % 32;
+    *mn = 0;
+    if (t == KV_GGML_Q2_K) {
+        *q = (b[16 + 32 * half + l] >> (2 * sub)) & 3;
+        *sc = b[g] & 15, *mn = b[g] >> 4;
+    } else if (t == KV_GGML_Q3_K) {
+        *q = ((b[32 + 32 * half + l] >> (2 * sub)) & 3) - (bit(b + l, 4 * half + sub) ? 0 : 4);
+        int lo = g < 8 ? b[96 + g] & 15 : b[96 + g - 8] >> 4;
+        *sc = (lo | ((b[96 + 8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+    } else if (t == KV_GGML_Q5_K) {
+        int g32 = i / 32, chunk = i / 64, hi = (i % 64) >= 32;
+        const uint8_t *s = b + 4;
+        *q = (hi ? b[48 + 32 * chunk + l] >> 4 : b[48 + 32 * chunk + l] & 15) | bit(b + 16 + l, 2 * chunk + hi) << 4;
+        if (g32 < 4) *sc = s[g32] & 63, *mn = s[g32 + 4] & 63;
+        else *sc = (s[g32 + 4] & 15) | (s[g32 - 4] >> 6) << 4, *mn = (s[g32 + 4] >> 4) | (s[g32] >> 6) << 4;
+    } else { /* Q6_K */
+        int lo = b[64 * half + 32 * (sub & 1) + l];
+        lo = sub < 2 ? lo & 15 : lo >> 4;
+        *q = (lo | ((b[128 + 32 * half + l] >> (2 * sub)) & 3) << 4) - 32;
+        *sc = (int8_t)b[192 + g];
+    }
+}
+
+/* The AVX2 K-quant dot as llama.cpp's AVX2 kernels (ggml-cpu's
+ * ggml_vec_dot_q{2,3,5,6}_K_q8_K) compute it, written out lane by lane:
+ * each of 8 float lanes holds an exact integer sum (lane j: values 4j..4j+3
+ * of every 32 consecutive values; Q6_K's -32 taken off as 32 times groups
+ * 2j and 2j+1 of scale * activation sum, Q2_K's mins likewise), rounded
+ * once per superblock into the lane by an fma, the 8 lanes summed in the
+ * order of a 256-bit horizontal add; Q5_K's mins a fused running sum. */
+static float k_dot_lanes(uint32_t t, const uint8_t *row, const kv_block_q8_k *y, int n)
+{
+    const size_t bb = kv_quant_row_bytes(t, 256);
+    float acc[8] = {0}, accm = 0;
+    for (int b = 0; b < n / 256; b++) {
+        const uint8_t *blk = row + bb * b;
+        long long L[8] = {0}, M[8] = {0}, msum = 0;
+        int q, sc, mn;
+        for (int v = 0; v < 256; v++) {
+            codes_at(t, blk, v, &q, &sc, &mn);
+            L[(v % 32) / 4] += (long long)sc * (t == KV_GGML_Q6_K ? q + 32 : q) * y[b].qs[v];
+        }
+        for (int j = 0; j < 8; j++)
+            for (int g = 2 * j; g < 2 * j + 2; g++) {
+                codes_at(t, blk, 16 * g, &q, &sc, &mn);
+                if (t == KV_GGML_Q6_K) L[j] -= 32LL * sc * y[b].bsums[g];
+                M[j] += (long long)mn * y[b].bsums[g];
+            }
+        for (int k = 0; k < 8; k++) msum += M[k];
+        float d, dmin = 0;
+        if (t == KV_GGML_Q2_K) d = h2f(blk + 80), dmin = h2f(blk + 82);
+        else if (t == KV_GGML_Q3_K) d = h2f(blk + 108);
+        else if (t == KV_GGML_Q5_K) d = h2f(blk), dmin = h2f(blk + 2);
+        else d = h2f(blk + 208);
+        for (int j = 0; j < 8; j++) {
+            if (t == KV_GGML_Q2_K) acc[j] = fmaf(-(y[b].d * dmin), (float)M[j], acc[j]);
+            acc[j] = fmaf(y[b].d * d, (float)L[j], acc[j]);
+        }
+        if (t == KV_GGML_Q5_K) accm = fmaf(y[b].d * dmin, (float)msum, accm);
+    }
+    return (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))) - accm;
+}
+
+/* Bit for bit, not within a tolerance: the cross-check against llama.cpp
+ * (docs/BENCHMARKS.md, helper B8) needs the same numbers, and the -32 and
+ * -4 offsets taken off in integers keep bits a float correction after the
+ * rounding lost to cancellation. */
+static void test_k_quant_dots_sum_lanes_as_llama_cpp(void)
+{
+    static const uint32_t types[] = {KV_GGML_Q2_K, KV_GGML_Q3_K, KV_GGML_Q5_K, KV_GGML_Q6_K};
+    unsigned long long s = 77;
+    const int n = 2048;
+    float *w = malloc(n * sizeof *w), *x = malloc(n * sizeof *x);
+    for (int ti = 0; ti < 4; ti++) {
+        const uint32_t t = types[ti];
+        uint8_t *row = malloc(kv_quant_row_bytes(t, n)), *xq = malloc(kv_quant_vec_bytes(KV_GGML_Q8_K, n));
+        kv_qdot_fn fast = kv_qdot_select(t, true);
+        int differ = 0;
+        for (int rep = 0; rep < 16; rep++) {
+            fill(w, n, &s);
+            fill(x, n, &s);
+            kv_quant_quantize_row(t, w, row, n);
+            kv_quant_activations(KV_GGML_Q8_K, x, xq, n);
+            float a = fast(row, xq, n), b = k_dot_lanes(t, row, (const kv_block_q8_k *)xq, n);
+            differ += memcmp(&a, &b, sizeof a) != 0;
+        }
+        KT_CHECK(differ == 0, "%s: AVX2 dot differs from the lane sums in %d of 16 rows", tn(t), differ);
+        free(row);
+        free(xq);
+    }
+    free(w);
+    free(x);
+}
+
 static void test_matrix_entry_points_with_bias_and_permutation(void)
 {
     unsigned long long s = 33;
@@ -404,6 +504,8 @@ int main(void)
     KT_RUN(test_quantizer_error_fits_the_bits);
     KT_RUN(test_activations_round_trip);
     KT_RUN(test_fast_dots_match_the_reference);
+    if (strcmp(kv_matmul_isa(), "avx2") == 0) KT_RUN(test_k_quant_dots_sum_lanes_as_llama_cpp);
+    else KT_SKIP(test_k_quant_dots_sum_lanes_as_llama_cpp, "no AVX2 kernels on this CPU");
     KT_RUN(test_matrix_entry_points_with_bias_and_permutation);
     KT_RUN(test_type_names_and_sizes);
     return kt_done();
