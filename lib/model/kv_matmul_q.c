@@ -7,9 +7,12 @@
  * 32 int8 activations into 16-bit pair sums (maddubs: no overflow, the
  * codes are below 64 and the activations within ±127), weight the pairs by
  * the group scales in a 16-bit multiply-add, and keep the block total in
- * 32-bit lanes; the constant part of a code (the -8, -16, -32, the mins)
- * is applied once per group through the activation sums (Q8_K bsums,
- * Q8_1 s) instead of per value.
+ * 32-bit lanes.  The constant part of a code is applied through the
+ * activation sums (Q8_K bsums, Q8_1 s) instead of per value: the -8 and
+ * -16 of Q4_0/Q5_0 and the mins of the K-quants once per group; Q3_K's -4
+ * per pair of products in 16 bits and Q6_K's -32 per 32-bit lane, both in
+ * integers before the lane's one rounding, as llama.cpp's AVX2 kernels do
+ * (a float correction after the rounding cancelled against the sums).
  */
 #include "model/kv_matmul_q.h"
 
@@ -204,16 +207,6 @@ KV_AVX2 static inline int mins_dot(const int16_t *bsums, const uint8_t *mn)
     return _mm_cvtsi128_si32(p);
 }
 
-/* sum over the 16 groups of 16 of sc[k] * bsums[k] (signed scales) */
-KV_AVX2 static inline int scales_dot16(const int16_t *bsums, __m256i sc16)
-{
-    __m256i p = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), sc16);
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 1));
-    return _mm_cvtsi128_si32(q);
-}
-
 /* Q4_K and Q5_K share their scales, mins and nibbles; Q5_K adds a fifth
  * bit per value from qh (q5, a constant where it is inlined). */
 KV_AVX2 static inline float avx2_k45(const void *row, const void *xq, int n, bool q5)
@@ -247,8 +240,10 @@ KV_AVX2 static inline float avx2_k45(const void *row, const void *xq, int n, boo
         }
         const float dy = y[b].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * f16at(w)), _mm256_cvtepi32_ps(isum), acc);
-        /* Q5_K: one rounding, as llama.cpp's contracted sum (Q4_K's
-           repacked AVX2 kernel there sums otherwise: left as it was) */
+        /* Q5_K: one rounding, as llama.cpp's contracted sum.  Q4_K left as
+           it was: llama.cpp repacks Q4_K rows in multiples of 8 and its
+           plain kernel (other row counts) sums the mins in 4 fma lanes,
+           neither of which this form matches yet. */
         if (q5)
             accm = fmaf(dy * f16at(w + 2), (float)msum, accm);
         else
@@ -270,10 +265,12 @@ KV_AVX2 static float avx2_q6_k(const void *row, const void *xq, int n)
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
         /* The -32 of every code, through the group sums, taken off in
-         * integers lane by lane (lane j: groups 2j, 2j+1), so each lane is
-         * the exact block sum of its values before its one rounding.  As a
-         * float term after the rounding it cancelled against sums up to
-         * ~2^25 (codes 0..63), costing bits that llama.cpp's kernel keeps. */
+         * integers lane by lane before the lane's one rounding: corr's lane
+         * j holds 32 x scale x bsum of groups 2j and 2j+1 (|corr| <= 2^24),
+         * isum's lane j the scaled products of other values (|isum| <=
+         * ~3.3e7), so the difference is exact in int32 and each lane is an
+         * exact integer, as in llama.cpp's kernel.  As a float term after
+         * the rounding it cancelled against sums up to ~2^25 (codes 0..63). */
         const __m256i corr = _mm256_slli_epi32(
             _mm256_madd_epi16(ld((const uint8_t *)y[b].bsums), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc))), 5);
         __m256i isum = _mm256_setzero_si256();

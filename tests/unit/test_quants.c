@@ -392,6 +392,30 @@ static void test_k_quant_dots_sum_lanes_as_llama_cpp(void)
             differ += memcmp(&a, &b, sizeof a) != 0;
         }
         KT_CHECK(differ == 0, "%s: AVX2 dot differs from the lane sums in %d of 16 rows", tn(t), differ);
+        /* The extremes of every code, scale and min byte against activation
+         * codes of +-127: the 16-bit pair sums and 32-bit lanes of the AVX2
+         * form must hold them (the lane model sums in 64 bits, so an
+         * overflow shows as a difference); the block's fp16 scales are set
+         * to 1 so that the sums stay finite. */
+        static const uint8_t fills[] = {0xFF, 0x00, 0x80, 0x7F, 0x55};
+        const size_t bb = kv_quant_row_bytes(t, 256);
+        const int d_at = t == KV_GGML_Q2_K ? 80 : t == KV_GGML_Q3_K ? 108 : t == KV_GGML_Q5_K ? 0 : 208;
+        int bad = 0;
+        for (int fi = 0; fi < 5; fi++) {
+            for (int sign = 0; sign < 2; sign++) {
+                memset(row, fills[fi], kv_quant_row_bytes(t, n));
+                for (int b = 0; b < n / 256; b++) {
+                    uint8_t *blk = row + bb * b;
+                    blk[d_at] = 0x00, blk[d_at + 1] = 0x3C; /* fp16 1.0 */
+                    if (t == KV_GGML_Q2_K || t == KV_GGML_Q5_K) blk[d_at + 2] = 0x00, blk[d_at + 3] = 0x3C;
+                }
+                for (int i = 0; i < n; i++) x[i] = sign ? (i & 1 ? -1.0f : 1.0f) : -1.0f;
+                kv_quant_activations(KV_GGML_Q8_K, x, xq, n);
+                float a = fast(row, xq, n), b = k_dot_lanes(t, row, (const kv_block_q8_k *)xq, n);
+                bad += memcmp(&a, &b, sizeof a) != 0;
+            }
+        }
+        KT_CHECK(bad == 0, "%s: AVX2 dot differs from the lane sums on %d of 10 extreme rows", tn(t), bad);
         free(row);
         free(xq);
     }
