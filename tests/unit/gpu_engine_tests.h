@@ -161,23 +161,11 @@ static inline void compare_engines(kv_engine *cpu, kv_gpu_engine *gpu, const int
     free(lg);
 }
 
-/* Does test name contain one of filter's comma-separated parts (no filter: yes)? */
-static inline int selected(const char *name, const char *filter)
-{
-    if (!filter || !*filter) return 1;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", filter);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        if (strstr(name, t)) return 1;
-    return 0;
-}
 
 /* t run, or reported skipped when KV_TEST_FILTER=a,b (in filter) leaves it
  * out: only the tests whose names contain a or b run (e.g. under
  * compute-sanitizer) */
-#define RUN_ONE(t)                               \
-    if (selected(#t, filter)) KT_RUN(t);         \
-    else KT_SKIP(t, "not selected by KV_TEST_FILTER")
+#define RUN_ONE(t) KT_RUN_SELECTED(t, filter)
 
 #endif /* KV_HAVE_CUDA */
 

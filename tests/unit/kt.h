@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int kt_count, kt_fail_count;
 /* unused where a file's every test is compiled out (CUDA=0) */
@@ -61,6 +62,28 @@ static int kt_cur_failed __attribute__((unused));
     do {                                                                      \
         kt_count++;                                                           \
         printf("ok %d - %s # SKIP %s\n", kt_count, #fn, why);                 \
+    } while (0)
+
+/* Does test name contain one of filter's comma-separated parts (no filter:
+ * yes)?  The GPU tests take KV_TEST_FILTER=a,b so that compute-sanitizer
+ * can run a few of them. */
+static inline int kt_selected(const char *name, const char *filter)
+{
+    if (!filter || !*filter) return 1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", filter);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (strstr(name, t)) return 1;
+    return 0;
+}
+
+/* fn run, or reported skipped when filter (see kt_selected) leaves it out */
+#define KT_RUN_SELECTED(fn, filter)          \
+    do {                                     \
+        if (kt_selected(#fn, filter))        \
+            KT_RUN(fn);                      \
+        else                                 \
+            KT_SKIP(fn, "not selected by KV_TEST_FILTER"); \
     } while (0)
 
 static inline int kt_done(void)

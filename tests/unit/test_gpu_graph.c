@@ -227,16 +227,6 @@ static void test_copy_kernel_equals_memcpy_2d(void)
 }
 #endif
 
-/* Does test name contain one of filter's comma-separated parts (no filter: yes)? */
-static int selected(const char *name, const char *filter)
-{
-    if (!filter || !*filter) return 1;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", filter);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        if (strstr(name, t)) return 1;
-    return 0;
-}
 
 int main(void)
 {
@@ -254,9 +244,7 @@ int main(void)
     printf("# GPU: %s\n", name);
     /* KV_TEST_FILTER=a,b runs only the tests whose names contain a or b */
     const char *filter = getenv("KV_TEST_FILTER");
-#define RUN_ONE(t)                       \
-    if (selected(#t, filter)) KT_RUN(t); \
-    else KT_SKIP(t, "not selected by KV_TEST_FILTER")
+#define RUN_ONE(t) KT_RUN_SELECTED(t, filter)
 #ifdef KV_HAVE_CUDA
     RUN_ONE(test_copy_kernel_equals_memcpy_2d);
 #endif

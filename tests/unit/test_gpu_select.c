@@ -486,15 +486,6 @@ static void test_resident_chain_timing(void)
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
 }
 
-static int selected(const char *name, const char *filter)
-{
-    if (!filter || !*filter) return 1;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", filter);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        if (strstr(name, t)) return 1;
-    return 0;
-}
 #endif
 
 int main(void)
@@ -512,9 +503,7 @@ int main(void)
 #ifdef KV_HAVE_CUDA
     printf("# GPU: %s\n", name);
     const char *filter = getenv("KV_TEST_FILTER"); /* names containing one of a,b,... */
-#define RUN_ONE(t)                       \
-    if (selected(#t, filter)) KT_RUN(t); \
-    else KT_SKIP(t, "not selected by KV_TEST_FILTER")
+#define RUN_ONE(t) KT_RUN_SELECTED(t, filter)
     RUN_ONE(test_topk_many_matches_cpu_order);
     RUN_ONE(test_resident_select_matches_cpu);
     RUN_ONE(test_resident_chain_timing);
