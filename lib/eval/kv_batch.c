@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/kv_file.h"
+#include "common/kv_json.h"
 #include "common/kv_outfile.h"
 #include "eval/kv_jsonl.h"
 
@@ -553,6 +555,39 @@ kv_status kv_batch_keep(kv_batch_log *log, cJSON *records, cJSON *r)
     }
     cJSON_AddItemToArray(records, r);
     return KV_OK;
+}
+
+void kv_batch_record_cost(cJSON *r, const kv_bytes *b, double fetched_per_step, double full_bytes,
+                          double ms, double prefill_ms, double decode_ms)
+{
+    cJSON_AddNumberToObject(r, "resident_bytes", (double)b->resident);
+    cJSON_AddNumberToObject(r, "host_bytes", (double)b->host);
+    cJSON_AddNumberToObject(r, "fetched_bytes_per_step", fetched_per_step);
+    cJSON_AddNumberToObject(r, "full_f16_bytes", full_bytes);
+    cJSON_AddNumberToObject(r, "ms", ms);
+    cJSON_AddNumberToObject(r, "prefill_ms", prefill_ms);
+    cJSON_AddNumberToObject(r, "decode_ms", decode_ms);
+}
+
+void kv_batch_cost_add(kv_batch_cost *c, const cJSON *r)
+{
+    c->resident += kv_rec_num(r, "resident_bytes", 0);
+    c->host += kv_rec_num(r, "host_bytes", 0);
+    c->fetched += kv_rec_num(r, "fetched_bytes_per_step", 0);
+    c->full += kv_rec_num(r, "full_f16_bytes", 0);
+    c->ms += kv_rec_num(r, "ms", 0);
+    c->decode_ms += kv_rec_num(r, "decode_ms", 0);
+    c->decoded += kv_rec_num(r, "decoded", 0);
+}
+
+void kv_batch_cost_json(FILE *f, const kv_batch_cost *c, int n, const char *ms_key)
+{
+    fprintf(f, ", \"resident_bytes\": %.0f, \"host_bytes\": %.0f, \"fetched_bytes_per_step\": %.0f, "
+               "\"full_f16_bytes\": %.0f, \"%s\": ",
+            c->resident / n, c->host / n, c->fetched / n, c->full / n, ms_key);
+    kv_json_number(f, c->ms / n);
+    fprintf(f, ", \"ms_per_token\": ");
+    kv_json_number(f, c->decoded > 0 ? c->decode_ms / c->decoded : NAN);
 }
 
 kv_status kv_batch_skip(const char *bench, const char *task, const char *id, int fi,

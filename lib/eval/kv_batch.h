@@ -144,6 +144,23 @@ kv_status kv_batch_skip(const char *bench, const char *task, const char *id, int
 /* Add r to log (when open) and to records (taking r). */
 kv_status kv_batch_keep(kv_batch_log *log, cJSON *records, cJSON *r);
 
+/* The cost fields every benchmark's record ends with: "resident_bytes" and
+ * "host_bytes" of b, "fetched_bytes_per_step", "full_f16_bytes", "ms",
+ * "prefill_ms", "decode_ms" (in that order). */
+void kv_batch_record_cost(cJSON *r, const kv_bytes *b, double fetched_per_step, double full_bytes,
+                          double ms, double prefill_ms, double decode_ms);
+
+/* Those fields summed over the records of one summary row. */
+typedef struct {
+    double resident, host, fetched, full, ms, decode_ms, decoded;
+} kv_batch_cost;
+/* Add record r's cost fields (and its "decoded") to c. */
+void kv_batch_cost_add(kv_batch_cost *c, const cJSON *r);
+/* The row's means over n records as JSON members on f: ", \"resident_bytes\": ...
+ * \"full_f16_bytes\": ..., \"<ms_key>\": ms/n, \"ms_per_token\": decode_ms/decoded"
+ * (null when nothing was decoded). */
+void kv_batch_cost_json(FILE *f, const kv_batch_cost *c, int n, const char *ms_key);
+
 /* A file-name-safe form of a policy label: [A-Za-z0-9._,=+:-] kept, the
  * rest '_' ("0=quant:bits=1;*=full" -> "0=quant:bits=1_=full"). */
 void kv_batch_slug(const char *label, char *buf, size_t cap);

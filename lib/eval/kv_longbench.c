@@ -502,13 +502,7 @@ static kv_status run_sample(kv_runner *e, const kv_tokenizer *tok, const kv_jieb
     cJSON_AddNumberToObject(r, "decoded", g.decoded);
     cJSON_AddNumberToObject(r, "gen_tokens", g.n_new);
     cJSON_AddBoolToObject(r, "ctx_full", g.ctx_full);
-    cJSON_AddNumberToObject(r, "resident_bytes", (double)g.bytes.resident);
-    cJSON_AddNumberToObject(r, "host_bytes", (double)g.bytes.host);
-    cJSON_AddNumberToObject(r, "fetched_bytes_per_step", g.fetched_per_step);
-    cJSON_AddNumberToObject(r, "full_f16_bytes", g.full_bytes);
-    cJSON_AddNumberToObject(r, "ms", g.ms);
-    cJSON_AddNumberToObject(r, "prefill_ms", g.prefill_ms);
-    cJSON_AddNumberToObject(r, "decode_ms", g.decode_ms);
+    kv_batch_record_cost(r, &g.bytes, g.fetched_per_step, g.full_bytes, g.ms, g.prefill_ms, g.decode_ms);
     kv_gen_result_free(&g);
     return kv_batch_keep(log, records, r);
 }
@@ -742,16 +736,10 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
             const kv_lb_score *s = &res[pi * nf + fi];
             const cJSON *fc = kv_batch_file_cfg(cfg, fi);
             bool e = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fc, "e"));
-            double resb = 0, host = 0, fet = 0, full = 0, ms = 0, dms = 0, dec = 0;
+            kv_batch_cost c = {0};
             int trunc = 0, nq = 0, full_ctx = 0;
             for (int k = 0; k < n; k++) {
-                resb += kv_rec_num(g[k], "resident_bytes", 0);
-                host += kv_rec_num(g[k], "host_bytes", 0);
-                fet += kv_rec_num(g[k], "fetched_bytes_per_step", 0);
-                full += kv_rec_num(g[k], "full_f16_bytes", 0);
-                ms += kv_rec_num(g[k], "ms", 0);
-                dms += kv_rec_num(g[k], "decode_ms", 0);
-                dec += kv_rec_num(g[k], "decoded", 0);
+                kv_batch_cost_add(&c, g[k]);
                 trunc += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(g[k], "truncated"));
                 full_ctx += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(g[k], "ctx_full"));
                 nq += !strcmp(kv_rec_str(g[k], "mode", ""), "question");
@@ -761,7 +749,7 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
                 for (int b = 0; b < KV_LB_NBINS; b++)
                     if (e && isfinite(s->bin[b])) fprintf(f, " %8.2f", s->bin[b]);
                     else fprintf(f, " %8s", "-");
-                fprintf(f, " %12.1f %9.2f\n", resb / n / 1024, dec > 0 ? dms / dec : 0.0);
+                fprintf(f, " %12.1f %9.2f\n", c.resident / n / 1024, c.decoded > 0 ? c.decode_ms / c.decoded : 0.0);
                 continue;
             }
             fprintf(f, "%s\n  {\"policy\": ", row++ ? "," : "");
@@ -777,12 +765,7 @@ kv_status kv_lb_summary(FILE *f, bool json, const cJSON *headers, cJSON *records
             }
             fprintf(f, ", \"truncated\": %d, \"context_full\": %d, \"modes\": {\"question\": %d, \"prefill\": %d}",
                     trunc, full_ctx, nq, n - nq);
-            fprintf(f, ", \"resident_bytes\": %.0f, \"host_bytes\": %.0f, \"fetched_bytes_per_step\": %.0f, "
-                       "\"full_f16_bytes\": %.0f, \"ms_per_sample\": ",
-                    resb / n, host / n, fet / n, full / n);
-            kv_json_number(f, ms / n);
-            fprintf(f, ", \"ms_per_token\": ");
-            kv_json_number(f, dec > 0 ? dms / dec : NAN);
+            kv_batch_cost_json(f, &c, n, "ms_per_sample");
             if (per_sample) {
                 if ((st = scores_of(g, n, fc, sc, len))) break;
                 fprintf(f, ", \"samples\": [");

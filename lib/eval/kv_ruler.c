@@ -114,13 +114,8 @@ static kv_status run_one(kv_runner *e, const kv_tokenizer *tok, const kv_ruler_f
     cJSON_AddNumberToObject(r, "dense_tokens", res.dense_tokens);
     cJSON_AddNumberToObject(r, "decoded", res.decoded);
     cJSON_AddNumberToObject(r, "gen_tokens", res.gen_tokens);
-    cJSON_AddNumberToObject(r, "resident_bytes", (double)res.bytes.resident);
-    cJSON_AddNumberToObject(r, "host_bytes", (double)res.bytes.host);
-    cJSON_AddNumberToObject(r, "fetched_bytes_per_step", res.fetched_per_step);
-    cJSON_AddNumberToObject(r, "full_f16_bytes", res.full_bytes);
-    cJSON_AddNumberToObject(r, "ms", res.ms);
-    cJSON_AddNumberToObject(r, "prefill_ms", res.prefill_ms);
-    cJSON_AddNumberToObject(r, "decode_ms", res.decode_ms);
+    kv_batch_record_cost(r, &res.bytes, res.fetched_per_step, res.full_bytes, res.ms, res.prefill_ms,
+                         res.decode_ms);
     kv_niah_result_clear(&res);
     return kv_batch_keep(log, records, r);
 }
@@ -342,19 +337,14 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
             st = kv_fail(KV_E_NOMEM, "summary");
             break;
         }
-        double sum = 0, res = 0, host = 0, fet = 0, full = 0, ms = 0, dms = 0, dec = 0;
+        double sum = 0;
+        kv_batch_cost c = {0};
         int nq = 0, npf = 0;
         for (int k = 0; k < w->n; k++) {
             const cJSON *r = w->rec[k];
             sc[k] = kv_rec_num(r, "score", 0);
             sum += sc[k];
-            res += kv_rec_num(r, "resident_bytes", 0);
-            host += kv_rec_num(r, "host_bytes", 0);
-            fet += kv_rec_num(r, "fetched_bytes_per_step", 0);
-            full += kv_rec_num(r, "full_f16_bytes", 0);
-            ms += kv_rec_num(r, "ms", 0);
-            dms += kv_rec_num(r, "decode_ms", 0);
-            dec += kv_rec_num(r, "decoded", 0);
+            kv_batch_cost_add(&c, r);
             if (!strcmp(kv_rec_str(r, "mode", ""), "question")) nq++;
             else npf++;
         }
@@ -365,7 +355,8 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
         double acc = sum / n, score = kv_ruler_aggregate(sc, n);
         if (!json) {
             fprintf(f, "%-32s %-16s %6.0f %4d %6.3f %7.2f %12.1f %12.1f %14.1f %9.0f\n", pol, task,
-                    w->length, n, acc, score, res / n / 1024, host / n / 1024, fet / n / 1024, ms / n);
+                    w->length, n, acc, score, c.resident / n / 1024, c.host / n / 1024, c.fetched / n / 1024,
+                    c.ms / n);
             continue;
         }
         fprintf(f, "%s\n  {\"policy\": ", i ? "," : "");
@@ -378,12 +369,7 @@ kv_status kv_ruler_summary(FILE *f, bool json, const cJSON *headers, cJSON *reco
         fprintf(f, ", \"score\": ");
         kv_json_pyfloat(f, score);
         fprintf(f, ", \"modes\": {\"question\": %d, \"prefill\": %d}", nq, npf);
-        fprintf(f, ", \"resident_bytes\": %.0f, \"host_bytes\": %.0f, \"fetched_bytes_per_step\": %.0f, "
-                   "\"full_f16_bytes\": %.0f, \"ms_per_task\": ",
-                res / n, host / n, fet / n, full / n);
-        kv_json_number(f, ms / n);
-        fprintf(f, ", \"ms_per_token\": ");
-        kv_json_number(f, dec > 0 ? dms / dec : NAN);
+        kv_batch_cost_json(f, &c, n, "ms_per_task");
         if (per_task) {
             fprintf(f, ", \"tasks\": [");
             for (int k = 0; k < n; k++) {
