@@ -602,6 +602,39 @@ static void test_important_reads_scale_with_frac(void)
     KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
+/* A chunk file's n bytes, read whole for a damage test; NULL when it
+ * cannot be. */
+static uint8_t *read_chunk(const char *path, size_t n)
+{
+    FILE *fp = fopen(path, "rb");
+    uint8_t *b = fp ? malloc(n) : NULL;
+    const bool ok = b && fread(b, 1, n, fp) == n;
+    if (fp) fclose(fp);
+    if (ok) return b;
+    free(b);
+    return NULL;
+}
+
+typedef struct {
+    size_t at;        /* the byte flipped */
+    const char *what; /* what the refusal must say */
+} chunk_damage;
+
+/* Each damage in turn (bit 6 of its byte flipped, then put back): the
+ * chunk in b (n bytes) must be refused with KV_E_DATA saying what. */
+static void expect_chunk_damage(uint8_t *b, size_t n, const chunk_damage *dmg, size_t nd)
+{
+    int rows;
+    for (size_t i = 0; i < nd; i++) {
+        b[dmg[i].at] ^= 0x40;
+        kv_errclear();
+        kv_status st = kv_tree_chunk_verify_mem(b, n, &rows);
+        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), dmg[i].what), "byte %zu: want '%s', got %d '%s'", dmg[i].at,
+                 dmg[i].what, st, kv_errdetail());
+        b[dmg[i].at] ^= 0x40;
+    }
+}
+
 /* A chunk file is refused on any damage: head, tables, frame bytes. */
 static void test_chunk_rejects_damage(void)
 {
@@ -617,24 +650,14 @@ static void test_chunk_rejects_damage(void)
     snprintf(path, sizeof path, "%s/%s", st_dir, kv_tree_store_tree(s)->nodes[1].file);
     kv_tree_store_close(s);
     kvc_close(f);
-    FILE *fp = fopen(path, "rb");
-    KT_REQUIRE(fp, "chunk");
-    uint8_t *b = malloc(pr.bytes_added);
-    KT_REQUIRE(fread(b, 1, pr.bytes_added, fp) == pr.bytes_added, "read");
-    fclose(fp);
+    uint8_t *b = read_chunk(path, pr.bytes_added);
+    KT_REQUIRE(b, "read the chunk");
     int rows;
     KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows) == KV_OK && rows == 100, "good chunk: %s", kv_errdetail());
-    static const struct { size_t at; const char *what; } dmg[] = {
+    static const chunk_damage dmg[] = {
         {0, "bad magic"}, {8, "chunk version"}, {20, "checksum mismatch in the head"}, {72 + 5, "checksum mismatch"},
     };
-    for (size_t i = 0; i < sizeof dmg / sizeof dmg[0]; i++) {
-        b[dmg[i].at] ^= 0x40;
-        kv_errclear();
-        kv_status st = kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows);
-        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), dmg[i].what), "byte %zu: want '%s', got %d '%s'", dmg[i].at,
-                 dmg[i].what, st, kv_errdetail());
-        b[dmg[i].at] ^= 0x40;
-    }
+    expect_chunk_damage(b, pr.bytes_added, dmg, sizeof dmg / sizeof dmg[0]);
     b[pr.bytes_added - 10] ^= 1; /* inside the last frame */
     kv_errclear();
     KT_CHECK(kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows) == KV_E_DATA && strstr(kv_errdetail(), "frame"),
@@ -694,29 +717,19 @@ static void test_chunk_version_3_holds_a_key_sketch(void)
     snprintf(path, sizeof path, "%s/%s", st_dir, kv_tree_store_tree(s)->nodes[1].file);
     kv_tree_store_close(s);
     kvc_close(f);
-    FILE *fp = fopen(path, "rb");
-    KT_REQUIRE(fp, "chunk");
-    uint8_t *b = malloc(pr.bytes_added);
-    KT_REQUIRE(fread(b, 1, pr.bytes_added, fp) == pr.bytes_added, "read");
-    fclose(fp);
+    uint8_t *b = read_chunk(path, pr.bytes_added);
+    KT_REQUIRE(b, "read the chunk");
     int rows;
     KT_CHECK(b[8] == 3 && kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows) == KV_OK && rows == T, "good chunk: %s",
              kv_errdetail());
     const size_t sk_at = 88 + 12 * (size_t)T + 24 * 4; /* no query samples */
-    static const struct { size_t at; const char *what; } dmg[] = {
+    static const chunk_damage dmg[] = {
         {76, "checksum mismatch in the head"}, {80, "unknown row order"}, {sk_at + 1, "key sketch"}, {sk_at + LL * LH * (LD / 4) * 6 + 7, "key sketch"},
     };
-    for (size_t i = 0; i < sizeof dmg / sizeof dmg[0]; i++) {
-        b[dmg[i].at] ^= 0x40;
-        kv_errclear();
-        kv_status st = kv_tree_chunk_verify_mem(b, pr.bytes_added, &rows);
-        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), dmg[i].what), "byte %zu: want '%s', got %d '%s'", dmg[i].at,
-                 dmg[i].what, st, kv_errdetail());
-        b[dmg[i].at] ^= 0x40;
-    }
+    expect_chunk_damage(b, pr.bytes_added, dmg, sizeof dmg / sizeof dmg[0]);
     /* damage on disk: check names it */
     b[sk_at + 3] ^= 1;
-    fp = fopen(path, "wb");
+    FILE *fp = fopen(path, "wb");
     KT_REQUIRE(fp && fwrite(b, 1, pr.bytes_added, fp) == pr.bytes_added && fclose(fp) == 0, "rewrite");
     KT_REQUIRE(kv_tree_store_open(st_dir, false, &s) == KV_OK, "reopen");
     kv_check_report cr;
