@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/kv_text.h"
 #include "eval/kv_unicode.h"
 
 static double now_ms(void)
@@ -23,45 +24,29 @@ void kv_gen_result_free(kv_gen_result *r)
     r->text = NULL;
 }
 
-typedef struct {
-    char *b;
-    size_t n, cap;
-} buf;
-
-static kv_status buf_add(buf *b, const char *s, size_t n)
+static kv_status text_add(kv_text *b, const char *s, size_t n)
 {
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 64;
-        while (b->n + n + 1 > nc) nc *= 2;
-        char *nb = realloc(b->b, nc);
-        if (!nb) return kv_fail(KV_E_NOMEM, "generated text");
-        b->b = nb;
-        b->cap = nc;
-    }
-    memcpy(b->b + b->n, s, n);
-    b->n += n;
-    b->b[b->n] = 0;
-    return KV_OK;
+    return kv_text_add(b, s, n, "generated text");
 }
 
 kv_status kv_gen_detok(const kv_tokenizer *tok, const int *ids, int n, char **text, size_t *len)
 {
-    buf b = {0};
-    kv_status st = buf_add(&b, "", 0);
+    kv_text b = {0};
+    kv_status st = text_add(&b, "", 0);
     const int bos = kv_tokenizer_bos(tok), eos = kv_tokenizer_eos(tok);
     int prev = bos;
     for (int i = 0; i < n && !st; i++) {
         if (ids[i] == bos || ids[i] == eos) continue;
         size_t l;
         const char *p = kv_tokenizer_decode(tok, prev, ids[i], &l);
-        if (p) st = buf_add(&b, p, l);
+        if (p) st = text_add(&b, p, l);
         prev = ids[i];
     }
     if (st) {
-        free(b.b);
+        free(b.s);
         return st;
     }
-    *text = b.b;
+    *text = b.s;
     if (len) *len = b.n;
     return KV_OK;
 }
@@ -100,8 +85,8 @@ kv_status kv_gen_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_para
         return kv_fail(KV_E_DATA, "prompt of %d tokens exceeds the context %d", q->n, ctx);
     float *logits = malloc((size_t)vocab * sizeof *logits);
     if (!logits) return kv_fail(KV_E_NOMEM, "logits");
-    buf text = {0};
-    kv_status st = buf_add(&text, "", 0);
+    kv_text text = {0};
+    kv_status st = text_add(&text, "", 0);
     if (!st) st = kv_runner_reset(e, per_layer);
     if (!st) st = kv_runner_prefill(e, q->ids, q->split, logits);
     const double t1 = now_ms();
@@ -120,7 +105,7 @@ kv_status kv_gen_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_para
         if (next == q->eos) break;
         size_t bl;
         const char *piece = kv_tokenizer_decode(tok, prev, next, &bl);
-        if (piece) st = buf_add(&text, piece, bl);
+        if (piece) st = text_add(&text, piece, bl);
         prev = next;
         if (st || next == q->stop || g + 1 == q->max_new) break;
         if (kv_runner_pos(e) >= ctx) { /* no room for the next token's K/V */
@@ -131,7 +116,7 @@ kv_status kv_gen_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_para
         r->decoded++;
     }
     const double t2 = now_ms();
-    if (!st) st = kv_utf8_sanitize(text.b, text.n, &r->text, NULL);
+    if (!st) st = kv_utf8_sanitize(text.s, text.n, &r->text, NULL);
     if (!st) {
         kv_runner_bytes(e, &r->bytes);
         r->fetched_per_step = r->decoded > 0 ? (double)r->bytes.fetched_total / r->decoded : 0.0;
@@ -142,7 +127,7 @@ kv_status kv_gen_run(kv_runner *e, const kv_tokenizer *tok, const kv_policy_para
     r->prefill_ms = t1 - t0;
     r->decode_ms = t2 - t1;
     r->ms = t2 - t0;
-    free(text.b);
+    free(text.s);
     free(logits);
     if (st) kv_gen_result_free(r);
     return st;

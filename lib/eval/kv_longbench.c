@@ -11,6 +11,7 @@
 #include "common/kv_file.h"
 #include "common/kv_outfile.h"
 #include "common/kv_json.h"
+#include "common/kv_text.h"
 #include "eval/kv_gen.h"
 #include "eval/kv_jsonl.h"
 #include "eval/kv_score.h"
@@ -197,26 +198,11 @@ kv_status kv_lb_template_check(const char *tmpl) { return fmt_walk(tmpl, check_c
 
 typedef struct {
     const cJSON *obj;
-    char *b;
-    size_t n, cap;
+    kv_text t;
     long ctx_end;
 } fmt_out;
 
-static kv_status out_add(fmt_out *o, const char *s, size_t n)
-{
-    if (o->n + n + 1 > o->cap) {
-        size_t nc = o->cap ? o->cap : 256;
-        while (o->n + n + 1 > nc) nc *= 2;
-        char *nb = realloc(o->b, nc);
-        if (!nb) return kv_fail(KV_E_NOMEM, "prompt");
-        o->b = nb;
-        o->cap = nc;
-    }
-    memcpy(o->b + o->n, s, n);
-    o->n += n;
-    o->b[o->n] = 0;
-    return KV_OK;
-}
+static kv_status out_add(fmt_out *o, const char *s, size_t n) { return kv_text_add(&o->t, s, n, "prompt"); }
 
 static kv_status fill_cb(void *ctx, const char *s, size_t n, bool field)
 {
@@ -244,21 +230,21 @@ static kv_status fill_cb(void *ctx, const char *s, size_t n, bool field)
     } else {
         return kv_fail(KV_E_DATA, "field \"%s\" is an array or object, not text", name);
     }
-    if (!st && !strcmp(name, "context")) o->ctx_end = (long)o->n;
+    if (!st && !strcmp(name, "context")) o->ctx_end = (long)o->t.n;
     return st;
 }
 
 kv_status kv_lb_format(const char *tmpl, const cJSON *obj, char **out, long *ctx_end)
 {
-    fmt_out o = {obj, NULL, 0, 0, -1};
+    fmt_out o = {obj, {0}, -1};
     kv_status st = out_add(&o, "", 0);
     if (!st) st = fmt_walk(tmpl, fill_cb, &o);
     if (st) {
-        free(o.b);
+        free(o.t.s);
         *out = NULL;
         return st;
     }
-    *out = o.b;
+    *out = o.t.s;
     *ctx_end = o.ctx_end;
     return KV_OK;
 }
