@@ -82,16 +82,52 @@ static double max_abs_diff(const float *a, const float *b, int n)
     return d;
 }
 
+/* The Lily prompt (21 ids), llama2.c's logits for it and an engine over
+ * stories260K with a 64-token context: what the two logits tests share. */
+typedef struct {
+    int ids[32];
+    float *ref; /* (21, 512) */
+    kv_model *m;
+    kv_engine *e;
+} lily;
+
+static void lily_close(lily *x)
+{
+    kv_engine_free(x->e);
+    kv_model_close(x->m);
+    free(x->ref);
+}
+
+/* true, or false with the failure reported and nothing left open */
+static bool lily_open(lily *x)
+{
+    memset(x, 0, sizeof *x);
+    const int n = read_ids(S260 "reference/prompt_lily_ids.txt", x->ids, 32);
+    bool ok = n == 21;
+    KT_CHECK(ok, "ids: %d", n);
+    if (ok) {
+        ok = (x->ref = read_ref_logits()) != NULL;
+        KT_CHECK(ok, "reference logits");
+    }
+    if (ok) ok = (x->m = load_260k()) != NULL; /* which reports its failure */
+    if (ok) {
+        ok = kv_engine_new(x->m, NULL, 64, &x->e) == KV_OK;
+        KT_CHECK(ok, "kv_engine_new: %s", kv_errdetail());
+    }
+    if (!ok) {
+        x->e = NULL;
+        lily_close(x);
+    }
+    return ok;
+}
+
 static void test_prompt_logits_prefill_match_reference(void)
 {
-    int ids[32];
-    KT_REQUIRE(read_ids(S260 "reference/prompt_lily_ids.txt", ids, 32) == 21, "ids");
-    float *ref = read_ref_logits();
-    KT_REQUIRE(ref, "reference logits");
-    kv_model *m = load_260k();
-    kv_engine *e;
-    KT_REQUIRE(m, "no model");
-    OK(kv_engine_new(m, NULL, 64, &e));
+    lily x;
+    KT_REQUIRE(lily_open(&x), "the Lily prompt's fixture");
+    const int *ids = x.ids;
+    const float *ref = x.ref;
+    kv_engine *e = x.e;
     float *lg = malloc(21 * 512 * sizeof(float));
     OK(kv_engine_prefill_all(e, ids, 21, lg));
     double d = max_abs_diff(lg, ref, 21 * 512);
@@ -103,21 +139,16 @@ static void test_prompt_logits_prefill_match_reference(void)
     d = max_abs_diff(last, ref + 20 * 512, 512);
     KT_CHECK(d <= 1e-4, "last-row logits differ by %g", d);
     free(lg);
-    free(ref);
-    kv_engine_free(e);
-    kv_model_close(m);
+    lily_close(&x);
 }
 
 static void test_prompt_logits_stepwise_match_reference(void)
 {
-    int ids[32];
-    KT_REQUIRE(read_ids(S260 "reference/prompt_lily_ids.txt", ids, 32) == 21, "ids");
-    float *ref = read_ref_logits();
-    KT_REQUIRE(ref, "reference logits");
-    kv_model *m = load_260k();
-    kv_engine *e;
-    KT_REQUIRE(m, "no model");
-    OK(kv_engine_new(m, NULL, 64, &e));
+    lily x;
+    KT_REQUIRE(lily_open(&x), "the Lily prompt's fixture");
+    const int *ids = x.ids;
+    const float *ref = x.ref;
+    kv_engine *e = x.e;
     float lg[512];
     double worst = 0;
     for (int i = 0; i < 21; i++) {
@@ -136,9 +167,7 @@ static void test_prompt_logits_stepwise_match_reference(void)
         if (!(d <= worst)) worst = d;
     }
     KT_CHECK(worst <= 1e-4, "prefill+step logits differ by %g", worst);
-    free(ref);
-    kv_engine_free(e);
-    kv_model_close(m);
+    lily_close(&x);
 }
 
 static void test_capture_of_queries_and_prompt_kv(void)
