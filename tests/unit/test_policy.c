@@ -104,6 +104,20 @@ static kv_status feed(kv_policy *p, const fixture *f, int T0)
     return st;
 }
 
+/* spec's policy for f (capacity cap), fed f (feed: T0 rows ingested, the
+ * rest appended), then one attend of q into o: the start most tests share.
+ * NULL (the failure printed) when a step fails. */
+static kv_policy *attended(const fixture *f, const char *spec, int cap, int T0, const float *q, float *o)
+{
+    kv_policy *p = mkpol(f, spec, cap);
+    kv_status st = p ? feed(p, f, T0) : KV_E_USAGE;
+    if (p && st) printf("# feed %s: %s\n", spec, kv_errdetail());
+    if (p && !st && (st = p->ops->attend(p, q, o))) printf("# attend %s: %s\n", spec, kv_errdetail());
+    if (!st) return p;
+    kv_policy_free(p);
+    return NULL;
+}
+
 static double max_abs_diff(const float *a, const float *b, size_t n)
 {
     double m = 0;
@@ -467,10 +481,8 @@ static void test_sparse_exact_selection(void)
     const int nh = 2, nkv = 2, D = 16, T = 200, T0 = 180, S = 4, W = 30, K = 12;
     fixture f = mkfix(nh, nkv, D, T);
     float *q = randv((size_t)nh * D, 1.0f), o1[32], o2[32];
-    kv_policy *p = mkpol(&f, "sparse:s=4,w=30,k=12,select=exact", 256);
+    kv_policy *p = attended(&f, "sparse:s=4,w=30,k=12,select=exact", 256, T0, q, o1);
     KT_REQUIRE(p, "create");
-    REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
-    REQ_OK(p->ops->attend(p, q, o1), "attend");
     /* candidates [S, T-W) = [4, 170); per head pick the K largest q.k */
     int cend = T - W;
     for (int h = 0; h < nh; h++) {
@@ -518,10 +530,8 @@ static void test_sparse_approx(void)
     float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128];
     /* plant needles at token 200: keys = 3 * query of the group's first head */
     plant_needles(&f, q, 200);
-    kv_policy *p = mkpol(&f, "sparse:s=8,w=56,c=8,k=16,select=channels", 600);
+    kv_policy *p = attended(&f, "sparse:s=8,w=56,c=8,k=16,select=channels", 600, T0, q, o1);
     KT_REQUIRE(p, "create");
-    REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
-    REQ_OK(p->ops->attend(p, q, o1), "attend");
     kv_attend_dense(q, f.k, f.v, T, T, nh, nkv, D, o2);
     double e = rel_err(o1, o2, 128);
     KT_CHECK(e < 0.5, "approx sparse rel err %g", e);
@@ -704,10 +714,8 @@ static void test_sparse_pages(void)
     fixture f = mkfix(nh, nkv, D, T);
     float *q = randv((size_t)nh * D, 1.0f), o1[128], o2[128];
     plant_needles(&f, q, 200);
-    kv_policy *p = mkpol(&f, "sparse:s=8,w=56,k=16,select=pages,page=8", 600);
+    kv_policy *p = attended(&f, "sparse:s=8,w=56,k=16,select=pages,page=8", 600, T0, q, o1);
     KT_REQUIRE(p, "create");
-    REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
-    REQ_OK(p->ops->attend(p, q, o1), "attend");
     kv_attend_dense(q, f.k, f.v, T, T, nh, nkv, D, o2);
     double e = rel_err(o1, o2, 128);
     printf("# pages rel err %g\n", e);
@@ -737,10 +745,8 @@ static void test_sparse_pca(void)
                            "sparse:s=8,w=56,k=16,c=8,select=pca,cbits=16"};
     float *out[3] = {o1, o2, o3};
     for (int i = 0; i < 3; i++) {
-        kv_policy *p = mkpol(&f, spec[i], 600);
+        kv_policy *p = attended(&f, spec[i], 600, T0, q, out[i]);
         KT_REQUIRE(p, "create %s", spec[i]);
-        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
-        REQ_OK(p->ops->attend(p, q, out[i]), "attend");
         kv_policy_free(p);
     }
     KT_CHECK(max_abs_diff(o1, o2, 128) < 1e-4, "pca with C = D differs from exact: %g", max_abs_diff(o1, o2, 128));
@@ -803,10 +809,8 @@ static void test_sparse_selection_survives_nan_and_inf(void)
             for (int t = 10; t < 140; t += 9)
                 for (int c = 0; c < D; c++) f.k[((size_t)h * T + t) * D + c] = NAN;
         float *q = randv((size_t)nh * D, 1.0f), o1[64], o2[64];
-        kv_policy *p = mkpol(&f, specs[sp], 256);
+        kv_policy *p = attended(&f, specs[sp], 256, T0, q, o1);
         KT_REQUIRE(p, "create %s", specs[sp]);
-        REQ_OK(feed(p, &f, T0), "%s", kv_errdetail());
-        REQ_OK(p->ops->attend(p, q, o1), "attend");
         REQ_OK(p->ops->attend(p, q, o2), "attend");
         int finite = 1;
         for (int i = 0; i < nh * D; i++) finite &= isfinite(o1[i]) != 0;
