@@ -149,6 +149,21 @@ void bench_batch_hooks(kv_batch_hooks *h)
     h->ctx = NULL;
 }
 
+void bench_batch_run_init(bench_batch_run *r)
+{
+    *r = (bench_batch_run){0};
+    bench_batch_hooks(&r->hooks);
+}
+
+void bench_batch_run_free(bench_batch_run *r)
+{
+    kv_batch_close(r->log);
+    cJSON_Delete(r->header);
+    cJSON_Delete(r->records);
+    kv_batch_done_free(r->done);
+    *r = (bench_batch_run){0};
+}
+
 int bench_batch_open(const bench_batch *b, cJSON *header, const kv_batch_policy *pols, int np,
                      kv_batch_log **log, cJSON **records, kv_batch_done **done)
 {

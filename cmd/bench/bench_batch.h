@@ -70,6 +70,16 @@ int bench_batch_engine(const bench_batch *b, const kv_model *m, bool sketch, kv_
 int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records);
 /* Hooks printing progress (kv_progress) and skip warnings (kv_warn). */
 void bench_batch_hooks(kv_batch_hooks *h);
+/* What a batch run holds from its header to its summary, released
+ * together at the end whatever happened. */
+typedef struct {
+    cJSON *header, *records;
+    kv_batch_log *log;
+    kv_batch_done *done;
+    kv_batch_hooks hooks; /* bench_batch_hooks */
+} bench_batch_run;
+void bench_batch_run_init(bench_batch_run *r);
+void bench_batch_run_free(bench_batch_run *r);
 /* The header's "policies" and "shard"; then open --output (resume: the
  * records already there go to *records and their keys to *done).  0 or an
  * exit code. */

@@ -134,11 +134,8 @@ int kv_bench_longbench_main(int argc, char **argv)
     kv_runner *e = NULL;
     kv_batch_policy *pols = NULL;
     kv_policy_params *prm = NULL;
-    kv_batch_log *log = NULL;
-    kv_batch_done *done = NULL;
-    cJSON *header = NULL, *records = NULL;
-    kv_batch_hooks hooks;
-    bench_batch_hooks(&hooks);
+    bench_batch_run br;
+    bench_batch_run_init(&br);
     kv_status st;
     if (!files) {
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "data");
@@ -193,21 +190,19 @@ int kv_bench_longbench_main(int argc, char **argv)
         goto out;
     }
     if ((rc = bench_batch_engine(&bb, m, sketch, dev, &go, &pols, &prm, &np, &e))) goto out;
-    header = kv_lb_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
-                          files, nf, &prompts, &maxlen, &lo);
-    if (!header) {
+    br.header = kv_lb_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
+                             files, nf, &prompts, &maxlen, &lo);
+    if (!br.header) {
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "header");
         goto out;
     }
-    if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
-    st = kv_lb_batch(e, tok, jb, files, nf, &prompts, &maxlen, pols, np, &lo, log, done, records, &hooks);
-    rc = bench_batch_finish(&bb, "longbench", st, &log, header, records, json, per,
+    if ((rc = bench_batch_open(&bb, br.header, pols, np, &br.log, &br.records, &br.done))) goto out;
+    st = kv_lb_batch(e, tok, jb, files, nf, &prompts, &maxlen, pols, np, &lo, br.log, br.done, br.records,
+                     &br.hooks);
+    rc = bench_batch_finish(&bb, "longbench", st, &br.log, br.header, br.records, json, per,
                             &(bench_batch_out){lb_preds, lb_summary, NULL});
 out:
-    kv_batch_close(log);
-    cJSON_Delete(header);
-    cJSON_Delete(records);
-    kv_batch_done_free(done);
+    bench_batch_run_free(&br);
     bench_batch_policies_free(pols, prm, np);
     kv_runner_free(e);
     kv_tokenizer_free(tok);

@@ -146,11 +146,8 @@ int kv_bench_ruler_main(int argc, char **argv)
     kv_ruler_file *files = calloc((size_t)ntasks, sizeof *files);
     kv_batch_policy *pols = NULL;
     kv_policy_params *prm = NULL;
-    kv_batch_log *log = NULL;
-    kv_batch_done *done = NULL;
-    cJSON *header = NULL, *records = NULL;
-    kv_batch_hooks hooks;
-    bench_batch_hooks(&hooks);
+    bench_batch_run br;
+    bench_batch_run_init(&br);
     kv_status st;
     if (!files) {
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "tasks");
@@ -178,24 +175,21 @@ int kv_bench_ruler_main(int argc, char **argv)
     }
     if ((rc = bench_batch_engine(&bb, m, sketch, dev, &go, &pols, &prm, &np, &e))) goto out;
     kv_ruler_opts ro = {mode, lens, nlen, limit, bb.shard_i, bb.shard_n, bb.strict};
-    header = kv_ruler_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
-                             files, nf, &ro);
+    br.header = kv_ruler_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
+                                files, nf, &ro);
     kv_prefill_info pfi; /* how the prompts are prefilled (not part of the config a resume checks) */
     kv_runner_prefill_info(e, &pfi);
-    if (header) cJSON_AddItemToObject(header, "prefill", kv_prefill_info_json(&pfi));
-    if (!header) {
+    if (br.header) cJSON_AddItemToObject(br.header, "prefill", kv_prefill_info_json(&pfi));
+    if (!br.header) {
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "header");
         goto out;
     }
-    if ((rc = bench_batch_open(&bb, header, pols, np, &log, &records, &done))) goto out;
-    st = kv_ruler_batch(e, tok, files, nf, pols, np, &ro, log, done, records, &hooks);
-    rc = bench_batch_finish(&bb, "ruler", st, &log, header, records, json, per_task,
+    if ((rc = bench_batch_open(&bb, br.header, pols, np, &br.log, &br.records, &br.done))) goto out;
+    st = kv_ruler_batch(e, tok, files, nf, pols, np, &ro, br.log, br.done, br.records, &br.hooks);
+    rc = bench_batch_finish(&bb, "ruler", st, &br.log, br.header, br.records, json, per_task,
                             &(bench_batch_out){ruler_preds, ruler_summary, &(ruler_files){files, nf}});
 out:
-    kv_batch_close(log);
-    cJSON_Delete(header);
-    cJSON_Delete(records);
-    kv_batch_done_free(done);
+    bench_batch_run_free(&br);
     bench_batch_policies_free(pols, prm, np);
     kv_runner_free(e);
     kv_tokenizer_free(tok);
