@@ -161,6 +161,10 @@ void bench_batch_run_free(bench_batch_run *r)
     cJSON_Delete(r->header);
     cJSON_Delete(r->records);
     kv_batch_done_free(r->done);
+    bench_batch_policies_free(r->pols, r->prm, r->np);
+    kv_runner_free(r->e);
+    kv_tokenizer_free(r->tok);
+    kv_model_close(r->m);
     *r = (bench_batch_run){0};
 }
 

@@ -70,9 +70,15 @@ int bench_batch_engine(const bench_batch *b, const kv_model *m, bool sketch, kv_
 int bench_batch_svg(const char *path, const cJSON *headers, cJSON *records);
 /* Hooks printing progress (kv_progress) and skip warnings (kv_warn). */
 void bench_batch_hooks(kv_batch_hooks *h);
-/* What a batch run holds from its header to its summary, released
+/* What a batch run holds from its model to its summary, released
  * together at the end whatever happened. */
 typedef struct {
+    kv_model *m;
+    kv_tokenizer *tok;
+    kv_runner *e;
+    kv_batch_policy *pols;  /* (np) */
+    kv_policy_params *prm;  /* bench_batch_policies' parameters */
+    int np;
     cJSON *header, *records;
     kv_batch_log *log;
     kv_batch_done *done;

@@ -124,16 +124,11 @@ int kv_bench_longbench_main(int argc, char **argv)
     lo.shard_n = bb.shard_n;
     lo.strict = bb.strict;
 
-    int rc = KV_EXIT_OK, nf = 0, np = 0;
+    int rc = KV_EXIT_OK, nf = 0;
     const int nfiles = argc - oi;
     kv_lb_file *files = calloc((size_t)nfiles, sizeof *files);
     kv_lb_table prompts = {0}, maxlen = {0};
     kv_jieba *jb = NULL;
-    kv_model *m = NULL;
-    kv_tokenizer *tok = NULL;
-    kv_runner *e = NULL;
-    kv_batch_policy *pols = NULL;
-    kv_policy_params *prm = NULL;
     bench_batch_run br;
     bench_batch_run_init(&br);
     kv_status st;
@@ -181,32 +176,28 @@ int kv_bench_longbench_main(int argc, char **argv)
         rc = kv_report(st, "jieba");
         goto out;
     }
-    if ((st = kv_compare_open_model(model, tokp, &m, &tok))) {
+    if ((st = kv_compare_open_model(model, tokp, &br.m, &br.tok))) {
         rc = kv_report(st, "%s", model);
         goto out;
     }
-    if ((st = kv_chat_resolve(&lo.chat, tok, m->cfg.arch))) {
+    if ((st = kv_chat_resolve(&lo.chat, br.tok, br.m->cfg.arch))) {
         rc = kv_report(st, "--chat auto");
         goto out;
     }
-    if ((rc = bench_batch_engine(&bb, m, sketch, dev, &go, &pols, &prm, &np, &e))) goto out;
-    br.header = kv_lb_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
-                             files, nf, &prompts, &maxlen, &lo);
+    if ((rc = bench_batch_engine(&bb, br.m, sketch, dev, &go, &br.pols, &br.prm, &br.np, &br.e))) goto out;
+    br.header = kv_lb_header(model, tokp, kv_runner_is_gpu(br.e) ? "cuda" : "cpu",
+                             kv_runner_device(br.e), files, nf, &prompts, &maxlen, &lo);
     if (!br.header) {
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "header");
         goto out;
     }
-    if ((rc = bench_batch_open(&bb, br.header, pols, np, &br.log, &br.records, &br.done))) goto out;
-    st = kv_lb_batch(e, tok, jb, files, nf, &prompts, &maxlen, pols, np, &lo, br.log, br.done, br.records,
-                     &br.hooks);
+    if ((rc = bench_batch_open(&bb, br.header, br.pols, br.np, &br.log, &br.records, &br.done))) goto out;
+    st = kv_lb_batch(br.e, br.tok, jb, files, nf, &prompts, &maxlen, br.pols, br.np, &lo, br.log, br.done,
+                     br.records, &br.hooks);
     rc = bench_batch_finish(&bb, "longbench", st, &br.log, br.header, br.records, json, per,
                             &(bench_batch_out){lb_preds, lb_summary, NULL});
 out:
     bench_batch_run_free(&br);
-    bench_batch_policies_free(pols, prm, np);
-    kv_runner_free(e);
-    kv_tokenizer_free(tok);
-    kv_model_close(m);
     kv_jieba_free(jb);
     kv_lb_table_free(&prompts);
     kv_lb_table_free(&maxlen);

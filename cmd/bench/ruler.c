@@ -139,13 +139,8 @@ int kv_bench_ruler_main(int argc, char **argv)
     if (!ntasks) kv_cli_usage_error("--tasks is required");
     bench_batch_check(&bb);
 
-    int rc = KV_EXIT_OK, np = 0, nf = 0;
-    kv_model *m = NULL;
-    kv_tokenizer *tok = NULL;
-    kv_runner *e = NULL;
+    int rc = KV_EXIT_OK, nf = 0;
     kv_ruler_file *files = calloc((size_t)ntasks, sizeof *files);
-    kv_batch_policy *pols = NULL;
-    kv_policy_params *prm = NULL;
     bench_batch_run br;
     bench_batch_run_init(&br);
     kv_status st;
@@ -169,31 +164,27 @@ int kv_bench_ruler_main(int argc, char **argv)
         }
     /* policy specs are checked before the model loads: a typo costs nothing */
     if ((rc = bench_batch_precheck(&bb))) goto out;
-    if ((st = kv_compare_open_model(model, tokp, &m, &tok))) {
+    if ((st = kv_compare_open_model(model, tokp, &br.m, &br.tok))) {
         rc = kv_report(st, "%s", model);
         goto out;
     }
-    if ((rc = bench_batch_engine(&bb, m, sketch, dev, &go, &pols, &prm, &np, &e))) goto out;
+    if ((rc = bench_batch_engine(&bb, br.m, sketch, dev, &go, &br.pols, &br.prm, &br.np, &br.e))) goto out;
     kv_ruler_opts ro = {mode, lens, nlen, limit, bb.shard_i, bb.shard_n, bb.strict};
-    br.header = kv_ruler_header(model, tokp, kv_runner_is_gpu(e) ? "cuda" : "cpu", kv_runner_device(e),
-                                files, nf, &ro);
+    br.header = kv_ruler_header(model, tokp, kv_runner_is_gpu(br.e) ? "cuda" : "cpu",
+                                kv_runner_device(br.e), files, nf, &ro);
     kv_prefill_info pfi; /* how the prompts are prefilled (not part of the config a resume checks) */
-    kv_runner_prefill_info(e, &pfi);
+    kv_runner_prefill_info(br.e, &pfi);
     if (br.header) cJSON_AddItemToObject(br.header, "prefill", kv_prefill_info_json(&pfi));
     if (!br.header) {
         rc = kv_report(kv_fail(KV_E_NOMEM, "out of memory"), "header");
         goto out;
     }
-    if ((rc = bench_batch_open(&bb, br.header, pols, np, &br.log, &br.records, &br.done))) goto out;
-    st = kv_ruler_batch(e, tok, files, nf, pols, np, &ro, br.log, br.done, br.records, &br.hooks);
+    if ((rc = bench_batch_open(&bb, br.header, br.pols, br.np, &br.log, &br.records, &br.done))) goto out;
+    st = kv_ruler_batch(br.e, br.tok, files, nf, br.pols, br.np, &ro, br.log, br.done, br.records, &br.hooks);
     rc = bench_batch_finish(&bb, "ruler", st, &br.log, br.header, br.records, json, per_task,
                             &(bench_batch_out){ruler_preds, ruler_summary, &(ruler_files){files, nf}});
 out:
     bench_batch_run_free(&br);
-    bench_batch_policies_free(pols, prm, np);
-    kv_runner_free(e);
-    kv_tokenizer_free(tok);
-    kv_model_close(m);
     for (int i = 0; i < nf; i++) kv_ruler_file_close(&files[i]);
     free(files);
     return rc;
