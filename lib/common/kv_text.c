@@ -3,11 +3,13 @@
  */
 #include "common/kv_text.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 kv_status kv_text_add(kv_text *t, const char *p, size_t n, const char *what)
 {
+    if (n > SIZE_MAX / 2 - t->n - 1) return kv_fail(KV_E_NOMEM, "%s", what); /* doubling would wrap */
     if (t->n + n + 1 > t->cap) {
         size_t nc = t->cap ? t->cap : 64;
         while (t->n + n + 1 > nc) nc *= 2;

@@ -4,11 +4,14 @@
  * \xNN) while printable UTF-8 passes unchanged; escaping is idempotent and
  * never overruns the buffer or cuts a character in two.
  */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kt.h"
 #include "common/kv_status.h"
+#include "common/kv_text.h"
 
 static int has_control(const char *s)
 {
@@ -55,9 +58,31 @@ static void test_escaping_stays_inside_the_buffer(void)
     KT_CHECK(strlen(kv_errdetail()) < 512 && !has_control(kv_errdetail()), "long detail");
 }
 
+/* kv_text grows across its doubling steps, keeps NUL bytes and a
+ * terminating NUL, and refuses a size that would wrap with t unchanged. */
+static void test_text_grows_and_refuses_a_wrapping_size(void)
+{
+    kv_text t = {0};
+    char piece[100];
+    for (int i = 0; i < 100; i++) piece[i] = (char)(i % 7 ? 'a' + i % 26 : 0);
+    kv_status st = KV_OK;
+    for (int r = 0; r < 50 && !st; r++) st = kv_text_add(&t, piece, sizeof piece, "text");
+    KT_CHECK(st == KV_OK, "add: %s", kv_errdetail());
+    KT_CHECK(t.n == 5000 && t.cap >= 5001 && t.s[5000] == 0, "n %zu cap %zu", t.n, t.cap);
+    int same = 1;
+    for (size_t i = 0; i < t.n; i++) same &= t.s[i] == piece[i % 100];
+    KT_CHECK(same, "bytes kept, NULs included");
+    kv_text before = t;
+    KT_CHECK(kv_text_add(&t, piece, SIZE_MAX - 8, "huge") == KV_E_NOMEM && strstr(kv_errdetail(), "huge"),
+             "a wrapping size: %s", kv_errdetail());
+    KT_CHECK(t.s == before.s && t.n == before.n && t.cap == before.cap, "t unchanged after a refusal");
+    free(t.s);
+}
+
 int main(void)
 {
     KT_RUN(test_details_escape_control_characters);
     KT_RUN(test_escaping_stays_inside_the_buffer);
+    KT_RUN(test_text_grows_and_refuses_a_wrapping_size);
     return kt_done();
 }
