@@ -24,18 +24,20 @@
 #include "eval/kv_qaware.h"
 #include "model/kv_model.h"
 #include "model/kv_prompt.h"
+#include "model/kv_widen.h"
 #include "tree/kv_tree.h"
 
 int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
        O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD,
-       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL };
+       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_WIDEN };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
     {O_SYNTH, 0, "synthetic", "NAME", "seeded random model: llama-3.1-8b, llama-2-7b, tiny"},
-    {O_WEIGHTS, 0, "weights", "TYPE", "synthetic weight type f32|f16|bf16"},
+    {O_WIDEN, 0, "widen", "SHAPE", "with --model: run it in SHAPE's shape (llama-3.1-8b, ...): that model's costs, its own logits"},
+    {O_WEIGHTS, 0, "weights", "TYPE", "synthetic or widened weight type f32|f16|bf16"},
     {O_TOKENIZER, 0, "tokenizer", "FILE", "llama2.c tokenizer (default: beside the model)"},
     {O_STORE, 0, "store", "DIR", "kv-tree store of the disk tier (created if missing; default: a new one in $TMPDIR)"},
     {O_GPU, 0, "gpu-bytes", "N", "GPU tier budget, bytes of fp16 K/V (suffix K, M, G; default 1G)"},
@@ -97,7 +99,7 @@ static void print_table(FILE *f, const char *json)
 int kv_bench_prefix_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
-    const char *model = NULL, *synth = NULL, *weights = NULL, *tokenizer = NULL, *store = NULL, *outp = NULL;
+    const char *model = NULL, *synth = NULL, *widen = NULL, *weights = NULL, *tokenizer = NULL, *store = NULL, *outp = NULL;
     bool json = false;
     kv_device dev = KV_DEVICE_CPU;
     int ordinal = 0, ctx = 0;
@@ -112,6 +114,7 @@ int kv_bench_prefix_main(int argc, char **argv)
         switch (c) {
         case O_MODEL: model = a; break;
         case O_SYNTH: synth = a; break;
+        case O_WIDEN: widen = a; break;
         case O_WEIGHTS: weights = a; break;
         case O_TOKENIZER: tokenizer = a; break;
         case O_STORE: store = a; break;
@@ -147,7 +150,8 @@ int kv_bench_prefix_main(int argc, char **argv)
     const char *reqf = kv_cli_operand(argc, argv, &oi, "REQUESTS.jsonl");
     kv_cli_no_more(argc, argv, oi);
     if (!model == !synth) kv_cli_usage_error("give exactly one of --model FILE and --synthetic NAME");
-    kv_dtype wt = synth && !strcmp(synth, "tiny") ? KV_DT_F32 : KV_DT_BF16;
+    if (widen && !model) kv_cli_usage_error("--widen needs --model");
+    kv_dtype wt = synth && !strcmp(synth, "tiny") ? KV_DT_F32 : widen ? KV_DT_F16 : KV_DT_BF16;
     if (weights && kv_float_dtype_parse(weights, &wt)) kv_cli_usage_error("--weights must be f32, f16 or bf16");
     po.now = kv_cli_clock("KV_TREE_NOW");
 
@@ -185,6 +189,16 @@ int kv_bench_prefix_main(int argc, char **argv)
         goto done;
     }
     kv_errclear();
+    if (widen) { /* the tokenizer stays the small model's */
+        kv_model *w = NULL;
+        st = kv_model_widen_named(m, widen, wt, &w);
+        kv_model_close(m);
+        m = w;
+        if (st) {
+            rc = kv_report(st, "--widen %s", widen);
+            goto done;
+        }
+    }
     const char *td = getenv("TMPDIR");
     snprintf(tmp, sizeof tmp, "%s/kv-bench-prefix.XXXXXX", td && *td ? td : "/tmp");
     if (!mkdtemp(tmp)) {

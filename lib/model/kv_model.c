@@ -536,9 +536,8 @@ static void fill_random(void *dst, kv_dtype t, size_t n, float a, uint64_t seed)
     }
 }
 
-kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_model **out)
+kv_status kv_model_geometry(const char *name, kv_model_config *out)
 {
-    *out = NULL;
     kv_model_config c;
     config_defaults(&c);
     if (!strcmp(name, "llama-3.1-8b")) {
@@ -568,13 +567,24 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_mo
                        "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads)",
                        name);
     }
-    if (wt != KV_DT_F32 && wt != KV_DT_F16 && wt != KV_DT_BF16)
-        return kv_fail(KV_E_USAGE, "synthetic weights must be F32, F16 or BF16");
     c.shared_classifier = false;
-    snprintf(c.name, sizeof c.name, "%s (synthetic)", name);
-    snprintf(c.format, sizeof c.format, "synthetic");
+    snprintf(c.name, sizeof c.name, "%s", name);
     kv_status st = check_config(&c);
     if (st) return st;
+    *out = c;
+    return KV_OK;
+}
+
+kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_model **out)
+{
+    *out = NULL;
+    kv_model_config c;
+    kv_status st = kv_model_geometry(name, &c);
+    if (st) return st;
+    if (wt != KV_DT_F32 && wt != KV_DT_F16 && wt != KV_DT_BF16)
+        return kv_fail(KV_E_USAGE, "synthetic weights must be F32, F16 or BF16");
+    snprintf(c.name, sizeof c.name, "%s (synthetic)", name);
+    snprintf(c.format, sizeof c.format, "synthetic");
     kv_model *m = calloc(1, sizeof *m);
     if (!m) return kv_fail(KV_E_NOMEM, "out of memory");
     m->cfg = c;

@@ -101,6 +101,9 @@ kv_status kv_model_open_mem(const void *buf, size_t len, kv_model **out);
  * are those of the real geometry); the embedding and classifier are
  * distinct.  The 8B geometry in BF16 takes about 2.5 GB. */
 kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_model **out);
+/* The geometry kv_model_synthetic builds for name (dims, heads, layers,
+ * vocabulary, RoPE), name "llama-3.1-8b" etc.; KV_E_USAGE for another name. */
+kv_status kv_model_geometry(const char *name, kv_model_config *out);
 void kv_model_close(kv_model *m);
 
 /* The GGUF metadata of a GGUF model (for the vocabulary), else NULL. */

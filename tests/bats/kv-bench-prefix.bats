@@ -10,7 +10,7 @@ setup() { T="$BATS_TEST_TMPDIR"; }
 @test "kv-bench prefix --help lists every option" {
     run --separate-stderr kv-bench prefix --help
     assert_success
-    for o in --model --synthetic --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --sketch-serial --half-life --steps --ctx --device --output --json; do
+    for o in --model --synthetic --widen --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --sketch-serial --half-life --steps --ctx --device --output --json; do
         [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
     done
 }
@@ -120,6 +120,40 @@ PY
     assert_fails_with 64 "--zstd"
     run --separate-stderr kv-bench prefix "$T/one.jsonl"
     assert_fails_with 64 "give exactly one of --model FILE and --synthetic NAME"
+    [ -z "$output" ]
+}
+
+# bats test_tags=slow
+@test "kv-bench prefix --widen runs stories260K in llama-3.2-1b's shape with the small model's output" {
+    "$PY" "$ROOT/tools/prefix-requests.py" synthetic --vocab 512 --length 48 --shared 0.9 -n 2 > "$T/w.jsonl"
+    S260="$DATA/stories260K/stories260K.bin"
+    run --separate-stderr kv-bench prefix --json -m "$S260" --modes full,host -n 2 -o "$T/small.json" "$T/w.jsonl"
+    assert_success
+    run --separate-stderr kv-bench prefix --json -m "$S260" --widen llama-3.2-1b --modes full,host -n 2 -o "$T/wide.json" "$T/w.jsonl"
+    assert_success
+    "$PY" - "$T/small.json" "$T/wide.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f))["requests"] for f in sys.argv[1:])
+key = lambda r: (r["request"], r["mode"])
+assert sorted(map(key, a)) == sorted(map(key, b)) == [(0, "full"), (1, "full"), (1, "host")], (a, b)
+sa, sb = ({key(r): r for r in x} for x in (a, b))
+# the same greedy text from every mode, and the host tier reuses the same rows
+assert all(sa[k]["text"] == sb[k]["text"] and sa[k]["reused_tokens"] == sb[k]["reused_tokens"] for k in sa), (a, b)
+# the K/V bytes are the large shape's: 16 layers x 8 KV heads x 64 x 2 x 2 bytes a row (small: 5 x 4 x 8 x 4)
+hs, hb = (sum(x[(1, "host")]["hit_bytes"].values()) for x in (sa, sb))
+rows = sa[(1, "host")]["reused_tokens"]
+assert hs == rows * 5 * 4 * 8 * 2 * 2 and hb == rows * 16 * 8 * 64 * 2 * 2, (hs, hb, rows)
+PY
+}
+
+@test "kv-bench prefix --widen refuses a shape the model does not fit, or no --model, with exit 64" {
+    printf '{"tokens": [1, 2, 3]}\n' > "$T/one.jsonl"
+    run --separate-stderr kv-bench prefix -m "$DATA/stories260K/stories260K.bin" --widen tiny "$T/one.jsonl"
+    assert_fails_with 64 "--widen tiny: cannot widen stories260K into tiny: its layer count 5 exceeds 4"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --widen llama-3.1-9b "$T/one.jsonl"
+    assert_fails_with 64 "unknown synthetic model 'llama-3.1-9b'"
+    run --separate-stderr kv-bench prefix --synthetic tiny --widen llama-3.1-8b "$T/one.jsonl"
+    assert_fails_with 64 "--widen needs --model"
     [ -z "$output" ]
 }
 
