@@ -36,22 +36,7 @@ upto() { # seconds for the next step: what is left, at most $1; 0 when under $2 
     l=$(left); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt "${2:-6}" ] && l=0; echo "$l"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee -a "$S"
 tap() { grep -E '^(not )?ok|^# ' "$1" | head -24 | tee -a "$S"; }
-summ() { # a kv-bench prefix JSON: per mode medians, then per request TTFT, load, phases
-    $PY - "$1" <<'PY' | tee -a "$S"
-import json, sys
-try: d = json.load(open(sys.argv[1]))
-except Exception as e: print("no JSON:", e); sys.exit(0)
-for m, s in d["summary"].items():
-    print("%-15s n=%d ttft=%s load=%s speedup=%s acc=%s" % (m, s["requests"], s["ttft_ms_median"] and round(s["ttft_ms_median"], 3),
-          s["load_ms_median"] and round(s["load_ms_median"], 3), s["speedup_vs_full"] and round(s["speedup_vs_full"], 2), s["accuracy"]))
-r2 = lambda x: {k: round(v, 3) for k, v in x.items()}
-for r in d["requests"]:
-    if r["request"] == 0: continue
-    print("  r%d %-14s ttft %7.3f load %7.3f reused %5d ok %s pf %s" % (r["request"], r["mode"], r["ttft_ms"], r["load_ms"],
-          r["reused_tokens"], r["correct"], r2(r.get("prefill_phases_ms", {}))))
-    if "query_aware_ms" in r: print("      qa %s probe-pf %s" % (r2(r["query_aware_ms"]), r2(r.get("probe_prefill_phases_ms", {}))))
-PY
-}
+summ() { $PY tools/device/prefix_summary.py "$1" | tee -a "$S"; } # a kv-bench prefix JSON
 if has t; then
     s=$(upto 30)
     if [ "$s" -gt 0 ]; then timeout "$s" "$D/test_gpu_kv" > "$W/gpu_kv.tap" 2>&1; log "test_gpu_kv rc=$? (timeout $s)"; tap "$W/gpu_kv.tap"
