@@ -206,6 +206,34 @@ cudaError_t kv_cuda_dsq_pack(kv_kivi_axis axis, const kv_dsq_params *p, int H, i
 cudaError_t kv_cuda_dsq_unpack(kv_kivi_axis axis, const kv_dsq_params *p, int H, int T, int D,
                                const kv_cuda_dsq_view *in, float *out, cudaStream_t stream);
 
+// --- query-aware scoring of a key sketch -------------------------------------
+
+/* One sketched node on the device (lib/eval/kv_qaware.h, kv_tree_sketch_seg):
+ * prefix positions [start, start + n), r channels per KV head. */
+typedef struct {
+    int start, n, r;
+    int unused;       /* keeps the offsets 8-byte aligned in C and CUDA alike */
+    size_t code_off;  /* bytes into codes: (LH, n, r) int8, 4-byte aligned */
+    size_t qs_off;    /* floats into qs: (LH, Q, r) the folded queries */
+} kv_cuda_qaware_seg;
+
+/* Bytes of scratch kv_cuda_qaware_score needs. */
+size_t kv_cuda_qaware_workspace(int LH, int Q, int m);
+
+/*
+ * The scores of kv_qaware_score_cpu (lib/eval/kv_qaware.h) on the device:
+ * score[t] = sum over (l, h) < LH and queries j < Q of softmax_t(qs_j . code_t)
+ * for the m positions t, each softmax over all m (float logits, expf),
+ * the per-(l, h) sums added in double in a fixed order (deterministic).
+ *   seg:   (nseg) device, tiling [0, m) in order
+ *   codes: the segments' codes, seg[s].code_off bytes in: (LH, n, r) int8
+ *   qs:    the segments' folded queries, seg[s].qs_off floats in: (LH, Q, r)
+ *   score: (m) double, written (not added to)
+ */
+cudaError_t kv_cuda_qaware_score(int LH, int Q, int m, int nseg, const kv_cuda_qaware_seg *seg,
+                                 const int8_t *codes, const float *qs, void *ws, size_t ws_bytes,
+                                 double *score, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -431,6 +431,7 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
+            qa_ms[4] = qr.score_upload_ms;
             probe_ms[0] = qr.probe_sink_ms, probe_ms[1] = qr.probe_prefill_ms, probe_ms[2] = qr.probe_reset_ms;
             probe_ms[3] = qr.sketch_wait_ms, probe_ms[4] = qr.sketch_spawn_ms;
             memcpy(probe_pf, qr.probe_pf, sizeof qr.probe_pf);
@@ -515,7 +516,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if ((st = kv_runner_reset(r, NULL))) break;
             if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
-            double qa_ms[4] = {0, 0, 0, 0}, probe_ms[5] = {0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
+            double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[5] = {0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
             st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms, probe_ms, probe_pf);
             double t1 = kv_now_ms();
             int reused = src.pre.T, start = src.pre.matched;
@@ -553,7 +554,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if (want) {
                 kv_pbench_row *row = &out[k++];
                 *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, t1 - t0,
-                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4]},
+                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3], qa_ms[4]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4]},
                                        {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]},
                                        {probe_pf[0], probe_pf[1], probe_pf[2], probe_pf[3], probe_pf[4]},
                                        {hit[0], hit[1], hit[2]}, -1, text};
@@ -631,8 +632,8 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         cJSON_AddNumberToObject(x, "load_ms", r->load_ms);
         if (r->mode == KV_PM_DISK_QUERY) {
             cJSON *qa = cJSON_AddObjectToObject(x, "query_aware_ms");
-            static const char *qn[4] = {"sketch", "probe", "score", "rows"};
-            for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(qa, qn[t], r->qa_ms[t]);
+            static const char *qn[5] = {"sketch", "probe", "score", "rows", "score_upload"};
+            for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(qa, qn[t], r->qa_ms[t]);
             static const char *pn[5] = {"probe_sink", "probe_prefill", "probe_reset", "sketch_wait", "sketch_spawn"};
             for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(qa, pn[t], r->probe_ms[t]);
         }

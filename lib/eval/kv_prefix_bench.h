@@ -71,7 +71,8 @@ typedef struct {
     int tokens, reused, prefilled;
     double ttft_ms;
     double load_ms;         /* of it: finding and loading the prefix (the rest is the prefill) */
-    double qa_ms[4];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows */
+    double qa_ms[5];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows;
+                               then of the scoring, its upload to the GPU (0 when scored on the CPU) */
     double probe_ms[5];     /* disk-query: of the probe, the sink row's load, its prefill, the reset;
                                then the wait for the sketch read (beside the probe) after it and
                                the start of its thread (of the prefill) */

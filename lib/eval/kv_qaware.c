@@ -1,5 +1,7 @@
 /*
- * kv_qaware (see kv_qaware.h): sketch, probe, score, pick, load.
+ * kv_qaware (see kv_qaware.h): sketch, probe, score, pick, load.  The
+ * scoring runs on the GPU (lib/eval/kv_qaware_gpu.c) when the runner does,
+ * else here on the host (kv_qaware_score_cpu, also the GPU's reference).
  */
 #include "eval/kv_qaware.h"
 
@@ -16,6 +18,7 @@
 
 #include "common/kv_stats.h"
 #include "gpu/kv_gpu_engine.h"
+#include "eval/kv_qaware_gpu.h"
 #include "policy/kv_prefix.h"
 
 typedef struct {
@@ -99,14 +102,14 @@ static void softmax_sum(float *lg, int m, int Q, float *mx, float *sum, float *o
  * gives position t over the sketched keys, per layer, query head, query.
  * One task per layer and KV head: each sketched row is widened to float
  * once and met by all the group's queries (an int8 x float GEMM, row by
- * row), then each query's softmax over the whole prefix.  False without
- * memory. */
-static bool score_rows(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D, double *score)
+ * row), then each query's softmax over the whole prefix. */
+kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
+                              double *score)
 {
     const int m = sk->matched, g = H / Hkv, Q = g * nq, tasks = L * Hkv;
     const float inv = 1.0f / sqrtf((float)D);
     float *part = malloc((size_t)tasks * m * sizeof *part + 1);
-    if (!part) return false;
+    if (!part) return kv_fail(KV_E_NOMEM, "out of memory for the scores");
     bool ok = true;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < tasks; task++) {
@@ -137,7 +140,43 @@ static bool score_rows(const kv_tree_sketch *sk, const float *q, int L, int H, i
     for (int task = 0; ok && task < tasks; task++)
         for (int t = 0; t < m; t++) score[t] += part[(size_t)task * m + t];
     free(part);
-    return ok;
+    return ok ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory for the scores");
+}
+
+kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double frac, int32_t *pick, int *np)
+{
+    const int m = sk->matched;
+    int nb = 0, keep = (int)ceil(frac * m);
+    if (keep > m) keep = m;
+    *np = 0;
+    for (int si = 0; si < sk->nseg; si++) nb += (sk->seg[si].n + sk->seg[si].frame_rows - 1) / sk->seg[si].frame_rows;
+    pblock *bl = malloc((size_t)(nb + 1) * sizeof *bl);
+    char *take = calloc((size_t)m + 1, 1);
+    if (!bl || !take) {
+        free(bl), free(take);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    int b = 0;
+    for (int si = 0; si < sk->nseg; si++) {
+        const kv_tree_sketch_seg *sg = &sk->seg[si];
+        for (int f = 0; f * sg->frame_rows < sg->n; f++, b++) {
+            double a = 0;
+            for (int t = f * sg->frame_rows; t < sg->n && t < (f + 1) * sg->frame_rows; t++) a += score[sg->start + t];
+            bool edge = (si == 0 && f == 0) || (si == sk->nseg - 1 && (f + 1) * sg->frame_rows >= sg->n);
+            bl[b] = (pblock){si, f, edge ? INFINITY : a};
+        }
+    }
+    qsort(bl, (size_t)nb, sizeof *bl, cmp_block);
+    int got = 0;
+    for (int i = 0; i < nb && got < keep; i++) {
+        const kv_tree_sketch_seg *sg = &sk->seg[bl[i].seg];
+        for (int t = bl[i].f * sg->frame_rows; t < sg->n && t < (bl[i].f + 1) * sg->frame_rows; t++)
+            take[sg->start + t] = 1, got++;
+    }
+    for (int t = 0; t < m; t++)
+        if (take[t]) pick[(*np)++] = t;
+    free(bl), free(take);
+    return KV_OK;
 }
 
 /* The sketch read on a second thread while the probe runs (the probe is
@@ -265,43 +304,24 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += sk.bytes_read[i];
     /* score, then whole frames by score */
     double t2 = kv_now_ms();
-    if (!st && !score_rows(&sk, q, L, H, Hkv, nq, D, score)) st = kv_fail(KV_E_NOMEM, "out of memory for the scores");
-    int nb = 0, keep = (int)ceil(o->frac * m);
-    if (keep > m) keep = m;
-    for (int si = 0; si < sk.nseg; si++) nb += (sk.seg[si].n + sk.seg[si].frame_rows - 1) / sk.seg[si].frame_rows;
-    pblock *bl = malloc((size_t)(nb + 1) * sizeof *bl);
+    if (!st && kv_runner_gpu(r)) { /* the runner is on the GPU, so a device is there: a failure is an error */
+        kv_qaware_gpu_times gt = {0, 0, 0};
+        st = kv_qaware_score_gpu(&sk, q, L, H, Hkv, nq, D, kv_gpu_engine_ordinal(kv_runner_gpu(r)), score, &gt);
+        if (st) kv_errcontext("query-aware scoring on the GPU");
+        rep->score_upload_ms = gt.upload_ms, rep->score_gpu = !st;
+    } else if (!st)
+        st = kv_qaware_score_cpu(&sk, q, L, H, Hkv, nq, D, score);
     int32_t *pick = malloc((size_t)m * sizeof *pick + 4);
-    char *take = calloc((size_t)m + 1, 1);
-    if (!st && (!bl || !pick || !take)) st = kv_fail(KV_E_NOMEM, "out of memory");
     int np = 0;
-    if (!st) {
-        int b = 0;
-        for (int si = 0; si < sk.nseg; si++) {
-            const kv_tree_sketch_seg *sg = &sk.seg[si];
-            for (int f = 0; f * sg->frame_rows < sg->n; f++, b++) {
-                double a = 0;
-                for (int t = f * sg->frame_rows; t < sg->n && t < (f + 1) * sg->frame_rows; t++) a += score[sg->start + t];
-                bool edge = (si == 0 && f == 0) || (si == sk.nseg - 1 && (f + 1) * sg->frame_rows >= sg->n);
-                bl[b] = (pblock){si, f, edge ? INFINITY : a};
-            }
-        }
-        qsort(bl, (size_t)nb, sizeof *bl, cmp_block);
-        int got = 0;
-        for (int i = 0; i < nb && got < keep; i++) {
-            const kv_tree_sketch_seg *sg = &sk.seg[bl[i].seg];
-            for (int t = bl[i].f * sg->frame_rows; t < sg->n && t < (bl[i].f + 1) * sg->frame_rows; t++)
-                take[sg->start + t] = 1, got++;
-        }
-        for (int t = 0; t < m; t++)
-            if (take[t]) pick[np++] = t;
-    }
+    if (!st && !pick) st = kv_fail(KV_E_NOMEM, "out of memory");
+    if (!st) st = kv_qaware_pick(&sk, score, o->frac, pick, &np);
     rep->score_ms = kv_now_ms() - t2;
     double t3 = kv_now_ms();
     if (!st) st = kv_tree_store_load_ex(s, ids, n - 1, 1, pick, np, false, o->now, o->al, rows, &gr);
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->row_bytes += gr.bytes_read[i];
     rep->load_ms = kv_now_ms() - t3;
     rep->kept = rows->T;
-    free(bl), free(pick), free(take), free(score), free(q), free(ql), free(ids);
+    free(pick), free(score), free(q), free(ql), free(ids);
     kv_tree_sketch_free(&sk);
     return st;
 }

@@ -49,6 +49,9 @@ typedef struct {
     double sketch_ms, probe_ms, score_ms, load_ms;
     double probe_sink_ms, probe_prefill_ms, probe_reset_ms; /* of probe_ms: the sink row's load, the
                                                               64-token prefill, the runner's reset */
+    double score_upload_ms; /* of score_ms on the GPU: the sketch's codes and the folded queries
+                               copied to the device (0 on the CPU) */
+    bool score_gpu;         /* the scores were computed on the GPU (kv_qaware_score_gpu) */
     double sketch_spawn_ms; /* of probe_prefill_ms: starting the sketch read's thread */
     double sketch_wait_ms; /* of the total: the wait for the sketch read after the probe (the read
                               runs beside the probe on a second thread; sketch_ms is its own time) */
@@ -64,5 +67,30 @@ typedef struct {
  */
 kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
                          kv_tree_rows *rows, kv_qaware_report *rep);
+
+/*
+ * Step 3 on the host, the reference the GPU's kv_qaware_score_gpu is
+ * tested against: score[t] += (t over sk->matched positions) the attention
+ * the request's queries give position t over the sketched keys, summed over
+ * layers, query heads and queries (each query's softmax is over the whole
+ * prefix).  q: (L, H, nq, D) float, the last nq queries of every layer and
+ * query head; a query head h*g..h*g+g-1 (g = H/Hkv) reads KV head h.  The
+ * query is folded with each segment's kept channels and scales,
+ * qs[i] = q[ch[i]] * scale[i] / sqrt(D), and dotted with the int8 codes in
+ * float; the softmax uses an exponential good to about 1e-5 relative.
+ * The segments must tile [0, matched) in order.  KV_E_NOMEM without
+ * memory (score then unchanged).
+ */
+kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
+                              double *score);
+
+/*
+ * Step 4: the positions to load for scores score (sk->matched), in whole
+ * frames until at least ceil(frac * matched) positions are taken: first
+ * the first frame of the first segment and the last of the last, then
+ * frames by decreasing score sum (ties: the earlier frame).  pick (room for
+ * sk->matched): the positions, increasing; *np their count.
+ */
+kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double frac, int32_t *pick, int *np);
 
 #endif

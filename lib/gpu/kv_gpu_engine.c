@@ -1164,6 +1164,7 @@ int kv_gpu_engine_pos(const kv_gpu_engine *e) { return e->pos; }
 int kv_gpu_engine_ctx(const kv_gpu_engine *e) { return e->ctx; }
 int kv_gpu_engine_n_layers(const kv_gpu_engine *e) { return e->L; }
 const char *kv_gpu_engine_device(const kv_gpu_engine *e) { return e->devname; }
+int kv_gpu_engine_ordinal(const kv_gpu_engine *e) { return e->o.device; }
 uint64_t kv_gpu_engine_weight_bytes(const kv_gpu_engine *e) { return e->wbytes; }
 uint64_t kv_gpu_engine_weight_read_bytes(const kv_gpu_engine *e) { return e->wread; }
 

@@ -272,6 +272,8 @@ int kv_gpu_engine_ctx(const kv_gpu_engine *e);
 int kv_gpu_engine_n_layers(const kv_gpu_engine *e);
 /* "NVIDIA H200 (sm_90, 143771 MiB, driver 13.0)" */
 const char *kv_gpu_engine_device(const kv_gpu_engine *e);
+/* Its CUDA device ordinal (opts.device; -1 without CUDA). */
+int kv_gpu_engine_ordinal(const kv_gpu_engine *e);
 
 /* Byte accounting of one layer, as kv_policy's: resident = GPU KV bytes,
  * host = pinned host KV bytes, fetched_* = bytes read over PCIe (copies and

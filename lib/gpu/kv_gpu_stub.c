@@ -106,6 +106,7 @@ int kv_gpu_engine_pos(const kv_gpu_engine *e) { (void)e; return 0; }
 int kv_gpu_engine_ctx(const kv_gpu_engine *e) { (void)e; return 0; }
 int kv_gpu_engine_n_layers(const kv_gpu_engine *e) { (void)e; return 0; }
 const char *kv_gpu_engine_device(const kv_gpu_engine *e) { (void)e; return "none (CUDA not built in)"; }
+int kv_gpu_engine_ordinal(const kv_gpu_engine *e) { (void)e; return -1; }
 uint64_t kv_gpu_engine_weight_bytes(const kv_gpu_engine *e) { (void)e; return 0; }
 uint64_t kv_gpu_engine_weight_read_bytes(const kv_gpu_engine *e) { (void)e; return 0; }
 

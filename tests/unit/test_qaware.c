@@ -5,7 +5,10 @@
  * loads 25% of the haystack chosen by its own queries, and those rows hold
  * the needle and give the answer the whole prompt gives (CPU, f32).  The
  * sketch itself is checked against the keys it stands for, and the store
- * stays consistent (kv_tree_store_check).
+ * stays consistent (kv_tree_store_check).  The scoring step on its own
+ * (kv_qaware_score_cpu, the GPU's reference) is checked against a direct
+ * double-precision computation on a small hand-made sketch, and the frame
+ * pick (kv_qaware_pick) on scores whose answer is known.
  */
 #include <math.h>
 #include <stdint.h>
@@ -177,8 +180,101 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kv_model_close(m);
 }
 
+/* A sketch of two segments over m = 5 positions for L 2, Hkv 2, D 8: the
+ * first of r 3 channels, 3 rows matched of 4 stored (the stride), the
+ * second of r 2 channels, 2 of 2; frames of 2 rows. */
+enum { SL = 2, SH = 4, SKV = 2, SNQ = 2, SD = 8, SM = 5 };
+
+static void small_sketch(kv_tree_sketch *sk, kv_tree_sketch_seg *seg, uint16_t ch[2][SL * SKV * 3],
+                         float sc[2][SL * SKV * 3], int8_t code[2][SL * SKV * 4 * 3])
+{
+    static const int start[2] = {0, 3}, n[2] = {3, 2}, rows[2] = {4, 2}, r[2] = {3, 2};
+    unsigned long long rs = 7;
+    for (int s = 0; s < 2; s++) {
+        for (int lh = 0; lh < SL * SKV; lh++) {
+            int c = (int)(kt_rand(&rs) * 3); /* increasing channels in [0, 8) */
+            for (int i = 0; i < r[s]; i++, c += 1 + (int)(kt_rand(&rs) * 2)) {
+                ch[s][lh * r[s] + i] = (uint16_t)c;
+                sc[s][lh * r[s] + i] = 0.01f + 0.04f * (float)kt_rand(&rs);
+            }
+            for (int t = 0; t < rows[s]; t++)
+                for (int i = 0; i < r[s]; i++)
+                    code[s][(lh * rows[s] + t) * r[s] + i] = (int8_t)(-127 + (int)(kt_rand(&rs) * 255));
+        }
+        seg[s] = (kv_tree_sketch_seg){start[s], n[s], rows[s], r[s], 2, ch[s], sc[s], code[s]};
+    }
+    memset(sk, 0, sizeof *sk);
+    sk->matched = SM, sk->nseg = 2, sk->seg = seg;
+}
+
+static void test_score_cpu_matches_a_direct_double_computation(void)
+{
+    kv_tree_sketch sk;
+    kv_tree_sketch_seg seg[2];
+    uint16_t ch[2][SL * SKV * 3];
+    float sc[2][SL * SKV * 3];
+    int8_t code[2][SL * SKV * 4 * 3];
+    small_sketch(&sk, seg, ch, sc, code);
+    float q[SL * SH * SNQ * SD]; /* (L, H, nq, D) */
+    unsigned long long rs = 11;
+    for (int i = 0; i < SL * SH * SNQ * SD; i++) q[i] = 3 * kt_randn(&rs);
+    /* the definition: per layer, query head and query, a softmax over the
+     * five positions of q[ch] * scale * code / sqrt(D), summed */
+    double want[SM] = {0};
+    for (int l = 0; l < SL; l++)
+        for (int hq = 0; hq < SH; hq++)
+            for (int k = 0; k < SNQ; k++) {
+                const int lh = l * SKV + hq / (SH / SKV);
+                const float *qv = q + ((l * SH + hq) * SNQ + k) * SD;
+                double x[SM], mx = -INFINITY, sum = 0;
+                for (int s = 0; s < 2; s++)
+                    for (int t = 0; t < seg[s].n; t++) {
+                        double a = 0;
+                        for (int i = 0; i < seg[s].r; i++)
+                            a += (double)qv[seg[s].ch[lh * seg[s].r + i]] * seg[s].scale[lh * seg[s].r + i] *
+                                 seg[s].code[(lh * seg[s].rows + t) * seg[s].r + i];
+                        x[seg[s].start + t] = a / sqrt((double)SD);
+                        if (x[seg[s].start + t] > mx) mx = x[seg[s].start + t];
+                    }
+                for (int t = 0; t < SM; t++) sum += exp(x[t] - mx);
+                for (int t = 0; t < SM; t++) want[t] += exp(x[t] - mx) / sum;
+            }
+    double got[SM] = {1, 1, 1, 1, 1}, total = 0; /* added to */
+    OK(kv_qaware_score_cpu(&sk, q, SL, SH, SKV, SNQ, SD, got));
+    for (int t = 0; t < SM; t++) {
+        KT_CHECK(fabs(got[t] - 1 - want[t]) <= 1e-5 * want[t] + 1e-7, "position %d: %.9g, want %.9g", t, got[t] - 1,
+                 want[t]);
+        total += got[t] - 1;
+    }
+    /* every softmax sums to one: L * H * nq of them */
+    KT_NEAR(total, SL * SH * SNQ, 1e-4);
+    double spread = 0;
+    for (int t = 1; t < SM; t++) spread += fabs(want[t] - want[0]);
+    KT_CHECK(spread > 0.1, "the case is not degenerate (spread %g)", spread);
+}
+
+static void test_pick_takes_the_edge_frames_then_the_best(void)
+{
+    /* frames of 2: segment 0 is [0 1][2 3][4 5], segment 1 [6 7][8 9][10] */
+    kv_tree_sketch_seg seg[2] = {{0, 6, 6, 1, 2, NULL, NULL, NULL}, {6, 5, 8, 1, 2, NULL, NULL, NULL}};
+    kv_tree_sketch sk = {.matched = 11, .nseg = 2, .seg = seg};
+    const double score[11] = {0, 0, 0.5, 0.5, 5, 5, 2, 0.5, 0.2, 0.1, 0};
+    int32_t pick[11];
+    int np = -1;
+    OK(kv_qaware_pick(&sk, score, 0.6, pick, &np)); /* 7 of 11: the edges (3), [4 5], [6 7] */
+    const int32_t want[7] = {0, 1, 4, 5, 6, 7, 10};
+    KT_CHECK(np == 7 && !memcmp(pick, want, sizeof want), "%d picked: %d %d %d %d %d %d %d", np, pick[0], pick[1],
+             pick[2], pick[3], pick[4], pick[5], pick[6]);
+    OK(kv_qaware_pick(&sk, score, 0.01, pick, &np)); /* a whole frame, the first, below the share */
+    KT_CHECK(np == 2 && pick[0] == 0 && pick[1] == 1, "%d picked", np);
+    OK(kv_qaware_pick(&sk, score, 1, pick, &np));
+    KT_CHECK(np == 11 && pick[10] == 10, "%d picked", np);
+}
+
 int main(void)
 {
+    KT_RUN(test_score_cpu_matches_a_direct_double_computation);
+    KT_RUN(test_pick_takes_the_edge_frames_then_the_best);
     KT_RUN(test_query_aware_quarter_keeps_the_needle);
     return kt_done();
 }
