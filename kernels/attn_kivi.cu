@@ -96,10 +96,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     __syncthreads();
 
     if (split >= a.nsplit_p) { /* fp16 residual tokens */
-        int t0 = (split - a.nsplit_p) * a.res_tps, t1 = min(a.nres, t0 + a.res_tps);
-        size_t off = (size_t)kvh * a.nres * D;
-        kv_f16_block_partial<D, HPG, false>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
-                                            a.nsplit, reinterpret_cast<float *>(&stage[0][0][0]));
+        kv_kivi_residual_split<D, HPG>(a, qsm, kvh, split, reinterpret_cast<float *>(&stage[0][0][0]));
         return;
     }
 
@@ -202,25 +199,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
 
         /* Online softmax over the group: LPH lanes per head. */
         {
-            float *row = ps + hh * G + li * TPL;
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j]);
-#pragma unroll
-            for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, o));
-            float mnew = fmaxf(m_run, mx);
-            float corr = kv_exp2_diff(m_run, mnew);
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < TPL; j++) {
-                float p = exp2f(row[j] - mnew);
-                row[j] = p;
-                sum += p;
-            }
-#pragma unroll
-            for (int o = LPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(KV_FULL_MASK, sum, o);
-            l_run = l_run * corr + sum;
-            m_run = mnew;
+            const float corr = kv_kivi_softmax_step<TPL, LPH, 1>(ps + hh * G + li * TPL, m_run, l_run);
             if (li == 0) corr_sm[warp][hh] = corr;
         }
         __syncwarp();
@@ -407,44 +386,6 @@ struct kv2k {
     }
 };
 
-/* {h[c0], h[c1]} from 16 words holding 32 consecutive halves. */
-template <int C0, int C1>
-__device__ __forceinline__ uint32_t kv2_pair(const uint32_t (&w)[16])
-{
-    return __byte_perm(w[C0 >> 1], w[C1 >> 1],
-                       ((C0 & 1) ? 0x32u : 0x10u) | ((C1 & 1) ? 0x7600u : 0x5400u));
-}
-
-template <int K>
-__device__ __forceinline__ uint32_t kv2_shift(uint32_t w)
-{
-    return K >= 0 ? (w << (K & 31)) : (w >> ((-K) & 31));
-}
-
-__device__ __forceinline__ uint32_t kv2_hmul2(uint32_t a, uint32_t b)
-{
-    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&a), *reinterpret_cast<__half2 *>(&b));
-    return *reinterpret_cast<uint32_t *>(&r);
-}
-
-/* Channel of value tile i, row half r (0: row g, 1: row g+8), for lane group g. */
-template <int BITS>
-__host__ __device__ constexpr int kv2_vchan(int i, int r, int g)
-{
-    return BITS == 1 ? 64 * (i >> 2) + 8 * g + 2 * (i & 3) + 1 - r
-                     : 64 * (i >> 2) + 8 * g + 2 * (i & 3) + r;
-}
-
-__device__ __forceinline__ void kv2_load16(uint32_t (&w)[16], const __half *p)
-{
-    const uint4 *s = reinterpret_cast<const uint4 *>(p);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint4 u = s[i];
-        w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
-    }
-}
-
 /* Variants (VAR bits), for measurement: 1 starts the score MMAs from zero
  * and adds q . zero at the store (the zero MMAs leave the critical path);
  * 2 pads each head's row of scores to G + 8 floats and has softmax lanes
@@ -485,10 +426,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     __syncthreads();
 
     if (split >= a.nsplit_p) { /* fp16 residual tokens */
-        int t0 = (split - a.nsplit_p) * a.res_tps, t1 = min(a.nres, t0 + a.res_tps);
-        size_t off = (size_t)kvh * a.nres * D;
-        kv_f16_block_partial<D, HPG, false>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
-                                            a.nsplit, reinterpret_cast<float *>(&stage[0][0][0]));
+        kv_kivi_residual_split<D, HPG>(a, qsm, kvh, split, reinterpret_cast<float *>(&stage[0][0][0]));
         return;
     }
 
@@ -499,27 +437,11 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
 
     /* Query pairs (B operand of the key MMAs before the scales), head g. */
     uint32_t qf[C::KS][2];
-#pragma unroll
-    for (int s = 0; s < C::KS; s++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            float lo = 0.0f, hi = 0.0f;
-            if (g < HPG) {
-                lo = qsm[g * D + 32 * t + KK::chan(s, j, 0)] * KK::fold(s, j);
-                hi = qsm[g * D + 32 * t + KK::chan(s, j, 1)] * KK::fold(s, j);
-            }
-            qf[s][j] = kv_pack_half2(lo, hi);
-        }
+    kv_kivi_fold_q<KK, C::KS, HPG, D>(qf, qsm, g, t);
 
     float O[8][4], Z[2][4];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) O[i][e] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) Z[i][e] = 0.0f;
+    kv_kivi_clear(O);
+    kv_kivi_clear(Z);
     float m_run = -INFINITY, l_run = 0.0f;
 
     /* B of the value MMAs: column g < HPG is head g times the value scale,
@@ -554,18 +476,18 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         {
             uint32_t w[16];
-            kv2_load16(w, sks + 32 * t);
+            kv_kivi_load16(w, sks + 32 * t);
 #define KV2_FOLD(S)                                                                           \
-    bk[S][0] = kv2_hmul2(qf[S][0], kv2_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w));          \
-    bk[S][1] = kv2_hmul2(qf[S][1], kv2_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w));
+    bk[S][0] = kv_kivi_hmul2(qf[S][0], kv_kivi_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w));          \
+    bk[S][1] = kv_kivi_hmul2(qf[S][1], kv_kivi_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w));
             KV2_FOLD(0) KV2_FOLD(1) KV2_FOLD(2) KV2_FOLD(3) KV2_FOLD(4) KV2_FOLD(5) KV2_FOLD(6) KV2_FOLD(7)
 #undef KV2_FOLD
-            kv2_load16(w, skz + 32 * t);
+            kv_kivi_load16(w, skz + 32 * t);
 #define KV2_ZERO(S)                                                                           \
     {                                                                                         \
-        uint32_t z0 = kv2_hmul2(kv2_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w),           \
+        uint32_t z0 = kv_kivi_hmul2(kv_kivi_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w),           \
                                 kv_pack_half2(KK::unfold(S, 0), KK::unfold(S, 0)));           \
-        uint32_t z1 = kv2_hmul2(kv2_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w),           \
+        uint32_t z1 = kv_kivi_hmul2(kv_kivi_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w),           \
                                 kv_pack_half2(KK::unfold(S, 1), KK::unfold(S, 1)));           \
         uint32_t az[4] = {z0, z0, z1, z1};                                                    \
         uint32_t bq[2] = {qf[S][0], qf[S][1]};                                                \
@@ -604,7 +526,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
                 uint32_t wb = reinterpret_cast<const uint32_t *>(skc + rb * C::RB)[t];
 #define KV2_K1(S)                                                                             \
     {                                                                                         \
-        uint32_t ya = kv2_shift<13 - 2 * S>(wa), yb = kv2_shift<13 - 2 * S>(wb);              \
+        uint32_t ya = kv_kivi_shift<13 - 2 * S>(wa), yb = kv_kivi_shift<13 - 2 * S>(wb);              \
         uint32_t af[4] = {ya & 0x40004000u, yb & 0x40004000u, ya & 0x20002000u, yb & 0x20002000u}; \
         uint32_t bf[2] = {bk[S][0], bk[S][1]};                                                \
         kv_mma_16816(c, af, bf);                                                              \
@@ -626,14 +548,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
 #pragma unroll
                 for (int e = 0; e < 4; e++) c[e] += cz[e];
             }
-            if (2 * t < HPG) {
-                ps[(2 * t) * PST + ra] = c[0];
-                ps[(2 * t) * PST + rb] = c[2];
-            }
-            if (2 * t + 1 < HPG) {
-                ps[(2 * t + 1) * PST + ra] = c[1];
-                ps[(2 * t + 1) * PST + rb] = c[3];
-            }
+            kv_kivi_store_scores<HPG, PST>(ps, c, t, ra, rb);
         }
         __syncwarp();
 
@@ -642,24 +557,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
         {
             constexpr int JS = (VAR & KV2_VAR_PAD) ? LPH : 1; /* element stride of a lane */
             float *row = ps + hh * PST + ((VAR & KV2_VAR_PAD) ? li : li * TPL);
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j * JS]);
-#pragma unroll
-            for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, o));
-            float mnew = fmaxf(m_run, mx);
-            float corr = kv_exp2_diff(m_run, mnew);
-            float sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < TPL; j++) {
-                float p = exp2f(row[j * JS] - mnew);
-                row[j * JS] = p;
-                sum += p;
-            }
-#pragma unroll
-            for (int o = LPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(KV_FULL_MASK, sum, o);
-            l_run = l_run * corr + sum;
-            m_run = mnew;
+            const float corr = kv_kivi_softmax_step<TPL, LPH, JS>(row, m_run, l_run);
             if (li == 0) corr_sm[warp][hh] = corr;
         }
         __syncwarp();
@@ -669,18 +567,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
             continue;
         }
         const float cra = corr_sm[warp][(2 * t) % HPG], crb = corr_sm[warp][(2 * t + 1) % HPG];
-        if (__any_sync(KV_FULL_MASK, cra != 1.0f || crb != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                O[i][0] *= cra, O[i][2] *= cra;
-                O[i][1] *= crb, O[i][3] *= crb;
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                Z[i][0] *= cra, Z[i][2] *= cra;
-                Z[i][1] *= crb, Z[i][3] *= crb;
-            }
-        }
+        if (__any_sync(KV_FULL_MASK, cra != 1.0f || crb != 1.0f)) kv_kivi_rescale(O, Z, cra, crb);
 
         /* Values, 16 tokens per step: O^T += codes^T * (p * scale). */
         const float *pv = ps + vh * PST;
@@ -733,7 +620,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
                 } else {
 #define KV2_V1(I)                                                                             \
     {                                                                                         \
-        uint32_t s0 = kv2_shift<13 - 2 * I>(yab), s1 = kv2_shift<13 - 2 * I>(ycd);            \
+        uint32_t s0 = kv_kivi_shift<13 - 2 * I>(yab), s1 = kv_kivi_shift<13 - 2 * I>(ycd);            \
         uint32_t af[4] = {s0 & 0x40004000u, s0 & 0x20002000u, s1 & 0x40004000u, s1 & 0x20002000u}; \
         kv_mma_16816(O[I], af, bv[(I) >> 2]);                                                 \
     }
@@ -768,16 +655,7 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
     /* Per warp: O^T tiles plus the value-zero sums into shared memory (this
      * warp's staging area), then merge the warps as v1. */
     float zv[2][2]; /* [group][column parity]: p . zero of head 2t + parity */
-#pragma unroll
-    for (int gv = 0; gv < 2; gv++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int col = (HPG + ((2 * t + e) % HPG)) % 8;
-            const int src = g * 4 + (col >> 1);
-            float z0 = __shfl_sync(KV_FULL_MASK, Z[gv][0], src);
-            float z1 = __shfl_sync(KV_FULL_MASK, Z[gv][1], src);
-            zv[gv][e] = (col & 1) ? z1 : z0;
-        }
+    kv_kivi_zero_cols<HPG>(zv, Z, g, t);
     static_assert(C::TOTAL * 16 >= HPG * D * 4, "staging area holds one warp's output");
     __syncwarp();
     float *osm = reinterpret_cast<float *>(stage[0][warp]);
@@ -789,12 +667,12 @@ __global__ void __launch_bounds__(KV_KIVI_THREADS, MINB)
             if constexpr (ALPHA) {
                 const int pp = 8 + 2 * (i & 3) + r;
                 if (n < HPG)
-                    osm[n * D + kv2_vchan<2>(i, r, g)] =
+                    osm[n * D + kv_kivi_vchan<2>(i, r, g)] =
                         (O[i][e] - kv2_alpha(pp) * Z[i >> 2][e & 1]) * (1.0f / kv2_beta(pp)) +
                         zv[i >> 2][e & 1];
             } else {
                 const float f = BITS == 1 ? (r == 0 ? 0.5f : 128.0f) : 1.0f;
-                if (n < HPG) osm[n * D + kv2_vchan<BITS>(i, r, g)] = O[i][e] * f + zv[i >> 2][e & 1];
+                if (n < HPG) osm[n * D + kv_kivi_vchan<BITS>(i, r, g)] = O[i][e] * f + zv[i >> 2][e & 1];
             }
         }
     }

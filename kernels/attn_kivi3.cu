@@ -132,35 +132,6 @@ __device__ __forceinline__ void kv3_prefetch(const kivi3_args &a, int kvh, int s
 #endif
 }
 
-template <int K>
-__device__ __forceinline__ uint32_t kv3_shift(uint32_t w)
-{
-    return K >= 0 ? (w << (K & 31)) : (w >> ((-K) & 31));
-}
-
-__device__ __forceinline__ uint32_t kv3_hmul2(uint32_t a, uint32_t b)
-{
-    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&a), *reinterpret_cast<__half2 *>(&b));
-    return *reinterpret_cast<uint32_t *>(&r);
-}
-
-/* {h[c0], h[c1]} from 16 words holding 32 consecutive halves. */
-template <int C0, int C1>
-__device__ __forceinline__ uint32_t kv3_pair(const uint32_t (&w)[16])
-{
-    return __byte_perm(w[C0 >> 1], w[C1 >> 1], ((C0 & 1) ? 0x32u : 0x10u) | ((C1 & 1) ? 0x7600u : 0x5400u));
-}
-
-__device__ __forceinline__ void kv3_load16(uint32_t (&w)[16], const __half *p)
-{
-    const uint4 *s = reinterpret_cast<const uint4 *>(p);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint4 u = s[i];
-        w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
-    }
-}
-
 /*
  * Key operand layout.  Lane (g, t) of a score MMA holds, for k-step s, the
  * half pairs j = 0 (k slots 2t, 2t+1) and j = 1 (2t+8, 2t+9); chan() is the
@@ -184,13 +155,6 @@ template <int BITS> struct kv3_keys {
         return BITS == 1 ? (j == 0 ? 0.5f : 128.0f) : BITS == 2 ? ((s & 1) ? 4.0f : 16.0f) : 16.0f;
     }
 };
-
-/* Channel of value tile i, row half r (0: row g, 1: row g+8), for lane group g (v2's). */
-template <int BITS>
-__host__ __device__ constexpr int kv3_vchan(int i, int r, int g)
-{
-    return BITS == 1 ? 64 * (i >> 2) + 8 * g + 2 * (i & 3) + 1 - r : 64 * (i >> 2) + 8 * g + 2 * (i & 3) + r;
-}
 
 #define KV3_ONE2 0x3C003C00u  /* half2 {1, 1} */
 /* The MMAs of the key and of the value stage; DIAG 4 leaves the first out,
@@ -293,10 +257,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
     __syncthreads();
 
     if (split >= a.nsplit_p) { /* fp16 residual tokens */
-        const int t0 = (split - a.nsplit_p) * a.res_tps, t1 = min(a.nres, t0 + a.res_tps);
-        const size_t off = (size_t)kvh * a.nres * D;
-        kv_f16_block_partial<D, HPG, false>(qsm, a.kres + off, a.vres + off, t0, t1, a.part, kvh, split,
-                                            a.nsplit, reinterpret_cast<float *>(ring));
+        kv_kivi_residual_split<D, HPG>(a, qsm, kvh, split, reinterpret_cast<float *>(ring));
     } else {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3;
@@ -305,27 +266,11 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         uint4 *wring = ring + warp * NST * C::TOTAL; /* this warp's stages */
 
         uint32_t qf[C::KS][2]; /* query pairs of head g, times the fold */
-#pragma unroll
-        for (int s = 0; s < C::KS; s++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float lo = 0.0f, hi = 0.0f;
-                if (g < HPG) {
-                    lo = qsm[g * D + 32 * t + KK::chan(s, j, 0)] * KK::fold(s, j);
-                    hi = qsm[g * D + 32 * t + KK::chan(s, j, 1)] * KK::fold(s, j);
-                }
-                qf[s][j] = kv_pack_half2(lo, hi);
-            }
+        kv_kivi_fold_q<KK, C::KS, HPG, D>(qf, qsm, g, t);
 
         float O[8][4], Z[2][4];
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) O[i][e] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) Z[i][e] = 0.0f;
+        kv_kivi_clear(O);
+        kv_kivi_clear(Z);
         float m_run = -INFINITY, l_run = 0.0f;
         float zs[2] = {0.0f, 0.0f}; /* ZALU: this lane's part of column g's sums, per value group */
         /* B of the value MMAs: column g < HPG is head g times the value
@@ -363,18 +308,18 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
             float cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             {
                 uint32_t w[16];
-                kv3_load16(w, sks + 32 * t);
+                kv_kivi_load16(w, sks + 32 * t);
 #define KV3_FOLD(S)                                                                          \
-    bk[S][0] = kv3_hmul2(qf[S][0], kv3_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w));         \
-    bk[S][1] = kv3_hmul2(qf[S][1], kv3_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w));
+    bk[S][0] = kv_kivi_hmul2(qf[S][0], kv_kivi_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w));         \
+    bk[S][1] = kv_kivi_hmul2(qf[S][1], kv_kivi_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w));
                 KV3_FOLD(0) KV3_FOLD(1) KV3_FOLD(2) KV3_FOLD(3) KV3_FOLD(4) KV3_FOLD(5) KV3_FOLD(6) KV3_FOLD(7)
 #undef KV3_FOLD
-                kv3_load16(w, skz + 32 * t);
+                kv_kivi_load16(w, skz + 32 * t);
 #define KV3_ZERO(S)                                                                          \
     {                                                                                        \
-        const uint32_t z0 = kv3_hmul2(kv3_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w),    \
+        const uint32_t z0 = kv_kivi_hmul2(kv_kivi_pair<KK::chan(S, 0, 0), KK::chan(S, 0, 1)>(w),    \
                                       kv_pack_half2(1.0f / KK::fold(S, 0), 1.0f / KK::fold(S, 0))); \
-        const uint32_t z1 = kv3_hmul2(kv3_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w),    \
+        const uint32_t z1 = kv_kivi_hmul2(kv_kivi_pair<KK::chan(S, 1, 0), KK::chan(S, 1, 1)>(w),    \
                                       kv_pack_half2(1.0f / KK::fold(S, 1), 1.0f / KK::fold(S, 1))); \
         const uint32_t az[4] = {z0, z0, z1, z1};                                             \
         const uint32_t bq[2] = {qf[S][0], qf[S][1]};                                         \
@@ -399,7 +344,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     const uint32_t wb = reinterpret_cast<const uint32_t *>(skc + rb * C::RB)[t];
 #define KV3_K1(S)                                                                            \
     {                                                                                        \
-        const uint32_t ya = kv3_shift<13 - 2 * S>(wa), yb = kv3_shift<13 - 2 * S>(wb);       \
+        const uint32_t ya = kv_kivi_shift<13 - 2 * S>(wa), yb = kv_kivi_shift<13 - 2 * S>(wb);       \
         const uint32_t af[4] = {ya & 0x40004000u, yb & 0x40004000u, ya & 0x20002000u, yb & 0x20002000u}; \
         const uint32_t bf[2] = {bk[S][0], bk[S][1]};                                         \
         KV3_KMMA(c, af, bf);                                                                 \
@@ -414,10 +359,10 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
 #define KV3_K4(S)                                                                            \
     {                                                                                        \
-        const uint32_t ya0 = kv3_shift<6 - 4 * ((2 * S) & 3)>(wa4[(2 * S) >> 2]);            \
-        const uint32_t yb0 = kv3_shift<6 - 4 * ((2 * S) & 3)>(wb4[(2 * S) >> 2]);            \
-        const uint32_t ya1 = kv3_shift<6 - 4 * ((2 * S + 1) & 3)>(wa4[(2 * S + 1) >> 2]);    \
-        const uint32_t yb1 = kv3_shift<6 - 4 * ((2 * S + 1) & 3)>(wb4[(2 * S + 1) >> 2]);    \
+        const uint32_t ya0 = kv_kivi_shift<6 - 4 * ((2 * S) & 3)>(wa4[(2 * S) >> 2]);            \
+        const uint32_t yb0 = kv_kivi_shift<6 - 4 * ((2 * S) & 3)>(wb4[(2 * S) >> 2]);            \
+        const uint32_t ya1 = kv_kivi_shift<6 - 4 * ((2 * S + 1) & 3)>(wa4[(2 * S + 1) >> 2]);    \
+        const uint32_t yb1 = kv_kivi_shift<6 - 4 * ((2 * S + 1) & 3)>(wb4[(2 * S + 1) >> 2]);    \
         const uint32_t af[4] = {(ya0 & 0x03C003C0u) | KV3_ONE2, (yb0 & 0x03C003C0u) | KV3_ONE2, \
                                 (ya1 & 0x03C003C0u) | KV3_ONE2, (yb1 & 0x03C003C0u) | KV3_ONE2}; \
         const uint32_t bf[2] = {bk[S][0], bk[S][1]};                                         \
@@ -431,8 +376,8 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     /* k-steps S - 1 and S (S odd) from one shift of each word */
 #define KV3_K2(S)                                                                            \
     {                                                                                        \
-        const uint32_t xa = kv3_shift<8 - 2 * S>(wa.x), xb = kv3_shift<8 - 2 * S>(wb.x);     \
-        const uint32_t ya = kv3_shift<8 - 2 * S>(wa.y), yb = kv3_shift<8 - 2 * S>(wb.y);     \
+        const uint32_t xa = kv_kivi_shift<8 - 2 * S>(wa.x), xb = kv_kivi_shift<8 - 2 * S>(wb.x);     \
+        const uint32_t ya = kv_kivi_shift<8 - 2 * S>(wa.y), yb = kv_kivi_shift<8 - 2 * S>(wb.y);     \
         const uint32_t ae[4] = {(xa & 0x00C000C0u) | KV3_ONE2, (xb & 0x00C000C0u) | KV3_ONE2, \
                                 (ya & 0x00C000C0u) | KV3_ONE2, (yb & 0x00C000C0u) | KV3_ONE2}; \
         const uint32_t ao[4] = {(xa & 0x03000300u) | KV3_ONE2, (xb & 0x03000300u) | KV3_ONE2, \
@@ -444,54 +389,20 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     KV3_K2(1) KV3_K2(3) KV3_K2(5) KV3_K2(7)
 #undef KV3_K2
                 }
-                if (2 * t < HPG) {
-                    ps[(2 * t) * G + ra] = c[0];
-                    ps[(2 * t) * G + rb] = c[2];
-                }
-                if (2 * t + 1 < HPG) {
-                    ps[(2 * t + 1) * G + ra] = c[1];
-                    ps[(2 * t + 1) * G + rb] = c[3];
-                }
+                kv_kivi_store_scores<HPG, G>(ps, c, t, ra, rb);
             }
             __syncwarp();
 
             /* Online softmax over the group: LPH lanes per head. */
             {
-                float *row = ps + hh * G + li * TPL;
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < TPL; j++) mx = fmaxf(mx, row[j]);
-#pragma unroll
-                for (int o = LPH / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, o));
-                const float mnew = fmaxf(m_run, mx);
-                const float corr = kv_exp2_diff(m_run, mnew);
-                float sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < TPL; j++) {
-                    const float p = exp2f(row[j] - mnew);
-                    row[j] = p;
-                    sum += p;
-                }
-#pragma unroll
-                for (int o = LPH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(KV_FULL_MASK, sum, o);
-                l_run = l_run * corr + sum;
-                m_run = mnew;
+                const float corr = kv_kivi_softmax_step<TPL, LPH, 1>(ps + hh * G + li * TPL, m_run, l_run);
                 if (li == 0) corr_sm[warp * HPG + hh] = corr;
             }
             __syncwarp();
 
             const float cra = corr_sm[warp * HPG + (2 * t) % HPG], crb = corr_sm[warp * HPG + (2 * t + 1) % HPG];
             if (__any_sync(KV_FULL_MASK, cra != 1.0f || crb != 1.0f)) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    O[i][0] *= cra, O[i][2] *= cra;
-                    O[i][1] *= crb, O[i][3] *= crb;
-                }
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    Z[i][0] *= cra, Z[i][2] *= cra;
-                    Z[i][1] *= crb, Z[i][3] *= crb;
-                }
+                kv_kivi_rescale(O, Z, cra, crb);
                 if constexpr (ZALU) {
                     const float crv = corr_sm[warp * HPG + vh];
                     zs[0] *= crv, zs[1] *= crv;
@@ -511,10 +422,10 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     const uint2 sab = *reinterpret_cast<const uint2 *>(sv + 2 * ta);
                     const uint2 scd = *reinterpret_cast<const uint2 *>(sv + 2 * tc);
                     const uint32_t p2ab = kv_pack_half2(pab.x, pab.y), p2cd = kv_pack_half2(pcd.x, pcd.y);
-                    bv[0][0] = kv3_hmul2(p2ab, __byte_perm(sab.x, sab.y, 0x5410u));
-                    bv[1][0] = kv3_hmul2(p2ab, __byte_perm(sab.x, sab.y, 0x7632u));
-                    bv[0][1] = kv3_hmul2(p2cd, __byte_perm(scd.x, scd.y, 0x5410u));
-                    bv[1][1] = kv3_hmul2(p2cd, __byte_perm(scd.x, scd.y, 0x7632u));
+                    bv[0][0] = kv_kivi_hmul2(p2ab, __byte_perm(sab.x, sab.y, 0x5410u));
+                    bv[1][0] = kv_kivi_hmul2(p2ab, __byte_perm(sab.x, sab.y, 0x7632u));
+                    bv[0][1] = kv_kivi_hmul2(p2cd, __byte_perm(scd.x, scd.y, 0x5410u));
+                    bv[1][1] = kv_kivi_hmul2(p2cd, __byte_perm(scd.x, scd.y, 0x7632u));
                 }
                 if constexpr (ZALU) {
 #pragma unroll
@@ -541,7 +452,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     const uint32_t yab = __byte_perm(u0, u1, 0x5410u), ycd = __byte_perm(u2, u3, 0x5410u);
 #define KV3_V1(I)                                                                            \
     {                                                                                        \
-        const uint32_t s0 = kv3_shift<13 - 2 * I>(yab), s1 = kv3_shift<13 - 2 * I>(ycd);     \
+        const uint32_t s0 = kv_kivi_shift<13 - 2 * I>(yab), s1 = kv_kivi_shift<13 - 2 * I>(ycd);     \
         const uint32_t af[4] = {s0 & 0x40004000u, s0 & 0x20002000u, s1 & 0x40004000u, s1 & 0x20002000u}; \
         KV3_VMMA(O[I], af, bv[(I) >> 2]);                                                    \
     }
@@ -556,8 +467,8 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
         const uint32_t w0 = r0[8 * GV + g], w1 = r1[8 * GV + g], w2 = r2[8 * GV + g], w3 = r3[8 * GV + g]; \
         const uint32_t yab = __byte_perm(w0, w1, C0 < 4 ? 0x5410u : 0x7632u);               \
         const uint32_t ycd = __byte_perm(w2, w3, C0 < 4 ? 0x5410u : 0x7632u);               \
-        const uint32_t a0 = kv3_shift<6 - 4 * (C0 & 3)>(yab), a1 = kv3_shift<6 - 4 * (C1 & 3)>(yab); \
-        const uint32_t c0 = kv3_shift<6 - 4 * (C0 & 3)>(ycd), c1 = kv3_shift<6 - 4 * (C1 & 3)>(ycd); \
+        const uint32_t a0 = kv_kivi_shift<6 - 4 * (C0 & 3)>(yab), a1 = kv_kivi_shift<6 - 4 * (C1 & 3)>(yab); \
+        const uint32_t c0 = kv_kivi_shift<6 - 4 * (C0 & 3)>(ycd), c1 = kv_kivi_shift<6 - 4 * (C1 & 3)>(ycd); \
         const uint32_t af[4] = {(a0 & 0x03C003C0u) | KV3_ONE2, (a1 & 0x03C003C0u) | KV3_ONE2, \
                                 (c0 & 0x03C003C0u) | KV3_ONE2, (c1 & 0x03C003C0u) | KV3_ONE2}; \
         KV3_VMMA(O[I], af, bv[GV]);                                                          \
@@ -575,8 +486,8 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     const uint32_t ycd[2] = {__byte_perm(u2, u3, 0x5410u), __byte_perm(u2, u3, 0x7632u)};
 #define KV3_V2(I)                                                                            \
     {                                                                                        \
-        const uint32_t s0 = kv3_shift<6 - 4 * ((I) & 3)>(yab[(I) >> 2]);                      \
-        const uint32_t s1 = kv3_shift<6 - 4 * ((I) & 3)>(ycd[(I) >> 2]);                      \
+        const uint32_t s0 = kv_kivi_shift<6 - 4 * ((I) & 3)>(yab[(I) >> 2]);                      \
+        const uint32_t s1 = kv_kivi_shift<6 - 4 * ((I) & 3)>(ycd[(I) >> 2]);                      \
         const uint32_t af[4] = {(s0 & 0x00C000C0u) | KV3_ONE2, (s0 & 0x03000300u) | KV3_ONE2, \
                                 (s1 & 0x00C000C0u) | KV3_ONE2, (s1 & 0x03000300u) | KV3_ONE2}; \
         KV3_VMMA(O[I], af, bv[(I) >> 2]);                                                    \
@@ -609,16 +520,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                     Z[gv][e] = __shfl_sync(KV_FULL_MASK, zs[gv], 4 * ((2 * t + e) % 8));
                 }
         } else {
-#pragma unroll
-            for (int gv = 0; gv < 2; gv++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int col = (HPG + ((2 * t + e) % HPG)) % 8;
-                    const int src = g * 4 + (col >> 1);
-                    const float z0 = __shfl_sync(KV_FULL_MASK, Z[gv][0], src);
-                    const float z1 = __shfl_sync(KV_FULL_MASK, Z[gv][1], src);
-                    zv[gv][e] = (col & 1) ? z1 : z0;
-                }
+            kv_kivi_zero_cols<HPG>(zv, Z, g, t);
         }
         __syncwarp();
         float *osm = reinterpret_cast<float *>(wring);
@@ -633,7 +535,7 @@ __global__ void __launch_bounds__(KV3_THREADS, 4) attn_kivi3(kivi3_args a)
                         o = O[i][e] * (r == 0 ? 0.5f : 128.0f);
                     else /* remove the sum of p * scale that the 1 in each code half added */
                         o = (O[i][e] - Z[i >> 2][e & 1]) * (BITS == 4 || r == 0 ? 16.0f : 4.0f);
-                    osm[n * D + kv3_vchan<BITS>(i, r, g)] = o + zv[i >> 2][e & 1];
+                    osm[n * D + kv_kivi_vchan<BITS>(i, r, g)] = o + zv[i >> 2][e & 1];
                 }
             }
         }

@@ -12,6 +12,29 @@
 #include "eng_common.cuh"
 #include "common/kv_layout.h"
 
+/* zero[s] + scale[s] * code of column c of a packed row, as the CPU computes
+ * it (in float, no FMA contraction); zero and scale hold fp16 bits. */
+__device__ __forceinline__ static float expand_affine(const uint16_t *zero, const uint16_t *scale, size_t s,
+                                                      const uint8_t *row, int c, int bits)
+{
+    float code = (float)kv_code_get(row, c, bits);
+    return __fadd_rn(__half2float(__ushort_as_half(zero[s])), __fmul_rn(__half2float(__ushort_as_half(scale[s])), code));
+}
+
+/* Both expanders' launch: a thread an element of the (nkv, T, hd) output,
+ * grid-strided past 65535 blocks of 256. */
+template <typename Y>
+static cudaError_t expand_launch(void (*kernel)(Y, int, uint16_t *, uint16_t *, size_t), const Y *y, int T,
+                                 uint16_t *k, uint16_t *v, size_t ld, cudaStream_t s)
+{
+    size_t n = (size_t)y->nkv * (size_t)T * (size_t)y->hd;
+    if (n == 0) return cudaSuccess;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, kernel, dim3((unsigned)blocks), dim3(256), 0, s, *y, T, k, v, ld));
+    return cudaSuccess;
+}
+
 __global__ void kivi_expand_kernel(eng_kivi_layer y, int T, uint16_t *ok, uint16_t *ov,
                                    size_t ld)
 {
@@ -29,12 +52,8 @@ __global__ void kivi_expand_kernel(eng_kivi_layer y, int T, uint16_t *ok, uint16
             size_t r = (size_t)h * (size_t)y.cap + (size_t)t;
             size_t ks = ((size_t)h * (size_t)y.ngk + (size_t)(t / y.group)) * (size_t)hd + (size_t)c;
             size_t vs = r * (size_t)nvs + (size_t)(c / y.gv);
-            float kc = (float)kv_code_get(y.kc + r * rb, c, y.bits);
-            float vc = (float)kv_code_get(y.vc + r * rb, c, y.bits);
-            float kf = __fadd_rn(__half2float(__ushort_as_half(y.kz[ks])),
-                                 __fmul_rn(__half2float(__ushort_as_half(y.ks[ks])), kc));
-            float vf = __fadd_rn(__half2float(__ushort_as_half(y.vz[vs])),
-                                 __fmul_rn(__half2float(__ushort_as_half(y.vs[vs])), vc));
+            float kf = expand_affine(y.kz, y.ks, ks, y.kc + r * rb, c, y.bits);
+            float vf = expand_affine(y.vz, y.vs, vs, y.vc + r * rb, c, y.bits);
             kk = __float2half_rn(kf);
             vv = __float2half_rn(vf);
         } else {
@@ -51,13 +70,7 @@ __global__ void kivi_expand_kernel(eng_kivi_layer y, int T, uint16_t *ok, uint16
 extern "C" cudaError_t eng_kivi_expand(const eng_kivi_layer *y, int T, uint16_t *k, uint16_t *v,
                                        size_t ld, cudaStream_t s)
 {
-    size_t n = (size_t)y->nkv * (size_t)T * (size_t)y->hd;
-    if (n == 0) return cudaSuccess;
-    size_t blocks = (n + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    CUDA_CHECK(kv_launch(KV_PDL_NONE, kivi_expand_kernel, dim3((unsigned)blocks), dim3(256), 0, s,
-                         *y, T, k, v, ld));
-    return cudaSuccess;
+    return expand_launch(kivi_expand_kernel, y, T, k, v, ld, s);
 }
 
 // --- DSQ ---------------------------------------------------------------------
@@ -94,9 +107,7 @@ __global__ void dsq_expand_kernel(eng_dsq_layer y, int T, uint16_t *ok, uint16_t
             } else {
                 size_t r = hw * (size_t)nn + (size_t)dsq_rank(mask, j, 0);
                 size_t so = r * (size_t)nvs + (size_t)(c / y.gd);
-                float kc = (float)kv_code_get(y.kcodes + r * rbk, c, y.kbits);
-                kf = __fadd_rn(__half2float(__ushort_as_half(y.kzero[so])),
-                               __fmul_rn(__half2float(__ushort_as_half(y.kscale[so])), kc));
+                kf = expand_affine(y.kzero, y.kscale, so, y.kcodes + r * rbk, c, y.kbits);
                 kf = __fadd_rn(__half2float(__ushort_as_half(y.kbase[hw * hd + c])), kf);
             }
             if (kv_dsq_mask_get(vmask, j)) {
@@ -105,9 +116,7 @@ __global__ void dsq_expand_kernel(eng_dsq_layer y, int T, uint16_t *ok, uint16_t
             } else {
                 size_t r = hw * (size_t)nn + (size_t)dsq_rank(vmask, j, 0);
                 size_t so = r * (size_t)nvs + (size_t)(c / y.gd);
-                float vc = (float)kv_code_get(y.vcodes + r * rbv, c, y.vbits);
-                vf = __fadd_rn(__half2float(__ushort_as_half(y.vzero[so])),
-                               __fmul_rn(__half2float(__ushort_as_half(y.vscale[so])), vc));
+                vf = expand_affine(y.vzero, y.vscale, so, y.vcodes + r * rbv, c, y.vbits);
             }
         } else {
             size_t r = ((size_t)h * (size_t)y.ring + (size_t)(t % y.ring)) * (size_t)hd + (size_t)c;
@@ -123,13 +132,7 @@ __global__ void dsq_expand_kernel(eng_dsq_layer y, int T, uint16_t *ok, uint16_t
 extern "C" cudaError_t eng_dsq_expand(const eng_dsq_layer *y, int T, uint16_t *k, uint16_t *v,
                                       size_t ld, cudaStream_t s)
 {
-    size_t n = (size_t)y->nkv * (size_t)T * (size_t)y->hd;
-    if (n == 0) return cudaSuccess;
-    size_t blocks = (n + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    CUDA_CHECK(kv_launch(KV_PDL_NONE, dsq_expand_kernel, dim3((unsigned)blocks), dim3(256), 0, s,
-                         *y, T, k, v, ld));
-    return cudaSuccess;
+    return expand_launch(dsq_expand_kernel, y, T, k, v, ld, s);
 }
 
 /* One block per KV head; its query heads in order, as the CPU policy adds

@@ -66,6 +66,19 @@ void gl_dfree(void *pp)
     *p = NULL;
 }
 
+kv_status gl_grow_kv(void *pk, void *pv, size_t *have, size_t need, size_t n, const char *what_k,
+                     const char *what_v)
+{
+    if (need <= *have) return KV_OK;
+    gl_dfree(pk);
+    gl_dfree(pv);
+    *have = 0;
+    TRY(gl_dalloc(pk, n * 2, what_k));
+    TRY(gl_dalloc(pv, n * 2, what_v));
+    *have = n;
+    return KV_OK;
+}
+
 kv_status gl_halloc(void *pp, const void **dev, size_t bytes, const char *what)
 {
     void **p = (void **)pp;

@@ -66,6 +66,11 @@
 /* Device memory (*pp = NULL for 0 bytes); KV_E_NOMEM names what and how much. */
 kv_status gl_dalloc(void *pp, size_t bytes, const char *what);
 void gl_dfree(void *pp);
+/* A pair of fp16 device buffers (K and V) of *have elements each: when need
+ * is more, both are freed and n elements allocated in their place (contents
+ * lost); *have is 0 until both are there. */
+kv_status gl_grow_kv(void *pk, void *pv, size_t *have, size_t need, size_t n, const char *what_k,
+                     const char *what_v);
 /* Pinned, mapped host memory: the copy engines read it at full PCIe speed
  * and kernels read it directly through *dev (may be NULL). */
 kv_status gl_halloc(void *pp, const void **dev, size_t bytes, const char *what);

@@ -97,14 +97,7 @@ static kv_status quant_alloc(kv_gpu_engine *e, gl_layer *y)
         TRY(gl_dalloc(&q->rv[i], (size_t)e->nkv * q->rc * e->hd * 2, "quant residual V"));
     }
     size_t need = (size_t)e->nkv * q->rc * e->hd;
-    if (need > e->dres.n) {
-        gl_dfree(&e->dres.k);
-        gl_dfree(&e->dres.v);
-        TRY(gl_dalloc(&e->dres.k, need * 2, "dense residual"));
-        TRY(gl_dalloc(&e->dres.v, need * 2, "dense residual"));
-        e->dres.n = need;
-    }
-    return KV_OK;
+    return gl_grow_kv(&e->dres.k, &e->dres.v, &e->dres.n, need, need, "dense residual", "dense residual");
 }
 
 static kv_status quant_ingest(kv_gpu_engine *e, gl_layer *y, const uint16_t *K, const uint16_t *V,
@@ -410,14 +403,7 @@ const gl_placement gl_quant = {
 kv_status gl_ensure_qx(kv_gpu_engine *e)
 {
     size_t need = (size_t)e->nkv * (size_t)e->ctx * (size_t)e->hd;
-    if (need <= e->qx.n) return KV_OK;
-    gl_dfree(&e->qx.k);
-    gl_dfree(&e->qx.v);
-    e->qx.n = 0;
-    TRY(gl_dalloc(&e->qx.k, need * 2, "KV expansion scratch"));
-    TRY(gl_dalloc(&e->qx.v, need * 2, "KV expansion scratch"));
-    e->qx.n = need;
-    return KV_OK;
+    return gl_grow_kv(&e->qx.k, &e->qx.v, &e->qx.n, need, need, "KV expansion scratch", "KV expansion scratch");
 }
 
 /* The packed planes at the layer's capacity, the residual ring, and the

@@ -49,15 +49,7 @@ kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_g
     /* a buffer freed here may still be read by work issued before the call */
     if (regrow) CK(cudaDeviceSynchronize());
     TRY(grow(&e->pfb.X, &e->pfb.X_n, (size_t)nn * e->ld_dim, 4, "prefill residual stream"));
-    if (kvn > e->pfb.kv_n) {
-        const size_t want = kvn + kvn / 8;
-        gl_dfree(&e->pfb.K);
-        gl_dfree(&e->pfb.V);
-        e->pfb.kv_n = 0;
-        TRY(gl_dalloc(&e->pfb.K, want * 2, "prefill K"));
-        TRY(gl_dalloc(&e->pfb.V, want * 2, "prefill V"));
-        e->pfb.kv_n = want;
-    }
+    TRY(gl_grow_kv(&e->pfb.K, &e->pfb.V, &e->pfb.kv_n, kvn, kvn + kvn / 8, "prefill K", "prefill V"));
     TRY(grow(&e->pfb.tmp, &e->pfb.tmp_n, tmp_n, 2, "ingest scratch"));
     TRY(grow(&e->pfb.dt, &e->pfb.dt_n, (size_t)nn, sizeof(int), "prompt tokens"));
     if (!e->pfb.ws.base || C > e->pfb.ws.C || g->packed != e->pfb.ws_packed) {

@@ -21,17 +21,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kt_kv.h"
+#include "kt_niah.h"
 #include "engine/kv_runner.h"
 #include "format/kvc.h"
 #include "gpu/kv_gpu.h"
 #include "model/kv_model.h"
-#include "model/kv_tokenizer.h"
 #include "policy/kv_prefix.h"
 #include "quant/kv_layer_io.h"
 #include "quant/kv_quant.h"
 
-#define NIAH "tests/data/niah4k/"
 #define VMAX 512                   /* the largest vocabulary of the models here */
 #define V (model->cfg.vocab_size) /* the model's */
 
@@ -93,6 +91,27 @@ static void packed_prefix(int split, int nq, const kv_quant_opts *qo, const char
     unlink("/tmp/test_gpu_kv_plain.kvc");
 }
 
+/* 8 greedy ids from logits on: each the argmax, then stepped (logits kept). */
+static void greedy8(kv_runner *r, const float *logits, int *gen)
+{
+    float *x = malloc(V * sizeof *x);
+    memcpy(x, logits, V * sizeof *x);
+    for (int i = 0; i < 8; i++) {
+        gen[i] = kt_argmax(x, V);
+        OK(kv_runner_step(r, gen[i], x));
+    }
+    free(x);
+}
+
+/* Every layer's policy p (malloc'd, one a layer). */
+static kv_policy_params *every_layer(const kv_policy_params *p)
+{
+    const int L = model->cfg.n_layers;
+    kv_policy_params *per = malloc((size_t)L * sizeof *per);
+    for (int l = 0; l < L; l++) per[l] = *p;
+    return per;
+}
+
 /* Continue the file at path on dev (every layer's policy first `start`):
  * the logits after the continuation, 8 greedy ids, the layers' kinds and
  * resident bytes after the prefill. */
@@ -100,8 +119,7 @@ static void continue_on(kv_device dev, const char *path, const kv_policy_params 
                         kv_policy_kind *kind, uint64_t *resident)
 {
     const int L = model->cfg.n_layers;
-    kv_policy_params *per = malloc((size_t)L * sizeof *per);
-    for (int l = 0; l < L; l++) per[l] = *start;
+    kv_policy_params *per = every_layer(start);
     kvc_file *f;
     OK(kvc_open(path, &f));
     kv_prefix pre;
@@ -115,13 +133,7 @@ static void continue_on(kv_device dev, const char *path, const kv_policy_params 
         kv_runner_layer_bytes(r, l, &b);
         resident[l] = b.resident;
     }
-    float *x = malloc(V * sizeof *x);
-    memcpy(x, logits, V * sizeof *x);
-    for (int i = 0; i < 8; i++) {
-        gen[i] = kt_argmax(x, V);
-        OK(kv_runner_step(r, gen[i], x));
-    }
-    free(x);
+    greedy8(r, logits, gen);
     kv_runner_free(r);
     kvc_close(f);
     free(per);
@@ -130,19 +142,11 @@ static void continue_on(kv_device dev, const char *path, const kv_policy_params 
 /* The whole prompt on the GPU with policy p on every layer. */
 static void whole_gpu(const kv_policy_params *p, float *logits, int *gen)
 {
-    const int L = model->cfg.n_layers;
-    kv_policy_params *per = malloc((size_t)L * sizeof *per);
-    for (int l = 0; l < L; l++) per[l] = *p;
+    kv_policy_params *per = every_layer(p);
     kv_runner *r;
     OK(kv_runner_new(model, per, n_ids + 16, KV_DEVICE_CUDA, NULL, &r));
     OK(kv_runner_prefill(r, ids, n_ids, logits));
-    float *x = malloc(V * sizeof *x);
-    memcpy(x, logits, V * sizeof *x);
-    for (int i = 0; i < 8; i++) {
-        gen[i] = kt_argmax(x, V);
-        OK(kv_runner_step(r, gen[i], x));
-    }
-    free(x);
+    greedy8(r, logits, gen);
     kv_runner_free(r);
     free(per);
 }
@@ -183,6 +187,32 @@ static void compare(const char *what, const char *path, kv_policy_kind want, con
              tol_whole);
 }
 
+/* kv-quant's options for KIVI at bits/group/residual. */
+static kv_quant_opts kivi_opts(int bits, int group, int residual)
+{
+    kv_quant_opts qo;
+    memset(&qo, 0, sizeof qo);
+    qo.method = KV_ENC_KIVI;
+    qo.kivi = (kv_kivi_params){bits, group, residual};
+    return qo;
+}
+
+/* One KIVI case: the CPU's dump of the first split tokens (8 queries kept)
+ * packed at bits/group/residual into path, compared under the quant policy
+ * that asks for the same ("<pre>KIVI b-bit Gg Rr" in the messages). */
+static void kivi_case(const char *pre, int split, int bits, int group, int residual, double tol, const char *path)
+{
+    const kv_quant_opts qo = kivi_opts(bits, group, residual);
+    packed_prefix(split, 8, &qo, path);
+    kv_policy_params p;
+    kv_policy_params_default(&p, KV_POL_QUANT);
+    p.bits = bits, p.group = group, p.residual = residual;
+    char what[64];
+    snprintf(what, sizeof what, "%sKIVI %d-bit G%d R%d", pre, bits, group, residual);
+    compare(what, path, KV_POL_QUANT, &p, tol);
+    unlink(path);
+}
+
 static void test_kivi_packed_cache_continues_on_the_gpu_as_on_the_cpu(void)
 {
     const char *path = "/tmp/test_gpu_kv_kivi.kvc";
@@ -190,20 +220,8 @@ static void test_kivi_packed_cache_continues_on_the_gpu_as_on_the_cpu(void)
      * from the whole prompt's exact prefill (on the CPU engine: 0.019 at
      * 4 bits, 0.45 at 1 bit, where the answer changes) */
     static const struct { int bits, group, residual; double tol; } cfg[2] = {{4, 32, 32, 5e-2}, {1, 64, 128, 0.9}};
-    for (int i = 0; i < 2; i++) {
-        kv_quant_opts qo;
-        memset(&qo, 0, sizeof qo);
-        qo.method = KV_ENC_KIVI;
-        qo.kivi = (kv_kivi_params){cfg[i].bits, cfg[i].group, cfg[i].residual};
-        packed_prefix(n_ids * 9 / 10, 8, &qo, path);
-        kv_policy_params p;
-        kv_policy_params_default(&p, KV_POL_QUANT);
-        p.bits = cfg[i].bits, p.group = cfg[i].group, p.residual = cfg[i].residual;
-        char what[64];
-        snprintf(what, sizeof what, "KIVI %d-bit G%d R%d", cfg[i].bits, cfg[i].group, cfg[i].residual);
-        compare(what, path, KV_POL_QUANT, &p, cfg[i].tol);
-        unlink(path);
-    }
+    for (int i = 0; i < 2; i++)
+        kivi_case("", n_ids * 9 / 10, cfg[i].bits, cfg[i].group, cfg[i].residual, cfg[i].tol, path);
 }
 
 static void test_dsq_packed_cache_continues_on_the_gpu_as_on_the_cpu(void)
@@ -244,10 +262,7 @@ static void test_dsq_packed_cache_continues_on_the_gpu_as_on_the_cpu(void)
 static void test_the_files_encoding_replaces_the_policy_given(void)
 {
     const char *path = "/tmp/test_gpu_kv_mix.kvc";
-    kv_quant_opts qo;
-    memset(&qo, 0, sizeof qo);
-    qo.method = KV_ENC_KIVI;
-    qo.kivi = (kv_kivi_params){2, 32, 64};
+    const kv_quant_opts qo = kivi_opts(2, 32, 64);
     packed_prefix(n_ids * 9 / 10, 8, &qo, path);
     kv_policy_params start[2];
     kv_policy_params_default(&start[0], KV_POL_QUANT); /* 1-bit G64 R128 by default */
@@ -281,20 +296,9 @@ static void test_kivi_cache_at_head_dim_128_continues_from_the_packed_planes(voi
      * after session 7's last device call: not yet run on a GPU) */
     static const struct { int bits, group, residual; double tol; } cfg[] = {
         {1, 64, 128, 0.15}, {2, 32, 32, 5e-2}, {4, 64, 64, 5e-2}};
-    for (int i = 0; i < (int)(sizeof cfg / sizeof cfg[0]); i++) {
-        kv_quant_opts qo;
-        memset(&qo, 0, sizeof qo);
-        qo.method = KV_ENC_KIVI;
-        qo.kivi = (kv_kivi_params){cfg[i].bits, cfg[i].group, cfg[i].residual};
-        packed_prefix(380, 8, &qo, "/tmp/test_gpu_kv_hd128.kvc");
-        kv_policy_params p;
-        kv_policy_params_default(&p, KV_POL_QUANT);
-        p.bits = cfg[i].bits, p.group = cfg[i].group, p.residual = cfg[i].residual;
-        char what[64];
-        snprintf(what, sizeof what, "head_dim 128, KIVI %d-bit G%d R%d", cfg[i].bits, cfg[i].group, cfg[i].residual);
-        compare(what, "/tmp/test_gpu_kv_hd128.kvc", KV_POL_QUANT, &p, cfg[i].tol);
-        unlink("/tmp/test_gpu_kv_hd128.kvc");
-    }
+    for (int i = 0; i < (int)(sizeof cfg / sizeof cfg[0]); i++)
+        kivi_case("head_dim 128, ", 380, cfg[i].bits, cfg[i].group, cfg[i].residual, cfg[i].tol,
+                  "/tmp/test_gpu_kv_hd128.kvc");
     free(ids);
     kv_model_close(model);
     unlink("/tmp/test_gpu_kv_hd128.bin");
@@ -313,17 +317,7 @@ int main(void)
         return kt_done();
     }
     printf("# GPU: %s\n", name);
-    if (kv_model_open(NIAH "niah4k.bin", &model)) return printf("Bail out! niah4k: %s\n", kv_errdetail()), 1;
-    FILE *fp = fopen(NIAH "tasks-dev.jsonl", "r");
-    char *line = NULL;
-    size_t cap = 0;
-    if (!fp || getline(&line, &cap, fp) <= 0) return printf("Bail out! tasks-dev.jsonl\n"), 1;
-    fclose(fp);
-    char *p = strstr(line, "\"input\": \""), *q = p ? strstr(p, "\", \"outputs\"") : NULL;
-    kv_tokenizer *tok;
-    if (!p || !q || kv_tokenizer_load_llama2c(NIAH "tok259.bin", 259, &tok) ||
-        kv_tokenizer_encode(tok, p + 10, (size_t)(q - p - 10), true, false, &ids, &n_ids))
-        return printf("Bail out! the first task\n"), 1;
+    if (kt_niah_first_task(&model, &ids, &n_ids)) return 1;
     /* TEST_GPU_KV_ONLY=word runs only the tests whose name has it (the device
      * script's short compute-sanitizer pass) */
     const char *only = getenv("TEST_GPU_KV_ONLY");
@@ -333,9 +327,7 @@ int main(void)
     RUN_IF(test_the_files_encoding_replaces_the_policy_given);
     RUN_IF(test_kivi_cache_at_head_dim_128_continues_from_the_packed_planes);
 #undef RUN_IF
-    kv_tokenizer_free(tok);
     free(ids);
-    free(line);
     kv_model_close(model);
     return kt_done();
 }

@@ -16,17 +16,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kt_kv.h"
+#include "kt_niah.h"
 #include "common/kv_half.h"
 #include "engine/kv_engine.h"
 #include "engine/kv_runner.h"
 #include "format/kvc.h"
 #include "gpu/kv_gpu.h"
 #include "model/kv_model.h"
-#include "model/kv_tokenizer.h"
 #include "policy/kv_prefix.h"
-
-#define NIAH "tests/data/niah4k/"
 
 static kv_model *model;
 static int *ids, n_ids;
@@ -231,23 +228,11 @@ int main(void)
         return kt_done();
     }
     printf("# GPU: %s\n", name);
-    if (kv_model_open(NIAH "niah4k.bin", &model)) return printf("Bail out! niah4k: %s\n", kv_errdetail()), 1;
-    FILE *fp = fopen(NIAH "tasks-dev.jsonl", "r");
-    char *line = NULL;
-    size_t cap = 0;
-    if (!fp || getline(&line, &cap, fp) <= 0) return printf("Bail out! tasks-dev.jsonl\n"), 1;
-    fclose(fp);
-    char *p = strstr(line, "\"input\": \""), *q = p ? strstr(p, "\", \"outputs\"") : NULL;
-    kv_tokenizer *tok;
-    if (!p || !q || kv_tokenizer_load_llama2c(NIAH "tok259.bin", 259, &tok) ||
-        kv_tokenizer_encode(tok, p + 10, (size_t)(q - p - 10), true, false, &ids, &n_ids))
-        return printf("Bail out! the first task\n"), 1;
+    if (kt_niah_first_task(&model, &ids, &n_ids)) return 1;
     KT_RUN(test_gpu_dump_then_continue_matches_the_whole_prompt);
     KT_RUN(test_cpu_f32_dump_continues_on_the_gpu);
     KT_RUN(test_subset_and_device_rows_continue_as_on_the_cpu);
-    kv_tokenizer_free(tok);
     free(ids);
-    free(line);
     kv_model_close(model);
     return kt_done();
 }
