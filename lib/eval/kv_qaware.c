@@ -21,6 +21,9 @@
 #include "eval/kv_qaware_gpu.h"
 #include "policy/kv_prefix.h"
 
+/* A key sketch larger than this is read by several threads (sketch_run). */
+#define KV_QAWARE_SKETCH_PAR_BYTES (4.0 * 1024 * 1024)
+
 typedef struct {
     int seg, f;     /* segment, frame within it */
     double score;
@@ -192,15 +195,18 @@ typedef struct {
     double ms;
     char why[512]; /* the thread's error detail (thread-local there) */
     bool own_thread;
+    int threads;    /* of the read's own thread (KV_QAWARE_SKETCH_PAR_BYTES) */
 } sketch_job;
 
 static void *sketch_run(void *p)
 {
     sketch_job *j = p;
-    /* one thread: an OpenMP team in a new thread is created afresh each
-     * request (measured: the read then ended ~0.5 ms after the probe) */
+    /* an OpenMP team in a new thread is created afresh each request
+     * (measured: a niah4k read, 1 MB, then ended ~0.5 ms after the probe),
+     * so small sketches are read on this thread alone; an 8B-shaped one
+     * (28 MB at 3.5k tokens) took 11 ms so, longer than the probe beside it */
 #ifdef _OPENMP /* the fuzz build has no OpenMP runtime */
-    if (j->own_thread) omp_set_num_threads(1);
+    if (j->own_thread) omp_set_num_threads(j->threads);
 #endif
     double t = kv_now_ms();
     j->st = kv_tree_store_sketch(j->s, j->ids, j->n, j->sk);
@@ -251,7 +257,9 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
     double tp = kv_now_ms();
     rep->probe_sink_ms = tp - t1;
-    sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true};
+    /* the sketch's bytes: a quarter of the channels of every key, int8 */
+    const double sk_bytes = (double)m * L * Hkv * (D / 4 > 0 ? D / 4 : 1);
+    sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true, sk_bytes > KV_QAWARE_SKETCH_PAR_BYTES ? 8 : 1};
     pthread_t th;
     double tsp = kv_now_ms();
     bool threaded = false;
@@ -268,7 +276,9 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
         kv_prefix pre = {.T = 1, .matched = n - P, .n_kv_heads = Hkv, .head_dim = D, .positions = sink.positions,
                          .tokens = sink.tokens, .dt = sink.dt, .k = (const void *const *)sink.k,
                          .v = (const void *const *)sink.v};
-        if (!(st = kv_runner_keep(r, P, false))) st = kv_runner_prefill_from(r, &pre, tok + n - P, P, NULL);
+        /* only the last nq queries are scored: capturing all P cost a
+         * conversion of every probe query, 11 ms of an 8B-shaped probe */
+        if (!(st = kv_runner_keep(r, nq, false))) st = kv_runner_prefill_from(r, &pre, tok + n - P, P, NULL);
         if (!st && kv_runner_gpu(r)) {
             kv_gpu_prefill_phases ph;
             kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);

@@ -695,54 +695,20 @@ static kv_status ingest_all(kv_gpu_engine *e, uint16_t **K, uint16_t **V, int ld
 
 typedef struct {
     kv_gpu_engine *e;
-    uint16_t *K, *V, *tmp; /* the dense layer cache (nkv, T, hd) shared by the layers; ingest scratch */
+    uint16_t *K[2], *V[2]; /* the dense layer cache (nkv, T, hd): layer l's is pair l & 1 when the
+                              cached rows' upload overlaps (K[1] == K[0] otherwise) */
+    uint16_t *tmp;         /* ingest scratch */
     int T;
     const kv_prefix *pre;  /* a continued cache: its rows go first (pf_on_begin), or NULL */
     uint16_t *stage;       /* (2, nkv, P, hd) pinned host staging of one layer's cached rows */
+    bool overlap;          /* pre's rows uploaded a layer ahead (gl_pf_overlap_layer) */
 } pf_hook_ctx;
-
-/* Rows [0, P) of layer l's dense cache (nkv, ld, hd) from the continued
- * cache: fp16 from a file or host memory through pinned staging, or a
- * device-to-device copy when the rows are already on this GPU. */
-static kv_status put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *K,
-                                 uint16_t *V, int ld, uint16_t *stage)
-{
-    const int P = pre->T, hd = e->hd;
-    const size_t rb = (size_t)hd * 2;
-    if (pre->device || (!pre->f && pre->dt == KV_DT_F16)) {
-        /* fp16 rows on this GPU, or fp16 rows in host memory (copied straight,
-         * at full speed when the caller pinned them): one block of rows, or
-         * the segments one after the other */
-        const enum cudaMemcpyKind kind = pre->device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
-        kv_prefix_seg one = {P, pre->ld, pre->k, pre->v};
-        const kv_prefix_seg *sg = pre->nseg ? pre->seg : &one;
-        size_t t0 = 0;
-        for (int i = 0; i < (pre->nseg ? pre->nseg : 1); i++) {
-            const size_t pitch = (size_t)(sg[i].ld ? sg[i].ld : sg[i].T) * rb;
-            CK(cudaMemcpy2DAsync(K + t0 * hd, (size_t)ld * rb, sg[i].k[l], pitch, (size_t)sg[i].T * rb,
-                                 e->nkv, kind, e->s_main));
-            CK(cudaMemcpy2DAsync(V + t0 * hd, (size_t)ld * rb, sg[i].v[l], pitch, (size_t)sg[i].T * rb,
-                                 e->nkv, kind, e->s_main));
-            t0 += (size_t)sg[i].T;
-        }
-        return KV_OK;
-    }
-    /* the staging is reused layer after layer: the previous copy must be done */
-    CK(cudaStreamSynchronize(e->s_main));
-    TRY(kv_prefix_rows_f16(pre, l, 'k', stage));
-    TRY(kv_prefix_rows_f16(pre, l, 'v', stage + (size_t)e->nkv * P * hd));
-    CK(cudaMemcpy2DAsync(K, (size_t)ld * rb, stage, (size_t)P * rb, (size_t)P * rb, e->nkv,
-                         cudaMemcpyHostToDevice, e->s_main));
-    CK(cudaMemcpy2DAsync(V, (size_t)ld * rb, stage + (size_t)e->nkv * P * hd, (size_t)P * rb,
-                         (size_t)P * rb, e->nkv, cudaMemcpyHostToDevice, e->s_main));
-    return KV_OK;
-}
 
 static kv_status pf_on_begin(void *ctx, int l, void *stream)
 {
-    (void)stream;
     pf_hook_ctx *c = ctx;
-    return put_prefix_rows(c->e, c->pre, l, c->K, c->V, c->T, c->stage);
+    if (c->overlap) return gl_pf_overlap_layer(c->e, c->pre, l, c->K, c->V, c->T, (cudaStream_t)stream);
+    return gl_put_prefix_rows(c->e, c->pre, l, c->K[0], c->V[0], c->T, c->stage, c->e->s_main);
 }
 
 /* The chunk's last queries, float32, to an observing placement (dsq). */
@@ -754,7 +720,7 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
     /* after a continued cache the rows before the first chunk were never
      * streamed: the placement's ingest then copies them all */
     if (y->pl->chunk && !e->o.prefill_copy_sync && !c->pre)
-        TRY(y->pl->chunk(e, y, c->K, c->V, c->T, p0, n, c->T));
+        TRY(y->pl->chunk(e, y, c->K[l & 1], c->V[l & 1], c->T, p0, n, c->T));
     TRY(gl_cap_queries(e, l, p0, n, c->T, q, (size_t)ldq, (cudaStream_t)stream));
     if (!y->pl->observe) return KV_OK;
     for (int i = 0; i < n; i++) {
@@ -772,10 +738,11 @@ static kv_status pf_on_chunk(void *ctx, int l, int p0, int n, const void *q, int
 static kv_status pf_on_layer(void *ctx, int l, void *stream)
 {
     pf_hook_ctx *c = ctx;
-    kv_status st = gl_cap_layer_kv(c->e, l, c->K, c->V, c->T, c->T);
+    const uint16_t *K = c->K[l & 1], *V = c->V[l & 1];
+    kv_status st = gl_cap_layer_kv(c->e, l, K, V, c->T, c->T);
     /* opts.prefill_copy_sync measures the former path: copies on the main
      * stream at the layer's end, the host waiting for each layer */
-    if (!st) st = ingest(c->e, l, c->K, c->V, c->T, c->T, c->tmp, c->e->o.prefill_copy_sync);
+    if (!st) st = ingest(c->e, l, K, V, c->T, c->T, c->tmp, c->e->o.prefill_copy_sync);
     if (st) kv_errcontext("layer %d ingest", l);
     return st;
 }
@@ -839,16 +806,18 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     void **kc = calloc((size_t)e->L, sizeof *kc), **vc = calloc((size_t)e->L, sizeof *vc);
     /* the engine's kept buffers, grown by gpu_prefill (gl_pf_buffers) */
     float *X = e->pfb.X;
+    const bool overlap = P && e->pfb.K2 && gl_pf_overlap_ok(e, pre);
     uint16_t *K = e->pfb.K, *V = e->pfb.V, *tmp = e->pfb.tmp;
     kv_pf_ws ws = e->pfb.ws;
     ws.C = C; /* kept for a longer chunk: this prefill's chunks are C rows (opts may have changed) */
     kv_status st = lw && kc && vc ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
+    pf_hook_ctx hc = {e, {K, overlap ? e->pfb.K2 : K}, {V, overlap ? e->pfb.V2 : V}, tmp, n, pre, stage, overlap};
+    e->ph.rows_ahead = overlap;
     for (int l = 0; !st && l < e->L; l++) {
         gl_prefill_layer(e, l, &lw[l]);
-        kc[l] = K;
-        vc[l] = V;
+        kc[l] = hc.K[l & 1];
+        vc[l] = hc.V[l & 1];
     }
-    pf_hook_ctx hc = {e, K, V, tmp, n, pre, stage};
     kv_pf_hooks hooks = {pf_on_chunk, pf_on_layer, &hc, pf_on_begin};
     /* measurement: an event pair around every chunk's attention */
     kv_pf_events ev = {NULL, NULL, 0, 0};
@@ -938,6 +907,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
         kv_pf_geom g;
         pf_geom(e, pre, nn, &g, &C);
         st = gl_pf_buffers(e, n, nn, C, &g, ingest_scratch(e, n));
+        if (!st && P && gl_pf_overlap_ok(e, pre)) st = gl_pf_overlap_begin(e, n);
         dt = e->pfb.dt;
     }
     if (!st) st = gl_cap_begin(e, n);
@@ -973,7 +943,8 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
     if (chunked) {
         if (!st) st = prefill_chunked(e, dt, nn, logits_last != NULL, pre, stage);
     } else {
-        for (int l = 0; P && l < e->L && !st; l++) st = put_prefix_rows(e, pre, l, pf.k[l], pf.v[l], n, stage);
+        for (int l = 0; P && l < e->L && !st; l++)
+            st = gl_put_prefix_rows(e, pre, l, pf.k[l], pf.v[l], n, stage, e->s_main);
         if (!st && P) {
             cudaError_t ce = cudaStreamSynchronize(e->s_main);
             if (ce != cudaSuccess) st = kv_cuda_fail(ce, "cached rows", __FILE__, __LINE__);

@@ -367,9 +367,15 @@ const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int l
  *   total    the whole call;
  *   capture  of compute: the dump capture's downloads (kv_gpu_engine_keep:
  *            the prompt K/V and queries), what a request that is put into
- *            a store pays on top of its prefill. */
+ *            a store pays on top of its prefill.
+ * rows_ahead: the cached rows were uploaded a layer ahead of the compute,
+ * on a stream of their own into two alternating dense caches (fp16 rows
+ * copied straight, every layer full), so their PCIe time hides under the
+ * layers' (a host-tier continuation); otherwise each layer's rows are
+ * copied at its start on the compute stream. */
 typedef struct {
     double setup, rows, compute, logits, total, capture;
+    bool rows_ahead;
 } kv_gpu_prefill_phases;
 void kv_gpu_engine_prefill_phases(const kv_gpu_engine *e, kv_gpu_prefill_phases *out);
 

@@ -342,6 +342,13 @@ struct kv_gpu_engine {
         uint16_t *qpin;    /* pinned host memory the captured queries land in (cap.q points
                               into it): their copies then need no wait per layer */
         size_t qpin_n;     /* fp16 values allocated */
+        /* a continued prefill's cached rows uploaded a layer ahead of the
+         * compute (gl_pf_overlap_ok): a second dense cache, the layers
+         * alternating between the two, and the upload stream's events */
+        uint16_t *K2, *V2; /* (nkv, rows, hd) each */
+        size_t kv2_n;      /* elements allocated, each */
+        cudaStream_t s_up; /* the uploads (created at the first overlapped prefill) */
+        cudaEvent_t ev_up[2], ev_free[2]; /* pair b: its rows are in; its last reader is done */
     } pfb;
     kv_gpu_prefill_phases ph; /* the last prefill's host-clock phases */
 };
@@ -358,6 +365,25 @@ kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_g
 /* After a prefill (the device is idle): free them when they are larger than
  * KV_GPU_PF_KEEP_BYTES (or always, at engine free). */
 void gl_pf_buffers_trim(kv_gpu_engine *e, bool all);
+/* Rows [0, P) of layer l's dense cache (nkv, ld, hd) from the continued
+ * cache pre, on stream s: fp16 rows on this GPU or in host memory copied
+ * straight, anything else converted through the pinned staging stage
+ * (2, nkv, P, hd), which is reused layer after layer (s is waited for). */
+kv_status gl_put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *K, uint16_t *V, int ld,
+                             uint16_t *stage, cudaStream_t s);
+/* Can pre's rows be uploaded a layer ahead of the compute?  fp16 rows that
+ * are copied straight (no staging), and every layer a full placement not
+ * loading packed planes: its ingest is a copy on the main stream, so a
+ * dense cache's last reader is ordered before the next layer's start. */
+bool gl_pf_overlap_ok(const kv_gpu_engine *e, const kv_prefix *pre);
+/* The second dense cache for rows rows, the upload stream and its events. */
+kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows);
+/* At layer l's start on the compute stream s (dense caches K[l & 1],
+ * V[l & 1], leading dimension ld): layer 0 issues its own upload, every
+ * layer issues the next one's into the other pair once the layer before
+ * it (that pair's last reader) is done, then s waits for layer l's rows. */
+kv_status gl_pf_overlap_layer(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *const K[2],
+                              uint16_t *const V[2], int ld, cudaStream_t s);
 /* Before a continued prefill: every layer packed in pre's file gets the
  * file's encoding as its policy (placement configured and allocated again)
  * and load_from = pre; the others are left alone.  *any: some layer was. */

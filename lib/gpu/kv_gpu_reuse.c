@@ -68,22 +68,120 @@ kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_g
 
 void gl_pf_buffers_trim(kv_gpu_engine *e, bool all)
 {
-    size_t bytes = e->pfb.X_n * 4 + 2 * e->pfb.kv_n * 2 + e->pfb.tmp_n * 2 + e->pfb.dt_n * sizeof(int) +
-                   e->pfb.ws_bytes;
+    size_t bytes = e->pfb.X_n * 4 + 2 * (e->pfb.kv_n + e->pfb.kv2_n) * 2 + e->pfb.tmp_n * 2 +
+                   e->pfb.dt_n * sizeof(int) + e->pfb.ws_bytes;
     if (!all && bytes <= KV_GPU_PF_KEEP_BYTES) return;
     gl_dfree(&e->pfb.X);
     gl_dfree(&e->pfb.K);
     gl_dfree(&e->pfb.V);
+    gl_dfree(&e->pfb.K2);
+    gl_dfree(&e->pfb.V2);
     gl_dfree(&e->pfb.tmp);
     gl_dfree(&e->pfb.dt);
     kv_gpu_prefill_ws_free(&e->pfb.ws);
-    e->pfb.X_n = e->pfb.kv_n = e->pfb.tmp_n = e->pfb.dt_n = 0;
+    e->pfb.X_n = e->pfb.kv_n = e->pfb.kv2_n = e->pfb.tmp_n = e->pfb.dt_n = 0;
     e->pfb.ws_packed = 0;
     e->pfb.ws_bytes = 0;
     if (all) {
         gl_hfree(&e->pfb.qpin);
         e->pfb.qpin_n = 0;
+        for (int i = 0; i < 2; i++) {
+            if (e->pfb.ev_up[i]) cudaEventDestroy(e->pfb.ev_up[i]);
+            if (e->pfb.ev_free[i]) cudaEventDestroy(e->pfb.ev_free[i]);
+            e->pfb.ev_up[i] = e->pfb.ev_free[i] = NULL;
+        }
+        if (e->pfb.s_up) cudaStreamDestroy(e->pfb.s_up);
+        e->pfb.s_up = NULL;
     }
+}
+
+// --- a continued prefill's cached rows ---------------------------------------------------
+
+kv_status gl_put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *K, uint16_t *V, int ld,
+                             uint16_t *stage, cudaStream_t s)
+{
+    const int P = pre->T, hd = e->hd;
+    const size_t rb = (size_t)hd * 2;
+    if (pre->device || (!pre->f && pre->dt == KV_DT_F16)) {
+        /* fp16 rows on this GPU, or fp16 rows in host memory (copied straight,
+         * at full speed when the caller pinned them): one block of rows, or
+         * the segments one after the other */
+        const enum cudaMemcpyKind kind = pre->device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+        kv_prefix_seg one = {P, pre->ld, pre->k, pre->v};
+        const kv_prefix_seg *sg = pre->nseg ? pre->seg : &one;
+        size_t t0 = 0;
+        for (int i = 0; i < (pre->nseg ? pre->nseg : 1); i++) {
+            const size_t pitch = (size_t)(sg[i].ld ? sg[i].ld : sg[i].T) * rb;
+            CK(cudaMemcpy2DAsync(K + t0 * hd, (size_t)ld * rb, sg[i].k[l], pitch, (size_t)sg[i].T * rb,
+                                 e->nkv, kind, s));
+            CK(cudaMemcpy2DAsync(V + t0 * hd, (size_t)ld * rb, sg[i].v[l], pitch, (size_t)sg[i].T * rb,
+                                 e->nkv, kind, s));
+            t0 += (size_t)sg[i].T;
+        }
+        return KV_OK;
+    }
+    /* the staging is reused layer after layer: the previous copy must be done */
+    CK(cudaStreamSynchronize(s));
+    TRY(kv_prefix_rows_f16(pre, l, 'k', stage));
+    TRY(kv_prefix_rows_f16(pre, l, 'v', stage + (size_t)e->nkv * P * hd));
+    CK(cudaMemcpy2DAsync(K, (size_t)ld * rb, stage, (size_t)P * rb, (size_t)P * rb, e->nkv,
+                         cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpy2DAsync(V, (size_t)ld * rb, stage + (size_t)e->nkv * P * hd, (size_t)P * rb,
+                         (size_t)P * rb, e->nkv, cudaMemcpyHostToDevice, s));
+    return KV_OK;
+}
+
+
+bool gl_pf_overlap_ok(const kv_gpu_engine *e, const kv_prefix *pre)
+{
+    if (!pre || pre->T < 1 || !(pre->device || (!pre->f && pre->dt == KV_DT_F16)) || e->o.prefill_copy_sync)
+        return false;
+    for (int l = 0; l < e->L; l++)
+        if (e->lay[l].pl != &gl_full || e->lay[l].load_from) return false;
+    return e->L > 1;
+}
+
+kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows)
+{
+    const size_t kvn = (size_t)e->nkv * (size_t)rows * (size_t)e->hd;
+    if (kvn > e->pfb.kv2_n) CK(cudaDeviceSynchronize()); /* the pair may still be read by earlier work */
+    TRY(gl_grow_kv(&e->pfb.K2, &e->pfb.V2, &e->pfb.kv2_n, kvn, kvn + kvn / 8, "prefill K (second)",
+                   "prefill V (second)"));
+    if (!e->pfb.s_up) {
+        CK(cudaStreamCreateWithFlags(&e->pfb.s_up, cudaStreamNonBlocking));
+        for (int i = 0; i < 2; i++) {
+            CK(cudaEventCreateWithFlags(&e->pfb.ev_up[i], cudaEventDisableTiming));
+            CK(cudaEventCreateWithFlags(&e->pfb.ev_free[i], cudaEventDisableTiming));
+        }
+    }
+    return KV_OK;
+}
+
+/* Layer l's rows into pair b on the upload stream, once that pair's last
+ * reader is done (ev_free[b], recorded by the caller; never recorded at
+ * the first two layers, which a wait then passes). */
+static kv_status pf_upload(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *K, uint16_t *V, int ld)
+{
+    const int b = l & 1;
+    CK(cudaStreamWaitEvent(e->pfb.s_up, e->pfb.ev_free[b], 0));
+    TRY(gl_put_prefix_rows(e, pre, l, K, V, ld, NULL, e->pfb.s_up));
+    CK(cudaEventRecord(e->pfb.ev_up[b], e->pfb.s_up));
+    return KV_OK;
+}
+
+kv_status gl_pf_overlap_layer(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *const K[2],
+                              uint16_t *const V[2], int ld, cudaStream_t s)
+{
+    if (l == 0) TRY(pf_upload(e, pre, 0, K[0], V[0], ld));
+    if (l + 1 < e->L) {
+        const int b = (l + 1) & 1;
+        /* layer l - 1 read pair b last: its chunks and its ingest (a copy
+         * on this stream, gl_pf_overlap_ok) are queued before this point */
+        CK(cudaEventRecord(e->pfb.ev_free[b], s));
+        TRY(pf_upload(e, pre, l + 1, K[b], V[b], ld));
+    }
+    CK(cudaStreamWaitEvent(s, e->pfb.ev_up[l & 1], 0));
+    return KV_OK;
 }
 
 // --- layers packed in a continued file -------------------------------------------------

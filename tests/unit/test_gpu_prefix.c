@@ -6,7 +6,8 @@
  * one token at a time; a positions subset continues, and is dumped, as the
  * CPU engine does;
  * rows already in GPU memory (kv-bench prefix's GPU tier, in segments) give
- * exactly the host path's logits; packed layers are refused.  Without a
+ * exactly the host path's logits; rows uploaded a layer ahead of the
+ * compute give exactly the serial path's; packed layers are refused.  Without a
  * usable GPU every test is a TAP skip.
  */
 #include <math.h>
@@ -217,6 +218,67 @@ static void test_subset_and_device_rows_continue_as_on_the_cpu(void)
     unlink("/tmp/test_gpu_prefix_s.kvc");
 }
 
+/* fp16 host rows of a full-policy continuation are uploaded a layer ahead
+ * of the compute (kv_gpu_prefill_phases.rows_ahead): the logits and the
+ * greedy ids equal, bit for bit, those of the serial path (each layer's
+ * rows copied at its start, forced by opts.prefill_copy_sync), for the
+ * whole 90% prefix and for a prefix of only 3 rows. */
+static void test_rows_uploaded_ahead_equal_the_serial_path(void)
+{
+    const int L = model->cfg.n_layers, nkv = model->cfg.n_kv_heads, hd = model->cfg.head_dim;
+    const int splits[2] = {n_ids * 9 / 10, 3};
+    dump_prefix(KV_DEVICE_CUDA, splits[0], KV_DT_F16, "/tmp/test_gpu_prefix_o.kvc");
+    kvc_file *f;
+    OK(kvc_open("/tmp/test_gpu_prefix_o.kvc", &f));
+    for (int si = 0; si < 2; si++) {
+        const int P = splits[si];
+        uint16_t **k = calloc((size_t)L, sizeof *k), **v = calloc((size_t)L, sizeof *v);
+        for (int l = 0; l < L; l++) { /* the first P rows of the dump, (nkv, P, hd) */
+            const kvc_tensor *tk = kvc_layer(f, l, "k"), *tv = kvc_layer(f, l, "v");
+            k[l] = malloc((size_t)nkv * P * hd * 2), v[l] = malloc((size_t)nkv * P * hd * 2);
+            for (int h = 0; h < nkv; h++) {
+                memcpy(k[l] + (size_t)h * P * hd, (const uint16_t *)tk->data + (size_t)h * splits[0] * hd, (size_t)P * hd * 2);
+                memcpy(v[l] + (size_t)h * P * hd, (const uint16_t *)tv->data + (size_t)h * splits[0] * hd, (size_t)P * hd * 2);
+            }
+        }
+        kv_prefix pre = {.T = P, .matched = P, .n_kv_heads = nkv, .head_dim = hd, .dt = KV_DT_F16,
+                         .k = (const void *const *)k, .v = (const void *const *)v};
+        float out[2][259];
+        int gen[2][8];
+        bool ahead[2];
+        for (int w = 0; w < 2; w++) { /* w = 0: default; w = 1: the serial copies */
+            kv_gpu_engine_opts go;
+            kv_gpu_engine_opts_default(&go);
+            go.prefill_copy_sync = w == 1;
+            kv_runner *r;
+            OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &r));
+            for (int rep = 0; rep < 2; rep++) { /* twice: the second reuses the kept pair and events */
+                OK(kv_runner_reset(r, NULL));
+                OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, out[w]));
+            }
+            kv_gpu_prefill_phases ph;
+            kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
+            ahead[w] = ph.rows_ahead;
+            float *l8 = malloc(259 * sizeof *l8);
+            memcpy(l8, out[w], 259 * sizeof *l8);
+            for (int i = 0; i < 8; i++) {
+                gen[w][i] = kt_argmax(l8, 259);
+                OK(kv_runner_step(r, gen[w][i], l8));
+            }
+            free(l8);
+            kv_runner_free(r);
+        }
+        KT_CHECK(ahead[0] && !ahead[1], "prefix of %d rows: rows ahead %d (default), %d (serial)", P, ahead[0], ahead[1]);
+        KT_CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "prefix of %d rows: logits differ (%.3g)", P,
+                 nerr(out[0], out[1], 259));
+        KT_CHECK(memcmp(gen[0], gen[1], sizeof gen[0]) == 0, "prefix of %d rows: greedy ids differ", P);
+        for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
+        free(k), free(v);
+    }
+    kvc_close(f);
+    unlink("/tmp/test_gpu_prefix_o.kvc");
+}
+
 int main(void)
 {
     char name[256];
@@ -225,13 +287,16 @@ int main(void)
         KT_SKIP(test_gpu_dump_then_continue_matches_the_whole_prompt, "no usable GPU");
         KT_SKIP(test_cpu_f32_dump_continues_on_the_gpu, "no usable GPU");
         KT_SKIP(test_subset_and_device_rows_continue_as_on_the_cpu, "no usable GPU");
+        KT_SKIP(test_rows_uploaded_ahead_equal_the_serial_path, "no usable GPU");
         return kt_done();
     }
     printf("# GPU: %s\n", name);
     if (kt_niah_first_task(&model, &ids, &n_ids)) return 1;
-    KT_RUN(test_gpu_dump_then_continue_matches_the_whole_prompt);
-    KT_RUN(test_cpu_f32_dump_continues_on_the_gpu);
-    KT_RUN(test_subset_and_device_rows_continue_as_on_the_cpu);
+    const char *filter = getenv("KV_TEST_FILTER");
+    KT_RUN_SELECTED(test_gpu_dump_then_continue_matches_the_whole_prompt, filter);
+    KT_RUN_SELECTED(test_cpu_f32_dump_continues_on_the_gpu, filter);
+    KT_RUN_SELECTED(test_subset_and_device_rows_continue_as_on_the_cpu, filter);
+    KT_RUN_SELECTED(test_rows_uploaded_ahead_equal_the_serial_path, filter);
     free(ids);
     kv_model_close(model);
     return kt_done();
