@@ -25,6 +25,7 @@
 #include <cjson/cJSON.h>
 
 #include "kt_kv.h"
+#include "kt_qaware.h"
 #include "common/kv_file.h"
 #include "common/kv_stats.h"
 #include "engine/kv_runner.h"
@@ -245,41 +246,20 @@ static void test_gpu_rejects_a_sketch_that_does_not_tile(void)
  * and the 25% kept holds the needle. */
 static void test_gpu_runner_scores_a_query_aware_load_on_the_gpu(void)
 {
-    char *text = NULL;
-    size_t len = 0;
-    OK(kv_file_slurp("tests/data/niah4k/tasks-dev.jsonl", 0, "tasks", &text, &len));
-    cJSON *j = cJSON_ParseWithLength(text, strcspn(text, "\n"));
-    KT_REQUIRE(j, "first task");
-    const char *in = cJSON_GetObjectItem(j, "input")->valuestring;
-    const char *qs = strstr(in, "\nQuestion:"), *nd = strstr(in, "The special magic number for");
-    KT_REQUIRE(qs && nd && nd < qs, "task format");
-    kv_model *m = NULL;
-    OK(kv_model_open("tests/data/niah4k/niah4k.bin", &m));
-    kv_tokenizer *tok;
-    OK(kv_tokenizer_load_llama2c("tests/data/niah4k/tok259.bin", 259, &tok));
-    int *ids = NULL, n = 0, *pids = NULL, np = 0, *nids = NULL, nn = 0;
-    OK(kv_tokenizer_encode(tok, in, strlen(in), true, false, &ids, &n));
-    OK(kv_tokenizer_encode(tok, in, (size_t)(qs - in), true, false, &pids, &np));
-    OK(kv_tokenizer_encode(tok, in, (size_t)(nd - in), true, false, &nids, &nn));
-    KT_REQUIRE(np < n && !memcmp(ids, pids, (size_t)np * sizeof *ids), "the haystack's ids begin the prompt's");
-    char dir[] = "/tmp/test_gpu_qaware_XXXXXX", sdir[600], kvp[700];
-    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
-    snprintf(sdir, sizeof sdir, "%s/s", dir);
-    snprintf(kvp, sizeof kvp, "%s/hay.kvc", dir);
-    kv_tree_enc enc[KV_TIER_COUNT];
-    OK(kv_tree_encodings_parse("disk=raw+sketch", enc));
-    OK(kv_tree_store_create_ex(sdir, enc));
+    kt_qaware_task t;
+    kt_qaware_task_load(&t);
+    KT_REQUIRE(t.ok, "niah4k's first task");
+    kv_model *m = t.m;
+    const int *ids = t.ids, n = t.n, np = t.np, nn = t.nn;
+    char dir[] = "/tmp/test_gpu_qaware_XXXXXX";
     kv_tree_store *s;
-    OK(kv_tree_store_open(sdir, true, &s));
+    kvc_file *f;
+    kv_put_report pr;
+    bool stored;
     kv_runner *rc, *rg;
     OK(kv_runner_new(m, NULL, n + 8, KV_DEVICE_CPU, NULL, &rc));
-    OK(kv_runner_keep(rc, 32, true));
-    OK(kv_runner_prefill(rc, pids, np, NULL));
-    OK(kv_runner_dump_kvc(rc, pids, np, KV_DT_F16, kvp, 0));
-    kvc_file *f;
-    OK(kvc_open(kvp, &f));
-    kv_put_report pr;
-    OK(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr));
+    kt_qaware_store(rc, &t, "disk=raw+sketch", dir, &s, &f, &pr, &stored);
+    KT_REQUIRE(stored, "the haystack stored");
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
     OK(kv_runner_new(m, NULL, n + 8, KV_DEVICE_CUDA, &go, &rg));
@@ -303,10 +283,7 @@ static void test_gpu_runner_scores_a_query_aware_load_on_the_gpu(void)
     kv_tree_store_close(s);
     kvc_close(f);
     KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
-    free(ids), free(pids), free(nids), free(text);
-    cJSON_Delete(j);
-    kv_tokenizer_free(tok);
-    kv_model_close(m);
+    kt_qaware_task_free(&t);
 }
 
 int main(void)

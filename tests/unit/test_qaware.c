@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "kt_kv.h"
+#include "kt_qaware.h"
 #include "common/kv_file.h"
 #include "common/kv_half.h"
 #include "engine/kv_runner.h"
@@ -46,24 +47,13 @@ static void greedy_text(kv_runner *r, const kv_tokenizer *tok, float *lg, int V,
 
 static void test_query_aware_quarter_keeps_the_needle(void)
 {
-    char *text = NULL;
-    size_t len = 0;
-    OK(kv_file_slurp("tests/data/niah4k/tasks-dev.jsonl", 0, "tasks", &text, &len));
-    cJSON *j = cJSON_ParseWithLength(text, strcspn(text, "\n"));
-    KT_REQUIRE(j, "first task");
-    const char *in = cJSON_GetObjectItem(j, "input")->valuestring;
-    const char *ans = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "outputs"), 0)->valuestring;
-    const char *qs = strstr(in, "\nQuestion:"), *nd = strstr(in, "The special magic number for");
-    KT_REQUIRE(qs && nd && nd < qs, "task format");
-    kv_model *m = NULL;
-    OK(kv_model_open("tests/data/niah4k/niah4k.bin", &m));
-    kv_tokenizer *tok;
-    OK(kv_tokenizer_load_llama2c("tests/data/niah4k/tok259.bin", 259, &tok));
-    int *ids = NULL, n = 0, *pids = NULL, np = 0, *nids = NULL, nn = 0;
-    OK(kv_tokenizer_encode(tok, in, strlen(in), true, false, &ids, &n));
-    OK(kv_tokenizer_encode(tok, in, (size_t)(qs - in), true, false, &pids, &np));
-    OK(kv_tokenizer_encode(tok, in, (size_t)(nd - in), true, false, &nids, &nn));
-    KT_REQUIRE(np < n && !memcmp(ids, pids, (size_t)np * sizeof *ids), "the haystack's ids begin the prompt's");
+    kt_qaware_task task;
+    kt_qaware_task_load(&task);
+    KT_REQUIRE(task.ok, "niah4k's first task");
+    kv_model *m = task.m;
+    kv_tokenizer *tok = task.tok;
+    const int *ids = task.ids, n = task.n, np = task.np, nn = task.nn;
+    const char *ans = task.ans;
     const int V = m->cfg.vocab_size, needle = nn, needle_end = nn + 40;
     float *lg = malloc((size_t)V * sizeof *lg);
     kv_runner *r;
@@ -74,24 +64,17 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     KT_CHECK(strstr(full, ans), "the whole prompt answers '%s' (got '%s')", ans, full);
 
     /* the haystack into a store whose disk chunks carry a key sketch */
-    char dir[] = "/tmp/test_qaware_XXXXXX", sdir[600], kvp[700];
-    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
-    snprintf(sdir, sizeof sdir, "%s/s", dir);
-    snprintf(kvp, sizeof kvp, "%s/hay.kvc", dir);
+    char dir[] = "/tmp/test_qaware_XXXXXX";
     kv_tree_enc enc[KV_TIER_COUNT];
     OK(kv_tree_encodings_parse("disk=raw+zstd+sketch", enc));
     KT_CHECK(enc[KV_TIER_DISK].sketch && enc[KV_TIER_DISK].zstd, "+sketch parsed");
-    OK(kv_tree_store_create_ex(sdir, enc));
     kv_tree_store *s;
-    OK(kv_tree_store_open(sdir, true, &s));
-    OK(kv_runner_reset(r, NULL));
-    OK(kv_runner_keep(r, 32, true));
-    OK(kv_runner_prefill(r, pids, np, NULL));
-    OK(kv_runner_dump_kvc(r, pids, np, KV_DT_F16, kvp, 0));
     kvc_file *f;
-    OK(kvc_open(kvp, &f));
     kv_put_report pr;
-    OK(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr));
+    bool stored;
+    OK(kv_runner_reset(r, NULL));
+    kt_qaware_store(r, &task, "disk=raw+zstd+sketch", dir, &s, &f, &pr, &stored);
+    KT_REQUIRE(stored, "the haystack stored");
     OK(kv_tree_store_save(s));
     KT_CHECK(kv_tree_store_tree(s)->nodes[1].chunk_version == 3, "a sketch chunk is version 3");
 
@@ -174,10 +157,8 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kvc_close(f);
     KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
     kv_runner_free(r);
-    free(ids32), free(lg), free(ids), free(pids), free(nids), free(text);
-    cJSON_Delete(j);
-    kv_tokenizer_free(tok);
-    kv_model_close(m);
+    free(ids32), free(lg);
+    kt_qaware_task_free(&task);
 }
 
 /* A sketch of two segments over m = 5 positions for L 2, Hkv 2, D 8: the
