@@ -517,6 +517,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
             double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[5] = {0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
+            bool rows_ahead = false;
             st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms, probe_ms, probe_pf);
             double t1 = kv_now_ms();
             int reused = src.pre.T, start = src.pre.matched;
@@ -531,6 +532,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                 kv_gpu_prefill_phases ph;
                 kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
                 pf[0] = ph.setup, pf[1] = ph.rows, pf[2] = ph.compute, pf[3] = ph.logits, pf[4] = ph.total, pf[5] = ph.capture;
+                rows_ahead = ph.rows_ahead;
             }
             source_clear(&src);
             if (st) {
@@ -557,7 +559,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                                        {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3], qa_ms[4]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4]},
                                        {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]},
                                        {probe_pf[0], probe_pf[1], probe_pf[2], probe_pf[3], probe_pf[4]},
-                                       {hit[0], hit[1], hit[2]}, -1, text};
+                                       rows_ahead, {hit[0], hit[1], hit[2]}, -1, text};
                 if (q->n_out) {
                     row->correct = 1;
                     for (int a = 0; a < q->n_out; a++)
@@ -641,6 +643,7 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         if (r->pf_ms[4] > 0) { /* the GPU engine's phases of this request's prefill */
             cJSON *ph = cJSON_AddObjectToObject(x, "prefill_phases_ms");
             for (int t = 0; t < 6; t++) cJSON_AddNumberToObject(ph, phn[t], r->pf_ms[t]);
+            cJSON_AddBoolToObject(ph, "rows_ahead", r->rows_ahead);
         }
         if (r->probe_pf_ms[4] > 0) {
             cJSON *ph = cJSON_AddObjectToObject(x, "probe_prefill_phases_ms");

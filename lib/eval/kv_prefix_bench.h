@@ -79,6 +79,8 @@ typedef struct {
     double pf_ms[6];        /* GPU engine: the request's prefill's phases (kv_gpu_prefill_phases:
                                setup, rows, compute, logits, total, capture); all 0 on the CPU */
     double probe_pf_ms[5];  /* disk-query on the GPU: the same for the probe's prefill */
+    bool rows_ahead;        /* GPU engine: the cached rows were uploaded a layer ahead of the compute
+                               (kv_gpu_prefill_phases.rows_ahead) */
     uint64_t hit_bytes[3];  /* cache bytes taken from the gpu, host and disk tiers */
     int correct;            /* 1, 0, or -1 without expected outputs */
     char *text;             /* the generated text (or ids) */

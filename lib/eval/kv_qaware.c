@@ -250,7 +250,9 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     kv_get_report gr;
     int32_t zero = 0;
     double t1 = kv_now_ms();
-    float *q = malloc((size_t)L * H * P * D * sizeof *q + 1), *ql = malloc((size_t)H * P * D * sizeof *ql + 1);
+    /* q: the nq scored queries of every layer and head; ql: one layer's
+     * capture (at most nq positions since kv_runner_keep(r, nq), sized for P) */
+    float *q = malloc((size_t)L * H * nq * D * sizeof *q + 1), *ql = malloc((size_t)H * P * D * sizeof *ql + 1);
     double *score = calloc((size_t)m, sizeof *score);
     if (!q || !ql || !score) st = kv_fail(KV_E_NOMEM, "out of memory");
     if (!st) st = kv_tree_store_load(s, ids, n - 1, 1, &zero, 1, false, o->now, &sink, &gr);
@@ -258,8 +260,12 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     double tp = kv_now_ms();
     rep->probe_sink_ms = tp - t1;
     /* the sketch's bytes: a quarter of the channels of every key, int8 */
-    const double sk_bytes = (double)m * L * Hkv * (D / 4 > 0 ? D / 4 : 1);
-    sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true, sk_bytes > KV_QAWARE_SKETCH_PAR_BYTES ? 8 : 1};
+    const double sk_bytes = (double)m * L * Hkv * kv_tree_sketch_channels(D);
+    int sk_threads = 1;
+#ifdef _OPENMP
+    if (sk_bytes > KV_QAWARE_SKETCH_PAR_BYTES) sk_threads = omp_get_num_procs() < 8 ? omp_get_num_procs() : 8;
+#endif
+    sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true, sk_threads};
     pthread_t th;
     double tsp = kv_now_ms();
     bool threaded = false;

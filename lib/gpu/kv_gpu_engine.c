@@ -795,7 +795,7 @@ static void pf_geom(const kv_gpu_engine *e, const kv_prefix *pre, int nn, kv_pf_
 }
 
 static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool want_logits,
-                                 const kv_prefix *pre, uint16_t *stage)
+                                 const kv_prefix *pre, uint16_t *stage, bool overlap)
 {
     const int P = pre ? pre->T : 0, nn = n; /* n: all rows from here on; nn new ones */
     n = P + nn;
@@ -806,7 +806,6 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     void **kc = calloc((size_t)e->L, sizeof *kc), **vc = calloc((size_t)e->L, sizeof *vc);
     /* the engine's kept buffers, grown by gpu_prefill (gl_pf_buffers) */
     float *X = e->pfb.X;
-    const bool overlap = P && e->pfb.K2 && gl_pf_overlap_ok(e, pre);
     uint16_t *K = e->pfb.K, *V = e->pfb.V, *tmp = e->pfb.tmp;
     kv_pf_ws ws = e->pfb.ws;
     ws.C = C; /* kept for a longer chunk: this prefill's chunks are C rows (opts may have changed) */
@@ -898,6 +897,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
         return st;
     }
     const bool chunked = pf_chunked_ok(e);
+    bool ahead = false; /* the cached rows uploaded a layer ahead (gl_pf_overlap_ok) */
     n = P + nn; /* rows from here on */
     prefill_cache pf = {NULL, NULL, n};
     int *dt = NULL;
@@ -907,7 +907,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
         kv_pf_geom g;
         pf_geom(e, pre, nn, &g, &C);
         st = gl_pf_buffers(e, n, nn, C, &g, ingest_scratch(e, n));
-        if (!st && P && gl_pf_overlap_ok(e, pre)) st = gl_pf_overlap_begin(e, n);
+        if (!st && P && gl_pf_overlap_ok(e, pre)) st = gl_pf_overlap_begin(e, n, &ahead);
         dt = e->pfb.dt;
     }
     if (!st) st = gl_cap_begin(e, n);
@@ -941,7 +941,7 @@ static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *
     double t_mark = gl_now_ms();
     e->ph.setup = t_mark - t_start;
     if (chunked) {
-        if (!st) st = prefill_chunked(e, dt, nn, logits_last != NULL, pre, stage);
+        if (!st) st = prefill_chunked(e, dt, nn, logits_last != NULL, pre, stage, ahead);
     } else {
         for (int l = 0; P && l < e->L && !st; l++)
             st = gl_put_prefix_rows(e, pre, l, pf.k[l], pf.v[l], n, stage, e->s_main);

@@ -376,8 +376,10 @@ kv_status gl_put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, uint
  * loading packed planes: its ingest is a copy on the main stream, so a
  * dense cache's last reader is ordered before the next layer's start. */
 bool gl_pf_overlap_ok(const kv_gpu_engine *e, const kv_prefix *pre);
-/* The second dense cache for rows rows, the upload stream and its events. */
-kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows);
+/* The second dense cache for rows rows, the upload stream and its events;
+ * *ready false when any of them cannot be had (the serial path is then
+ * used: it needs none of them), an error only for a failed synchronise. */
+kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows, bool *ready);
 /* At layer l's start on the compute stream s (dense caches K[l & 1],
  * V[l & 1], leading dimension ld): layer 0 issues its own upload, every
  * layer issues the next one's into the other pair once the layer before

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/kv_status.h"
+
 double gl_now_ms(void)
 {
     struct timespec ts;
@@ -141,25 +143,44 @@ bool gl_pf_overlap_ok(const kv_gpu_engine *e, const kv_prefix *pre)
     return e->L > 1;
 }
 
-kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows)
+kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows, bool *ready)
 {
+    *ready = false;
     const size_t kvn = (size_t)e->nkv * (size_t)rows * (size_t)e->hd;
-    if (kvn > e->pfb.kv2_n) CK(cudaDeviceSynchronize()); /* the pair may still be read by earlier work */
-    TRY(gl_grow_kv(&e->pfb.K2, &e->pfb.V2, &e->pfb.kv2_n, kvn, kvn + kvn / 8, "prefill K (second)",
-                   "prefill V (second)"));
-    if (!e->pfb.s_up) {
-        CK(cudaStreamCreateWithFlags(&e->pfb.s_up, cudaStreamNonBlocking));
-        for (int i = 0; i < 2; i++) {
-            CK(cudaEventCreateWithFlags(&e->pfb.ev_up[i], cudaEventDisableTiming));
-            CK(cudaEventCreateWithFlags(&e->pfb.ev_free[i], cudaEventDisableTiming));
+    if (kvn > e->pfb.kv2_n) {
+        CK(cudaDeviceSynchronize()); /* the pair may still be read by earlier work */
+        if (gl_grow_kv(&e->pfb.K2, &e->pfb.V2, &e->pfb.kv2_n, kvn, kvn + kvn / 8, "prefill K (second)",
+                       "prefill V (second)")) { /* no room: the serial path needs none */
+            gl_dfree(&e->pfb.K2);
+            gl_dfree(&e->pfb.V2);
+            e->pfb.kv2_n = 0;
+            kv_errclear();
+            return KV_OK;
         }
     }
+    if (!e->pfb.s_up) { /* all five handles or none */
+        cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL};
+        cudaStream_t su = NULL;
+        bool ok = true;
+        for (int i = 0; i < 4 && ok; i++) ok = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming) == cudaSuccess;
+        ok = ok && cudaStreamCreateWithFlags(&su, cudaStreamNonBlocking) == cudaSuccess;
+        if (!ok) {
+            for (int i = 0; i < 4; i++)
+                if (ev[i]) cudaEventDestroy(ev[i]);
+            (void)cudaGetLastError();
+            return KV_OK;
+        }
+        e->pfb.ev_up[0] = ev[0], e->pfb.ev_up[1] = ev[1], e->pfb.ev_free[0] = ev[2], e->pfb.ev_free[1] = ev[3];
+        e->pfb.s_up = su;
+    }
+    *ready = true;
     return KV_OK;
 }
 
 /* Layer l's rows into pair b on the upload stream, once that pair's last
- * reader is done (ev_free[b], recorded by the caller; never recorded at
- * the first two layers, which a wait then passes). */
+ * reader is done (ev_free[b], recorded by the caller before the uploads of
+ * layers 1 and up; at layer 0 it is unrecorded or left complete by an
+ * earlier prefill, and the wait passes). */
 static kv_status pf_upload(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *K, uint16_t *V, int ld)
 {
     const int b = l & 1;

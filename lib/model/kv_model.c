@@ -29,7 +29,7 @@
 // --- geometry checks -----------------------------------------------------------
 
 /* Limits far above any real Llama but low enough that sizes cannot overflow. */
-static kv_status check_config(kv_model_config *c)
+kv_status kv_model_config_check(kv_model_config *c)
 {
     if (c->dim <= 0 || c->dim > 65536) return kv_fail(KV_E_DATA, "model dim %d out of range", c->dim);
     if (c->hidden_dim <= 0 || c->hidden_dim > 1 << 20)
@@ -119,7 +119,7 @@ static kv_status load_llama2c(kv_model *m, const uint8_t *p, size_t len)
     c->vocab_size = h[5];
     c->seq_len = h[6];
     c->shared_classifier = shared;
-    kv_status st = check_config(c);
+    kv_status st = kv_model_config_check(c);
     if (st) {
         /* legacy files have no magic: anything unrecognised ends up here */
         if (off == 28) kv_errcontext("no GGUF or ak42 magic, and as a legacy llama2.c header");
@@ -359,7 +359,7 @@ static kv_status load_gguf(kv_model *m, const uint8_t *p, size_t len)
     if (emb->n_dims != 2 || emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
         return kv_fail(KV_E_DATA, "GGUF tensor token_embd.weight has a bad shape");
     c->vocab_size = (int)emb->ne[1];
-    if ((st = check_config(c))) return st;
+    if ((st = kv_model_config_check(c))) return st;
     int d = c->dim, L = c->n_layers, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, V = c->vocab_size, H = c->hidden_dim;
     /* norm store: output norm, 2 norms per layer, rope_freqs, 4 biases per
@@ -564,12 +564,12 @@ kv_status kv_model_geometry(const char *name, kv_model_config *out)
         c.vocab_size = 512, c.seq_len = 4096;
     } else {
         return kv_fail(KV_E_USAGE,
-                       "unknown synthetic model '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads)",
+                       "unknown model shape '%s' (llama-3.1-8b, llama-3.2-1b, llama-2-7b, tiny, tiny-wide-heads)",
                        name);
     }
     c.shared_classifier = false;
     snprintf(c.name, sizeof c.name, "%s", name);
-    kv_status st = check_config(&c);
+    kv_status st = kv_model_config_check(&c);
     if (st) return st;
     *out = c;
     return KV_OK;

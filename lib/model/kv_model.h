@@ -104,6 +104,10 @@ kv_status kv_model_synthetic(const char *name, uint64_t seed, kv_dtype wt, kv_mo
 /* The geometry kv_model_synthetic builds for name (dims, heads, layers,
  * vocabulary, RoPE), name "llama-3.1-8b" etc.; KV_E_USAGE for another name. */
 kv_status kv_model_geometry(const char *name, kv_model_config *out);
+/* Check a configuration's dimensions, heads, vocabulary, epsilon and RoPE
+ * (KV_E_DATA or KV_E_UNSUPPORTED with the detail); fills head_dim and
+ * rope_dim when they are 0. */
+kv_status kv_model_config_check(kv_model_config *c);
 void kv_model_close(kv_model *m);
 
 /* The GGUF metadata of a GGUF model (for the vocabulary), else NULL. */

@@ -120,10 +120,19 @@ kv_status kv_model_widen(const kv_model *small, const kv_model_config *big, kv_d
     *out = NULL;
     const kv_model_config *sc = &small->cfg;
     kv_model_config bc = *big;
-    if (bc.n_heads > 0 && bc.head_dim == 0) bc.head_dim = bc.dim / bc.n_heads;
-    if (bc.rope_dim == 0) bc.rope_dim = bc.head_dim;
+    /* a shape the caller filled: its own consistency first (the named ones
+     * were checked by kv_model_geometry); its vocabulary, context, epsilon
+     * and RoPE base are not used, the small model's are */
+    bc.vocab_size = sc->vocab_size, bc.seq_len = sc->seq_len, bc.norm_eps = sc->norm_eps;
+    bc.rope_theta = sc->rope_theta, bc.rope_scaling = KV_ROPE_SCALING_NONE, bc.rope_freq_factors = NULL;
+    kv_status st = kv_model_config_check(&bc);
+    if (st) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kv_errdetail());
+        return kv_fail(KV_E_USAGE, "cannot widen into %s: %s", bc.name, why);
+    }
     big = &bc;
-    kv_status st = check_fit(sc, big, wt);
+    st = check_fit(sc, big, wt);
     if (st) return st;
     for (int l = 0; l < sc->n_layers; l++) {
         const kv_layer_weights *sl = &small->layers[l];

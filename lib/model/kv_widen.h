@@ -23,7 +23,7 @@
  *     and the value path are the small model's);
  *   - the first hidden_small feed-forward units are the small ones;
  *   - the small layers are spread over the large stack (layer l at
- *     l * L_big / L_small); the other layers are all zero, hence identity
+ *     ceil(l * L_big / L_small)); the other layers are all zero, hence identity
  *     (zero attention and FFN output), and share one weight block, as the
  *     synthetic models do;
  *   - unused query heads, KV heads, feed-forward units and coordinates
@@ -41,9 +41,12 @@
 /*
  * small in the shape of geometry big (kv_model_geometry's names, or a
  * config filled by the caller), weights stored as wt (F32, F16 or BF16).
- * KV_E_USAGE when small does not fit in big: a dimension larger than
- * big's, a query-head group larger than big's, or a head size that does
- * not divide big's.  small may be closed afterwards.
+ * KV_E_USAGE when big is inconsistent (kv_model_config_check) or small
+ * does not fit in it: a dimension larger than big's, a query-head group
+ * larger than big's, or a head size that does not divide big's;
+ * KV_E_UNSUPPORTED for what the construction does not carry over
+ * (partial RoPE; feed-forward, embedding or classifier biases).  small
+ * may be closed afterwards.
  */
 kv_status kv_model_widen(const kv_model *small, const kv_model_config *big, kv_dtype wt, kv_model **out);
 /* Same, the geometry by name ("llama-3.1-8b"). */

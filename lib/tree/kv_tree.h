@@ -274,6 +274,8 @@ typedef struct {
  * must have one (version 3, a tier encoding with +sketch), else
  * KV_E_UNSUPPORTED. */
 kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out);
+/* Channels a sketch keeps of each key of head_dim channels (a quarter). */
+int kv_tree_sketch_channels(int head_dim);
 void kv_tree_sketch_free(kv_tree_sketch *k);
 
 typedef struct {

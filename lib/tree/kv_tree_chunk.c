@@ -679,7 +679,7 @@ static kv_status sketch_encode(const kv_tree_geom *tg, const chunk_src *src, con
 }
 
 /* Channels of a new chunk's key sketch: a quarter of the head. */
-static int sketch_channels(int D) { return D / 4 > 0 ? D / 4 : 1; }
+int kv_tree_sketch_channels(int head_dim) { return head_dim / 4 > 0 ? head_dim / 4 : 1; }
 
 kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int start, int n,
                             const int32_t *tok, const float *imp, const chunk_src *src, const int *sel,
@@ -691,7 +691,7 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
     int nf = (n + R - 1) / R;
     const bool v3 = enc->sketch;
     const size_t hb = v3 ? HEAD3_BYTES : HEAD_BYTES;
-    const int sk_r = v3 ? sketch_channels(sg->head_dim) : 0;
+    const int sk_r = v3 ? kv_tree_sketch_channels(sg->head_dim) : 0;
     uint8_t *sk = NULL;
     size_t sk_len = 0;
     if (v3) {

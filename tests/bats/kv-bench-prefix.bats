@@ -151,7 +151,7 @@ PY
     run --separate-stderr kv-bench prefix -m "$DATA/stories260K/stories260K.bin" --widen tiny "$T/one.jsonl"
     assert_fails_with 64 "--widen tiny: cannot widen stories260K into tiny: its layer count 5 exceeds 4"
     run --separate-stderr kv-bench prefix -m "$NIAH" --widen llama-3.1-9b "$T/one.jsonl"
-    assert_fails_with 64 "unknown synthetic model 'llama-3.1-9b'"
+    assert_fails_with 64 "unknown model shape 'llama-3.1-9b'"
     run --separate-stderr kv-bench prefix --synthetic tiny --widen llama-3.1-8b "$T/one.jsonl"
     assert_fails_with 64 "--widen needs --model"
     [ -z "$output" ]

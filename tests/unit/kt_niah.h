@@ -9,6 +9,7 @@
 #ifndef KT_NIAH_H
 #define KT_NIAH_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,15 +29,15 @@ static inline int kt_niah_first_task(kv_model **model, int **ids, int *n_ids)
     FILE *fp = fopen(KT_NIAH "tasks-dev.jsonl", "r");
     char *line = NULL;
     size_t cap = 0;
-    if (!fp || getline(&line, &cap, fp) <= 0) return printf("Bail out! tasks-dev.jsonl\n"), 1;
-    fclose(fp);
-    char *p = strstr(line, "\"input\": \""), *q = p ? strstr(p, "\", \"outputs\"") : NULL;
-    kv_tokenizer *tok;
-    if (!p || !q || kv_tokenizer_load_llama2c(KT_NIAH "tok259.bin", 259, &tok) ||
-        kv_tokenizer_encode(tok, p + 10, (size_t)(q - p - 10), true, false, ids, n_ids))
-        return printf("Bail out! the first task\n"), 1;
+    const bool got = fp && getline(&line, &cap, fp) > 0;
+    if (fp) fclose(fp);
+    char *p = got ? strstr(line, "\"input\": \"") : NULL, *q = p ? strstr(p, "\", \"outputs\"") : NULL;
+    kv_tokenizer *tok = NULL;
+    const bool ok = p && q && !kv_tokenizer_load_llama2c(KT_NIAH "tok259.bin", 259, &tok) &&
+                    !kv_tokenizer_encode(tok, p + 10, (size_t)(q - p - 10), true, false, ids, n_ids);
     kv_tokenizer_free(tok);
     free(line);
+    if (!ok) return printf("Bail out! %s\n", got ? "the first task" : "tasks-dev.jsonl"), 1;
     return 0;
 }
 

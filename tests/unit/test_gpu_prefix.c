@@ -218,11 +218,45 @@ static void test_subset_and_device_rows_continue_as_on_the_cpu(void)
     unlink("/tmp/test_gpu_prefix_s.kvc");
 }
 
-/* fp16 host rows of a full-policy continuation are uploaded a layer ahead
- * of the compute (kv_gpu_prefill_phases.rows_ahead): the logits and the
- * greedy ids equal, bit for bit, those of the serial path (each layer's
- * rows copied at its start, forced by opts.prefill_copy_sync), for the
- * whole 90% prefix and for a prefix of only 3 rows. */
+/* fp16 rows of a full-policy continuation are uploaded a layer ahead of
+ * the compute (kv_gpu_prefill_phases.rows_ahead): the logits and greedy
+ * ids equal, bit for bit, those of the serial path (each layer's rows
+ * copied at its start, forced by opts.prefill_copy_sync), for rows in
+ * pinned host memory (the host tier: the copies are truly asynchronous)
+ * and on the device in two segments (the GPU tier), for the whole 90%
+ * prefix and for one of only 3 rows, twice in one engine. */
+static void run_ahead_vs_serial(const kv_prefix *pre, const char *what)
+{
+    float out[2][259];
+    int gen[2][8];
+    bool ahead[2];
+    for (int w = 0; w < 2; w++) { /* w = 0: default; w = 1: the serial copies */
+        kv_gpu_engine_opts go;
+        kv_gpu_engine_opts_default(&go);
+        go.prefill_copy_sync = w == 1;
+        kv_runner *r;
+        OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &r));
+        for (int rep = 0; rep < 2; rep++) { /* twice: the second reuses the kept pair and events */
+            OK(kv_runner_reset(r, NULL));
+            OK(kv_runner_prefill_from(r, pre, ids + pre->matched, n_ids - pre->matched, out[w]));
+        }
+        kv_gpu_prefill_phases ph;
+        kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
+        ahead[w] = ph.rows_ahead;
+        float *l8 = malloc(259 * sizeof *l8);
+        memcpy(l8, out[w], 259 * sizeof *l8);
+        for (int i = 0; i < 8; i++) {
+            gen[w][i] = kt_argmax(l8, 259);
+            OK(kv_runner_step(r, gen[w][i], l8));
+        }
+        free(l8);
+        kv_runner_free(r);
+    }
+    KT_CHECK(ahead[0] && !ahead[1], "%s: rows ahead %d (default), %d (serial)", what, ahead[0], ahead[1]);
+    KT_CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "%s: logits differ (%.3g)", what, nerr(out[0], out[1], 259));
+    KT_CHECK(memcmp(gen[0], gen[1], sizeof gen[0]) == 0, "%s: greedy ids differ", what);
+}
+
 static void test_rows_uploaded_ahead_equal_the_serial_path(void)
 {
     const int L = model->cfg.n_layers, nkv = model->cfg.n_kv_heads, hd = model->cfg.head_dim;
@@ -231,49 +265,45 @@ static void test_rows_uploaded_ahead_equal_the_serial_path(void)
     kvc_file *f;
     OK(kvc_open("/tmp/test_gpu_prefix_o.kvc", &f));
     for (int si = 0; si < 2; si++) {
-        const int P = splits[si];
+        const int P = splits[si], P1 = P / 2 > 0 ? P / 2 : 1;
         uint16_t **k = calloc((size_t)L, sizeof *k), **v = calloc((size_t)L, sizeof *v);
-        for (int l = 0; l < L; l++) { /* the first P rows of the dump, (nkv, P, hd) */
+        void **dk[2] = {calloc((size_t)L, sizeof(void *)), calloc((size_t)L, sizeof(void *))};
+        void **dv[2] = {calloc((size_t)L, sizeof(void *)), calloc((size_t)L, sizeof(void *))};
+        for (int l = 0; l < L; l++) { /* the first P rows of the dump, (nkv, P, hd), pinned */
             const kvc_tensor *tk = kvc_layer(f, l, "k"), *tv = kvc_layer(f, l, "v");
-            k[l] = malloc((size_t)nkv * P * hd * 2), v[l] = malloc((size_t)nkv * P * hd * 2);
+            k[l] = kv_gpu_host_alloc((size_t)nkv * P * hd * 2), v[l] = kv_gpu_host_alloc((size_t)nkv * P * hd * 2);
+            KT_REQUIRE(k[l] && v[l], "pinned rows");
             for (int h = 0; h < nkv; h++) {
                 memcpy(k[l] + (size_t)h * P * hd, (const uint16_t *)tk->data + (size_t)h * splits[0] * hd, (size_t)P * hd * 2);
                 memcpy(v[l] + (size_t)h * P * hd, (const uint16_t *)tv->data + (size_t)h * splits[0] * hd, (size_t)P * hd * 2);
             }
+            for (int sg = 0; sg < 2; sg++) /* the same rows on the device: [0, P1) and [P1, P) */
+                for (int w = 0; w < 2; w++) {
+                    const int t0 = sg ? P1 : 0, tn = sg ? P - P1 : P1;
+                    uint16_t *tmp = malloc((size_t)nkv * (tn ? tn : 1) * hd * 2);
+                    for (int h = 0; h < nkv; h++)
+                        memcpy(tmp + (size_t)h * tn * hd, (w ? v : k)[l] + ((size_t)h * P + t0) * hd, (size_t)tn * hd * 2);
+                    if (tn) OK(kv_gpu_buffer_upload(tmp, (size_t)nkv * tn * hd * 2, w ? &dv[sg][l] : &dk[sg][l]));
+                    free(tmp);
+                }
         }
+        char what[64];
         kv_prefix pre = {.T = P, .matched = P, .n_kv_heads = nkv, .head_dim = hd, .dt = KV_DT_F16,
                          .k = (const void *const *)k, .v = (const void *const *)v};
-        float out[2][259];
-        int gen[2][8];
-        bool ahead[2];
-        for (int w = 0; w < 2; w++) { /* w = 0: default; w = 1: the serial copies */
-            kv_gpu_engine_opts go;
-            kv_gpu_engine_opts_default(&go);
-            go.prefill_copy_sync = w == 1;
-            kv_runner *r;
-            OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &r));
-            for (int rep = 0; rep < 2; rep++) { /* twice: the second reuses the kept pair and events */
-                OK(kv_runner_reset(r, NULL));
-                OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, out[w]));
-            }
-            kv_gpu_prefill_phases ph;
-            kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
-            ahead[w] = ph.rows_ahead;
-            float *l8 = malloc(259 * sizeof *l8);
-            memcpy(l8, out[w], 259 * sizeof *l8);
-            for (int i = 0; i < 8; i++) {
-                gen[w][i] = kt_argmax(l8, 259);
-                OK(kv_runner_step(r, gen[w][i], l8));
-            }
-            free(l8);
-            kv_runner_free(r);
+        snprintf(what, sizeof what, "%d pinned host rows", P);
+        run_ahead_vs_serial(&pre, what);
+        kv_prefix_seg seg[2] = {{P1, P1, (const void *const *)dk[0], (const void *const *)dv[0]},
+                                {P - P1, P - P1, (const void *const *)dk[1], (const void *const *)dv[1]}};
+        kv_prefix dpre = pre;
+        dpre.device = true, dpre.seg = seg, dpre.nseg = P - P1 ? 2 : 1, dpre.k = dpre.v = NULL;
+        snprintf(what, sizeof what, "%d device rows in %d segments", P, dpre.nseg);
+        run_ahead_vs_serial(&dpre, what);
+        for (int l = 0; l < L; l++) {
+            kv_gpu_host_free(k[l]), kv_gpu_host_free(v[l]);
+            for (int sg = 0; sg < 2; sg++) kv_gpu_buffer_free(dk[sg][l]), kv_gpu_buffer_free(dv[sg][l]);
         }
-        KT_CHECK(ahead[0] && !ahead[1], "prefix of %d rows: rows ahead %d (default), %d (serial)", P, ahead[0], ahead[1]);
-        KT_CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "prefix of %d rows: logits differ (%.3g)", P,
-                 nerr(out[0], out[1], 259));
-        KT_CHECK(memcmp(gen[0], gen[1], sizeof gen[0]) == 0, "prefix of %d rows: greedy ids differ", P);
-        for (int l = 0; l < L; l++) free(k[l]), free(v[l]);
         free(k), free(v);
+        for (int sg = 0; sg < 2; sg++) free(dk[sg]), free(dv[sg]);
     }
     kvc_close(f);
     unlink("/tmp/test_gpu_prefix_o.kvc");

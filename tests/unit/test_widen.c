@@ -157,6 +157,9 @@ static void test_shapes_that_do_not_fit_are_refused(void)
         {shape(512, 1024, 8, 8, 1, 64), "KV head count 2 exceeds 1"},
         {shape(512, 1024, 8, 2, 2, 64), "query heads per KV head 2 exceeds 1"},
         {shape(960, 1024, 8, 8, 2, 96), "head size 64 does not divide 96"},
+        {shape(512, 1024, 8, 8, 0, 64), "n_kv_heads 0 does not divide n_heads 8"},
+        {shape(512, 1024, 8, 6, 4, 64), "n_kv_heads 4 does not divide n_heads 6"},
+        {shape(0, 1024, 8, 8, 2, 64), "model dim 0 out of range"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kv_status st = kv_model_widen(s, &bad[i].c, KV_DT_F32, &w);

@@ -12,7 +12,6 @@ OUT=${OUT:-/tmp/kv-out}
 . tools/device/common.sh
 [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
 STEPS=t BUDGET=${TBUDGET:-200} OUT="$OUT" sh tools/device/lead-9.sh "$D"
-STEPS=s
 for tool in memcheck racecheck; do
     KV_TEST_FILTER=small timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 "$D/test_gpu_qaware" \
         > "$OUT/logs/qaware-$tool.log" 2>&1
@@ -24,4 +23,4 @@ KV_TEST_FILTER=ahead timeout 60 compute-sanitizer --tool memcheck --error-exitco
 log "test_gpu_prefix (rows ahead) under memcheck rc=$?"
 grep -E '^not ok|^ok|ERROR SUMMARY' "$OUT/logs/prefix-memcheck.log" | tail -n 4 | tee -a "$OUT/summary.txt"
 tar czf "$OUT/lead9.tgz" -C "$OUT/logs" . 2>/dev/null
-BUDGET=${WBUDGET:-300} sh tools/device/lead-9w.sh "$D"
+STEPS=ws BUDGET=${WBUDGET:-300} sh tools/device/lead-9w.sh "$D"
