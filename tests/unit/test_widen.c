@@ -167,6 +167,13 @@ static void test_shapes_that_do_not_fit_are_refused(void)
                  kv_errdetail());
     }
     KT_CHECK(kv_model_widen_named(s, "llama-3.1-9b", KV_DT_F32, &w) == KV_E_USAGE && !w, "unknown geometry");
+    /* what the construction does not carry over: a feed-forward bias */
+    float bias[768] = {0};
+    s->layers[2].w_up.bias = bias;
+    kv_status st = kv_model_widen_named(s, "llama-3.1-8b", KV_DT_F16, &w);
+    KT_CHECK(st == KV_E_UNSUPPORTED && !w && strstr(kv_errdetail(), "cannot widen feed-forward biases (layer 2)"),
+             "feed-forward bias: %d '%s'", st, kv_errdetail());
+    s->layers[2].w_up.bias = NULL;
     KT_CHECK(kv_model_widen(s, &bad[0].c, KV_DT_Q8_0, &w) == KV_E_USAGE && !w, "weight type");
     kv_model_close(s);
 }

@@ -76,3 +76,19 @@ snap() {
     find "$OUT" -name '*.log' -size +2M -delete
     tar czf "$FINAL/all.tgz" -C "$OUT" . && cp "$OUT/summary.txt" "$FINAL/"
 }
+# unpack_once: D's binaries (tools/device/pack.sh's tarball), unpacked
+# unless a script or an earlier call already did
+unpack_once() {
+    [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
+}
+# sanitize TOOL FILTER PROGRAM NAME [SECONDS]: the tests of D/PROGRAM that
+# KV_TEST_FILTER=FILTER selects under compute-sanitizer TOOL (memcheck,
+# racecheck), into OUT/logs/NAME-TOOL.log; its status and summary lines
+# into the summary
+sanitize() {
+    mkdir -p "$OUT/logs"
+    KV_TEST_FILTER=$2 timeout "${5:-60}" compute-sanitizer --tool "$1" --error-exitcode 9 "$D/$3" \
+        > "$OUT/logs/$4-$1.log" 2>&1
+    log "$3 ($2) under $1 rc=$?"
+    grep -E '^not ok|^ok|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/$4-$1.log" | tail -n 4 | tee -a "$OUT/summary.txt"
+}

@@ -23,7 +23,7 @@ BUDGET=${BUDGET:-540}
 . tools/device/common.sh
 L="$OUT/logs"
 mkdir -p "$L"
-[ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
+unpack_once
 [ -x "$D/kv-bench" ] || { log "no binaries in $D (see unpack.log)"; exit 66; }
 T0=$(date +%s)
 # left N WHAT: N more seconds fit in the budget, else WHAT is logged as skipped

@@ -10,17 +10,9 @@ set -u
 D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 . tools/device/common.sh
-[ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
+unpack_once
 STEPS=t BUDGET=${TBUDGET:-200} OUT="$OUT" sh tools/device/lead-9.sh "$D"
-for tool in memcheck racecheck; do
-    KV_TEST_FILTER=small timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 "$D/test_gpu_qaware" \
-        > "$OUT/logs/qaware-$tool.log" 2>&1
-    log "test_gpu_qaware (small) under $tool rc=$?"
-    grep -E '^not ok|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/qaware-$tool.log" | tail -n 4 | tee -a "$OUT/summary.txt"
-done
-KV_TEST_FILTER=ahead timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/test_gpu_prefix" \
-    > "$OUT/logs/prefix-memcheck.log" 2>&1
-log "test_gpu_prefix (rows ahead) under memcheck rc=$?"
-grep -E '^not ok|^ok|ERROR SUMMARY' "$OUT/logs/prefix-memcheck.log" | tail -n 4 | tee -a "$OUT/summary.txt"
+for tool in memcheck racecheck; do sanitize $tool small test_gpu_qaware qaware; done
+sanitize memcheck ahead test_gpu_prefix prefix
 tar czf "$OUT/lead9.tgz" -C "$OUT/logs" . 2>/dev/null
 STEPS=ws BUDGET=${WBUDGET:-300} sh tools/device/lead-9w.sh "$D"

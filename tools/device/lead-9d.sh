@@ -10,18 +10,15 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 . tools/device/common.sh
 L="$OUT/logs"
-mkdir -p "$L"
-[ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
+unpack_once
 gpu_info
+mkdir -p "$L"
 for t in test_gpu_prefix test_gpu_qaware test_gpu_kv; do
     timeout 60 "$D/$t" > "$L/$t.tap" 2>&1
     log "$t rc=$?"
     tap "$t" "$L/$t.tap" 12
 done
-KV_TEST_FILTER=ahead timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/test_gpu_prefix" \
-    > "$L/prefix-memcheck.log" 2>&1
-log "test_gpu_prefix (rows ahead) under memcheck rc=$?"
-grep -E '^not ok|^ok|ERROR SUMMARY' "$L/prefix-memcheck.log" | tail -n 4 | tee -a "$OUT/summary.txt"
+sanitize memcheck ahead test_gpu_prefix prefix 90
 tar czf "$OUT/lead9d.tgz" -C "$L" . 2>/dev/null
 SEEDS="1 2" STEPS=w BUDGET=120 sh tools/device/lead-9w.sh "$D"
 python3 - "$L"/wide-s1.json <<'PY' | tee -a "$OUT/summary.txt"

@@ -18,7 +18,7 @@ BUDGET=${BUDGET:-560}
 L="$OUT/logs"
 mkdir -p "$L/tmp"
 export TMPDIR="$L/tmp"
-[ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
+unpack_once
 [ -x "$D/kv-bench" ] || { log "no binaries in $D (see unpack.log)"; exit 66; }
 T0=$(date +%s)
 left() { [ $(( $(date +%s) - T0 + $1 )) -le "$BUDGET" ] || { log "skipped: $2 (budget)"; return 1; }; }
