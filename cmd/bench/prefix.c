@@ -31,7 +31,7 @@ int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
        O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD,
-       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_WIDEN };
+       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_WIDEN, O_SKCH };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -49,6 +49,7 @@ static const kv_option opts[] = {
     {O_INSERT, 0, "insert", "N", "put only the first N requests' prompts into the store (default: every one)"},
     {O_PUTQ, 0, "put-queries", "N", "query samples per layer for the put's importance (default 32; 0: key norms)"},
     {O_QUERIES, 0, "queries", "N", "disk-query: the request's last N queries score the prefix (1-64, default 4)"},
+    {O_SKCH, 0, "sketch-channels", "N", "disk-query: key channels per head in new chunks' sketch (1-4096, default head_dim/4)"},
     {O_SKSERIAL, 0, "sketch-serial", NULL, "disk-query: read the sketch before the probe, not beside it (measurement)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
@@ -136,6 +137,7 @@ int kv_bench_prefix_main(int argc, char **argv)
         case O_ZSTD: po.zstd_level = (int)kv_cli_long("--zstd", a, 0, 19); break;
         case O_INSERT: po.insert_max = (int)kv_cli_long("--insert", a, 1, 1 << 30); break;
         case O_PUTQ: po.put_queries = (int)kv_cli_long("--put-queries", a, 0, 4096); break;
+        case O_SKCH: po.sketch_channels = (int)kv_cli_long("--sketch-channels", a, 1, KV_TREE_SKETCH_MAX); break;
         case O_QUERIES: po.queries = (int)kv_cli_long("--queries", a, 1, KV_QAWARE_PROBE); break;
         case O_SKSERIAL: po.sketch_serial = true; break;
         case O_HALF: po.half_life = kv_cli_double("--half-life", a, 1e-3, 1e12); break;

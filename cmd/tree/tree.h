@@ -16,7 +16,7 @@
 /* Options with a short name use it as their id: kv_cli_next returns the
  * short letter when the short form is used. */
 enum { O_JSON = 'j', O_TOKENS = 't', O_OUT = 'o' };
-enum { O_KVC = 256, O_IMPORTANT, O_REPORT, O_TIER, O_ZSTD, O_GPU, O_HOST, O_HALF, O_MAX, O_NO_TOUCH, O_ENC };
+enum { O_KVC = 256, O_IMPORTANT, O_REPORT, O_TIER, O_ZSTD, O_GPU, O_HOST, O_HALF, O_MAX, O_NO_TOUCH, O_ENC, O_SKCH };
 
 #define ZSTD_DEFAULT 3
 

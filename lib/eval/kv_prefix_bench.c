@@ -482,6 +482,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
         st = kv_tree_store_create_ex(o->store, enc);
     }
     if (!st) st = kv_tree_store_open(o->store, true, &s);
+    if (!st && o->sketch_channels) st = kv_tree_store_set_sketch_channels(s, o->sketch_channels);
     if (!st && kv_tree_store_tree(s)->has_geom) st = kv_prefix_check_model(m, &kv_tree_store_tree(s)->geom.g);
     int k = 0;
     for (int i = 0; i < n && !st; i++) {

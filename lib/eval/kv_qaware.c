@@ -259,8 +259,8 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
     double tp = kv_now_ms();
     rep->probe_sink_ms = tp - t1;
-    /* the sketch's bytes: a quarter of the channels of every key, int8 */
-    const double sk_bytes = (double)m * L * Hkv * kv_tree_sketch_channels(D);
+    /* the sketch's bytes: the store's sketch channels (a quarter by default) of every key, int8 */
+    const double sk_bytes = (double)m * L * Hkv * kv_tree_sketch_channels(D, kv_tree_store_tree(s)->sketch_channels);
     int sk_threads = 1;
 #ifdef _OPENMP
     if (sk_bytes > KV_QAWARE_SKETCH_PAR_BYTES) sk_threads = omp_get_num_procs() < 8 ? omp_get_num_procs() : 8;

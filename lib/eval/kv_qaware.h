@@ -6,8 +6,9 @@
  * (the needle).  Here the importance is decided at load time, with the new
  * request's queries:
  *   1. the key sketch of the matched prefix is read whole (kv-tree chunks
- *      of version 3: per layer and KV head a quarter of the channels, int8;
- *      about 1/16 of the K/V bytes);
+ *      of version 3: per layer and KV head the store's sketch_channels,
+ *      by default a quarter of the channels, int8; about 1/16 of the K/V
+ *      bytes);
  *   2. the last tokens of the request (the question) are prefilled once
  *      after the prefix's first row (the attention sink), at their true
  *      positions, and their queries are kept;

@@ -28,6 +28,7 @@
 #define KV_TREE_CHUNK_VERSION 3 /* newest chunk files read: 1 = a whole .kvc; 2 = frames (man/kvc.5);
                                    3 = frames + a key sketch (encodings with +sketch; others stay 2) */
 #define KV_TREE_GROUP_ROWS 32   /* rows per frame of new chunks */
+#define KV_TREE_SKETCH_MAX 4096 /* sketch_channels of an index, at most */
 #define KV_TREE_FILE_MAX 48 /* "chunks/c<generation>.kvt" */
 /* The largest byte count (budget, size) the index holds: JSON numbers are
  * doubles, exact up to 2^53.  Writers refuse more, the reader accepts up to
@@ -101,6 +102,7 @@ typedef struct {
     bool has_budgets;
     kv_tree_enc enc[KV_TIER_COUNT]; /* the encoding of each tier's chunks */
     int group_rows;      /* rows per frame of new chunks */
+    int sketch_channels; /* key sketch channels per head of new chunks (0: head_dim / 4) */
 } kv_tree;
 
 kv_status kv_tree_new(kv_tree **out);
@@ -166,6 +168,10 @@ kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER
 /* Change the tiers' encodings; the next kv_tree_store_place re-encodes
  * every chunk whose encoding then differs from its tier's. */
 void kv_tree_store_set_encodings(kv_tree_store *s, const kv_tree_enc enc[KV_TIER_COUNT]);
+/* Key sketch channels per head of the chunks written from now on (0: a
+ * quarter of head_dim; at most KV_TREE_SKETCH_MAX, else KV_E_USAGE); kept in
+ * the index by the next write. */
+kv_status kv_tree_store_set_sketch_channels(kv_tree_store *s, int channels);
 /* Open a store; write = take the lock exclusively (else shared). */
 kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out);
 void kv_tree_store_close(kv_tree_store *s);
@@ -274,8 +280,10 @@ typedef struct {
  * must have one (version 3, a tier encoding with +sketch), else
  * KV_E_UNSUPPORTED. */
 kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out);
-/* Channels a sketch keeps of each key of head_dim channels (a quarter). */
-int kv_tree_sketch_channels(int head_dim);
+/* Channels a new chunk's sketch keeps of each key of head_dim channels:
+ * want (the tree's sketch_channels) when it is in [1, head_dim], more
+ * than head_dim gives head_dim, 0 a quarter. */
+int kv_tree_sketch_channels(int head_dim, int want);
 void kv_tree_sketch_free(kv_tree_sketch *k);
 
 typedef struct {

@@ -678,10 +678,13 @@ static kv_status sketch_encode(const kv_tree_geom *tg, const chunk_src *src, con
     return KV_OK;
 }
 
-/* Channels of a new chunk's key sketch: a quarter of the head. */
-int kv_tree_sketch_channels(int head_dim) { return head_dim / 4 > 0 ? head_dim / 4 : 1; }
+int kv_tree_sketch_channels(int head_dim, int want)
+{
+    if (want > 0) return want < head_dim ? want : head_dim;
+    return head_dim / 4 > 0 ? head_dim / 4 : 1;
+}
 
-kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int start, int n,
+kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int sketch_want, int start, int n,
                             const int32_t *tok, const float *imp, const chunk_src *src, const int *sel,
                             const float *q, int q_heads, int n_q, int zstd_level, uint8_t **out, size_t *out_len)
 {
@@ -691,7 +694,7 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
     int nf = (n + R - 1) / R;
     const bool v3 = enc->sketch;
     const size_t hb = v3 ? HEAD3_BYTES : HEAD_BYTES;
-    const int sk_r = v3 ? kv_tree_sketch_channels(sg->head_dim) : 0;
+    const int sk_r = v3 ? kv_tree_sketch_channels(sg->head_dim, sketch_want) : 0;
     uint8_t *sk = NULL;
     size_t sk_len = 0;
     if (v3) {

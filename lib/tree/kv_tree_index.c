@@ -232,6 +232,11 @@ static kv_status parse_json(const cJSON *j, kv_tree *t)
             return kv_fail(KV_E_DATA, "index: group_rows must be a multiple of 8 in [8, 4096]");
         t->group_rows = (int)v;
     }
+    if (cJSON_GetObjectItemCaseSensitive(j, "sketch_channels")) {
+        if (!get_int(j, "sketch_channels", 0, KV_TREE_SKETCH_MAX, &v))
+            return kv_fail(KV_E_DATA, "index: sketch_channels must be an integer in [0, %d]", KV_TREE_SKETCH_MAX);
+        t->sketch_channels = (int)v;
+    }
     const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(j, "nodes");
     if (!cJSON_IsArray(nodes)) return kv_fail(KV_E_DATA, "index: nodes must be an array");
     if (cJSON_GetArraySize(nodes) && !t->has_geom) return kv_fail(KV_E_DATA, "index: nodes without a geometry");
@@ -339,6 +344,7 @@ kv_status kv_tree_index_format(const kv_tree *t, char **out)
         cJSON_AddStringToObject(encs, kv_tier_name((kv_tier)tr), e);
     }
     cJSON_AddNumberToObject(j, "group_rows", t->group_rows);
+    if (t->sketch_channels) cJSON_AddNumberToObject(j, "sketch_channels", t->sketch_channels);
     cJSON *arr = cJSON_AddArrayToObject(j, "nodes");
     for (int k = 1; k < no; k++) {
         const kv_tree_node *nd = &t->nodes[order[k]];

@@ -83,7 +83,7 @@ kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *c
 void tree_chunk_free(tree_chunk *c);
 /* A version-2 chunk image of n tokens (src rows sel[0..n)); q (may be NULL)
  * F32 [L, q_heads, n_q, D]. */
-kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int start, int n,
+kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int sketch_want, int start, int n,
                             const int32_t *tok, const float *imp, const chunk_src *src, const int *sel,
                             const float *q, int q_heads, int n_q, int zstd_level, uint8_t **out, size_t *out_len);
 

@@ -230,6 +230,14 @@ void kv_tree_store_set_encodings(kv_tree_store *s, const kv_tree_enc enc[KV_TIER
     for (int i = 0; i < KV_TIER_COUNT; i++) s->t->enc[i] = enc[i];
 }
 
+kv_status kv_tree_store_set_sketch_channels(kv_tree_store *s, int channels)
+{
+    if (channels < 0 || channels > KV_TREE_SKETCH_MAX)
+        return kv_fail(KV_E_USAGE, "sketch channels must be in [0, %d], not %d", KV_TREE_SKETCH_MAX, channels);
+    s->t->sketch_channels = channels;
+    return KV_OK;
+}
+
 kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT])
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
@@ -390,7 +398,7 @@ static kv_status chunk_write(kv_tree_store *s, kv_tree_node *nd, const chunk_src
     uint8_t *buf = NULL;
     size_t len = 0;
     char file[KV_TREE_FILE_MAX], *path = NULL;
-    kv_status st = tree_chunk_encode(&t->geom, enc, t->group_rows, nd->start, n, tok, imp, src, sel, q, q_heads, n_q,
+    kv_status st = tree_chunk_encode(&t->geom, enc, t->group_rows, t->sketch_channels, nd->start, n, tok, imp, src, sel, q, q_heads, n_q,
                                      zstd_level, &buf, &len);
     if (!st) {
         t->generation++;

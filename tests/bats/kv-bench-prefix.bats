@@ -108,7 +108,7 @@ PY
     assert_fails_with 64 "unknown mode 'warp'"
 }
 
-@test "kv-bench prefix rejects a bad --important, --put-tier, --insert, --zstd or a missing model with exit 64" {
+@test "kv-bench prefix rejects a bad --important, --put-tier, --insert, --zstd, --sketch-channels or a missing model with exit 64" {
     printf '{"input": "a"}\n' > "$T/one.jsonl"
     run --separate-stderr kv-bench prefix -m "$NIAH" --important 0 "$T/one.jsonl"
     assert_fails_with 64 "--important must be in (0, 1]"
@@ -118,6 +118,10 @@ PY
     assert_fails_with 64 "--insert"
     run --separate-stderr kv-bench prefix -m "$NIAH" --zstd 20 "$T/one.jsonl"
     assert_fails_with 64 "--zstd"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --sketch-channels 0 "$T/one.jsonl"
+    assert_fails_with 64 "--sketch-channels"
+    run --separate-stderr kv-bench prefix -m "$NIAH" --sketch-channels 4097 "$T/one.jsonl"
+    assert_fails_with 64 "--sketch-channels"
     run --separate-stderr kv-bench prefix "$T/one.jsonl"
     assert_fails_with 64 "give exactly one of --model FILE and --synthetic NAME"
     [ -z "$output" ]

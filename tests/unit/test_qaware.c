@@ -45,6 +45,40 @@ static void greedy_text(kv_runner *r, const kv_tokenizer *tok, float *lg, int V,
     }
 }
 
+/* The store's sketch_channels: the haystack's dump put into stores asking
+ * for half the channels and for more than head_dim, the setting kept in
+ * the index, values out of range refused. */
+static void sketch_channels_follow_the_store(kvc_file *f, const char *dir, const int32_t *ids, int n, int D)
+{
+    const int want[2] = {D / 2, 4096}, got[2] = {D / 2, D};
+    for (int c = 0; c < 2; c++) {
+        char sdir[700];
+        snprintf(sdir, sizeof sdir, "%s/ch%d", dir, c);
+        kv_tree_enc enc[KV_TIER_COUNT];
+        OK(kv_tree_encodings_parse("disk=raw+sketch", enc));
+        OK(kv_tree_store_create_ex(sdir, enc));
+        kv_tree_store *s;
+        OK(kv_tree_store_open(sdir, true, &s));
+        KT_CHECK(kv_tree_store_set_sketch_channels(s, -1) == KV_E_USAGE, "-1 channels refused");
+        KT_CHECK(kv_tree_store_set_sketch_channels(s, 4097) == KV_E_USAGE, "4097 channels refused");
+        KT_CHECK(kv_tree_store_tree(s)->sketch_channels == 0, "a refused value changes nothing");
+        OK(kv_tree_store_set_sketch_channels(s, want[c]));
+        kv_put_report pr;
+        OK(kv_tree_store_put(s, f, KV_TIER_DISK, 0, 1000, &pr));
+        OK(kv_tree_store_save(s));
+        kv_tree_store_close(s);
+        OK(kv_tree_store_open(sdir, false, &s));
+        KT_CHECK(kv_tree_store_tree(s)->sketch_channels == want[c], "the index keeps %d channels (read %d)", want[c],
+                 kv_tree_store_tree(s)->sketch_channels);
+        kv_tree_sketch sk;
+        OK(kv_tree_store_sketch(s, ids, n - 1, &sk));
+        KT_CHECK(sk.nseg == 1 && sk.seg[0].r == got[c], "asked %d channels of %d: the sketch has %d", want[c], D,
+                 sk.nseg ? sk.seg[0].r : -1);
+        kv_tree_sketch_free(&sk);
+        kv_tree_store_close(s);
+    }
+}
+
 static void test_query_aware_quarter_keeps_the_needle(void)
 {
     kt_qaware_task task;
@@ -154,6 +188,7 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     KT_CHECK(kv_tree_store_check(s, &cr) == KV_OK && cr.n_problems == 0, "check: %s", cr.n_problems ? cr.problems[0] : "");
     kv_check_report_clear(&cr);
     kv_tree_store_close(s);
+    sketch_channels_follow_the_store(f, dir, ids32, np + 1, D);
     kvc_close(f);
     KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
     kv_runner_free(r);

@@ -310,18 +310,21 @@ static void test_index_version_2_fields(void)
              "version-1 stores take the lossless encodings");
     kv_tree_free(t);
     const char *v2 = HDR NODE2(",\"chunk\":2,\"encoding\":\"kivi2\"") "],\"encodings\":{\"gpu\":\"raw\",\"host\":"
-                     "\"kivi2\",\"disk\":\"dsq4+zstd\"},\"group_rows\":64}";
+                     "\"kivi2\",\"disk\":\"dsq4+zstd\"},\"group_rows\":64,\"sketch_channels\":48}";
     KT_REQUIRE(kv_tree_index_parse(v2, strlen(v2), &t) == KV_OK, "v2: %s", kv_errdetail());
     KT_CHECK(t->nodes[1].chunk_version == 2 && t->nodes[1].enc.codec == KV_TREE_ENC_KIVI && t->nodes[1].enc.bits == 2,
              "node encoding");
     KT_CHECK(t->enc[KV_TIER_DISK].codec == KV_TREE_ENC_DSQ && t->enc[KV_TIER_DISK].bits == 4 &&
-             t->enc[KV_TIER_DISK].zstd && t->group_rows == 64, "store encodings");
+             t->enc[KV_TIER_DISK].zstd && t->group_rows == 64 && t->sketch_channels == 48, "store encodings");
     kv_tree_free(t);
     expect_reject(HDR NODE2(",\"chunk\":3,\"encoding\":\"raw\"") "]}", "chunk version 3");
     expect_reject(HDR NODE2(",\"chunk\":2,\"encoding\":\"kivi3\"") "]}", "known encoding");
     expect_reject(HDR NODE2(",\"chunk\":2") "]}", "known encoding");
     expect_reject(HDR NODE2(",\"encoding\":\"kivi2\"") "]}", "version-1 chunk is raw");
     expect_reject(HDR NODE2("") "],\"group_rows\":12}", "group_rows");
+    expect_reject(HDR NODE2("") "],\"sketch_channels\":-1}", "sketch_channels");
+    expect_reject(HDR NODE2("") "],\"sketch_channels\":4097}", "sketch_channels");
+    expect_reject(HDR NODE2("") "],\"sketch_channels\":1.5}", "sketch_channels");
     expect_reject(HDR NODE2("") "],\"encodings\":{\"gpu\":\"raw\"}}", "encodings.host");
     kv_tree_enc e[KV_TIER_COUNT];
     kv_errclear();
