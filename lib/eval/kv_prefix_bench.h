@@ -61,7 +61,7 @@ typedef struct {
     int insert_max;    /* put only the first N requests' prompts (0: every request) */
     int put_queries;   /* query samples kept per layer for the put's importance (32; 0: key norms) */
     int queries;       /* disk-query: the request's last queries scored with (0: KV_QAWARE_QUERIES) */
-    int sketch_channels; /* key sketch channels per head of a new store's chunks (0: head_dim / 4) */
+    int sketch_channels; /* set as the store's sketch_channels, for the chunks written from now on (0: unchanged) */
     bool sketch_serial; /* disk-query: the sketch read before the probe (kv_qaware_opts.sketch_serial) */
 } kv_pbench_opts;
 
