@@ -20,7 +20,7 @@
 static const kv_option no_opts[] = {{0, 0, NULL, NULL, NULL}};
 static const kv_option init_opts[] = {
     {O_ENC, 0, "encodings", "SPEC", "chunk encoding per tier: lossless (default), packed, or gpu=E,host=E,disk=E"},
-    {O_SKCH, 0, "sketch-channels", "N", "key channels per KV head in +sketch chunks (1-4096; default head_dim/4)"},
+    {O_SKCH, 0, "sketch-channels", "N", "key channels per KV head in +sketch chunks (1-4096; default head_dim/2)"},
     {0, 0, NULL, NULL, NULL},
 };
 static const kv_option put_opts[] = {
@@ -96,15 +96,9 @@ static int cmd_init(int argc, char **argv)
         else if (c == O_SKCH) skch = (int)kv_cli_long("--sketch-channels", arg, 1, KV_TREE_SKETCH_MAX);
     }
     const char *dir = tree_store_operand(argc, argv, oi);
-    kv_status st = kv_tree_store_create_ex(dir, enc);
+    /* the first index names the sketch channels: no store is left behind without them */
+    kv_status st = kv_tree_store_create_sk(dir, enc, skch);
     if (st) return kv_report(st, "%s", dir);
-    if (skch) { /* the index names it from the start */
-        kv_tree_store *s = NULL;
-        if (!(st = kv_tree_store_open(dir, true, &s)) && !(st = kv_tree_store_set_sketch_channels(s, skch)))
-            st = kv_tree_store_save(s);
-        kv_tree_store_close(s);
-        if (st) return kv_report(st, "%s", dir);
-    }
     kv_note(1, "created store %s", dir);
     return 0;
 }

@@ -14,7 +14,7 @@
  *               keeping them), each query's probability summed over the
  *               queries into part[(l, h)][t] (float, as the CPU's part);
  *   4. sum:     a thread per position adds part over (l, h) in double, in
- *               the CPU's order.
+ *               the CPU's order, or takes their largest (max).
  * Logits are float dot products in channel order as on the host; the
  * exponential is expf (the host's is a polynomial good to 1e-5 relative).
  */
@@ -151,19 +151,23 @@ __global__ void __launch_bounds__(QA_TPB) qa_probs_kernel(int Q, int m, int nseg
     part[(size_t)lh * m + t] = p;
 }
 
-/* A thread per position: score[t] = sum over lh of part (double, lh in order). */
-__global__ void qa_sum_kernel(int LH, int m, const float *part, double *score)
+/* A thread per position: score[t] = sum over lh of part (double, lh in
+ * order), or with max their largest (parts are >= 0). */
+__global__ void qa_sum_kernel(int LH, int m, int max, const float *part, double *score)
 {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= m) return;
     double a = 0.0;
-    for (int lh = 0; lh < LH; lh++) a += (double)part[(size_t)lh * m + t];
+    for (int lh = 0; lh < LH; lh++) {
+        const double v = (double)part[(size_t)lh * m + t];
+        a = max ? fmax(a, v) : a + v;
+    }
     score[t] = a;
 }
 
 extern "C" cudaError_t kv_cuda_qaware_score(int LH, int Q, int m, int nseg, const kv_cuda_qaware_seg *seg,
                                             const int8_t *codes, const float *qs, void *ws, size_t ws_bytes,
-                                            double *score, cudaStream_t stream)
+                                            int max, double *score, cudaStream_t stream)
 {
     KV_CHECK_ARGS(LH > 0 && LH <= 65535 && Q > 0 && m > 0 && nseg > 0 && seg && codes && qs && ws && score);
     KV_CHECK_ARGS(ws_bytes >= kv_cuda_qaware_workspace(LH, Q, m));
@@ -181,7 +185,7 @@ extern "C" cudaError_t kv_cuda_qaware_score(int LH, int Q, int m, int nseg, cons
                          (const float2 *)stats, mi));
     CUDA_CHECK(kv_launch(KV_PDL_NONE, qa_probs_kernel, dim3(nblk, LH), dim3(QA_TPB), 0, stream, Q, m, nseg, seg,
                          codes, qs, (const float2 *)mi, part));
-    CUDA_CHECK(kv_launch(KV_PDL_NONE, qa_sum_kernel, dim3((m + 255) / 256), dim3(256), 0, stream, LH, m,
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, qa_sum_kernel, dim3((m + 255) / 256), dim3(256), 0, stream, LH, m, max,
                          (const float *)part, score));
     return cudaSuccess;
 }

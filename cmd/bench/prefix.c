@@ -31,7 +31,7 @@ int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
        O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD,
-       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_WIDEN, O_SKCH };
+       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_WIDEN, O_SKCH, O_QAHEADS, O_QAFOLLOW };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -49,7 +49,9 @@ static const kv_option opts[] = {
     {O_INSERT, 0, "insert", "N", "put only the first N requests' prompts into the store (default: every one)"},
     {O_PUTQ, 0, "put-queries", "N", "query samples per layer for the put's importance (default 32; 0: key norms)"},
     {O_QUERIES, 0, "queries", "N", "disk-query: the request's last N queries score the prefix (1-64, default 4)"},
-    {O_SKCH, 0, "sketch-channels", "N", "disk-query: key channels per head in new chunks' sketch (1-4096, default head_dim/4)"},
+    {O_SKCH, 0, "sketch-channels", "N", "disk-query: key channels per head in new chunks' sketch (1-4096, default head_dim/2)"},
+    {O_QAHEADS, 0, "qa-heads", "HOW", "disk-query: a token's score is its max (default) or sum over layers and KV heads"},
+    {O_QAFOLLOW, 0, "qa-follow", "N", "disk-query: a token's score also counts for the N after it (0-4096, default 8)"},
     {O_SKSERIAL, 0, "sketch-serial", NULL, "disk-query: read the sketch before the probe, not beside it (measurement)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
@@ -140,6 +142,16 @@ int kv_bench_prefix_main(int argc, char **argv)
         case O_SKCH: po.sketch_channels = (int)kv_cli_long("--sketch-channels", a, 1, KV_TREE_SKETCH_MAX); break;
         case O_QUERIES: po.queries = (int)kv_cli_long("--queries", a, 1, KV_QAWARE_PROBE); break;
         case O_SKSERIAL: po.sketch_serial = true; break;
+        case O_QAFOLLOW: { /* 0 asks for none: kv_qaware_opts.follow < 0 */
+            const int nf = (int)kv_cli_long("--qa-follow", a, 0, KV_QAWARE_FOLLOW_MAX);
+            po.qa_follow = nf ? nf : -1;
+            break;
+        }
+        case O_QAHEADS:
+            if (!strcmp(a, "max")) po.qa_heads = KV_QAWARE_MAX;
+            else if (!strcmp(a, "sum")) po.qa_heads = KV_QAWARE_SUM;
+            else kv_cli_usage_error("--qa-heads must be max or sum, not '%s'", a);
+            break;
         case O_HALF: po.half_life = kv_cli_double("--half-life", a, 1e-3, 1e12); break;
         case O_STEPS: po.max_new = (int)kv_cli_long("-n", a, 1, 1 << 16); break;
         case O_CTX: ctx = (int)kv_cli_long("--ctx", a, 1, 1 << 24); break;

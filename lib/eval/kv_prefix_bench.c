@@ -427,7 +427,7 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         const kv_tree_alloc al = {arena_alloc, arena_free, c};
         if (m == KV_PM_DISK_QUERY) {
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now,
-                                 c->gpu ? &al : NULL, o->sketch_serial};
+                                 c->gpu ? &al : NULL, o->sketch_serial, o->qa_heads, o->qa_follow};
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "engine/kv_runner.h"
+#include "eval/kv_qaware.h"
 #include "model/kv_tokenizer.h"
 #include "tree/kv_tree.h"
 
@@ -61,6 +62,8 @@ typedef struct {
     int insert_max;    /* put only the first N requests' prompts (0: every request) */
     int put_queries;   /* query samples kept per layer for the put's importance (32; 0: key norms) */
     int queries;       /* disk-query: the request's last queries scored with (0: KV_QAWARE_QUERIES) */
+    kv_qaware_heads qa_heads; /* disk-query: how the heads' scores combine (kv_qaware_opts.heads) */
+    int qa_follow;            /* disk-query: kv_qaware_opts.follow (0: KV_QAWARE_FOLLOW, < 0 none) */
     int sketch_channels; /* set as the store's sketch_channels, for the chunks written from now on (0: unchanged) */
     bool sketch_serial; /* disk-query: the sketch read before the probe (kv_qaware_opts.sketch_serial) */
 } kv_pbench_opts;

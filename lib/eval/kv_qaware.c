@@ -101,13 +101,14 @@ static void softmax_sum(float *lg, int m, int Q, float *mx, float *sum, float *o
     }
 }
 
-/* score[t] (t over the m matched positions) += the attention each query
- * gives position t over the sketched keys, per layer, query head, query.
+/* score[t] (t over the m matched positions): the attention position t gets
+ * over the sketched keys from each (layer, KV head)'s query group (its
+ * query heads' queries, each a softmax), the largest of them or their sum.
  * One task per layer and KV head: each sketched row is widened to float
  * once and met by all the group's queries (an int8 x float GEMM, row by
  * row), then each query's softmax over the whole prefix. */
 kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
-                              double *score)
+                              kv_qaware_heads how, double *score)
 {
     const int m = sk->matched, g = H / Hkv, Q = g * nq, tasks = L * Hkv;
     const float inv = 1.0f / sqrtf((float)D);
@@ -140,15 +141,31 @@ kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, i
         softmax_sum(lg, m, Q, x, x + Q, out);
         free(lg), free(qs), free(x);
     }
-    for (int task = 0; ok && task < tasks; task++)
-        for (int t = 0; t < m; t++) score[t] += part[(size_t)task * m + t];
+    for (int task = 0; ok && task < tasks; task++) /* in task order: deterministic */
+        for (int t = 0; t < m; t++) {
+            const double v = part[(size_t)task * m + t];
+            if (how == KV_QAWARE_SUM) score[t] += v;
+            else if (v > score[t]) score[t] = v;
+        }
     free(part);
     return ok ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory for the scores");
 }
 
-kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double frac, int32_t *pick, int *np)
+kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score0, double frac, int follow, int32_t *pick,
+                         int *np)
 {
     const int m = sk->matched;
+    /* each position carries its score to the follow positions after it:
+     * the question's queries find where an answer starts, the tokens
+     * generated next read on from there */
+    double *sw = malloc((size_t)m * sizeof *sw + 8);
+    if (!sw) return kv_fail(KV_E_NOMEM, "out of memory");
+    for (int t = 0; t < m; t++) {
+        double a = score0[t];
+        for (int k = 1; k <= follow && k <= t; k++) a = score0[t - k] > a ? score0[t - k] : a;
+        sw[t] = a;
+    }
+    const double *score = sw;
     int nb = 0, keep = (int)ceil(frac * m);
     if (keep > m) keep = m;
     *np = 0;
@@ -156,7 +173,7 @@ kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double f
     pblock *bl = malloc((size_t)(nb + 1) * sizeof *bl);
     char *take = calloc((size_t)m + 1, 1);
     if (!bl || !take) {
-        free(bl), free(take);
+        free(bl), free(take), free(sw);
         return kv_fail(KV_E_NOMEM, "out of memory");
     }
     int b = 0;
@@ -178,7 +195,7 @@ kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double f
     }
     for (int t = 0; t < m; t++)
         if (take[t]) pick[(*np)++] = t;
-    free(bl), free(take);
+    free(bl), free(take), free(sw);
     return KV_OK;
 }
 
@@ -259,7 +276,9 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
     double tp = kv_now_ms();
     rep->probe_sink_ms = tp - t1;
-    /* the sketch's bytes: the store's sketch channels (a quarter by default) of every key, int8 */
+    /* the sketch's bytes, to choose the read's threads: the store's sketch
+     * channels (half of head_dim by default) of every key, int8 (chunks
+     * written under another setting keep theirs: an estimate) */
     const double sk_bytes = (double)m * L * Hkv * kv_tree_sketch_channels(D, kv_tree_store_tree(s)->sketch_channels);
     int sk_threads = 1;
 #ifdef _OPENMP
@@ -322,15 +341,17 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     double t2 = kv_now_ms();
     if (!st && kv_runner_gpu(r)) { /* the runner is on the GPU, so a device is there: a failure is an error */
         kv_qaware_gpu_times gt = {0, 0, 0};
-        st = kv_qaware_score_gpu(&sk, q, L, H, Hkv, nq, D, kv_gpu_engine_ordinal(kv_runner_gpu(r)), score, &gt);
+        st = kv_qaware_score_gpu(&sk, q, L, H, Hkv, nq, D, o->heads, kv_gpu_engine_ordinal(kv_runner_gpu(r)), score,
+                                 &gt);
         if (st) kv_errcontext("query-aware scoring on the GPU");
         rep->score_upload_ms = gt.upload_ms, rep->score_gpu = !st;
     } else if (!st)
-        st = kv_qaware_score_cpu(&sk, q, L, H, Hkv, nq, D, score);
+        st = kv_qaware_score_cpu(&sk, q, L, H, Hkv, nq, D, o->heads, score);
     int32_t *pick = malloc((size_t)m * sizeof *pick + 4);
     int np = 0;
     if (!st && !pick) st = kv_fail(KV_E_NOMEM, "out of memory");
-    if (!st) st = kv_qaware_pick(&sk, score, o->frac, pick, &np);
+    if (!st) st = kv_qaware_pick(&sk, score, o->frac, o->follow < 0 ? 0 : o->follow ? o->follow : KV_QAWARE_FOLLOW, pick,
+                                 &np);
     rep->score_ms = kv_now_ms() - t2;
     double t3 = kv_now_ms();
     if (!st) st = kv_tree_store_load_ex(s, ids, n - 1, 1, pick, np, false, o->now, o->al, rows, &gr);

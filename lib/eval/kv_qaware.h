@@ -7,17 +7,21 @@
  * request's queries:
  *   1. the key sketch of the matched prefix is read whole (kv-tree chunks
  *      of version 3: per layer and KV head the store's sketch_channels,
- *      by default a quarter of the channels, int8; about 1/16 of the K/V
+ *      by default half of the channels, int8; about 1/8 of the K/V
  *      bytes);
  *   2. the last tokens of the request (the question) are prefilled once
  *      after the prefix's first row (the attention sink), at their true
  *      positions, and their queries are kept;
  *   3. every prefix token is scored by the attention those queries give
  *      it over the sketched keys (softmax over the whole prefix per layer,
- *      query head and query; summed);
- *   4. the prefix is loaded in whole frames (the unit a chunk is read in):
- *      the first frame (sink) and the last (recent tokens) always, then
- *      the frames of highest score until frac of the prefix's tokens.
+ *      query head and query), summed over each (layer, KV head)'s query
+ *      group, then the largest of those (or their sum: kv_qaware_heads);
+ *   4. each position's score is carried to the few positions after it
+ *      (follow: where the question finds an answer starting, the tokens
+ *      generated next read on), then the prefix is loaded in whole frames
+ *      (the unit a chunk is read in): the first frame (sink) and the last
+ *      (recent tokens) always, then the frames of highest score until frac
+ *      of the prefix's tokens.
  * The runner is used for step 2 and left reset, its capture settings
  * (kv_runner_keep) those of the options.
  */
@@ -32,6 +36,15 @@
 
 #define KV_QAWARE_PROBE 64  /* request tokens the probe prefills */
 #define KV_QAWARE_QUERIES 4 /* of those, the last ones scored with */
+#define KV_QAWARE_FOLLOW 8  /* positions after a scored one that take its score (kv_qaware_pick) */
+#define KV_QAWARE_FOLLOW_MAX 4096
+
+/* How a position's scores from the (layer, KV head) pairs combine. */
+typedef enum {
+    KV_QAWARE_MAX = 0, /* the largest (the default): a position one head retrieves is kept */
+    KV_QAWARE_SUM = 1  /* their sum (before session 11): the heads that attend broadly outweigh the
+                          few that retrieve (docs/BENCHMARKS.md, issue 11, session 11) */
+} kv_qaware_heads;
 
 typedef struct {
     double frac;    /* share of the prefix's tokens to load (0, 1] */
@@ -43,6 +56,8 @@ typedef struct {
     const kv_tree_alloc *al; /* the rows' block (NULL: malloc) */
     bool sketch_serial; /* read the key sketch before the probe instead of on a second thread
                            beside it (measurement: which is faster depends on the machine) */
+    kv_qaware_heads heads; /* step 3's combination (0: KV_QAWARE_MAX) */
+    int follow;            /* step 4's positions after a scored one (0: KV_QAWARE_FOLLOW; < 0: none) */
 } kv_qaware_opts;
 
 typedef struct {
@@ -71,10 +86,12 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
 
 /*
  * Step 3 on the host, the reference the GPU's kv_qaware_score_gpu is
- * tested against: score[t] += (t over sk->matched positions) the attention
- * the request's queries give position t over the sketched keys, summed over
- * layers, query heads and queries (each query's softmax is over the whole
- * prefix).  q: (L, H, nq, D) float, the last nq queries of every layer and
+ * tested against.  For t over sk->matched positions and each layer l and KV
+ * head h, a(l, h, t) = the attention the request's queries of h's query
+ * heads give position t over the sketched keys, summed over those heads and
+ * queries (each query's softmax is over the whole prefix); then
+ * KV_QAWARE_SUM: score[t] += the sum of a over (l, h), KV_QAWARE_MAX:
+ * score[t] = max(score[t], the largest a).  q: (L, H, nq, D) float, the last nq queries of every layer and
  * query head; a query head h*g..h*g+g-1 (g = H/Hkv) reads KV head h.  The
  * query is folded with each segment's kept channels and scales,
  * qs[i] = q[ch[i]] * scale[i] / sqrt(D), and dotted with the int8 codes in
@@ -83,15 +100,18 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
  * memory (score then unchanged).
  */
 kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
-                              double *score);
+                              kv_qaware_heads how, double *score);
 
 /*
  * Step 4: the positions to load for scores score (sk->matched), in whole
- * frames until at least ceil(frac * matched) positions are taken: first
- * the first frame of the first segment and the last of the last, then
- * frames by decreasing score sum (ties: the earlier frame).  pick (room for
- * sk->matched): the positions, increasing; *np their count.
+ * frames until at least ceil(frac * matched) positions are taken.  Each
+ * position's score becomes the largest of its own and the follow positions
+ * before it (0: its own); then first the first frame of the first segment
+ * and the last of the last, then frames by decreasing sum of those scores
+ * (ties: the earlier frame).  pick (room for sk->matched): the positions,
+ * increasing; *np their count.
  */
-kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double frac, int32_t *pick, int *np);
+kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double frac, int follow, int32_t *pick,
+                         int *np);
 
 #endif

@@ -38,7 +38,7 @@
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 kv_status kv_qaware_score_gpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
-                              int device, double *score, kv_qaware_gpu_times *tm)
+                              kv_qaware_heads how, int device, double *score, kv_qaware_gpu_times *tm)
 {
     kv_qaware_gpu_times tz = {0, 0, 0};
     if (!tm) tm = &tz;
@@ -128,12 +128,15 @@ kv_status kv_qaware_score_gpu(const kv_tree_sketch *sk, const float *q, int L, i
     tm->upload_ms = t1 - t0;
     KV_CUDA_CK_GOTO(kv_cuda_qaware_score(LH, Q, m, ns, (const kv_cuda_qaware_seg *)(dev + o_tab),
                                          (const int8_t *)dev, (const float *)(dev + o_qs), dev + o_ws, ws_bytes,
-                                         (double *)(dev + o_sc), 0), st, out);
+                                         how == KV_QAWARE_MAX, (double *)(dev + o_sc), 0), st, out);
     KV_CUDA_CK_GOTO(cudaStreamSynchronize(0), st, out);
     double t2 = kv_now_ms();
     tm->kernel_ms = t2 - t1;
     KV_CUDA_CK_GOTO(cudaMemcpy(got, dev + o_sc, (size_t)m * sizeof *got, cudaMemcpyDeviceToHost), st, out);
-    for (int t = 0; t < m; t++) score[t] += got[t];
+    for (int t = 0; t < m; t++) {
+        if (how == KV_QAWARE_SUM) score[t] += got[t];
+        else if (got[t] > score[t]) score[t] = got[t];
+    }
     tm->download_ms = kv_now_ms() - t2;
 out:
     if (dev) {
@@ -151,9 +154,9 @@ out:
 #else /* no CUDA in the build */
 
 kv_status kv_qaware_score_gpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
-                              int device, double *score, kv_qaware_gpu_times *tm)
+                              kv_qaware_heads how, int device, double *score, kv_qaware_gpu_times *tm)
 {
-    (void)sk, (void)q, (void)L, (void)H, (void)Hkv, (void)nq, (void)D, (void)device, (void)score;
+    (void)sk, (void)q, (void)L, (void)H, (void)Hkv, (void)nq, (void)D, (void)how, (void)device, (void)score;
     if (tm) tm->upload_ms = tm->kernel_ms = tm->download_ms = 0;
     return kv_fail(KV_E_UNAVAILABLE, "this kvtools was built without CUDA: no GPU scoring");
 }

@@ -11,6 +11,7 @@
 #define KV_QAWARE_GPU_H
 
 #include "common/kv_status.h"
+#include "eval/kv_qaware.h"
 #include "tree/kv_tree.h"
 
 typedef struct {
@@ -20,7 +21,8 @@ typedef struct {
 } kv_qaware_gpu_times;
 
 /*
- * score[t] += the scores of kv_qaware_score_cpu (same arguments) computed on
+ * The scores of kv_qaware_score_cpu (same arguments, score combined with as
+ * there: added to for KV_QAWARE_SUM, raised to for KV_QAWARE_MAX) computed on
  * CUDA device `device` (the runner's: kv_gpu_engine_ordinal), with the
  * thread's current device restored after.  Synchronous.  Any CUDA failure
  * is returned with its statement and reason (kv_gpu_cuda.h), score then
@@ -28,6 +30,6 @@ typedef struct {
  * segments that do not tile [0, sk->matched).  tm may be NULL.
  */
 kv_status kv_qaware_score_gpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
-                              int device, double *score, kv_qaware_gpu_times *tm);
+                              kv_qaware_heads how, int device, double *score, kv_qaware_gpu_times *tm);
 
 #endif

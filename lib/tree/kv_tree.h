@@ -102,7 +102,7 @@ typedef struct {
     bool has_budgets;
     kv_tree_enc enc[KV_TIER_COUNT]; /* the encoding of each tier's chunks */
     int group_rows;      /* rows per frame of new chunks */
-    int sketch_channels; /* key sketch channels per head of new chunks (0: head_dim / 4) */
+    int sketch_channels; /* key sketch channels per head of new chunks (0: head_dim / 2) */
 } kv_tree;
 
 kv_status kv_tree_new(kv_tree **out);
@@ -165,11 +165,15 @@ typedef struct kv_tree_store kv_tree_store;
 kv_status kv_tree_store_create(const char *dir);
 /* Same, with the tiers' encodings (NULL: lossless). */
 kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT]);
+/* Same, with the store's sketch_channels in its first index (0: half of
+ * head_dim; outside [0, KV_TREE_SKETCH_MAX] KV_E_USAGE before anything
+ * is created). */
+kv_status kv_tree_store_create_sk(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT], int sketch_channels);
 /* Change the tiers' encodings; the next kv_tree_store_place re-encodes
  * every chunk whose encoding then differs from its tier's. */
 void kv_tree_store_set_encodings(kv_tree_store *s, const kv_tree_enc enc[KV_TIER_COUNT]);
 /* Key sketch channels per head of the chunks written from now on (0: a
- * quarter of head_dim; at most KV_TREE_SKETCH_MAX, else KV_E_USAGE); kept in
+ * half of head_dim; at most KV_TREE_SKETCH_MAX, else KV_E_USAGE); kept in
  * the index by the next write. */
 kv_status kv_tree_store_set_sketch_channels(kv_tree_store *s, int channels);
 /* Open a store; write = take the lock exclusively (else shared). */
@@ -282,7 +286,8 @@ typedef struct {
 kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out);
 /* Channels a new chunk's sketch keeps of each key of head_dim channels:
  * want (the tree's sketch_channels) when it is in [1, head_dim], more
- * than head_dim gives head_dim, 0 a quarter. */
+ * than head_dim gives head_dim, 0 half of head_dim (a quarter before
+ * session 11: chunks keep the count they were written with). */
 int kv_tree_sketch_channels(int head_dim, int want);
 void kv_tree_sketch_free(kv_tree_sketch *k);
 

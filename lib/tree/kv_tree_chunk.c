@@ -681,7 +681,7 @@ static kv_status sketch_encode(const kv_tree_geom *tg, const chunk_src *src, con
 int kv_tree_sketch_channels(int head_dim, int want)
 {
     if (want > 0) return want < head_dim ? want : head_dim;
-    return head_dim / 4 > 0 ? head_dim / 4 : 1;
+    return head_dim / 2 > 0 ? head_dim / 2 : 1;
 }
 
 kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int R, int sketch_want, int start, int n,

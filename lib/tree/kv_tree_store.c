@@ -240,6 +240,13 @@ kv_status kv_tree_store_set_sketch_channels(kv_tree_store *s, int channels)
 
 kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT])
 {
+    return kv_tree_store_create_sk(dir, enc, 0);
+}
+
+kv_status kv_tree_store_create_sk(const char *dir, const kv_tree_enc enc[KV_TIER_COUNT], int sketch_channels)
+{
+    if (sketch_channels < 0 || sketch_channels > KV_TREE_SKETCH_MAX)
+        return kv_fail(KV_E_USAGE, "sketch channels must be in [0, %d], not %d", KV_TREE_SKETCH_MAX, sketch_channels);
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return kv_fail(errno == ENOENT ? KV_E_NOINPUT : KV_E_CANTCREATE, "cannot create %s: %s", dir, strerror(errno));
     struct stat sb;
@@ -253,6 +260,7 @@ kv_status kv_tree_store_create_ex(const char *dir, const kv_tree_enc enc[KV_TIER
         st = kv_fail(KV_E_CANTCREATE, "cannot create %s: %s", chunks, strerror(errno));
     else if (!(st = kv_tree_new(&t))) {
         for (int i = 0; enc && i < KV_TIER_COUNT; i++) t->enc[i] = enc[i];
+        t->sketch_channels = sketch_channels;
         if (!(st = kv_tree_index_format(t, &text))) st = write_text(idx, text);
     }
     free(text);

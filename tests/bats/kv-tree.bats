@@ -677,8 +677,8 @@ EOF
     run --separate-stderr kv-tree ls "$S"
     g=$(json_get 'j["geometry"]["n_layers"] * j["geometry"]["n_kv_heads"], j["geometry"]["head_dim"], j["list"][0]["tokens"], j["list"][0]["bytes"]')
     q=$(kv-tree ls "$BATS_TEST_TMPDIR/q" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["list"][0]["bytes"])')
-    # each key sketch channel costs n_layers * n_kv_heads * (6 + n) bytes: the default is head_dim / 4
-    run "$PY" -c 'import sys; lh, d, n, b = eval(sys.argv[1]); q = int(sys.argv[2]); print(b - q == lh * (4 - d // 4) * (6 + n))' "$g" "$q"
+    # each key sketch channel costs n_layers * n_kv_heads * (6 + n) bytes: the default is head_dim / 2
+    run "$PY" -c 'import sys; lh, d, n, b = eval(sys.argv[1]); q = int(sys.argv[2]); print(b - q == lh * (4 - d // 2) * (6 + n))' "$g" "$q"
     assert_output True
     # the same rows come back
     kv-tree get "$S" --kvc "$BATS_FILE_TMPDIR/long.kvc" -o "$BATS_TEST_TMPDIR/g.kvc" --no-touch 2>/dev/null

@@ -147,20 +147,22 @@ static double cut_gap(const kv_tree_sketch *sk, const double *score, double frac
     return gap;
 }
 
-/* GPU against CPU on case g: scores, softmax totals, picks; the times
- * printed for the record. */
-static void compare(const geom *g, unsigned long long seed, const char *what)
+/* GPU against CPU on case g, the heads' scores combined by how: scores,
+ * softmax totals (the sum), picks; the times printed for the record. */
+static void compare_how(const geom *g, unsigned long long seed, const char *what0, kv_qaware_heads how)
 {
+    char what[200];
+    snprintf(what, sizeof what, "%s, %s", what0, how == KV_QAWARE_SUM ? "sum" : "max");
     kv_tree_sketch sk;
     float *q = make_case(g, seed, &sk);
     const int m = sk.matched, Q = g->H / g->Hkv * g->nq;
     double *a = calloc((size_t)m, sizeof *a), *b = calloc((size_t)m, sizeof *b);
     double tc = kv_now_ms();
-    OK(kv_qaware_score_cpu(&sk, q, g->L, g->H, g->Hkv, g->nq, g->D, a));
+    OK(kv_qaware_score_cpu(&sk, q, g->L, g->H, g->Hkv, g->nq, g->D, how, a));
     tc = kv_now_ms() - tc;
     kv_qaware_gpu_times tm;
     double tg = kv_now_ms();
-    kv_status st = kv_qaware_score_gpu(&sk, q, g->L, g->H, g->Hkv, g->nq, g->D, 0, b, &tm);
+    kv_status st = kv_qaware_score_gpu(&sk, q, g->L, g->H, g->Hkv, g->nq, g->D, how, 0, b, &tm);
     tg = kv_now_ms() - tg;
     KT_CHECK(st == KV_OK, "kv_qaware_score_gpu: %s", kv_errdetail());
     if (st == KV_OK) {
@@ -175,15 +177,18 @@ static void compare(const geom *g, unsigned long long seed, const char *what)
         KT_CHECK(bad == 0, "%s: %d of %d scores off; worst at %d: cpu %.9g gpu %.9g", what, bad, m, worst_t,
                  a[worst_t], b[worst_t]);
         const double softmaxes = (double)g->L * g->Hkv * Q;
-        KT_CHECK(fabs(ta - softmaxes) < 1e-3 * softmaxes && fabs(tb - softmaxes) < 1e-3 * softmaxes,
-                 "%s: totals cpu %.6f gpu %.6f, want %.0f", what, ta, tb, softmaxes);
+        if (how == KV_QAWARE_SUM)
+            KT_CHECK(fabs(ta - softmaxes) < 1e-3 * softmaxes && fabs(tb - softmaxes) < 1e-3 * softmaxes,
+                     "%s: totals cpu %.6f gpu %.6f, want %.0f", what, ta, tb, softmaxes);
+        else /* each position's largest pair is at most the pair's g * nq queries' mass */
+            KT_CHECK(ta > 0 && ta < softmaxes && fabs(ta - tb) < 1e-3 * ta, "%s: totals cpu %.6f gpu %.6f", what, ta, tb);
         int32_t *pa = malloc((size_t)m * sizeof *pa), *pb = malloc((size_t)m * sizeof *pb);
         int na = 0, nb = 0;
-        OK(kv_qaware_pick(&sk, a, 0.25, pa, &na));
-        OK(kv_qaware_pick(&sk, b, 0.25, pb, &nb));
+        OK(kv_qaware_pick(&sk, a, 0.25, 0, pa, &na)); /* follow 0: cut_gap's frame sums */
+        OK(kv_qaware_pick(&sk, b, 0.25, 0, pb, &nb));
         const bool same = na == nb && !memcmp(pa, pb, (size_t)na * sizeof *pa);
         const double gap = cut_gap(&sk, a, 0.25);
-        if (g->salient) /* the data's own promise (checked on the CPU when the test was written) */
+        if (g->salient && how == KV_QAWARE_SUM) /* the data's own promise (checked on the CPU when the test was written) */
             KT_CHECK(gap > 1e-3, "%s: salient frames, yet a gap of %.3g at the cut", what, gap);
         if (gap > 1e-3)
             KT_CHECK(same, "%s: picks differ (%d and %d positions; the gap at the cut %.3g)", what, na, nb, gap);
@@ -197,6 +202,12 @@ static void compare(const geom *g, unsigned long long seed, const char *what)
     }
     kv_tree_sketch_free(&sk);
     free(q), free(a), free(b);
+}
+
+static void compare(const geom *g, unsigned long long seed, const char *what)
+{
+    compare_how(g, seed, what, KV_QAWARE_SUM);
+    compare_how(g, seed, what, KV_QAWARE_MAX);
 }
 
 static void test_gpu_scores_match_the_cpu_small(void)
@@ -233,7 +244,7 @@ static void test_gpu_rejects_a_sketch_that_does_not_tile(void)
     float *q = make_case(&g, 9, &sk);
     double b[20] = {0};
     sk.seg[1].start = 11; /* a hole at 10 */
-    kv_status st = kv_qaware_score_gpu(&sk, q, g.L, g.H, g.Hkv, g.nq, g.D, 0, b, NULL);
+    kv_status st = kv_qaware_score_gpu(&sk, q, g.L, g.H, g.Hkv, g.nq, g.D, KV_QAWARE_SUM, 0, b, NULL);
     KT_CHECK(st == KV_E_INTERNAL && strstr(kv_errdetail(), "tiling"), "status %d: %s", st, kv_errdetail());
     sk.seg[1].start = 10;
     KT_CHECK(b[0] == 0, "scores untouched on failure");
@@ -264,7 +275,7 @@ static void test_gpu_runner_scores_a_query_aware_load_on_the_gpu(void)
     kv_gpu_engine_opts_default(&go);
     OK(kv_runner_new(m, NULL, n + 8, KV_DEVICE_CUDA, &go, &rg));
     KT_REQUIRE(kv_runner_gpu(rg), "the runner is on the GPU");
-    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false};
+    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false, KV_QAWARE_MAX, 0};
     kv_qaware_report qr;
     kv_tree_rows rows;
     OK(kv_qaware_load(rg, s, ids, n, &qo, &rows, &qr));

@@ -46,11 +46,11 @@ static void greedy_text(kv_runner *r, const kv_tokenizer *tok, float *lg, int V,
 }
 
 /* The store's sketch_channels: the haystack's dump put into stores asking
- * for half the channels and for more than head_dim, the setting kept in
+ * for a quarter of the channels (not the default half) and for more than head_dim, the setting kept in
  * the index, values out of range refused. */
 static void sketch_channels_follow_the_store(kvc_file *f, const char *dir, const int32_t *ids, int n, int D)
 {
-    const int want[2] = {D / 2, 4096}, got[2] = {D / 2, D};
+    const int want[2] = {D / 4, 4096}, got[2] = {D / 4, D};
     for (int c = 0; c < 2; c++) {
         char sdir[700];
         snprintf(sdir, sizeof sdir, "%s/ch%d", dir, c);
@@ -117,7 +117,7 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     for (int i = 0; i < n; i++) ids32[i] = ids[i];
     kv_tree_sketch sk;
     OK(kv_tree_store_sketch(s, ids32, n - 1, &sk));
-    KT_CHECK(sk.matched == np && sk.nseg == 1 && sk.seg[0].r == m->cfg.head_dim / 4, "sketch of %d rows, %d segments",
+    KT_CHECK(sk.matched == np && sk.nseg == 1 && sk.seg[0].r == m->cfg.head_dim / 2, "sketch of %d rows, %d segments",
              sk.matched, sk.nseg);
     double worst = 0;
     const int Hkv = m->cfg.n_kv_heads, D = m->cfg.head_dim, r4 = sk.seg[0].r;
@@ -138,7 +138,7 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kv_tree_sketch_free(&sk);
 
     /* the question's own queries choose a quarter of the haystack */
-    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false};
+    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false, KV_QAWARE_MAX, 0};
     kv_qaware_report qr;
     kv_tree_rows rows;
     OK(kv_runner_reset(r, NULL));
@@ -235,8 +235,10 @@ static void test_score_cpu_matches_a_direct_double_computation(void)
     unsigned long long rs = 11;
     for (int i = 0; i < SL * SH * SNQ * SD; i++) q[i] = 3 * kt_randn(&rs);
     /* the definition: per layer, query head and query, a softmax over the
-     * five positions of q[ch] * scale * code / sqrt(D), summed */
-    double want[SM] = {0};
+     * five positions of q[ch] * scale * code / sqrt(D), summed per (layer,
+     * KV head) into pair[lh]; KV_QAWARE_SUM adds them, KV_QAWARE_MAX takes the
+     * largest */
+    double want[SM] = {0}, pair[SL * SKV][SM] = {{0}};
     for (int l = 0; l < SL; l++)
         for (int hq = 0; hq < SH; hq++)
             for (int k = 0; k < SNQ; k++) {
@@ -253,10 +255,10 @@ static void test_score_cpu_matches_a_direct_double_computation(void)
                         if (x[seg[s].start + t] > mx) mx = x[seg[s].start + t];
                     }
                 for (int t = 0; t < SM; t++) sum += exp(x[t] - mx);
-                for (int t = 0; t < SM; t++) want[t] += exp(x[t] - mx) / sum;
+                for (int t = 0; t < SM; t++) want[t] += exp(x[t] - mx) / sum, pair[lh][t] += exp(x[t] - mx) / sum;
             }
     double got[SM] = {1, 1, 1, 1, 1}, total = 0; /* added to */
-    OK(kv_qaware_score_cpu(&sk, q, SL, SH, SKV, SNQ, SD, got));
+    OK(kv_qaware_score_cpu(&sk, q, SL, SH, SKV, SNQ, SD, KV_QAWARE_SUM, got));
     for (int t = 0; t < SM; t++) {
         KT_CHECK(fabs(got[t] - 1 - want[t]) <= 1e-5 * want[t] + 1e-7, "position %d: %.9g, want %.9g", t, got[t] - 1,
                  want[t]);
@@ -267,6 +269,18 @@ static void test_score_cpu_matches_a_direct_double_computation(void)
     double spread = 0;
     for (int t = 1; t < SM; t++) spread += fabs(want[t] - want[0]);
     KT_CHECK(spread > 0.1, "the case is not degenerate (spread %g)", spread);
+    /* the largest pair's; a score already above it stays (position 2) */
+    double mxs[SM] = {0, 0, 50, 0, 0};
+    OK(kv_qaware_score_cpu(&sk, q, SL, SH, SKV, SNQ, SD, KV_QAWARE_MAX, mxs));
+    int differ = 0; /* the max is not the sum's order: some pair's largest is not the same position */
+    for (int t = 0; t < SM; t++) {
+        double w = 0;
+        for (int lh = 0; lh < SL * SKV; lh++) w = pair[lh][t] > w ? pair[lh][t] : w;
+        if (t == 2) w = 50;
+        KT_CHECK(fabs(mxs[t] - w) <= 1e-5 * w + 1e-7, "max, position %d: %.9g, want %.9g", t, mxs[t], w);
+        differ += fabs(w - want[t]) > 1e-3;
+    }
+    KT_CHECK(differ >= SM - 1, "max and sum differ at the positions not held (%d of %d)", differ, SM);
 }
 
 static void test_pick_takes_the_edge_frames_then_the_best(void)
@@ -277,14 +291,23 @@ static void test_pick_takes_the_edge_frames_then_the_best(void)
     const double score[11] = {0, 0, 0.5, 0.5, 5, 5, 2, 0.5, 0.2, 0.1, 0};
     int32_t pick[11];
     int np = -1;
-    OK(kv_qaware_pick(&sk, score, 0.6, pick, &np)); /* 7 of 11: the edges (3), [4 5], [6 7] */
+    OK(kv_qaware_pick(&sk, score, 0.6, 0, pick, &np)); /* 7 of 11: the edges (3), [4 5], [6 7] */
     const int32_t want[7] = {0, 1, 4, 5, 6, 7, 10};
     KT_CHECK(np == 7 && !memcmp(pick, want, sizeof want), "%d picked: %d %d %d %d %d %d %d", np, pick[0], pick[1],
              pick[2], pick[3], pick[4], pick[5], pick[6]);
-    OK(kv_qaware_pick(&sk, score, 0.01, pick, &np)); /* a whole frame, the first, below the share */
+    OK(kv_qaware_pick(&sk, score, 0.01, 0, pick, &np)); /* a whole frame, the first, below the share */
     KT_CHECK(np == 2 && pick[0] == 0 && pick[1] == 1, "%d picked", np);
-    OK(kv_qaware_pick(&sk, score, 1, pick, &np));
+    OK(kv_qaware_pick(&sk, score, 1, 0, pick, &np));
     KT_CHECK(np == 11 && pick[10] == 10, "%d picked", np);
+    /* 9 of 11: on their own scores [6 7] (2.5) then [2 3] (1) beat [8 9] (0.3) ... */
+    const int32_t own[9] = {0, 1, 2, 3, 4, 5, 6, 7, 10}, fol[9] = {0, 1, 4, 5, 6, 7, 8, 9, 10};
+    OK(kv_qaware_pick(&sk, score, 0.8, 0, pick, &np));
+    KT_CHECK(np == 9 && !memcmp(pick, own, sizeof own), "follow 0: %d picked, third frame at %d", np, pick[2]);
+    /* ... but when each position takes the largest score of itself and the
+     * 2 before it, [6 7] (5, 5: across the segments' seam) and [8 9] (2,
+     * 0.5) follow the peak at [4 5], and [2 3] (0.5, 0.5) is left */
+    OK(kv_qaware_pick(&sk, score, 0.8, 2, pick, &np));
+    KT_CHECK(np == 9 && !memcmp(pick, fol, sizeof fol), "follow 2: %d picked, third frame at %d", np, pick[2]);
 }
 
 int main(void)
