@@ -224,7 +224,7 @@ size_t kv_cuda_qaware_workspace(int LH, int Q, int m);
  * The scores of kv_qaware_score_cpu (lib/eval/kv_qaware.h) on the device:
  * a(lh, t) = sum over queries j < Q of softmax_t(qs_j . code_t) for the m
  * positions t and (l, h) pairs lh < LH, each softmax over all m (float
- * logits, expf); score[t] = the largest a(., t) (max nonzero) or the sum
+ * logits, expf); score[t] = the largest a(., t) (take_max nonzero) or the sum
  * over lh added in double in a fixed order (deterministic either way).
  *   seg:   (nseg) device, tiling [0, m) in order
  *   codes: the segments' codes, seg[s].code_off bytes in: (LH, n, r) int8
@@ -233,7 +233,7 @@ size_t kv_cuda_qaware_workspace(int LH, int Q, int m);
  */
 cudaError_t kv_cuda_qaware_score(int LH, int Q, int m, int nseg, const kv_cuda_qaware_seg *seg,
                                  const int8_t *codes, const float *qs, void *ws, size_t ws_bytes,
-                                 int max, double *score, cudaStream_t stream);
+                                 int take_max, double *score, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

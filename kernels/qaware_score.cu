@@ -14,7 +14,7 @@
  *               keeping them), each query's probability summed over the
  *               queries into part[(l, h)][t] (float, as the CPU's part);
  *   4. sum:     a thread per position adds part over (l, h) in double, in
- *               the CPU's order, or takes their largest (max).
+ *               the CPU's order, or takes their largest (take_max).
  * Logits are float dot products in channel order as on the host; the
  * exponential is expf (the host's is a polynomial good to 1e-5 relative).
  */
@@ -152,22 +152,22 @@ __global__ void __launch_bounds__(QA_TPB) qa_probs_kernel(int Q, int m, int nseg
 }
 
 /* A thread per position: score[t] = sum over lh of part (double, lh in
- * order), or with max their largest (parts are >= 0). */
-__global__ void qa_sum_kernel(int LH, int m, int max, const float *part, double *score)
+ * order), or with take_max their largest (parts are >= 0). */
+__global__ void qa_sum_kernel(int LH, int m, int take_max, const float *part, double *score)
 {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= m) return;
     double a = 0.0;
     for (int lh = 0; lh < LH; lh++) {
         const double v = (double)part[(size_t)lh * m + t];
-        a = max ? fmax(a, v) : a + v;
+        a = take_max ? fmax(a, v) : a + v;
     }
     score[t] = a;
 }
 
 extern "C" cudaError_t kv_cuda_qaware_score(int LH, int Q, int m, int nseg, const kv_cuda_qaware_seg *seg,
                                             const int8_t *codes, const float *qs, void *ws, size_t ws_bytes,
-                                            int max, double *score, cudaStream_t stream)
+                                            int take_max, double *score, cudaStream_t stream)
 {
     KV_CHECK_ARGS(LH > 0 && LH <= 65535 && Q > 0 && m > 0 && nseg > 0 && seg && codes && qs && ws && score);
     KV_CHECK_ARGS(ws_bytes >= kv_cuda_qaware_workspace(LH, Q, m));
@@ -185,7 +185,7 @@ extern "C" cudaError_t kv_cuda_qaware_score(int LH, int Q, int m, int nseg, cons
                          (const float2 *)stats, mi));
     CUDA_CHECK(kv_launch(KV_PDL_NONE, qa_probs_kernel, dim3(nblk, LH), dim3(QA_TPB), 0, stream, Q, m, nseg, seg,
                          codes, qs, (const float2 *)mi, part));
-    CUDA_CHECK(kv_launch(KV_PDL_NONE, qa_sum_kernel, dim3((m + 255) / 256), dim3(256), 0, stream, LH, m, max,
+    CUDA_CHECK(kv_launch(KV_PDL_NONE, qa_sum_kernel, dim3((m + 255) / 256), dim3(256), 0, stream, LH, m, take_max,
                          (const float *)part, score));
     return cudaSuccess;
 }

@@ -79,3 +79,29 @@ uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t n)
 #else
 uint32_t kv_crc32c(uint32_t crc, const void *buf, size_t n) { return kv_crc32c_sw(crc, buf, n); }
 #endif
+
+/* Products in GF(2)[x] modulo the Castagnoli polynomial, in the reflected
+ * order the CRC keeps its remainder in (bit 31 the coefficient of x^0):
+ * a times b, b shifted up one power of x per coefficient of a. */
+#define CRC32C_POLY 0x82f63b78u
+static uint32_t gf2_mulmod(uint32_t a, uint32_t b)
+{
+    uint32_t p = 0;
+    for (int i = 0; i < 32; i++) {
+        if (a & (0x80000000u >> i)) p ^= b;
+        b = (b & 1u) ? (b >> 1) ^ CRC32C_POLY : b >> 1;
+    }
+    return p;
+}
+
+uint32_t kv_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    /* appending len_b bytes multiplies A's remainder by x^(8 len_b); the
+     * pre- and post-inversions of both CRCs cancel in the sum */
+    uint32_t xn = 0x80000000u, sq = 0x00800000u; /* x^0, x^8 */
+    for (uint64_t n = len_b; n; n >>= 1) {
+        if (n & 1u) xn = gf2_mulmod(xn, sq);
+        sq = gf2_mulmod(sq, sq);
+    }
+    return gf2_mulmod(xn, crc_a) ^ crc_b;
+}

@@ -152,6 +152,9 @@ typedef struct {
     void *arena;           /* pinned host memory that disk loads land in (GPU engine), reused */
     size_t arena_cap;
     bool arena_used;
+    char *sk_arena;        /* pinned host memory for disk-query's key sketch codes (GPU engine) */
+    size_t sk_cap, sk_off; /* its size; the next free byte (0 when no block is live) */
+    int sk_live;           /* blocks handed out and not yet freed */
 } pcache;
 
 /* The disk loads' allocator on the GPU engine: the pinned arena when it is
@@ -174,16 +177,52 @@ static void arena_free(void *user, void *p)
     else free(p);
 }
 
-/* Room for n tokens' K/V in the arena (outside the timed loads: pinning
- * gigabytes takes longer than reading them). */
+/* The key sketch's allocator on the GPU engine: blocks one after another in
+ * the pinned sketch arena while they fit (one per matched node; the
+ * scoring's upload then runs at full PCIe speed), else malloc; the arena
+ * is reused once every block of it is freed. */
+static void *sk_arena_alloc(void *user, size_t n)
+{
+    pcache *c = user;
+    const size_t a = (n + 63) & ~(size_t)63;
+    if (c->sk_arena && a <= c->sk_cap - c->sk_off) {
+        void *p = c->sk_arena + c->sk_off;
+        c->sk_off += a, c->sk_live++;
+        return p;
+    }
+    return malloc(n);
+}
+
+static void sk_arena_free(void *user, void *p)
+{
+    pcache *c = user;
+    if (p && c->sk_arena && (char *)p >= c->sk_arena && (char *)p < c->sk_arena + c->sk_cap) {
+        if (--c->sk_live == 0) c->sk_off = 0;
+    } else
+        free(p);
+}
+
+/* Room for n tokens' K/V in the arena, and for the key sketch of n tokens
+ * at up to head_dim channels (outside the timed loads: pinning gigabytes
+ * takes longer than reading them). */
 static kv_status arena_reserve(pcache *c, int n)
 {
     size_t need = 2ull * c->L * c->nkv * (size_t)n * c->hd * 2 + 1;
-    if (!c->gpu || need <= c->arena_cap) return KV_OK;
-    kv_gpu_host_free(c->arena);
-    c->arena_cap = 0;
-    if (!(c->arena = kv_gpu_host_alloc(need))) return kv_fail(KV_E_NOMEM, "out of host memory for the load arena");
-    c->arena_cap = need;
+    size_t sk_need = (size_t)c->L * c->nkv * (size_t)n * c->hd + 64 * 64;
+    if (!c->gpu) return KV_OK;
+    if (need > c->arena_cap) {
+        kv_gpu_host_free(c->arena);
+        c->arena_cap = 0;
+        if (!(c->arena = kv_gpu_host_alloc(need))) return kv_fail(KV_E_NOMEM, "out of host memory for the load arena");
+        c->arena_cap = need;
+    }
+    if (sk_need > c->sk_cap && !c->sk_live) {
+        kv_gpu_host_free(c->sk_arena);
+        c->sk_cap = c->sk_off = 0;
+        if (!(c->sk_arena = kv_gpu_host_alloc(sk_need)))
+            return kv_fail(KV_E_NOMEM, "out of host memory for the key sketch arena");
+        c->sk_cap = sk_need;
+    }
     return KV_OK;
 }
 
@@ -357,6 +396,7 @@ static void cache_clear(pcache *c)
     for (int i = 0; i < c->n; i++) entry_free(c, &c->e[i]);
     free(c->e);
     kv_gpu_host_free(c->arena);
+    kv_gpu_host_free(c->sk_arena);
 }
 
 // --- serving ---------------------------------------------------------------------------
@@ -424,10 +464,11 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         kv_get_report gr;
         memset(&gr, 0, sizeof gr);
         kv_tree_rows *x = &src->rows;
-        const kv_tree_alloc al = {arena_alloc, arena_free, c};
+        const kv_tree_alloc al = {arena_alloc, arena_free, c}, skal = {sk_arena_alloc, sk_arena_free, c};
         if (m == KV_PM_DISK_QUERY) {
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now,
-                                 c->gpu ? &al : NULL, o->sketch_serial, o->qa_heads, o->qa_follow};
+                                 c->gpu ? &al : NULL, o->sketch_serial, o->qa_heads, o->qa_follow,
+                                 c->gpu ? &skal : NULL};
             kv_qaware_report qr;
             st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;

@@ -151,19 +151,34 @@ kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, i
     return ok ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory for the scores");
 }
 
+kv_status kv_qaware_follow(const double *score, int m, int follow, double *out)
+{
+    if (follow < 0) follow = 0;
+    int *dq = malloc((size_t)m * sizeof *dq + 8); /* a sliding-window max: O(m) whatever follow is */
+    if (!dq) return kv_fail(KV_E_NOMEM, "out of memory");
+    for (int t = 0, h = 0, e = 0; t < m; t++) { /* dq[h..e): positions of decreasing score in [t - follow, t] */
+        while (e > h && score[dq[e - 1]] <= score[t]) e--;
+        dq[e++] = t;
+        if (dq[h] < t - follow) h++;
+        out[t] = score[dq[h]];
+    }
+    free(dq);
+    return KV_OK;
+}
+
 kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score0, double frac, int follow, int32_t *pick,
                          int *np)
 {
     const int m = sk->matched;
+    if (follow < 0) follow = 0;
     /* each position carries its score to the follow positions after it:
      * the question's queries find where an answer starts, the tokens
      * generated next read on from there */
     double *sw = malloc((size_t)m * sizeof *sw + 8);
-    if (!sw) return kv_fail(KV_E_NOMEM, "out of memory");
-    for (int t = 0; t < m; t++) {
-        double a = score0[t];
-        for (int k = 1; k <= follow && k <= t; k++) a = score0[t - k] > a ? score0[t - k] : a;
-        sw[t] = a;
+    kv_status fst = sw ? kv_qaware_follow(score0, m, follow, sw) : kv_fail(KV_E_NOMEM, "out of memory");
+    if (fst) {
+        free(sw);
+        return fst;
     }
     const double *score = sw;
     int nb = 0, keep = (int)ceil(frac * m);
@@ -205,6 +220,7 @@ kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score0, double 
  * starts; the probe does not touch the store). */
 typedef struct {
     kv_tree_store *s;
+    const kv_tree_alloc *al;
     const int32_t *ids;
     int n;
     kv_tree_sketch *sk;
@@ -226,7 +242,7 @@ static void *sketch_run(void *p)
     if (j->own_thread) omp_set_num_threads(j->threads);
 #endif
     double t = kv_now_ms();
-    j->st = kv_tree_store_sketch(j->s, j->ids, j->n, j->sk);
+    j->st = kv_tree_store_sketch_ex(j->s, j->ids, j->n, j->al, j->sk);
     if (j->st) snprintf(j->why, sizeof j->why, "%s", kv_errdetail());
     j->ms = kv_now_ms() - t;
     return NULL;
@@ -284,7 +300,7 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
 #ifdef _OPENMP
     if (sk_bytes > KV_QAWARE_SKETCH_PAR_BYTES) sk_threads = omp_get_num_procs() < 8 ? omp_get_num_procs() : 8;
 #endif
-    sketch_job job = {s, ids, n - 1, &sk, KV_OK, 0, "", true, sk_threads};
+    sketch_job job = {s, o->sketch_al, ids, n - 1, &sk, KV_OK, 0, "", true, sk_threads};
     pthread_t th;
     double tsp = kv_now_ms();
     bool threaded = false;

@@ -58,6 +58,8 @@ typedef struct {
                            beside it (measurement: which is faster depends on the machine) */
     kv_qaware_heads heads; /* step 3's combination (0: KV_QAWARE_MAX) */
     int follow;            /* step 4's positions after a scored one (0: KV_QAWARE_FOLLOW; < 0: none) */
+    const kv_tree_alloc *sketch_al; /* the sketch's codes (NULL: malloc; pinned memory makes a GPU
+                                       scoring's upload run at full PCIe speed); called on the read's thread */
 } kv_qaware_opts;
 
 typedef struct {
@@ -113,5 +115,8 @@ kv_status kv_qaware_score_cpu(const kv_tree_sketch *sk, const float *q, int L, i
  */
 kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score, double frac, int follow, int32_t *pick,
                          int *np);
+/* Step 4's window: out[t] = the largest of score[t - follow .. t] (those
+ * at or above 0) for t < m, in O(m); follow < 0 is 0.  KV_E_NOMEM. */
+kv_status kv_qaware_follow(const double *score, int m, int follow, double *out);
 
 #endif

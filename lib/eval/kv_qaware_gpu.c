@@ -128,7 +128,7 @@ kv_status kv_qaware_score_gpu(const kv_tree_sketch *sk, const float *q, int L, i
     tm->upload_ms = t1 - t0;
     KV_CUDA_CK_GOTO(kv_cuda_qaware_score(LH, Q, m, ns, (const kv_cuda_qaware_seg *)(dev + o_tab),
                                          (const int8_t *)dev, (const float *)(dev + o_qs), dev + o_ws, ws_bytes,
-                                         how == KV_QAWARE_MAX, (double *)(dev + o_sc), 0), st, out);
+                                         how != KV_QAWARE_SUM, (double *)(dev + o_sc), 0), st, out);
     KV_CUDA_CK_GOTO(cudaStreamSynchronize(0), st, out);
     double t2 = kv_now_ms();
     tm->kernel_ms = t2 - t1;

@@ -45,7 +45,7 @@ kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, con
         if (o->query_aware && o->important < 1) { /* the prompt's own queries choose the rows */
             free(ids);
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, o->keep_nq, o->keep_kv, o->now, NULL,
-                                 false, KV_QAWARE_MAX, 0};
+                                 false, KV_QAWARE_MAX, 0, NULL};
             if ((st = kv_qaware_load(r, u->s, tok, n, &qo, &u->rows, &u->qa))) return st;
             matched = u->rows.matched;
             kv_tree_rows *x = &u->rows;

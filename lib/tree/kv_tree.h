@@ -278,12 +278,18 @@ typedef struct {
     int matched, nseg;
     kv_tree_sketch_seg *seg; /* (nseg) */
     uint64_t bytes_read[KV_TIER_COUNT];
+    kv_tree_alloc al;        /* what the segments' code came from (alloc NULL: malloc) */
 } kv_tree_sketch;
 
 /* The sketches of the nodes matching tok[0..n): every chunk of the match
  * must have one (version 3, a tier encoding with +sketch), else
  * KV_E_UNSUPPORTED. */
 kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out);
+/* The same, each segment's code (the bulk, what a GPU scoring uploads) from
+ * al (NULL: malloc): pinned host memory copies at full PCIe speed.  al's
+ * functions may be called from the thread that reads. */
+kv_status kv_tree_store_sketch_ex(kv_tree_store *s, const int32_t *tok, int n, const kv_tree_alloc *al,
+                                  kv_tree_sketch *out);
 /* Channels a new chunk's sketch keeps of each key of head_dim channels:
  * want (the tree's sketch_channels) when it is in [1, head_dim], more
  * than head_dim gives head_dim, 0 half of head_dim (a quarter before

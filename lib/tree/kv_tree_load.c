@@ -281,14 +281,25 @@ kv_status kv_tree_store_get_kvc(kv_tree_store *s, const int32_t *tok, int n, dou
 
 void kv_tree_sketch_free(kv_tree_sketch *k)
 {
-    for (int i = 0; k && k->seg && i < k->nseg; i++) free(k->seg[i].ch), free(k->seg[i].scale), free(k->seg[i].code);
+    for (int i = 0; k && k->seg && i < k->nseg; i++) {
+        free(k->seg[i].ch), free(k->seg[i].scale);
+        if (k->al.alloc) k->al.free(k->al.user, k->seg[i].code);
+        else free(k->seg[i].code);
+    }
     if (k) free(k->seg);
     if (k) memset(k, 0, sizeof *k);
 }
 
 kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out)
 {
+    return kv_tree_store_sketch_ex(s, tok, n, NULL, out);
+}
+
+kv_status kv_tree_store_sketch_ex(kv_tree_store *s, const int32_t *tok, int n, const kv_tree_alloc *al,
+                                  kv_tree_sketch *out)
+{
     memset(out, 0, sizeof *out);
+    if (al) out->al = *al;
     kv_tree *t = s->t;
     if (!t->has_geom) return kv_fail(KV_E_DATA, "the store is empty (no cache was ever put)");
     int *path = malloc((size_t)(n ? n : 1) * sizeof *path), np = 0, used = 0;
@@ -310,7 +321,7 @@ kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_t
         g->start = nd->start, g->n = p == np - 1 ? used : nd->n, g->rows = nd->n, g->r = c.sk_r;
         g->frame_rows = c.group_rows;
         g->ch = malloc(hr * sizeof *g->ch), g->scale = malloc(hr * sizeof *g->scale);
-        g->code = malloc(hr * (size_t)nd->n + 1);
+        g->code = out->al.alloc ? out->al.alloc(out->al.user, hr * (size_t)nd->n + 1) : malloc(hr * (size_t)nd->n + 1);
         st = g->ch && g->scale && g->code ? tree_chunk_sketch(&c, g->ch, g->scale, g->code)
                                           : kv_fail(KV_E_NOMEM, "cannot allocate a sketch");
         out->bytes_read[nd->tier] += c.bytes_read;

@@ -275,7 +275,7 @@ static void test_gpu_runner_scores_a_query_aware_load_on_the_gpu(void)
     kv_gpu_engine_opts_default(&go);
     OK(kv_runner_new(m, NULL, n + 8, KV_DEVICE_CUDA, &go, &rg));
     KT_REQUIRE(kv_runner_gpu(rg), "the runner is on the GPU");
-    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false, KV_QAWARE_MAX, 0};
+    kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false, KV_QAWARE_MAX, 0, NULL};
     kv_qaware_report qr;
     kv_tree_rows rows;
     OK(kv_qaware_load(rg, s, ids, n, &qo, &rows, &qr));

@@ -191,6 +191,32 @@ static void test_crc32c_known_answer(void)
     KT_CHECK(kv_crc32c(c, "56789", 5) == 0xe3069283u, "continued crc");
 }
 
+/* kv_crc32c_combine: the CRC of a buffer from the CRCs of its two parts,
+ * at every split of a random buffer (empty parts too), from a nonzero
+ * starting CRC, and with parts longer than a word's worth of bits. */
+static void test_crc32c_combine_equals_the_whole(void)
+{
+    enum { N = 3000 };
+    static unsigned char buf[N];
+    unsigned long long rs = 99;
+    for (int i = 0; i < N; i++) buf[i] = (unsigned char)(kt_rand(&rs) * 256);
+    int bad = 0;
+    const uint32_t c0[2] = {0, 0x1234abcdu};
+    for (int k = 0; k < 2; k++)
+        for (int cut = 0; cut <= N; cut += (cut < 40 ? 1 : 97)) {
+            const uint32_t whole = kv_crc32c(c0[k], buf, N), a = kv_crc32c(c0[k], buf, (size_t)cut),
+                           b = kv_crc32c(0, buf + cut, (size_t)(N - cut));
+            bad += kv_crc32c_combine(a, b, (uint64_t)(N - cut)) != whole;
+        }
+    KT_CHECK(bad == 0, "%d splits combine to another CRC", bad);
+    /* three parts in order, as a parallel read combines its slices */
+    uint32_t acc = kv_crc32c(0, buf, 1000);
+    acc = kv_crc32c_combine(acc, kv_crc32c(0, buf + 1000, 1500), 1500);
+    acc = kv_crc32c_combine(acc, kv_crc32c(0, buf + 2500, 500), 500);
+    KT_CHECK(acc == kv_crc32c(0, buf, N), "three slices");
+    KT_CHECK(kv_crc32c_combine(0x5a5a5a5au, kv_crc32c(0, buf, 0), 0) == 0x5a5a5a5au, "an empty second part");
+}
+
 static void test_crc32c_matches_bitwise_reference(void)
 {
     uint8_t buf[1100];
@@ -901,6 +927,7 @@ int main(int argc, char **argv)
         return 1;
     }
     KT_RUN(test_crc32c_known_answer);
+    KT_RUN(test_crc32c_combine_equals_the_whole);
     KT_RUN(test_crc32c_matches_bitwise_reference);
     KT_RUN(test_roundtrip_every_dtype);
     KT_RUN(test_roundtrip_metadata_and_geometry);
