@@ -59,7 +59,8 @@ typedef struct {
     kv_qaware_heads heads; /* step 3's combination (0: KV_QAWARE_MAX) */
     int follow;            /* step 4's positions after a scored one (0: KV_QAWARE_FOLLOW; < 0: none) */
     const kv_tree_alloc *sketch_al; /* the sketch's codes (NULL: malloc; pinned memory makes a GPU
-                                       scoring's upload run at full PCIe speed); called on the read's thread */
+                                       scoring's upload run at full PCIe speed): alloc is called on the
+                                       read's thread, free on either (the read is joined before) */
 } kv_qaware_opts;
 
 typedef struct {

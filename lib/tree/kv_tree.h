@@ -287,7 +287,8 @@ typedef struct {
 kv_status kv_tree_store_sketch(kv_tree_store *s, const int32_t *tok, int n, kv_tree_sketch *out);
 /* The same, each segment's code (the bulk, what a GPU scoring uploads) from
  * al (NULL: malloc): pinned host memory copies at full PCIe speed.  al's
- * functions may be called from the thread that reads. */
+ * alloc is called on the thread that reads, its free (never with NULL) by
+ * kv_tree_sketch_free on whichever thread calls that. */
 kv_status kv_tree_store_sketch_ex(kv_tree_store *s, const int32_t *tok, int n, const kv_tree_alloc *al,
                                   kv_tree_sketch *out);
 /* Channels a new chunk's sketch keeps of each key of head_dim channels:

@@ -135,14 +135,17 @@ static kv_status src_read(tree_chunk *c, uint64_t off, void *buf, size_t n)
 }
 
 /* src_read of a large span in slices read in parallel (a page-cache copy
- * of a quarter gigabyte is a few times faster on several cores). */
-/* The same, and *crc = kv_crc32c(*crc, buf, n) when crc is not NULL: each
- * slice's CRC taken on its thread while the bytes are in its cache, then
- * combined in order (kv_crc32c_combine).  One thread's CRC-32C runs at
+ * of a quarter gigabyte is a few times faster on several cores), and
+ * *crc = kv_crc32c(*crc, buf, n) when crc is not NULL: each slice's CRC
+ * taken on its thread while the bytes are in its cache, then combined in
+ * order (kv_crc32c_combine, ~0.75 us each).  One thread's CRC-32C runs at
  * ~8 GB/s, so a 56 MB key sketch's checksum alone took ~7 ms serially. */
 static kv_status src_read_par_crc(tree_chunk *c, uint64_t off, void *buf, size_t n, uint32_t *crc)
 {
-    const size_t SL = (size_t)256 << 10; /* slices small enough that a test's sketch spans several */
+    /* slices of 256 KiB (a test's sketch spans several), or n / 64 for
+     * large spans: at most ~65 serial combinations */
+    size_t SL = (size_t)256 << 10;
+    if (n / 64 > SL) SL = (n / 64 + 4095) & ~(size_t)4095;
     const long ns = (long)((n + SL - 1) / SL);
     if (c->mem || ns < 2) {
         kv_status st = src_read(c, off, buf, n);

@@ -283,7 +283,7 @@ void kv_tree_sketch_free(kv_tree_sketch *k)
 {
     for (int i = 0; k && k->seg && i < k->nseg; i++) {
         free(k->seg[i].ch), free(k->seg[i].scale);
-        if (k->al.alloc) k->al.free(k->al.user, k->seg[i].code);
+        if (k->al.alloc && k->seg[i].code) k->al.free(k->al.user, k->seg[i].code);
         else free(k->seg[i].code);
     }
     if (k) free(k->seg);

@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cjson/cJSON.h>
 
 #include "kt_kv.h"
@@ -166,6 +169,31 @@ static void test_query_aware_quarter_keeps_the_needle(void)
     kv_tree_sketch_free(&sk2);
     KT_CHECK(ca.frees == 1, "its block freed through it (%d)", ca.frees);
     kv_tree_sketch_free(&sk);
+    /* a byte of the last slice of codes (they end where frame 0 starts:
+     * kvc(5), the frame table after the 88-byte head and 12 bytes a row)
+     * flipped: the combined checksum finds it; flipped back, all reads */
+    {
+        const kv_tree_node *nd = &kv_tree_store_tree(s)->nodes[1];
+        char cp[1400];
+        snprintf(cp, sizeof cp, "%s/s/%s", dir, nd->file);
+        int fd = open(cp, O_RDWR);
+        uint64_t f0 = 0;
+        unsigned char byte = 0;
+        KT_REQUIRE(fd >= 0 && pread(fd, &f0, 8, 88 + 12 * (off_t)nd->n) == 8 && f0 > 100 &&
+                       pread(fd, &byte, 1, (off_t)f0 - 100) == 1, "chunk %s", cp);
+        byte ^= 0x40;
+        KT_REQUIRE(pwrite(fd, &byte, 1, (off_t)f0 - 100) == 1, "damage");
+        kv_tree_sketch bad_sk;
+        kv_status dst = kv_tree_store_sketch(s, ids32, n - 1, &bad_sk);
+        KT_CHECK(dst == KV_E_DATA && strstr(kv_errdetail(), "checksum mismatch in the key sketch"),
+                 "a damaged last slice: status %d, %s", dst, kv_errdetail());
+        kv_errclear();
+        byte ^= 0x40;
+        KT_REQUIRE(pwrite(fd, &byte, 1, (off_t)f0 - 100) == 1, "repair");
+        close(fd);
+        OK(kv_tree_store_sketch(s, ids32, n - 1, &bad_sk));
+        kv_tree_sketch_free(&bad_sk);
+    }
 
     /* the question's own queries choose a quarter of the haystack */
     kv_qaware_opts qo = {0.25, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, 0, false, 1001, NULL, false, KV_QAWARE_MAX, 0, NULL};
@@ -360,6 +388,17 @@ static void test_pick_takes_the_edge_frames_then_the_best(void)
         bad += na != nb || memcmp(pa, pb, (size_t)na * sizeof *pa);
     }
     KT_CHECK(bad == 0, "%d of 40 random windows differ from their definition or pick otherwise", bad);
+    /* edges: a window past m, and m of 1 and 0 */
+    static double edge[RM];
+    OK(kv_qaware_follow(rs_score, RM, 1 << 30, edge));
+    double run = 0;
+    for (int t = 0; t < RM; t++) {
+        run = rs_score[t] > run ? rs_score[t] : run;
+        bad += edge[t] != run;
+    }
+    OK(kv_qaware_follow(rs_score, 1, 5, edge));
+    OK(kv_qaware_follow(rs_score, 0, 5, edge));
+    KT_CHECK(bad == 0 && edge[0] == rs_score[0], "a window past m is the running max (%d off)", bad);
     OK(kv_qaware_pick(&sk, score, 0.8, -3, pick, &np)); /* below 0: none */
     KT_CHECK(np == 9 && !memcmp(pick, own, sizeof own), "follow -3: as 0");
 }
