@@ -474,7 +474,7 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
             qa_ms[4] = qr.score_upload_ms;
             probe_ms[0] = qr.probe_sink_ms, probe_ms[1] = qr.probe_prefill_ms, probe_ms[2] = qr.probe_reset_ms;
-            probe_ms[3] = qr.sketch_wait_ms, probe_ms[4] = qr.sketch_spawn_ms;
+            probe_ms[3] = qr.sketch_wait_ms, probe_ms[4] = qr.sketch_spawn_ms, probe_ms[5] = qr.sketch_stage_ms;
             memcpy(probe_pf, qr.probe_pf, sizeof qr.probe_pf);
             gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;
         } else
@@ -558,7 +558,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if ((st = kv_runner_reset(r, NULL))) break;
             if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
-            double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[5] = {0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
+            double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[6] = {0, 0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
             bool rows_ahead = false;
             st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms, probe_ms, probe_pf);
             double t1 = kv_now_ms();
@@ -598,7 +598,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if (want) {
                 kv_pbench_row *row = &out[k++];
                 *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, t1 - t0,
-                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3], qa_ms[4]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4]},
+                                       {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3], qa_ms[4]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4], probe_ms[5]},
                                        {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]},
                                        {probe_pf[0], probe_pf[1], probe_pf[2], probe_pf[3], probe_pf[4]},
                                        rows_ahead, {hit[0], hit[1], hit[2]}, -1, text};
@@ -678,8 +678,9 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
             cJSON *qa = cJSON_AddObjectToObject(x, "query_aware_ms");
             static const char *qn[5] = {"sketch", "probe", "score", "rows", "score_upload"};
             for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(qa, qn[t], r->qa_ms[t]);
-            static const char *pn[5] = {"probe_sink", "probe_prefill", "probe_reset", "sketch_wait", "sketch_spawn"};
-            for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(qa, pn[t], r->probe_ms[t]);
+            static const char *pn[6] = {"probe_sink", "probe_prefill", "probe_reset", "sketch_wait", "sketch_spawn",
+                                        "sketch_stage"};
+            for (int t = 0; t < 6; t++) cJSON_AddNumberToObject(qa, pn[t], r->probe_ms[t]);
         }
         static const char *phn[6] = {"setup", "rows", "compute", "logits", "total", "capture"};
         if (r->pf_ms[4] > 0) { /* the GPU engine's phases of this request's prefill */

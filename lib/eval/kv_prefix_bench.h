@@ -77,9 +77,10 @@ typedef struct {
     double load_ms;         /* of it: finding and loading the prefix (the rest is the prefill) */
     double qa_ms[5];        /* disk-query: of load_ms, the sketch read, the probe, the scoring, the rows;
                                then of the scoring, its upload to the GPU (0 when scored on the CPU) */
-    double probe_ms[5];     /* disk-query: of the probe, the sink row's load, its prefill, the reset;
+    double probe_ms[6];     /* disk-query: of the probe, the sink row's load, its prefill, the reset;
                                then the wait for the sketch read (beside the probe) after it and
-                               the start of its thread (of the prefill) */
+                               the start of its thread (of the prefill); then, of the sketch read,
+                               the issuing of its codes' copy to the GPU (kv_qaware_gpu_stage) */
     double pf_ms[6];        /* GPU engine: the request's prefill's phases (kv_gpu_prefill_phases:
                                setup, rows, compute, logits, total, capture); all 0 on the CPU */
     double probe_pf_ms[5];  /* disk-query on the GPU: the same for the probe's prefill */

@@ -229,6 +229,10 @@ typedef struct {
     char why[512]; /* the thread's error detail (thread-local there) */
     bool own_thread;
     int threads;    /* of the read's own thread (KV_QAWARE_SKETCH_PAR_BYTES) */
+    int device;     /* >= 0: then copy the codes to this GPU (kv_qaware_gpu_stage) */
+    int L, Hkv;
+    kv_qaware_staged *staged;
+    double stage_ms;
 } sketch_job;
 
 static void *sketch_run(void *p)
@@ -243,6 +247,12 @@ static void *sketch_run(void *p)
 #endif
     double t = kv_now_ms();
     j->st = kv_tree_store_sketch_ex(j->s, j->ids, j->n, j->al, j->sk);
+    if (!j->st && j->device >= 0 && j->sk->matched > 0) {
+        double ts = kv_now_ms();
+        if ((j->st = kv_qaware_gpu_stage(j->sk, j->L, j->Hkv, j->device, &j->staged)))
+            kv_errcontext("copying the key sketch to the GPU");
+        j->stage_ms = kv_now_ms() - ts;
+    }
     if (j->st) snprintf(j->why, sizeof j->why, "%s", kv_errdetail());
     j->ms = kv_now_ms() - t;
     return NULL;
@@ -300,7 +310,9 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
 #ifdef _OPENMP
     if (sk_bytes > KV_QAWARE_SKETCH_PAR_BYTES) sk_threads = omp_get_num_procs() < 8 ? omp_get_num_procs() : 8;
 #endif
-    sketch_job job = {s, o->sketch_al, ids, n - 1, &sk, KV_OK, 0, "", true, sk_threads};
+    /* on the GPU the read's thread also issues the codes' copy to the device */
+    const int dev = kv_runner_gpu(r) ? kv_gpu_engine_ordinal(kv_runner_gpu(r)) : -1;
+    sketch_job job = {s, o->sketch_al, ids, n - 1, &sk, KV_OK, 0, "", true, sk_threads, dev, L, Hkv, NULL, 0};
     pthread_t th;
     double tsp = kv_now_ms();
     bool threaded = false;
@@ -348,6 +360,7 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     if (threaded) pthread_join(th, NULL);
     else if (!st && !o->sketch_serial) sketch_run(&job); /* no thread (own_thread false): after the probe */
     rep->sketch_ms = job.ms;
+    rep->sketch_stage_ms = job.stage_ms;
     rep->sketch_wait_ms = o->sketch_serial ? 0 : kv_now_ms() - tj;
     if (!st && job.st) st = kv_fail(job.st, "%s", job.why);
     if (!st && sk.matched != m)
@@ -357,8 +370,9 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     double t2 = kv_now_ms();
     if (!st && kv_runner_gpu(r)) { /* the runner is on the GPU, so a device is there: a failure is an error */
         kv_qaware_gpu_times gt = {0, 0, 0};
-        st = kv_qaware_score_gpu(&sk, q, L, H, Hkv, nq, D, o->heads, kv_gpu_engine_ordinal(kv_runner_gpu(r)), score,
-                                 &gt);
+        st = job.staged ? kv_qaware_score_gpu_staged(job.staged, &sk, q, L, H, Hkv, nq, D, o->heads, score, &gt)
+                        : kv_qaware_score_gpu(&sk, q, L, H, Hkv, nq, D, o->heads,
+                                              kv_gpu_engine_ordinal(kv_runner_gpu(r)), score, &gt);
         if (st) kv_errcontext("query-aware scoring on the GPU");
         rep->score_upload_ms = gt.upload_ms, rep->score_gpu = !st;
     } else if (!st)
@@ -375,6 +389,7 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
     rep->load_ms = kv_now_ms() - t3;
     rep->kept = rows->T;
     free(pick), free(score), free(q), free(ql), free(ids);
+    kv_qaware_gpu_unstage(job.staged); /* before the codes it may still be copying go */
     kv_tree_sketch_free(&sk);
     return st;
 }

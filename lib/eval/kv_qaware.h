@@ -68,8 +68,10 @@ typedef struct {
     double sketch_ms, probe_ms, score_ms, load_ms;
     double probe_sink_ms, probe_prefill_ms, probe_reset_ms; /* of probe_ms: the sink row's load, the
                                                               64-token prefill, the runner's reset */
-    double score_upload_ms; /* of score_ms on the GPU: the sketch's codes and the folded queries
-                               copied to the device (0 on the CPU) */
+    double score_upload_ms; /* of score_ms on the GPU: the folded queries copied to the device and
+                               the wait for the codes' copy, issued by the sketch's read
+                               (sketch_stage_ms) while the probe ran (0 on the CPU) */
+    double sketch_stage_ms; /* of sketch_ms, on the GPU: issuing the codes' copy (kv_qaware_gpu_stage) */
     bool score_gpu;         /* the scores were computed on the GPU (kv_qaware_score_gpu) */
     double sketch_spawn_ms; /* of probe_prefill_ms: starting the sketch read's thread */
     double sketch_wait_ms; /* of the total: the wait for the sketch read after the probe (the read

@@ -32,4 +32,23 @@ typedef struct {
 kv_status kv_qaware_score_gpu(const kv_tree_sketch *sk, const float *q, int L, int H, int Hkv, int nq, int D,
                               kv_qaware_heads how, int device, double *score, kv_qaware_gpu_times *tm);
 
+/*
+ * The same in two steps, so that the sketch's codes (most of the bytes)
+ * are copied while the probe still runs: kv_qaware_gpu_stage allocates
+ * device memory and issues the codes' copy on a non-blocking stream of its
+ * own (stream-ordered allocation: nothing waits for the device's other
+ * work), from any thread, and returns; kv_qaware_score_gpu_staged scores on
+ * that stream (its upload_ms includes waiting for the copy still running);
+ * kv_qaware_gpu_unstage frees it (NULL is fine).  sk's codes must stay
+ * where they are until the score returns (they are read by the copy).
+ * kv_qaware_gpu_stage_ms: the stage call's own time.
+ */
+typedef struct kv_qaware_staged kv_qaware_staged;
+kv_status kv_qaware_gpu_stage(const kv_tree_sketch *sk, int L, int Hkv, int device, kv_qaware_staged **out);
+kv_status kv_qaware_score_gpu_staged(kv_qaware_staged *g, const kv_tree_sketch *sk, const float *q, int L, int H,
+                                     int Hkv, int nq, int D, kv_qaware_heads how, double *score,
+                                     kv_qaware_gpu_times *tm);
+void kv_qaware_gpu_unstage(kv_qaware_staged *g);
+double kv_qaware_gpu_stage_ms(const kv_qaware_staged *g);
+
 #endif

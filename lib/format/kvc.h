@@ -54,6 +54,12 @@ kv_status kvc_open(const char *path, kvc_file **out);
 kv_status kvc_open_fd(int fd, kvc_file **out);
 /* Same, from a buffer (copied; used by the fuzzer and tests). */
 kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out);
+/* Same, over the caller's buffer, not copied: buf must outlive the
+ * kvc_file (kvc_close leaves it alone).  For a caller that has just checked
+ * a checksum over all len bytes (a kv-tree chunk frame): the tensors'
+ * crc32c entries are still parsed and must be well formed and complete,
+ * but not recomputed.  Every other check of kvc_open runs. */
+kv_status kvc_open_view(const void *buf, size_t len, kvc_file **out);
 void kvc_close(kvc_file *f);
 
 const kv_geom *kvc_geom(const kvc_file *f);

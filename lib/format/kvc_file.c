@@ -447,6 +447,18 @@ kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out)
     return finish_open(f, out);
 }
 
+kv_status kvc_open_view(const void *buf, size_t len, kvc_file **out)
+{
+    *out = NULL;
+    kvc_file *f = calloc(1, sizeof *f);
+    if (!f) return kv_fail(KV_E_NOMEM, "cannot allocate a kvc_file");
+    f->bytes = buf;
+    f->len = len;
+    f->file_bytes = len;
+    f->trusted = true;
+    return finish_open(f, out);
+}
+
 kv_status kvc_open_fd(int fd, kvc_file **out)
 {
     *out = NULL;

@@ -26,6 +26,7 @@ struct kvc_file {
     size_t len;
     uint64_t file_bytes;
     bool zstd;
+    bool trusted;    /* kvc_open_view: the bytes were checksummed as a whole */
 
     kvc_tensor *t;   /* (nt) in data order */
     int nt;

@@ -255,7 +255,8 @@ static kv_status check_crcs(kvc_file *f)
         }
         if (n != 8 || v[n])
             return kv_fail(KV_E_DATA, "metadata %.64s='%.16s' is not 8 lowercase hex digits", k, v);
-        uint32_t got = kv_crc32c(0, t->data, t->nbytes);
+        /* kvc_open_view: the caller checked all of the bytes already */
+        uint32_t got = f->trusted ? c : kv_crc32c(0, t->data, t->nbytes);
         if (got != c)
             return kv_fail(KV_E_DATA, "checksum mismatch in tensor %s (stored %08x, computed %08x)",
                            t->name, c, got);

@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common/kv_crc.h"
 #include "common/kv_half.h"
@@ -321,19 +324,31 @@ out:
 }
 
 /* Frame f's .kvc image opened and checked against the chunk's geometry. */
-static kv_status frame_open(tree_chunk *c, int f, kvc_file **out)
+tree_scratch *tree_scratch_new(void)
 {
-    *out = NULL;
+    tree_scratch *x = calloc(1, sizeof *x);
+    if (x && pthread_mutex_init(&x->mu, NULL)) {
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+void tree_scratch_free(tree_scratch *x)
+{
+    if (!x) return;
+    for (int i = 0; i < x->n; i++) free(x->buf[i]);
+    free(x->buf), free(x->cap);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+}
+
+/* A frame's .kvc k against the chunk: geometry, rows, zstd and every
+ * layer's encoding as the tier's. */
+static kv_status frame_check(const tree_chunk *c, int f, const kvc_file *k)
+{
     const tree_frame *fr = &c->frames[f];
-    uint8_t *b = malloc((size_t)fr->len);
-    if (!b) return kv_fail(KV_E_NOMEM, "cannot allocate a frame of %llu bytes", (unsigned long long)fr->len);
-    kv_status st = src_read(c, fr->off, b, (size_t)fr->len);
-    if (!st && kv_crc32c(0, b, (size_t)fr->len) != fr->crc)
-        st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in frame %d", c->name, f);
-    kvc_file *k = NULL;
-    if (!st && (st = kvc_open_mem(b, (size_t)fr->len, &k))) kv_errcontext("chunk %s frame %d", c->name, f);
-    free(b);
-    if (st) return st;
+    kv_status st = KV_OK;
     const kv_geom *g = kvc_geom(k);
     if (kvc_was_zstd(k) != c->enc.zstd || g->n_layers != c->L || g->n_kv_heads != c->Hkv || g->head_dim != c->D ||
         g->n_tokens != fr->rows)
@@ -349,7 +364,24 @@ static kv_status frame_open(tree_chunk *c, int f, kvc_file **out)
                 st = kv_fail(KV_E_DATA, "chunk %s: frame %d layer %d is %s, the chunk says %s", c->name, f, l,
                              e ? e : "missing", want ? want : dtn);
         }
-    if (st) {
+    return st;
+}
+
+/* Frame f opened as a .kvc over buf (at least its length; the caller keeps
+ * it until kvc_close): read, checked against the frame's CRC, and parsed in
+ * place (kvc_open_view: no copy, and the tensors' own checksums, covered
+ * by the frame's, are not taken again). */
+static kv_status frame_open(tree_chunk *c, int f, uint8_t *b, kvc_file **out)
+{
+    *out = NULL;
+    const tree_frame *fr = &c->frames[f];
+    kv_status st = src_read(c, fr->off, b, (size_t)fr->len);
+    if (!st && kv_crc32c(0, b, (size_t)fr->len) != fr->crc)
+        st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in frame %d", c->name, f);
+    kvc_file *k = NULL;
+    if (!st && (st = kvc_open_view(b, (size_t)fr->len, &k))) kv_errcontext("chunk %s frame %d", c->name, f);
+    if (st) return st;
+    if ((st = frame_check(c, f, k))) {
         kvc_close(k);
         return st;
     }
@@ -417,49 +449,100 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
     }
     kv_status st = KV_OK;
     char msg[512] = "";
-#pragma omp parallel for schedule(dynamic, 1) if (nl > 1)
-    for (int li = 0; li < nl; li++) {
-        kv_status fst;
-#pragma omp atomic read
-        fst = st;
-        if (fst) continue;
-        const int f = list[li];
-        kvc_file *fk = NULL;
-        float *x = NULL;
-        fst = frame_open(c, f, &fk);
-        const int rows = fst ? 0 : c->frames[f].rows;
-        if (!fst && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1)))
-            fst = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
-        for (int l = 0; l < L && !fst; l++)
-            for (int w = 0; w < 2 && !fst; w++) {
-                char which = w ? 'v' : 'k';
-                char *dst = (w ? vdst : kdst)[l];
-                const kvc_tensor *t = c->enc.codec == KV_TREE_ENC_RAW ? kvc_layer(fk, l, w ? "v" : "k") : NULL;
-                if (!t && (fst = kv_layer_decode(fk, l, which, x))) {
-                    kv_errcontext("chunk %s frame %d", c->name, f);
-                    break;
-                }
-                for (int e = first[f]; e < first[f + 1]; e++) {
-                    const int i = ent[e], r = c->rank[sel[i]] % R;
-                    for (int h = 0; h < Hkv; h++) {
-                        size_t di = (size_t)h * dst_T + off + i;
-                        if (t) /* raw: the stored bytes, exactly */
-                            memcpy(dst + di * row, (const char *)t->data + ((size_t)h * rows + r) * row, row);
-                        else
-                            put_row(dst, c->dt, di, x + ((size_t)h * rows + r) * D, D);
-                    }
-                }
-            }
-        kvc_close(fk);
-        free(x);
-        if (fst) {
-#pragma omp critical(tree_chunk_rows_err)
-            if (!st) { /* the detail is per thread: carried over by hand */
-                snprintf(msg, sizeof msg, "%s", kv_errdetail());
-                st = fst;
-            }
+    /* each thread's frame buffer: the store's (kept between calls) when no
+     * other call holds them, else one of its own for this call */
+    uint64_t maxlen = 1;
+    for (int li = 0; li < nl; li++)
+        if (c->frames[list[li]].len > maxlen) maxlen = c->frames[list[li]].len;
+    int nth = 1;
+#ifdef _OPENMP
+    if (nl > 1) nth = omp_get_max_threads();
+#endif
+    tree_scratch *pool = c->scratch && !pthread_mutex_trylock(&c->scratch->mu) ? c->scratch : NULL;
+    if (pool && pool->n < nth) {
+        uint8_t **nb = realloc(pool->buf, (size_t)nth * sizeof *nb);
+        if (nb) pool->buf = nb;
+        size_t *nc = nb ? realloc(pool->cap, (size_t)nth * sizeof *nc) : NULL;
+        if (nc) pool->cap = nc;
+        if (nb && nc) {
+            for (int i = pool->n; i < nth; i++) pool->buf[i] = NULL, pool->cap[i] = 0;
+            pool->n = nth;
         }
     }
+#pragma omp parallel if (nl > 1) num_threads(nth)
+    {
+        int me = 0;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+#endif
+        uint8_t *own = NULL, *b = NULL;
+        kv_status bst = KV_OK;
+        if (pool && me < pool->n) {
+            if (pool->cap[me] < maxlen) {
+                free(pool->buf[me]);
+                pool->cap[me] = 0;
+                if ((pool->buf[me] = malloc((size_t)maxlen))) pool->cap[me] = (size_t)maxlen;
+            }
+            b = pool->buf[me];
+        } else
+            b = own = malloc((size_t)maxlen);
+        if (!b) bst = kv_fail(KV_E_NOMEM, "cannot allocate a frame of %llu bytes", (unsigned long long)maxlen);
+#pragma omp for schedule(dynamic, 1)
+        for (int li = 0; li < nl; li++) {
+            kv_status fst;
+#pragma omp atomic read
+            fst = st;
+            if (fst) continue;
+            fst = bst;
+            const int f = list[li];
+            kvc_file *fk = NULL;
+            float *x = NULL;
+            if (!fst) fst = frame_open(c, f, b, &fk);
+            const int rows = fst ? 0 : c->frames[f].rows;
+            if (!fst && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1)))
+                fst = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
+            for (int l = 0; l < L && !fst; l++)
+                for (int w = 0; w < 2 && !fst; w++) {
+                    char which = w ? 'v' : 'k';
+                    char *dst = (w ? vdst : kdst)[l];
+                    const kvc_tensor *t = c->enc.codec == KV_TREE_ENC_RAW ? kvc_layer(fk, l, w ? "v" : "k") : NULL;
+                    if (!t && (fst = kv_layer_decode(fk, l, which, x))) {
+                        kv_errcontext("chunk %s frame %d", c->name, f);
+                        break;
+                    }
+                    /* runs of entries whose destination and stored rows
+                     * both go up by one: one copy per head and run */
+                    for (int e = first[f], e1; e < first[f + 1]; e = e1) {
+                        const int i = ent[e], r = c->rank[sel[i]] % R;
+                        for (e1 = e + 1; e1 < first[f + 1] && ent[e1] == i + (e1 - e) &&
+                                         c->rank[sel[ent[e1]]] % R == r + (e1 - e);
+                             e1++)
+                            ;
+                        const int run = e1 - e;
+                        for (int h = 0; h < Hkv; h++) {
+                            size_t di = (size_t)h * dst_T + off + i;
+                            if (t) /* raw: the stored bytes, exactly */
+                                memcpy(dst + di * row, (const char *)t->data + ((size_t)h * rows + r) * row,
+                                       row * (size_t)run);
+                            else
+                                for (int j = 0; j < run; j++)
+                                    put_row(dst, c->dt, di + j, x + ((size_t)h * rows + r + j) * D, D);
+                        }
+                    }
+                }
+            kvc_close(fk);
+            free(x);
+            if (fst) {
+#pragma omp critical(tree_chunk_rows_err)
+                if (!st) { /* the detail is per thread: carried over by hand */
+                    snprintf(msg, sizeof msg, "%s", kv_errdetail());
+                    st = fst;
+                }
+            }
+        }
+        free(own);
+    }
+    if (pool) pthread_mutex_unlock(&pool->mu);
     free(need), free(list), free(first), free(ent);
     return st ? kv_fail(st, "%s", msg) : KV_OK;
 }

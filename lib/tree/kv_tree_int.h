@@ -6,6 +6,7 @@
 #ifndef KV_TREE_INT_H
 #define KV_TREE_INT_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,8 +19,21 @@
 #define MAX_DIM (1 << 20)
 #define RM_ZSTD_LEVEL 3 /* splits made by rm keep the node's tier; disk chunks get this level */
 
+/* Frame buffers a store keeps between reads (tree_chunk_rows): one per
+ * reading thread, grown to the largest frame read, so that a multi-MB
+ * frame is not a fresh allocation (and its page faults) each time.  One
+ * call at a time holds them (mu, tried: a concurrent reader of the same
+ * store allocates its own); freed with the store. */
+typedef struct {
+    pthread_mutex_t mu;
+    uint8_t **buf;
+    size_t *cap;
+    int n;
+} tree_scratch;
+
 struct kv_tree_store {
     char *dir;
+    tree_scratch *scratch;
     int lock_fd;
     kv_tree *t;
     char **fresh; /* (n_fresh) chunk paths written since the last save */
@@ -66,6 +80,7 @@ typedef struct {
     int32_t *order;         /* (n) stored row j holds edge token order[j] */
     int *rank;              /* (n) inverse of order */
     tree_frame *frames;     /* (n_frames) */
+    tree_scratch *scratch;  /* the store's frame buffers, or NULL: each frame allocates */
     kvc_file *v1;           /* version 1: the whole .kvc */
 } tree_chunk;
 
@@ -89,6 +104,8 @@ kv_status tree_chunk_encode(const kv_tree_geom *tg, const kv_tree_enc *enc, int 
 
 /* Open node i's chunk (either version) and check it against the index. */
 kv_status tree_node_open(const kv_tree_store *s, int i, tree_chunk *c);
+tree_scratch *tree_scratch_new(void);
+void tree_scratch_free(tree_scratch *x);
 kv_status tree_chunk_rewrite_range(kv_tree_store *s, int i, tree_chunk *c, int a, int n, int zstd_level,
                                    bool retire_old);
 int tree_cmp_str(const void *a, const void *b);

@@ -282,6 +282,7 @@ kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out)
         return kv_fail(KV_E_NOMEM, "cannot allocate a store");
     }
     s->lock_fd = -1;
+    s->scratch = tree_scratch_new(); /* NULL (no memory): frames allocate their own */
     char *idx = tree_path_join(dir, INDEX_NAME), *lock = tree_path_join(dir, "lock"), *text = NULL;
     size_t len = 0;
     kv_status st = KV_OK;
@@ -337,6 +338,7 @@ void kv_tree_store_close(kv_tree_store *s)
     tree_list_free(s->fresh, s->n_fresh);
     tree_list_free(s->dead, s->n_dead);
     kv_tree_free(s->t);
+    tree_scratch_free(s->scratch);
     if (s->lock_fd >= 0) close(s->lock_fd); /* releases the flock */
     free(s->dir);
     free(s);
@@ -553,6 +555,7 @@ kv_status tree_node_open(const kv_tree_store *s, int i, tree_chunk *c)
         c->fd = fd; /* the chunk owns it now */
         fd = -1;
         c->size = size;
+        c->scratch = s->scratch;
         st = tree_chunk_parse(c, &s->t->geom);
     }
     if (fd >= 0) close(fd);

@@ -3,6 +3,9 @@
  * the zstd path too), then touch everything a tool would: every tensor's
  * bytes, float conversion, the metadata, the per-layer views.  Any crash,
  * sanitizer report or leak is a bug in lib/format (kvc_file.c, kvc_parse.c).
+ * The same bytes through kvc_open_view (parsed in place, sums not taken):
+ * whatever kvc_open_mem accepts it accepts too, with the same tables, and
+ * it never reads outside the buffer (ASan) nor frees it.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,8 +18,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    kvc_file *f = NULL;
-    if (kvc_open_mem(data, size, &f) != KV_OK) return 0;
+    kvc_file *f = NULL, *fv = NULL;
+    const kv_status sv = kvc_open_view(data, size, &fv);
+    if (kvc_open_mem(data, size, &f) != KV_OK) {
+        kvc_close(fv);
+        return 0;
+    }
+    if (sv != KV_OK || kvc_n_tensors(fv) != kvc_n_tensors(f) || kvc_n_meta(fv) != kvc_n_meta(f) ||
+        kvc_geom(fv)->n_layers != kvc_geom(f)->n_layers || kvc_geom(fv)->n_tokens != kvc_geom(f)->n_tokens)
+        abort(); /* the view accepts all the copy accepts, alike */
+    kvc_close(fv);
     volatile uint32_t sink = 0;
     for (int i = 0; i < kvc_n_tensors(f); i++) {
         const kvc_tensor *t = kvc_tensor_at(f, i);

@@ -17,6 +17,7 @@
  * a or b.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,6 +253,60 @@ static void test_gpu_rejects_a_sketch_that_does_not_tile(void)
     free(q);
 }
 
+typedef struct {
+    const kv_tree_sketch *sk;
+    const geom *g;
+    kv_qaware_staged *staged;
+    kv_status st;
+} stage_job;
+
+static void *stage_on_thread(void *p)
+{
+    stage_job *j = p;
+    j->st = kv_qaware_gpu_stage(j->sk, j->g->L, j->g->Hkv, 0, &j->staged);
+    return NULL;
+}
+
+/* The codes' copy issued on another thread (as a query-aware load's
+ * sketch read does while the probe runs), the scoring on this one: the
+ * scores equal the one-call GPU scoring's exactly (same kernels, same
+ * inputs); a staged sketch scored with another sketch's size, or another
+ * geometry, is refused with the scores untouched. */
+static void test_gpu_stage_on_another_thread_scores_the_same(void)
+{
+    geom g = {32, 32, 8, 128, 32, 4, 64, 3, {1500, 1700, 800, 0}, {0, 0, 224, 0}, 1};
+    kv_tree_sketch sk;
+    float *q = make_case(&g, 10, &sk);
+    const int m = sk.matched;
+    double *a = calloc((size_t)m, sizeof *a), *b = calloc((size_t)m, sizeof *b);
+    OK(kv_qaware_score_gpu(&sk, q, g.L, g.H, g.Hkv, g.nq, g.D, KV_QAWARE_MAX, 0, a, NULL));
+    stage_job j = {&sk, &g, NULL, KV_OK};
+    pthread_t th;
+    KT_REQUIRE(pthread_create(&th, NULL, stage_on_thread, &j) == 0, "thread");
+    pthread_join(th, NULL);
+    KT_CHECK(j.st == KV_OK && j.staged, "stage: %s", kv_errdetail());
+    if (j.st == KV_OK) {
+        kv_qaware_gpu_times tm;
+        OK(kv_qaware_score_gpu_staged(j.staged, &sk, q, g.L, g.H, g.Hkv, g.nq, g.D, KV_QAWARE_MAX, b, &tm));
+        KT_CHECK(!memcmp(a, b, (size_t)m * sizeof *a), "staged scores differ from the one-call scores");
+        printf("# staged on a thread: stage %.2f ms, then upload+wait %.2f, kernels %.2f, download %.2f\n",
+               kv_qaware_gpu_stage_ms(j.staged), tm.upload_ms, tm.kernel_ms, tm.download_ms);
+        double c[4] = {0, 0, 0, 0};
+        const int keep = sk.matched;
+        sk.matched = 4;
+        kv_errclear();
+        KT_CHECK(kv_qaware_score_gpu_staged(j.staged, &sk, q, g.L, g.H, g.Hkv, g.nq, g.D, KV_QAWARE_MAX, c, NULL) ==
+                         KV_E_INTERNAL && c[0] == 0, "another sketch's size: %s", kv_errdetail());
+        sk.matched = keep;
+        KT_CHECK(kv_qaware_score_gpu_staged(j.staged, &sk, q, g.L - 1, g.H, g.Hkv, g.nq, g.D, KV_QAWARE_MAX, b,
+                                            NULL) == KV_E_INTERNAL, "another geometry");
+    }
+    kv_qaware_gpu_unstage(j.staged);
+    kv_qaware_gpu_unstage(NULL);
+    kv_tree_sketch_free(&sk);
+    free(q), free(a), free(b);
+}
+
 /* The niah4k haystack put into a store with a key sketch by a CPU runner,
  * then loaded query-aware by a runner on the GPU: the scoring ran there
  * and the 25% kept holds the needle. */
@@ -306,6 +361,7 @@ int main(void)
         KT_SKIP(test_gpu_scores_match_the_cpu_8b, "no usable GPU");
         KT_SKIP(test_gpu_scores_match_the_cpu_8b_32k_timed, "no usable GPU");
         KT_SKIP(test_gpu_rejects_a_sketch_that_does_not_tile, "no usable GPU");
+        KT_SKIP(test_gpu_stage_on_another_thread_scores_the_same, "no usable GPU");
         KT_SKIP(test_gpu_runner_scores_a_query_aware_load_on_the_gpu, "no usable GPU");
         return kt_done();
     }
@@ -315,6 +371,7 @@ int main(void)
     KT_RUN_SELECTED(test_gpu_scores_match_the_cpu_8b, filter);
     KT_RUN_SELECTED(test_gpu_scores_match_the_cpu_8b_32k_timed, filter);
     KT_RUN_SELECTED(test_gpu_rejects_a_sketch_that_does_not_tile, filter);
+    KT_RUN_SELECTED(test_gpu_stage_on_another_thread_scores_the_same, filter);
     KT_RUN_SELECTED(test_gpu_runner_scores_a_query_aware_load_on_the_gpu, filter);
     return kt_done();
 }

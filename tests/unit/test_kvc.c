@@ -228,6 +228,39 @@ static void test_crc32c_matches_bitwise_reference(void)
                      "off %zu n %zu", off, n);
 }
 
+/* Buffers of 64 KiB and more take the three-lane path: against the table
+ * path at lengths around the switch and at lengths that leave each tail
+ * size (n mod 24), from a nonzero starting CRC and unaligned. */
+static void test_crc32c_three_lanes_match_the_table(void)
+{
+    enum { N = (200 << 10) + 64 };
+    uint8_t *buf = malloc(N);
+    KT_CHECK(buf != NULL, "malloc");
+    if (!buf) return;
+    unsigned long long rs = 7;
+    for (int i = 0; i < N; i++) buf[i] = (uint8_t)(kt_rand(&rs) * 256);
+    const size_t lens[] = {(64 << 10) - 1, 64 << 10, (64 << 10) + 1, (64 << 10) + 7, (64 << 10) + 23, 100003,
+                           150000, 200 << 10};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++)
+        for (size_t off = 0; off < 3; off++)
+            for (int k = 0; k < 2; k++) {
+                const uint32_t c0 = k ? 0xdeadbeefu : 0;
+                bad += kv_crc32c(c0, buf + off, lens[i]) != kv_crc32c_sw(c0, buf + off, lens[i]);
+            }
+    KT_CHECK(bad == 0, "%d of %zu lengths differ", bad, 6 * (sizeof lens / sizeof *lens));
+    /* one flipped bit in each third is seen */
+    const uint32_t whole = kv_crc32c(0, buf, 150000);
+    int missed = 0;
+    for (size_t at = 1000; at < 150000; at += 50000) {
+        buf[at] ^= 4;
+        missed += kv_crc32c(0, buf, 150000) == whole;
+        buf[at] ^= 4;
+    }
+    KT_CHECK(missed == 0, "%d flipped bits not seen", missed);
+    free(buf);
+}
+
 // --- round trips --------------------------------------------------------
 
 static void test_roundtrip_every_dtype(void)
@@ -667,6 +700,46 @@ static void test_every_truncation_fails_cleanly(void)
     free(b);
 }
 
+/* kvc_open_view: the tensors point into the caller's buffer (no copy);
+ * a flipped data byte is not recomputed (the caller's whole-buffer sum
+ * covers it) but a malformed checksum entry and a truncation are still
+ * refused, and kvc_close leaves the buffer alone. */
+static void test_open_view_reads_in_place_and_trusts_only_the_sums(void)
+{
+    size_t len;
+    uint8_t *b = sample_bytes("sample.kvc", &len);
+    KT_REQUIRE(b != NULL, "slurp");
+    kvc_file *f = NULL;
+    KT_CHECK(kvc_open_view(b, len, &f) == KV_OK, "view opens: %s", kv_errdetail());
+    const kvc_tensor *t = f ? kvc_layer(f, 0, "k") : NULL;
+    KT_CHECK(t && (const uint8_t *)t->data >= b && (const uint8_t *)t->data < b + len, "tensor data in the buffer");
+    KT_CHECK(f && kvc_has_checksums(f), "checksums still parsed");
+    kvc_close(f);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
+    b[len - 1] ^= 1; /* the last data byte */
+    f = NULL;
+    KT_CHECK(kvc_open_view(b, len, &f) == KV_OK, "a data flip is the caller's to catch");
+    kvc_close(f);
+    f = NULL;
+    KT_CHECK(kvc_open_mem(b, len, &f) == KV_E_DATA, "kvc_open_mem still recomputes");
+    kvc_close(f);
+    b[len - 1] ^= 1;
+    f = NULL;
+    KT_CHECK(kvc_open_view(b, len - 1, &f) == KV_E_DATA && !f, "truncated view refused");
+    /* a checksum value made malformed in the header: still refused */
+    char *at = memmem(b + 8, (size_t)n, "\"crc32c.", 8);
+    KT_REQUIRE(at != NULL, "a crc32c key in the header");
+    char *colon = memchr(at, ':', (size_t)(b + 8 + n - (uint8_t *)at));
+    KT_REQUIRE(colon && colon[1] == '"', "its value");
+    colon[2] = 'Z';
+    f = NULL;
+    KT_CHECK(kvc_open_view(b, len, &f) == KV_E_DATA && strstr(kv_errdetail(), "hex"), "malformed sum: %s",
+             kv_errdetail());
+    kvc_close(f);
+    free(b);
+}
+
 static void test_bit_flips_in_data_are_caught(void)
 {
     size_t len;
@@ -946,6 +1019,8 @@ int main(int argc, char **argv)
     KT_RUN(test_dsq_layer_is_validated);
     KT_RUN(test_writer_streams_to_stdout);
     KT_RUN(test_cleanup_all_removes_temp_files);
+    KT_RUN(test_crc32c_three_lanes_match_the_table);
+    KT_RUN(test_open_view_reads_in_place_and_trusts_only_the_sums);
     if (kt_rm_rf(tmpdir) != 0) fprintf(stderr, "test_kvc: could not remove %s\n", tmpdir);
     return kt_done();
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <math.h>
+#include <pthread.h>
 
 #include "common/kv_half.h"
 #include "kt_kv.h"
@@ -766,6 +767,111 @@ static void test_chunk_version_3_holds_a_key_sketch(void)
     KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
+/* Rows loaded are exactly long_kvc's values at their positions (0 if so,
+ * else the count of differing values). */
+static long rows_differ(const kv_tree_rows *x, const float *vals, int T)
+{
+    long bad = 0;
+    for (int l = 0; l < LL; l++)
+        for (int wv = 0; wv < 2; wv++)
+            for (int h = 0; h < LH; h++)
+                for (int r = 0; r < x->T; r++)
+                    for (int c = 0; c < LD; c++) {
+                        const kv_half got = ((const kv_half *)(wv ? x->v : x->k)[l])[((size_t)h * x->T + r) * LD + c];
+                        bad += kv_half_to_f32(got) !=
+                               vals[(((size_t)l * 2 + wv) * LH * T * LD) + ((size_t)h * T + x->positions[r]) * LD + c];
+                    }
+    return bad;
+}
+
+typedef struct {
+    kv_tree_store *s;
+    const int32_t *tok;
+    const float *vals;
+    int T, rounds;
+    long bad;
+} load_job;
+
+static void *load_rounds(void *p)
+{
+    load_job *j = p;
+    for (int i = 0; i < j->rounds; i++) {
+        kv_tree_rows x;
+        kv_get_report gr;
+        if (kv_tree_store_load(j->s, j->tok, j->T, 1, NULL, 0, false, 1000, &x, &gr) || x.T != j->T) {
+            j->bad++;
+            continue;
+        }
+        j->bad += rows_differ(&x, j->vals, j->T) != 0;
+        kv_tree_rows_free(&x);
+    }
+    return NULL;
+}
+
+/* The store's frame buffers (kept between loads, one per reading thread):
+ * a load of the short last frame, then of every frame (the buffers grow),
+ * then of a pick across frames, each exact; two threads loading from one
+ * store at once (one holds the buffers, the other allocates its own) get
+ * exact rows every time; a frame damaged on disk after the buffers were
+ * filled is still refused. */
+static void test_frame_buffers_are_reused_and_shared_safely(void)
+{
+    char dir[] = "/tmp/test_tree_bufs_XXXXXX", st_dir[600], path[700];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    const int T = 200; /* frames of 32 positions: the last holds 8 */
+    float *vals = malloc((size_t)LL * 2 * LH * T * LD * sizeof *vals);
+    kvc_file *f = long_kvc(dir, T, 1, vals);
+    kv_tree_enc enc[KV_TIER_COUNT];
+    KT_REQUIRE(f && vals && kv_tree_encodings_parse("disk=raw+sketch", enc) == KV_OK &&
+                   kv_tree_store_create_ex(st_dir, enc) == KV_OK, "init");
+    kv_tree_store *s;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK, "open");
+    kv_put_report pr;
+    KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr) == KV_OK && kv_tree_store_save(s) == KV_OK, "put");
+    int32_t tok[200];
+    for (int t = 0; t < T; t++) tok[t] = 1 + t;
+    kv_tree_rows x;
+    kv_get_report gr;
+    int32_t last[2] = {195, 199};
+    KT_REQUIRE(kv_tree_store_load(s, tok, T, 1, last, 2, false, 1000, &x, &gr) == KV_OK, "load: %s", kv_errdetail());
+    KT_CHECK(x.T == 2 && rows_differ(&x, vals, T) == 0, "the last frame's rows");
+    kv_tree_rows_free(&x);
+    for (int k = 0; k < 2; k++) {
+        KT_REQUIRE(kv_tree_store_load(s, tok, T, 1, NULL, 0, false, 1000, &x, &gr) == KV_OK, "load: %s", kv_errdetail());
+        KT_CHECK(x.T == T && rows_differ(&x, vals, T) == 0, "every row, load %d", k);
+        kv_tree_rows_free(&x);
+    }
+    int32_t pick[6] = {0, 1, 31, 32, 100, 163};
+    KT_REQUIRE(kv_tree_store_load(s, tok, T, 1, pick, 6, false, 1000, &x, &gr) == KV_OK, "load: %s", kv_errdetail());
+    KT_CHECK(x.T == 6 && x.positions[3] == 32 && rows_differ(&x, vals, T) == 0, "a pick across frames");
+    kv_tree_rows_free(&x);
+    load_job jb[2] = {{s, tok, vals, T, 25, 0}, {s, tok, vals, T, 25, 0}};
+    pthread_t th;
+    KT_REQUIRE(pthread_create(&th, NULL, load_rounds, &jb[1]) == 0, "thread");
+    load_rounds(&jb[0]);
+    pthread_join(th, NULL);
+    KT_CHECK(jb[0].bad == 0 && jb[1].bad == 0, "concurrent loads: %ld and %ld of 25 wrong", jb[0].bad, jb[1].bad);
+    snprintf(path, sizeof path, "%s/%s", st_dir, kv_tree_store_tree(s)->nodes[1].file);
+    uint8_t *b = read_chunk(path, pr.bytes_added);
+    KT_REQUIRE(b, "read the chunk");
+    b[pr.bytes_added - 20] ^= 2; /* inside the last frame */
+    FILE *fp = fopen(path, "wb");
+    KT_REQUIRE(fp && fwrite(b, 1, pr.bytes_added, fp) == pr.bytes_added && fclose(fp) == 0, "rewrite");
+    kv_errclear();
+    KT_CHECK(kv_tree_store_load(s, tok, T, 1, last, 2, false, 1000, &x, &gr) == KV_E_DATA &&
+                 strstr(kv_errdetail(), "checksum mismatch in frame"), "damage refused: %s", kv_errdetail());
+    KT_REQUIRE(kv_tree_store_load(s, tok, T, 1, pick, 3, false, 1000, &x, &gr) == KV_OK, "other frames: %s",
+               kv_errdetail());
+    KT_CHECK(rows_differ(&x, vals, T) == 0, "other frames still exact");
+    kv_tree_rows_free(&x);
+    free(b);
+    kv_tree_store_close(s);
+    kvc_close(f);
+    free(vals);
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
+}
+
 /* put refuses a token subset (positions) and changes nothing. */
 static void test_put_refuses_positions(void)
 {
@@ -862,6 +968,7 @@ int main(void)
     KT_RUN(test_chunk_rejects_damage);
     KT_RUN(test_chunk_version_3_holds_a_key_sketch);
     KT_RUN(test_put_refuses_positions);
+    KT_RUN(test_frame_buffers_are_reused_and_shared_safely);
     KT_RUN(test_reads_version_1_stores);
     return kt_done();
 }
