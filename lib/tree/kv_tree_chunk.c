@@ -371,12 +371,15 @@ static kv_status frame_check(const tree_chunk *c, int f, const kvc_file *k)
  * it until kvc_close): read, checked against the frame's CRC, and parsed in
  * place (kvc_open_view: no copy, and the tensors' own checksums, covered
  * by the frame's, are not taken again). */
-static kv_status frame_open(tree_chunk *c, int f, uint8_t *b, kvc_file **out)
+static kv_status frame_open(tree_chunk *c, int f, uint8_t *b, bool par, kvc_file **out)
 {
     *out = NULL;
     const tree_frame *fr = &c->frames[f];
-    kv_status st = src_read(c, fr->off, b, (size_t)fr->len);
-    if (!st && kv_crc32c(0, b, (size_t)fr->len) != fr->crc)
+    uint32_t crc = 0;
+    /* par: a frame read alone (a sink row's) in slices on every thread */
+    kv_status st = par ? src_read_par_crc(c, fr->off, b, (size_t)fr->len, &crc) : src_read(c, fr->off, b, (size_t)fr->len);
+    if (!st && !par) crc = kv_crc32c(0, b, (size_t)fr->len);
+    if (!st && crc != fr->crc)
         st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in frame %d", c->name, f);
     kvc_file *k = NULL;
     if (!st && (st = kvc_open_view(b, (size_t)fr->len, &k))) kv_errcontext("chunk %s frame %d", c->name, f);
@@ -497,7 +500,7 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
             const int f = list[li];
             kvc_file *fk = NULL;
             float *x = NULL;
-            if (!fst) fst = frame_open(c, f, b, &fk);
+            if (!fst) fst = frame_open(c, f, b, nl == 1, &fk);
             const int rows = fst ? 0 : c->frames[f].rows;
             if (!fst && c->enc.codec != KV_TREE_ENC_RAW && !(x = malloc((size_t)Hkv * R * D * sizeof *x + 1)))
                 fst = kv_fail(KV_E_NOMEM, "cannot allocate a frame decode");
