@@ -19,8 +19,8 @@ mkdir -p "$L"
 unpack_once
 T0=$(date +%s)
 gpu_info
-for t in test_gpu_qaware test_gpu_prefix; do
-    timeout 120 "$D/$t" > "$L/$t.tap" 2>&1
+for t in ${TESTS:-test_gpu_qaware test_gpu_prefix}; do
+    timeout 150 "$D/$t" > "$L/$t.tap" 2>&1
     log "$t rc=$?"
     tap "$t" "$L/$t.tap" 16
 done
