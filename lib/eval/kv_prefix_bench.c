@@ -10,6 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <cjson/cJSON.h>
 
@@ -405,10 +408,30 @@ typedef struct {
     kv_prefix pre;
     kv_prefix_seg *seg;
     kv_tree_rows rows;      /* a disk load */
+    kv_tree_pending *pend;  /* its rows still arriving (kv_tree_store_load_start), or NULL */
 } psource;
+
+static kv_status source_wait(void *user, int layer) { return kv_tree_rows_wait(user, layer); }
+
+/* The disk load's end (its rows' bytes into hit[2]); KV_OK without one. */
+static kv_status source_finish(psource *s, uint64_t *hit, double *ms)
+{
+    if (!s->pend) return KV_OK;
+    kv_get_report gr;
+    memset(&gr, 0, sizeof gr);
+    kv_status st = kv_tree_load_finish(s->pend, &gr, &ms[0], &ms[1]);
+    s->pend = NULL;
+    for (int i = 0; hit && i < KV_TIER_COUNT; i++) hit[2] += gr.bytes_read[i];
+    return st;
+}
 
 static void source_clear(psource *s)
 {
+    if (s->pend) { /* an error before the prefill ended it: the read must end before its rows go */
+        double ms[2];
+        (void)source_finish(s, NULL, ms);
+        kv_errclear();
+    }
     free(s->seg);
     kv_tree_rows_free(&s->rows);
     memset(s, 0, sizeof *s);
@@ -464,27 +487,38 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         kv_get_report gr;
         memset(&gr, 0, sizeof gr);
         kv_tree_rows *x = &src->rows;
+        /* the rows read layer by layer beside the prefill, on the cores but one
+         * (the one that drives the engine) */
+        int threads = 1;
+#ifdef _OPENMP
+        threads = omp_get_num_procs() - 1 < 1 ? 1 : omp_get_num_procs() - 1 > 16 ? 16 : omp_get_num_procs() - 1;
+#endif
+        kv_tree_pending **pend = o->rows_serial ? NULL : &src->pend;
         const kv_tree_alloc al = {arena_alloc, arena_free, c}, skal = {sk_arena_alloc, sk_arena_free, c};
         if (m == KV_PM_DISK_QUERY) {
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, o->queries ? o->queries : KV_QAWARE_QUERIES, 0, false, now,
                                  c->gpu ? &al : NULL, o->sketch_serial, o->qa_heads, o->qa_follow,
                                  c->gpu ? &skal : NULL};
             kv_qaware_report qr;
-            st = kv_qaware_load(r, s, tok, n, &qo, x, &qr);
+            st = kv_qaware_load_start(r, s, tok, n, &qo, threads, x, &qr, pend);
             qa_ms[0] = qr.sketch_ms, qa_ms[1] = qr.probe_ms, qa_ms[2] = qr.score_ms, qa_ms[3] = qr.load_ms;
             qa_ms[4] = qr.score_upload_ms;
             probe_ms[0] = qr.probe_sink_ms, probe_ms[1] = qr.probe_prefill_ms, probe_ms[2] = qr.probe_reset_ms;
             probe_ms[3] = qr.sketch_wait_ms, probe_ms[4] = qr.sketch_spawn_ms, probe_ms[5] = qr.sketch_stage_ms;
             memcpy(probe_pf, qr.probe_pf, sizeof qr.probe_pf);
             gr.bytes_read[KV_TIER_DISK] = qr.sketch_bytes + qr.row_bytes;
-        } else
+        } else if (pend)
+            st = kv_tree_store_load_start(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now,
+                                          c->gpu ? &al : NULL, threads, x, pend);
+        else
             st = kv_tree_store_load_ex(s, ids, n - 1, m == KV_PM_DISK_IMP ? o->important : 1.0, NULL, 0, false, now,
                                        c->gpu ? &al : NULL, x, &gr);
         if (!st)
             src->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads,
                                    .head_dim = x->head_dim, .positions = x->T < x->matched ? x->positions : NULL,
                                    .tokens = x->tokens, .dt = x->dt, .k = (const void *const *)x->k,
-                                   .v = (const void *const *)x->v};
+                                   .v = (const void *const *)x->v, .wait = src->pend ? source_wait : NULL,
+                                   .wait_user = src->pend};
         for (int i = 0; i < 3; i++) hit[2] += gr.bytes_read[i];
         *tier = "disk";
     }
@@ -560,6 +594,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             double t0 = kv_now_ms();
             double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[6] = {0, 0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
             bool rows_ahead = false;
+            double rows_ms[2] = {0, 0};
             st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms, probe_ms, probe_pf);
             double t1 = kv_now_ms();
             int reused = src.pre.T, start = src.pre.matched;
@@ -569,6 +604,9 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             }
             if (!st) st = reused ? kv_runner_prefill_from(r, &src.pre, ids + start, len - start, logits)
                                  : kv_runner_prefill(r, ids, len, logits);
+            const bool beside = src.pend != NULL;
+            kv_status fst = source_finish(&src, hit, rows_ms); /* the read's own error first */
+            if (fst) st = fst;
             double ttft = kv_now_ms() - t0;
             if (!st && kv_runner_gpu(r)) {
                 kv_gpu_prefill_phases ph;
@@ -601,7 +639,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                                        {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3], qa_ms[4]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4], probe_ms[5]},
                                        {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]},
                                        {probe_pf[0], probe_pf[1], probe_pf[2], probe_pf[3], probe_pf[4]},
-                                       rows_ahead, {hit[0], hit[1], hit[2]}, -1, text};
+                                       rows_ahead, {hit[0], hit[1], hit[2]}, beside, {rows_ms[0], rows_ms[1]}, -1, text};
                 if (q->n_out) {
                     row->correct = 1;
                     for (int a = 0; a < q->n_out; a++)
@@ -692,6 +730,14 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
             cJSON *ph = cJSON_AddObjectToObject(x, "probe_prefill_phases_ms");
             for (int t = 0; t < 5; t++) cJSON_AddNumberToObject(ph, phn[t], r->probe_pf_ms[t]);
         }
+        if (!strcmp(r->tier, "disk")) {
+            cJSON_AddBoolToObject(x, "rows_beside", r->rows_beside);
+            if (r->rows_beside) {
+                cJSON *rm = cJSON_AddObjectToObject(x, "rows_beside_ms");
+                cJSON_AddNumberToObject(rm, "read", r->rows_ms[0]);
+                cJSON_AddNumberToObject(rm, "wait", r->rows_ms[1]);
+            }
+        }
         cJSON *h = cJSON_AddObjectToObject(x, "hit_bytes");
         for (int t = 0; t < 3; t++) cJSON_AddNumberToObject(h, tn[t], (double)r->hit_bytes[t]);
         if (r->correct < 0) cJSON_AddNullToObject(x, "correct");
@@ -700,6 +746,15 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
         cJSON_AddItemToArray(arr, x);
     }
     /* per mode over the requests after the first (the first has nothing to reuse) */
+    /* what the disk modes ran with (a run's numbers mean little without them) */
+    cJSON *op = cJSON_AddObjectToObject(j, "options");
+    cJSON_AddNumberToObject(op, "important", o->important);
+    cJSON_AddNumberToObject(op, "queries", o->queries ? o->queries : KV_QAWARE_QUERIES);
+    cJSON_AddStringToObject(op, "qa_heads", o->qa_heads == KV_QAWARE_SUM ? "sum" : "max");
+    cJSON_AddNumberToObject(op, "qa_follow", o->qa_follow < 0 ? 0 : o->qa_follow ? o->qa_follow : KV_QAWARE_FOLLOW);
+    cJSON_AddNumberToObject(op, "sketch_channels", o->sketch_channels);
+    cJSON_AddBoolToObject(op, "sketch_serial", o->sketch_serial);
+    cJSON_AddBoolToObject(op, "rows_serial", o->rows_serial);
     cJSON *sum = cJSON_AddObjectToObject(j, "summary");
     double full_med = 0;
     for (int m = 0; m < KV_PM_COUNT; m++) {

@@ -66,6 +66,8 @@ typedef struct {
     int qa_follow;            /* disk-query: kv_qaware_opts.follow (0: KV_QAWARE_FOLLOW, < 0 none) */
     int sketch_channels; /* set as the store's sketch_channels, for the chunks written from now on (0: unchanged) */
     bool sketch_serial; /* disk-query: the sketch read before the probe (kv_qaware_opts.sketch_serial) */
+    bool rows_serial;   /* disk modes: the rows read before the prefill starts, not layer by layer
+                           beside it (kv_tree_store_load_start); for comparison */
 } kv_pbench_opts;
 
 typedef struct {
@@ -87,6 +89,8 @@ typedef struct {
     bool rows_ahead;        /* GPU engine: the cached rows were uploaded a layer ahead of the compute
                                (kv_gpu_prefill_phases.rows_ahead) */
     uint64_t hit_bytes[3];  /* cache bytes taken from the gpu, host and disk tiers */
+    bool rows_beside;       /* disk modes: the rows were read layer by layer beside the prefill */
+    double rows_ms[2];      /* then the read's own time and the prefill's wait for it (both within ttft_ms) */
     int correct;            /* 1, 0, or -1 without expected outputs */
     char *text;             /* the generated text (or ids) */
 } kv_pbench_row;

@@ -261,6 +261,13 @@ static void *sketch_run(void *p)
 kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
                          kv_tree_rows *rows, kv_qaware_report *rep)
 {
+    return kv_qaware_load_start(r, s, tok, n, o, 0, rows, rep, NULL);
+}
+
+kv_status kv_qaware_load_start(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
+                               int threads, kv_tree_rows *rows, kv_qaware_report *rep, kv_tree_pending **pend)
+{
+    if (pend) *pend = NULL;
     memset(rows, 0, sizeof *rows);
     memset(rep, 0, sizeof *rep);
     const kv_model_config *c = &kv_runner_model(r)->cfg;
@@ -384,8 +391,10 @@ kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, 
                                  &np);
     rep->score_ms = kv_now_ms() - t2;
     double t3 = kv_now_ms();
-    if (!st) st = kv_tree_store_load_ex(s, ids, n - 1, 1, pick, np, false, o->now, o->al, rows, &gr);
-    for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->row_bytes += gr.bytes_read[i];
+    if (!st && pend) /* the rows read beside the caller, layer by layer: their bytes come at the finish */
+        st = kv_tree_store_load_start(s, ids, n - 1, 1, pick, np, false, o->now, o->al, threads, rows, pend);
+    else if (!st) st = kv_tree_store_load_ex(s, ids, n - 1, 1, pick, np, false, o->now, o->al, rows, &gr);
+    for (int i = 0; !st && !pend && i < KV_TIER_COUNT; i++) rep->row_bytes += gr.bytes_read[i];
     rep->load_ms = kv_now_ms() - t3;
     rep->kept = rows->T;
     free(pick), free(score), free(q), free(ql), free(ids);

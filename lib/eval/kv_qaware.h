@@ -88,6 +88,14 @@ typedef struct {
  */
 kv_status kv_qaware_load(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
                          kv_tree_rows *rows, kv_qaware_report *rep);
+/* The same with the rows read beside the caller (pend non-NULL): the last
+ * step is kv_tree_store_load_start with `threads` threads, so rows has its
+ * positions and tokens but its K/V arrive layer by layer (kv_tree_rows_wait,
+ * kv_prefix.wait); kv_tree_load_finish(*pend, ...) ends it and gives the
+ * rows' bytes (rep->row_bytes stays 0; rep->load_ms is the start's time).
+ * *pend is NULL on a miss and on failure. */
+kv_status kv_qaware_load_start(kv_runner *r, kv_tree_store *s, const int *tok, int n, const kv_qaware_opts *o,
+                               int threads, kv_tree_rows *rows, kv_qaware_report *rep, kv_tree_pending **pend);
 
 /*
  * Step 3 on the host, the reference the GPU's kv_qaware_score_gpu is

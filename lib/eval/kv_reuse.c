@@ -9,10 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <cjson/cJSON.h>
 
 #include "common/kv_stats.h"
+
+static kv_status reuse_wait(void *p, int layer) { return kv_tree_rows_wait(p, layer); }
 
 kv_status kv_reuse_open(kv_reuse *u, const char *store, const kv_model *m, const kv_reuse_opts *o)
 {
@@ -46,12 +51,18 @@ kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, con
             free(ids);
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, o->keep_nq, o->keep_kv, o->now, NULL,
                                  false, KV_QAWARE_MAX, 0, NULL};
-            if ((st = kv_qaware_load(r, u->s, tok, n, &qo, &u->rows, &u->qa))) return st;
+            /* the rows read layer by layer beside the prefill, on the cores but this one */
+            int threads = 1;
+#ifdef _OPENMP
+            threads = omp_get_num_procs() - 1 < 1 ? 1 : omp_get_num_procs() - 1 > 16 ? 16 : omp_get_num_procs() - 1;
+#endif
+            if ((st = kv_qaware_load_start(r, u->s, tok, n, &qo, threads, &u->rows, &u->qa, &u->pend))) return st;
             matched = u->rows.matched;
             kv_tree_rows *x = &u->rows;
             u->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads, .head_dim = x->head_dim,
                                  .positions = x->T < x->matched ? x->positions : NULL, .tokens = x->tokens, .dt = x->dt,
-                                 .k = (const void *const *)x->k, .v = (const void *const *)x->v};
+                                 .k = (const void *const *)x->k, .v = (const void *const *)x->v,
+                                 .wait = u->pend ? reuse_wait : NULL, .wait_user = u->pend};
             u->get = (kv_get_report){.tokens = n - 1, .matched = matched, .kept = x->T, .skipped = matched - x->T,
                                      .positions = x->T < matched};
             u->get.bytes_read[KV_TIER_DISK] = u->qa.sketch_bytes + u->qa.row_bytes;
@@ -75,6 +86,14 @@ loaded:
     u->lookup_ms = kv_now_ms() - t0;
     if (matched > 0) st = kv_runner_prefill_from(r, &u->pre, tok + matched, n - matched, logits);
     else st = kv_runner_prefill(r, tok, n, logits);
+    if (u->pend) { /* the rows' read ends with the prefill; its own error first */
+        kv_get_report gr;
+        kv_status fst = kv_tree_load_finish(u->pend, &gr, NULL, NULL);
+        u->pend = NULL;
+        if (fst) st = fst;
+        else u->get.bytes_read[KV_TIER_DISK] += gr.bytes_read[KV_TIER_DISK] + gr.bytes_read[KV_TIER_HOST] +
+                                               gr.bytes_read[KV_TIER_GPU];
+    }
     if (st) return st;
     info->ttft_ms = kv_now_ms() - t0;
     info->lookup_ms = u->lookup_ms;
@@ -128,6 +147,11 @@ char *kv_reuse_json(const kv_reuse *u)
 
 void kv_reuse_close(kv_reuse *u)
 {
+    if (u->pend) { /* (kv_reuse_prefill ends it; a failure before the prefill may not) */
+        (void)kv_tree_load_finish(u->pend, NULL, NULL, NULL);
+        u->pend = NULL;
+        kv_errclear();
+    }
     kv_tree_rows_free(&u->rows);
     kvc_close(u->f);
     u->f = NULL;

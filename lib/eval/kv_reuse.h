@@ -36,6 +36,7 @@ typedef struct {
     kvc_file *f;          /* the cached prefix, or NULL on a miss */
     kv_tree_rows rows;    /* ... or its rows chosen by the prompt's queries (query_aware) */
     kv_qaware_report qa;
+    kv_tree_pending *pend; /* the query-aware rows still arriving, read beside the prefill (ended by it) */
     kv_prefix pre;
     kv_get_report get;
     kv_put_report put;

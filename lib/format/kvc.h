@@ -60,6 +60,18 @@ kv_status kvc_open_mem(const void *buf, size_t len, kvc_file **out);
  * crc32c entries are still parsed and must be well formed and complete,
  * but not recomputed.  Every other check of kvc_open runs. */
 kv_status kvc_open_view(const void *buf, size_t len, kvc_file **out);
+/* The header alone: head holds the first head_len bytes of a file of
+ * file_len bytes, the whole JSON header among them.  Every check of
+ * kvc_open that needs no tensor data runs (the tiling against file_len,
+ * the geometry, the crc32c entries' form); the tensors' data is NULL and
+ * their checksums are not taken (has_crc and crc say what the reader of
+ * each tensor's bytes must check).  Positions and dsq layers, whose checks
+ * read data, are KV_E_UNSUPPORTED; so is a compressed file.  For a reader
+ * that reads tensors one at a time (kv-tree's layered loads).  head is not
+ * kept. */
+kv_status kvc_open_head(const void *head, size_t head_len, uint64_t file_len, kvc_file **out);
+/* Where the data section starts in the file (tensor offsets count from there). */
+uint64_t kvc_data_start(const kvc_file *f);
 void kvc_close(kvc_file *f);
 
 const kv_geom *kvc_geom(const kvc_file *f);

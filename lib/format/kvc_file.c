@@ -459,6 +459,39 @@ kv_status kvc_open_view(const void *buf, size_t len, kvc_file **out)
     return finish_open(f, out);
 }
 
+kv_status kvc_open_head(const void *head, size_t head_len, uint64_t file_len, kvc_file **out)
+{
+    *out = NULL;
+    const uint8_t *b = head;
+    if (head_len < 8 || file_len < 8)
+        return kv_fail(KV_E_DATA, "truncated: shorter than the 8-byte header length");
+    if (head_len > file_len) return kv_fail(KV_E_USAGE, "%zu header bytes given of a %llu-byte file", head_len,
+                                            (unsigned long long)file_len);
+    if (is_zstd(b, head_len)) return kv_fail(KV_E_UNSUPPORTED, "a compressed .kvc has no header to read alone");
+    uint64_t n = header_len(b);
+    if (n > KVC_HEADER_MAX)
+        return kv_fail(KV_E_DATA, "header length %llu is absurd (limit %u bytes)", (unsigned long long)n, KVC_HEADER_MAX);
+    if (n > head_len - 8)
+        return kv_fail(KV_E_DATA, "header length %llu: only %zu bytes of it were given", (unsigned long long)n,
+                       head_len - 8);
+    kvc_file *f = calloc(1, sizeof *f);
+    if (!f) return kv_fail(KV_E_NOMEM, "cannot allocate a kvc_file");
+    f->bytes = b;
+    f->len = (size_t)file_len;
+    f->file_bytes = file_len;
+    f->head_only = true;
+    kv_status st = kvc_parse(f);
+    if (st) {
+        kvc_close(f);
+        return st;
+    }
+    f->bytes = NULL; /* the caller's header may go: nothing refers to it now */
+    *out = f;
+    return KV_OK;
+}
+
+uint64_t kvc_data_start(const kvc_file *f) { return f->data_start; }
+
 kv_status kvc_open_fd(int fd, kvc_file **out)
 {
     *out = NULL;

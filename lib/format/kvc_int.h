@@ -27,6 +27,9 @@ struct kvc_file {
     uint64_t file_bytes;
     bool zstd;
     bool trusted;    /* kvc_open_view: the bytes were checksummed as a whole */
+    bool head_only;  /* kvc_open_head: bytes holds the header alone, len is the file's length;
+                        tensors have no data (NULL) */
+    uint64_t data_start; /* where the data section starts (8 + the header's length) */
 
     kvc_tensor *t;   /* (nt) in data order */
     int nt;

@@ -215,7 +215,7 @@ static kv_status check_tiling(kvc_file *f, uint64_t data_start)
         if (pos > data_len)
             return kv_fail(KV_E_DATA, "truncated: tensor %s ends at data byte %llu but the data section has %llu",
                            t->name, (unsigned long long)pos, (unsigned long long)data_len);
-        t->data = f->bytes + data_start + t->offset;
+        t->data = f->head_only ? NULL : f->bytes + data_start + t->offset;
     }
     if (pos < data_len)
         return kv_fail(KV_E_DATA, "%llu bytes after the last tensor", (unsigned long long)(data_len - pos));
@@ -256,7 +256,7 @@ static kv_status check_crcs(kvc_file *f)
         if (n != 8 || v[n])
             return kv_fail(KV_E_DATA, "metadata %.64s='%.16s' is not 8 lowercase hex digits", k, v);
         /* kvc_open_view: the caller checked all of the bytes already */
-        uint32_t got = f->trusted ? c : kv_crc32c(0, t->data, t->nbytes);
+        uint32_t got = f->trusted || f->head_only ? c : kv_crc32c(0, t->data, t->nbytes);
         if (got != c)
             return kv_fail(KV_E_DATA, "checksum mismatch in tensor %s (stored %08x, computed %08x)",
                            t->name, c, got);
@@ -494,6 +494,7 @@ static kv_status check_dsq(kvc_file *f, int layer, char which, shape3 *s)
         return st;
     /* Each window marks exactly S salient tokens, or rows would be misplaced. */
     const uint8_t *mb = mask->data;
+    if (!mb) return kv_fail(KV_E_UNSUPPORTED, "layers.%d.%c: a dsq layer's masks cannot be checked from the header alone", layer, which);
     for (int64_t i = 0; i < H * nw; i++) {
         long n = 0;
         for (int64_t b = 0; b < W / 8; b++) n += __builtin_popcount(mb[i * (W / 8) + b]);
@@ -719,6 +720,7 @@ static kv_status build_geom(kvc_file *f)
      * checked here so that no reader can take row t for position t by
      * mistake, nor meet positions that go backwards. */
     const kvc_tensor *pos = kvc_find(f, "positions");
+    if (pos && !pos->data) return kv_fail(KV_E_UNSUPPORTED, "positions cannot be checked from the header alone");
     if (pos) {
         if (pos->dtype != KV_DT_I32 || pos->ndim != 1 || pos->shape[0] != T)
             return kv_fail(KV_E_DATA, "positions must be I32 [%d] (one per cached token), not %dd %s", T, pos->ndim,
@@ -769,6 +771,7 @@ kv_status kvc_parse(kvc_file *f)
     uint64_t data_start = 0;
     kv_status st;
     if ((st = parse_header(f, &data_start)) || (st = check_tiling(f, data_start))) return st;
+    f->data_start = data_start;
     const char *ver = kvc_meta(f, "kvc.version");
     if (ver) {
         long v;

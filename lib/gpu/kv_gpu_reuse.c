@@ -104,6 +104,9 @@ kv_status gl_put_prefix_rows(kv_gpu_engine *e, const kv_prefix *pre, int l, uint
 {
     const int P = pre->T, hd = e->hd;
     const size_t rb = (size_t)hd * 2;
+    /* rows still being read (kv_tree_store_load_start): this layer's first; the
+     * host thread waits here while the GPU runs the layers already issued */
+    TRY(kv_prefix_wait(pre, l));
     if (pre->device || (!pre->f && pre->dt == KV_DT_F16)) {
         /* fp16 rows on this GPU, or fp16 rows in host memory (copied straight,
          * at full speed when the caller pinned them): one block of rows, or

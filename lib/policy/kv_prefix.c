@@ -94,6 +94,8 @@ bool kv_prefix_is_whole(const kv_prefix *p) { return p->tokens && p->matched == 
 
 kv_status kv_prefix_rows_f32(const kv_prefix *p, int layer, char which, float *out)
 {
+    kv_status wst = kv_prefix_wait(p, layer);
+    if (wst) return wst;
     const size_t n = (size_t)p->n_kv_heads * (size_t)p->T * (size_t)p->head_dim;
     char name[64];
     snprintf(name, sizeof name, "layers.%d.%c", layer, which);
@@ -128,8 +130,18 @@ kv_status kv_prefix_rows_f32(const kv_prefix *p, int layer, char which, float *o
     return kv_check_finite3(name, out, p->n_kv_heads, p->T, p->head_dim, "the continued cache");
 }
 
+kv_status kv_prefix_wait(const kv_prefix *p, int layer)
+{
+    if (!p->wait) return KV_OK;
+    kv_status st = p->wait(p->wait_user, layer);
+    if (st) kv_errcontext("the cached rows of layer %d", layer);
+    return st;
+}
+
 kv_status kv_prefix_rows_f16(const kv_prefix *p, int layer, char which, uint16_t *out)
 {
+    kv_status wst = kv_prefix_wait(p, layer);
+    if (wst) return wst;
     const size_t n = (size_t)p->n_kv_heads * (size_t)p->T * (size_t)p->head_dim;
     /* plain F16 tensors of a file (the common case, kv-tree's chunks): straight copies */
     if (p->f) {

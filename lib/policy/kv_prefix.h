@@ -48,7 +48,15 @@ typedef struct {
     bool device;               /* k, v are fp16 in the GPU engine's device memory (kv-bench's GPU tier) */
     const kv_prefix_seg *seg;  /* or the rows in nseg segments (k, v unused), their T summing to T */
     int nseg;
+    /* rows still arriving (kv_tree_store_load_start): wait(wait_user, l) returns once layer l's
+       rows (and every earlier layer's) are in k, v, or with the load's error; NULL: all are there.
+       Every reader of a layer's rows calls kv_prefix_wait first. */
+    kv_status (*wait)(void *wait_user, int layer);
+    void *wait_user;
 } kv_prefix;
+
+/* Layer l's rows of p are in place (p->wait), or the error of their load. */
+kv_status kv_prefix_wait(const kv_prefix *p, int layer);
 
 /*
  * The prefix a .kvc holds, for model m: checks that the file was written

@@ -264,6 +264,30 @@ kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, dou
                                 kv_get_report *r);
 void kv_tree_rows_free(kv_tree_rows *x);
 
+/*
+ * kv_tree_store_load_ex with its K/V rows read beside the caller: when it
+ * returns, out holds everything but the rows (T, positions, tokens,
+ * importances, the allocated K/V block) and a thread of its own reads the
+ * rows layer by layer, layer 0 first, with `threads` OpenMP threads.  Raw
+ * uncompressed frames are read per layer: each frame's header once
+ * (kvc_open_head), then one read per (layer, frame) of that layer's K and
+ * V tensors, each checked against its own CRC-32C before its rows are
+ * copied out (the frame's whole-frame CRC is kv-tree check's).  Chunks of
+ * other encodings are read whole first, before layer 0 is given.
+ * kv_tree_rows_wait(p, l) returns once layers 0..l are in place (or the
+ * read's error); kv_tree_load_finish joins the read, fills r as load_ex
+ * does, touches the nodes when asked and all went well, and frees p; on an
+ * error out is freed.  Until then the store must not be used (the read
+ * owns the chunks it opened).  read_ms: the read's own time; wait_ms: the
+ * callers' time in kv_tree_rows_wait (either may be NULL).
+ */
+typedef struct kv_tree_pending kv_tree_pending;
+kv_status kv_tree_store_load_start(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                                   int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, int threads,
+                                   kv_tree_rows *out, kv_tree_pending **p);
+kv_status kv_tree_rows_wait(kv_tree_pending *p, int layer);
+kv_status kv_tree_load_finish(kv_tree_pending *p, kv_get_report *r, double *read_ms, double *wait_ms);
+
 /* The key sketch of a cached prefix, node by node (kv_tree_store_sketch):
  * what a query-aware load scores the prefix with before it reads rows. */
 typedef struct {
@@ -342,6 +366,11 @@ typedef struct {
  * every frame and the query samples: what kv-tree check does to each chunk,
  * without a store (the fuzzer's entry).  *n_rows gets the token count. */
 kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows);
+/* The same, and the rows read again layer by layer as a load beside a
+ * prefill reads them (raw uncompressed frames: each frame's header, then
+ * each layer's K and V with their own checksums), which must give the
+ * same bytes (KV_E_INTERNAL if not): for the fuzzer and tests. */
+kv_status kv_tree_chunk_verify_layered_mem(const void *buf, size_t len, int *n_rows);
 
 /* Verify every chunk against the index.  Returns KV_OK even when problems
  * are found (they are in the report); other statuses mean it could not run. */

@@ -401,6 +401,61 @@ static void put_row(void *dst, kv_dtype dt, size_t idx, const float *x, int D)
         for (int i = 0; i < D; i++) ((kv_bf16 *)dst)[idx * D + i] = kv_f32_to_bf16(x[i]);
 }
 
+/* The frames holding rows sel[0..k) of c (version 2 and up): list (nl) the
+ * frames in file order; the selection's entries grouped by frame, frame f's
+ * in ent[first[f] .. first[f + 1]) (entry order, so increasing). */
+static kv_status frame_plan(const tree_chunk *c, const int *sel, int k, int **list_out, int *nl_out, int **first_out,
+                            int **ent_out)
+{
+    const int R = c->group_rows;
+    *list_out = *first_out = *ent_out = NULL;
+    *nl_out = 0;
+    char *need = calloc((size_t)c->n_frames + 1, 1);
+    int *list = malloc((size_t)c->n_frames * sizeof *list + 1), nl = 0;
+    int *first = calloc((size_t)c->n_frames + 1, sizeof *first), *ent = malloc((size_t)k * sizeof *ent + 1);
+    int *pos = malloc((size_t)c->n_frames * sizeof *pos + 1);
+    if (!need || !list || !first || !ent || !pos) {
+        free(need), free(list), free(first), free(ent), free(pos);
+        return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
+    }
+    for (int i = 0; i < k; i++) need[c->rank[sel[i]] / R] = 1;
+    for (int f = 0; f < c->n_frames; f++)
+        if (need[f]) list[nl++] = f;
+    for (int i = 0; i < k; i++) first[c->rank[sel[i]] / R + 1]++;
+    for (int f = 0; f < c->n_frames; f++) first[f + 1] += first[f];
+    memcpy(pos, first, (size_t)c->n_frames * sizeof *pos);
+    for (int i = 0; i < k; i++) ent[pos[c->rank[sel[i]] / R]++] = i;
+    free(pos), free(need);
+    *list_out = list, *nl_out = nl, *first_out = first, *ent_out = ent;
+    return KV_OK;
+}
+
+/* Frame f's rows of one layer's K or V into dst ([Hkv, dst_T, D], rows
+ * from off): raw, the stored bytes of the frame's tensor data (Hkv, rows,
+ * D), else decoded floats x (Hkv, rows, D).  Runs of entries whose
+ * destination and stored rows both go up by one: one copy per head and
+ * run. */
+static void copy_runs(const tree_chunk *c, int f, const int *sel, const int *first, const int *ent, const void *raw,
+                      const float *x, int rows, char *dst, int dst_T, int off)
+{
+    const int R = c->group_rows, Hkv = c->Hkv, D = c->D;
+    const size_t row = (size_t)D * kv_dtype_size(c->dt);
+    for (int e = first[f], e1; e < first[f + 1]; e = e1) {
+        const int i = ent[e], r = c->rank[sel[i]] % R;
+        for (e1 = e + 1; e1 < first[f + 1] && ent[e1] == i + (e1 - e) && c->rank[sel[ent[e1]]] % R == r + (e1 - e);
+             e1++)
+            ;
+        const int run = e1 - e;
+        for (int h = 0; h < Hkv; h++) {
+            size_t di = (size_t)h * dst_T + off + i;
+            if (raw) /* raw: the stored bytes, exactly */
+                memcpy(dst + di * row, (const char *)raw + ((size_t)h * rows + r) * row, row * (size_t)run);
+            else
+                for (int j = 0; j < run; j++) put_row(dst, c->dt, di + j, x + ((size_t)h * rows + r + j) * D, D);
+        }
+    }
+}
+
 kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kdst, void *const *vdst, int dst_T, int off)
 {
     const int Hkv = c->Hkv, D = c->D, L = c->L;
@@ -423,34 +478,9 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
      * writes its own rows), so they are read and decoded in parallel: a
      * multi-GB prefix is CRC-, parse- and copy-bound, not disk-bound */
     const int R = c->group_rows;
-    char *need = calloc((size_t)c->n_frames, 1);
-    int *list = malloc((size_t)c->n_frames * sizeof *list + 1), nl = 0;
-    if (!need || !list) {
-        free(need), free(list);
-        return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
-    }
-    for (int i = 0; i < k; i++) need[c->rank[sel[i]] / R] = 1;
-    for (int f = 0; f < c->n_frames; f++)
-        if (need[f]) list[nl++] = f;
-    /* rows of each needed frame: the selection's entries grouped by frame */
-    int *first = calloc((size_t)c->n_frames + 1, sizeof *first), *ent = malloc((size_t)k * sizeof *ent + 1);
-    if (!first || !ent) {
-        free(need), free(list), free(first), free(ent);
-        return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
-    }
-    for (int i = 0; i < k; i++) first[c->rank[sel[i]] / R + 1]++;
-    for (int f = 0; f < c->n_frames; f++) first[f + 1] += first[f];
-    {
-        int *pos = malloc((size_t)c->n_frames * sizeof *pos + 1);
-        if (!pos) {
-            free(need), free(list), free(first), free(ent);
-            return kv_fail(KV_E_NOMEM, "cannot allocate a frame list");
-        }
-        memcpy(pos, first, (size_t)c->n_frames * sizeof *pos);
-        for (int i = 0; i < k; i++) ent[pos[c->rank[sel[i]] / R]++] = i;
-        free(pos);
-    }
-    kv_status st = KV_OK;
+    int *list = NULL, nl = 0, *first = NULL, *ent = NULL;
+    kv_status st = frame_plan(c, sel, k, &list, &nl, &first, &ent);
+    if (st) return st;
     char msg[512] = "";
     /* each thread's frame buffer: the store's (kept between calls) when no
      * other call holds them, else one of its own for this call */
@@ -513,25 +543,7 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
                         kv_errcontext("chunk %s frame %d", c->name, f);
                         break;
                     }
-                    /* runs of entries whose destination and stored rows
-                     * both go up by one: one copy per head and run */
-                    for (int e = first[f], e1; e < first[f + 1]; e = e1) {
-                        const int i = ent[e], r = c->rank[sel[i]] % R;
-                        for (e1 = e + 1; e1 < first[f + 1] && ent[e1] == i + (e1 - e) &&
-                                         c->rank[sel[ent[e1]]] % R == r + (e1 - e);
-                             e1++)
-                            ;
-                        const int run = e1 - e;
-                        for (int h = 0; h < Hkv; h++) {
-                            size_t di = (size_t)h * dst_T + off + i;
-                            if (t) /* raw: the stored bytes, exactly */
-                                memcpy(dst + di * row, (const char *)t->data + ((size_t)h * rows + r) * row,
-                                       row * (size_t)run);
-                            else
-                                for (int j = 0; j < run; j++)
-                                    put_row(dst, c->dt, di + j, x + ((size_t)h * rows + r + j) * D, D);
-                        }
-                    }
+                    copy_runs(c, f, sel, first, ent, t ? t->data : NULL, x, rows, dst, dst_T, off);
                 }
             kvc_close(fk);
             free(x);
@@ -546,8 +558,123 @@ kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kds
         free(own);
     }
     if (pool) pthread_mutex_unlock(&pool->mu);
-    free(need), free(list), free(first), free(ent);
+    free(list), free(first), free(ent);
     return st ? kv_fail(st, "%s", msg) : KV_OK;
+}
+
+// --- layered reads -------------------------------------------------------------------
+
+#define LAYERED_HEAD_READ 16384 /* a frame's first read: its header, usually whole */
+
+void tree_layered_free(tree_layered *y)
+{
+    for (int i = 0; y->head && i < y->nl; i++) kvc_close(y->head[i]);
+    free(y->head), free(y->list), free(y->first), free(y->ent);
+    memset(y, 0, sizeof *y);
+}
+
+/* Frame f's header, parsed (kvc_open_head) and checked against the chunk
+ * (frame_check); *fits false when a layer's K or V is not a raw tensor of
+ * the chunk's rows with a checksum (then the frame is read whole). */
+static kv_status layered_head(tree_chunk *c, int f, kvc_file **out, bool *fits, size_t *span)
+{
+    *out = NULL;
+    *fits = false;
+    const tree_frame *fr = &c->frames[f];
+    size_t got = fr->len < LAYERED_HEAD_READ ? (size_t)fr->len : LAYERED_HEAD_READ;
+    if (got < 8) return kv_fail(KV_E_DATA, "chunk %s: frame %d is shorter than a .kvc header", c->name, f);
+    uint8_t *b = malloc(got);
+    if (!b) return kv_fail(KV_E_NOMEM, "out of memory");
+    kv_status st = src_read(c, fr->off, b, got);
+    uint64_t hn = st ? 0 : 8 + rd64(b);
+    if (!st && hn > got && hn <= fr->len) { /* a longer header: the rest of it */
+        uint8_t *nb = realloc(b, (size_t)hn);
+        if (!nb) st = kv_fail(KV_E_NOMEM, "out of memory");
+        else b = nb, st = src_read(c, fr->off + got, b + got, (size_t)hn - got), got = (size_t)hn;
+    }
+    kvc_file *k = NULL;
+    if (!st && (st = kvc_open_head(b, got, fr->len, &k))) kv_errcontext("chunk %s frame %d", c->name, f);
+    free(b);
+    if (!st) st = frame_check(c, f, k);
+    if (st) {
+        kvc_close(k);
+        return st;
+    }
+    const int rows = fr->rows;
+    bool ok = true;
+    for (int l = 0; l < c->L && ok; l++) {
+        size_t sp = 0;
+        for (int w = 0; w < 2 && ok; w++) {
+            const kvc_tensor *t = kvc_layer(k, l, w ? "v" : "k");
+            ok = t && t->has_crc && t->dtype == c->dt && t->ndim == 3 && t->shape[0] == c->Hkv &&
+                 t->shape[1] == rows && t->shape[2] == c->D;
+            if (ok) sp += (size_t)t->nbytes;
+        }
+        if (sp > *span) *span = sp;
+    }
+    *out = k;
+    *fits = ok;
+    return KV_OK;
+}
+
+kv_status tree_layered_begin(tree_chunk *c, const int *sel, int k, int off, tree_layered *y, bool *ok)
+{
+    memset(y, 0, sizeof *y);
+    *ok = false;
+    if (c->version == 1 || c->enc.codec != KV_TREE_ENC_RAW || c->enc.zstd) return KV_OK;
+    for (int i = 0; i < k; i++)
+        if (sel[i] < 0 || sel[i] >= c->n) return kv_fail(KV_E_INTERNAL, "row %d outside the chunk", sel[i]);
+    y->c = c, y->sel = sel, y->k = k, y->off = off;
+    kv_status st = frame_plan(c, sel, k, &y->list, &y->nl, &y->first, &y->ent);
+    if (st) return st;
+    if (!(y->head = calloc((size_t)y->nl + 1, sizeof *y->head))) {
+        tree_layered_free(y);
+        return kv_fail(KV_E_NOMEM, "out of memory");
+    }
+    bool all = true;
+    char msg[512] = "";
+    size_t span = 0;
+    /* the headers' reads and parses (a few hundred microseconds each in an
+     * 8B's shape) in parallel */
+#pragma omp parallel for schedule(dynamic, 1) if (y->nl > 1) reduction(&& : all) reduction(max : span)
+    for (int li = 0; li < y->nl; li++) {
+        bool fits = false;
+        size_t sp = 0;
+        kv_status e = layered_head(c, y->list[li], &y->head[li], &fits, &sp);
+        all = all && fits;
+        span = sp > span ? sp : span;
+        if (e) {
+#pragma omp critical(tree_layered_begin)
+            if (!st) snprintf(msg, sizeof msg, "%s", kv_errdetail()), st = e;
+        }
+    }
+    y->span = span;
+    if (st || !all) tree_layered_free(y);
+    if (st) return kv_fail(st, "%s", msg);
+    *ok = all;
+    return KV_OK;
+}
+
+kv_status tree_layered_frame(const tree_layered *y, int li, int l, uint8_t *buf, void *const *kdst,
+                             void *const *vdst, int dst_T)
+{
+    tree_chunk *c = y->c;
+    const int f = y->list[li];
+    const tree_frame *fr = &c->frames[f];
+    const kvc_tensor *t[2] = {kvc_layer(y->head[li], l, "k"), kvc_layer(y->head[li], l, "v")};
+    const uint64_t base = fr->off + kvc_data_start(y->head[li]);
+    const size_t kn = (size_t)t[0]->nbytes, vn = (size_t)t[1]->nbytes;
+    kv_status st = t[1]->offset == t[0]->offset + kn ? src_read(c, base + t[0]->offset, buf, kn + vn) /* one read */
+                                                      : src_read(c, base + t[0]->offset, buf, kn);
+    if (!st && t[1]->offset != t[0]->offset + kn) st = src_read(c, base + t[1]->offset, buf + kn, vn);
+    if (st) return st;
+    for (int w = 0; w < 2; w++)
+        if (kv_crc32c(0, buf + (w ? kn : 0), w ? vn : kn) != t[w]->crc)
+            return kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in frame %d, layer %d's %c", c->name, f, l,
+                           w ? 'V' : 'K');
+    copy_runs(c, f, y->sel, y->first, y->ent, buf, NULL, fr->rows, kdst[l], dst_T, y->off);
+    copy_runs(c, f, y->sel, y->first, y->ent, buf + kn, NULL, fr->rows, vdst[l], dst_T, y->off);
+    return KV_OK;
 }
 
 kv_status tree_chunk_queries(tree_chunk *c, float *q)
@@ -586,7 +713,31 @@ kv_status tree_chunk_sketch(tree_chunk *c, uint16_t *ch, float *scale, int8_t *c
     return st;
 }
 
-kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
+/* Every row of a chunk in memory read layer by layer as well (rows k, v
+ * already read whole): equal when both reads succeed. */
+static kv_status verify_layered(tree_chunk *c, const int *sel, void *const *k, void *const *v, uint64_t row)
+{
+    tree_layered y;
+    bool ok = false;
+    kv_status st = tree_layered_begin(c, sel, c->n, 0, &y, &ok);
+    if (st || !ok) return st;
+    void **k2 = calloc((size_t)c->L, sizeof *k2), **v2 = calloc((size_t)c->L, sizeof *v2);
+    uint8_t *buf = malloc(y.span + 1);
+    if (!k2 || !v2 || !buf) st = kv_fail(KV_E_NOMEM, "no memory");
+    for (int l = 0; l < c->L && !st; l++)
+        if (!(k2[l] = malloc((size_t)row + 1)) || !(v2[l] = malloc((size_t)row + 1))) st = kv_fail(KV_E_NOMEM, "no memory");
+    for (int l = 0; l < c->L && !st; l++)
+        for (int li = 0; li < y.nl && !st; li++) st = tree_layered_frame(&y, li, l, buf, k2, v2, c->n);
+    for (int l = 0; l < c->L && !st; l++)
+        if (memcmp(k[l], k2[l], (size_t)row) || memcmp(v[l], v2[l], (size_t)row))
+            st = kv_fail(KV_E_INTERNAL, "chunk %s: layer %d read by layer differs from the frames read whole", c->name, l);
+    for (int l = 0; k2 && v2 && l < c->L; l++) free(k2[l]), free(v2[l]);
+    free(k2), free(v2), free(buf);
+    tree_layered_free(&y);
+    return st;
+}
+
+static kv_status verify_mem(const void *buf, size_t len, bool layered, int *n_rows)
 {
     tree_chunk c;
     memset(&c, 0, sizeof c);
@@ -616,6 +767,7 @@ kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
         for (int i = 0; i < c.n; i++) sel[i] = i;
         st = tree_chunk_rows(&c, sel, c.n, k, v, c.n, 0);
     }
+    if (!st && layered) st = verify_layered(&c, sel, k, v, row);
     if (!st) st = tree_chunk_queries(&c, q);
     if (!st && c.sk_r) { /* bounded by the file, as the queries */
         size_t hr = (size_t)c.L * c.Hkv * c.sk_r;
@@ -633,6 +785,16 @@ kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
     free(q);
     tree_chunk_free(&c);
     return st;
+}
+
+kv_status kv_tree_chunk_verify_mem(const void *buf, size_t len, int *n_rows)
+{
+    return verify_mem(buf, len, false, n_rows);
+}
+
+kv_status kv_tree_chunk_verify_layered_mem(const void *buf, size_t len, int *n_rows)
+{
+    return verify_mem(buf, len, true, n_rows);
 }
 
 // --- writing ----------------------------------------------------------------------

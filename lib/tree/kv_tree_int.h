@@ -90,6 +90,27 @@ kv_status tree_chunk_parse(tree_chunk *c, const kv_tree_geom *g);
 /* Rows sel[0..k) (edge offsets) into rows [off, off+k) of
  * kdst[l], vdst[l] ([Hkv, dst_T, D] in the store's dtype). */
 kv_status tree_chunk_rows(tree_chunk *c, const int *sel, int k, void *const *kdst, void *const *vdst, int dst_T, int off);
+/* Rows of a chunk read one layer at a time (kv_tree_store_load_start): the
+ * needed frames' headers parsed once (kvc_open_head), then per (layer,
+ * frame) one read of that layer's K and V tensors, each checked against
+ * its own CRC-32C before its rows are copied out. */
+typedef struct {
+    tree_chunk *c;
+    const int *sel;
+    int k, off;            /* rows sel[0..k) go to rows [off, off + k) of the destination */
+    int *list, nl;         /* the frames read */
+    int *first, *ent;      /* the selection's entries by frame (frame_plan) */
+    kvc_file **head;       /* (nl) their headers */
+    size_t span;           /* the most bytes of one layer's K and V in a frame */
+} tree_layered;
+/* *ok false when c cannot be read so (version 1, packed or zstd frames, a
+ * tensor without its checksum): the caller reads it whole, tree_chunk_rows. */
+kv_status tree_layered_begin(tree_chunk *c, const int *sel, int k, int off, tree_layered *y, bool *ok);
+/* Layer l of frame list[li] into kdst[l], vdst[l] ([Hkv, dst_T, D]); buf:
+ * room for y->span bytes. */
+kv_status tree_layered_frame(const tree_layered *y, int li, int l, uint8_t *buf, void *const *kdst,
+                             void *const *vdst, int dst_T);
+void tree_layered_free(tree_layered *y);
 /* The query samples, F32 [L, q_heads, n_q, D]. */
 kv_status tree_chunk_queries(tree_chunk *c, float *q);
 /* The key sketch (c->sk_r > 0): channels ch [L, Hkv, r], scales [L, Hkv, r]

@@ -9,7 +9,10 @@
  */
 #include "tree/kv_tree_int.h"
 
+#include "common/kv_stats.h"
+
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,12 +103,55 @@ kv_status kv_tree_store_load(kv_tree_store *s, const int32_t *tok, int n, double
     return kv_tree_store_load_ex(s, tok, n, frac, pick, n_pick, touch, now, NULL, out, r);
 }
 
-kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
-                                int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, kv_tree_rows *out,
-                                kv_get_report *r)
+/* A load between its plan and its end: the chunks open, each node's rows
+ * chosen, the output allocated (load_plan); then the rows read, here
+ * (load_ex) or layer by layer on a thread of its own (load_start). */
+struct kv_tree_pending {
+    kv_tree_store *s;
+    kv_tree_rows *out;
+    kv_get_report r;
+    bool touch;
+    int64_t now;
+    int *path, np, M, L;
+    tree_chunk *c;
+    int **psel, *nsel;
+    /* the layered read's state (load_start) */
+    int threads;
+    pthread_t th;
+    bool threaded;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready;       /* layers [0, ready) are in place */
+    kv_status st;    /* the read's error: the waits for layer err_layer and later return it (the
+                        layers before it are still read and given) */
+    int err_layer;
+    char why[512];
+    double read_ms, wait_ms;
+};
+
+static void pending_free(kv_tree_pending *j)
 {
-    memset(r, 0, sizeof *r);
+    for (int p = 0; p < j->np; p++) {
+        if (j->c) {
+            j->r.bytes_read[j->s->t->nodes[j->path[p]].tier] += j->c[p].bytes_read;
+            tree_chunk_free(&j->c[p]);
+        }
+        free(j->psel ? j->psel[p] : NULL);
+    }
+    free(j->c), free(j->psel), free(j->nsel), free(j->path);
+    j->c = NULL, j->psel = NULL, j->nsel = NULL, j->path = NULL;
+}
+
+/* Pass 1, the rows each node gives (from its tables alone), and the output
+ * with everything but the K/V rows.  On failure j is freed (the output too). */
+static kv_status load_plan(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                           int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, kv_tree_rows *out,
+                           kv_tree_pending *j)
+{
+    memset(j, 0, sizeof *j);
     memset(out, 0, sizeof *out);
+    j->s = s, j->out = out, j->touch = touch, j->now = now;
+    kv_get_report *r = &j->r;
     if (al && al->alloc) out->al = *al;
     kv_tree *t = s->t;
     r->tokens = n;
@@ -113,22 +159,23 @@ kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, dou
     const kv_geom *sg = &t->geom.g;
     const int L = sg->n_layers, Hkv = sg->n_kv_heads, D = sg->head_dim;
     const size_t es = kv_dtype_size(t->geom.dtype);
-    int *path = malloc((size_t)(n ? n : 1) * sizeof *path), np = 0, used = 0;
+    j->L = L;
+    int *path = j->path = malloc((size_t)(n ? n : 1) * sizeof *path), np = 0, used = 0;
     if (!path) return kv_fail(KV_E_NOMEM, "cannot allocate a path");
     const int m = kv_tree_match(t, tok, n, path, &np, &used);
     for (int i = 1; pick && i < n_pick; i++)
         if (pick[i] <= pick[i - 1]) {
-            free(path);
+            pending_free(j);
             return kv_fail(KV_E_USAGE, "the rows picked are not in increasing position order");
         }
     r->matched = m;
     r->nodes = np;
     r->positions = pick ? n_pick < m : frac < 1;
-    tree_chunk *c = calloc((size_t)np + 1, sizeof *c);
-    int **psel = calloc((size_t)np + 1, sizeof *psel), *nsel = calloc((size_t)np + 1, sizeof *nsel);
+    tree_chunk *c = j->c = calloc((size_t)np + 1, sizeof *c);
+    int **psel = j->psel = calloc((size_t)np + 1, sizeof *psel), *nsel = j->nsel = calloc((size_t)np + 1, sizeof *nsel);
+    j->np = np;
     kv_status st = c && psel && nsel ? KV_OK : kv_fail(KV_E_NOMEM, "cannot allocate a selection");
     for (int p = 0; c && p < np; p++) c[p].fd = -1;
-    /* pass 1: the rows each node gives, from its tables alone */
     int M = 0, pk = 0;
     for (int p = 0; p < np && !st; p++) {
         const kv_tree_node *nd = &t->nodes[path[p]];
@@ -160,7 +207,7 @@ kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, dou
     if (!st && pick && pk < n_pick && pick[pk] < m) st = kv_fail(KV_E_INTERNAL, "a picked row is outside the match");
     if (!st && pick && n_pick && pick[n_pick - 1] >= m)
         st = kv_fail(KV_E_USAGE, "row %d was picked from a match of %d tokens", pick[n_pick - 1], m);
-    /* pass 2: the rows, read straight into place */
+    j->M = M;
     const size_t per = (size_t)Hkv * M * D * es;
     out->T = M, out->matched = m, out->dt = t->geom.dtype;
     out->n_layers = L, out->n_kv_heads = Hkv, out->head_dim = D;
@@ -181,33 +228,205 @@ kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, dou
             out->positions[off + i] = nd->start + psel[p][i];
             out->imp[off + i] = c[p].imp[psel[p][i]];
         }
-        st = tree_chunk_rows(&c[p], psel[p], nsel[p], out->k, out->v, M, off);
-        if (!st && p == np - 1 && used == nd->n && c[p].n_q > 0 && !r->positions) {
+        if (p == np - 1 && used == nd->n && c[p].n_q > 0 && !r->positions) {
             out->q_heads = c[p].q_heads, out->n_q = c[p].n_q;
             if (!(out->q = malloc((size_t)L * out->q_heads * out->n_q * D * sizeof *out->q)))
                 st = kv_fail(KV_E_NOMEM, "cannot allocate queries");
             else st = tree_chunk_queries(&c[p], out->q);
         }
     }
-    for (int p = 0; p < np; p++) {
-        if (c) {
-            r->bytes_read[t->nodes[path[p]].tier] += c[p].bytes_read;
-            tree_chunk_free(&c[p]);
-        }
-        free(psel ? psel[p] : NULL);
+    if (st) {
+        pending_free(j);
+        kv_tree_rows_free(out);
     }
-    r->kept = M;
-    r->n_q = out->n_q;
-    if (!st && touch)
-        for (int p = 0; p < np; p++) {
-            t->nodes[path[p]].hits++;
-            t->nodes[path[p]].last_use = now;
+    return st;
+}
+
+/* The end of a load: the report, the nodes' use when asked and all went
+ * well, the chunks closed; the output freed on failure. */
+static kv_status load_end(kv_tree_pending *j, kv_status st, kv_get_report *r)
+{
+    kv_tree *t = j->s->t;
+    if (!st && j->touch)
+        for (int p = 0; p < j->np; p++) {
+            t->nodes[j->path[p]].hits++;
+            t->nodes[j->path[p]].last_use = j->now;
         }
-    free(c);
-    free(psel);
-    free(nsel);
-    free(path);
-    if (st) kv_tree_rows_free(out);
+    pending_free(j);
+    j->r.kept = j->M;
+    j->r.n_q = j->out->n_q;
+    if (r) *r = j->r;
+    if (st) kv_tree_rows_free(j->out);
+    return st;
+}
+
+kv_status kv_tree_store_load_ex(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                                int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, kv_tree_rows *out,
+                                kv_get_report *r)
+{
+    kv_tree_pending j;
+    kv_status st = load_plan(s, tok, n, frac, pick, n_pick, touch, now, al, out, &j);
+    if (st) {
+        *r = j.r;
+        return st;
+    }
+    /* pass 2: the rows, read straight into place, frame by frame */
+    for (int p = 0, off = 0; p < j.np && !st; off += j.nsel[p], p++)
+        st = tree_chunk_rows(&j.c[p], j.psel[p], j.nsel[p], out->k, out->v, j.M, off);
+    return load_end(&j, st, r);
+}
+
+// --- loads read layer by layer beside the caller ------------------------------------
+
+static void layered_fail(kv_tree_pending *j, kv_status e, int layer)
+{
+    pthread_mutex_lock(&j->mu);
+    if (!j->st || layer < j->err_layer) { /* the earliest layer's error is the one a wait meets first */
+        snprintf(j->why, sizeof j->why, "%s", kv_errdetail());
+        j->st = e;
+        j->err_layer = layer;
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void layered_publish(kv_tree_pending *j, int ready)
+{
+    pthread_mutex_lock(&j->mu);
+    if (ready > j->ready) j->ready = ready;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* The read: chunks that cannot be read layer by layer first, whole; then
+ * tasks (layer, frame) in layer order on j->threads threads, each layer
+ * published once all its frames are in. */
+static void layered_read(kv_tree_pending *j)
+{
+    double t0 = kv_now_ms();
+    kv_tree_rows *out = j->out;
+    const int L = j->L;
+    tree_layered *y = calloc((size_t)j->np + 1, sizeof *y);
+    bool *lay = calloc((size_t)j->np + 1, sizeof *lay);
+    kv_status st = y && lay ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
+    int nf = 0;
+    size_t span = 1;
+    for (int p = 0, off = 0; p < j->np && !st; off += j->nsel[p], p++) {
+        if (!j->nsel[p]) continue;
+        if ((st = tree_layered_begin(&j->c[p], j->psel[p], j->nsel[p], off, &y[p], &lay[p]))) break;
+        if (!lay[p]) st = tree_chunk_rows(&j->c[p], j->psel[p], j->nsel[p], out->k, out->v, j->M, off);
+        else nf += y[p].nl, span = y[p].span > span ? y[p].span : span;
+    }
+    /* task t: layer t / nf, frame t % nf of the layered chunks in order */
+    int *fp = malloc((size_t)nf * sizeof *fp + 1), *fli = malloc((size_t)nf * sizeof *fli + 1);
+    int *left = malloc((size_t)L * sizeof *left + 1);
+    char *done = calloc((size_t)L + 1, 1);
+    if (!st && (!fp || !fli || !left || !done)) st = kv_fail(KV_E_NOMEM, "out of memory");
+    for (int p = 0, i = 0; !st && p < j->np; p++)
+        for (int li = 0; lay[p] && li < y[p].nl; li++) fp[i] = p, fli[i] = li, i++;
+    for (int l = 0; !st && l < L; l++) left[l] = nf;
+    if (st) layered_fail(j, st, 0);
+    else if (!nf) layered_publish(j, L);
+    else {
+        int ready = 0;
+        const long tasks = (long)L * nf;
+#pragma omp parallel num_threads(j->threads > 0 ? j->threads : 1)
+        {
+            uint8_t *buf = malloc(span);
+            if (!buf) layered_fail(j, kv_fail(KV_E_NOMEM, "cannot allocate a layer's read of %zu bytes", span), 0);
+#pragma omp for schedule(dynamic, 1)
+            for (long t = 0; t < tasks; t++) {
+                const int l = (int)(t / nf), i = (int)(t % nf);
+                pthread_mutex_lock(&j->mu);
+                bool skip = j->st && l >= j->err_layer; /* past an error: the layers before it go on */
+                pthread_mutex_unlock(&j->mu);
+                if (skip || !buf) continue;
+                kv_status fst = tree_layered_frame(&y[fp[i]], fli[i], l, buf, out->k, out->v, j->M);
+                if (fst) {
+                    layered_fail(j, fst, l);
+                    continue;
+                }
+                int now_left;
+#pragma omp atomic capture
+                now_left = --left[l];
+                if (now_left == 0) { /* the layer is in: publish the layers in place from the first */
+                    pthread_mutex_lock(&j->mu);
+                    done[l] = 1;
+                    while (ready < L && done[ready]) ready++;
+                    if (ready > j->ready) j->ready = ready;
+                    pthread_cond_broadcast(&j->cv);
+                    pthread_mutex_unlock(&j->mu);
+                }
+            }
+            free(buf);
+        }
+    }
+    pthread_mutex_lock(&j->mu); /* never leave a waiter waiting */
+    bool short_of = j->ready < (j->st ? j->err_layer : L);
+    pthread_mutex_unlock(&j->mu);
+    if (short_of) layered_fail(j, kv_fail(KV_E_INTERNAL, "a layered load ended with layers unread"), 0);
+    for (int p = 0; y && p < j->np; p++)
+        if (lay[p]) tree_layered_free(&y[p]);
+    free(y), free(lay), free(fp), free(fli), free(left), free(done);
+    j->read_ms = kv_now_ms() - t0;
+}
+
+static void *layered_thread(void *p)
+{
+    layered_read(p);
+    return NULL;
+}
+
+kv_status kv_tree_store_load_start(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
+                                   int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, int threads,
+                                   kv_tree_rows *out, kv_tree_pending **pend)
+{
+    *pend = NULL;
+    kv_tree_pending *j = malloc(sizeof *j);
+    if (!j) return kv_fail(KV_E_NOMEM, "out of memory");
+    kv_status st = load_plan(s, tok, n, frac, pick, n_pick, touch, now, al, out, j);
+    if (st) {
+        free(j);
+        return st;
+    }
+    j->threads = threads;
+    j->err_layer = j->L;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    /* no thread to be had: the read runs here, the waits then pass at once */
+    j->threaded = pthread_create(&j->th, NULL, layered_thread, j) == 0;
+    if (!j->threaded) layered_read(j);
+    *pend = j;
+    return KV_OK;
+}
+
+kv_status kv_tree_rows_wait(kv_tree_pending *j, int layer)
+{
+    if (!j) return KV_OK;
+    double t0 = kv_now_ms();
+    pthread_mutex_lock(&j->mu);
+    while (j->ready <= layer && j->ready < j->L && !(j->st && layer >= j->err_layer))
+        pthread_cond_wait(&j->cv, &j->mu);
+    kv_status st = j->ready > layer || j->ready >= j->L ? KV_OK : j->st;
+    char why[512];
+    if (st) snprintf(why, sizeof why, "%s", j->why);
+    pthread_mutex_unlock(&j->mu);
+    j->wait_ms += kv_now_ms() - t0;
+    return st ? kv_fail(st, "%s", why) : KV_OK;
+}
+
+kv_status kv_tree_load_finish(kv_tree_pending *j, kv_get_report *r, double *read_ms, double *wait_ms)
+{
+    if (!j) return KV_OK;
+    if (j->threaded) pthread_join(j->th, NULL);
+    kv_status st = j->st;
+    if (st) kv_fail(st, "%s", j->why);
+    if (read_ms) *read_ms = j->read_ms;
+    if (wait_ms) *wait_ms = j->wait_ms;
+    st = load_end(j, st, r);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
     return st;
 }
 

@@ -10,7 +10,7 @@ setup() { T="$BATS_TEST_TMPDIR"; }
 @test "kv-bench prefix --help lists every option" {
     run --separate-stderr kv-bench prefix --help
     assert_success
-    for o in --model --synthetic --widen --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --qa-heads --qa-follow --sketch-serial --half-life --steps --ctx --device --output --json; do
+    for o in --model --synthetic --widen --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --qa-heads --qa-follow --sketch-serial --rows-serial --half-life --steps --ctx --device --output --json; do
         [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
     done
 }
@@ -102,6 +102,38 @@ PY
     read -r n32 b32 <<< "$(b "$T/d")"
     read -r n8 b8 <<< "$(b "$T/s8")"
     [ "$n32" = "$n8" ] && [ $((b32 - b8)) -eq $((12 * 24 * (6 + n8))) ] || { echo "$n32 $b32 $n8 $b8"; return 1; }
+}
+
+@test "kv-bench prefix reads disk rows layer by layer beside the prefill, with the same answers as --rows-serial" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 400 -n 3 > "$T/r.jsonl"
+    for z in 0 3; do
+        for how in beside serial; do
+            flag=""
+            [ "$how" = serial ] && flag=--rows-serial
+            run --separate-stderr kv-bench prefix -m "$NIAH" -n 4 --insert 1 --zstd $z --modes full,disk,disk-important,disk-query \
+                --store "$T/st-$z-$how" $flag "$T/r.jsonl"
+            assert_success
+            printf '%s\n' "$output" > "$T/$z-$how.json"
+        done
+        "$PY" - "$T/$z-beside.json" "$T/$z-serial.json" "$z" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+disk = lambda j: [r for r in j["requests"] if r["tier"] == "disk"]
+assert len(disk(a)) == 6 and len(disk(b)) == 6, (len(disk(a)), len(disk(b)))
+# the same rows: the same generated text, reuse and bytes
+key = lambda r: (r["request"], r["mode"], r["text"], r["reused_tokens"], r["correct"])
+assert [key(r) for r in disk(a)] == [key(r) for r in disk(b)]
+assert all(r["rows_beside"] and r["rows_beside_ms"]["read"] > 0 and r["rows_beside_ms"]["wait"] >= 0 for r in disk(a))
+assert all(r["rows_beside"] is False and "rows_beside_ms" not in r for r in disk(b))
+# layered reads take the tensors and each frame's header: never fewer bytes than the frames
+# hold, and at most a header read more per frame (uncompressed); zstd frames are read whole
+for x, y in zip(disk(a), disk(b)):
+    hb, hs = x["hit_bytes"]["disk"], y["hit_bytes"]["disk"]
+    assert (hb >= hs and hb <= hs * 1.2) if sys.argv[3] == "0" else hb == hs, (x["mode"], hb, hs)
+assert a["options"]["rows_serial"] is False and b["options"]["rows_serial"] is True
+assert a["options"]["qa_heads"] == "max" and a["options"]["qa_follow"] == 8 and a["options"]["queries"] == 4
+PY
+    done
 }
 
 @test "kv-bench prefix --sketch-serial reads disk-query's sketch before the probe, not on a thread beside it" {

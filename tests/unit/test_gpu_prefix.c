@@ -7,10 +7,12 @@
  * CPU engine does;
  * rows already in GPU memory (kv-bench prefix's GPU tier, in segments) give
  * exactly the host path's logits; rows uploaded a layer ahead of the
- * compute give exactly the serial path's; packed layers are refused.  Without a
+ * compute give exactly the serial path's, and so do rows still arriving
+ * layer by layer while the prefill runs; packed layers are refused.  Without a
  * usable GPU every test is a TAP skip.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,6 +311,111 @@ static void test_rows_uploaded_ahead_equal_the_serial_path(void)
     unlink("/tmp/test_gpu_prefix_o.kvc");
 }
 
+/* Rows that arrive while the prefill runs (kv_prefix.wait, what
+ * kv_tree_store_load_start gives): a thread fills pinned rows layer by
+ * layer, slowly, from the complete ones. */
+typedef struct {
+    const uint16_t *const *k, *const *v;
+    uint16_t **dk, **dv;
+    size_t n;
+    int L, ready, fail_at; /* fail_at: the layer whose wait fails (-1: none) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waits;
+} late_rows;
+
+static void *late_fill(void *p)
+{
+    late_rows *x = p;
+    for (int l = 0; l < x->L; l++) {
+        usleep(3000);
+        memcpy(x->dk[l], x->k[l], x->n * 2);
+        memcpy(x->dv[l], x->v[l], x->n * 2);
+        pthread_mutex_lock(&x->mu);
+        x->ready = l + 1;
+        pthread_cond_broadcast(&x->cv);
+        pthread_mutex_unlock(&x->mu);
+    }
+    return NULL;
+}
+
+static kv_status late_wait(void *p, int layer)
+{
+    late_rows *x = p;
+    if (layer == x->fail_at) return kv_fail(KV_E_DATA, "layer %d's rows are damaged (planted)", layer);
+    pthread_mutex_lock(&x->mu);
+    x->waits++;
+    while (x->ready <= layer) pthread_cond_wait(&x->cv, &x->mu);
+    pthread_mutex_unlock(&x->mu);
+    return KV_OK;
+}
+
+/* A prefill from rows still arriving gives exactly the logits and greedy
+ * ids of the same rows given complete, with the upload a layer ahead and
+ * with the serial copies; every layer's rows are waited for; a wait that
+ * fails fails the prefill with its reason, and the engine then serves the
+ * next prefill. */
+static void test_rows_still_arriving_give_the_same_logits(void)
+{
+    const int L = model->cfg.n_layers, nkv = model->cfg.n_kv_heads, hd = model->cfg.head_dim;
+    const int P = n_ids * 9 / 10;
+    dump_prefix(KV_DEVICE_CUDA, P, KV_DT_F16, "/tmp/test_gpu_prefix_l.kvc");
+    kvc_file *f;
+    OK(kvc_open("/tmp/test_gpu_prefix_l.kvc", &f));
+    const size_t n = (size_t)nkv * P * hd;
+    uint16_t **k = calloc((size_t)L, sizeof *k), **v = calloc((size_t)L, sizeof *v);
+    uint16_t **dk = calloc((size_t)L, sizeof *dk), **dv = calloc((size_t)L, sizeof *dv);
+    for (int l = 0; l < L; l++) {
+        k[l] = kv_gpu_host_alloc(n * 2), v[l] = kv_gpu_host_alloc(n * 2);
+        dk[l] = kv_gpu_host_alloc(n * 2), dv[l] = kv_gpu_host_alloc(n * 2);
+        KT_REQUIRE(k[l] && v[l] && dk[l] && dv[l], "pinned rows");
+        memcpy(k[l], kvc_layer(f, l, "k")->data, n * 2);
+        memcpy(v[l], kvc_layer(f, l, "v")->data, n * 2);
+        memset(dk[l], 0xff, n * 2), memset(dv[l], 0xff, n * 2); /* NaN halves until filled */
+    }
+    kv_prefix pre = {.T = P, .matched = P, .n_kv_heads = nkv, .head_dim = hd, .dt = KV_DT_F16,
+                     .k = (const void *const *)k, .v = (const void *const *)v};
+    for (int w = 0; w < 2; w++) { /* w = 0: uploads a layer ahead; 1: serial copies */
+        kv_gpu_engine_opts go;
+        kv_gpu_engine_opts_default(&go);
+        go.prefill_copy_sync = w == 1;
+        kv_runner *r;
+        OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &r));
+        float a[259], b[259];
+        OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, a));
+        late_rows x = {(const uint16_t *const *)k, (const uint16_t *const *)v, dk, dv, n, L, 0, -1,
+                       PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+        kv_prefix lp = pre;
+        lp.k = (const void *const *)dk, lp.v = (const void *const *)dv, lp.wait = late_wait, lp.wait_user = &x;
+        pthread_t th;
+        KT_REQUIRE(pthread_create(&th, NULL, late_fill, &x) == 0, "filler");
+        OK(kv_runner_reset(r, NULL));
+        kv_status st = kv_runner_prefill_from(r, &lp, ids + P, n_ids - P, b);
+        pthread_join(th, NULL);
+        KT_CHECK(st == KV_OK && memcmp(a, b, sizeof a) == 0, "%s: rows arriving late: %s (%.3g)",
+                 w ? "serial" : "ahead", st ? kv_errdetail() : "ok", nerr(a, b, 259));
+        KT_CHECK(x.waits >= L, "%s: %d waits for %d layers", w ? "serial" : "ahead", x.waits, L);
+        /* a failing wait: the prefill fails with its reason; the engine goes on */
+        late_rows y = x;
+        y.fail_at = L / 2, y.ready = L, y.waits = 0;
+        lp.wait_user = &y;
+        OK(kv_runner_reset(r, NULL));
+        kv_errclear();
+        st = kv_runner_prefill_from(r, &lp, ids + P, n_ids - P, b);
+        KT_CHECK(st == KV_E_DATA && strstr(kv_errdetail(), "planted"), "%s: failed wait: %d %s", w ? "serial" : "ahead",
+                 st, kv_errdetail());
+        OK(kv_runner_reset(r, NULL));
+        OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, b));
+        KT_CHECK(memcmp(a, b, sizeof a) == 0, "%s: the prefill after a failed one", w ? "serial" : "ahead");
+        kv_runner_free(r);
+        for (int l = 0; l < L; l++) memset(dk[l], 0xff, n * 2), memset(dv[l], 0xff, n * 2);
+    }
+    for (int l = 0; l < L; l++) kv_gpu_host_free(k[l]), kv_gpu_host_free(v[l]), kv_gpu_host_free(dk[l]), kv_gpu_host_free(dv[l]);
+    free(k), free(v), free(dk), free(dv);
+    kvc_close(f);
+    unlink("/tmp/test_gpu_prefix_l.kvc");
+}
+
 int main(void)
 {
     char name[256];
@@ -318,6 +425,7 @@ int main(void)
         KT_SKIP(test_cpu_f32_dump_continues_on_the_gpu, "no usable GPU");
         KT_SKIP(test_subset_and_device_rows_continue_as_on_the_cpu, "no usable GPU");
         KT_SKIP(test_rows_uploaded_ahead_equal_the_serial_path, "no usable GPU");
+        KT_SKIP(test_rows_still_arriving_give_the_same_logits, "no usable GPU");
         return kt_done();
     }
     printf("# GPU: %s\n", name);
@@ -327,6 +435,7 @@ int main(void)
     KT_RUN_SELECTED(test_cpu_f32_dump_continues_on_the_gpu, filter);
     KT_RUN_SELECTED(test_subset_and_device_rows_continue_as_on_the_cpu, filter);
     KT_RUN_SELECTED(test_rows_uploaded_ahead_equal_the_serial_path, filter);
+    KT_RUN_SELECTED(test_rows_still_arriving_give_the_same_logits, filter);
     free(ids);
     kv_model_close(model);
     return kt_done();

@@ -740,6 +740,75 @@ static void test_open_view_reads_in_place_and_trusts_only_the_sums(void)
     free(b);
 }
 
+/* kvc_open_head: the header alone gives every tensor's place and stored
+ * checksum as a whole open does, with no data; a header cut short, a file
+ * length that the tensors do not tile, and a compressed file are refused,
+ * and a flip anywhere in the header never crashes it. */
+static void test_open_head_reads_the_layout_alone(void)
+{
+    size_t len;
+    uint8_t *b = sample_bytes("sample.kvc", &len);
+    KT_REQUIRE(b != NULL, "slurp");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
+    kvc_file *full = NULL, *h = NULL;
+    KT_REQUIRE(kvc_open_mem(b, len, &full) == KV_OK, "whole open");
+    KT_CHECK(kvc_open_head(b, (size_t)(8 + n), len, &h) == KV_OK, "header open: %s", kv_errdetail());
+    KT_REQUIRE(h != NULL, "a file");
+    KT_CHECK(kvc_n_tensors(h) == kvc_n_tensors(full) && kvc_data_start(h) == 8 + n && kvc_data_start(full) == 8 + n,
+             "same tensors, data at 8 + n");
+    int same = 0;
+    for (int i = 0; i < kvc_n_tensors(full); i++) {
+        const kvc_tensor *a = kvc_tensor_at(full, i), *c = kvc_find(h, a->name);
+        same += c && !c->data && c->offset == a->offset && c->nbytes == a->nbytes && c->has_crc == a->has_crc &&
+                c->crc == a->crc && !memcmp(a->data, b + 8 + n + c->offset, (size_t)c->nbytes);
+    }
+    KT_CHECK(same == kvc_n_tensors(full), "%d of %d tensors agree", same, kvc_n_tensors(full));
+    KT_CHECK(kvc_geom(h)->n_layers == kvc_geom(full)->n_layers && kvc_geom(h)->n_tokens == kvc_geom(full)->n_tokens,
+             "same geometry");
+    kvc_close(h);
+    /* more than the header may be given; the data after it is not read */
+    h = NULL;
+    b[len - 1] ^= 1;
+    KT_CHECK(kvc_open_head(b, len, len, &h) == KV_OK, "the whole file as its header");
+    b[len - 1] ^= 1;
+    kvc_close(h);
+    h = NULL;
+    KT_CHECK(kvc_open_head(b, (size_t)(8 + n - 1), len, &h) == KV_E_DATA && !h && strstr(kv_errdetail(), "only"),
+             "header cut short: %s", kv_errdetail());
+    KT_CHECK(kvc_open_head(b, 7, len, &h) == KV_E_DATA && !h, "shorter than the length word");
+    KT_CHECK(kvc_open_head(b, (size_t)(8 + n), len - 1, &h) == KV_E_DATA && !h && strstr(kv_errdetail(), "truncated"),
+             "a file length the tensors do not tile: %s", kv_errdetail());
+    KT_CHECK(kvc_open_head(b, (size_t)(8 + n), len + 64, &h) == KV_E_DATA && !h, "bytes after the last tensor");
+    KT_CHECK(kvc_open_head(b, len, len - 1, &h) == KV_E_USAGE && !h, "more header than file");
+    for (size_t pos = 0; pos < 8 + n; pos++) { /* flips: refused or read, never a crash */
+        b[pos] ^= 0x10;
+        h = NULL;
+        kv_status st = kvc_open_head(b, (size_t)(8 + n), len, &h);
+        KT_CHECK(st == KV_OK || st == KV_E_DATA || st == KV_E_UNSUPPORTED, "header flip at %zu: %d", pos, st);
+        kvc_close(h);
+        b[pos] ^= 0x10;
+    }
+    uint8_t *z = NULL;
+    size_t zn = 0;
+    kvc_writer *w = NULL;
+    kv_geom g;
+    kv_geom_defaults(&g);
+    g.n_layers = 1, g.n_kv_heads = 1, g.head_dim = 4, g.n_tokens = 2;
+    float kv[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t sh[3] = {1, 2, 4};
+    KT_REQUIRE(kvc_writer_new(&w) == KV_OK && kvc_writer_geom(w, &g) == KV_OK &&
+                   kvc_writer_add(w, "layers.0.k", KV_DT_F32, 3, sh, kv) == KV_OK &&
+                   kvc_writer_add(w, "layers.0.v", KV_DT_F32, 3, sh, kv) == KV_OK &&
+                   kvc_writer_write_mem(w, 3, &z, &zn) == KV_OK, "a compressed file");
+    h = NULL;
+    KT_CHECK(kvc_open_head(z, zn, zn, &h) == KV_E_UNSUPPORTED && !h, "compressed: %s", kv_errdetail());
+    kvc_writer_free(w);
+    free(z);
+    kvc_close(full);
+    free(b);
+}
+
 static void test_bit_flips_in_data_are_caught(void)
 {
     size_t len;
@@ -1021,6 +1090,7 @@ int main(int argc, char **argv)
     KT_RUN(test_cleanup_all_removes_temp_files);
     KT_RUN(test_crc32c_three_lanes_match_the_table);
     KT_RUN(test_open_view_reads_in_place_and_trusts_only_the_sums);
+    KT_RUN(test_open_head_reads_the_layout_alone);
     if (kt_rm_rf(tmpdir) != 0) fprintf(stderr, "test_kvc: could not remove %s\n", tmpdir);
     return kt_done();
 }

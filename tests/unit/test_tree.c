@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -872,6 +873,149 @@ static void test_frame_buffers_are_reused_and_shared_safely(void)
     KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
 }
 
+/* Layer l of a layered load against the same load read frame by frame:
+ * bytes of K and V; -1 when they differ. */
+static int layer_same(const kv_tree_rows *a, const kv_tree_rows *b, int l)
+{
+    const size_t n = (size_t)LH * a->T * LD * 2;
+    return a->T == b->T && !memcmp(a->k[l], b->k[l], n) && !memcmp(a->v[l], b->v[l], n);
+}
+
+/* One load both ways: each layer checked as soon as its wait returns
+ * (before the read has ended), then the tables and the report. */
+static int layered_matches(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick, int np,
+                           int threads, const char *what)
+{
+    kv_tree_rows a, b;
+    kv_get_report ra;
+    kv_tree_pending *p = NULL;
+    if (kv_tree_store_load_ex(s, tok, n, frac, pick, np, false, 1000, NULL, &a, &ra) != KV_OK) {
+        KT_CHECK(0, "%s: load: %s", what, kv_errdetail());
+        return 1;
+    }
+    if (kv_tree_store_load_start(s, tok, n, frac, pick, np, false, 1000, NULL, threads, &b, &p) != KV_OK) {
+        KT_CHECK(0, "%s: start: %s", what, kv_errdetail());
+        kv_tree_rows_free(&a);
+        return 1;
+    }
+    int bad = b.T != a.T || b.matched != a.matched;
+    for (int l = LL - 1; l >= 0 && !bad; l -= 2) /* out of order: a later layer's wait covers the earlier ones */
+        bad |= kv_tree_rows_wait(p, l) != KV_OK || !layer_same(&a, &b, l) || (l && !layer_same(&a, &b, l - 1));
+    kv_get_report rf;
+    double rms = -1, wms = -1;
+    bad |= kv_tree_load_finish(p, &rf, &rms, &wms) != KV_OK;
+    bad |= memcmp(a.positions, b.positions, (size_t)a.T * 4) || memcmp(a.tokens, b.tokens, (size_t)a.T * 4) ||
+           memcmp(a.imp, b.imp, (size_t)a.T * 4);
+    bad |= rf.kept != ra.kept || rf.matched != ra.matched || rf.positions != ra.positions || rf.nodes != ra.nodes ||
+           !(rms >= 0 && wms >= 0) || rf.bytes_read[KV_TIER_DISK] == 0;
+    KT_CHECK(!bad, "%s (%d threads): the layered load differs", what, threads);
+    kv_tree_rows_free(&a);
+    kv_tree_rows_free(&b);
+    return bad;
+}
+
+/* kv_tree_store_load_start: the same rows, tables and report as a load read
+ * frame by frame, over two nodes (a split path), whole, picked across
+ * frames and nodes, and by importance; a zstd store (read whole, then
+ * given out) likewise; a flipped byte in the last frame's last layer is
+ * found there (the layers before it are given, that one and the finish
+ * fail, the rows freed); NULL pendings pass. */
+static void test_layered_load_equals_the_frame_load(void)
+{
+    char dir[] = "/tmp/test_tree_layered_XXXXXX", st_dir[600], zdir[600], path[700];
+    KT_REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(st_dir, sizeof st_dir, "%s/s", dir);
+    snprintf(zdir, sizeof zdir, "%s/z", dir);
+    const int T = 200, T2 = 150;
+    kvc_file *f = long_kvc(dir, T, 1, NULL);
+    KT_REQUIRE(f, "first cache");
+    kv_tree_enc enc[KV_TIER_COUNT], zenc[KV_TIER_COUNT];
+    KT_REQUIRE(kv_tree_encodings_parse("disk=raw+sketch", enc) == KV_OK && kv_tree_store_create_ex(st_dir, enc) == KV_OK &&
+                   kv_tree_encodings_parse("disk=raw+zstd+sketch", zenc) == KV_OK &&
+                   kv_tree_store_create_ex(zdir, zenc) == KV_OK, "init");
+    kv_tree_store *s, *z;
+    KT_REQUIRE(kv_tree_store_open(st_dir, true, &s) == KV_OK && kv_tree_store_open(zdir, true, &z) == KV_OK, "open");
+    kv_put_report pr;
+    KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1000, &pr) == KV_OK && kv_tree_store_put(z, f, KV_TIER_DISK, 3, 1000, &pr) == KV_OK,
+               "put: %s", kv_errdetail());
+    kvc_close(f);
+    /* a second prompt sharing the first 100 tokens: the path splits */
+    f = long_kvc(dir, T2, 1, NULL);
+    KT_REQUIRE(f, "second cache");
+    int32_t tok2[150];
+    for (int t = 0; t < T2; t++) tok2[t] = t < 100 ? 1 + t : 5000 + t;
+    kvc_close(f);
+    {
+        char p2[600];
+        snprintf(p2, sizeof p2, "%s/long.kvc", dir);
+        kvc_file *g = NULL;
+        KT_REQUIRE(kvc_open(p2, &g) == KV_OK, "reopen");
+        /* the same rows under the diverging ids */
+        kvc_writer *w = NULL;
+        KT_REQUIRE(kvc_writer_new(&w) == KV_OK && kvc_writer_geom(w, kvc_geom(g)) == KV_OK, "writer");
+        int64_t s1[1] = {T2};
+        kvc_writer_add_copy(w, "tokens", KV_DT_I32, 1, s1, tok2);
+        for (int l = 0; l < LL; l++)
+            for (int wv = 0; wv < 2; wv++) {
+                const kvc_tensor *t = kvc_layer(g, l, wv ? "v" : "k");
+                kvc_writer_add_copy(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+            }
+        snprintf(p2, sizeof p2, "%s/second.kvc", dir);
+        KT_REQUIRE(kvc_writer_write(w, p2, 0) == KV_OK && kvc_open(p2, &f) == KV_OK, "second written");
+        kvc_writer_free(w);
+        kvc_close(g);
+    }
+    KT_REQUIRE(kv_tree_store_put(s, f, KV_TIER_DISK, 3, 1001, &pr) == KV_OK && kv_tree_store_save(s) == KV_OK &&
+                   kv_tree_store_put(z, f, KV_TIER_DISK, 3, 1001, &pr) == KV_OK && kv_tree_store_save(z) == KV_OK,
+               "second put: %s", kv_errdetail());
+    kvc_close(f);
+    int32_t tok[200];
+    for (int t = 0; t < T; t++) tok[t] = 1 + t;
+    int32_t pick[9] = {0, 1, 31, 32, 99, 100, 101, 140, 149};
+    int bad = 0;
+    for (int th = 1; th <= 3; th++) {
+        bad += layered_matches(s, tok, T, 1, NULL, 0, th, "the first prompt, whole");
+        bad += layered_matches(s, tok2, T2, 1, NULL, 0, th, "the second prompt (two nodes), whole");
+        bad += layered_matches(s, tok2, T2, 1, pick, 9, th, "a pick across frames and nodes");
+        bad += layered_matches(s, tok2, T2, 0.25, NULL, 0, th, "a quarter by importance");
+        bad += layered_matches(z, tok2, T2, 1, pick, 9, th, "zstd frames");
+    }
+    KT_CHECK(bad == 0, "%d loads differ", bad);
+    KT_CHECK(kv_tree_rows_wait(NULL, 3) == KV_OK && kv_tree_load_finish(NULL, NULL, NULL, NULL) == KV_OK, "NULL pending");
+    /* damage in the first prompt's tail chunk, its last frame's last layer */
+    const kv_tree *t = kv_tree_store_tree(s);
+    int tail = -1;
+    for (int i = 1; i < t->n_nodes; i++)
+        if (t->nodes[i].live && t->nodes[i].start == 100 && t->nodes[i].tokens[0] == 101) tail = i;
+    KT_REQUIRE(tail > 0, "the first prompt's tail node");
+    snprintf(path, sizeof path, "%s/%s", st_dir, t->nodes[tail].file);
+    struct stat sb;
+    KT_REQUIRE(stat(path, &sb) == 0, "stat");
+    uint8_t *b = read_chunk(path, (size_t)sb.st_size);
+    KT_REQUIRE(b, "read the chunk");
+    b[sb.st_size - 20] ^= 2;
+    FILE *fp = fopen(path, "wb");
+    KT_REQUIRE(fp && fwrite(b, 1, (size_t)sb.st_size, fp) == (size_t)sb.st_size && fclose(fp) == 0, "rewrite");
+    free(b);
+    kv_tree_rows x;
+    kv_tree_pending *p = NULL;
+    KT_REQUIRE(kv_tree_store_load_start(s, tok, T, 1, NULL, 0, false, 1000, NULL, 2, &x, &p) == KV_OK, "start: %s",
+               kv_errdetail());
+    kv_status w0 = kv_tree_rows_wait(p, LL - 2);
+    kv_errclear();
+    kv_status w1 = kv_tree_rows_wait(p, LL - 1);
+    int found = w1 == KV_E_DATA && strstr(kv_errdetail(), "checksum mismatch in frame") &&
+                strstr(kv_errdetail(), "layer 3's V") != NULL;
+    KT_CHECK(w0 == KV_OK && found, "the damaged layer's wait fails, not the ones before: %d %d %s", w0, w1,
+             kv_errdetail());
+    kv_get_report rf;
+    KT_CHECK(kv_tree_load_finish(p, &rf, NULL, NULL) == KV_E_DATA && x.kv == NULL && x.T == 0, "finish fails, rows freed");
+    KT_CHECK(layered_matches(s, tok2, T2, 1, NULL, 0, 2, "the undamaged path") == 0, "other chunks still load");
+    kv_tree_store_close(s);
+    kv_tree_store_close(z);
+    KT_CHECK(kt_rm_rf(dir) == 0, "cleanup");
+}
+
 /* put refuses a token subset (positions) and changes nothing. */
 static void test_put_refuses_positions(void)
 {
@@ -969,6 +1113,7 @@ int main(void)
     KT_RUN(test_chunk_version_3_holds_a_key_sketch);
     KT_RUN(test_put_refuses_positions);
     KT_RUN(test_frame_buffers_are_reused_and_shared_safely);
+    KT_RUN(test_layered_load_equals_the_frame_load);
     KT_RUN(test_reads_version_1_stores);
     return kt_done();
 }

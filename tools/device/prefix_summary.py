@@ -25,6 +25,8 @@ def main():
             continue
         print("  r%d %-14s ttft %7.3f load %7.3f reused %5d ok %s pf %s" % (r["request"], r["mode"], r["ttft_ms"],
               r["load_ms"], r["reused_tokens"], r["correct"], r3(r.get("prefill_phases_ms", {}))))
+        if r.get("rows_beside_ms"):
+            print("      rows beside the prefill %s" % r3(r["rows_beside_ms"]))
         if "query_aware_ms" in r:
             print("      qa %s probe-pf %s" % (r3(r["query_aware_ms"]), r3(r.get("probe_prefill_phases_ms", {}))))
 
