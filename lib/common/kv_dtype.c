@@ -8,6 +8,32 @@
 #include <string.h>
 
 #include "common/kv_ggml.h"
+#include "common/kv_half.h"
+
+/* With F16C where the CPU has it (8 at a time; the scalar conversion of an
+ * 8B-shaped probe's kept queries, half a million values, took ~0.5 ms of a
+ * query-aware load), else one by one: the same values, NaN as NaN. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx,f16c"))) static void halves_f16c(const uint16_t *h, float *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) out[i] = kv_half_to_f32(h[i]);
+}
+#endif
+
+void kv_halves_to_f32(const uint16_t *h, float *out, size_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) {
+        halves_f16c(h, out, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) out[i] = kv_half_to_f32(h[i]);
+}
 
 #define NO_GGML UINT32_MAX
 

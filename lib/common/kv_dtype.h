@@ -72,6 +72,10 @@ kv_dtype kv_dtype_from_ggml(uint32_t ggml_type);
 const char *kv_float_dtype_name(kv_dtype dt);
 kv_status kv_float_dtype_parse(const char *s, kv_dtype *out);
 
+/* out[i] = the IEEE half h[i] as a float, n of them (vectorised where the
+ * CPU converts halves itself). */
+void kv_halves_to_f32(const uint16_t *h, float *out, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

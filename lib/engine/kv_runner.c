@@ -198,7 +198,7 @@ int kv_runner_queries(const kv_runner *r, int layer, float *out)
     uint16_t *h = malloc(cnt * sizeof *h);
     if (!h) return 0;
     kv_gpu_engine_queries(r->gpu, layer, h);
-    for (size_t i = 0; i < cnt; i++) out[i] = kv_half_to_f32(h[i]);
+    kv_halves_to_f32(h, out, cnt);
     free(h);
     return n;
 }

@@ -215,9 +215,10 @@ kv_status kv_qaware_pick(const kv_tree_sketch *sk, const double *score0, double 
 }
 
 /* The sketch read on a second thread while the probe runs (the probe is
- * GPU work and CUDA calls, the read is file I/O and copying): the store is
- * touched by one thread at a time (the sink row is loaded before the thread
- * starts; the probe does not touch the store). */
+ * GPU work and CUDA calls, the read is file I/O and copying).  Reads of
+ * the store from several threads at once are safe (they change nothing in
+ * it; kv_tree_store_load_start's sink read runs beside this one); the
+ * probe does not touch the store. */
 typedef struct {
     kv_tree_store *s;
     const kv_tree_alloc *al;
@@ -234,6 +235,8 @@ typedef struct {
     kv_qaware_staged *staged;
     double stage_ms;
 } sketch_job;
+
+static kv_status pend_wait(void *p, int layer) { return kv_tree_rows_wait(p, layer); }
 
 static void *sketch_run(void *p)
 {
@@ -305,8 +308,13 @@ kv_status kv_qaware_load_start(kv_runner *r, kv_tree_store *s, const int *tok, i
     float *q = malloc((size_t)L * H * nq * D * sizeof *q + 1), *ql = malloc((size_t)H * P * D * sizeof *ql + 1);
     double *score = calloc((size_t)m, sizeof *score);
     if (!q || !ql || !score) st = kv_fail(KV_E_NOMEM, "out of memory");
-    if (!st) st = kv_tree_store_load(s, ids, n - 1, 1, &zero, 1, false, o->now, &sink, &gr);
-    for (int i = 0; !st && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
+    /* loaded beside the caller (pend): the sink row read layer by layer on the
+     * store's worker while the probe runs, the probe waiting for each layer */
+    kv_tree_pending *sink_pend = NULL;
+    if (!st && pend)
+        st = kv_tree_store_load_start(s, ids, n - 1, 1, &zero, 1, false, o->now, NULL, threads, &sink, &sink_pend);
+    else if (!st) st = kv_tree_store_load(s, ids, n - 1, 1, &zero, 1, false, o->now, &sink, &gr);
+    for (int i = 0; !st && !sink_pend && i < KV_TIER_COUNT; i++) rep->sketch_bytes += gr.bytes_read[i];
     double tp = kv_now_ms();
     rep->probe_sink_ms = tp - t1;
     /* the sketch's bytes, to choose the read's threads: the store's sketch
@@ -335,7 +343,8 @@ kv_status kv_qaware_load_start(kv_runner *r, kv_tree_store *s, const int *tok, i
     if (!st) {
         kv_prefix pre = {.T = 1, .matched = n - P, .n_kv_heads = Hkv, .head_dim = D, .positions = sink.positions,
                          .tokens = sink.tokens, .dt = sink.dt, .k = (const void *const *)sink.k,
-                         .v = (const void *const *)sink.v};
+                         .v = (const void *const *)sink.v, .wait = sink_pend ? pend_wait : NULL,
+                         .wait_user = sink_pend};
         /* only the last nq queries are scored: capturing all P cost a
          * conversion of every probe query, 11 ms of an 8B-shaped probe */
         if (!(st = kv_runner_keep(r, nq, false))) st = kv_runner_prefill_from(r, &pre, tok + n - P, P, NULL);
@@ -354,8 +363,14 @@ kv_status kv_qaware_load_start(kv_runner *r, kv_tree_store *s, const int *tok, i
             for (int h = 0; h < H; h++) /* the last nq of each head */
                 memcpy(q + (((size_t)l * H + h) * nq) * D, ql + ((size_t)h * got + (got - nq)) * D, (size_t)nq * D * sizeof *q);
         }
-        kv_tree_rows_free(&sink);
     }
+    if (sink_pend) { /* the sink's read ends (its own error first), before its rows go */
+        kv_get_report sr;
+        kv_status sst = kv_tree_load_finish(sink_pend, &sr, NULL, NULL);
+        if (!st) st = sst;
+        for (int i = 0; !sst && i < KV_TIER_COUNT; i++) rep->sketch_bytes += sr.bytes_read[i];
+    }
+    kv_tree_rows_free(&sink);
     double tr = kv_now_ms();
     rep->probe_prefill_ms = tr - tp;
     kv_status st2 = kv_runner_reset(r, NULL);

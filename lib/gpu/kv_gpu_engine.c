@@ -744,6 +744,8 @@ static kv_status pf_on_layer(void *ctx, int l, void *stream)
      * stream at the layer's end, the host waiting for each layer */
     if (!st) st = ingest(c->e, l, K, V, c->T, c->T, c->tmp, c->e->o.prefill_copy_sync);
     if (st) kv_errcontext("layer %d ingest", l);
+    /* the next layer's cached rows, with this layer's work already queued */
+    if (!st && c->overlap) st = gl_pf_overlap_next(c->e, c->pre, l, c->K, c->V, c->T);
     return st;
 }
 

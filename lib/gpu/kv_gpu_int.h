@@ -381,11 +381,17 @@ bool gl_pf_overlap_ok(const kv_gpu_engine *e, const kv_prefix *pre);
  * used: it needs none of them), an error only for a failed synchronise. */
 kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows, bool *ready);
 /* At layer l's start on the compute stream s (dense caches K[l & 1],
- * V[l & 1], leading dimension ld): layer 0 issues its own upload, every
- * layer issues the next one's into the other pair once the layer before
- * it (that pair's last reader) is done, then s waits for layer l's rows. */
+ * V[l & 1], leading dimension ld): layer 0 issues its own upload; the
+ * other pair's last reader (layer l - 1) is marked done; then s waits for
+ * layer l's rows. */
 kv_status gl_pf_overlap_layer(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *const K[2],
                               uint16_t *const V[2], int ld, cudaStream_t s);
+/* At layer l's end, its work issued: layer l + 1's upload into the other
+ * pair, once layer l - 1 is done with it.  Issued here rather than at the
+ * layer's start so that a host waiting for rows still being read
+ * (kv_prefix.wait) waits with layer l already queued on the GPU. */
+kv_status gl_pf_overlap_next(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *const K[2],
+                             uint16_t *const V[2], int ld);
 /* Before a continued prefill: every layer packed in pre's file gets the
  * file's encoding as its policy (placement configured and allocated again)
  * and load_from = pre; the others are left alone.  *any: some layer was. */

@@ -197,15 +197,20 @@ kv_status gl_pf_overlap_layer(kv_gpu_engine *e, const kv_prefix *pre, int l, uin
                               uint16_t *const V[2], int ld, cudaStream_t s)
 {
     if (l == 0) TRY(pf_upload(e, pre, 0, K[0], V[0], ld));
-    if (l + 1 < e->L) {
-        const int b = (l + 1) & 1;
-        /* layer l - 1 read pair b last: its chunks and its ingest (a copy
-         * on this stream, gl_pf_overlap_ok) are queued before this point */
-        CK(cudaEventRecord(e->pfb.ev_free[b], s));
-        TRY(pf_upload(e, pre, l + 1, K[b], V[b], ld));
-    }
+    /* layer l - 1 read pair (l + 1) & 1 last: its chunks and its ingest (a
+     * copy on this stream, gl_pf_overlap_ok) are queued before this point;
+     * layer l + 1's upload (gl_pf_overlap_next) waits for this record */
+    if (l + 1 < e->L) CK(cudaEventRecord(e->pfb.ev_free[(l + 1) & 1], s));
     CK(cudaStreamWaitEvent(s, e->pfb.ev_up[l & 1], 0));
     return KV_OK;
+}
+
+kv_status gl_pf_overlap_next(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *const K[2],
+                             uint16_t *const V[2], int ld)
+{
+    if (l + 1 >= e->L) return KV_OK;
+    const int b = (l + 1) & 1;
+    return pf_upload(e, pre, l + 1, K[b], V[b], ld);
 }
 
 // --- layers packed in a continued file -------------------------------------------------

@@ -31,9 +31,28 @@ typedef struct {
     int n;
 } tree_scratch;
 
+/* The store's reading thread (kv_tree_store_load_start): started on the
+ * first layered load and kept, so that its OpenMP team is too (a team
+ * made afresh for a new thread cost a share of a millisecond per load on
+ * the H200's host); one job at a time, a second load meanwhile gets a
+ * thread of its own. */
+typedef struct {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    void (*fn)(void *); /* the job posted, NULL when idle */
+    void *arg;
+    bool busy, stop;
+} tree_worker;
+/* Run fn(arg) on the store's worker (started when missing): false when it
+ * is busy or cannot be started (the caller then runs it otherwise). */
+bool tree_worker_post(kv_tree_store *s, void (*fn)(void *), void *arg);
+void tree_worker_free(tree_worker *w);
+
 struct kv_tree_store {
     char *dir;
     tree_scratch *scratch;
+    tree_worker *worker;  /* NULL until a layered load needs it */
     int lock_fd;
     kv_tree *t;
     char **fresh; /* (n_fresh) chunk paths written since the last save */

@@ -118,7 +118,9 @@ struct kv_tree_pending {
     /* the layered read's state (load_start) */
     int threads;
     pthread_t th;
-    bool threaded;
+    bool threaded;   /* on a thread of its own (th) */
+    bool posted;     /* on the store's worker (tree_worker_post): finish waits for done */
+    bool done;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int ready;       /* layers [0, ready) are in place */
@@ -377,6 +379,16 @@ static void *layered_thread(void *p)
     return NULL;
 }
 
+static void layered_job(void *p)
+{
+    kv_tree_pending *j = p;
+    layered_read(j);
+    pthread_mutex_lock(&j->mu);
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
 kv_status kv_tree_store_load_start(kv_tree_store *s, const int32_t *tok, int n, double frac, const int32_t *pick,
                                    int n_pick, bool touch, int64_t now, const kv_tree_alloc *al, int threads,
                                    kv_tree_rows *out, kv_tree_pending **pend)
@@ -393,9 +405,11 @@ kv_status kv_tree_store_load_start(kv_tree_store *s, const int32_t *tok, int n, 
     j->err_layer = j->L;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
-    /* no thread to be had: the read runs here, the waits then pass at once */
-    j->threaded = pthread_create(&j->th, NULL, layered_thread, j) == 0;
-    if (!j->threaded) layered_read(j);
+    /* on the store's worker, else a thread of its own; no thread to be had:
+     * the read runs here, the waits then pass at once */
+    j->posted = tree_worker_post(s, layered_job, j);
+    j->threaded = !j->posted && pthread_create(&j->th, NULL, layered_thread, j) == 0;
+    if (!j->posted && !j->threaded) layered_read(j);
     *pend = j;
     return KV_OK;
 }
@@ -419,6 +433,11 @@ kv_status kv_tree_load_finish(kv_tree_pending *j, kv_get_report *r, double *read
 {
     if (!j) return KV_OK;
     if (j->threaded) pthread_join(j->th, NULL);
+    if (j->posted) {
+        pthread_mutex_lock(&j->mu);
+        while (!j->done) pthread_cond_wait(&j->cv, &j->mu);
+        pthread_mutex_unlock(&j->mu);
+    }
     kv_status st = j->st;
     if (st) kv_fail(st, "%s", j->why);
     if (read_ms) *read_ms = j->read_ms;

@@ -330,6 +330,60 @@ kv_status kv_tree_store_open(const char *dir, bool write, kv_tree_store **out)
     return KV_OK;
 }
 
+static void *worker_main(void *p)
+{
+    tree_worker *w = p;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stop && !w->fn) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) break;
+        void (*fn)(void *) = w->fn;
+        void *arg = w->arg;
+        pthread_mutex_unlock(&w->mu);
+        fn(arg);
+        pthread_mutex_lock(&w->mu);
+        w->fn = NULL, w->arg = NULL, w->busy = false;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+bool tree_worker_post(kv_tree_store *s, void (*fn)(void *), void *arg)
+{
+    if (!s->worker) {
+        tree_worker *w = calloc(1, sizeof *w);
+        if (!w) return false;
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+        if (pthread_create(&w->th, NULL, worker_main, w)) {
+            pthread_mutex_destroy(&w->mu);
+            pthread_cond_destroy(&w->cv);
+            free(w);
+            return false;
+        }
+        s->worker = w;
+    }
+    tree_worker *w = s->worker;
+    pthread_mutex_lock(&w->mu);
+    bool ok = !w->busy;
+    if (ok) w->busy = true, w->fn = fn, w->arg = arg, pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return ok;
+}
+
+void tree_worker_free(tree_worker *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL); /* a job still running ends first: the loop checks stop between jobs */
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
 void kv_tree_store_close(kv_tree_store *s)
 {
     if (!s) return;
@@ -337,6 +391,7 @@ void kv_tree_store_close(kv_tree_store *s)
     for (int i = 0; i < s->n_fresh; i++) unlink(s->fresh[i]);
     tree_list_free(s->fresh, s->n_fresh);
     tree_list_free(s->dead, s->n_dead);
+    tree_worker_free(s->worker); /* (every load was finished before: the contract) */
     kv_tree_free(s->t);
     tree_scratch_free(s->scratch);
     if (s->lock_fd >= 0) close(s->lock_fd); /* releases the flock */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kt.h"
+#include "common/kv_dtype.h"
 #include "common/kv_half.h"
 #include "model/kv_matmul.h"
 
@@ -212,9 +213,33 @@ static void test_swiglu_divides_once(void)
     free(g), free(u), free(want);
 }
 
+/* kv_halves_to_f32 (F16C where the CPU has it) gives every one of the
+ * 65,536 halves as kv_half_to_f32 does: the same bits, NaN as NaN, at
+ * every offset of a vector's tail. */
+static void test_halves_convert_as_one_by_one(void)
+{
+    uint16_t *h = malloc(65536 * sizeof *h + 16);
+    float *f = malloc(65536 * sizeof *f + 64);
+    KT_REQUIRE(h && f, "memory");
+    for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    int bad = 0;
+    for (int off = 0; off < 9; off++) {
+        kv_halves_to_f32(h + off, f, (size_t)(65536 - off));
+        for (int i = 0; i < 65536 - off; i++) {
+            float w = kv_half_to_f32(h[i + off]);
+            uint32_t a, b;
+            memcpy(&a, &f[i], 4), memcpy(&b, &w, 4);
+            bad += isnan(w) ? !isnan(f[i]) : a != b;
+        }
+    }
+    KT_CHECK(bad == 0, "%d conversions differ", bad);
+    free(h), free(f);
+}
+
 int main(void)
 {
     KT_RUN(test_portable_path_matches_the_chosen_one);
+    KT_RUN(test_halves_convert_as_one_by_one);
     KT_RUN(test_f16_and_bf16_products_round_their_input_to_the_type);
     KT_RUN(test_rmsnorm_sums_its_squares_in_double);
     KT_RUN(test_attention_softmax_normaliser_sums_in_double);

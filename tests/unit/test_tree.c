@@ -981,6 +981,20 @@ static void test_layered_load_equals_the_frame_load(void)
         bad += layered_matches(z, tok2, T2, 1, pick, 9, th, "zstd frames");
     }
     KT_CHECK(bad == 0, "%d loads differ", bad);
+    { /* two loads pending at once: the second is read on a thread of its own, both alike */
+        kv_tree_rows a, b, ref;
+        kv_tree_pending *pa = NULL, *pb = NULL;
+        kv_get_report gr;
+        KT_REQUIRE(kv_tree_store_load_ex(s, tok2, T2, 1, NULL, 0, false, 1000, NULL, &ref, &gr) == KV_OK, "reference");
+        KT_REQUIRE(kv_tree_store_load_start(s, tok2, T2, 1, NULL, 0, false, 1000, NULL, 2, &a, &pa) == KV_OK &&
+                       kv_tree_store_load_start(s, tok2, T2, 1, NULL, 0, false, 1000, NULL, 2, &b, &pb) == KV_OK,
+                   "two starts: %s", kv_errdetail());
+        int same = kv_tree_rows_wait(pb, LL - 1) == KV_OK && kv_tree_rows_wait(pa, LL - 1) == KV_OK;
+        for (int l = 0; l < LL; l++) same &= layer_same(&ref, &a, l) && layer_same(&ref, &b, l);
+        same &= kv_tree_load_finish(pb, &gr, NULL, NULL) == KV_OK && kv_tree_load_finish(pa, &gr, NULL, NULL) == KV_OK;
+        KT_CHECK(same, "two loads at once");
+        kv_tree_rows_free(&a), kv_tree_rows_free(&b), kv_tree_rows_free(&ref);
+    }
     KT_CHECK(kv_tree_rows_wait(NULL, 3) == KV_OK && kv_tree_load_finish(NULL, NULL, NULL, NULL) == KV_OK, "NULL pending");
     /* damage in the first prompt's tail chunk, its last frame's last layer */
     const kv_tree *t = kv_tree_store_tree(s);
