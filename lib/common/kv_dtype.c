@@ -14,7 +14,25 @@
  * 8B-shaped probe's kept queries, half a million values, took ~0.5 ms of a
  * query-aware load), else one by one: the same values, NaN as NaN. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
+/* AVX with the OS saving YMM state, and F16C (by CPUID: clang's
+ * __builtin_cpu_supports knows no "f16c") */
+static bool have_f16c(void)
+{
+    static int known = -1;
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k >= 0) return k;
+    unsigned a, b, c, d;
+    bool ok = __get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1) && (c >> 28 & 1) && (c >> 29 & 1);
+    if (ok) {
+        unsigned lo, hi;
+        __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        ok = (lo & 6) == 6;
+    }
+    __atomic_store_n(&known, ok, __ATOMIC_RELAXED);
+    return ok;
+}
 __attribute__((target("avx,f16c"))) static void halves_f16c(const uint16_t *h, float *out, size_t n)
 {
     size_t i = 0;
@@ -27,7 +45,7 @@ __attribute__((target("avx,f16c"))) static void halves_f16c(const uint16_t *h, f
 void kv_halves_to_f32(const uint16_t *h, float *out, size_t n)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) {
+    if (have_f16c()) {
         halves_f16c(h, out, n);
         return;
     }

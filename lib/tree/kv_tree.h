@@ -277,8 +277,9 @@ void kv_tree_rows_free(kv_tree_rows *x);
  * kv_tree_rows_wait(p, l) returns once layers 0..l are in place (or the
  * read's error); kv_tree_load_finish joins the read, fills r as load_ex
  * does, touches the nodes when asked and all went well, and frees p; on an
- * error out is freed.  Until then the store must not be used (the read
- * owns the chunks it opened).  read_ms: the read's own time; wait_ms: the
+ * error out is freed.  Until then the store may be read (other loads, a
+ * key sketch: reads change nothing in it) but not changed, nor closed (the
+ * read owns the chunks it opened).  read_ms: the read's own time; wait_ms: the
  * callers' time in kv_tree_rows_wait (either may be NULL).
  */
 typedef struct kv_tree_pending kv_tree_pending;

@@ -587,6 +587,9 @@ static kv_status layered_head(tree_chunk *c, int f, kvc_file **out, bool *fits, 
     if (!b) return kv_fail(KV_E_NOMEM, "out of memory");
     kv_status st = src_read(c, fr->off, b, got);
     uint64_t hn = st ? 0 : 8 + rd64(b);
+    if (!st && hn - 8 > (100u << 20)) /* kvc's header limit */
+        st = kv_fail(KV_E_DATA, "chunk %s: frame %d's header of %llu bytes is over the limit", c->name, f,
+                     (unsigned long long)(hn - 8));
     if (!st && hn > got && hn <= fr->len) { /* a longer header: the rest of it */
         uint8_t *nb = realloc(b, (size_t)hn);
         if (!nb) st = kv_fail(KV_E_NOMEM, "out of memory");
@@ -594,6 +597,25 @@ static kv_status layered_head(tree_chunk *c, int f, kvc_file **out, bool *fits, 
     }
     kvc_file *k = NULL;
     if (!st && (st = kvc_open_head(b, got, fr->len, &k))) kv_errcontext("chunk %s frame %d", c->name, f);
+    /* the whole-frame CRC covered the header's bytes too: the frame is its
+     * header then its tensors tiled in offset order, so the header's CRC
+     * combined with each tensor's must give it (a frame otherwise, or a
+     * tensor without a CRC, is read whole) */
+    bool tiled = false;
+    if (!st) {
+        const uint64_t ds = kvc_data_start(k);
+        tiled = ds <= got;
+        uint32_t crc = tiled ? kv_crc32c(0, b, (size_t)ds) : 0;
+        uint64_t at = 0;
+        for (int i = 0; i < kvc_n_tensors(k) && tiled; i++) {
+            const kvc_tensor *t = kvc_tensor_at(k, i);
+            tiled = t->has_crc && t->offset == at;
+            if (tiled) crc = kv_crc32c_combine(crc, t->crc, t->nbytes), at += t->nbytes;
+        }
+        tiled = tiled && ds + at == fr->len;
+        if (tiled && crc != fr->crc)
+            st = kv_fail(KV_E_DATA, "chunk %s: checksum mismatch in frame %d (its header)", c->name, f);
+    }
     free(b);
     if (!st) st = frame_check(c, f, k);
     if (st) {
@@ -613,7 +635,7 @@ static kv_status layered_head(tree_chunk *c, int f, kvc_file **out, bool *fits, 
         if (sp > *span) *span = sp;
     }
     *out = k;
-    *fits = ok;
+    *fits = ok && tiled;
     return KV_OK;
 }
 

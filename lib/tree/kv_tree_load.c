@@ -349,7 +349,7 @@ static void layered_read(kv_tree_pending *j)
                     continue;
                 }
                 int now_left;
-#pragma omp atomic capture
+#pragma omp atomic capture acq_rel
                 now_left = --left[l];
                 if (now_left == 0) { /* the layer is in: publish the layers in place from the first */
                     pthread_mutex_lock(&j->mu);
@@ -424,8 +424,8 @@ kv_status kv_tree_rows_wait(kv_tree_pending *j, int layer)
     kv_status st = j->ready > layer || j->ready >= j->L ? KV_OK : j->st;
     char why[512];
     if (st) snprintf(why, sizeof why, "%s", j->why);
-    pthread_mutex_unlock(&j->mu);
     j->wait_ms += kv_now_ms() - t0;
+    pthread_mutex_unlock(&j->mu);
     return st ? kv_fail(st, "%s", why) : KV_OK;
 }
 

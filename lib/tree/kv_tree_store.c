@@ -336,7 +336,7 @@ static void *worker_main(void *p)
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (!w->stop && !w->fn) pthread_cond_wait(&w->cv, &w->mu);
-        if (w->stop) break;
+        if (!w->fn) break; /* stopped, and nothing posted: a posted job runs even so, or its finisher hangs */
         void (*fn)(void *) = w->fn;
         void *arg = w->arg;
         pthread_mutex_unlock(&w->mu);

@@ -50,6 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         head_check(data, size, hl, whole);
         head_check(data, size, hl > 9 ? hl - 1 : hl, NULL);
         head_check(data, size, size, whole);
+        kvc_close(whole);
     }
     kvc_file *f = NULL, *fv = NULL;
     const kv_status sv = kvc_open_view(data, size, &fv);

@@ -1007,6 +1007,26 @@ static void test_layered_load_equals_the_frame_load(void)
     KT_REQUIRE(stat(path, &sb) == 0, "stat");
     uint8_t *b = read_chunk(path, (size_t)sb.st_size);
     KT_REQUIRE(b, "read the chunk");
+    { /* a damaged frame header that still parses (a digit of rope_theta's 10000): the layered read refuses it */
+        uint8_t *hit = memmem(b, (size_t)sb.st_size, "\"10000\"", 7); /* the first frame's header */
+        if (hit) hit++;
+        KT_REQUIRE(hit, "a 10000 in the chunk");
+        hit[1] ^= '0' ^ '1'; /* 10000 -> 11000 */
+        FILE *hp = fopen(path, "wb");
+        KT_REQUIRE(hp && fwrite(b, 1, (size_t)sb.st_size, hp) == (size_t)sb.st_size && fclose(hp) == 0, "rewrite");
+        kv_tree_rows hx;
+        kv_tree_pending *hpend = NULL;
+        KT_REQUIRE(kv_tree_store_load_start(s, tok, T, 1, NULL, 0, false, 1000, NULL, 2, &hx, &hpend) == KV_OK,
+                   "start: %s", kv_errdetail());
+        kv_status hw = kv_tree_rows_wait(hpend, 0);
+        KT_CHECK(hw == KV_E_DATA && strstr(kv_errdetail(), "checksum mismatch") != NULL,
+                 "a damaged frame header is refused: %d %s", hw, kv_errdetail());
+        kv_get_report hr;
+        KT_CHECK(kv_tree_load_finish(hpend, &hr, NULL, NULL) == KV_E_DATA, "finish fails on a damaged header");
+        hit[1] ^= '0' ^ '1'; /* restored */
+        hp = fopen(path, "wb");
+        KT_REQUIRE(hp && fwrite(b, 1, (size_t)sb.st_size, hp) == (size_t)sb.st_size && fclose(hp) == 0, "restore");
+    }
     b[sb.st_size - 20] ^= 2;
     FILE *fp = fopen(path, "wb");
     KT_REQUIRE(fp && fwrite(b, 1, (size_t)sb.st_size, fp) == (size_t)sb.st_size && fclose(fp) == 0, "rewrite");
