@@ -396,7 +396,9 @@ static void test_rows_still_arriving_give_the_same_logits(void)
                  w ? "serial" : "ahead", st ? kv_errdetail() : "ok", nerr(a, b, 259));
         KT_CHECK(x.waits >= L, "%s: %d waits for %d layers", w ? "serial" : "ahead", x.waits, L);
         /* a failing wait: the prefill fails with its reason; the engine goes on */
-        late_rows y = x;
+        late_rows y = x; /* its own lock: a copied mutex is undefined */
+        pthread_mutex_init(&y.mu, NULL);
+        pthread_cond_init(&y.cv, NULL);
         y.fail_at = L / 2, y.ready = L, y.waits = 0;
         lp.wait_user = &y;
         OK(kv_runner_reset(r, NULL));
@@ -407,6 +409,8 @@ static void test_rows_still_arriving_give_the_same_logits(void)
         OK(kv_runner_reset(r, NULL));
         OK(kv_runner_prefill_from(r, &pre, ids + P, n_ids - P, b));
         KT_CHECK(memcmp(a, b, sizeof a) == 0, "%s: the prefill after a failed one", w ? "serial" : "ahead");
+        pthread_mutex_destroy(&y.mu);
+        pthread_cond_destroy(&y.cv);
         kv_runner_free(r);
         for (int l = 0; l < L; l++) memset(dk[l], 0xff, n * 2), memset(dv[l], 0xff, n * 2);
     }
