@@ -411,8 +411,6 @@ typedef struct {
     kv_tree_pending *pend;  /* its rows still arriving (kv_tree_store_load_start), or NULL */
 } psource;
 
-static kv_status source_wait(void *user, int layer) { return kv_tree_rows_wait(user, layer); }
-
 /* The disk load's end (its rows' bytes into hit[2]); KV_OK without one. */
 static kv_status source_finish(psource *s, uint64_t *hit, double *ms)
 {
@@ -489,10 +487,7 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
         kv_tree_rows *x = &src->rows;
         /* the rows read layer by layer beside the prefill, on the cores but one
          * (the one that drives the engine) */
-        int threads = 1;
-#ifdef _OPENMP
-        threads = omp_get_num_procs() - 1 < 1 ? 1 : omp_get_num_procs() - 1 > 16 ? 16 : omp_get_num_procs() - 1;
-#endif
+        const int threads = kv_tree_load_threads();
         kv_tree_pending **pend = o->rows_serial ? NULL : &src->pend;
         const kv_tree_alloc al = {arena_alloc, arena_free, c}, skal = {sk_arena_alloc, sk_arena_free, c};
         if (m == KV_PM_DISK_QUERY) {
@@ -517,7 +512,7 @@ static kv_status source_get(kv_pmode m, kv_runner *r, pcache *c, kv_tree_store *
             src->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads,
                                    .head_dim = x->head_dim, .positions = x->T < x->matched ? x->positions : NULL,
                                    .tokens = x->tokens, .dt = x->dt, .k = (const void *const *)x->k,
-                                   .v = (const void *const *)x->v, .wait = src->pend ? source_wait : NULL,
+                                   .v = (const void *const *)x->v, .wait = src->pend ? kv_tree_pending_wait : NULL,
                                    .wait_user = src->pend};
         for (int i = 0; i < 3; i++) hit[2] += gr.bytes_read[i];
         *tier = "disk";

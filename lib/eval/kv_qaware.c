@@ -236,8 +236,6 @@ typedef struct {
     double stage_ms;
 } sketch_job;
 
-static kv_status pend_wait(void *p, int layer) { return kv_tree_rows_wait(p, layer); }
-
 static void *sketch_run(void *p)
 {
     sketch_job *j = p;
@@ -343,7 +341,7 @@ kv_status kv_qaware_load_start(kv_runner *r, kv_tree_store *s, const int *tok, i
     if (!st) {
         kv_prefix pre = {.T = 1, .matched = n - P, .n_kv_heads = Hkv, .head_dim = D, .positions = sink.positions,
                          .tokens = sink.tokens, .dt = sink.dt, .k = (const void *const *)sink.k,
-                         .v = (const void *const *)sink.v, .wait = sink_pend ? pend_wait : NULL,
+                         .v = (const void *const *)sink.v, .wait = sink_pend ? kv_tree_pending_wait : NULL,
                          .wait_user = sink_pend};
         /* only the last nq queries are scored: capturing all P cost a
          * conversion of every probe query, 11 ms of an 8B-shaped probe */

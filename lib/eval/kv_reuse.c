@@ -17,8 +17,6 @@
 
 #include "common/kv_stats.h"
 
-static kv_status reuse_wait(void *p, int layer) { return kv_tree_rows_wait(p, layer); }
-
 kv_status kv_reuse_open(kv_reuse *u, const char *store, const kv_model *m, const kv_reuse_opts *o)
 {
     memset(u, 0, sizeof *u);
@@ -52,17 +50,14 @@ kv_status kv_reuse_prefill(kv_reuse *u, kv_runner *r, const int *tok, int n, con
             kv_qaware_opts qo = {o->important, KV_QAWARE_PROBE, KV_QAWARE_QUERIES, o->keep_nq, o->keep_kv, o->now, NULL,
                                  false, KV_QAWARE_MAX, 0, NULL};
             /* the rows read layer by layer beside the prefill, on the cores but this one */
-            int threads = 1;
-#ifdef _OPENMP
-            threads = omp_get_num_procs() - 1 < 1 ? 1 : omp_get_num_procs() - 1 > 16 ? 16 : omp_get_num_procs() - 1;
-#endif
+            const int threads = kv_tree_load_threads();
             if ((st = kv_qaware_load_start(r, u->s, tok, n, &qo, threads, &u->rows, &u->qa, &u->pend))) return st;
             matched = u->rows.matched;
             kv_tree_rows *x = &u->rows;
             u->pre = (kv_prefix){.T = x->T, .matched = x->matched, .n_kv_heads = x->n_kv_heads, .head_dim = x->head_dim,
                                  .positions = x->T < x->matched ? x->positions : NULL, .tokens = x->tokens, .dt = x->dt,
                                  .k = (const void *const *)x->k, .v = (const void *const *)x->v,
-                                 .wait = u->pend ? reuse_wait : NULL, .wait_user = u->pend};
+                                 .wait = u->pend ? kv_tree_pending_wait : NULL, .wait_user = u->pend};
             u->get = (kv_get_report){.tokens = n - 1, .matched = matched, .kept = x->T, .skipped = matched - x->T,
                                      .positions = x->T < matched};
             u->get.bytes_read[KV_TIER_DISK] = u->qa.sketch_bytes + u->qa.row_bytes;

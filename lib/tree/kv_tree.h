@@ -288,6 +288,11 @@ kv_status kv_tree_store_load_start(kv_tree_store *s, const int32_t *tok, int n, 
                                    kv_tree_rows *out, kv_tree_pending **p);
 kv_status kv_tree_rows_wait(kv_tree_pending *p, int layer);
 kv_status kv_tree_load_finish(kv_tree_pending *p, kv_get_report *r, double *read_ms, double *wait_ms);
+/* kv_tree_rows_wait for a kv_prefix's wait hook (user: the pending load). */
+kv_status kv_tree_pending_wait(void *p, int layer);
+/* The threads a load beside a prefill reads with: the cores but the one
+ * that drives the engine, 1 to 16. */
+int kv_tree_load_threads(void);
 
 /* The key sketch of a cached prefix, node by node (kv_tree_store_sketch):
  * what a query-aware load scores the prefix with before it reads rows. */

@@ -13,6 +13,9 @@
 
 #include <math.h>
 #include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,6 +430,17 @@ kv_status kv_tree_rows_wait(kv_tree_pending *j, int layer)
     j->wait_ms += kv_now_ms() - t0;
     pthread_mutex_unlock(&j->mu);
     return st ? kv_fail(st, "%s", why) : KV_OK;
+}
+
+kv_status kv_tree_pending_wait(void *p, int layer) { return kv_tree_rows_wait(p, layer); }
+
+int kv_tree_load_threads(void)
+{
+    int n = 1;
+#ifdef _OPENMP
+    n = omp_get_num_procs() - 1;
+#endif
+    return n < 1 ? 1 : n > 16 ? 16 : n;
 }
 
 kv_status kv_tree_load_finish(kv_tree_pending *j, kv_get_report *r, double *read_ms, double *wait_ms)
