@@ -587,7 +587,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if ((st = kv_runner_reset(r, NULL))) break;
             if ((st = kv_runner_keep(r, is_full && insert ? o->put_queries : 0, is_full && insert))) break;
             double t0 = kv_now_ms();
-            double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[6] = {0, 0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[6] = {0, 0, 0, 0, 0, 0};
+            double qa_ms[5] = {0, 0, 0, 0, 0}, probe_ms[6] = {0, 0, 0, 0, 0, 0}, probe_pf[5] = {0, 0, 0, 0, 0}, pf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             bool rows_ahead = false;
             double rows_ms[2] = {0, 0};
             st = source_get(mode, r, &c, s, ids, len, o, now, &src, &tier, hit, qa_ms, probe_ms, probe_pf);
@@ -606,7 +606,8 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
             if (!st && kv_runner_gpu(r)) {
                 kv_gpu_prefill_phases ph;
                 kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
-                pf[0] = ph.setup, pf[1] = ph.rows, pf[2] = ph.compute, pf[3] = ph.logits, pf[4] = ph.total, pf[5] = ph.capture;
+                pf[0] = ph.setup, pf[1] = ph.rows, pf[2] = ph.compute, pf[3] = ph.logits, pf[4] = ph.total, pf[5] = ph.capture, pf[6] = ph.upload,
+                pf[7] = ph.upload_bytes;
                 rows_ahead = ph.rows_ahead;
             }
             source_clear(&src);
@@ -632,7 +633,7 @@ kv_status kv_pbench_run(kv_runner *r, const kv_tokenizer *tok, const kv_preq *re
                 kv_pbench_row *row = &out[k++];
                 *row = (kv_pbench_row){i, mode, tier, len, reused, len - start, ttft, t1 - t0,
                                        {qa_ms[0], qa_ms[1], qa_ms[2], qa_ms[3], qa_ms[4]}, {probe_ms[0], probe_ms[1], probe_ms[2], probe_ms[3], probe_ms[4], probe_ms[5]},
-                                       {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]},
+                                       {pf[0], pf[1], pf[2], pf[3], pf[4], pf[5], pf[6], pf[7]},
                                        {probe_pf[0], probe_pf[1], probe_pf[2], probe_pf[3], probe_pf[4]},
                                        rows_ahead, {hit[0], hit[1], hit[2]}, beside, {rows_ms[0], rows_ms[1]}, -1, text};
                 if (q->n_out) {
@@ -720,6 +721,10 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
             cJSON *ph = cJSON_AddObjectToObject(x, "prefill_phases_ms");
             for (int t = 0; t < 6; t++) cJSON_AddNumberToObject(ph, phn[t], r->pf_ms[t]);
             cJSON_AddBoolToObject(ph, "rows_ahead", r->rows_ahead);
+            if (r->rows_ahead) { /* the uploads' span on the GPU clock and their rate */
+                cJSON_AddNumberToObject(ph, "upload", r->pf_ms[6]);
+                cJSON_AddNumberToObject(ph, "upload_gbs", r->pf_ms[6] > 0 ? r->pf_ms[7] / (r->pf_ms[6] * 1e6) : 0);
+            }
         }
         if (r->probe_pf_ms[4] > 0) {
             cJSON *ph = cJSON_AddObjectToObject(x, "probe_prefill_phases_ms");

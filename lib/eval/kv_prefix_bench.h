@@ -83,8 +83,9 @@ typedef struct {
                                then the wait for the sketch read (beside the probe) after it and
                                the start of its thread (of the prefill); then, of the sketch read,
                                the issuing of its codes' copy to the GPU (kv_qaware_gpu_stage) */
-    double pf_ms[6];        /* GPU engine: the request's prefill's phases (kv_gpu_prefill_phases:
-                               setup, rows, compute, logits, total, capture); all 0 on the CPU */
+    double pf_ms[8];        /* GPU engine: the request's prefill's phases (kv_gpu_prefill_phases:
+                               setup, rows, compute, logits, total, capture, upload, and
+                               upload_bytes in bytes); all 0 on the CPU */
     double probe_pf_ms[5];  /* disk-query on the GPU: the same for the probe's prefill */
     bool rows_ahead;        /* GPU engine: the cached rows were uploaded a layer ahead of the compute
                                (kv_gpu_prefill_phases.rows_ahead) */

@@ -845,6 +845,7 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
         st = ce == cudaSuccess ? gl_logits(e, e->s_main) : kv_cuda_fail(ce, "prefill logits", __FILE__, __LINE__);
     }
     cudaDeviceSynchronize();
+    if (!st && overlap) gl_pf_overlap_span(e, pre);
     for (int i = 0; i < ev.cap; i++) {
         float ms = 0;
         if (!st && i < ev.n && cudaEventElapsedTime(&ms, (cudaEvent_t)ev.start[i],

@@ -372,9 +372,14 @@ const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int l
  * on a stream of their own into two alternating dense caches (fp16 rows
  * copied straight, every layer full), so their PCIe time hides under the
  * layers' (a host-tier continuation); otherwise each layer's rows are
- * copied at its start on the compute stream. */
+ * copied at its start on the compute stream.
+ * upload: with rows_ahead, the uploads' span on the GPU's clock, from the
+ * first layer's copy starting to the last layer's ending (within compute;
+ * near compute, the prefill waited for PCIe), and upload_bytes their
+ * bytes; 0 otherwise. */
 typedef struct {
-    double setup, rows, compute, logits, total, capture;
+    double setup, rows, compute, logits, total, capture, upload;
+    double upload_bytes;
     bool rows_ahead;
 } kv_gpu_prefill_phases;
 void kv_gpu_engine_prefill_phases(const kv_gpu_engine *e, kv_gpu_prefill_phases *out);

@@ -349,6 +349,8 @@ struct kv_gpu_engine {
         size_t kv2_n;      /* elements allocated, each */
         cudaStream_t s_up; /* the uploads (created at the first overlapped prefill) */
         cudaEvent_t ev_up[2], ev_free[2]; /* pair b: its rows are in; its last reader is done */
+        cudaEvent_t ev_span[2];           /* timed: the first upload's start, the last's end
+                                             (kv_gpu_prefill_phases.upload) */
     } pfb;
     kv_gpu_prefill_phases ph; /* the last prefill's host-clock phases */
 };
@@ -392,6 +394,9 @@ kv_status gl_pf_overlap_layer(kv_gpu_engine *e, const kv_prefix *pre, int l, uin
  * (kv_prefix.wait) waits with layer l already queued on the GPU. */
 kv_status gl_pf_overlap_next(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16_t *const K[2],
                              uint16_t *const V[2], int ld);
+/* After the prefill's synchronisation: the uploads' span and bytes into
+ * e->ph (upload, upload_bytes; 0 without rows_ahead). */
+void gl_pf_overlap_span(kv_gpu_engine *e, const kv_prefix *pre);
 /* Before a continued prefill: every layer packed in pre's file gets the
  * file's encoding as its policy (placement configured and allocated again)
  * and load_from = pre; the others are left alone.  *any: some layer was. */

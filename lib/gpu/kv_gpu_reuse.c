@@ -90,7 +90,8 @@ void gl_pf_buffers_trim(kv_gpu_engine *e, bool all)
         for (int i = 0; i < 2; i++) {
             if (e->pfb.ev_up[i]) cudaEventDestroy(e->pfb.ev_up[i]);
             if (e->pfb.ev_free[i]) cudaEventDestroy(e->pfb.ev_free[i]);
-            e->pfb.ev_up[i] = e->pfb.ev_free[i] = NULL;
+            if (e->pfb.ev_span[i]) cudaEventDestroy(e->pfb.ev_span[i]);
+            e->pfb.ev_up[i] = e->pfb.ev_free[i] = e->pfb.ev_span[i] = NULL;
         }
         if (e->pfb.s_up) cudaStreamDestroy(e->pfb.s_up);
         e->pfb.s_up = NULL;
@@ -161,19 +162,21 @@ kv_status gl_pf_overlap_begin(kv_gpu_engine *e, int rows, bool *ready)
             return KV_OK;
         }
     }
-    if (!e->pfb.s_up) { /* all five handles or none */
-        cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL};
+    if (!e->pfb.s_up) { /* all seven handles or none; the last two timed */
+        cudaEvent_t ev[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
         cudaStream_t su = NULL;
         bool ok = true;
-        for (int i = 0; i < 4 && ok; i++) ok = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming) == cudaSuccess;
+        for (int i = 0; i < 6 && ok; i++)
+            ok = cudaEventCreateWithFlags(&ev[i], i < 4 ? cudaEventDisableTiming : cudaEventDefault) == cudaSuccess;
         ok = ok && cudaStreamCreateWithFlags(&su, cudaStreamNonBlocking) == cudaSuccess;
         if (!ok) {
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 6; i++)
                 if (ev[i]) cudaEventDestroy(ev[i]);
             (void)cudaGetLastError();
             return KV_OK;
         }
         e->pfb.ev_up[0] = ev[0], e->pfb.ev_up[1] = ev[1], e->pfb.ev_free[0] = ev[2], e->pfb.ev_free[1] = ev[3];
+        e->pfb.ev_span[0] = ev[4], e->pfb.ev_span[1] = ev[5];
         e->pfb.s_up = su;
     }
     *ready = true;
@@ -188,8 +191,10 @@ static kv_status pf_upload(kv_gpu_engine *e, const kv_prefix *pre, int l, uint16
 {
     const int b = l & 1;
     CK(cudaStreamWaitEvent(e->pfb.s_up, e->pfb.ev_free[b], 0));
+    if (l == 0) CK(cudaEventRecord(e->pfb.ev_span[0], e->pfb.s_up));
     TRY(gl_put_prefix_rows(e, pre, l, K, V, ld, NULL, e->pfb.s_up));
     CK(cudaEventRecord(e->pfb.ev_up[b], e->pfb.s_up));
+    if (l == e->L - 1) CK(cudaEventRecord(e->pfb.ev_span[1], e->pfb.s_up));
     return KV_OK;
 }
 
@@ -267,5 +272,18 @@ const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int l
 }
 
 void kv_gpu_engine_prefill_phases(const kv_gpu_engine *e, kv_gpu_prefill_phases *out) { *out = e->ph; }
+
+void gl_pf_overlap_span(kv_gpu_engine *e, const kv_prefix *pre)
+{
+    float ms = 0;
+    e->ph.upload = e->ph.upload_bytes = 0;
+    if (!e->ph.rows_ahead || !e->pfb.ev_span[0]) return;
+    if (cudaEventElapsedTime(&ms, e->pfb.ev_span[0], e->pfb.ev_span[1]) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    e->ph.upload = ms;
+    e->ph.upload_bytes = 2.0 * e->L * e->nkv * (double)pre->T * e->hd * 2;
+}
 
 #endif /* KV_HAVE_CUDA */
