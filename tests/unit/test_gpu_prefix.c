@@ -232,6 +232,7 @@ static void run_ahead_vs_serial(const kv_prefix *pre, const char *what)
     float out[2][259];
     int gen[2][8];
     bool ahead[2];
+    double up_ms[2], up_bytes[2];
     for (int w = 0; w < 2; w++) { /* w = 0: default; w = 1: the serial copies */
         kv_gpu_engine_opts go;
         kv_gpu_engine_opts_default(&go);
@@ -245,6 +246,7 @@ static void run_ahead_vs_serial(const kv_prefix *pre, const char *what)
         kv_gpu_prefill_phases ph;
         kv_gpu_engine_prefill_phases(kv_runner_gpu(r), &ph);
         ahead[w] = ph.rows_ahead;
+        up_ms[w] = ph.upload, up_bytes[w] = ph.upload_bytes;
         float *l8 = malloc(259 * sizeof *l8);
         memcpy(l8, out[w], 259 * sizeof *l8);
         for (int i = 0; i < 8; i++) {
@@ -255,6 +257,11 @@ static void run_ahead_vs_serial(const kv_prefix *pre, const char *what)
         kv_runner_free(r);
     }
     KT_CHECK(ahead[0] && !ahead[1], "%s: rows ahead %d (default), %d (serial)", what, ahead[0], ahead[1]);
+    /* the uploads' span is timed only when they run ahead, over all their bytes */
+    const double want = 2.0 * model->cfg.n_layers * pre->n_kv_heads * (double)pre->T * pre->head_dim * 2;
+    KT_CHECK(up_ms[0] > 0 && up_bytes[0] == want && up_ms[1] == 0 && up_bytes[1] == 0,
+             "%s: upload %.3g ms %.0f bytes (want %.0f), serial %.3g ms %.0f bytes", what, up_ms[0], up_bytes[0],
+             want, up_ms[1], up_bytes[1]);
     KT_CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "%s: logits differ (%.3g)", what, nerr(out[0], out[1], 259));
     KT_CHECK(memcmp(gen[0], gen[1], sizeof gen[0]) == 0, "%s: greedy ids differ", what);
 }
