@@ -374,9 +374,11 @@ const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int l
  * layers' (a host-tier continuation); otherwise each layer's rows are
  * copied at its start on the compute stream.
  * upload: with rows_ahead, the uploads' span on the GPU's clock, from the
- * first layer's copy starting to the last layer's ending (within compute;
- * near compute, the prefill waited for PCIe), and upload_bytes their
- * bytes; 0 otherwise. */
+ * first layer's copy starting to the last layer's ending (within compute),
+ * and upload_bytes their bytes; 0 otherwise.  Each layer's upload waits
+ * for its buffer to be freed by the layer two back, so the span follows
+ * the compute: upload_bytes / upload is a lower bound on the copy rate,
+ * not the rate itself. */
 typedef struct {
     double setup, rows, compute, logits, total, capture, upload;
     double upload_bytes;

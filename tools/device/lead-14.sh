@@ -27,7 +27,7 @@ if [ -x "$D/h2d_probe" ]; then
     log "h2d_probe rc=$?"
     cat "$L/h2d_probe.txt" >> "$OUT/summary.txt"
 fi
-[ -n "${SEEDS:-x}" ] && SEEDS=${SEEDS:-1 2 3 4 5 6} MODES=${MODES:-full,host,disk,disk-query} TAG=s14 STEPS=w \
+[ -n "${SEEDS-x}" ] && SEEDS=${SEEDS:-1 2 3 4 5 6} MODES=${MODES:-full,host,disk,disk-query} TAG=s14 STEPS=w \
     BUDGET=${WBUDGET:-300} sh tools/device/lead-9w.sh "$D"
 [ $(( $(date +%s) - T0 )) -le ${SYNTH_BY:-480} ] && STEPS=s BUDGET=100 TAG=synth sh tools/device/lead-9w.sh "$D"
 tar czf "$OUT/lead14.tgz" -C "$L" . 2>/dev/null

@@ -4,6 +4,8 @@
 # tree stays under the device tool's 64 MiB):
 #   make -j2 B=build-dv BINDIR=build-dv/bin NVCC_ARCH="-gencode arch=compute_90,code=sm_90"
 #   sh tools/device/pack.sh build-dev              (B=build-dv BINDIR=build-dv/bin by default)
+# (and, to carry the diagnostic too, first:
+#   nvcc -O2 -arch=sm_90 -o build-dv/bin/h2d_probe tools/device/h2d_probe.cu -lpthread)
 # Every tool, every CUDA/GPU unit test, libcjson (the device has none); all
 # stripped, in one xz tarball (its 64 MiB window finds the kernels' images
 # that every binary links: 2.7 MB where gzip per file gave 23 MB).  On the
