@@ -47,6 +47,16 @@ tap() {
     log "$1: $(grep -c '^ok' "$2") ok, $(grep -c '^not ok' "$2") not ok"
     grep -E '^not ok|^# ' "$2" | head -${3:-25} | tee -a "$OUT/summary.txt"
 }
+# unit_tests LIST [SECONDS]: each GPU test binary of D in LIST, its TAP into
+# $OUT/logs, rc and counts into the summary (SECONDS each, default 150)
+unit_tests() {
+    mkdir -p "$OUT/logs"
+    for _t in $1; do
+        timeout "${2:-150}" "$D/$_t" > "$OUT/logs/$_t.tap" 2>&1
+        log "$_t rc=$?"
+        tap "$_t" "$OUT/logs/$_t.tap" 16
+    done
+}
 # ruler_dev NAME DEVICE OPTIONS...: kv-bench ruler on the niah4k dev tasks
 # (RLIMIT per length, default 20) into OUT/ruler-NAME.json, and per policy
 # its accuracy by length (with the tasks and the bytes fetched per step)

@@ -17,11 +17,7 @@ mkdir -p "$L"
 unpack_once
 T0=$(date +%s)
 gpu_info
-for t in ${TESTS:-test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data test_gpu_graph test_gpu_batch test_gpu_prefix test_gpu_qaware}; do
-    timeout 150 "$D/$t" > "$L/$t.tap" 2>&1
-    log "$t rc=$?"
-    tap "$t" "$L/$t.tap" 16
-done
+unit_tests "${TESTS:-test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data test_gpu_graph test_gpu_batch test_gpu_prefix test_gpu_qaware}"
 if [ -x "$D/h2d_probe" ]; then
     timeout 60 "$D/h2d_probe" "$L" > "$L/h2d_probe.txt" 2>&1
     log "h2d_probe rc=$?"
