@@ -31,7 +31,7 @@ int kv_bench_prefix_main(int argc, char **argv);
 
 enum { O_CTX = 'c', O_JSON = 'j', O_MODEL = 'm', O_STEPS = 'n', O_OUT = 'o', O_SEED = 's', O_SYNTH = 256,
        O_WEIGHTS, O_TOKENIZER, O_STORE, O_GPU, O_HOST, O_MODES, O_IMPORTANT, O_HALF, O_DEVICE, O_PUT_TIER, O_ZSTD,
-       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_ROWSERIAL, O_WIDEN, O_SKCH, O_QAHEADS, O_QAFOLLOW };
+       O_INSERT, O_PUTQ, O_QUERIES, O_SKSERIAL, O_ROWSERIAL, O_WIDEN, O_SKCH, O_QAHEADS, O_QAFOLLOW, O_NOWARM };
 
 static const kv_option opts[] = {
     {O_MODEL, 'm', "model", "FILE", "model: llama2.c .bin or GGUF v3"},
@@ -53,6 +53,7 @@ static const kv_option opts[] = {
     {O_QAHEADS, 0, "qa-heads", "HOW", "disk-query: a token's score is its max (default) or sum over layers and KV heads"},
     {O_QAFOLLOW, 0, "qa-follow", "N", "disk-query: a token's score also counts for the N after it (0-4096, default 8)"},
     {O_SKSERIAL, 0, "sketch-serial", NULL, "disk-query: read the sketch before the probe, not beside it (measurement)"},
+    {O_NOWARM, 0, "no-warm", NULL, "GPU: skip setting up the prefill's products for every chunk length before the first request (measurement)"},
     {O_ROWSERIAL, 0, "rows-serial", NULL, "disk modes: read the rows before the prefill, not layer by layer beside it (measurement)"},
     {O_HALF, 0, "half-life", "S", "recency half-life of the placement score, seconds (default 3600)"},
     {O_STEPS, 'n', "steps", "N", "tokens generated per request (default 8)"},
@@ -104,7 +105,7 @@ int kv_bench_prefix_main(int argc, char **argv)
 {
     kv_cli_init(&spec, argc, argv);
     const char *model = NULL, *synth = NULL, *widen = NULL, *weights = NULL, *tokenizer = NULL, *store = NULL, *outp = NULL;
-    bool json = false;
+    bool json = false, nowarm = false;
     kv_device dev = KV_DEVICE_CPU;
     int ordinal = 0, ctx = 0;
     unsigned long seed = 42;
@@ -144,6 +145,7 @@ int kv_bench_prefix_main(int argc, char **argv)
         case O_QUERIES: po.queries = (int)kv_cli_long("--queries", a, 1, KV_QAWARE_PROBE); break;
         case O_SKSERIAL: po.sketch_serial = true; break;
         case O_ROWSERIAL: po.rows_serial = true; break;
+        case O_NOWARM: nowarm = true; break;
         case O_QAFOLLOW: { /* 0 asks for none: kv_qaware_opts.follow < 0 */
             const int nf = (int)kv_cli_long("--qa-follow", a, 0, KV_QAWARE_FOLLOW_MAX);
             po.qa_follow = nf ? nf : -1;
@@ -230,6 +232,12 @@ int kv_bench_prefix_main(int argc, char **argv)
     go.device = ordinal;
     if ((st = kv_runner_new(m, NULL, ctx ? ctx : longest + po.max_new, dev, &go, &r))) {
         rc = kv_report(st, dev == KV_DEVICE_CUDA ? "--device cuda" : "cannot build the engine");
+        goto done;
+    }
+    /* a long-lived server's start: cuBLAS's set-up per row count paid here,
+     * not inside the requests' times to first token (kv_gpu_engine_warm) */
+    if (!nowarm && (st = kv_runner_warm(r, kv_runner_ctx(r), &po.warm_ms, &po.warmed))) {
+        rc = kv_report(st, "GPU warm-up");
         goto done;
     }
     if ((st = kv_pbench_run(r, tok, reqs, nreq, &po, &rows, &nrows))) {

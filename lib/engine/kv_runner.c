@@ -155,6 +155,13 @@ bool kv_runner_is_gpu(const kv_runner *r) { return r->gpu != NULL; }
 
 const kv_gpu_engine *kv_runner_gpu(const kv_runner *r) { return r->gpu; }
 
+kv_status kv_runner_warm(kv_runner *r, int rows, double *ms, bool *warmed)
+{
+    *ms = 0;
+    if (warmed) *warmed = r->gpu != NULL;
+    return r->gpu ? kv_gpu_engine_warm(r->gpu, rows, ms) : KV_OK;
+}
+
 const char *kv_runner_device(const kv_runner *r)
 {
     return r->gpu ? kv_gpu_engine_device(r->gpu) : "cpu";

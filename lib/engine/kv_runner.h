@@ -113,6 +113,11 @@ int kv_runner_queries(const kv_runner *r, int layer, float *out);
 kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dtype dt,
                              const char *path, int zstd_level);
 
+/* Before serving prefills of up to rows tokens in a long-lived process:
+ * the GPU engine's one-time set-up (kv_gpu_engine_warm), its time in *ms;
+ * nothing on the CPU (*ms 0).  *warmed (may be NULL) says whether it ran. */
+kv_status kv_runner_warm(kv_runner *r, int rows, double *ms, bool *warmed);
+
 /* The GPU engine behind the runner, or NULL on the CPU (for what only it
  * reports, such as kv_gpu_engine_graph_info). */
 const kv_gpu_engine *kv_runner_gpu(const kv_runner *r);

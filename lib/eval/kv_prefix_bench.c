@@ -755,6 +755,8 @@ char *kv_pbench_json(const kv_pbench_row *rows, int n, const kv_pbench_opts *o)
     cJSON_AddNumberToObject(op, "sketch_channels", o->sketch_channels);
     cJSON_AddBoolToObject(op, "sketch_serial", o->sketch_serial);
     cJSON_AddBoolToObject(op, "rows_serial", o->rows_serial);
+    cJSON_AddBoolToObject(op, "warmed", o->warmed);
+    cJSON_AddNumberToObject(op, "warm_ms", o->warm_ms);
     cJSON *sum = cJSON_AddObjectToObject(j, "summary");
     double full_med = 0;
     for (int m = 0; m < KV_PM_COUNT; m++) {

@@ -68,6 +68,8 @@ typedef struct {
     bool sketch_serial; /* disk-query: the sketch read before the probe (kv_qaware_opts.sketch_serial) */
     bool rows_serial;   /* disk modes: the rows read before the prefill starts, not layer by layer
                            beside it (kv_tree_store_load_start); for comparison */
+    bool warmed;        /* reported only: the caller ran kv_gpu_engine_warm before the run, */
+    double warm_ms;     /* for this long (ms) */
 } kv_pbench_opts;
 
 typedef struct {

@@ -419,6 +419,8 @@ static kv_status engine_init(kv_gpu_engine *e)
         return kv_fail(KV_E_UNAVAILABLE, "%s: compute capability %d.%d is below 7.5", prop.name,
                        prop.major, prop.minor);
     e->cc_major = prop.major;
+    e->pf_keep = e->wsrc ? e->wsrc->pf_keep : KV_GPU_PF_KEEP_BYTES;
+    if (!e->wsrc && prop.totalGlobalMem / 64 > e->pf_keep) e->pf_keep = prop.totalGlobalMem / 64;
     apply_pdl(e, prop.major);
     if (c->head_dim % 8 || c->head_dim > 256 || (c->head_dim & (c->head_dim - 1)) ||
         c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8 ||
@@ -811,6 +813,7 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     uint16_t *K = e->pfb.K, *V = e->pfb.V, *tmp = e->pfb.tmp;
     kv_pf_ws ws = e->pfb.ws;
     ws.C = C; /* kept for a longer chunk: this prefill's chunks are C rows (opts may have changed) */
+    ws.pad = e->o.prefill_exact ? 0 : KV_GPU_PREFILL_PAD;
     kv_status st = lw && kc && vc ? KV_OK : kv_fail(KV_E_NOMEM, "out of memory");
     pf_hook_ctx hc = {e, {K, overlap ? e->pfb.K2 : K}, {V, overlap ? e->pfb.V2 : V}, tmp, n, pre, stage, overlap};
     e->ph.rows_ahead = overlap;
@@ -834,6 +837,12 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
             if (ce != cudaSuccess) st = kv_cuda_fail(ce, "cudaEventCreate", __FILE__, __LINE__);
             ev.cap = i + 1;
         }
+    }
+    /* the last chunk's padded rows of X (gl_pf_buffers gave room) are read
+     * by the accumulating products: defined, though no row reads them */
+    if (!st && ws.pad > 1) {
+        cudaError_t ce = cudaMemsetAsync(X + (size_t)nn * e->ld_dim, 0, (size_t)ws.pad * e->ld_dim * 4, e->s_main);
+        if (ce != cudaSuccess) st = kv_cuda_fail(ce, "prefill padding rows", __FILE__, __LINE__);
     }
     if (!st)
         st = kv_gpu_prefill_model_from(e->cb, &g, lw, e->L, e->embd, e->ld_dim, &e->pembd, dt, P, n, &ws, X,
@@ -861,6 +870,35 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     free(vc);
     free(kc);
     free(lw);
+    return st;
+}
+
+kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms)
+{
+    if (ms) *ms = 0;
+    if (rows < 1) return kv_fail(KV_E_USAGE, "warm for %d rows", rows);
+    if (rows > e->ctx) rows = e->ctx;
+    if (!pf_chunked_ok(e)) return KV_OK;
+    const double t0 = gl_now_ms();
+    int C;
+    kv_pf_geom g;
+    pf_geom(e, NULL, rows, &g, &C);
+    TRY(gl_pf_buffers(e, rows, C, C, &g, ingest_scratch(e, rows)));
+    kv_pf_layer lw;
+    gl_prefill_layer(e, 0, &lw);
+    kv_pf_ws ws = e->pfb.ws;
+    ws.pad = e->o.prefill_exact ? 0 : KV_GPU_PREFILL_PAD;
+    /* X's rows are scratch here; cleared so the accumulating products read defined values */
+    kv_status st = KV_OK;
+    cudaError_t ce = cudaMemsetAsync(e->pfb.X, 0, e->pfb.X_n * 4, e->s_main);
+    if (ce != cudaSuccess) st = kv_cuda_fail(ce, "warm scratch", __FILE__, __LINE__);
+    /* the rows a chunk can have: all of C (every chunk but the last) and
+     * every rounded count up to it (a last chunk) */
+    if (!st) st = kv_gpu_prefill_warm(e->cb, &g, &lw, &ws, e->pfb.X, C, e->s_main);
+    ce = cudaStreamSynchronize(e->s_main);
+    if (!st && ce != cudaSuccess) st = kv_cuda_fail(ce, "warm", __FILE__, __LINE__);
+    gl_pf_buffers_trim(e, false);
+    if (ms) *ms = gl_now_ms() - t0;
     return st;
 }
 

@@ -94,6 +94,8 @@ typedef struct {
                              path, also taken for head_dim outside 64/128 or without cuBLAS) */
     bool time_prefill;    /* time the chunked prefill's attention launches with events
                              (kv_gpu_engine_prefill_attn_ms) */
+    bool prefill_exact;   /* measurement only: the last chunk's products over its own row
+                             count rather than rounded up to KV_GPU_PREFILL_PAD rows */
     bool prefill_copy_sync; /* measurement only: sparse layers copy their prompt to host
                              memory at the end of the layer on the main stream (the former
                              path), instead of chunk by chunk on the copy stream while the
@@ -172,6 +174,15 @@ typedef struct {
 /* The default chunk: the fastest of 4096, 8192 and 16384 rows for the 8B
  * geometry at 128k on the H200 (docs/BENCHMARKS.md, GPU prefill). */
 #define KV_GPU_PREFILL_CHUNK 4096
+
+/* The chunked prefill's last chunk runs its four products over its rows
+ * rounded up to a multiple of this (kv_pf_ws.pad): cuBLAS sets up a kernel
+ * at each row count it first meets, a millisecond or more on the 8B's
+ * shapes, which a request of a new length paid inside its time to first
+ * token; rounded, the row counts are few enough to set up once
+ * (kv_gpu_engine_warm).  At most 15 rows more of products (0.4% at 4k
+ * rows, 3% at 460). */
+#define KV_GPU_PREFILL_PAD 16
 
 void kv_gpu_engine_opts_default(kv_gpu_engine_opts *o);
 
@@ -344,6 +355,19 @@ int kv_gpu_engine_queries(const kv_gpu_engine *e, int layer, uint16_t *out);
  * condition decided it (opts.prefill_chunk, head_dim, cuBLAS).  May load
  * cuBLAS (as the first prefill would). */
 bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_t why_len);
+
+/*
+ * For a long-lived process that serves prefills of up to rows new tokens:
+ * set up cuBLAS's products for every row count a chunk of them can round
+ * to (KV_GPU_PREFILL_PAD), once, so that no request pays it inside its
+ * time to first token (measured: docs/BENCHMARKS.md, session 15).  Runs
+ * the first layer's four products at each (about 0.5 to 1 s for 4096 rows
+ * on the 8B's shapes), leaves the prefill buffers allocated for rows, and
+ * says its time in *ms (may be NULL).  Needs the chunked prefill
+ * (kv_gpu_engine_prefill_method); without it nothing is done, and no
+ * error.  The engine must be idle.
+ */
+kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms);
 
 /* The attention kernels' GPU time in the last prefill (ms), when it ran in
  * chunks with opts.time_prefill; 0 otherwise. */

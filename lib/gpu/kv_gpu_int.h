@@ -353,11 +353,17 @@ struct kv_gpu_engine {
                                              (kv_gpu_prefill_phases.upload) */
     } pfb;
     kv_gpu_prefill_phases ph; /* the last prefill's host-clock phases */
+    size_t pf_keep;      /* pfb's buffers stay allocated while at most this many bytes
+                            (KV_GPU_PF_KEEP_BYTES, or 1/64 of the device's memory when more) */
 };
 
 // --- the prefill's kept buffers and packed continuation (kv_gpu_reuse.c) -----------
 
-/* Prefill buffers of at most this many bytes in all stay allocated between prefills. */
+/* Prefill buffers of at most this many bytes in all, or 1/64 of the device's
+ * memory when that is more (e->pf_keep), stay allocated between prefills:
+ * the 8B's chunk workspace for a 460-row continuation is 77 MiB, and its
+ * cudaMalloc, clear and cudaFree were most of such a request's setup
+ * phase; an H200's 1/64 is 2.2 GiB, a 4096-row workspace 664 MiB. */
 #define KV_GPU_PF_KEEP_BYTES ((size_t)64 << 20)
 
 /* The chunked prefill's buffers for rows (all rows, cached ones included)

@@ -15,6 +15,13 @@ double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim)
     return 4.0 * (double)T * (double)T * n_heads * head_dim / 2.0;
 }
 
+int kv_gpu_prefill_gemm_rows(const kv_pf_ws *ws, int n)
+{
+    if (ws->pad <= 1) return n;
+    const int r = (n + ws->pad - 1) / ws->pad * ws->pad;
+    return r <= ws->cap ? r : n;
+}
+
 static size_t pf_f32_cols(const kv_pf_geom *g)
 {
     size_t a = (size_t)(g->n_heads + 2 * g->n_kv_heads) * g->head_dim, b = 2 * (size_t)g->hidden;
@@ -72,6 +79,7 @@ kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
     char *b = p;
     ws->base = p;
     ws->C = C;
+    ws->cap = C;
     ws->xn = b;
     b += al256(c * g->ld_dim * 2);
     ws->f32 = (float *)b;
@@ -135,13 +143,14 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
     const kv_gemm_type gt = g->wbf16 ? KV_GEMM_BF16 : KV_GEMM_F16;
     const int hd = g->head_dim, qd = g->n_heads * hd, kvd = g->n_kv_heads * hd;
     const int fcols = (int)pf_f32_cols(g);
+    const int ng = kv_gpu_prefill_gemm_rows(ws, n); /* the products' rows (ws->pad) */
     const void *W;
     kv_status st;
     st = pf_cuda(pf_rmsnorm_rows(X, g->ld_dim, w->attn_norm, g->dim, g->eps, n, ws->xn, wt,
                                  g->ld_dim, s), "attention RMSNorm");
     if (!st) st = pf_weights(g, ws, w->qkv, w->pqkv, 3, false, g->ld_dim, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, qd + 2 * kvd, g->dim, W, g->ld_dim, ws->xn, g->ld_dim, gt,
+        st = kv_cublas_gemm(cb, s, ng, qd + 2 * kvd, g->dim, W, g->ld_dim, ws->xn, g->ld_dim, gt,
                             ws->f32, fcols, KV_GEMM_F32, false);
     if (!st && w->bqkv)
         st = pf_cuda(eng_add_bias_rows(ws->f32, fcols, w->bqkv, qd + 2 * kvd, n, s), "q/k/v biases");
@@ -164,7 +173,7 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
     }
     if (!st) st = pf_weights(g, ws, w->o, &w->po, 1, false, g->ld_qd, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, g->dim, qd, W, g->ld_qd, ws->att, g->ld_qd, gt, X,
+        st = kv_cublas_gemm(cb, s, ng, g->dim, qd, W, g->ld_qd, ws->att, g->ld_qd, gt, X,
                             g->ld_dim, KV_GEMM_F32, true);
     if (!st && w->bo) st = pf_cuda(eng_add_bias_rows(X, g->ld_dim, w->bo, g->dim, n, s), "output bias");
     if (!st)
@@ -172,15 +181,52 @@ kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_l
                                      g->ld_dim, s), "FFN RMSNorm");
     if (!st) st = pf_weights(g, ws, w->gu, w->pgu, 2, true, g->ld_dim, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, 2 * g->hidden, g->dim, W, g->ld_dim, ws->xn, g->ld_dim,
+        st = kv_cublas_gemm(cb, s, ng, 2 * g->hidden, g->dim, W, g->ld_dim, ws->xn, g->ld_dim,
                             gt, ws->f32, fcols, KV_GEMM_F32, false);
     if (!st)
         st = pf_cuda(pf_swiglu_rows(ws->f32, fcols, g->hidden, n, ws->h, wt, g->ld_hid, s), "SwiGLU");
     if (!st) st = pf_weights(g, ws, w->down, &w->pdown, 1, false, g->ld_hid, s, &W);
     if (!st)
-        st = kv_cublas_gemm(cb, s, n, g->dim, g->hidden, W, g->ld_hid, ws->h, g->ld_hid, gt,
+        st = kv_cublas_gemm(cb, s, ng, g->dim, g->hidden, W, g->ld_hid, ws->h, g->ld_hid, gt,
                             X, g->ld_dim, KV_GEMM_F32, true);
     return st;
+}
+
+kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, const kv_pf_ws *ws,
+                              float *X, int rows, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const kv_gemm_type gt = g->wbf16 ? KV_GEMM_BF16 : KV_GEMM_F16;
+    const int qd = g->n_heads * g->head_dim, kvd = g->n_kv_heads * g->head_dim, fcols = (int)pf_f32_cols(g);
+    const int step = ws->pad > 1 ? ws->pad : 1, top = rows < ws->cap ? rows : ws->cap;
+    if (top < 1) return KV_OK;
+    const void *W[4];
+    /* one dequantization per group would overwrite ws->wdq: packed layers
+     * take each group in turn, over all row counts */
+    for (int grp = 0; grp < 4; grp++) {
+        kv_status st = grp == 0   ? pf_weights(g, ws, w->qkv, w->pqkv, 3, false, g->ld_dim, s, &W[0])
+                       : grp == 1 ? pf_weights(g, ws, w->o, &w->po, 1, false, g->ld_qd, s, &W[1])
+                       : grp == 2 ? pf_weights(g, ws, w->gu, w->pgu, 2, true, g->ld_dim, s, &W[2])
+                                  : pf_weights(g, ws, w->down, &w->pdown, 1, false, g->ld_hid, s, &W[3]);
+        for (int r = step; !st; r += step) {
+            const int n = kv_gpu_prefill_gemm_rows(ws, r < top ? r : top);
+            if (grp == 0)
+                st = kv_cublas_gemm(cb, s, n, qd + 2 * kvd, g->dim, W[0], g->ld_dim, ws->xn, g->ld_dim, gt,
+                                    ws->f32, fcols, KV_GEMM_F32, false);
+            else if (grp == 1)
+                st = kv_cublas_gemm(cb, s, n, g->dim, qd, W[1], g->ld_qd, ws->att, g->ld_qd, gt, X, g->ld_dim,
+                                    KV_GEMM_F32, true);
+            else if (grp == 2)
+                st = kv_cublas_gemm(cb, s, n, 2 * g->hidden, g->dim, W[2], g->ld_dim, ws->xn, g->ld_dim, gt,
+                                    ws->f32, fcols, KV_GEMM_F32, false);
+            else
+                st = kv_cublas_gemm(cb, s, n, g->dim, g->hidden, W[3], g->ld_hid, ws->h, g->ld_hid, gt, X,
+                                    g->ld_dim, KV_GEMM_F32, true);
+            if (r >= top) break;
+        }
+        if (st) return st;
+    }
+    return KV_OK;
 }
 
 kv_status kv_gpu_prefill_model(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, int L,
@@ -213,11 +259,16 @@ kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv
                        : pf_cuda(pf_embed_rows(embd, g->wbf16 ? PF_BF16 : PF_F16, ld_embd, g->dim, dtok,
                                                T - p_start, X, g->ld_dim, s), "embedding");
     const int qd = g->n_heads * g->head_dim;
+    kv_pf_ws exact = *ws;
+    exact.pad = 0;
     for (int l = 0; l < L && !st; l++) {
         if (p_start && hooks && hooks->begin) st = hooks->begin(hooks->ctx, l, stream);
         for (int p0 = p_start; p0 < T && !st; p0 += ws->C) {
             int n = T - p0 < ws->C ? T - p0 : ws->C;
-            st = kv_gpu_prefill_layer(cb, g, &w[l], ws, X + (size_t)(p0 - p_start) * g->ld_dim, p0, n, kc[l], vc[l],
+            /* only the last chunk's products are padded: the rows past a
+             * middle chunk are the next chunk's */
+            st = kv_gpu_prefill_layer(cb, g, &w[l], p0 + n < T ? &exact : ws,
+                                      X + (size_t)(p0 - p_start) * g->ld_dim, p0, n, kc[l], vc[l],
                                       kv_stride, inv_freq, stream, ev);
             if (!st && hooks && hooks->chunk) st = hooks->chunk(hooks->ctx, l, p0, n, ws->q, qd, stream);
         }
@@ -256,6 +307,12 @@ kv_status kv_gpu_prefill_ws_alloc(const kv_pf_geom *g, int C, kv_pf_ws *ws)
 }
 
 void kv_gpu_prefill_ws_free(kv_pf_ws *ws) { memset(ws, 0, sizeof *ws); }
+
+kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, const kv_pf_ws *ws,
+                              float *X, int rows, void *stream)
+{
+    return kv_fail(KV_E_UNAVAILABLE, "GPU prefill: CUDA not built in");
+}
 
 kv_status kv_gpu_prefill_layer(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w,
                                const kv_pf_ws *ws, float *X, int p0, int n, void *kc, void *vc,

@@ -75,6 +75,17 @@ typedef struct {
 
 typedef struct {
     int C;          /* rows per chunk at most */
+    int cap;        /* rows allocated (kv_gpu_prefill_ws_alloc's C; C may be set lower) */
+    /* Products' row granule (0 or 1: none).  With pad > 1 the four
+     * products of a chunk of n rows run over n rounded up to a multiple of
+     * pad (at most cap): cuBLAS picks, and on its first call sets up, a
+     * kernel per row count, a millisecond or more each (measured:
+     * tools/device/gemm_first.cu), so rounding bounds the row counts a
+     * process meets and kv_gpu_prefill_warm can set each up once.  The
+     * rows past n of the workspace and of X are then scratch: the caller
+     * gives X room for them (kv_gpu_prefill_model_from pads only its last
+     * chunk, so X needs T - p_start + pad - 1 rows). */
+    int pad;
     void *xn;       /* (C, ld_dim) 16-bit weight type */
     float *f32;     /* (C, max(qd + 2*kvd, 2*hidden)): qkv, then gate/up */
     void *q;        /* (C, qd) cache type */
@@ -158,6 +169,19 @@ kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv
                                     int T, const kv_pf_ws *ws, float *X, void *const *kc,
                                     void *const *vc, long long kv_stride, const float *inv_freq,
                                     const kv_pf_hooks *hooks, void *stream, kv_pf_events *ev);
+
+/* A chunk of n rows' product row count under ws->pad (n when not padded). */
+int kv_gpu_prefill_gemm_rows(const kv_pf_ws *ws, int n);
+
+/*
+ * Set up cuBLAS's product for every row count the padded path can meet up
+ * to rows (each multiple of ws->pad up to min(rows, ws->cap), rounded),
+ * by running layer w's four products once at each (weights dequantized
+ * first when packed) on X (ws->cap, ld_dim) float32 scratch: the first
+ * call at a row count is the slow one.  Writes only the workspace and X.
+ */
+kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, const kv_pf_ws *ws,
+                              float *X, int rows, void *stream);
 
 /* FLOPs of the causal attention of a T-token prompt (all chunks): 4*T^2*H*D/2. */
 double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim);

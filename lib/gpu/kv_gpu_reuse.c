@@ -46,6 +46,7 @@ static kv_status grow(void *pp, size_t *have, size_t n, size_t es, const char *w
 kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_geom *g, size_t tmp_n)
 {
     const size_t kvn = (size_t)e->nkv * (size_t)rows * (size_t)e->hd;
+    nn += KV_GPU_PREFILL_PAD; /* the last chunk's padded rows (kv_pf_ws.pad) */
     bool regrow = (size_t)nn * e->ld_dim > e->pfb.X_n || kvn > e->pfb.kv_n || tmp_n > e->pfb.tmp_n ||
                   (size_t)nn > e->pfb.dt_n || !e->pfb.ws.base || C > e->pfb.ws.C || g->packed != e->pfb.ws_packed;
     /* a buffer freed here may still be read by work issued before the call */
@@ -55,10 +56,12 @@ kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_g
     TRY(grow(&e->pfb.tmp, &e->pfb.tmp_n, tmp_n, 2, "ingest scratch"));
     TRY(grow(&e->pfb.dt, &e->pfb.dt_n, (size_t)nn, sizeof(int), "prompt tokens"));
     if (!e->pfb.ws.base || C > e->pfb.ws.C || g->packed != e->pfb.ws_packed) {
-        /* chunk rows with 1/8 to spare as above, up to the engine's chunk */
+        /* chunk rows with 1/8 to spare as above, up to the engine's chunk,
+         * and rounded up to the products' row granule */
         const int C0 = e->o.prefill_chunk > 0 ? e->o.prefill_chunk : KV_GPU_PREFILL_CHUNK;
         int Cw = C + C / 8;
         if (Cw > C0 && C <= C0) Cw = C0;
+        Cw = (Cw + KV_GPU_PREFILL_PAD - 1) / KV_GPU_PREFILL_PAD * KV_GPU_PREFILL_PAD;
         kv_gpu_prefill_ws_free(&e->pfb.ws);
         e->pfb.ws_bytes = 0;
         TRY(kv_gpu_prefill_ws_alloc(g, Cw, &e->pfb.ws));
@@ -72,7 +75,7 @@ void gl_pf_buffers_trim(kv_gpu_engine *e, bool all)
 {
     size_t bytes = e->pfb.X_n * 4 + 2 * (e->pfb.kv_n + e->pfb.kv2_n) * 2 + e->pfb.tmp_n * 2 +
                    e->pfb.dt_n * sizeof(int) + e->pfb.ws_bytes;
-    if (!all && bytes <= KV_GPU_PF_KEEP_BYTES) return;
+    if (!all && bytes <= e->pf_keep) return;
     gl_dfree(&e->pfb.X);
     gl_dfree(&e->pfb.K);
     gl_dfree(&e->pfb.V);

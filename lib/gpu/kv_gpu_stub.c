@@ -125,6 +125,13 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
 
 double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return 0; }
 
+kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms)
+{
+    (void)e, (void)rows;
+    if (ms) *ms = 0;
+    return kv_fail(KV_E_UNAVAILABLE, "GPU engine: CUDA not built in");
+}
+
 const kv_policy_params *kv_gpu_engine_layer_params(const kv_gpu_engine *e, int layer)
 {
     (void)e, (void)layer;

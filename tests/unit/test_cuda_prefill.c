@@ -23,6 +23,7 @@
 #include "attn/kv_attn.h"
 #include "common/kv_half.h"
 #include "gpu/kv_gpu.h"
+#include "gpu/kv_gpu_prefill.h"
 #include "model/kv_model.h"
 #include "model/kv_matmul.h"
 #include "engine/kv_engine.h"
@@ -533,6 +534,26 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
             KT_CHECK(st == KV_OK, "layer: %s", kv_errdetail());
             KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());
             cudaMemcpy(Xg, dX, (size_t)T * ldd * 4, cudaMemcpyDeviceToHost);
+            /* again with the products padded to 16 rows (kv_pf_ws.pad): the
+             * last chunk's 6 rows run as 16, into X's room past T */
+            float *dXp = dalloc((size_t)(T + 16) * ldd * 4);
+            KT_REQUIRE(dXp, "device allocation");
+            cudaMemset(dXp, 0, (size_t)(T + 16) * ldd * 4);
+            upload(dXp, X, (size_t)T * ldd * 4);
+            kv_pf_ws wp = ws;
+            wp.pad = 16;
+            KT_CHECK(kv_gpu_prefill_gemm_rows(&wp, T % C) == 16, "6 rows padded to %d",
+                     kv_gpu_prefill_gemm_rows(&wp, T % C));
+            for (int p0 = 0; p0 < T && !st; p0 += C) {
+                int nc = T - p0 < C ? T - p0 : C;
+                st = kv_gpu_prefill_layer(cb, &g, &lw, &wp, dXp + (size_t)p0 * ldd, p0, nc, dk, dv,
+                                          kvs, dinv, NULL, NULL);
+            }
+            KT_CHECK(st == KV_OK, "padded layer: %s", kv_errdetail());
+            KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());
+            float *Xp = malloc((size_t)T * ldd * 4);
+            cudaMemcpy(Xp, dXp, (size_t)T * ldd * 4, cudaMemcpyDeviceToHost);
+            cudaFree(dXp);
             /* the CPU layer, float32 */
             float *xn = malloc((size_t)T * dim * 4), *qkv = malloc((size_t)T * (qd + 2 * kvd) * 4);
             float *Q = malloc((size_t)T * qd * 4), *K = malloc((size_t)G * T * hd * 4);
@@ -582,8 +603,12 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
             double tol = bf ? 1e-2 : 2e-3;
             KT_CHECK(e < tol, "weights %s, cache %s: residual stream error %.3g",
                      bf ? "bf16" : "f16", kvbf ? "bf16" : "f16", e);
-            printf("# layer in chunks of %d, weights %s cache %s: error %.3g\n", C, bf ? "bf16" : "f16",
-                   kvbf ? "bf16" : "f16", e);
+            double ep = nerr(Xp, X, (size_t)T * ldd);
+            KT_CHECK(ep < tol, "weights %s, cache %s, products padded to 16 rows: residual stream error %.3g",
+                     bf ? "bf16" : "f16", kvbf ? "bf16" : "f16", ep);
+            printf("# layer in chunks of %d, weights %s cache %s: error %.3g (products padded: %.3g)\n", C,
+                   bf ? "bf16" : "f16", kvbf ? "bf16" : "f16", e, ep);
+            free(Xp);
             kv_gpu_prefill_ws_free(&ws);
             cudaFree(dw), cudaFree(dan), cudaFree(dfn), cudaFree(dinv), cudaFree(dX);
             cudaFree(dk), cudaFree(dv);
@@ -729,6 +754,26 @@ static void test_prefill_model_matches_cpu_engine_on_niah4k(void)
 }
 #endif
 
+/* The products' row count under kv_pf_ws.pad: rounded up to the granule
+ * while the workspace has the rows, else the chunk's own. */
+static void test_gemm_rows_round_within_the_workspace(void)
+{
+    kv_pf_ws ws;
+    memset(&ws, 0, sizeof ws);
+    ws.C = ws.cap = 4096;
+    KT_CHECK(kv_gpu_prefill_gemm_rows(&ws, 460) == 460, "no pad: %d", kv_gpu_prefill_gemm_rows(&ws, 460));
+    ws.pad = 1;
+    KT_CHECK(kv_gpu_prefill_gemm_rows(&ws, 461) == 461, "pad 1: %d", kv_gpu_prefill_gemm_rows(&ws, 461));
+    ws.pad = 16;
+    const int in[6] = {1, 16, 17, 460, 4090, 4096}, want[6] = {16, 16, 32, 464, 4096, 4096};
+    for (int i = 0; i < 6; i++)
+        KT_CHECK(kv_gpu_prefill_gemm_rows(&ws, in[i]) == want[i], "%d rows: %d, not %d", in[i],
+                 kv_gpu_prefill_gemm_rows(&ws, in[i]), want[i]);
+    ws.C = ws.cap = 100; /* a chunk option that is no multiple of 16 */
+    KT_CHECK(kv_gpu_prefill_gemm_rows(&ws, 97) == 97, "97 of 100 rows: %d", kv_gpu_prefill_gemm_rows(&ws, 97));
+    KT_CHECK(kv_gpu_prefill_gemm_rows(&ws, 81) == 96, "81 of 100 rows: %d", kv_gpu_prefill_gemm_rows(&ws, 81));
+}
+
 #define GPU_TESTS(X)                                                   \
     X(test_prefill_attention_matches_cpu)                              \
     X(test_prefill_attention_chunks_agree_and_bad_arguments_fail)      \
@@ -743,6 +788,7 @@ int main(void)
     printf("# seed %llu (set KT_SEED to repeat)\n", seed);
     seed |= 1;
     KT_RUN(test_prefill_reference_matches_float64);
+    KT_RUN(test_gemm_rows_round_within_the_workspace);
     char name[256] = "";
     int ngpu = kv_gpu_probe(name, sizeof name);
 #ifdef KV_HAVE_CUDA

@@ -427,6 +427,56 @@ static void test_rows_still_arriving_give_the_same_logits(void)
     unlink("/tmp/test_gpu_prefix_l.kvc");
 }
 
+/* The whole prompt through one runner (prefill_exact, chunk): its logits. */
+static void whole_logits(kv_runner *r, float *logits)
+{
+    OK(kv_runner_reset(r, NULL));
+    OK(kv_runner_prefill(r, ids, n_ids, logits));
+}
+
+/* The last chunk's products padded to KV_GPU_PREFILL_PAD rows give the
+ * exact products' logits (chunks of 100 rows, no multiple of 16: the middle
+ * chunks stay exact, or the padding would overwrite the next chunk's rows,
+ * far outside the tolerance), on one prefill and on a continued one; the
+ * warm-up runs, takes time, and leaves the logits as they were; an engine
+ * that prefills one token at a time has nothing to warm. */
+static void test_padded_products_and_warm_keep_the_logits(void)
+{
+    const int V = 259;
+    float *a = malloc(V * sizeof *a), *b = malloc(V * sizeof *b), *c = malloc(V * sizeof *c);
+    kv_runner *rx, *rp;
+    kv_gpu_engine_opts go;
+    kv_gpu_engine_opts_default(&go);
+    go.prefill_chunk = 100;
+    go.prefill_exact = true;
+    OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &rx));
+    go.prefill_exact = false;
+    OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &rp));
+    KT_CHECK(n_ids % 100 % KV_GPU_PREFILL_PAD != 0, "the last chunk (%d rows) is padded", n_ids % 100);
+    whole_logits(rx, a);
+    whole_logits(rp, b);
+    double e = nerr(a, b, V);
+    KT_CHECK(e < 1e-3 && kt_argmax(a, V) == kt_argmax(b, V), "padded vs exact products: logits error %.3g", e);
+    double ms = -1;
+    bool warmed = false;
+    OK(kv_runner_warm(rp, n_ids, &ms, &warmed));
+    KT_CHECK(warmed && ms > 0, "warm-up: ran %d, %.3f ms", warmed, ms);
+    whole_logits(rp, c);
+    double ew = nerr(b, c, V);
+    KT_CHECK(ew < 1e-3 && kt_argmax(b, V) == kt_argmax(c, V), "after the warm-up: logits error %.3g", ew);
+    printf("# chunks of 100, last %d rows: padded vs exact products %.3g, after a %.1f ms warm-up %.3g\n",
+           n_ids % 100, e, ms, ew);
+    kv_runner_free(rx);
+    kv_runner_free(rp);
+    go.prefill_chunk = -1; /* one token at a time */
+    OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &rx));
+    ms = -1;
+    OK(kv_runner_warm(rx, n_ids, &ms, &warmed));
+    KT_CHECK(ms == 0, "token-by-token engine: warm-up %.3f ms", ms);
+    kv_runner_free(rx);
+    free(a), free(b), free(c);
+}
+
 int main(void)
 {
     char name[256];
@@ -437,6 +487,7 @@ int main(void)
         KT_SKIP(test_subset_and_device_rows_continue_as_on_the_cpu, "no usable GPU");
         KT_SKIP(test_rows_uploaded_ahead_equal_the_serial_path, "no usable GPU");
         KT_SKIP(test_rows_still_arriving_give_the_same_logits, "no usable GPU");
+        KT_SKIP(test_padded_products_and_warm_keep_the_logits, "no usable GPU");
         return kt_done();
     }
     printf("# GPU: %s\n", name);
@@ -447,6 +498,7 @@ int main(void)
     KT_RUN_SELECTED(test_subset_and_device_rows_continue_as_on_the_cpu, filter);
     KT_RUN_SELECTED(test_rows_uploaded_ahead_equal_the_serial_path, filter);
     KT_RUN_SELECTED(test_rows_still_arriving_give_the_same_logits, filter);
+    KT_RUN_SELECTED(test_padded_products_and_warm_keep_the_logits, filter);
     free(ids);
     kv_model_close(model);
     return kt_done();

@@ -18,7 +18,7 @@ B=${B:-build-dv}
 BIN=${BINDIR:-build-dv/bin}
 rm -rf "$D"
 mkdir -p "$D/lib" "$D/stage"
-for f in "$BIN"/kv-* "$B"/unit/test_gpu_* "$B"/unit/test_cuda_* $(ls "$BIN"/h2d_probe 2>/dev/null); do
+for f in "$BIN"/kv-* "$B"/unit/test_gpu_* "$B"/unit/test_cuda_* $(ls "$BIN"/h2d_probe "$BIN"/gemm_first 2>/dev/null); do
     [ -x "$f" ] || { echo "pack: $f is missing (build for the device first, see above)" >&2; exit 66; }
     strip -o "$D/stage/$(basename "$f")" "$f"
 done
