@@ -10,7 +10,7 @@ setup() { T="$BATS_TEST_TMPDIR"; }
 @test "kv-bench prefix --help lists every option" {
     run --separate-stderr kv-bench prefix --help
     assert_success
-    for o in --model --synthetic --widen --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --qa-heads --qa-follow --sketch-serial --rows-serial --half-life --steps --ctx --device --output --json; do
+    for o in --model --synthetic --widen --store --gpu-bytes --host-bytes --modes --important --put-tier --zstd --insert --put-queries --queries --qa-heads --qa-follow --sketch-serial --rows-serial --no-warm --half-life --steps --ctx --device --output --json; do
         [[ "$output" == *"$o"* ]] || { echo "missing $o"; return 1; }
     done
 }
@@ -132,6 +132,8 @@ for x, y in zip(disk(a), disk(b)):
     assert (hb >= hs and hb <= hs * 1.2) if sys.argv[3] == "0" else hb == hs, (x["mode"], hb, hs)
 assert a["options"]["rows_serial"] is False and b["options"]["rows_serial"] is True
 assert a["options"]["qa_heads"] == "max" and a["options"]["qa_follow"] == 8 and a["options"]["queries"] == 4
+# the CPU engine has nothing to warm: no time is claimed for it
+assert a["options"]["warmed"] is False and a["options"]["warm_ms"] == 0, a["options"]
 PY
     done
 }
