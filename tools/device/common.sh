@@ -91,6 +91,15 @@ snap() {
 unpack_once() {
     [ -x "$D/kv-bench" ] || sh tools/device/unpack.sh "$D" > "$OUT/unpack.log" 2>&1
 }
+# call_begin: a lead call script's start: L (OUT/logs) made, D unpacked,
+# T0 the start in seconds, the GPU into the summary
+call_begin() {
+    L="$OUT/logs"
+    mkdir -p "$L"
+    unpack_once
+    T0=$(date +%s)
+    gpu_info
+}
 # sanitize TOOL FILTER PROGRAM NAME [SECONDS]: the tests of D/PROGRAM that
 # KV_TEST_FILTER=FILTER selects under compute-sanitizer TOOL (memcheck,
 # racecheck), into OUT/logs/NAME-TOOL.log; its status and summary lines

@@ -12,11 +12,7 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=x
 . tools/device/common.sh
-L="$OUT/logs"
-mkdir -p "$L"
-unpack_once
-T0=$(date +%s)
-gpu_info
+call_begin
 [ -n "${TESTS:-}" ] && unit_tests "$TESTS"
 if [ -x "$D/gemm_first" ]; then
     for ml in lazy EAGER; do

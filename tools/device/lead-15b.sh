@@ -12,11 +12,7 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=x
 . tools/device/common.sh
-L="$OUT/logs"
-mkdir -p "$L"
-unpack_once
-T0=$(date +%s)
-gpu_info
+call_begin
 unit_tests "${TESTS:-test_cuda_prefill test_gpu_prefix test_gpu_engine test_gpu_engine_data test_gpu_qaware test_gpu_batch}"
 if [ "${SANITIZE:-1}" = 1 ]; then
     for tool in memcheck initcheck; do
