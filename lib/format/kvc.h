@@ -68,7 +68,8 @@ kv_status kvc_open_view(const void *buf, size_t len, kvc_file **out);
  * each tensor's bytes must check).  Positions and dsq layers, whose checks
  * read data, are KV_E_UNSUPPORTED; so is a compressed file.  For a reader
  * that reads tensors one at a time (kv-tree's layered loads).  head is not
- * kept. */
+ * kept.  kvc_tokens, kvc_positions and kvc_tensor_to_f32 refuse its
+ * tensors with KV_E_USAGE (they have no bytes here). */
 kv_status kvc_open_head(const void *head, size_t head_len, uint64_t file_len, kvc_file **out);
 /* Where the data section starts in the file (tensor offsets count from there). */
 uint64_t kvc_data_start(const kvc_file *f);

@@ -99,12 +99,19 @@ uint64_t kvc_layer_bytes(const kvc_file *f, int layer, bool kv_only)
     return kv_only ? f->li[layer].kv_bytes : f->li[layer].bytes;
 }
 
+/* A tensor opened by its header alone (kvc_open_head) has no bytes to read. */
+static kv_status no_data(const kvc_tensor *t)
+{
+    return kv_fail(KV_E_USAGE, "tensor %s has no data here: the file was opened by its header alone", t->name);
+}
+
 kv_status kvc_tokens(const kvc_file *f, int32_t **ids, int *n)
 {
     *ids = NULL;
     *n = 0;
     const kvc_tensor *t = kvc_find(f, "tokens");
     if (!t || t->dtype != KV_DT_I32 || t->ndim != 1) return kv_fail(KV_E_DATA, "no tokens tensor (I32 [T])");
+    if (!t->data && t->nbytes) return no_data(t);
     *ids = malloc((size_t)t->shape[0] * sizeof **ids + 1);
     if (!*ids) return kv_fail(KV_E_NOMEM, "out of memory");
     memcpy(*ids, t->data, (size_t)t->shape[0] * sizeof **ids);
@@ -119,6 +126,7 @@ kv_status kvc_positions(const kvc_file *f, int32_t **pos, int *n)
     const kvc_tensor *t = kvc_find(f, "positions");
     if (!t) return KV_OK;
     if (t->dtype != KV_DT_I32 || t->ndim != 1) return kv_fail(KV_E_DATA, "positions is not I32 [T]");
+    if (!t->data && t->nbytes) return no_data(t);
     *pos = malloc((size_t)t->shape[0] * sizeof **pos + 1);
     if (!*pos) return kv_fail(KV_E_NOMEM, "out of memory");
     memcpy(*pos, t->data, (size_t)t->shape[0] * sizeof **pos);
@@ -159,6 +167,7 @@ kv_status kvc_tensor_to_f32(const kvc_tensor *t, float *out)
 {
     int64_t n = kvc_tensor_numel(t);
     const uint8_t *p = t->data;
+    if (!p && n) return no_data(t);
     switch (t->dtype) {
     case KV_DT_F32:
         if (n) memcpy(out, p, (size_t)n * 4);

@@ -766,6 +766,14 @@ static void test_open_head_reads_the_layout_alone(void)
     KT_CHECK(same == kvc_n_tensors(full), "%d of %d tensors agree", same, kvc_n_tensors(full));
     KT_CHECK(kvc_geom(h)->n_layers == kvc_geom(full)->n_layers && kvc_geom(h)->n_tokens == kvc_geom(full)->n_tokens,
              "same geometry");
+    /* the data readers refuse a tensor without bytes, never read through NULL */
+    int32_t *ids = NULL;
+    int nid = -1;
+    KT_CHECK(kvc_tokens(h, &ids, &nid) == KV_E_USAGE && !ids && nid == 0 && strstr(kv_errdetail(), "header alone"),
+             "tokens of a header: %s", kv_errdetail());
+    const kvc_tensor *k0 = kvc_layer(h, 0, "k");
+    float one[1];
+    KT_CHECK(k0 && kvc_tensor_to_f32(k0, one) == KV_E_USAGE, "layer 0's K of a header: %s", kv_errdetail());
     kvc_close(h);
     /* more than the header may be given; the data after it is not read */
     h = NULL;
