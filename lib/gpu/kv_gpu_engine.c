@@ -914,8 +914,8 @@ static kv_status check_token(const kv_gpu_engine *e, int t, int i)
  * The prefill of tokens (n) after pre's P rows (pre NULL: from position 0):
  * every layer's dense cache gets the P cached rows first, the new tokens
  * are rotated at row + (matched - P), and each placement then ingests all
- * P + n rows (packed layers in a file are refused: no placement loads
- * packed planes yet).
+ * P + n rows (a layer packed in pre's file takes the file's encoding and
+ * loads its packed planes instead: gl_take_packed).
  */
 static kv_status gpu_prefill(kv_gpu_engine *e, const int *tokens, int n, float *logits_last,
                              const kv_prefix *pre)
