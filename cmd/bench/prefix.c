@@ -236,7 +236,7 @@ int kv_bench_prefix_main(int argc, char **argv)
     }
     /* a long-lived server's start: cuBLAS's set-up per row count paid here,
      * not inside the requests' times to first token (kv_gpu_engine_warm) */
-    if (!nowarm && (st = kv_runner_warm(r, kv_runner_ctx(r), &po.warm_ms, &po.warmed))) {
+    if (!nowarm && (st = kv_runner_warm(r, longest + po.max_new, &po.warm_ms, &po.warmed))) {
         rc = kv_report(st, "GPU warm-up");
         goto done;
     }

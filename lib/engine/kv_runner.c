@@ -157,9 +157,9 @@ const kv_gpu_engine *kv_runner_gpu(const kv_runner *r) { return r->gpu; }
 
 kv_status kv_runner_warm(kv_runner *r, int rows, double *ms, bool *warmed)
 {
-    *ms = 0;
-    if (warmed) *warmed = r->gpu != NULL;
-    return r->gpu ? kv_gpu_engine_warm(r->gpu, rows, ms) : KV_OK;
+    if (ms) *ms = 0;
+    if (warmed) *warmed = false;
+    return r->gpu ? kv_gpu_engine_warm(r->gpu, rows, ms, warmed) : KV_OK;
 }
 
 const char *kv_runner_device(const kv_runner *r)

@@ -115,7 +115,9 @@ kv_status kv_runner_dump_kvc(const kv_runner *r, const int *tokens, int n, kv_dt
 
 /* Before serving prefills of up to rows tokens in a long-lived process:
  * the GPU engine's one-time set-up (kv_gpu_engine_warm), its time in *ms;
- * nothing on the CPU (*ms 0).  *warmed (may be NULL) says whether it ran. */
+ * nothing on the CPU (*ms 0).  *warmed says whether it ran (false on the
+ * CPU and for a GPU engine that prefills token by token); either pointer
+ * may be NULL. */
 kv_status kv_runner_warm(kv_runner *r, int rows, double *ms, bool *warmed);
 
 /* The GPU engine behind the runner, or NULL on the CPU (for what only it

@@ -419,7 +419,9 @@ static kv_status engine_init(kv_gpu_engine *e)
         return kv_fail(KV_E_UNAVAILABLE, "%s: compute capability %d.%d is below 7.5", prop.name,
                        prop.major, prop.minor);
     e->cc_major = prop.major;
-    e->pf_keep = e->wsrc ? e->wsrc->pf_keep : KV_GPU_PF_KEEP_BYTES;
+    /* a batch's sequences (wsrc) keep the small limit: each holds its
+     * buffers until the batch ends, and there are many of them */
+    e->pf_keep = KV_GPU_PF_KEEP_BYTES;
     if (!e->wsrc && prop.totalGlobalMem / 64 > e->pf_keep) e->pf_keep = prop.totalGlobalMem / 64;
     apply_pdl(e, prop.major);
     if (c->head_dim % 8 || c->head_dim > 256 || (c->head_dim & (c->head_dim - 1)) ||
@@ -873,9 +875,10 @@ static kv_status prefill_chunked(kv_gpu_engine *e, const int *dt, int n, bool wa
     return st;
 }
 
-kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms)
+kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms, bool *ran)
 {
     if (ms) *ms = 0;
+    if (ran) *ran = false;
     if (rows < 1) return kv_fail(KV_E_USAGE, "warm for %d rows", rows);
     if (rows > e->ctx) rows = e->ctx;
     if (!pf_chunked_ok(e)) return KV_OK;
@@ -883,7 +886,13 @@ kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms)
     int C;
     kv_pf_geom g;
     pf_geom(e, NULL, rows, &g, &C);
-    TRY(gl_pf_buffers(e, rows, C, C, &g, ingest_scratch(e, rows)));
+    /* X and the workspace for one chunk; the dense cache and scratch for
+     * its rows only (a prefill grows them when it needs more) */
+    kv_status bst = gl_pf_buffers(e, C, C, C, &g, ingest_scratch(e, C));
+    if (bst) {
+        gl_pf_buffers_trim(e, true);
+        return bst;
+    }
     kv_pf_layer lw;
     gl_prefill_layer(e, 0, &lw);
     kv_pf_ws ws = e->pfb.ws;
@@ -892,13 +901,14 @@ kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms)
     kv_status st = KV_OK;
     cudaError_t ce = cudaMemsetAsync(e->pfb.X, 0, e->pfb.X_n * 4, e->s_main);
     if (ce != cudaSuccess) st = kv_cuda_fail(ce, "warm scratch", __FILE__, __LINE__);
-    /* the rows a chunk can have: all of C (every chunk but the last) and
-     * every rounded count up to it (a last chunk) */
+    /* the rows a chunk can have: every rounded count up to C (a last
+     * chunk) and C itself (every chunk but the last; kv_gpu_prefill_warm) */
     if (!st) st = kv_gpu_prefill_warm(e->cb, &g, &lw, &ws, e->pfb.X, C, e->s_main);
     ce = cudaStreamSynchronize(e->s_main);
     if (!st && ce != cudaSuccess) st = kv_cuda_fail(ce, "warm", __FILE__, __LINE__);
     gl_pf_buffers_trim(e, false);
     if (ms) *ms = gl_now_ms() - t0;
+    if (ran) *ran = !st;
     return st;
 }
 

@@ -358,16 +358,18 @@ bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_
 
 /*
  * For a long-lived process that serves prefills of up to rows new tokens:
- * set up cuBLAS's products for every row count a chunk of them can round
- * to (KV_GPU_PREFILL_PAD), once, so that no request pays it inside its
- * time to first token (measured: docs/BENCHMARKS.md, session 15).  Runs
- * the first layer's four products at each (about 0.5 to 1 s for 4096 rows
- * on the 8B's shapes), leaves the prefill buffers allocated for rows, and
- * says its time in *ms (may be NULL).  Needs the chunked prefill
- * (kv_gpu_engine_prefill_method); without it nothing is done, and no
- * error.  The engine must be idle.
+ * set up cuBLAS's products for every row count a chunk of them can have
+ * (each multiple of KV_GPU_PREFILL_PAD up to the chunk, and the chunk's own
+ * rows), once, so that no request pays it inside its time to first token
+ * (measured: docs/BENCHMARKS.md, session 15).  Runs the first layer's four
+ * products at each (0.9 to 1.1 s for 4096 rows on the 8B's shapes on the
+ * H200), leaves the prefill buffers for one chunk allocated when they are
+ * within the kept limit, and says its time in *ms and whether it ran in
+ * *ran (either may be NULL).  Needs the chunked prefill
+ * (kv_gpu_engine_prefill_method); without it nothing is done (*ran false),
+ * and no error.  The engine must be idle.
  */
-kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms);
+kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms, bool *ran);
 
 /* The attention kernels' GPU time in the last prefill (ms), when it ran in
  * chunks with opts.time_prefill; 0 otherwise. */

@@ -8,6 +8,7 @@
 #include "gpu/kv_gpu_prefill.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 double kv_gpu_prefill_attn_flops(int T, int n_heads, int head_dim)
@@ -201,6 +202,14 @@ kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_la
     const int step = ws->pad > 1 ? ws->pad : 1, top = rows < ws->cap ? rows : ws->cap;
     if (top < 1) return KV_OK;
     const void *W[4];
+    /* the row counts: each multiple of step below top, rounded as the
+     * padded path rounds it, then top itself exact (a middle chunk's, when
+     * the chunk is no multiple of the granule) */
+    int nr = 0, *rc = malloc(((size_t)top / (size_t)step + 2) * sizeof *rc);
+    if (!rc) return kv_fail(KV_E_NOMEM, "out of memory");
+    for (int r = step; r < top; r += step) rc[nr++] = kv_gpu_prefill_gemm_rows(ws, r);
+    if (kv_gpu_prefill_gemm_rows(ws, top) != top) rc[nr++] = kv_gpu_prefill_gemm_rows(ws, top);
+    rc[nr++] = top;
     /* one dequantization per group would overwrite ws->wdq: packed layers
      * take each group in turn, over all row counts */
     for (int grp = 0; grp < 4; grp++) {
@@ -208,8 +217,8 @@ kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_la
                        : grp == 1 ? pf_weights(g, ws, w->o, &w->po, 1, false, g->ld_qd, s, &W[1])
                        : grp == 2 ? pf_weights(g, ws, w->gu, w->pgu, 2, true, g->ld_dim, s, &W[2])
                                   : pf_weights(g, ws, w->down, &w->pdown, 1, false, g->ld_hid, s, &W[3]);
-        for (int r = step; !st; r += step) {
-            const int n = kv_gpu_prefill_gemm_rows(ws, r < top ? r : top);
+        for (int i = 0; i < nr && !st; i++) {
+            const int n = rc[i];
             if (grp == 0)
                 st = kv_cublas_gemm(cb, s, n, qd + 2 * kvd, g->dim, W[0], g->ld_dim, ws->xn, g->ld_dim, gt,
                                     ws->f32, fcols, KV_GEMM_F32, false);
@@ -222,10 +231,13 @@ kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_la
             else
                 st = kv_cublas_gemm(cb, s, n, g->dim, g->hidden, W[3], g->ld_hid, ws->h, g->ld_hid, gt, X,
                                     g->ld_dim, KV_GEMM_F32, true);
-            if (r >= top) break;
         }
-        if (st) return st;
+        if (st) {
+            free(rc);
+            return st;
+        }
     }
+    free(rc);
     return KV_OK;
 }
 

@@ -174,11 +174,14 @@ kv_status kv_gpu_prefill_model_from(kv_cublas *cb, const kv_pf_geom *g, const kv
 int kv_gpu_prefill_gemm_rows(const kv_pf_ws *ws, int n);
 
 /*
- * Set up cuBLAS's product for every row count the padded path can meet up
- * to rows (each multiple of ws->pad up to min(rows, ws->cap), rounded),
- * by running layer w's four products once at each (weights dequantized
- * first when packed) on X (ws->cap, ld_dim) float32 scratch: the first
- * call at a row count is the slow one.  Writes only the workspace and X.
+ * Set up cuBLAS's product for every row count a chunked prefill can meet
+ * with chunks of top = min(rows, ws->cap) rows: each multiple of ws->pad
+ * below top as kv_gpu_prefill_gemm_rows rounds it (a last chunk), and top
+ * itself, exact (the chunks before the last), by running layer w's four
+ * products once at each (weights dequantized first when packed) on X
+ * float32 scratch of kv_gpu_prefill_gemm_rows(ws, top) rows of ld_dim: the
+ * first call at a row count is the slow one.  Writes only the workspace
+ * and X.
  */
 kv_status kv_gpu_prefill_warm(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *w, const kv_pf_ws *ws,
                               float *X, int rows, void *stream);

@@ -46,12 +46,12 @@ static kv_status grow(void *pp, size_t *have, size_t n, size_t es, const char *w
 kv_status gl_pf_buffers(kv_gpu_engine *e, int rows, int nn, int C, const kv_pf_geom *g, size_t tmp_n)
 {
     const size_t kvn = (size_t)e->nkv * (size_t)rows * (size_t)e->hd;
-    nn += KV_GPU_PREFILL_PAD; /* the last chunk's padded rows (kv_pf_ws.pad) */
-    bool regrow = (size_t)nn * e->ld_dim > e->pfb.X_n || kvn > e->pfb.kv_n || tmp_n > e->pfb.tmp_n ||
+    const size_t xrows = (size_t)nn + KV_GPU_PREFILL_PAD; /* the last chunk's padded rows (kv_pf_ws.pad) */
+    bool regrow = xrows * e->ld_dim > e->pfb.X_n || kvn > e->pfb.kv_n || tmp_n > e->pfb.tmp_n ||
                   (size_t)nn > e->pfb.dt_n || !e->pfb.ws.base || C > e->pfb.ws.C || g->packed != e->pfb.ws_packed;
     /* a buffer freed here may still be read by work issued before the call */
     if (regrow) CK(cudaDeviceSynchronize());
-    TRY(grow(&e->pfb.X, &e->pfb.X_n, (size_t)nn * e->ld_dim, 4, "prefill residual stream"));
+    TRY(grow(&e->pfb.X, &e->pfb.X_n, xrows * e->ld_dim, 4, "prefill residual stream"));
     TRY(gl_grow_kv(&e->pfb.K, &e->pfb.V, &e->pfb.kv_n, kvn, kvn + kvn / 8, "prefill K", "prefill V"));
     TRY(grow(&e->pfb.tmp, &e->pfb.tmp_n, tmp_n, 2, "ingest scratch"));
     TRY(grow(&e->pfb.dt, &e->pfb.dt_n, (size_t)nn, sizeof(int), "prompt tokens"));

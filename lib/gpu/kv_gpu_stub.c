@@ -125,10 +125,11 @@ void kv_gpu_engine_bytes(const kv_gpu_engine *e, kv_bytes *total)
 
 double kv_gpu_engine_prefill_attn_ms(const kv_gpu_engine *e) { return 0; }
 
-kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms)
+kv_status kv_gpu_engine_warm(kv_gpu_engine *e, int rows, double *ms, bool *ran)
 {
     (void)e, (void)rows;
     if (ms) *ms = 0;
+    if (ran) *ran = false;
     return kv_fail(KV_E_UNAVAILABLE, "GPU engine: CUDA not built in");
 }
 

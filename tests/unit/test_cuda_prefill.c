@@ -11,8 +11,10 @@
  * and the whole chunked prefill of niah4k (kv_gpu_prefill_model) against the
  * CPU engine's (last logits, every layer's K/V, the greedy token).
  * Outputs are poisoned before each launch so that an unwritten element
- * fails.  The first test (the CPU reference against a float64 one) runs
- * everywhere; the rest are TAP skips without a usable GPU.
+ * fails.  The first two tests (the CPU reference against a float64 one,
+ * and the padded products' row count) run everywhere; the rest are TAP
+ * skips without a usable GPU.  The layer test runs again with its last
+ * chunk's products padded to 16 rows (kv_pf_ws.pad).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -538,8 +540,8 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
              * last chunk's 6 rows run as 16, into X's room past T */
             float *dXp = dalloc((size_t)(T + 16) * ldd * 4);
             KT_REQUIRE(dXp, "device allocation");
-            cudaMemset(dXp, 0, (size_t)(T + 16) * ldd * 4);
-            upload(dXp, X, (size_t)T * ldd * 4);
+            KT_REQUIRE(cudaMemset(dXp, 0, (size_t)(T + 16) * ldd * 4) == cudaSuccess &&
+                           upload(dXp, X, (size_t)T * ldd * 4) == cudaSuccess, "padded X");
             kv_pf_ws wp = ws;
             wp.pad = 16;
             KT_CHECK(kv_gpu_prefill_gemm_rows(&wp, T % C) == 16, "6 rows padded to %d",
@@ -552,7 +554,8 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
             KT_CHECK(st == KV_OK, "padded layer: %s", kv_errdetail());
             KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());
             float *Xp = malloc((size_t)T * ldd * 4);
-            cudaMemcpy(Xp, dXp, (size_t)T * ldd * 4, cudaMemcpyDeviceToHost);
+            KT_REQUIRE(Xp && cudaMemcpy(Xp, dXp, (size_t)T * ldd * 4, cudaMemcpyDeviceToHost) == cudaSuccess,
+                       "padded X back");
             cudaFree(dXp);
             /* the CPU layer, float32 */
             float *xn = malloc((size_t)T * dim * 4), *qkv = malloc((size_t)T * (qd + 2 * kvd) * 4);

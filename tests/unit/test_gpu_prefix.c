@@ -8,8 +8,9 @@
  * rows already in GPU memory (kv-bench prefix's GPU tier, in segments) give
  * exactly the host path's logits; rows uploaded a layer ahead of the
  * compute give exactly the serial path's, and so do rows still arriving
- * layer by layer while the prefill runs; packed layers are refused.  Without a
- * usable GPU every test is a TAP skip.
+ * layer by layer while the prefill runs; packed layers are refused; the last
+ * chunk's products padded to 16 rows give the exact products' logits, and
+ * the warm-up changes none.  Without a usable GPU every test is a TAP skip.
  */
 #include <math.h>
 #include <pthread.h>
@@ -427,53 +428,53 @@ static void test_rows_still_arriving_give_the_same_logits(void)
     unlink("/tmp/test_gpu_prefix_l.kvc");
 }
 
-/* The whole prompt through one runner (prefill_exact, chunk): its logits. */
-static void whole_logits(kv_runner *r, float *logits)
-{
-    OK(kv_runner_reset(r, NULL));
-    OK(kv_runner_prefill(r, ids, n_ids, logits));
-}
-
 /* The last chunk's products padded to KV_GPU_PREFILL_PAD rows give the
- * exact products' logits (chunks of 100 rows, no multiple of 16: the middle
- * chunks stay exact, or the padding would overwrite the next chunk's rows,
- * far outside the tolerance), on one prefill and on a continued one; the
- * warm-up runs, takes time, and leaves the logits as they were; an engine
- * that prefills one token at a time has nothing to warm. */
+ * exact products' logits, in chunks of 100 rows (no multiple of 16: the
+ * middle chunks stay exact).  The padded engine first prefills in one
+ * chunk, so its workspace's rows past 100 hold that prefill's rows: were a
+ * middle chunk padded, they would be added into the next chunk's rows.
+ * (Continued prefills run padded in every test above.)  The warm-up runs,
+ * takes time and leaves the logits as they were; an engine that prefills
+ * one token at a time has nothing to warm. */
 static void test_padded_products_and_warm_keep_the_logits(void)
 {
     const int V = 259;
     float *a = malloc(V * sizeof *a), *b = malloc(V * sizeof *b), *c = malloc(V * sizeof *c);
-    kv_runner *rx, *rp;
+    kv_gpu_engine *ex, *pd, *tk;
     kv_gpu_engine_opts go;
     kv_gpu_engine_opts_default(&go);
     go.prefill_chunk = 100;
     go.prefill_exact = true;
-    OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &rx));
+    OK(kv_gpu_engine_new(model, NULL, n_ids + 16, &go, &ex));
+    OK(kv_gpu_engine_prefill(ex, ids, n_ids, a));
     go.prefill_exact = false;
-    OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &rp));
+    go.prefill_chunk = 0;
+    OK(kv_gpu_engine_new(model, NULL, n_ids + 16, &go, &pd));
+    OK(kv_gpu_engine_prefill(pd, ids, n_ids, c));
+    go.prefill_chunk = 100;
+    OK(kv_gpu_engine_reset_opts(pd, NULL, &go));
     KT_CHECK(n_ids % 100 % KV_GPU_PREFILL_PAD != 0, "the last chunk (%d rows) is padded", n_ids % 100);
-    whole_logits(rx, a);
-    whole_logits(rp, b);
+    OK(kv_gpu_engine_prefill(pd, ids, n_ids, b));
     double e = nerr(a, b, V);
     KT_CHECK(e < 1e-3 && kt_argmax(a, V) == kt_argmax(b, V), "padded vs exact products: logits error %.3g", e);
     double ms = -1;
-    bool warmed = false;
-    OK(kv_runner_warm(rp, n_ids, &ms, &warmed));
-    KT_CHECK(warmed && ms > 0, "warm-up: ran %d, %.3f ms", warmed, ms);
-    whole_logits(rp, c);
+    bool ran = false;
+    OK(kv_gpu_engine_reset(pd, NULL));
+    OK(kv_gpu_engine_warm(pd, n_ids, &ms, &ran));
+    KT_CHECK(ran && ms > 0, "warm-up: ran %d, %.3f ms", ran, ms);
+    OK(kv_gpu_engine_prefill(pd, ids, n_ids, c));
     double ew = nerr(b, c, V);
     KT_CHECK(ew < 1e-3 && kt_argmax(b, V) == kt_argmax(c, V), "after the warm-up: logits error %.3g", ew);
     printf("# chunks of 100, last %d rows: padded vs exact products %.3g, after a %.1f ms warm-up %.3g\n",
            n_ids % 100, e, ms, ew);
-    kv_runner_free(rx);
-    kv_runner_free(rp);
     go.prefill_chunk = -1; /* one token at a time */
-    OK(kv_runner_new(model, NULL, n_ids + 16, KV_DEVICE_CUDA, &go, &rx));
-    ms = -1;
-    OK(kv_runner_warm(rx, n_ids, &ms, &warmed));
-    KT_CHECK(ms == 0, "token-by-token engine: warm-up %.3f ms", ms);
-    kv_runner_free(rx);
+    OK(kv_gpu_engine_new(model, NULL, n_ids + 16, &go, &tk));
+    ms = -1, ran = true;
+    OK(kv_gpu_engine_warm(tk, n_ids, &ms, &ran));
+    KT_CHECK(ms == 0 && !ran, "token-by-token engine: warm-up ran %d, %.3f ms", ran, ms);
+    kv_gpu_engine_free(tk);
+    kv_gpu_engine_free(pd);
+    kv_gpu_engine_free(ex);
     free(a), free(b), free(c);
 }
 

@@ -8,7 +8,8 @@
 # It makes OUT, sets N to the niah4k folder, puts the CUDA tools
 # (compute-sanitizer) on PATH and D/lib (libcjson, which the device lacks)
 # first on LD_LIBRARY_PATH, and defines the helpers every script repeated
-# before: engine_tests, log, has, gpu_info, dev_gunzip, tap, ruler_dev and snap.  A script
+# before: engine_tests, log, has, gpu_info, dev_gunzip, tap, unit_tests,
+# ruler_dev, unpack_once, call_begin, sanitize and snap.  A script
 # that needs another form of one defines it after.
 mkdir -p "$OUT"
 N=tests/data/niah4k # the model, tokenizer and tasks most steps run
