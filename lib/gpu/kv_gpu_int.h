@@ -361,9 +361,10 @@ struct kv_gpu_engine {
 
 /* Prefill buffers of at most this many bytes in all, or 1/64 of the device's
  * memory when that is more (e->pf_keep), stay allocated between prefills:
- * the 8B's chunk workspace for a 460-row continuation is 77 MiB, and its
- * cudaMalloc, clear and cudaFree were most of such a request's setup
- * phase; an H200's 1/64 is 2.2 GiB, a 4096-row workspace 664 MiB. */
+ * the 8B's chunk workspace for a 460-row continuation is 85 MiB (528
+ * rows allocated), and its cudaMalloc, clear and cudaFree were most of
+ * such a request's setup phase; an H200's 1/64 is 2.2 GiB, a 4096-row
+ * workspace 656 MiB.  A batch's sequences (wsrc) keep the 64 MiB. */
 #define KV_GPU_PF_KEEP_BYTES ((size_t)64 << 20)
 
 /* The chunked prefill's buffers for rows (all rows, cached ones included)

@@ -3,8 +3,10 @@
  * seen before in the process, against its later calls.  A device
  * diagnostic for the host tier's bimodal prefill (docs/BENCHMARKS.md): the
  * engine's four products per layer (lib/gpu/kv_gpu_prefill.c, the 8B's
- * shapes) called the way kv_cublas_gemm calls them (TN, fp16 in, float32
- * out, float32 accumulation, CUBLAS_GEMM_DEFAULT), for every row count in
+ * shapes) called as kv_cublas_gemm calls them (TN, fp16 in, float32 out,
+ * float32 accumulation, CUBLAS_GEMM_DEFAULT; each output's pitch is its
+ * own width here, where the engine's q/k/v output has the workspace's
+ * wider pitch), for every row count in
  * a range, each timed on the host clock around a synchronised call: its
  * first call, then the best of three more.  A first call much slower than
  * the later ones means per-shape set-up (the heuristic, or a kernel loaded
