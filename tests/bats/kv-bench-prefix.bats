@@ -138,6 +138,23 @@ PY
     done
 }
 
+@test "kv-bench prefix --no-warm runs the same requests and reports no warm-up" {
+    "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 2 > "$T/r.jsonl"
+    run --separate-stderr kv-bench prefix --json -m "$NIAH" -n 4 --modes full,host --no-warm --store "$T/a" "$T/r.jsonl"
+    assert_success
+    printf '%s\n' "$output" > "$T/nowarm.json"
+    run --separate-stderr kv-bench prefix --json -m "$NIAH" -n 4 --modes full,host --store "$T/b" "$T/r.jsonl"
+    assert_success
+    printf '%s\n' "$output" > "$T/warm.json"
+    "$PY" - "$T/nowarm.json" "$T/warm.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["options"]["warmed"] is False and a["options"]["warm_ms"] == 0, a["options"]
+key = lambda j: [(r["request"], r["mode"], r["text"], r["reused_tokens"]) for r in j["requests"]]
+assert key(a) == key(b) and len(key(a)) == 3, (key(a), key(b))
+PY
+}
+
 @test "kv-bench prefix --sketch-serial reads disk-query's sketch before the probe, not on a thread beside it" {
     "$PY" "$ROOT/tools/prefix-requests.py" niah --tasks "$DATA/niah4k/tasks-dev.jsonl" --length 300 -n 2 > "$T/r.jsonl"
     q='[r["query_aware_ms"] for r in j["requests"] if r["mode"] == "disk-query"]'

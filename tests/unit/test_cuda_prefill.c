@@ -480,6 +480,19 @@ static void test_cublas_products_match_cpu(void)
     kv_cublas_close(cb);
 }
 
+/* Layer lw over rows dX (T, g->ld_dim) in chunks of C rows. */
+static kv_status layer_chunks(kv_cublas *cb, const kv_pf_geom *g, const kv_pf_layer *lw, const kv_pf_ws *ws,
+                              float *dX, int T, int C, void *dk, void *dv, long kvs, const float *dinv)
+{
+    kv_status st = KV_OK;
+    for (int p0 = 0; p0 < T && !st; p0 += C) {
+        int nc = T - p0 < C ? T - p0 : C;
+        st = kv_gpu_prefill_layer(cb, g, lw, ws, dX + (size_t)p0 * g->ld_dim, p0, nc, dk, dv, kvs, dinv, NULL,
+                                  NULL);
+    }
+    return st;
+}
+
 /* One layer of a small model through kv_gpu_prefill_layer in chunks of 48
  * rows, against the same layer in float32 on the CPU over the whole prompt
  * (the CPU engine's order: norm, projections, RoPE, causal attention,
@@ -527,12 +540,7 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
                               .down = (uint16_t *)dw + nqkv + no + ngu, .attn_norm = dan, .ffn_norm = dfn};
             kv_pf_ws ws;
             KT_REQUIRE(kv_gpu_prefill_ws_alloc(&g, C, &ws) == KV_OK, "%s", kv_errdetail());
-            kv_status st = KV_OK;
-            for (int p0 = 0; p0 < T && !st; p0 += C) {
-                int nc = T - p0 < C ? T - p0 : C;
-                st = kv_gpu_prefill_layer(cb, &g, &lw, &ws, dX + (size_t)p0 * ldd, p0, nc, dk, dv,
-                                          kvs, dinv, NULL, NULL);
-            }
+            kv_status st = layer_chunks(cb, &g, &lw, &ws, dX, T, C, dk, dv, kvs, dinv);
             KT_CHECK(st == KV_OK, "layer: %s", kv_errdetail());
             KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());
             cudaMemcpy(Xg, dX, (size_t)T * ldd * 4, cudaMemcpyDeviceToHost);
@@ -546,11 +554,7 @@ static void test_prefill_layer_in_chunks_matches_cpu(void)
             wp.pad = 16;
             KT_CHECK(kv_gpu_prefill_gemm_rows(&wp, T % C) == 16, "6 rows padded to %d",
                      kv_gpu_prefill_gemm_rows(&wp, T % C));
-            for (int p0 = 0; p0 < T && !st; p0 += C) {
-                int nc = T - p0 < C ? T - p0 : C;
-                st = kv_gpu_prefill_layer(cb, &g, &lw, &wp, dXp + (size_t)p0 * ldd, p0, nc, dk, dv,
-                                          kvs, dinv, NULL, NULL);
-            }
+            st = layer_chunks(cb, &g, &lw, &wp, dXp, T, C, dk, dv, kvs, dinv);
             KT_CHECK(st == KV_OK, "padded layer: %s", kv_errdetail());
             KT_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "sync: %s", kv_cuda_last_error());
             float *Xp = malloc((size_t)T * ldd * 4);

@@ -12,11 +12,7 @@ D=${1:-build-dev}
 OUT=${OUT:-/tmp/kv-out}
 STEPS=x
 . tools/device/common.sh
-L="$OUT/logs"
-mkdir -p "$L"
-unpack_once
-T0=$(date +%s)
-gpu_info
+call_begin
 unit_tests "${TESTS:-test_gpu_engine_kernels test_gpu_engine test_gpu_engine_data test_gpu_graph test_gpu_batch test_gpu_prefix test_gpu_qaware}"
 if [ -x "$D/h2d_probe" ]; then
     timeout 60 "$D/h2d_probe" "$L" > "$L/h2d_probe.txt" 2>&1
