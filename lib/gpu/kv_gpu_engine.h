@@ -362,7 +362,7 @@ bool kv_gpu_engine_prefill_method(kv_gpu_engine *e, int *chunk, char *why, size_
  * (each multiple of KV_GPU_PREFILL_PAD up to the chunk, and the chunk's own
  * rows), once, so that no request pays it inside its time to first token
  * (measured: docs/BENCHMARKS.md, session 15).  Runs the first layer's four
- * products at each (0.9 to 1.1 s for 4096 rows on the 8B's shapes on the
+ * products at each (0.7 to 1.1 s for 4096 rows on the 8B's shapes on the
  * H200), leaves the prefill buffers for one chunk allocated when they are
  * within the kept limit, and says its time in *ms and whether it ran in
  * *ran (either may be NULL).  Needs the chunked prefill
